@@ -1,0 +1,201 @@
+// CUDA runtime glue and the caching allocator. Linked against the static cudart, which loads
+// libcuda.so at run time: on a machine without a driver every call below returns an error code
+// that we turn into "no CUDA device" instead of failing to start.
+#include "core/cuda_runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/error.h"
+
+namespace kiln {
+
+namespace {
+struct DeviceQuery {
+  int count = 0;
+  std::string reason;
+};
+const DeviceQuery& query() {
+  static DeviceQuery q = [] {
+    DeviceQuery r;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      r.reason = cudaGetErrorString(e);
+      cudaGetLastError();  // clear the sticky error
+      return r;
+    }
+    r.count = n;
+    if (n == 0) r.reason = "the CUDA runtime reports zero devices";
+    return r;
+  }();
+  return q;
+}
+}  // namespace
+
+int cuda_device_count() { return query().count; }
+
+std::string cuda_status() {
+  const DeviceQuery& q = query();
+  if (q.count == 0) return "no CUDA device: " + q.reason;
+  std::string s = std::to_string(q.count) + " CUDA device(s):";
+  for (int i = 0; i < q.count; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) == cudaSuccess)
+      s += " [" + std::to_string(i) + "] " + p.name + " (sm_" + std::to_string(p.major) +
+           std::to_string(p.minor) + ", " + std::to_string(p.totalGlobalMem >> 20) + " MiB)";
+  }
+  return s;
+}
+
+void require_cuda_device(int index, const char* what) {
+  const DeviceQuery& q = query();
+  if (q.count == 0)
+    fail_kind(ErrorKind::NotSupported, "{}: no CUDA device ({}); run on a machine with an NVIDIA "
+              "GPU or use device 'cpu'", what, q.reason);
+  if (index < 0 || index >= q.count)
+    fail_kind(ErrorKind::InvalidArgument, "{}: CUDA device {} does not exist ({} present)", what,
+              index, q.count);
+}
+
+void check_cuda(int code, const char* what) {
+  if (code != cudaSuccess) {
+    const char* msg = cudaGetErrorString(cudaError_t(code));
+    cudaGetLastError();
+    fail_kind(ErrorKind::Runtime, "CUDA error in {}: {}", what, msg);
+  }
+}
+
+void cuda_synchronize(int index) {
+  require_cuda_device(index, "cuda_synchronize");
+  check_cuda(cudaSetDevice(index), "cudaSetDevice");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+void cuda_memcpy(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  if (bytes == 0) return;
+  cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
+                     : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                      : cudaMemcpyDeviceToDevice;
+  check_cuda(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy");
+}
+
+// ---- caching allocator -----------------------------------------------------------------------
+// Note [CUDA caching allocator]
+// cudaMalloc/cudaFree synchronize the device and cost tens of microseconds, so freed blocks are
+// kept in per-size free lists and handed out again. Sizes are rounded up to 512 bytes (small)
+// or to 2 MiB multiples above 1 MiB, which bounds fragmentation while letting a steady-state
+// workload hit the cache on every call. cuda_empty_cache() returns everything to the driver.
+namespace {
+
+size_t round_size(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (bytes <= (size_t(1) << 20)) return (bytes + 511) / 512 * 512;
+  size_t mb2 = size_t(2) << 20;
+  return (bytes + mb2 - 1) / mb2 * mb2;
+}
+
+class CudaCachingAllocator final : public Allocator {
+ public:
+  explicit CudaCachingAllocator(int index) : index_(index) {}
+  void* allocate(size_t bytes) override {
+    size_t n = round_size(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(n);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      stats_.cache_hits++;
+      note_alloc(n);
+      return p;
+    }
+    check_cuda(cudaSetDevice(index_), "cudaSetDevice");
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e != cudaSuccess) {
+      // Release the cache and retry once before reporting out-of-memory.
+      cudaGetLastError();
+      release_locked();
+      e = cudaMalloc(&p, n);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        fail_kind(ErrorKind::Runtime, "CUDA out of memory on cuda:{} allocating {} bytes ({})",
+                  index_, bytes, cudaGetErrorString(e));
+      }
+    }
+    stats_.cuda_malloc_calls++;
+    stats_.reserved_bytes += n;
+    note_alloc(n);
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes) override {
+    size_t n = round_size(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[n].push_back(ptr);
+    stats_.allocated_bytes -= n;
+  }
+  Device device() const override { return Device::cuda(index_); }
+  CudaAllocatorStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_locked();
+  }
+
+ private:
+  void note_alloc(size_t n) {
+    stats_.allocated_bytes += n;
+    if (stats_.allocated_bytes > stats_.peak_allocated_bytes)
+      stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  }
+  void release_locked() {
+    cudaSetDevice(index_);
+    for (auto& [n, list] : free_) {
+      for (void* p : list) {
+        cudaFree(p);
+        stats_.reserved_bytes -= n;
+      }
+      list.clear();
+    }
+  }
+  int index_;
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  CudaAllocatorStats stats_;
+};
+
+std::mutex g_alloc_mu;
+std::vector<CudaCachingAllocator*>& allocators() {
+  static auto* v = new std::vector<CudaCachingAllocator*>();
+  return *v;
+}
+
+}  // namespace
+
+Allocator* cuda_allocator(int index) {
+  require_cuda_device(index, "CUDA allocation");
+  std::lock_guard<std::mutex> lock(g_alloc_mu);
+  auto& v = allocators();
+  if (v.size() <= size_t(index)) v.resize(size_t(index) + 1, nullptr);
+  if (!v[size_t(index)]) v[size_t(index)] = new CudaCachingAllocator(index);  // process lifetime
+  return v[size_t(index)];
+}
+
+CudaAllocatorStats cuda_allocator_stats(int index) {
+  require_cuda_device(index, "cuda_allocator_stats");
+  return static_cast<CudaCachingAllocator*>(cuda_allocator(index))->stats();
+}
+
+void cuda_empty_cache() {
+  std::lock_guard<std::mutex> lock(g_alloc_mu);
+  for (CudaCachingAllocator* a : allocators())
+    if (a) a->empty_cache();
+}
+
+}  // namespace kiln

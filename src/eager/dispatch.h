@@ -1,0 +1,61 @@
+// Eager dispatch: runs one op now. Every op call from the C++ API comes through call_op.
+//
+// Note [Dispatch]
+// call_op(op, inputs, attrs):
+//   1. if a DispatchHook is installed on this thread (capture), it may take the call;
+//   2. attributes are canonicalized against the schema and types inferred (the validator);
+//   3. the kernel is chosen: CUDA inputs -> eager_cuda; CPU -> eager_cpu, else reference,
+//      else the decomposition (which calls back into call_op);
+//   4. non-view ops get preallocated contiguous outputs of the inferred types.
+#pragma once
+#include <source_location>
+#include <span>
+
+#include "core/tensor.h"
+#include "ops/op.h"
+
+namespace kiln {
+
+class DispatchHook {
+ public:
+  virtual ~DispatchHook() = default;
+  // Returns true when the hook handled the call (and set `outputs`).
+  virtual bool intercept(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
+                         TensorList& outputs, const std::source_location& loc) = 0;
+};
+
+// Installs `hook` on this thread; returns the previous one.
+DispatchHook* set_dispatch_hook(DispatchHook* hook);
+DispatchHook* dispatch_hook();
+
+// RAII: disables the hook on this thread for a scope (capture runs real kernels through it).
+class NoDispatchHook {
+ public:
+  NoDispatchHook() : saved_(set_dispatch_hook(nullptr)) {}
+  ~NoDispatchHook() { set_dispatch_hook(saved_); }
+
+ private:
+  DispatchHook* saved_;
+};
+
+TensorList call_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs = {},
+                   const std::source_location& loc = std::source_location::current());
+Tensor call_op1(OpId op, std::span<const Tensor> inputs, const Attrs& attrs = {},
+                const std::source_location& loc = std::source_location::current());
+inline Tensor call_op1(OpId op, std::initializer_list<Tensor> inputs, const Attrs& attrs = {},
+                       const std::source_location& loc = std::source_location::current()) {
+  return call_op1(op, std::span<const Tensor>(inputs.begin(), inputs.size()), attrs, loc);
+}
+
+// Infers output types for concrete inputs (validating them); `where` names the call site.
+std::vector<TensorType> infer_types(const OpDef& def, std::span<const Tensor> inputs,
+                                    const Attrs& canonical_attrs, std::string_view where);
+
+// Runs a specific kernel with preallocated outputs (used by dispatch, the interpreter and tests).
+TensorList run_kernel(const OpDef& def, KernelFn kernel, std::span<const Tensor> inputs,
+                      const Attrs& canonical_attrs, std::span<const TensorType> out_types);
+
+// "file.cc:123 (function)" for error messages.
+std::string location_str(const std::source_location& loc);
+
+}  // namespace kiln

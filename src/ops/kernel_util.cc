@@ -1,0 +1,72 @@
+#include "ops/kernel_util.h"
+
+#include <algorithm>
+
+namespace kiln {
+
+Dims broadcast_strides(const Tensor& t, const Dims& out) {
+  Dims s;
+  s.resize(out.size());
+  size_t off = out.size() - t.sizes().size();
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (i < off) {
+      s[i] = 0;
+    } else {
+      int64_t sz = t.sizes()[i - off];
+      s[i] = (sz == 1 && out[i] != 1) ? 0 : t.strides()[i - off];
+    }
+  }
+  return s;
+}
+
+std::vector<TensorType> same_as_input(const InferContext& ctx) {
+  TensorType t = ctx.in(0);
+  t.strides = Shape();
+  return {t};
+}
+
+std::vector<int> reduction_axes(const Attrs& attrs, int rank) {
+  std::vector<int> axes;
+  const Ints& dims = attrs.get_ints("dims");
+  if (dims.empty()) {
+    for (int i = 0; i < rank; ++i) axes.push_back(i);
+    return axes;
+  }
+  for (int64_t d : dims) axes.push_back(normalize_axis(d, rank, "reduction dim"));
+  std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  return axes;
+}
+
+std::vector<int> reduction_axes(const InferContext& ctx, int rank) {
+  try {
+    return reduction_axes(ctx.attrs, rank);
+  } catch (const Error& e) {
+    ctx.fail("{}", e.message());
+  }
+}
+
+Tensor sample_randn(Generator& g, const Dims& sizes, double scale) {
+  Tensor t = Tensor::randn(sizes, g, DType::Float64);
+  if (scale != 1.0) {
+    double* p = t.data<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] *= scale;
+  }
+  return t;
+}
+
+Tensor sample_uniform(Generator& g, const Dims& sizes, double lo, double hi) {
+  return Tensor::rand(sizes, g, lo, hi, DType::Float64);
+}
+
+Tensor sample_noncontiguous(Generator& g, const Dims& sizes) {
+  // Allocate the reversed shape and view it transposed (all dims reversed).
+  Dims rev;
+  for (int i = int(sizes.size()) - 1; i >= 0; --i) rev.push_back(sizes[i]);
+  Tensor base = Tensor::randn(rev, g, DType::Float64);
+  Dims st;
+  for (int i = int(sizes.size()) - 1; i >= 0; --i) st.push_back(base.strides()[i]);
+  return base.as_strided(sizes, st, 0);
+}
+
+}  // namespace kiln

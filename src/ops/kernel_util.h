@@ -1,0 +1,51 @@
+// Helpers shared by op kernels: broadcasting strides, strided element loops, common inference.
+#pragma once
+#include <cmath>
+
+#include "ops/op.h"
+
+namespace kiln {
+
+// Strides of `t` broadcast to `out_sizes` (0 on broadcast dims, leading dims added).
+Dims broadcast_strides(const Tensor& t, const Dims& out_sizes);
+
+// Calls f(out_index_ptr, in_offsets...) for every element of `out_sizes`: offsets are element
+// offsets into each input computed from `strides` (one Dims per input). Row-major order.
+template <size_t N, typename F>
+void for_each_broadcast(const Dims& out_sizes, const Dims (&strides)[N], F&& f) {
+  int r = int(out_sizes.size());
+  int64_t n = numel(out_sizes);
+  if (n == 0) return;
+  int64_t idx[kMaxRank] = {0};
+  int64_t off[N] = {0};
+  for (int64_t i = 0; i < n; ++i) {
+    f(i, static_cast<const int64_t*>(off));
+    for (int d = r - 1; d >= 0; --d) {
+      if (++idx[d] < out_sizes[d]) {
+        for (size_t k = 0; k < N; ++k) off[k] += strides[k][d];
+        break;
+      }
+      for (size_t k = 0; k < N; ++k) off[k] -= strides[k][d] * (out_sizes[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+// Byte pointer to element `offset` of tensor t (t's own element offset already included).
+inline char* elem_ptr(const Tensor& t, int64_t offset) {
+  return static_cast<char*>(t.raw_data()) + offset * t.element_size();
+}
+
+// Inference helpers.
+std::vector<TensorType> same_as_input(const InferContext& ctx);  // one output like input 0
+
+// Reads the "dims" attribute as normalized, sorted, unique axes (empty = all axes).
+std::vector<int> reduction_axes(const InferContext& ctx, int rank);
+std::vector<int> reduction_axes(const Attrs& attrs, int rank);
+
+// Test-sample helpers.
+Tensor sample_randn(Generator& g, const Dims& sizes, double scale = 1.0);          // float64
+Tensor sample_uniform(Generator& g, const Dims& sizes, double lo, double hi);      // float64
+Tensor sample_noncontiguous(Generator& g, const Dims& sizes);  // float64, transposed view
+
+}  // namespace kiln

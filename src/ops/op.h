@@ -1,0 +1,199 @@
+// The op registry: one record per op in ops.def. See Note [Op records].
+//
+// Note [Op records]
+// An OpDef holds everything Kiln knows about an op:
+//   - schema: named inputs (optional / variadic) and typed attributes with defaults;
+//   - infer: dtype and shape inference over TensorTypes with SymInt shapes (so it works on
+//     symbolic graphs); it is also the validator: bad inputs fail here, naming the op and node;
+//   - reference: a plain, obviously correct CPU kernel (float64 / int64 arithmetic inside);
+//     the oracle for every test;
+//   - decompose: for composite ops, the op written with other ops through the eager API (it is
+//     traced into core ops by the compiler's decomposition pass);
+//   - eager_cpu / eager_cuda: optimized eager kernels (oneDNN conv/matmul, vectorized loops);
+//   - cpu_lowering / cuda_lowering / gradient: filled by the compiler (CPU), wave 2 (CUDA) and
+//     wave 3 (autodiff); empty today and reported as such by `kiln ops --json`;
+//   - samples: test cases (inputs + attrs) from which the op harness checks every op in every
+//     dtype it supports against the float64 reference.
+// Kernels receive inputs in any strides; non-view ops get preallocated contiguous outputs of the
+// inferred types; view ops (is_view) set their outputs themselves, sharing input storage.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "core/tensor_type.h"
+
+namespace kiln {
+
+enum class OpId : uint16_t {
+#define KILN_OP(I, N, F) I,
+#include "ops/ops.def"
+#undef KILN_OP
+};
+
+inline constexpr int kNumOps = 0
+#define KILN_OP(I, N, F) +1
+#include "ops/ops.def"
+#undef KILN_OP
+    ;
+
+// ---- attributes -------------------------------------------------------------------------------
+enum class AttrType : uint8_t { Int, Float, Bool, String, Ints, Floats, DType };
+const char* attr_type_name(AttrType t);
+
+// Int lists hold SymInt raw values (see Note [SymInt encoding]), so shape-like attributes can
+// be symbolic; for concrete values the encoding is the plain integer.
+using AttrValue = std::variant<std::monostate, int64_t, double, bool, std::string,
+                               std::vector<int64_t>, std::vector<double>, DType>;
+using Ints = std::vector<int64_t>;
+using Floats = std::vector<double>;
+
+class Attrs {
+ public:
+  Attrs() = default;
+  Attrs(std::initializer_list<std::pair<std::string, AttrValue>> items);
+
+  void set(std::string_view name, AttrValue v);
+  const AttrValue* find(std::string_view name) const;
+  // Present and not "none".
+  bool has(std::string_view name) const;
+
+  int64_t get_int(std::string_view name) const;
+  double get_float(std::string_view name) const;  // accepts an Int value too
+  bool get_bool(std::string_view name) const;
+  const std::string& get_string(std::string_view name) const;
+  const Ints& get_ints(std::string_view name) const;
+  Floats get_floats(std::string_view name) const;
+  DType get_dtype(std::string_view name) const;
+  Shape get_shape(std::string_view name) const;  // an Ints attribute as SymInts
+
+  const std::vector<std::pair<std::string, AttrValue>>& items() const { return items_; }
+  std::vector<std::pair<std::string, AttrValue>>& items() { return items_; }
+  size_t size() const { return items_.size(); }
+  friend bool operator==(const Attrs& a, const Attrs& b) { return a.items_ == b.items_; }
+
+ private:
+  std::vector<std::pair<std::string, AttrValue>> items_;
+};
+
+// "[1, 2]", "1.5", "true", "\"tanh\"", "f32", "none" — the IR text form of a value.
+std::string attr_value_str(const AttrValue& v);
+
+struct AttrSpec {
+  std::string name;
+  AttrType type;
+  // std::monostate: required unless `optional` (then "none" is a valid value).
+  AttrValue default_value;
+  bool optional = false;
+};
+
+struct InputSpec {
+  std::string name;
+  bool optional = false;
+  bool variadic = false;  // only the last input; takes >= 1 tensors
+};
+
+struct OpDef;
+
+// ---- inference --------------------------------------------------------------------------------
+struct InferContext {
+  const OpDef& op;
+  std::string_view node_name;                   // graph node or call site; may be empty
+  std::span<const TensorType* const> inputs;    // nullptr for an absent optional input
+  const Attrs& attrs;                           // canonical: defaults filled in
+
+  size_t num_inputs() const { return inputs.size(); }
+  bool has_input(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }
+  const TensorType& in(size_t i) const;
+  // "op 'conv2d' (node 'stem.conv1')"
+  std::string where() const;
+  template <typename... Args>
+  [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) const {
+    throw_error(ErrorKind::InvalidArgument,
+                where() + ": " + fmt::format(f, std::forward<Args>(args)...));
+  }
+};
+using InferFn = std::vector<TensorType> (*)(const InferContext&);
+
+// ---- kernels ----------------------------------------------------------------------------------
+struct KernelContext {
+  const OpDef& op;
+  std::span<const Tensor> inputs;  // undefined Tensor for an absent optional input
+  std::span<Tensor> outputs;       // preallocated (non-view ops) or to be set (view ops)
+  const Attrs& attrs;
+  std::span<const TensorType> out_types;  // inferred output types
+};
+using KernelFn = void (*)(const KernelContext&);
+using DecomposeFn = TensorList (*)(std::span<const Tensor> inputs, const Attrs& attrs);
+
+// ---- test samples -----------------------------------------------------------------------------
+struct OpSample {
+  // Floating inputs are float64 here; the harness casts them to each tested dtype. Integer
+  // inputs (indices) are passed unchanged.
+  TensorList inputs;
+  Attrs attrs;
+  std::string note;  // "broadcast [3,1] x [4]", shown when a case fails
+};
+using SampleFn = std::vector<OpSample> (*)(Generator& gen);
+
+struct CpuLowering;   // defined by the CPU compiler
+struct CudaLowering;  // defined by the CUDA backend (wave 2)
+struct GradientRule;  // defined by autodiff (wave 3)
+
+struct OpDef {
+  OpId id{};
+  const char* name = "";
+  const char* family = "";
+  std::string doc;
+
+  std::vector<InputSpec> inputs;
+  std::vector<AttrSpec> attrs;
+  int num_outputs = 1;  // -1: decided by inference (e.g. split)
+  bool is_view = false;
+
+  InferFn infer = nullptr;
+  KernelFn reference = nullptr;
+  DecomposeFn decompose = nullptr;
+  KernelFn eager_cpu = nullptr;
+  KernelFn eager_cuda = nullptr;
+  const CpuLowering* cpu_lowering = nullptr;
+  const CudaLowering* cuda_lowering = nullptr;
+  const GradientRule* gradient = nullptr;
+  std::vector<std::string> onnx_ops;
+
+  // dtypes of the primary (first) input that the op supports; tests run each of them.
+  std::vector<DType> dtypes;
+  SampleFn samples = nullptr;
+  double tolerance_scale = 1.0;  // >1 for ops with long accumulations or ill-conditioning
+
+  bool supports_dtype(DType d) const;
+  int attr_index(std::string_view name) const;
+  // Fills defaults, rejects unknown attributes and type mismatches (naming `where`).
+  Attrs canonicalize(const Attrs& given, std::string_view where) const;
+  // Checks input count against the schema (naming `where`).
+  void check_arity(size_t num_inputs, std::string_view where) const;
+};
+
+const OpDef& op_def(OpId id);
+const OpDef* find_op(std::string_view name);
+std::span<const OpDef> all_ops();
+
+// Ops whose record is incomplete (empty when the registry is whole; checked by tests).
+std::vector<std::string> registry_problems();
+
+// Registration (used by the family files; see registry.cc).
+OpDef& define_op(OpId id);
+
+// Common dtype sets.
+std::vector<DType> float_dtypes();      // f32 f64 f16 bf16
+std::vector<DType> numeric_dtypes();    // floats + i64 i32 i8 u8
+std::vector<DType> all_dtypes();        // numeric + bool
+
+}  // namespace kiln
