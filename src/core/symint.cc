@@ -132,7 +132,13 @@ int64_t make_poly_locked(Table& t, const Poly& p) {
   std::string r;
   for (size_t i = 0; i < terms.size(); ++i) {
     int64_t c = terms[i].second.coef;
-    const std::string& m = terms[i].first;
+    std::string m = terms[i].first;
+    // k*(a//b) must not print as k*a//b, which parses as (k*a)//b; same for -(a//b).
+    const Monomial& mono = terms[i].second.mono;
+    if (c != 1 && mono.size() == 1) {
+      Kind k = expr_locked(t, mono[0]).kind;
+      if (k == Kind::FloorDiv || k == Kind::Mod) m = "(" + m + ")";
+    }
     if (i == 0) {
       if (c == 1) r += m;
       else if (c == -1) r += "-" + m;
@@ -148,7 +154,8 @@ int64_t make_poly_locked(Table& t, const Poly& p) {
   if (p.constant > 0) r += " + " + std::to_string(p.constant);
   if (p.constant < 0) r += " - " + std::to_string(-p.constant);
   e.repr = r;
-  return intern_locked(t, "P:" + r, std::move(e));
+  std::string key = "P:" + r;
+  return intern_locked(t, key, std::move(e));
 }
 
 int64_t py_floordiv(int64_t a, int64_t b) {
@@ -181,8 +188,8 @@ int64_t make_binary_locked(Table& t, Kind k, int64_t a, int64_t b) {
     e.repr = std::string(k == Kind::Min ? "min(" : "max(") + repr_locked(t, a) + ", " +
              repr_locked(t, b) + ")";
   }
-  std::string key = e.repr;
-  return intern_locked(t, "B:" + key, std::move(e));
+  std::string key = "B:" + e.repr;  // before e is moved into the by-value parameter
+  return intern_locked(t, key, std::move(e));
 }
 
 int64_t eval_locked(Table& t, int64_t raw,
@@ -255,7 +262,8 @@ SymInt SymInt::symbol(std::string_view name) {
   e.kind = Kind::Symbol;
   e.name = std::string(name);
   e.repr = e.name;
-  return from_raw(intern_locked(t, "S:" + e.name, std::move(e)));
+  std::string key = "S:" + e.name;  // before e is moved into the by-value parameter
+  return from_raw(intern_locked(t, key, std::move(e)));
 }
 
 SymInt SymInt::add_slow(SymInt a, SymInt b) {
