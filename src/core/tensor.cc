@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -7,13 +8,27 @@
 
 namespace kiln {
 
+namespace {
+std::atomic<uint64_t> g_mutation_epoch{0};
+std::atomic<uint64_t> g_storage_serial{1};
+}  // namespace
+
 // ---- Storage ----------------------------------------------------------------------------------
 Storage::Storage(size_t nbytes, Allocator* alloc)
-    : nbytes_(nbytes), alloc_(alloc), device_(alloc->device()) {
+    : nbytes_(nbytes), alloc_(alloc), device_(alloc->device()),
+      serial_(g_storage_serial.fetch_add(1, std::memory_order_relaxed)) {
   data_ = alloc->allocate(nbytes);
 }
 Storage::Storage(void* data, size_t nbytes, Device device)
-    : data_(data), nbytes_(nbytes), device_(device) {}
+    : data_(data), nbytes_(nbytes), device_(device),
+      serial_(g_storage_serial.fetch_add(1, std::memory_order_relaxed)) {}
+uint64_t next_storage_serial() { return g_storage_serial.load(std::memory_order_relaxed); }
+uint64_t global_mutation_epoch() { return g_mutation_epoch.load(std::memory_order_acquire); }
+void Storage::bump_version() {
+  ++version_;
+  g_mutation_epoch.fetch_add(1, std::memory_order_acq_rel);
+}
+
 Storage::~Storage() {
   if (alloc_ && data_) alloc_->deallocate(data_, nbytes_);
 }
@@ -126,8 +141,28 @@ TensorType Tensor::type() const {
   return t;
 }
 
+namespace {
+thread_local MaterializeHook t_materialize = nullptr;
+}
+MaterializeHook set_materialize_hook(MaterializeHook hook) {
+  MaterializeHook prev = t_materialize;
+  t_materialize = hook;
+  return prev;
+}
+
+void Tensor::materialize(const char* what, const std::source_location& loc) const {
+  if (!impl_ || impl_->storage || impl_->capture_value < 0 || !t_materialize) return;
+  std::string_view file = loc.file_name();
+  size_t slash = file.rfind('/');
+  if (slash != std::string_view::npos) file = file.substr(slash + 1);
+  std::string where = fmt::format("{}:{}", file, loc.line());
+  t_materialize(impl_.get(), what, where.c_str());
+}
+
 void* Tensor::raw_data() const {
   KILN_CHECK(defined(), "access to the data of an undefined tensor");
+  if (!impl_->storage && impl_->capture_value >= 0 && t_materialize) [[unlikely]]
+    t_materialize(impl_.get(), "data access", "");
   KILN_CHECK(impl_->storage, "tensor of type {} has no data (it is a fake tensor used for "
              "tracing)", type().str());
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * element_size();
@@ -186,6 +221,22 @@ Tensor Tensor::to(Device dev) const {
   return out;
 }
 
+// Copies the storage extent that a strided device tensor spans to the host and returns the
+// contiguous host copy of the view.
+static Tensor gather_to_host(const Tensor& t) {
+  if (t.numel() == 0) return Tensor::empty(t.sizes(), t.dtype());
+  int64_t lo = t.offset(), hi = t.offset();
+  for (int d = 0; d < t.dim(); ++d) {
+    int64_t ext = (t.size(d) - 1) * t.stride(d);
+    if (ext < 0) lo += ext; else hi += ext;
+  }
+  Tensor host = Tensor::empty(Dims{hi - lo + 1}, t.dtype());
+  const char* base = static_cast<const char*>(t.impl()->storage->data());
+  cuda_memcpy(host.raw_data(), base + lo * t.element_size(), host.nbytes(),
+              CopyKind::DeviceToHost);
+  return host.as_strided(t.sizes(), t.strides(), t.offset() - lo).contiguous();
+}
+
 void Tensor::copy_(const Tensor& src) {
   KILN_CHECK(src.sizes() == sizes(), "copy_: source shape {} does not match destination {}",
              to_string(src.sizes()), to_string(sizes()));
@@ -211,6 +262,9 @@ void Tensor::copy_(const Tensor& src) {
   } else {
     // Cross-device or device-local copies move bytes; conversions happen on the host.
     Tensor s = src;
+    // A strided device source is gathered on the host (core cannot reach the CUDA copy kernel);
+    // otherwise contiguous() -> clone() -> copy_ would recurse without end.
+    if (!s.is_contiguous() && !s.device().is_cpu()) s = gather_to_host(s);
     if (s.dtype() != dtype()) s = s.to(Device::cpu()).to(dtype());
     s = s.contiguous();
     KILN_CHECK(is_contiguous(), "copy_ into a non-contiguous {} tensor is not supported",
@@ -230,7 +284,8 @@ void Tensor::bump_version() const {
 }
 uint64_t Tensor::version() const { return impl_ && impl_->storage ? impl_->storage->version() : 0; }
 
-double Tensor::item() const {
+double Tensor::item(const std::source_location& loc) const {
+  materialize("item()", loc);
   KILN_CHECK(numel() == 1, "item() needs a tensor with one element, got shape {}",
              to_string(sizes()));
   Tensor c = device().is_cpu() ? *this : to(Device::cpu());
@@ -238,19 +293,20 @@ double Tensor::item() const {
 }
 
 template <typename T>
-std::vector<T> Tensor::to_vector() const {
+std::vector<T> Tensor::to_vector(const std::source_location& loc) const {
+  materialize("to_vector()", loc);
   Tensor c = device().is_cpu() ? *this : to(Device::cpu());
   c = c.to(DTypeOf<T>::value).contiguous();
   const T* p = static_cast<const T*>(c.raw_data());
   return std::vector<T>(p, p + c.numel());
 }
-template std::vector<float> Tensor::to_vector<float>() const;
-template std::vector<double> Tensor::to_vector<double>() const;
-template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
-template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
-template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
-template std::vector<int8_t> Tensor::to_vector<int8_t>() const;
-template std::vector<bool> Tensor::to_vector<bool>() const;
+template std::vector<float> Tensor::to_vector<float>(const std::source_location&) const;
+template std::vector<double> Tensor::to_vector<double>(const std::source_location&) const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>(const std::source_location&) const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>(const std::source_location&) const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>(const std::source_location&) const;
+template std::vector<int8_t> Tensor::to_vector<int8_t>(const std::source_location&) const;
+template std::vector<bool> Tensor::to_vector<bool>(const std::source_location&) const;
 
 std::string Tensor::str(int max_elements) const {
   if (!defined()) return "Tensor(undefined)";

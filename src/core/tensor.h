@@ -8,6 +8,7 @@
 // is "fake": it has a type but no data (capture records ops on such tensors).
 #pragma once
 #include <cstdint>
+#include <source_location>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,7 +35,10 @@ class Storage : public RefCounted {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   uint64_t version() const { return version_; }
-  void bump_version() { ++version_; }
+  void bump_version();
+  // Creation order of storages in this process (capture tells tensors created while tracing
+  // from pre-existing ones, e.g. parameters).
+  uint64_t serial() const { return serial_; }
 
  private:
   void* data_ = nullptr;
@@ -42,7 +46,15 @@ class Storage : public RefCounted {
   Allocator* alloc_ = nullptr;
   Device device_;
   uint64_t version_ = 0;
+  uint64_t serial_ = 0;
 };
+
+// The serial the next Storage will get.
+uint64_t next_storage_serial();
+
+// Incremented by every Storage::bump_version (every in-place write through copy_ or
+// bump_version): a guard that saw the same epoch knows no tensor was mutated since.
+uint64_t global_mutation_epoch();
 
 class TensorImpl : public RefCounted {
  public:
@@ -58,6 +70,14 @@ class TensorImpl : public RefCounted {
 };
 
 class Generator;
+
+// Note [Materialization hook]
+// Capture records ops on fake tensors. When host code reads one of them (item(), to_vector(),
+// raw_data()), capture must run the graph recorded so far to produce real data: a graph break.
+// Capture installs this thread-local hook; `what` names the read ("item()") and `where` the
+// caller's location. After the hook returns, the tensor has storage.
+using MaterializeHook = void (*)(TensorImpl* impl, const char* what, const char* where);
+MaterializeHook set_materialize_hook(MaterializeHook hook);
 
 class Tensor {
  public:
@@ -131,10 +151,13 @@ class Tensor {
   void bump_version() const;
   uint64_t version() const;
 
-  // Host reads of data. Under capture these are graph breaks (see src/capture).
-  double item() const;
+  // Host reads of data. Under capture these are graph breaks (see src/capture); `loc` names
+  // the caller in break reports.
+  double item(const std::source_location& loc = std::source_location::current()) const;
   template <typename T>
-  std::vector<T> to_vector() const;
+  std::vector<T> to_vector(const std::source_location& loc = std::source_location::current()) const;
+  // Makes a fake tensor under capture real (no-op otherwise); see Note [Materialization hook].
+  void materialize(const char* what, const std::source_location& loc) const;
 
   std::string str(int max_elements = 16) const;  // readable summary with leading values
 

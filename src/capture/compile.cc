@@ -1,0 +1,689 @@
+// kiln::compile — capture, guards, the compile cache, graph breaks and fallback.
+//
+// Note [Capture]
+// A compiled function keeps a list of entries. An entry is valid for one guard set: the
+// inputs' count/dtype/device/shape/strides and the identity+version of every parameter the
+// captured graphs froze. A call walks the entries (a few integer comparisons each) and replays
+// the first whose guards hold; otherwise it traces the function again (a recompile, whose reason
+// is recorded in words) and adds an entry, up to cache_size_limit — after that, new guard sets
+// run eagerly, with one loud warning and a counter.
+//
+// Tracing runs the user's host code with a dispatch hook installed: every op call is recorded
+// into a Graph and returns a *fake* tensor (type, no data) standing for the graph value. Host
+// control flow that depends only on shapes runs normally and is specialized by the shape guards.
+// When host code reads tensor data (item(), to_vector(), raw data), the materialization hook
+// fires: that is a graph break. The graph recorded so far (a segment) is compiled by the backend
+// and run; every fake tensor the host code still holds receives its real data; the host code
+// continues with real values and a new segment begins.
+//
+// Entries come in two kinds:
+//   - whole graph (no break): a replay runs the compiled graph directly; host code is not
+//     re-run (as with Dynamo, side effects of host code happen at trace time only);
+//   - segmented (one or more breaks): a replay re-runs the host code under the hook (it must,
+//     to compute the host values between graphs) and looks each segment up by its structural
+//     key; the host values that steered control flow therefore take effect on every call, and a
+//     segment that differs (another branch) is compiled and cached rather than returning a
+//     wrong answer. The reads are reported as value guards.
+//
+// Tensors the traced code uses that are neither inputs nor produced by recorded ops become
+// graph constants when the host code made them during the trace and they are small
+// (<= kMaxConstElements; baked by value, part of the segment key), and frozen parameters
+// otherwise (held by identity, guarded by identity and version: mutating one recompiles).
+//
+// Failures: if the backend fails to compile a segment, or a compiled segment fails at run
+// time, the call completes by interpreting that segment with the eager kernels, the failure is
+// reported once and counted; with strict=true the error propagates instead.
+#include "capture/compile.h"
+
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "capture/backend.h"
+#include "capture/guards.h"
+#include "eager/dispatch.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
+#include "ir/printer.h"
+#include "nn/module.h"
+
+namespace kiln {
+
+namespace {
+constexpr int64_t kMaxConstElements = 64;
+
+// ---- backend registry --------------------------------------------------------------------------
+class InterpretedGraph final : public CompiledGraph {
+ public:
+  explicit InterpretedGraph(const Graph& g) : graph_(g) {}
+  TensorList run(const TensorList& inputs) override { return ::kiln::run(graph_, inputs); }
+  std::string summary() const override {
+    return fmt::format("eager: {} nodes interpreted through the eager kernels", graph_.nodes.size());
+  }
+
+ private:
+  Graph graph_;
+};
+
+struct BackendRegistry {
+  std::mutex mu;
+  std::vector<std::pair<std::string, BackendFactory>> backends;
+};
+BackendRegistry& backend_registry() {
+  static BackendRegistry* r = [] {
+    auto* reg = new BackendRegistry();
+    reg->backends.emplace_back("eager", [](const Graph& g, const CompileOptions&) {
+      return std::unique_ptr<CompiledGraph>(new InterpretedGraph(g));
+    });
+    return reg;
+  }();
+  return *r;
+}
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  BackendRegistry& r = backend_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto& [n, f] : r.backends)
+    if (n == name) {
+      f = std::move(factory);
+      return;
+    }
+  r.backends.emplace_back(name, std::move(factory));
+}
+
+const BackendFactory& find_backend(const std::string& name) {
+  BackendRegistry& r = backend_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto& [n, f] : r.backends)
+    if (n == name) return f;
+  std::string names;
+  for (auto& [n, f] : r.backends) names += (names.empty() ? "" : ", ") + n;
+  fail("unknown compile backend '{}' (available: {})", name, names);
+}
+
+std::vector<std::string> backend_names() {
+  BackendRegistry& r = backend_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> out;
+  for (auto& [n, f] : r.backends) out.push_back(n);
+  return out;
+}
+
+// ---- state -------------------------------------------------------------------------------------
+namespace {
+
+struct CompiledSegment {
+  Graph graph;
+  std::unique_ptr<CompiledGraph> compiled;  // null: compile failed, interpret instead
+  bool runtime_failure_reported = false;
+};
+
+struct OutputSource {
+  enum Kind { GraphOutput, CallInput, Constant } kind;
+  int index = 0;
+  Tensor constant;
+};
+
+struct Entry {
+  InputGuards input_guards;
+  ParamGuards param_guards;
+  std::unordered_set<const TensorImpl*> guarded_params;
+  bool segmented = false;
+  // Whole graph.
+  std::shared_ptr<CompiledSegment> whole;
+  std::vector<int> graph_input_from_call;
+  std::vector<OutputSource> outputs;
+  // Segmented: segments by structural key.
+  std::unordered_map<std::string, std::shared_ptr<CompiledSegment>> segments;
+  std::vector<std::string> value_guards;
+};
+
+}  // namespace
+
+struct CompiledFunction::State {
+  Callable fn;
+  CompileOptions options;
+  std::unordered_map<const TensorImpl*, std::string> param_names;  // module parameter names
+  std::mutex mu;
+  std::vector<std::unique_ptr<Entry>> entries;
+  CompileStats stats;
+  // Report of the most recent trace, and the running logs.
+  std::vector<ExplainGraph> last_graphs;
+  std::vector<ExplainBreak> last_breaks;
+  std::vector<std::string> recompiles;
+  std::vector<std::string> fallbacks;
+  bool warned_cache_limit = false;
+  bool warned_dynamic = false;
+};
+
+namespace {
+
+std::mutex g_states_mu;
+std::vector<std::weak_ptr<CompiledFunction::State>>& all_states() {
+  static auto* v = new std::vector<std::weak_ptr<CompiledFunction::State>>();
+  return *v;
+}
+
+void warn(const std::string& msg) { std::fprintf(stderr, "kiln: warning: %s\n", msg.c_str()); }
+
+ExplainGraph explain_graph(const CompiledSegment& seg) {
+  ExplainGraph g;
+  for (const Node& n : seg.graph.nodes) g.ops.push_back(op_def(n.op).name);
+  g.num_inputs = int(seg.graph.inputs.size());
+  g.num_params = int(seg.graph.params().size());
+  g.num_outputs = int(seg.graph.outputs.size());
+  g.ir = print_graph(seg.graph);
+  g.backend_summary = seg.compiled ? seg.compiled->summary() : "compile failed: interpreted eagerly";
+  return g;
+}
+
+// ---- the tracer --------------------------------------------------------------------------------
+class Tracer;
+thread_local Tracer* t_tracer = nullptr;
+uint64_t next_epoch() {
+  static std::atomic<uint64_t> e{1};
+  return e.fetch_add(1);
+}
+
+class Tracer final : public DispatchHook {
+ public:
+  Tracer(CompiledFunction::State& st, Entry& entry, const TensorList& call_inputs)
+      : st_(st), entry_(entry), call_inputs_(call_inputs) {
+    for (size_t i = 0; i < call_inputs.size(); ++i)
+      if (call_inputs[i].defined()) call_index_.emplace(call_inputs[i].impl(), int(i));
+  }
+
+  // Runs fn under capture; returns its outputs (real tensors).
+  TensorList run() {
+    st_.stats.traces++;
+    begin_segment();
+    TensorList outs;
+    {
+      HookScope scope(this);
+      outs = st_.fn(call_inputs_);
+    }
+    end_segment(nullptr, nullptr, nullptr, &outs);
+    return outs;
+  }
+
+  int num_segments() const { return segments_run_; }
+  const std::vector<ExplainGraph>& graphs() const { return graphs_; }
+  const std::vector<ExplainBreak>& breaks() const { return breaks_; }
+  // Whole-graph plan pieces (valid when num_segments() == 1).
+  std::shared_ptr<CompiledSegment> last_segment() const { return last_segment_; }
+  const std::vector<int>& last_input_from_call() const { return last_input_from_call_; }
+  const std::vector<OutputSource>& output_sources() const { return output_sources_; }
+
+  bool intercept(OpId op, std::span<const Tensor> inputs, const Attrs& attrs, TensorList& outputs,
+                 const std::source_location& loc) override {
+    std::vector<ValueId> ids;
+    ids.reserve(inputs.size());
+    for (const Tensor& t : inputs) ids.push_back(value_for(t));
+    std::string where = location_str(loc);
+    std::vector<ValueId> outs = graph_.add_node(op, ids, attrs, where);
+    const Node& node = graph_.nodes.back();
+    key_ += op_def(op).name;
+    key_ += '(';
+    for (ValueId v : ids) key_ += std::to_string(v) + ',';
+    key_ += "){";
+    for (auto& [n, v] : node.attrs.items()) key_ += n + "=" + attr_value_str(v) + ";";
+    key_ += "}\n";
+    outputs.clear();
+    for (ValueId v : outs) {
+      const TensorType& ty = graph_.type(v);
+      Tensor f = Tensor::fake(to_dims(ty.shape, "captured value shape"), ty.dtype, ty.device);
+      f.impl()->capture_value = v;
+      f.impl()->capture_epoch = epoch_;
+      if (fakes_.size() <= size_t(v)) fakes_.resize(size_t(v) + 1);
+      fakes_[size_t(v)] = f.impl_ref();
+      outputs.push_back(std::move(f));
+    }
+    return true;
+  }
+
+  static void materialize_hook(TensorImpl* impl, const char* what, const char* where) {
+    Tracer* t = t_tracer;
+    if (!t || impl->capture_epoch != t->epoch_) return;
+    t->on_break(impl, what, where);
+  }
+
+ private:
+  struct HookScope {
+    explicit HookScope(Tracer* t) {
+      prev_tracer = t_tracer;
+      t_tracer = t;
+      prev_hook = set_dispatch_hook(t);
+      prev_mat = set_materialize_hook(&Tracer::materialize_hook);
+    }
+    ~HookScope() {
+      set_materialize_hook(prev_mat);
+      set_dispatch_hook(prev_hook);
+      t_tracer = prev_tracer;
+    }
+    Tracer* prev_tracer;
+    DispatchHook* prev_hook;
+    MaterializeHook prev_mat;
+  };
+
+  void begin_segment() {
+    graph_ = Graph();
+    graph_.name = fmt::format("graph{}", segments_run_);
+    known_.clear();
+    fakes_.clear();
+    seg_inputs_.clear();
+    key_.clear();
+    epoch_ = next_epoch();
+  }
+
+  ValueId value_for(const Tensor& t) {
+    if (!t.defined()) return kNoValue;
+    TensorImpl* impl = t.impl();
+    if (!impl->storage && impl->capture_value >= 0) {
+      if (impl->capture_epoch == epoch_) return ValueId(impl->capture_value);
+      fail("a tensor captured by another compiled call (or an earlier trace) is used here "
+           "without data; keep tensors from one compiled function inside it");
+    }
+    auto it = known_.find(impl);
+    if (it != known_.end()) return it->second;
+    ValueId v;
+    auto ci = call_index_.find(impl);
+    bool from_host_graph = materialized_.count(impl) > 0;
+    if (ci != call_index_.end() || from_host_graph) {
+      std::string name = ci != call_index_.end() ? fmt::format("input{}", ci->second)
+                                                 : fmt::format("carried{}", seg_inputs_.size());
+      v = graph_.add_input(graph_.unique_name(name), t.type());
+      if (!t.is_contiguous()) graph_.value(v).type.strides = to_shape(t.strides());
+      seg_inputs_.push_back(t);
+      key_ += fmt::format("in:{}:{}\n", name, t.type().str());
+    } else if (t.numel() <= kMaxConstElements && !st_.param_names.count(impl) &&
+               impl->storage->serial() >= trace_start_serial_) {
+      // Made by the host code during this trace (e.g. a scalar operand): a constant by value.
+      Tensor c = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+      v = graph_.add_const(c);
+      key_ += "const:" + t.type().str() + ":";
+      const char* p = static_cast<const char*>(c.raw_data());
+      key_.append(p, c.nbytes());
+      key_ += '\n';
+    } else {
+      auto pn = st_.param_names.find(impl);
+      std::string name = pn != st_.param_names.end() ? pn->second : fmt::format("tensor{}", known_.size());
+      v = graph_.add_param(graph_.unique_name(name), t);
+      if (!entry_.guarded_params.count(impl)) {
+        entry_.guarded_params.insert(impl);
+        entry_.param_guards.add(t, name);
+      }
+      key_ += fmt::format("param:{}:{}\n", static_cast<const void*>(impl), name);
+    }
+    known_.emplace(impl, v);
+    return v;
+  }
+
+  void on_break(TensorImpl* reading, const char* what, const char* where) {
+    std::string loc = where && *where ? where : "<unknown location>";
+    const Node* producer = nullptr;
+    if (reading->capture_value >= 0) {
+      const Value& val = graph_.value(ValueId(reading->capture_value));
+      if (val.kind == ValueKind::NodeOutput) producer = &graph_.nodes[size_t(val.producer)];
+    }
+    std::string reason = fmt::format("{} reads tensor data on the host", what);
+    if (producer)
+      reason += fmt::format(" (the tensor comes from op '{}' at {})", op_def(producer->op).name,
+                            producer->name);
+    if (st_.options.fullgraph)
+      fail("fullgraph=true, but the code breaks the graph at {}: {}. Keep the computation in "
+           "tensor ops (e.g. kiln::where instead of a host branch) or compile with "
+           "fullgraph=false",
+           loc, reason);
+    breaks_.push_back({reason, loc});
+    st_.stats.graph_breaks++;
+    end_segment(reading, what, where, nullptr);
+    // The value read steers host control flow: report it as a value guard.
+    Tensor t{Ref<TensorImpl>(reading)};
+    std::string value;
+    if (t.numel() <= 8) {
+      Tensor c = t.device().is_cpu() ? t : t.to(Device::cpu());
+      value = c.str(8);
+    } else {
+      value = t.type().str();
+    }
+    std::string guard = fmt::format("value read by {} at {} == {}", what, loc, value);
+    if (std::find(entry_.value_guards.begin(), entry_.value_guards.end(), guard) ==
+        entry_.value_guards.end())
+      entry_.value_guards.push_back(guard);
+    begin_segment();
+  }
+
+  // Compiles (or finds) and runs the current segment, giving real data to every fake tensor
+  // still referenced outside the tracer (and to the returned tensors).
+  void end_segment(TensorImpl* reading, const char*, const char*, TensorList* returned) {
+    std::vector<ValueId> outs;
+    std::unordered_set<ValueId> seen;
+    auto want = [&](ValueId v) {
+      if (seen.insert(v).second) outs.push_back(v);
+    };
+    if (returned)
+      for (const Tensor& t : *returned)
+        if (t.defined() && !t.has_storage() && t.impl()->capture_epoch == epoch_)
+          want(ValueId(t.impl()->capture_value));
+    if (reading) want(ValueId(reading->capture_value));
+    for (size_t v = 0; v < fakes_.size(); ++v)
+      if (fakes_[v] && fakes_[v]->ref_count() > 1) want(ValueId(v));
+    if (graph_.nodes.empty() && outs.empty()) {
+      // Nothing recorded (e.g. the function only returns its inputs).
+      finish_outputs(returned, nullptr);
+      return;
+    }
+    graph_.outputs = outs;
+    key_ += "out:";
+    for (ValueId v : outs) key_ += std::to_string(v) + ",";
+
+    std::shared_ptr<CompiledSegment> seg;
+    auto found = entry_.segments.find(key_);
+    if (found != entry_.segments.end()) {
+      seg = found->second;
+    } else {
+      seg = std::make_shared<CompiledSegment>();
+      seg->graph = graph_;
+      compile_segment(*seg);
+      entry_.segments.emplace(key_, seg);
+    }
+    TensorList results = run_segment(*seg, seg_inputs_);
+    KILN_ASSERT(results.size() == outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) {
+      TensorImpl* impl = fakes_[size_t(outs[i])].get();
+      const Tensor& r = results[i];
+      KILN_ASSERT(r.dtype() == impl->dtype && r.sizes() == impl->sizes);
+      impl->storage = r.impl()->storage;
+      impl->offset = r.offset();
+      impl->strides = r.strides();
+      impl->device = r.device();
+      impl->capture_value = -1;
+      materialized_.insert(impl);
+    }
+    graphs_.push_back(explain_graph(*seg));
+    last_segment_ = seg;
+    last_input_from_call_.clear();
+    for (const Tensor& t : seg_inputs_) {
+      auto ci = call_index_.find(t.impl());
+      last_input_from_call_.push_back(ci == call_index_.end() ? -1 : ci->second);
+    }
+    ++segments_run_;
+    finish_outputs(returned, &outs);
+  }
+
+  void finish_outputs(TensorList* returned, const std::vector<ValueId>* outs) {
+    if (!returned) return;
+    output_sources_.clear();
+    for (const Tensor& t : *returned) {
+      OutputSource src{OutputSource::Constant, 0, t};
+      if (t.defined()) {
+        auto ci = call_index_.find(t.impl());
+        if (ci != call_index_.end()) {
+          src = {OutputSource::CallInput, ci->second, Tensor()};
+        } else if (outs) {
+          for (size_t i = 0; i < fakes_.size(); ++i)
+            if (fakes_[i].get() == t.impl()) {
+              for (size_t k = 0; k < outs->size(); ++k)
+                if ((*outs)[k] == ValueId(i)) src = {OutputSource::GraphOutput, int(k), Tensor()};
+            }
+        }
+      }
+      output_sources_.push_back(src);
+    }
+  }
+
+  void compile_segment(CompiledSegment& seg) {
+    try {
+      seg.compiled = find_backend(st_.options.backend)(seg.graph, st_.options);
+      st_.stats.graphs_compiled++;
+    } catch (const Error& e) {
+      if (st_.options.strict) throw;
+      st_.stats.fallbacks_compile_error++;
+      std::string msg = fmt::format("graph '{}' ({} ops) failed to compile with backend '{}': "
+                                    "{}; running it eagerly", seg.graph.name,
+                                    seg.graph.nodes.size(), st_.options.backend, e.what());
+      st_.fallbacks.push_back(msg);
+      warn(msg);
+    }
+  }
+
+ public:
+  static TensorList run_segment(CompiledFunction::State& st, CompiledSegment& seg,
+                                const TensorList& inputs) {
+    if (seg.compiled) {
+      try {
+        return seg.compiled->run(inputs);
+      } catch (const Error& e) {
+        if (st.options.strict) throw;
+        st.stats.fallbacks_runtime_error++;
+        if (!seg.runtime_failure_reported) {
+          seg.runtime_failure_reported = true;
+          std::string msg = fmt::format("graph '{}' ({} ops) failed at run time: {}; this call "
+                                        "completes eagerly", seg.graph.name,
+                                        seg.graph.nodes.size(), e.what());
+          st.fallbacks.push_back(msg);
+          warn(msg);
+        }
+      }
+    }
+    NoDispatchHook no_hook;
+    return ::kiln::run(seg.graph, inputs);
+  }
+
+ private:
+  TensorList run_segment(CompiledSegment& seg, const TensorList& inputs) {
+    NoDispatchHook no_hook;  // the backend runs real kernels
+    MaterializeHook prev = set_materialize_hook(nullptr);
+    struct Restore {
+      MaterializeHook p;
+      ~Restore() { set_materialize_hook(p); }
+    } restore{prev};
+    return run_segment(st_, seg, inputs);
+  }
+
+  CompiledFunction::State& st_;
+  Entry& entry_;
+  const TensorList& call_inputs_;
+  std::unordered_map<const TensorImpl*, int> call_index_;
+  std::unordered_set<const TensorImpl*> materialized_;
+
+  Graph graph_;
+  std::unordered_map<const TensorImpl*, ValueId> known_;
+  std::vector<Ref<TensorImpl>> fakes_;
+  TensorList seg_inputs_;
+  std::string key_;
+  uint64_t epoch_ = 0;
+  uint64_t trace_start_serial_ = next_storage_serial();
+
+  int segments_run_ = 0;
+  std::vector<ExplainGraph> graphs_;
+  std::vector<ExplainBreak> breaks_;
+  std::shared_ptr<CompiledSegment> last_segment_;
+  std::vector<int> last_input_from_call_;
+  std::vector<OutputSource> output_sources_;
+};
+
+TensorList run_whole(CompiledFunction::State& st, Entry& e, const TensorList& inputs) {
+  TensorList graph_inputs;
+  graph_inputs.reserve(e.graph_input_from_call.size());
+  for (int i : e.graph_input_from_call) graph_inputs.push_back(inputs[size_t(i)]);
+  TensorList results = Tracer::run_segment(st, *e.whole, graph_inputs);
+  TensorList outs;
+  outs.reserve(e.outputs.size());
+  for (const OutputSource& s : e.outputs) {
+    switch (s.kind) {
+      case OutputSource::GraphOutput: outs.push_back(results[size_t(s.index)]); break;
+      case OutputSource::CallInput: outs.push_back(inputs[size_t(s.index)]); break;
+      case OutputSource::Constant: outs.push_back(s.constant); break;
+    }
+  }
+  return outs;
+}
+
+TensorList replay_segmented(CompiledFunction::State& st, Entry& e, const TensorList& inputs) {
+  Tracer tracer(st, e, inputs);
+  size_t known = e.segments.size();
+  TensorList outs = tracer.run();
+  if (e.segments.size() != known) {
+    std::string msg = fmt::format("a host value read changed the traced code: {} new graph(s) "
+                                  "compiled for this guard set", e.segments.size() - known);
+    if (!tracer.breaks().empty())
+      msg += fmt::format(" (after the read at {})", tracer.breaks().back().location);
+    st.recompiles.push_back(msg);
+    st.stats.recompiles++;
+    st.last_graphs = tracer.graphs();
+    st.last_breaks = tracer.breaks();
+  }
+  return outs;
+}
+
+}  // namespace
+
+// ---- CompiledFunction ---------------------------------------------------------------------------
+TensorList CompiledFunction::operator()(const TensorList& inputs) const {
+  KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
+  State& st = *state_;
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.stats.calls++;
+  for (auto& e : st.entries) {
+    if (e->input_guards.check(inputs) && e->param_guards.check()) {
+      st.stats.compiled_calls++;
+      if (!e->segmented) return run_whole(st, *e, inputs);
+      return replay_segmented(st, *e, inputs);
+    }
+  }
+  // No entry applies. Drop entries whose parameters changed: they can never match again.
+  std::string reason;
+  for (size_t i = st.entries.size(); i-- > 0;) {
+    if (!st.entries[i]->param_guards.check()) {
+      reason = st.entries[i]->param_guards.failure_reason();
+      st.entries.erase(st.entries.begin() + long(i));
+    }
+  }
+  if (reason.empty() && !st.entries.empty())
+    reason = st.entries.back()->input_guards.failure_reason(inputs);
+  if (int(st.entries.size()) >= st.options.cache_size_limit) {
+    st.stats.fallbacks_cache_limit++;
+    if (!st.warned_cache_limit) {
+      st.warned_cache_limit = true;
+      std::string msg = fmt::format(
+          "cache_size_limit ({}) reached: {} compiled entries exist and none accepts this call "
+          "({}); new input signatures now run in eager mode. Raise cache_size_limit, or keep "
+          "input shapes/dtypes stable",
+          st.options.cache_size_limit, st.entries.size(), reason);
+      st.fallbacks.push_back(msg);
+      warn(msg);
+    }
+    return st.fn(inputs);
+  }
+  if (st.options.dynamic && !st.warned_dynamic) {
+    st.warned_dynamic = true;
+    warn("dynamic=true: symbolic shapes are not supported yet; shapes are specialized and a new "
+         "shape recompiles");
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->input_guards = InputGuards(inputs);
+  Tracer tracer(st, *entry, inputs);
+  TensorList outs = tracer.run();
+  st.last_graphs = tracer.graphs();
+  st.last_breaks = tracer.breaks();
+  entry->segmented = tracer.num_segments() != 1 || !tracer.breaks().empty();
+  if (!entry->segmented) {
+    entry->whole = tracer.last_segment();
+    entry->graph_input_from_call = tracer.last_input_from_call();
+    entry->outputs = tracer.output_sources();
+    entry->segments.clear();
+    for (int i : entry->graph_input_from_call) KILN_ASSERT(i >= 0);
+  }
+  if (!st.entries.empty() || !reason.empty()) {
+    st.stats.recompiles++;
+    st.recompiles.push_back(reason.empty() ? "guards failed" : reason);
+  }
+  st.entries.push_back(std::move(entry));
+  st.stats.entries = int64_t(st.entries.size());
+  return outs;
+}
+
+CompileStats CompiledFunction::stats() const {
+  KILN_CHECK(state_, "empty CompiledFunction");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  CompileStats s = state_->stats;
+  s.entries = int64_t(state_->entries.size());
+  return s;
+}
+
+ExplainReport CompiledFunction::report() const {
+  KILN_CHECK(state_, "empty CompiledFunction");
+  State& st = *state_;
+  std::lock_guard<std::mutex> lock(st.mu);
+  ExplainReport r;
+  r.graphs = st.last_graphs;
+  r.breaks = st.last_breaks;
+  for (size_t i = 0; i < st.entries.size(); ++i) {
+    const Entry& e = *st.entries[i];
+    for (const std::string& g : e.input_guards.describe())
+      r.guards.push_back(fmt::format("entry {}: {}", i, g));
+    for (const std::string& g : e.param_guards.describe())
+      r.guards.push_back(fmt::format("entry {}: {}", i, g));
+    for (const std::string& g : e.value_guards)
+      r.guards.push_back(fmt::format("entry {}: {}", i, g));
+  }
+  r.recompiles = st.recompiles;
+  r.fallbacks = st.fallbacks;
+  r.stats = st.stats;
+  r.stats.entries = int64_t(st.entries.size());
+  return r;
+}
+
+CompiledFunction compile(Callable fn, const CompileOptions& options) {
+  KILN_CHECK(fn, "kiln::compile: the function is empty");
+  KILN_CHECK(options.cache_size_limit >= 1, "kiln::compile: cache_size_limit must be >= 1, got {}",
+             options.cache_size_limit);
+  KILN_CHECK(options.mode == "default" || options.mode == "reduce-overhead" ||
+                 options.mode == "max-autotune",
+             "kiln::compile: unknown mode '{}' (default, reduce-overhead, max-autotune)",
+             options.mode);
+  find_backend(options.backend);  // unknown backend: error now, listing the known ones
+  CompiledFunction f;
+  f.state_ = std::make_shared<CompiledFunction::State>();
+  f.state_->fn = std::move(fn);
+  f.state_->options = options;
+  std::lock_guard<std::mutex> lock(g_states_mu);
+  auto& states = all_states();
+  std::erase_if(states, [](const auto& w) { return w.expired(); });
+  states.push_back(f.state_);
+  return f;
+}
+
+CompiledFunction compile(std::shared_ptr<nn::Module> module, const CompileOptions& options) {
+  KILN_CHECK(module, "kiln::compile: the module is null");
+  CompiledFunction f = compile([module](const TensorList& in) { return module->call(in); },
+                               options);
+  for (auto& [name, t] : module->named_parameters()) f.state_->param_names[t.impl()] = name;
+  for (auto& [name, t] : module->named_buffers()) f.state_->param_names[t.impl()] = name;
+  return f;
+}
+
+ExplainReport explain(const CompiledFunction& fn, const TensorList& inputs) {
+  fn(inputs);
+  return fn.report();
+}
+
+void reset() {
+  std::lock_guard<std::mutex> lock(g_states_mu);
+  for (auto& w : all_states()) {
+    if (auto s = w.lock()) {
+      std::lock_guard<std::mutex> l(s->mu);
+      s->entries.clear();
+      s->last_graphs.clear();
+      s->last_breaks.clear();
+      s->warned_cache_limit = false;
+    }
+  }
+}
+
+}  // namespace kiln

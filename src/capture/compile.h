@@ -1,0 +1,90 @@
+// kiln::compile: capture C++ model code into graphs, guarded and cached (Kiln's TorchDynamo).
+// See Note [Capture] in compile.cc.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+namespace nn {
+class Module;
+}
+
+struct CompileOptions {
+  std::string backend = "eager";  // "eager": interpret captured graphs; "inductor": CPU compiler
+  std::string mode = "default";   // default | reduce-overhead | max-autotune (for the backend)
+  bool fullgraph = false;         // a graph break is an error
+  bool dynamic = false;           // accepted; shapes are specialized until dynamic shapes land
+  int cache_size_limit = 8;       // guard sets per function before falling back to eager
+  bool strict = false;            // no fallback to eager: compile/run failures throw
+};
+
+using Callable = std::function<TensorList(const TensorList&)>;
+
+struct CompileStats {
+  int64_t calls = 0;
+  int64_t compiled_calls = 0;      // served by a cached entry without re-tracing
+  int64_t traces = 0;              // times the host code ran under capture
+  int64_t graphs_compiled = 0;     // backend compilations
+  int64_t recompiles = 0;          // new guard sets after the first
+  int64_t graph_breaks = 0;        // breaks seen while tracing
+  int64_t fallbacks_cache_limit = 0;
+  int64_t fallbacks_compile_error = 0;
+  int64_t fallbacks_runtime_error = 0;
+  int64_t entries = 0;
+};
+
+struct ExplainGraph {
+  std::vector<std::string> ops;  // op names in order
+  int num_inputs = 0;
+  int num_params = 0;
+  int num_outputs = 0;
+  std::string ir;       // the graph as IR text
+  std::string backend_summary;
+};
+struct ExplainBreak {
+  std::string reason;    // "item() reads tensor data on the host"
+  std::string location;  // "branchy.cc:42"
+};
+struct ExplainReport {
+  std::vector<ExplainGraph> graphs;
+  std::vector<ExplainBreak> breaks;
+  std::vector<std::string> guards;
+  std::vector<std::string> recompiles;
+  std::vector<std::string> fallbacks;
+  CompileStats stats;
+  std::string json() const;
+  std::string text() const;
+};
+
+class CompiledFunction {
+ public:
+  CompiledFunction() = default;
+  TensorList operator()(const TensorList& inputs) const;
+  CompileStats stats() const;
+  // What was captured: graphs, breaks, guards, recompiles, fallbacks (so far).
+  ExplainReport report() const;
+  struct State;
+
+ private:
+  friend CompiledFunction compile(Callable fn, const CompileOptions& options);
+  friend CompiledFunction compile(std::shared_ptr<nn::Module> module, const CompileOptions& options);
+  std::shared_ptr<State> state_;
+};
+
+CompiledFunction compile(Callable fn, const CompileOptions& options = {});
+CompiledFunction compile(std::shared_ptr<nn::Module> module, const CompileOptions& options = {});
+
+// Runs `fn` on `inputs` (compiling as needed) and reports what capture did.
+ExplainReport explain(const CompiledFunction& fn, const TensorList& inputs);
+
+// Clears every compile cache of every compiled function.
+void reset();
+
+}  // namespace kiln

@@ -1,0 +1,114 @@
+#include "capture/guards.h"
+
+#include <fmt/format.h>
+
+namespace kiln {
+
+InputGuards::InputGuards(const TensorList& inputs) {
+  inputs_.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    InputGuard g;
+    g.defined = t.defined();
+    if (g.defined) {
+      g.dtype = t.dtype();
+      g.device = t.device();
+      g.sizes = t.sizes();
+      g.strides = t.strides();
+    }
+    inputs_.push_back(g);
+  }
+}
+
+bool InputGuards::check(const TensorList& inputs) const {
+  if (inputs.size() != inputs_.size()) return false;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const InputGuard& g = inputs_[i];
+    const Tensor& t = inputs[i];
+    if (t.defined() != g.defined) return false;
+    if (!g.defined) continue;
+    const TensorImpl* impl = t.impl();
+    if (impl->dtype != g.dtype || impl->device != g.device || impl->sizes != g.sizes ||
+        impl->strides != g.strides)
+      return false;
+  }
+  return true;
+}
+
+std::string InputGuards::failure_reason(const TensorList& inputs) const {
+  if (inputs.size() != inputs_.size())
+    return fmt::format("input count expected {}, got {}", inputs_.size(), inputs.size());
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const InputGuard& g = inputs_[i];
+    const Tensor& t = inputs[i];
+    if (t.defined() != g.defined)
+      return fmt::format("input {}: expected {}, got {}", i, g.defined ? "a tensor" : "none",
+                         t.defined() ? "a tensor" : "none");
+    if (!g.defined) continue;
+    if (t.dtype() != g.dtype)
+      return fmt::format("input {}: dtype expected {}, got {}", i, dtype_name(g.dtype),
+                         dtype_name(t.dtype()));
+    if (t.device() != g.device)
+      return fmt::format("input {}: device expected {}, got {}", i, g.device.str(),
+                         t.device().str());
+    if (t.sizes().size() != g.sizes.size())
+      return fmt::format("input {}: rank expected {}, got {}", i, g.sizes.size(), t.dim());
+    for (size_t d = 0; d < g.sizes.size(); ++d)
+      if (t.sizes()[d] != g.sizes[d])
+        return fmt::format("input {}: dim {} expected {}, got {}", i, d, g.sizes[d], t.sizes()[d]);
+    if (t.strides() != g.strides)
+      return fmt::format("input {}: strides expected {}, got {}{}", i, to_string(g.strides),
+                         to_string(t.strides()), t.is_contiguous() ? "" : " (non-contiguous)");
+  }
+  return "";
+}
+
+std::vector<std::string> InputGuards::describe() const {
+  std::vector<std::string> out;
+  out.push_back(fmt::format("len(inputs) == {}", inputs_.size()));
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const InputGuard& g = inputs_[i];
+    if (!g.defined) {
+      out.push_back(fmt::format("input {} is none", i));
+      continue;
+    }
+    out.push_back(fmt::format("input {}: dtype == {}, device == {}, shape == {}, strides == {}", i,
+                              dtype_name(g.dtype), g.device.str(), to_string(g.sizes),
+                              to_string(g.strides)));
+  }
+  return out;
+}
+
+void ParamGuards::add(const Tensor& t, std::string name) {
+  params_.push_back({t, t.version(), std::move(name)});
+  checked_epoch_ = ~uint64_t(0);
+}
+
+bool ParamGuards::check() const {
+  uint64_t epoch = global_mutation_epoch();
+  if (epoch == checked_epoch_) [[likely]] return true;
+  for (const ParamGuard& p : params_)
+    if (p.tensor.version() != p.version) return false;
+  checked_epoch_ = epoch;
+  return true;
+}
+
+std::string ParamGuards::failure_reason() const {
+  for (const ParamGuard& p : params_)
+    if (p.tensor.version() != p.version)
+      return fmt::format("parameter '{}' was modified (version {} -> {})", p.name, p.version,
+                         p.tensor.version());
+  return "";
+}
+
+std::vector<std::string> ParamGuards::describe() const {
+  std::vector<std::string> out;
+  if (params_.empty()) return out;
+  std::string names;
+  for (size_t i = 0; i < params_.size() && i < 4; ++i) names += (i ? ", " : "") + params_[i].name;
+  if (params_.size() > 4) names += ", ...";
+  out.push_back(fmt::format("{} parameters/buffers unchanged (identity and version): {}",
+                            params_.size(), names));
+  return out;
+}
+
+}  // namespace kiln
