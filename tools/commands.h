@@ -11,6 +11,7 @@ void add_ops_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 void add_opt_command(CLI::App& app);
 void add_device_command(CLI::App& app);
+void add_explain_command(CLI::App& app);
 
 // Exit code set by a subcommand callback (0 = success).
 int& exit_code();

@@ -1,0 +1,20 @@
+#include "nn/models/branchy.h"
+
+#include "eager/api.h"
+
+namespace kiln::nn::models {
+
+Branchy::Branchy(Generator& gen) : UnaryModule("Branchy") {
+  fc1 = register_module("fc1", std::make_shared<Linear>(16, 16, true, gen));
+  fc2 = register_module("fc2", std::make_shared<Linear>(16, 16, true, gen));
+}
+
+Tensor Branchy::forward(const Tensor& x) {
+  Tensor h = relu(fc1->forward(x));
+  if (mean(h).item() > kThreshold) return fc2->forward(h);  // the graph break
+  return h * -0.5 + 1.0;
+}
+
+std::shared_ptr<Branchy> branchy(Generator& gen) { return std::make_shared<Branchy>(gen); }
+
+}  // namespace kiln::nn::models

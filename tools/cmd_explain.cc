@@ -1,0 +1,39 @@
+// kiln explain MODEL [--json]: what capture made of a zoo model — graphs, breaks with their
+// reasons and call sites, ops per graph, guards, recompiles, fallbacks.
+#include <cstdio>
+
+#include "capture/compile.h"
+#include "nn/models/zoo.h"
+#include "tools/commands.h"
+
+namespace kiln::cli {
+
+void add_explain_command(CLI::App& app) {
+  static std::string model;
+  static bool json = false, fullgraph = false;
+  static int64_t batch = 1;
+  static uint64_t seed = 0;
+  static std::string backend = "eager";
+  auto* cmd = app.add_subcommand("explain", "Show graphs, graph breaks, guards and fallbacks");
+  cmd->add_option("model", model, "Zoo model name (see `kiln models`)")->required();
+  cmd->add_option("--batch", batch, "Batch size (default 1)");
+  cmd->add_option("--seed", seed, "Seed for weights and inputs (default 0)");
+  cmd->add_option("--backend", backend, "Compile backend (default eager)");
+  cmd->add_flag("--fullgraph", fullgraph, "Treat a graph break as an error");
+  cmd->add_flag("--json", json, "Print JSON: graphs, breaks, guards, recompiles, fallbacks");
+  cmd->callback([] {
+    nn::ZooModel m = nn::make_zoo_model(model, batch, seed);
+    CompileOptions opts;
+    opts.backend = backend;
+    opts.fullgraph = fullgraph;
+    CompiledFunction f = compile(m.module, opts);
+    ExplainReport r = explain(f, m.inputs);
+    if (json) {
+      std::printf("%s\n", r.json().c_str());
+    } else {
+      std::printf("model %s (batch %lld)\n%s", m.name.c_str(), (long long)batch, r.text().c_str());
+    }
+  });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,208 @@
+// kiln run MODEL: run a zoo model eagerly and through capture, compare outputs, report latency.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "capture/compile.h"
+#include "nn/models/zoo.h"
+#include "runtime/npy.h"
+#include "tools/commands.h"
+
+namespace kiln::cli {
+namespace {
+
+struct RunArgs {
+  std::string target;
+  std::string backend = "both";
+  int64_t batch = 1;
+  uint64_t seed = 0;
+  int iters = 10;
+  int warmup = 2;
+  int threads = 0;
+  std::vector<std::string> inputs;
+  std::string output_dir;
+  bool json = false;
+};
+
+struct Latency {
+  std::vector<double> ms;
+  double pct(double p) const {
+    std::vector<double> s = ms;
+    std::sort(s.begin(), s.end());
+    if (s.empty()) return NAN;
+    size_t i = size_t(std::min<double>(double(s.size() - 1), std::ceil(p / 100.0 * double(s.size())) - 1));
+    return s[i];
+  }
+};
+
+template <typename F>
+Latency time_it(F&& f, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) f();
+  Latency l;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    auto t1 = std::chrono::steady_clock::now();
+    l.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return l;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  auto av = a.to_vector<double>(), bv = b.to_vector<double>();
+  double m = 0;
+  for (size_t i = 0; i < av.size(); ++i) {
+    if (std::isnan(av[i]) != std::isnan(bv[i])) return INFINITY;
+    if (!std::isnan(av[i])) m = std::max(m, std::fabs(av[i] - bv[i]));
+  }
+  return m;
+}
+
+void load_inputs(const RunArgs& a, nn::ZooModel& m) {
+  for (const std::string& spec : a.inputs) {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0)
+      fail("--input expects NAME=FILE.npy, got '{}'", spec);
+    std::string name = spec.substr(0, eq), path = spec.substr(eq + 1);
+    auto it = std::find(m.input_names.begin(), m.input_names.end(), name);
+    if (it == m.input_names.end()) {
+      std::string names;
+      for (auto& n : m.input_names) names += (names.empty() ? "" : ", ") + n;
+      fail("model '{}' has no input '{}' (its inputs: {})", m.name, name, names);
+    }
+    size_t i = size_t(it - m.input_names.begin());
+    Tensor t = read_npy(path);
+    const Tensor& ex = m.inputs[i];
+    if (t.dtype() != ex.dtype())
+      fail("input '{}' from {}: dtype expected {}, found {}", name, path, dtype_name(ex.dtype()),
+           dtype_name(t.dtype()));
+    if (t.sizes() != ex.sizes())
+      fail("input '{}' from {}: shape expected {}, found {} (use --batch to change the batch)",
+           name, path, to_string(ex.sizes()), to_string(t.sizes()));
+    m.inputs[i] = t;
+  }
+}
+
+void run_command(const RunArgs& a) {
+  if (a.backend != "eager" && a.backend != "captured" && a.backend != "both")
+    fail("--backend must be eager, captured or both, got '{}'", a.backend);
+  if (a.iters < 1) fail("--iters must be >= 1, got {}", a.iters);
+  if (a.batch < 1) fail("--batch must be >= 1, got {}", a.batch);
+  if (a.threads < 0) fail("--threads must be >= 0, got {}", a.threads);
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  nn::ZooModel m = nn::make_zoo_model(a.target, a.batch, a.seed);
+  load_inputs(a, m);
+
+  bool do_eager = a.backend != "captured", do_capture = a.backend != "eager";
+  TensorList eager_out, captured_out;
+  Latency eager_lat, capture_lat;
+  double capture_first_s = 0;
+  CompiledFunction compiled;
+  if (do_eager) {
+    eager_out = m.module->call(m.inputs);
+    eager_lat = time_it([&] { m.module->call(m.inputs); }, a.warmup, a.iters);
+  }
+  if (do_capture) {
+    compiled = compile(m.module, CompileOptions{});
+    auto t0 = std::chrono::steady_clock::now();
+    captured_out = compiled(m.inputs);
+    capture_first_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    capture_lat = time_it([&] { compiled(m.inputs); }, a.warmup, a.iters);
+  }
+  const TensorList& outs = do_eager ? eager_out : captured_out;
+
+  if (!a.output_dir.empty()) {
+    std::filesystem::create_directories(a.output_dir);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::string name = i < m.output_names.size() ? m.output_names[i] : fmt::format("output{}", i);
+      write_npy(a.output_dir + "/" + name + ".npy", outs[i]);
+    }
+  }
+
+  int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+  nlohmann::json j;
+  j["model"] = m.name;
+  j["batch"] = a.batch;
+  j["threads"] = threads;
+  j["outputs"] = nlohmann::json::array();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    auto v = outs[i].to_vector<double>();
+    double sum = 0, asum = 0;
+    for (double x : v) sum += x, asum += std::fabs(x);
+    nlohmann::json o = {{"name", i < m.output_names.size() ? m.output_names[i] : fmt::format("output{}", i)},
+                        {"shape", std::vector<int64_t>(outs[i].sizes().begin(), outs[i].sizes().end())},
+                        {"dtype", dtype_name(outs[i].dtype())},
+                        {"sum", sum},
+                        {"mean_abs", v.empty() ? 0.0 : asum / double(v.size())}};
+    if (do_eager && do_capture) o["max_abs_diff_captured_vs_eager"] = max_abs_diff(captured_out[i], eager_out[i]);
+    j["outputs"].push_back(o);
+  }
+  auto lat_json = [](const Latency& l) {
+    return nlohmann::json{{"p50_ms", l.pct(50)}, {"p90_ms", l.pct(90)}, {"min_ms", l.pct(0)},
+                          {"max_ms", l.pct(100)}, {"iters", l.ms.size()}};
+  };
+  if (do_eager) j["eager"] = lat_json(eager_lat);
+  if (do_capture) {
+    j["captured"] = lat_json(capture_lat);
+    j["captured"]["first_call_s"] = capture_first_s;
+    j["captured"]["graphs"] = compiled.report().graphs.size();
+  }
+  if (a.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("model %s  batch %lld  threads %d\n", m.name.c_str(), (long long)a.batch, threads);
+  for (auto& o : j["outputs"]) {
+    std::string shape = "[";
+    for (size_t k = 0; k < o["shape"].size(); ++k) shape += (k ? ", " : "") + std::to_string(o["shape"][k].get<int64_t>());
+    shape += "]";
+    std::printf("  output %-20s %-8s %-18s sum %.6g  mean|x| %.6g", o["name"].get<std::string>().c_str(),
+                o["dtype"].get<std::string>().c_str(), shape.c_str(), o["sum"].get<double>(),
+                o["mean_abs"].get<double>());
+    if (o.contains("max_abs_diff_captured_vs_eager"))
+      std::printf("  max|captured-eager| %.3g", o["max_abs_diff_captured_vs_eager"].get<double>());
+    std::printf("\n");
+  }
+  std::string header = fmt::format("latency ({} iters)", a.iters);
+  std::printf("  %-34s %10s %10s %10s\n", header.c_str(), "p50 ms", "p90 ms", "min ms");
+  if (do_eager)
+    std::printf("  %-34s %10.4f %10.4f %10.4f\n", "eager (op by op)", eager_lat.pct(50),
+                eager_lat.pct(90), eager_lat.pct(0));
+  if (do_capture)
+    std::printf("  %-34s %10.4f %10.4f %10.4f   (first call incl. capture: %.3f s)\n",
+                "captured graph (interpreted)", capture_lat.pct(50), capture_lat.pct(90),
+                capture_lat.pct(0), capture_first_s);
+  if (do_eager && do_capture)
+    std::printf("  captured/eager p50 ratio: %.2fx (the CPU compiler, backend 'inductor', is the "
+                "next step; see docs/benchmarks.md)\n",
+                eager_lat.pct(50) / capture_lat.pct(50));
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  static RunArgs a;
+  auto* cmd = app.add_subcommand("run", "Run a zoo model (eager and captured), compare, time it");
+  cmd->add_option("model", a.target, "Zoo model name (see `kiln models`)")->required();
+  cmd->add_option("--backend", a.backend, "eager | captured | both (default both)");
+  cmd->add_option("--batch", a.batch, "Batch size (default 1)");
+  cmd->add_option("--seed", a.seed, "Seed for weights and random inputs (default 0)");
+  cmd->add_option("--iters", a.iters, "Timed iterations (default 10)");
+  cmd->add_option("--warmup", a.warmup, "Warm-up iterations (default 2)");
+  cmd->add_option("--threads", a.threads, "Intra-op threads (default: all cores)");
+  cmd->add_option("--input", a.inputs, "NAME=FILE.npy: use this input instead of random data");
+  cmd->add_option("--output", a.output_dir, "Write each output as DIR/NAME.npy");
+  cmd->add_flag("--json", a.json, "Print one JSON object");
+  cmd->callback([] { run_command(a); });
+}
+
+}  // namespace kiln::cli
