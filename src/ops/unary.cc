@@ -215,7 +215,12 @@ std::vector<OpSample> samples_rounding(Generator& g) {
   Tensor t = sample_randn(g, {4, 9}, 3.0);
   double* p = t.data<double>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = std::floor(p[i]) + 0.25 + 0.5 * (i % 2);
-  return {{{t}, {}, "[4,9] quarter values"}, {{sample_randn(g, {0})}, {}, "empty"}};
+  Tensor nc = sample_noncontiguous(g, {5, 3});
+  double* q = static_cast<double*>(nc.raw_data());  // fill the underlying storage
+  for (int64_t i = 0; i < 15; ++i) q[i] = std::floor(q[i] * 3.0) + 0.25 + 0.5 * (i % 2);
+  return {{{t}, {}, "[4,9] quarter values"},
+          {{nc}, {}, "non-contiguous [5,3] quarter values"},
+          {{sample_randn(g, {0})}, {}, "empty"}};
 }
 std::vector<OpSample> samples_gelu(Generator& g) {
   return {

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the CUDA test suite here and stages what a GPU machine needs to run it.
+#
+#   scripts/cuda_tests.sh            # build/ (via scripts/build.sh when present), stage, print
+#   BUILD_DIR=build-x scripts/cuda_tests.sh
+#
+# This machine has no GPU: kiln_cuda_tests exits 77 here ("no CUDA device"), which CTest shows
+# as skipped. The binaries link the static CUDA runtime and never libcuda, so they start on any
+# machine; on a GPU machine they find the driver at run time. Staged into .carry/cuda/ (ignored
+# by git): kiln_cuda_tests, kiln, and the shared libraries they load that are not part of the
+# base system (oneDNN, SLEEF, fmt, libgomp, and oneDNN's libOpenCL), since the GPU machine
+# (Ubuntu 24.04 + CUDA 13) does not have Debian's builds of them. Binaries are stripped of debug
+# info so that the folder stays well under the 64 MiB a device call may carry.
+# See docs/cuda.md for how the suite is run on the H200 and what it reported.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-build}"
+case "$BUILD_DIR" in /*) ;; *) BUILD_DIR="$ROOT/$BUILD_DIR" ;; esac
+JOBS="${JOBS:-2}"
+STAGE="$ROOT/.carry/cuda"
+
+# ---- build ----------------------------------------------------------------------------------
+if [[ "$BUILD_DIR" == "$ROOT/build" && -x "$ROOT/scripts/build.sh" ]]; then
+  "$ROOT/scripts/build.sh"
+elif [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja
+fi
+ninja -C "$BUILD_DIR" -j"$JOBS" kiln_cuda_tests kiln_cli
+
+TESTS="$BUILD_DIR/tests/kiln_cuda_tests"
+CLI="$BUILD_DIR/kiln"
+for f in "$TESTS" "$CLI"; do
+  [[ -x "$f" ]] || { echo "cuda_tests.sh: $f was not built" >&2; exit 1; }
+done
+
+# ---- stage ----------------------------------------------------------------------------------
+rm -rf "$STAGE"
+mkdir -p "$STAGE"
+strip --strip-debug -o "$STAGE/kiln_cuda_tests" "$TESTS"
+strip --strip-debug -o "$STAGE/kiln" "$CLI"
+
+# Every library the two binaries load (ldd lists indirect ones too), minus the C/C++ runtime
+# and loader that every Linux machine has in a newer version.
+is_base_lib() {
+  case "$1" in
+    libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|ld-linux*|linux-vdso*) return 0 ;;
+    libstdc++.so.*|libgcc_s.so.*) return 0 ;;
+  esac
+  return 1
+}
+for bin in "$TESTS" "$CLI"; do
+  ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
+done | sort -u | while read -r lib; do
+  name="$(basename "$lib")"
+  if is_base_lib "$name"; then continue; fi
+  case "$name" in libcuda.so*) echo "cuda_tests.sh: a binary links $name; it must not (reach the driver at run time)" >&2; exit 1 ;; esac
+  cp -L "$lib" "$STAGE/$name"
+done
+
+# The device tool carries at most 64 MiB per call (tree included).
+size_kib=$(du -sk "$STAGE" | cut -f1)
+echo "staged $STAGE ($((size_kib / 1024)) MiB):"
+ls -l "$STAGE" | tail -n +2
+if (( size_kib > 60 * 1024 )); then
+  echo "cuda_tests.sh: warning: $STAGE is over 60 MiB; a device call carries at most 64 MiB" >&2
+fi
+
+# Here: the suite must skip cleanly (exit 77) and `kiln device` must exit 0.
+set +e
+(cd "$STAGE" && LD_LIBRARY_PATH=. ./kiln device)
+dev_rc=$?
+(cd "$STAGE" && LD_LIBRARY_PATH=. ./kiln_cuda_tests >/dev/null)
+suite_rc=$?
+set -e
+echo "here: kiln device exit $dev_rc; kiln_cuda_tests exit $suite_rc (77 = no CUDA device, skipped)"
+
+cat <<'EOF'
+
+Run on the GPU machine (device tool: run with carry [".carry/cuda"], from the repository root):
+
+  cd .carry/cuda && LD_LIBRARY_PATH=. ./kiln device && LD_LIBRARY_PATH=. ./kiln device --json && LD_LIBRARY_PATH=. ./kiln_cuda_tests
+
+EOF
