@@ -60,6 +60,10 @@ std::vector<TensorType> infer_types(const OpDef& def, std::span<const Tensor> in
 TensorList run_kernel(const OpDef& def, KernelFn kernel, std::span<const Tensor> inputs,
                       const Attrs& attrs, std::span<const TensorType> out_types) {
   TensorList outputs(out_types.size());
+  for (size_t i = 0; i < out_types.size(); ++i)
+    if (!is_concrete(out_types[i].shape))  // e.g. an unbound symbol from a symbolic graph
+      fail("op '{}': output {} has the symbolic shape {}; bind its symbols to values before "
+           "running a kernel", def.name, i, to_string(out_types[i].shape));
   if (!def.is_view) {
     for (size_t i = 0; i < out_types.size(); ++i)
       outputs[i] = Tensor::empty(to_dims(out_types[i].shape, "output shape"), out_types[i].dtype,

@@ -1,0 +1,588 @@
+// The generated op harness: every op in the registry that has samples, in every dtype it
+// declares, against its reference kernel computed in float64. A new op is covered by being
+// registered; nothing here names an op except the symbolic-inference allow-list.
+//
+// Note [Op harness]
+// Cases are (op x dtype), named like `add_float16`. For every sample of the op:
+//   Values   - floating sample inputs are cast to the tested dtype (integer and bool inputs,
+//              i.e. indices and masks, are passed unchanged; see Note [Integer cases] in
+//              harness_util.cc for integer/bool test dtypes). The expected result ("oracle")
+//              is the reference kernel run on the float64 versions of those already-rounded
+//              inputs, so the only error measured is the op's own; for integer/bool dtypes it
+//              is the reference on the same inputs, compared exactly. The actual result is
+//              eager dispatch (call_op) in the tested dtype, which takes eager_cpu fast paths.
+//              A decomposition, when the op has one, is run in the tested dtype and compared
+//              with the same oracle. The reference and eager kernels must not write to their
+//              inputs.
+//   Types    - the eager outputs' dtype, shape and device equal the inferred types; then input
+//              0's dim 0 becomes a symbol and inference must either give shapes that evaluate
+//              to the concrete ones or throw a kiln::Error (only for ops in kSymbolicAllowList).
+//   Layouts  - every input is made non-contiguous (same values): the reference result must be
+//              bitwise identical to the contiguous run, the eager result within tolerance of
+//              the oracle.
+// Tolerances (|actual - expected| <= atol + rtol*|expected|, both scaled by the op's
+// tolerance_scale): f64 1e-10, f32 1e-5, f16 1e-2, bf16 2e-2 (rtol = atol); integer and bool
+// outputs exact. NaN must appear exactly where the oracle has NaN, +-inf exactly where it has
+// the same infinity (or where the oracle value overflows the output dtype).
+// Samples come from a generator seeded by the op name (reproducible); KILN_HARNESS_SEED=<n>
+// mixes in another seed for fresh inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <ostream>
+
+#include <fmt/format.h>
+
+#include "eager/dispatch.h"
+#include "harness_util.h"
+#include "ops/op.h"
+
+namespace kiln {
+namespace {
+
+using harness::compare_bitwise;
+using harness::compare_tolerance;
+using harness::compare_values;
+
+// ---- symbolic inference exceptions ------------------------------------------------------------
+// Ops whose inference may throw (it must never return a wrong shape) when input 0's dim 0 is a
+// symbol, for some of their samples. Each entry says why that cannot be inferred symbolically.
+struct SymbolicException {
+  const char* op;
+  const char* reason;
+};
+const SymbolicException kSymbolicAllowList[] = {
+    {"reshape", "the target shape is a concrete attribute; a symbolic input numel cannot be "
+                "proven equal to it"},
+    {"expand", "the target shape attribute names concrete sizes that a symbolic dim cannot be "
+               "proven to match"},
+    {"split", "the sizes attribute must sum to the split dim; not provable when it is dim 0"},
+    {"matmul", "a 1-D first operand's only dim is the contraction dim; a symbolic K cannot be "
+               "proven equal to the other operand's concrete rows"},
+    {"linear", "a 1-D x's only dim is in_features; a symbolic size cannot be proven equal to "
+               "the weight's"},
+};
+
+const SymbolicException* symbolic_exception(std::string_view op) {
+  for (const auto& e : kSymbolicAllowList)
+    if (op == e.op) return &e;
+  return nullptr;
+}
+
+// ---- cases ------------------------------------------------------------------------------------
+struct OpCase {
+  const OpDef* op;
+  DType dtype;
+};
+
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.op->name << " " << dtype_name(c.dtype); }
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> cases;
+  for (const OpDef& op : all_ops()) {
+    if (!op.samples) continue;  // registry_test reports ops without samples
+    for (DType d : op.dtypes) cases.push_back({&op, d});
+  }
+  return cases;
+}
+
+std::string case_name(const testing::TestParamInfo<OpCase>& info) {
+  return std::string(info.param.op->name) + "_" + dtype_name(info.param.dtype);
+}
+
+uint64_t case_seed(const OpDef& op) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the op name
+  for (const char* p = op.name; *p; ++p) h = (h ^ uint8_t(*p)) * 1099511628211ull;
+  if (const char* env = std::getenv("KILN_HARNESS_SEED"))
+    h ^= std::strtoull(env, nullptr, 10) * 0x9e3779b97f4a7c15ull;
+  return h;
+}
+
+std::vector<OpSample> samples_of(const OpDef& op) {
+  Generator g(case_seed(op));
+  return op.samples(g);
+}
+
+constexpr std::string_view kWhere = "op harness";
+
+// ---- running one sample -----------------------------------------------------------------------
+struct SampleRun {
+  const OpDef& op;
+  DType dtype;
+  const OpSample& sample;
+  size_t index;
+
+  std::string label() const {
+    return fmt::format("op '{}' dtype {} sample {} \"{}\"", op.name, dtype_name(dtype), index,
+                       sample.note);
+  }
+  Attrs canonical() const { return op.canonicalize(sample.attrs, kWhere); }
+
+  // Sample inputs in the tested dtype (floating ones cast, indices and masks unchanged).
+  TensorList inputs() const {
+    TensorList out;
+    for (const Tensor& t : sample.inputs) out.push_back(harness::to_test_dtype(t, dtype));
+    return out;
+  }
+
+  // The oracle runs the reference on float64 copies of the dtype-rounded floating inputs. An
+  // op that does not accept float64 gets its reference run in the tested dtype instead (the
+  // reference computes in float64 internally either way).
+  bool oracle_in_f64() const {
+    return is_floating(dtype) && dtype != DType::Float64 && op.supports_dtype(DType::Float64);
+  }
+  TensorList oracle_inputs(const TensorList& inputs) const {
+    if (!oracle_in_f64()) return inputs;
+    TensorList out;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      bool cast = sample.inputs[i].defined() && is_floating(sample.inputs[i].dtype());
+      out.push_back(cast ? harness::convert_keep_layout(inputs[i], DType::Float64) : inputs[i]);
+    }
+    return out;
+  }
+
+  TensorList reference(const TensorList& inputs) const {
+    Attrs attrs = canonical();
+    std::vector<TensorType> types = infer_types(op, inputs, attrs, kWhere);
+    if (op.reference) return run_kernel(op, op.reference, inputs, attrs, types);
+    return op.decompose(inputs, attrs);  // decomposition-only op: its oracle is the composite
+  }
+
+  // The oracle, checking on the way that the reference leaves its inputs alone.
+  TensorList oracle(const TensorList& inputs) const {
+    TensorList in = oracle_inputs(inputs);
+    TensorList before = harness::snapshot(in);
+    TensorList out = reference(in);
+    expect_unchanged(in, before, "the reference kernel");
+    return out;
+  }
+
+  TensorList eager(const TensorList& inputs) const {
+    return call_op(op.id, inputs, sample.attrs);
+  }
+
+  void expect_unchanged(const TensorList& now, const TensorList& before, const char* who) const {
+    for (size_t i = 0; i < now.size(); ++i) {
+      std::string diff = compare_bitwise(before[i], now[i]);
+      if (!diff.empty())
+        ADD_FAILURE() << label() << ": " << who << " modified input " << i << ": " << diff;
+    }
+  }
+
+  // Compares every output with the oracle; `what` names the path under test.
+  void expect_close(const TensorList& expected, const TensorList& actual, const char* what) const {
+    if (expected.size() != actual.size()) {
+      ADD_FAILURE() << label() << ": " << what << " returned " << actual.size()
+                    << " outputs, the reference " << expected.size();
+      return;
+    }
+    for (size_t i = 0; i < expected.size(); ++i) {
+      harness::Tolerance tol =
+          compare_tolerance(dtype, actual[i].dtype(), op.tolerance_scale);
+      std::string diff = compare_values(expected[i], actual[i], tol);
+      if (!diff.empty())
+        ADD_FAILURE() << label() << ": " << what << " output " << i << " vs "
+                      << (oracle_in_f64() ? "float64 oracle" : "reference") << ": " << diff;
+    }
+  }
+};
+
+// Runs `f` for every sample of the case, turning exceptions into failures that name the stage.
+template <typename F>
+void for_each_sample(const OpCase& c, F&& f) {
+  std::vector<OpSample> samples = samples_of(*c.op);
+  ASSERT_FALSE(samples.empty()) << c.op->name << ": samples() returned no samples";
+  for (size_t i = 0; i < samples.size(); ++i) {
+    SampleRun run{*c.op, c.dtype, samples[i], i};
+    std::string stage = "start";
+    try {
+      f(run, stage);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << run.label() << ": " << stage << " threw: " << e.what();
+    }
+  }
+}
+
+class OpHarness : public testing::TestWithParam<OpCase> {};
+
+// ---- values -------------------------------------------------------------------------------------
+TEST_P(OpHarness, Values) {
+  for_each_sample(GetParam(), [](const SampleRun& run, std::string& stage) {
+    TensorList inputs = run.inputs();
+    TensorList before = harness::snapshot(inputs);
+    stage = "the reference (oracle)";
+    TensorList expected = run.oracle(inputs);
+    stage = "eager dispatch";
+    TensorList actual = run.eager(inputs);
+    run.expect_unchanged(inputs, before, "eager dispatch");
+    run.expect_close(expected, actual, "eager");
+    if (run.op.decompose) {
+      stage = "the decomposition";
+      TensorList dec = run.op.decompose(inputs, run.canonical());
+      run.expect_unchanged(inputs, before, "the decomposition");
+      run.expect_close(expected, dec, "decomposition");
+    }
+  });
+}
+
+// ---- types: concrete and symbolic inference -----------------------------------------------------
+struct SymbolicOutcome {
+  bool ok = false;          // some variant inferred the right shapes
+  bool wrong = false;       // some variant returned a wrong shape (already reported)
+  std::string last_error;   // a kiln::Error from the last variant that threw
+};
+
+// Input types with strides dropped: shapes are what inference decides, and concrete strides
+// of a view would contradict a symbolic size.
+std::vector<std::optional<TensorType>> plain_types(const TensorList& inputs) {
+  std::vector<std::optional<TensorType>> out;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) {
+      out.emplace_back();
+      continue;
+    }
+    TensorType ty = t.type();
+    ty.strides = Shape();
+    out.emplace_back(ty);
+  }
+  return out;
+}
+
+std::vector<TensorType> infer_from(const OpDef& op, const Attrs& attrs,
+                                   const std::vector<std::optional<TensorType>>& types) {
+  std::vector<const TensorType*> ptrs;
+  for (const auto& t : types) ptrs.push_back(t ? &*t : nullptr);
+  InferContext ctx{op, kWhere, std::span<const TensorType* const>(ptrs.data(), ptrs.size()),
+                   attrs};
+  return op.infer(ctx);
+}
+
+// Note [Symbolic inference check]
+// Dim 0 of input 0 becomes the symbol `hs0` (sizes 0 and 1 are skipped: like PyTorch, size-1
+// dims are specialized because they broadcast). Two variants are tried: first with the same
+// symbol also at dim 0 of every other input of the same rank and the same dim-0 size (a batch
+// dim shared by the operands, as in a real graph), then input 0 alone. A variant may throw a
+// kiln::Error (never an internal one). A variant that returns claims its shapes for every value
+// of hs0, so they are evaluated twice: at the real size n, against the concrete inference, and
+// at n + 1, against the concrete inference of the variant with hs0 = n + 1 -- which must accept
+// it (otherwise the symbolic inference returned a shape it could not prove, e.g. a reshape to a
+// concrete target: it must throw instead). If every variant throws, the op must be in
+// kSymbolicAllowList.
+using OptTypes = std::vector<std::optional<TensorType>>;
+
+OptTypes bind_symbol(const OptTypes& types, SymInt sym, int64_t value) {
+  OptTypes out = types;
+  for (auto& t : out)
+    if (t && t->rank() > 0 && t->shape[0] == sym) t->shape[0] = value;
+  return out;
+}
+
+std::string types_str(const OptTypes& types) {
+  std::string s;
+  for (const auto& t : types) s += (s.empty() ? "" : ", ") + (t ? t->str() : "none");
+  return s;
+}
+
+// "" when `symbolic` evaluated at hs0 = value equals `concrete`.
+std::string symbolic_mismatch(const std::vector<TensorType>& symbolic,
+                              const std::vector<TensorType>& concrete, int64_t value) {
+  if (symbolic.size() != concrete.size())
+    return fmt::format("{} outputs, concrete inference {}", symbolic.size(), concrete.size());
+  const std::vector<std::pair<std::string, int64_t>> binding = {{"hs0", value}};
+  for (size_t i = 0; i < symbolic.size(); ++i) {
+    Dims evaluated;
+    bool evaluates = symbolic[i].rank() == concrete[i].rank();
+    for (size_t d = 0; evaluates && d < symbolic[i].shape.size(); ++d) {
+      try {
+        evaluated.push_back(symbolic[i].shape[d].evaluate(binding));
+      } catch (const Error&) {
+        evaluates = false;
+      }
+    }
+    if (!evaluates || symbolic[i].dtype != concrete[i].dtype ||
+        to_shape(evaluated) != concrete[i].shape)
+      return fmt::format("output {} {}, which is not {} at hs0 = {}", i, symbolic[i].str(),
+                         concrete[i].str(), value);
+  }
+  return "";
+}
+
+SymbolicOutcome check_symbolic(const SampleRun& run, const TensorList& inputs,
+                               const Attrs& attrs) {
+  SymbolicOutcome outcome;
+  const OptTypes types = plain_types(inputs);
+  const int64_t size = inputs[0].size(0);
+  const std::vector<TensorType> concrete = infer_from(run.op, attrs, types);
+  const SymInt sym = SymInt::symbol("hs0");
+
+  std::vector<OptTypes> variants;
+  OptTypes solo = types;
+  solo[0]->shape[0] = sym;
+  OptTypes shared = solo;
+  bool any_shared = false;
+  for (size_t i = 1; i < shared.size(); ++i) {
+    if (shared[i] && shared[i]->rank() == types[0]->rank() && shared[i]->shape[0] == size) {
+      shared[i]->shape[0] = sym;
+      any_shared = true;
+    }
+  }
+  if (any_shared) variants.push_back(shared);
+  variants.push_back(solo);
+
+  for (const OptTypes& v : variants) {
+    std::vector<TensorType> out;
+    try {
+      out = infer_from(run.op, attrs, v);
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::Internal)
+        ADD_FAILURE() << run.label() << ": symbolic inference hit an internal error: "
+                      << e.what();
+      outcome.last_error = e.what();
+      continue;
+    }
+    std::string bad = symbolic_mismatch(out, concrete, size);
+    if (bad.empty()) {
+      std::vector<TensorType> other;
+      try {
+        other = infer_from(run.op, attrs, bind_symbol(v, sym, size + 1));
+      } catch (const Error& e) {
+        bad = fmt::format("outputs {} although hs0 = {} is rejected concretely ({}); inference "
+                          "must throw when it cannot prove a shape",
+                          out.empty() ? std::string("no outputs") : out[0].str(), size + 1, e.what());
+      }
+      if (bad.empty()) bad = symbolic_mismatch(out, other, size + 1);
+    }
+    if (!bad.empty()) {
+      ADD_FAILURE() << run.label() << ": symbolic inference on (" << types_str(v)
+                    << ") is wrong: " << bad;
+      outcome.wrong = true;
+      continue;
+    }
+    outcome.ok = true;
+  }
+  return outcome;
+}
+
+TEST_P(OpHarness, Types) {
+  int symbolic_checked = 0, symbolic_thrown = 0;
+  std::string thrown_example;
+  for_each_sample(GetParam(), [&](const SampleRun& run, std::string& stage) {
+    TensorList inputs = run.inputs();
+    Attrs attrs = run.canonical();
+    stage = "inference";
+    std::vector<TensorType> inferred = infer_types(run.op, inputs, attrs, kWhere);
+    stage = "eager dispatch";
+    TensorList actual = run.eager(inputs);
+    if (actual.size() != inferred.size()) {
+      ADD_FAILURE() << run.label() << ": eager returned " << actual.size()
+                    << " outputs, inference says " << inferred.size();
+      return;
+    }
+    for (size_t i = 0; i < actual.size(); ++i) {
+      const Tensor& t = actual[i];
+      if (t.dtype() != inferred[i].dtype || to_shape(t.sizes()) != inferred[i].shape ||
+          t.device() != inferred[i].device)
+        ADD_FAILURE() << run.label() << ": eager output " << i << " is " << t.type().str()
+                      << ", inference says " << inferred[i].str();
+    }
+    if (inputs.empty() || !inputs[0].defined() || inputs[0].dim() == 0 || inputs[0].size(0) <= 1)
+      return;
+    stage = "symbolic inference";
+    ++symbolic_checked;
+    SymbolicOutcome o = check_symbolic(run, inputs, attrs);
+    if (o.ok || o.wrong) return;
+    ++symbolic_thrown;
+    if (thrown_example.empty()) thrown_example = run.label() + ": " + o.last_error;
+    if (!symbolic_exception(run.op.name))
+      ADD_FAILURE() << run.label() << ": inference fails when dim 0 of input 0 is symbolic ("
+                    << o.last_error << "); fix the inference or add the op to "
+                    << "kSymbolicAllowList with the reason";
+  });
+  if (symbolic_thrown > 0) {
+    if (const SymbolicException* e = symbolic_exception(GetParam().op->name))
+      std::printf("[ symbolic ] %s: %d of %d samples cannot infer symbolically (allowed: %s); "
+                  "e.g. %s\n",
+                  GetParam().op->name, symbolic_thrown, symbolic_checked, e->reason,
+                  thrown_example.c_str());
+  }
+}
+
+// ---- layouts: non-contiguous inputs -------------------------------------------------------------
+TEST_P(OpHarness, Layouts) {
+  for_each_sample(GetParam(), [](const SampleRun& run, std::string& stage) {
+    TensorList inputs = run.inputs();
+    TensorList strided;
+    for (const Tensor& t : inputs) strided.push_back(harness::make_noncontiguous(t));
+    TensorList strided_before = harness::snapshot(strided);
+    stage = "the reference (oracle)";
+    TensorList expected = run.oracle(inputs);
+    stage = "the reference on contiguous inputs";
+    TensorList ref = run.reference(inputs);
+    run.expect_close(expected, ref, "reference in the tested dtype");
+    stage = "the reference on non-contiguous inputs";
+    TensorList ref_strided = run.reference(strided);
+    run.expect_unchanged(strided, strided_before, "the reference kernel (non-contiguous)");
+    if (ref.size() != ref_strided.size()) {
+      ADD_FAILURE() << run.label() << ": reference gave " << ref.size() << " outputs, "
+                    << ref_strided.size() << " for non-contiguous inputs";
+      return;
+    }
+    for (size_t i = 0; i < ref.size(); ++i) {
+      std::string diff = compare_bitwise(ref[i], ref_strided[i]);
+      if (!diff.empty())
+        ADD_FAILURE() << run.label() << ": reference output " << i
+                      << " changes when inputs are non-contiguous " << harness::types_str(strided)
+                      << ": " << diff;
+    }
+    stage = "eager dispatch on non-contiguous inputs";
+    TensorList eager_strided = run.eager(strided);
+    run.expect_unchanged(strided, strided_before, "eager dispatch (non-contiguous)");
+    run.expect_close(expected, eager_strided, "eager (non-contiguous inputs)");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, OpHarness, testing::ValuesIn(all_cases()), case_name);
+
+// ---- the harness itself -------------------------------------------------------------------------
+TEST(OpHarnessSelf, SymbolicAllowListNamesRealOps) {
+  for (const auto& e : kSymbolicAllowList) {
+    EXPECT_NE(find_op(e.op), nullptr) << "kSymbolicAllowList names unknown op '" << e.op << "'";
+    EXPECT_GT(std::string_view(e.reason).size(), 20u) << e.op << ": say why";
+  }
+}
+
+TEST(OpHarnessSelf, SymbolicAllowListIsNeeded) {
+  // An entry whose op now infers every sample symbolically is stale: remove it, so the
+  // allow-list keeps meaning "these cannot be done".
+  for (const auto& e : kSymbolicAllowList) {
+    const OpDef* op = find_op(e.op);
+    if (!op || !op->samples || op->dtypes.empty() || !op->infer) continue;
+    std::vector<OpSample> samples = samples_of(*op);
+    int thrown = 0, wrong = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      SampleRun run{*op, op->dtypes[0], samples[i], i};
+      TensorList inputs = run.inputs();
+      if (inputs.empty() || !inputs[0].defined() || inputs[0].dim() == 0 ||
+          inputs[0].size(0) <= 1)
+        continue;
+      try {
+        SymbolicOutcome o = check_symbolic(run, inputs, run.canonical());
+        thrown += !o.ok && !o.wrong;
+        wrong += o.wrong;  // reported by check_symbolic; the entry is still needed
+      } catch (const Error&) {
+        // invalid samples are reported by the harness cases
+      }
+    }
+    EXPECT_GT(thrown + wrong, 0) << "kSymbolicAllowList entry '" << e.op
+                         << "' is stale: every sample infers symbolically now";
+  }
+}
+
+TEST(OpHarnessSelf, EveryOpWithSamplesHasCases) {
+  std::map<std::string, int> per_op;
+  for (const OpCase& c : all_cases()) ++per_op[c.op->name];
+  for (const OpDef& op : all_ops()) {
+    if (!op.samples) continue;
+    EXPECT_GT(per_op[op.name], 0) << op.name << " has samples but no dtypes";
+  }
+}
+
+TEST(OpHarnessSelf, CompareDetectsMismatches) {
+  Generator g(7);
+  Tensor e = Tensor::randn({3, 4}, g, DType::Float64);
+  Tensor a = e.to(DType::Float32);
+  harness::Tolerance f32 = compare_tolerance(DType::Float32, DType::Float32, 1.0);
+  EXPECT_EQ(compare_values(e, a, f32), "");
+  // A perturbation of 1e-3 is outside float32 tolerance and inside float16's.
+  Tensor b = a.clone();
+  b.data<float>()[5] += 1e-3f;
+  std::string report = compare_values(e, b, f32);
+  EXPECT_NE(report.find("first at [1, 1]"), std::string::npos) << report;
+  EXPECT_NE(report.find("1 of 12"), std::string::npos) << report;
+  EXPECT_EQ(compare_values(e, b, compare_tolerance(DType::Float16, DType::Float16, 1.0)), "");
+  // tolerance_scale widens the band.
+  EXPECT_EQ(compare_values(e, b, compare_tolerance(DType::Float32, DType::Float32, 200.0)), "");
+  // NaN must match NaN; inf must match the same inf.
+  Tensor n = a.clone();
+  n.data<float>()[0] = std::nanf("");
+  EXPECT_NE(compare_values(e, n, f32), "");
+  Tensor en = e.clone();
+  en.data<double>()[0] = std::nan("");
+  EXPECT_EQ(compare_values(en, n, f32), "");
+  Tensor ei = e.clone();
+  ei.data<double>()[2] = -INFINITY;
+  Tensor ai = a.clone();
+  ai.data<float>()[2] = INFINITY;
+  EXPECT_NE(compare_values(ei, ai, f32), "");
+  ai.data<float>()[2] = -INFINITY;
+  EXPECT_EQ(compare_values(ei, ai, f32), "");
+  // Shapes and integer values are exact.
+  EXPECT_NE(compare_values(e, Tensor::randn({4, 3}, g, DType::Float64), f32), "");
+  Tensor i1 = Tensor::randint({5}, g, -100, 100);
+  Tensor i2 = i1.clone();
+  i2.data<int64_t>()[4] += 1;
+  harness::Tolerance exact = compare_tolerance(DType::Int64, DType::Int64, 1.0);
+  EXPECT_TRUE(exact.exact);
+  EXPECT_EQ(compare_values(i1, i1.clone(), exact), "");
+  EXPECT_NE(compare_values(i1, i2, exact), "");
+}
+
+TEST(OpHarnessSelf, TestDtypeConversion) {
+  Generator g(11);
+  Tensor x = Tensor::randn({4, 6}, g, DType::Float64);
+  // Floating: rounded to the dtype.
+  Tensor h = harness::to_test_dtype(x, DType::Float16);
+  EXPECT_EQ(h.dtype(), DType::Float16);
+  EXPECT_EQ(compare_values(x, h, compare_tolerance(DType::Float16, DType::Float16, 1.0)), "");
+  // Integer: round(4v), sign kept; uint8 takes magnitudes; bool is v > 0.
+  Tensor i = harness::to_test_dtype(x, DType::Int32);
+  Tensor u = harness::to_test_dtype(x, DType::UInt8);
+  Tensor b = harness::to_test_dtype(x, DType::Bool);
+  auto xv = x.to_vector<double>();
+  auto iv = i.to_vector<int32_t>();
+  auto uv = u.to_vector<uint8_t>();
+  auto bv = b.to_vector<bool>();
+  int distinct_nonzero = 0;
+  for (size_t k = 0; k < xv.size(); ++k) {
+    EXPECT_EQ(iv[k], int32_t(std::round(4 * xv[k])));
+    EXPECT_EQ(uv[k], uint8_t(std::fabs(std::round(4 * xv[k]))));
+    EXPECT_EQ(bv[k], xv[k] > 0);
+    distinct_nonzero += iv[k] != 0;
+  }
+  EXPECT_GT(distinct_nonzero, 12);
+  // Integer-valued inputs are kept; int64 indices pass through untouched (same tensor).
+  Tensor mask = Tensor::from_vector<double>({0, 1, 1, 0, 3, -2}, {6});
+  EXPECT_EQ(harness::to_test_dtype(mask, DType::Int8).to_vector<int8_t>(),
+            (std::vector<int8_t>{0, 1, 1, 0, 3, -2}));
+  Tensor idx = Tensor::randint({5}, g, 0, 9);
+  EXPECT_TRUE(same_tensor(harness::to_test_dtype(idx, DType::Float16), idx));
+  // A view stays a view with the same strides.
+  Tensor base = Tensor::randn({6, 4}, g, DType::Float64);
+  Tensor view = base.as_strided({4, 6}, {1, 4}, 0);
+  Tensor v16 = harness::to_test_dtype(view, DType::BFloat16);
+  EXPECT_FALSE(v16.is_contiguous());
+  EXPECT_EQ(v16.strides(), view.strides());
+  EXPECT_EQ(compare_values(view, v16, compare_tolerance(DType::BFloat16, DType::BFloat16, 1.0)),
+            "");
+}
+
+TEST(OpHarnessSelf, NonContiguousKeepsValues) {
+  Generator g(3);
+  for (Dims sizes : {Dims{3, 5}, Dims{2, 3, 4}, Dims{1, 1, 33}, Dims{7}, Dims{4, 1}}) {
+    for (DType d : {DType::Float32, DType::Float16, DType::Int64, DType::Bool}) {
+      Tensor x = Tensor::randn(sizes, g, DType::Float64).to(d);
+      Tensor y = harness::make_noncontiguous(x);
+      EXPECT_FALSE(y.is_contiguous()) << to_string(sizes) << " " << dtype_name(d);
+      EXPECT_EQ(compare_bitwise(x, y), "") << to_string(sizes) << " " << dtype_name(d);
+    }
+  }
+  Tensor s = Tensor::scalar(2.5, DType::Float64);
+  EXPECT_EQ(harness::make_noncontiguous(s).item(), 2.5);
+}
+
+}  // namespace
+}  // namespace kiln
