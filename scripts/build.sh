@@ -4,6 +4,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 "$ROOT/scripts/setup.sh"
 BUILD="${KILN_BUILD_DIR:-$ROOT/build}"
+# Let ccache share results between clones in different folders (CI clones afresh).
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
 if [[ ! -f "$BUILD/build.ninja" ]]; then
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi

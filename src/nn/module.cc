@@ -1,0 +1,303 @@
+// Module: registration, traversal, state dicts. See Note [Modules] in module.h.
+#include "nn/module.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+namespace kiln::nn {
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+Module::~Module() = default;
+
+TensorList Module::call(const TensorList&) {
+  fail_kind(ErrorKind::NotSupported, "{}: this module does not implement call()", type_name_);
+}
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  KILN_CHECK(!name.empty(), "{}: register_{}: the name is empty", type_name_, what);
+  KILN_CHECK(name.find('.') == std::string::npos,
+             "{}: register_{} '{}': names cannot contain '.' (it separates submodule names)",
+             type_name_, what, name);
+  auto taken = [&](const auto& list) {
+    for (const auto& e : list)
+      if (e.first == name) return true;
+    return false;
+  };
+  bool exists = taken(children_);
+  for (const auto& s : params_) exists |= s.name == name;
+  for (const auto& s : buffers_) exists |= s.name == name;
+  KILN_CHECK(!exists, "{}: register_{} '{}': the name is already registered", type_name_, what,
+             name);
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  check_new_name(name, "parameter");
+  KILN_CHECK(t.defined(), "{}: register_parameter '{}': the tensor is undefined", type_name_,
+             name);
+  params_.push_back({name, t, true});
+  return t;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
+  check_new_name(name, "buffer");
+  KILN_CHECK(t.defined(), "{}: register_buffer '{}': the tensor is undefined", type_name_, name);
+  buffers_.push_back({name, t, persistent});
+  return t;
+}
+
+void Module::add_child(const std::string& name, ModulePtr m) {
+  check_new_name(name, "module");
+  KILN_CHECK(m != nullptr, "{}: register_module '{}': the module is null", type_name_, name);
+  KILN_CHECK(m.get() != this, "{}: register_module '{}': a module cannot contain itself",
+             type_name_, name);
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::collect(NamedTensors& out, const std::string& prefix, bool params, bool buffers,
+                     bool persistent_only, bool recurse) const {
+  if (params)
+    for (const auto& s : params_) out.emplace_back(prefix + s.name, s.tensor);
+  if (buffers)
+    for (const auto& s : buffers_)
+      if (s.persistent || !persistent_only) out.emplace_back(prefix + s.name, s.tensor);
+  if (recurse)
+    for (const auto& [name, child] : children_)
+      child->collect(out, prefix + name + ".", params, buffers, persistent_only, true);
+}
+
+// Drops later entries that share a TensorImpl with an earlier one (tied weights).
+static NamedTensors dedup(NamedTensors all) {
+  std::unordered_set<const TensorImpl*> seen;
+  NamedTensors out;
+  out.reserve(all.size());
+  for (auto& e : all)
+    if (seen.insert(e.second.impl()).second) out.push_back(std::move(e));
+  return out;
+}
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors out;
+  collect(out, "", true, false, false, recurse);
+  return dedup(std::move(out));
+}
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors out;
+  collect(out, "", false, true, false, recurse);
+  return dedup(std::move(out));
+}
+TensorList Module::parameters(bool recurse) const {
+  TensorList out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+TensorList Module::buffers(bool recurse) const {
+  TensorList out;
+  for (auto& [n, t] : named_buffers(recurse)) out.push_back(t);
+  return out;
+}
+
+NamedModules Module::named_modules(bool include_self) const {
+  NamedModules out;
+  if (include_self) {
+    auto self = weak_from_this().lock();
+    KILN_CHECK(self != nullptr,
+               "{}: named_modules(include_self=true) needs the module to be owned by a "
+               "std::shared_ptr (use std::make_shared)",
+               type_name_);
+    out.emplace_back("", std::const_pointer_cast<Module>(self));
+  }
+  std::unordered_set<const Module*> seen{this};
+  // Pre-order walk; a module shared by two parents is listed once.
+  auto walk = [&](auto& self_fn, const Module& m, const std::string& prefix) -> void {
+    for (const auto& [name, child] : m.children_) {
+      if (!seen.insert(child.get()).second) continue;
+      out.emplace_back(prefix + name, child);
+      self_fn(self_fn, *child, prefix + name + ".");
+    }
+  };
+  walk(walk, *this, "");
+  return out;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+ModulePtr Module::submodule(const std::string& dotted) const {
+  const Module* m = this;
+  ModulePtr found;
+  size_t start = 0;
+  while (start <= dotted.size()) {
+    size_t dot = dotted.find('.', start);
+    std::string part = dotted.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    ModulePtr next;
+    for (const auto& [name, child] : m->children_)
+      if (name == part) next = child;
+    KILN_CHECK(next != nullptr, "{}: no submodule '{}' (at '{}')", type_name_, dotted, part);
+    found = next;
+    m = next.get();
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return found;
+}
+
+// Splits "a.b.c" into the owning module of "c" and "c"; null owner when "a.b" does not exist.
+static std::pair<const Module*, std::string> owner_of(const Module& root, const std::string& dotted) {
+  size_t dot = dotted.rfind('.');
+  if (dot == std::string::npos) return {&root, dotted};
+  const Module* m = &root;
+  size_t start = 0;
+  while (start < dot) {
+    size_t next = dotted.find('.', start);
+    std::string part = dotted.substr(start, next - start);
+    const Module* child = nullptr;
+    for (const auto& [name, c] : m->named_children())
+      if (name == part) child = c.get();
+    if (!child) return {nullptr, dotted.substr(0, next)};
+    m = child;
+    start = next + 1;
+  }
+  return {m, dotted.substr(dot + 1)};
+}
+
+Tensor Module::parameter(const std::string& dotted) const {
+  auto [owner, leaf] = owner_of(*this, dotted);
+  KILN_CHECK(owner, "{}: no parameter '{}' (no submodule '{}')", type_name_, dotted, leaf);
+  for (const auto& s : owner->params_)
+    if (s.name == leaf) return s.tensor;
+  fail("{}: no parameter '{}'", type_name_, dotted);
+}
+Tensor Module::buffer(const std::string& dotted) const {
+  auto [owner, leaf] = owner_of(*this, dotted);
+  KILN_CHECK(owner, "{}: no buffer '{}' (no submodule '{}')", type_name_, dotted, leaf);
+  for (const auto& s : owner->buffers_)
+    if (s.name == leaf) return s.tensor;
+  fail("{}: no buffer '{}'", type_name_, dotted);
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+NamedTensors Module::state_dict() const {
+  // PyTorch's order: per module its parameters, then its persistent buffers, then children.
+  NamedTensors out;
+  auto walk = [&](auto& self_fn, const Module& m, const std::string& prefix) -> void {
+    m.collect(out, prefix, true, true, true, false);
+    for (const auto& [name, child] : m.children_) self_fn(self_fn, *child, prefix + name + ".");
+  };
+  walk(walk, *this, "");
+  return out;
+}
+
+// "a, b, c ... and 7 more"
+static std::string key_list(const std::vector<std::string>& keys) {
+  const size_t shown = 10;
+  std::string s;
+  for (size_t i = 0; i < keys.size() && i < shown; ++i) s += (i ? ", " : "") + keys[i];
+  if (keys.size() > shown) s += fmt::format(" ... and {} more", keys.size() - shown);
+  return s;
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  NamedTensors mine = state_dict();
+  std::unordered_map<std::string, size_t> index;
+  for (size_t i = 0; i < mine.size(); ++i) index.emplace(mine[i].first, i);
+
+  std::vector<std::string> unexpected, missing, mismatched;
+  std::vector<bool> provided(mine.size(), false);
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
+  for (const auto& [key, src] : state) {
+    auto it = index.find(key);
+    if (it == index.end()) {
+      unexpected.push_back(key);
+      continue;
+    }
+    const Tensor& dst = mine[it->second].second;
+    KILN_CHECK(!provided[it->second], "load_state_dict ({}): key '{}' is given twice",
+               type_name_, key);
+    provided[it->second] = true;
+    if (!src.defined() || !src.has_storage()) {
+      mismatched.push_back(fmt::format("'{}': the given tensor has no data", key));
+      continue;
+    }
+    if (src.sizes() != dst.sizes() || src.dtype() != dst.dtype()) {
+      mismatched.push_back(fmt::format("'{}': checkpoint has {}{}, module has {}{}", key,
+                                       dtype_name(src.dtype()), to_string(src.sizes()),
+                                       dtype_name(dst.dtype()), to_string(dst.sizes())));
+      continue;
+    }
+    copies.emplace_back(dst, src);
+  }
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (!provided[i]) missing.push_back(mine[i].first);
+
+  std::string problems;
+  auto add = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
+  if (!mismatched.empty())
+    add(fmt::format("size/dtype mismatch for {}", key_list(mismatched)));
+  if (strict && !missing.empty())
+    add(fmt::format("{} missing key{}: {}", missing.size(), missing.size() == 1 ? "" : "s",
+                    key_list(missing)));
+  if (strict && !unexpected.empty())
+    add(fmt::format("{} unexpected key{}: {}", unexpected.size(),
+                    unexpected.size() == 1 ? "" : "s", key_list(unexpected)));
+  if (!problems.empty()) fail("load_state_dict ({}): {}", type_name_, problems);
+
+  for (auto& [dst, src] : copies) dst.copy_(src);
+}
+
+void Module::save(const std::string& path) const {
+  // "format": "pt" lets HuggingFace loaders read the file; the module type is informational.
+  save_safetensors(path, state_dict(), {{"format", "pt"}, {"kiln.module", type_name_}});
+}
+
+void Module::load(const std::string& path, bool strict) {
+  SafetensorsContents contents = load_safetensors(path);
+  try {
+    load_state_dict(contents.tensors, strict);
+  } catch (const Error& e) {
+    throw_error(e.kind(), fmt::format("loading '{}': {}", path, e.message()));
+  }
+}
+
+void Module::check_num_inputs(const TensorList& inputs, size_t min, size_t max) const {
+  KILN_CHECK(inputs.size() >= min && inputs.size() <= max,
+             "{}: call() expects {} input{}, got {}", type_name_,
+             min == max ? std::to_string(min) : fmt::format("{} to {}", min, max),
+             max == 1 ? "" : "s", inputs.size());
+  for (size_t i = 0; i < min; ++i)
+    KILN_CHECK(inputs[i].defined(), "{}: call() input {} is undefined", type_name_, i);
+}
+
+std::string Module::str() const {
+  std::string out;
+  str_into(out, 0);
+  return out;
+}
+
+void Module::str_into(std::string& out, int indent) const {
+  out += type_name_ + "(" + extra_repr();
+  if (children_.empty()) {
+    out += ")";
+    return;
+  }
+  out += "\n";
+  for (const auto& [name, child] : children_) {
+    out += std::string(size_t(indent + 2), ' ') + "(" + name + "): ";
+    child->str_into(out, indent + 2);
+    out += "\n";
+  }
+  out += std::string(size_t(indent), ' ') + ")";
+}
+
+TensorList UnaryModule::call(const TensorList& inputs) {
+  check_num_inputs(inputs, 1, 1);
+  return {forward(inputs[0])};
+}
+
+}  // namespace kiln::nn

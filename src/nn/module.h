@@ -1,0 +1,125 @@
+// The C++ module API, close to libtorch's C++ frontend. See docs/nn.md.
+//
+// Note [Modules]
+// A Module owns named parameters, named buffers and named submodules, each registered once in
+// its constructor (register_parameter / register_buffer / register_module return what they
+// registered, so a module keeps its own handles). Tensors are handles (Note [Tensor model]):
+// the handle a module keeps and the one in its registry share one TensorImpl, and
+// load_state_dict copies into that storage in place, so both stay valid. Names are dotted paths
+// through the tree ("layer1.0.conv1.weight") and match torchvision / HuggingFace state_dict
+// names for the zoo models, so weights can be exchanged with PyTorch through safetensors.
+//
+// Every module runs through one generic virtual entry point, call(TensorList) -> TensorList;
+// capture and the compiler use it to run any module. Concrete modules also have a typed
+// forward(...) that call() delegates to. Modules are held by std::shared_ptr.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "nn/safetensors.h"
+
+namespace kiln::nn {
+
+class Module;
+using ModulePtr = std::shared_ptr<Module>;
+using NamedModules = std::vector<std::pair<std::string, ModulePtr>>;
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  explicit Module(std::string type_name = "Module");
+  virtual ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // The generic entry point. The default throws NotSupported naming the module type.
+  virtual TensorList call(const TensorList& inputs);
+
+  // "Linear", "ResNet", ...
+  const std::string& type_name() const { return type_name_; }
+
+  // ---- registration (names: non-empty, no '.', unique within the module) ----
+  Tensor register_parameter(const std::string& name, Tensor t);
+  // Non-persistent buffers are not part of state_dict() (PyTorch's persistent=False).
+  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+
+  // ---- traversal (pre-order: a module's own entries, then its children's, dotted names) ----
+  // Tensors shared between modules (tied weights) appear once, under their first name.
+  NamedTensors named_parameters(bool recurse = true) const;
+  NamedTensors named_buffers(bool recurse = true) const;
+  TensorList parameters(bool recurse = true) const;
+  TensorList buffers(bool recurse = true) const;
+  NamedModules named_children() const { return children_; }
+  // All descendants; with include_self, this module first under the name "" (it must then be
+  // owned by a shared_ptr).
+  NamedModules named_modules(bool include_self = true) const;
+  // Total number of parameter elements.
+  int64_t num_parameters() const;
+
+  // Lookup by dotted name; throws naming the path when absent.
+  Tensor parameter(const std::string& dotted_name) const;
+  Tensor buffer(const std::string& dotted_name) const;
+  ModulePtr submodule(const std::string& dotted_name) const;
+
+  // ---- mode (recursive). Modules start in training mode, as in PyTorch. ----
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // ---- weights ----
+  // Parameters and persistent buffers, PyTorch's order.
+  NamedTensors state_dict() const;
+  // Copies into the registered tensors in place. Every key is checked before anything is
+  // copied (a failed load changes nothing). strict: missing and unexpected keys are errors;
+  // a shape or dtype mismatch is always an error. Errors name the keys and both shapes.
+  void load_state_dict(const NamedTensors& state, bool strict = true);
+  // state_dict() through safetensors (atomic write; see nn/safetensors.h).
+  void save(const std::string& path) const;
+  void load(const std::string& path, bool strict = true);
+
+  // The module tree, one module per line (like printing a torch.nn.Module).
+  std::string str() const;
+
+ protected:
+  // For call(): throws naming the module unless min <= inputs.size() <= max and the first `min`
+  // inputs are defined.
+  void check_num_inputs(const TensorList& inputs, size_t min, size_t max) const;
+  // Extra text inside the parentheses of str() ("in_features=10, out_features=50").
+  virtual std::string extra_repr() const { return ""; }
+
+ private:
+  struct Slot {
+    std::string name;
+    Tensor tensor;
+    bool persistent = true;
+  };
+  void add_child(const std::string& name, ModulePtr m);
+  void check_new_name(const std::string& name, const char* what) const;
+  void collect(NamedTensors& out, const std::string& prefix, bool params, bool buffers,
+               bool persistent_only, bool recurse) const;
+  void str_into(std::string& out, int indent) const;
+
+  std::string type_name_;
+  std::vector<Slot> params_;
+  std::vector<Slot> buffers_;
+  NamedModules children_;
+  bool training_ = true;
+};
+
+// A module with one input and one output: forward(x), and call() delegating to it.
+class UnaryModule : public Module {
+ public:
+  using Module::Module;
+  virtual Tensor forward(const Tensor& x) = 0;
+  TensorList call(const TensorList& inputs) override;
+};
+
+}  // namespace kiln::nn
