@@ -319,6 +319,9 @@ class Tracer final : public DispatchHook {
       key_ += fmt::format("param:{}:{}\n", static_cast<const void*>(impl), name);
     }
     known_.emplace(impl, v);
+    // Keep the tensor alive for the whole trace: known_ and materialized_ key on addresses,
+    // and a freed TensorImpl's address may be reused by the next temporary (a scalar operand).
+    keep_alive_.push_back(t.impl_ref());
     return v;
   }
 
@@ -403,6 +406,7 @@ class Tracer final : public DispatchHook {
       impl->device = r.device();
       impl->capture_value = -1;
       materialized_.insert(impl);
+      keep_alive_.push_back(fakes_[size_t(outs[i])]);
     }
     graphs_.push_back(explain_graph(*seg));
     last_segment_ = seg;
@@ -490,6 +494,7 @@ class Tracer final : public DispatchHook {
   const TensorList& call_inputs_;
   std::unordered_map<const TensorImpl*, int> call_index_;
   std::unordered_set<const TensorImpl*> materialized_;
+  std::vector<Ref<TensorImpl>> keep_alive_;
 
   Graph graph_;
   std::unordered_map<const TensorImpl*, ValueId> known_;

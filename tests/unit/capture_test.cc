@@ -306,3 +306,28 @@ TEST(Capture, BadOptionsAreErrors) {
   o.cache_size_limit = 0;
   EXPECT_THROW(compile([](const TensorList& in) { return in; }, o), Error);
 }
+
+TEST(Capture, DistinctScalarTemporariesStayDistinct) {
+  // Each `* k` makes a temporary scalar tensor that dies right after the op; the allocator
+  // often hands the next one the same address. Capture must not confuse them.
+  auto fn = [](const TensorList& in) {
+    Tensor a = in[0] * 0.5;
+    Tensor b = a * 2.0;
+    Tensor c = b * 3.0;
+    Tensor d = c + 7.0;
+    double v = sum(d).item();  // a break: the same must hold across segments
+    Tensor e = d * 0.25;
+    Tensor f = e - 1.5;
+    return TensorList{f + v};
+  };
+  Generator g(13);
+  Tensor x = Tensor::randn({5}, g);
+  CompiledFunction f = compile(fn);
+  for (int i = 0; i < 3; ++i) expect_close(f({x})[0], fn({x})[0]);
+  auto xv = x.to_vector<float>();
+  auto out = f({x})[0].to_vector<float>();
+  double v = 0;
+  for (float xi : xv) v += double(xi) * 3.0 + 7.0;
+  for (size_t i = 0; i < xv.size(); ++i)
+    EXPECT_NEAR(out[i], (xv[i] * 3.0 + 7.0) * 0.25 - 1.5 + v, 1e-4);
+}

@@ -1,8 +1,9 @@
-// The zoo registry: mlp, vfe, resnet18, resnet50, vit_b_16, bert_base.
+// The zoo registry: mlp, vfe, resnet18, resnet50, vit_b_16, bert_base, branchy.
 #include "nn/models/zoo.h"
 
 #include "nn/layers.h"
 #include "nn/models/bert.h"
+#include "nn/models/branchy.h"
 #include "nn/models/resnet.h"
 #include "nn/models/vit.h"
 
@@ -65,6 +66,9 @@ const std::vector<ZooRecipe>& recipes() {
          {"attention_mask", {1, kBertSeqLen}, DType::Int64}},
         {"last_hidden_state", "pooler_output"}},
        [](Generator& g) -> ModulePtr { return models::bert_base(g); }},
+      {{"branchy", "Linear 16->16 + ReLU, then a host branch on mean(h) (one graph break)",
+        {{"x", {1, 16}, DType::Float32}}, {"y"}},
+       [](Generator& g) -> ModulePtr { return models::branchy(g); }},
   };
   return all;
 }
