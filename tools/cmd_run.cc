@@ -38,7 +38,9 @@ struct Latency {
     std::vector<double> s = ms;
     std::sort(s.begin(), s.end());
     if (s.empty()) return NAN;
-    size_t i = size_t(std::min<double>(double(s.size() - 1), std::ceil(p / 100.0 * double(s.size())) - 1));
+    // Nearest-rank percentile: the smallest value with at least p% of samples <= it.
+    double rank = std::ceil(p / 100.0 * double(s.size()));
+    size_t i = rank < 1 ? 0 : std::min(s.size() - 1, size_t(rank) - 1);
     return s[i];
   }
 };
