@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -31,9 +32,9 @@ struct Value {
   TensorType type;
   std::string name;  // unique within the graph; printed as %name
   ValueKind kind = ValueKind::NodeOutput;
-  int32_t producer = -1;   // node index for NodeOutput
+  int32_t producer = -1;  // node index for NodeOutput
   int32_t output_index = 0;
-  Tensor data;             // Param / Const data (Param may lack data when parsed from text)
+  Tensor data;  // Param / Const data (Param may lack data when parsed from text)
 };
 
 struct Node {
@@ -52,16 +53,18 @@ class Graph {
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
 
+  // Names must be unique in the graph (a taken name throws); an empty name gets a fresh one.
   ValueId add_input(std::string name, TensorType type);
   ValueId add_param(std::string name, Tensor data);
   // A parameter known only by type (IR text without weights).
   ValueId add_param_decl(std::string name, TensorType type);
   ValueId add_const(Tensor data, std::string name = "");
-  // Canonicalizes attrs, infers output types through the registry (errors name the node) and
-  // appends the node. Returns its output values.
-  std::vector<ValueId> add_node(OpId op, std::vector<ValueId> inputs, const Attrs& attrs,
+  // Canonicalizes attrs, checks arity and input ids, infers output types through the registry
+  // (errors name the node: "op 'conv2d' (node 'stem.conv1'): ...") and appends the node. Its
+  // outputs are named after the node (else the op), made unique. Returns its output values.
+  std::vector<ValueId> add_node(OpId op, std::vector<ValueId> inputs, const Attrs& attrs = {},
                                 std::string node_name = "");
-  ValueId add_node1(OpId op, std::vector<ValueId> inputs, const Attrs& attrs,
+  ValueId add_node1(OpId op, std::vector<ValueId> inputs, const Attrs& attrs = {},
                     std::string node_name = "");
 
   const Value& value(ValueId v) const { return values[size_t(v)]; }
@@ -70,16 +73,31 @@ class Graph {
 
   // Params and consts in creation order.
   std::vector<ValueId> params() const;
-  // A name not yet used by any value, derived from `base`.
+  // A name not yet used by any value, derived from `base` ("relu", then "relu_1", ...).
   std::string unique_name(std::string_view base);
-  ValueId find_value(std::string_view name) const;  // kNoValue if absent
+  // kNoValue if absent. Exact even after passes write Value::name directly (a miss then costs
+  // a scan of the values).
+  ValueId find_value(std::string_view name) const;
+  // Renames a value, keeping names unique (throws if `name` is taken by another value).
+  // Rename through here rather than writing Value::name: it keeps find_value O(1).
+  void rename_value(ValueId v, std::string name);
+  // True when v is a valid index into `values`.
+  bool valid(ValueId v) const { return v >= 0 && size_t(v) < values.size(); }
 
   // Number of uses of every value (node inputs + graph outputs).
   std::vector<int> use_counts() const;
 
  private:
   ValueId new_value(std::string name, TensorType type, ValueKind kind);
-  std::vector<std::pair<std::string, ValueId>> name_index_;  // grows with values; see unique_name
+  // name -> value. Values appended straight to `values` are indexed lazily; a hit whose value
+  // no longer carries that name (a pass wrote Value::name) triggers a rebuild. Because const
+  // lookups update this cache, a Graph must not be read from several threads at once.
+  void sync_index() const;
+  // find_value through the index only (a miss is trusted): the O(1) path for naming.
+  ValueId lookup_indexed(std::string_view name) const;
+  mutable std::unordered_map<std::string, ValueId> name_index_;
+  mutable size_t indexed_values_ = 0;
+  std::unordered_map<std::string, int> next_suffix_;  // unique_name's counter per base
 };
 
 }  // namespace kiln
