@@ -249,6 +249,10 @@ void SymInt::throw_symbolic() const {
        str());
 }
 
+void SymInt::throw_overflow() {
+  fail("integer overflow in size arithmetic (sizes must stay within +-2^62)");
+}
+
 SymInt SymInt::symbol(std::string_view name) {
   KILN_CHECK(!name.empty() && (std::isalpha((unsigned char)name[0]) || name[0] == '_'),
              "invalid symbol name '{}': must start with a letter or '_'", name);

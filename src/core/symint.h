@@ -41,16 +41,30 @@ class SymInt {
   friend constexpr bool operator==(SymInt a, SymInt b) { return a.v_ == b.v_; }
   friend constexpr bool operator!=(SymInt a, SymInt b) { return a.v_ != b.v_; }
 
+  // Concrete results must stay concrete: a result below kMinConcrete (overflow) would read as
+  // a symbolic handle, so it is an error instead.
   friend SymInt operator+(SymInt a, SymInt b) {
-    if (a.is_concrete() && b.is_concrete()) [[likely]] return SymInt(a.v_ + b.v_);
+    int64_t r;
+    if (a.is_concrete() && b.is_concrete()) [[likely]] {
+      if (__builtin_add_overflow(a.v_, b.v_, &r) || r < kMinConcrete) [[unlikely]] throw_overflow();
+      return SymInt(r);
+    }
     return add_slow(a, b);
   }
   friend SymInt operator-(SymInt a, SymInt b) {
-    if (a.is_concrete() && b.is_concrete()) [[likely]] return SymInt(a.v_ - b.v_);
+    int64_t r;
+    if (a.is_concrete() && b.is_concrete()) [[likely]] {
+      if (__builtin_sub_overflow(a.v_, b.v_, &r) || r < kMinConcrete) [[unlikely]] throw_overflow();
+      return SymInt(r);
+    }
     return add_slow(a, mul_slow(b, SymInt(-1)));
   }
   friend SymInt operator*(SymInt a, SymInt b) {
-    if (a.is_concrete() && b.is_concrete()) [[likely]] return SymInt(a.v_ * b.v_);
+    int64_t r;
+    if (a.is_concrete() && b.is_concrete()) [[likely]] {
+      if (__builtin_mul_overflow(a.v_, b.v_, &r) || r < kMinConcrete) [[unlikely]] throw_overflow();
+      return SymInt(r);
+    }
     return mul_slow(a, b);
   }
   SymInt operator-() const { return SymInt(0) - *this; }
@@ -72,6 +86,7 @@ class SymInt {
 
  private:
   [[noreturn]] void throw_symbolic() const;
+  [[noreturn]] static void throw_overflow();
   static SymInt add_slow(SymInt a, SymInt b);
   static SymInt mul_slow(SymInt a, SymInt b);
   int64_t v_;

@@ -192,8 +192,16 @@ void ref_matmul(const KernelContext& ctx) {
   ref_matmul_views(matmul_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]), Tensor());
 }
 
+
+// The bias input is optional and may be absent from the input list altogether (a graph node
+// with two inputs), not only present-but-undefined.
+const Tensor& linear_bias(const KernelContext& ctx) {
+  static const Tensor kNone;
+  return ctx.inputs.size() > 2 ? ctx.inputs[2] : kNone;
+}
+
 void ref_linear(const KernelContext& ctx) {
-  ref_matmul_views(linear_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]), ctx.inputs[2]);
+  ref_matmul_views(linear_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]), linear_bias(ctx));
 }
 
 // ---- eager ------------------------------------------------------------------------------------
@@ -210,7 +218,8 @@ void eager_matmul(const KernelContext& ctx) {
 void eager_linear(const KernelContext& ctx) {
   if (!onednn_eligible(ctx.inputs[0].dtype())) return ref_linear(ctx);
   MatmulViews v = linear_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
-  if (!onednn::matmul(v.a, v.b, ctx.inputs[2], v.y)) ref_matmul_views(v, ctx.inputs[2]);
+  const Tensor& bias = linear_bias(ctx);
+  if (!onednn::matmul(v.a, v.b, bias, v.y)) ref_matmul_views(v, bias);
 }
 
 // ---- samples ----------------------------------------------------------------------------------

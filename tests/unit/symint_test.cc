@@ -127,3 +127,11 @@ TEST(Shape, RankLimitIsAnError) {
   for (int i = 0; i < kMaxRank; ++i) d.push_back(1);
   EXPECT_THROW(d.push_back(1), Error);
 }
+
+TEST(SymInt, ConcreteOverflowIsAnError) {
+  SymInt big(int64_t(1) << 61);
+  EXPECT_THROW(big * 4, Error);
+  EXPECT_THROW(big * 2 + big * 2, Error);  // 2^63 overflows int64
+  EXPECT_THROW(SymInt(0) - big - big - big, Error);
+  EXPECT_EQ((big + big - 1).value(), (int64_t(1) << 62) - 1);
+}
