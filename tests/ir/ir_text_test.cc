@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <fstream>
 #include <sstream>
 
@@ -34,7 +36,21 @@ std::string sanitize(std::string s) {
 
 std::vector<KirCase> load_cases() {
   std::vector<KirCase> out;
-  std::filesystem::path dir = std::filesystem::path(KILN_TEST_DATA) / "ir";
+  // The tests/ folder: $KILN_TEST_DATA, else the path CMake wrote next to this binary
+  // (tests/CMakeLists.txt). Not a compile definition: absolute paths in compile flags would
+  // defeat ccache across clones.
+  std::filesystem::path data;
+  if (const char* env = std::getenv("KILN_TEST_DATA")) {
+    data = env;
+  } else {
+    std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+    std::ifstream f(exe.parent_path() / "kiln_test_data.txt");
+    std::string line;
+    if (!f || !std::getline(f, line))
+      throw std::runtime_error("cannot find the test data: set KILN_TEST_DATA=<repo>/tests");
+    data = line;
+  }
+  std::filesystem::path dir = data / "ir";
   std::vector<std::filesystem::path> files;
   for (auto& e : std::filesystem::directory_iterator(dir))
     if (e.path().extension() == ".kir") files.push_back(e.path());
