@@ -85,6 +85,14 @@ TensorList call_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
   const OpDef& def = op_def(op);
   std::string where = location_str(loc);
   def.check_arity(inputs.size(), where);
+  // Kernels read optional inputs by position (ctx.inputs[2] for a bias); IR text may leave
+  // trailing optional inputs out (`linear(%x, %w)`), so give those slots undefined tensors.
+  TensorList padded;
+  if (!def.inputs.empty() && !def.inputs.back().variadic && inputs.size() < def.inputs.size()) {
+    padded.assign(inputs.begin(), inputs.end());
+    padded.resize(def.inputs.size());
+    inputs = padded;
+  }
   Attrs canonical = def.canonicalize(attrs, where);
   Device dev = Device::cpu();
   bool first = true;

@@ -1,0 +1,301 @@
+#include "passes/algebraic_simplify.h"
+
+#include <numeric>
+
+#include "passes/graph_rewrite.h"
+
+namespace kiln {
+
+bool cast_is_exact(DType from, DType to) {
+  if (from == to || from == DType::Bool) return true;
+  switch (from) {
+    case DType::Float16:
+    case DType::BFloat16: return to == DType::Float32 || to == DType::Float64;
+    case DType::Float32: return to == DType::Float64;
+    case DType::Int8:
+    case DType::UInt8:
+      return to == DType::Int32 || to == DType::Int64 || is_floating(to);
+    case DType::Int32: return to == DType::Int64 || to == DType::Float64;
+    default: return false;
+  }
+}
+
+namespace {
+
+// What a rule makes of a node: nothing, an existing (new-graph) value, or one new node.
+struct Rewrite {
+  enum Kind { None, UseValue, NewNode } kind = None;
+  ValueId value = kNoValue;
+  OpId op{};
+  std::vector<ValueId> inputs;
+  Attrs attrs;
+
+  static Rewrite use(ValueId v) { return {UseValue, v, {}, {}, {}}; }
+  static Rewrite node(OpId op, std::vector<ValueId> inputs, Attrs attrs) {
+    return {NewNode, kNoValue, op, std::move(inputs), std::move(attrs)};
+  }
+};
+
+struct Match {
+  const GraphBuilder& b;
+  const Node& node;                 // the old node
+  const std::vector<ValueId>& in;   // its inputs, as new-graph values
+  const TensorType& out;            // its (single) output type
+
+  const TensorType& type(size_t i) const { return b.dst().type(in[i]); }
+  // The new-graph node producing input i, if it is `op`.
+  const Node* input_from(size_t i, OpId op) const {
+    const Node* p = b.producer_of(in[i]);
+    return p && p->op == op ? p : nullptr;
+  }
+};
+
+using RuleFn = Rewrite (*)(const Match&);
+struct Rule {
+  OpId op;
+  const char* pattern;
+  RuleFn apply;
+};
+
+// Cap on the elements of a const checked for "all ones/zeros".
+constexpr int64_t kMaxScanElements = 1 << 20;
+
+// Whether new-graph value v is a const whose every element equals `value`.
+bool const_all(const GraphBuilder& b, ValueId v, double value) {
+  if (v == kNoValue || b.dst().value(v).kind != ValueKind::Const) return false;
+  Tensor t = b.data_of(v);
+  if (!t.defined() || t.numel() > kMaxScanElements || t.dtype() == DType::Bool) return false;
+  if (!t.device().is_cpu()) t = t.to(Device::cpu());
+  t = t.contiguous();
+  const char* p = static_cast<const char*>(t.raw_data());
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (load_f64(p + i * t.element_size(), t.dtype()) != value) return false;
+  return true;
+}
+
+bool same_value_type(const TensorType& a, const TensorType& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && a.device == b.device;
+}
+
+// x if the node's output type is x's type (the op is then the identity on it).
+Rewrite identity_of(const Match& m, size_t x) {
+  return same_value_type(m.type(x), m.out) ? Rewrite::use(m.in[x]) : Rewrite();
+}
+
+// ---- arithmetic identities --------------------------------------------------------------------
+template <int kValue>
+Rewrite rhs_neutral(const Match& m) {
+  return const_all(m.b, m.in[1], kValue) ? identity_of(m, 0) : Rewrite();
+}
+template <int kValue>
+Rewrite lhs_neutral(const Match& m) {
+  return const_all(m.b, m.in[0], kValue) ? identity_of(m, 1) : Rewrite();
+}
+
+Rewrite double_neg(const Match& m) {
+  const Node* inner = m.input_from(0, OpId::Neg);
+  return inner ? Rewrite::use(inner->inputs[0]) : Rewrite();
+}
+
+Rewrite double_not(const Match& m) {
+  const Node* inner = m.input_from(0, OpId::Not);
+  if (!inner || m.b.dst().type(inner->inputs[0]).dtype != DType::Bool) return Rewrite();
+  return identity_of(Match{m.b, m.node, inner->inputs, m.out}, 0);
+}
+
+// ---- shape identities -------------------------------------------------------------------------
+Rewrite same_shape_identity(const Match& m) { return identity_of(m, 0); }
+
+Rewrite zero_pad(const Match& m) {
+  for (int64_t p : m.node.attrs.get_ints("pads"))
+    if (p != 0) return Rewrite();
+  return identity_of(m, 0);
+}
+
+Rewrite single_concat(const Match& m) { return m.in.size() == 1 ? identity_of(m, 0) : Rewrite(); }
+
+// The permutation a permute/transpose node applies (out dim i = in dim perm[i]); empty when the
+// attributes are not plain axes.
+std::vector<int> permutation_of(const Node& n, int rank) {
+  std::vector<int> perm(static_cast<size_t>(rank));
+  std::iota(perm.begin(), perm.end(), 0);
+  auto axis = [&](int64_t a) { return int(a < 0 ? a + rank : a); };
+  if (n.op == OpId::Transpose) {
+    int a = axis(n.attrs.get_int("dim0")), c = axis(n.attrs.get_int("dim1"));
+    if (a < 0 || a >= rank || c < 0 || c >= rank) return {};
+    std::swap(perm[size_t(a)], perm[size_t(c)]);
+  } else {
+    const Ints& dims = n.attrs.get_ints("dims");
+    if (int(dims.size()) != rank) return {};
+    for (int i = 0; i < rank; ++i) perm[size_t(i)] = axis(dims[size_t(i)]);
+  }
+  return perm;
+}
+
+bool is_identity(const std::vector<int>& perm) {
+  for (size_t i = 0; i < perm.size(); ++i)
+    if (perm[i] != int(i)) return false;
+  return true;
+}
+
+Rewrite identity_permutation(const Match& m) {
+  std::vector<int> perm = permutation_of(m.node, m.type(0).rank());
+  return !perm.empty() && is_identity(perm) ? identity_of(m, 0) : Rewrite();
+}
+
+// permute/transpose of permute/transpose: z = P_q(P_p(x)) has z dim i = x dim p[q[i]].
+Rewrite compose_permutations(const Match& m) {
+  const Node* inner = m.input_from(0, OpId::Permute);
+  if (!inner) inner = m.input_from(0, OpId::Transpose);
+  if (!inner) return Rewrite();
+  int rank = m.out.rank();
+  std::vector<int> p = permutation_of(*inner, rank), q = permutation_of(m.node, rank);
+  if (p.empty() || q.empty()) return Rewrite();
+  Ints composed;
+  for (int i = 0; i < rank; ++i) composed.push_back(p[size_t(q[size_t(i)])]);
+  ValueId x = inner->inputs[0];
+  std::vector<int> c(composed.begin(), composed.end());
+  if (is_identity(c)) return Rewrite::use(x);
+  return Rewrite::node(OpId::Permute, {x}, {{"dims", composed}});
+}
+
+// reshape(reshape-like(x)) -> reshape(x): reshapes keep row-major element order, so only the
+// last target shape matters (its -1, if any, resolves the same: the element count is equal).
+// The whole run of reshape-likes is skipped, and a run that ends where it started is x itself.
+bool reshape_like(OpId op) {
+  return op == OpId::Reshape || op == OpId::Flatten || op == OpId::Squeeze ||
+         op == OpId::Unsqueeze;
+}
+Rewrite reshape_of_reshape(const Match& m) {
+  const Node* inner = m.b.producer_of(m.in[0]);
+  if (!inner || !reshape_like(inner->op)) return Rewrite();
+  ValueId x = inner->inputs[0];
+  for (const Node* p = m.b.producer_of(x); p && reshape_like(p->op); p = m.b.producer_of(x))
+    x = p->inputs[0];
+  if (same_value_type(m.b.dst().type(x), m.out)) return Rewrite::use(x);
+  return Rewrite::node(OpId::Reshape, {x}, {{"shape", m.node.attrs.get_ints("shape")}});
+}
+
+// ---- casts ------------------------------------------------------------------------------------
+Rewrite cast_to_same(const Match& m) {
+  return m.type(0).dtype == m.out.dtype ? identity_of(m, 0) : Rewrite();
+}
+
+Rewrite exact_cast_chain(const Match& m) {
+  const Node* inner = m.input_from(0, OpId::Cast);
+  if (!inner) return Rewrite();
+  ValueId x = inner->inputs[0];
+  DType from = m.b.dst().type(x).dtype, via = inner->attrs.get_dtype("dtype");
+  if (!cast_is_exact(from, via)) return Rewrite();
+  if (from == m.out.dtype) return Rewrite::use(x);
+  return Rewrite::node(OpId::Cast, {x}, {{"dtype", m.out.dtype}});
+}
+
+// Note [Rule order]: for one op, rules are tried top to bottom and the first that applies wins.
+const Rule kRules[] = {
+    {OpId::Mul, "mul(x, 1) -> x", rhs_neutral<1>},
+    {OpId::Mul, "mul(1, x) -> x", lhs_neutral<1>},
+    {OpId::Div, "div(x, 1) -> x", rhs_neutral<1>},
+    {OpId::Add, "add(x, 0) -> x", rhs_neutral<0>},
+    {OpId::Add, "add(0, x) -> x", lhs_neutral<0>},
+    {OpId::Sub, "sub(x, 0) -> x", rhs_neutral<0>},
+    {OpId::Neg, "neg(neg(x)) -> x", double_neg},
+    {OpId::Not, "not(not(x)) -> x", double_not},
+    {OpId::Reshape, "reshape(x) -> x (same shape)", same_shape_identity},
+    {OpId::Reshape, "reshape(reshape(x)) -> reshape(x)", reshape_of_reshape},
+    {OpId::Flatten, "flatten(x) -> x (same shape)", same_shape_identity},
+    {OpId::Squeeze, "squeeze(x) -> x (same shape)", same_shape_identity},
+    {OpId::Unsqueeze, "unsqueeze(x) -> x (same shape)", same_shape_identity},
+    {OpId::Expand, "expand(x) -> x (same shape)", same_shape_identity},
+    {OpId::Slice, "slice(x) -> x (same shape)", same_shape_identity},
+    {OpId::Pad, "pad(x) {pads=0} -> x", zero_pad},
+    {OpId::Concat, "concat(x) -> x", single_concat},
+    {OpId::Permute, "permute(x) {identity} -> x", identity_permutation},
+    {OpId::Permute, "permute(permute(x)) -> permute(x)", compose_permutations},
+    {OpId::Transpose, "transpose(x) {dim0 == dim1} -> x", identity_permutation},
+    {OpId::Transpose, "transpose(transpose(x)) -> permute(x) or x", compose_permutations},
+    {OpId::Cast, "cast(x) {dtype = x's} -> x", cast_to_same},
+    {OpId::Cast, "cast(cast(x)) exact -> cast(x) or x", exact_cast_chain},
+};
+
+// Rules by op, in table order.
+const std::vector<std::vector<const Rule*>>& rules_by_op() {
+  static const auto* table = [] {
+    auto* t = new std::vector<std::vector<const Rule*>>(size_t(kNumOps));
+    for (const Rule& r : kRules) (*t)[size_t(r.op)].push_back(&r);
+    return t;
+  }();
+  return *table;
+}
+
+}  // namespace
+
+SimplifyResult simplify_algebra(Graph& g) {
+  SimplifyResult result;
+  const auto& by_op = rules_by_op();
+  // Cheap scan first: no node with a rule, no rebuild.
+  bool candidate = false;
+  for (const Node& n : g.nodes) candidate = candidate || !by_op[size_t(n.op)].empty();
+  if (!candidate) return result;
+
+  std::vector<int> applied(std::size(kRules), 0);
+  GraphBuilder b(g);
+  for (const Node& n : g.nodes) {
+    const auto& rules = by_op[size_t(n.op)];
+    if (rules.empty() || n.outputs.size() != 1) {
+      b.copy_node(n);
+      continue;
+    }
+    std::vector<ValueId> in = b.map(n.inputs);
+    Match m{b, n, in, g.type(n.outputs[0])};
+    Rewrite rw;
+    const Rule* used = nullptr;
+    for (const Rule* r : rules) {
+      rw = r->apply(m);
+      if (rw.kind != Rewrite::None) {
+        used = r;
+        break;
+      }
+    }
+    const std::string& old_name = g.value(n.outputs[0]).name;
+    if (rw.kind == Rewrite::UseValue) {
+      b.set_map(n.outputs[0], rw.value);
+    } else if (rw.kind == Rewrite::NewNode) {
+      ValueId v = b.add_node1(rw.op, rw.inputs, rw.attrs, n.name, old_name);
+      if (!same_value_type(b.dst().type(v), m.out))
+        fail_kind(ErrorKind::Internal, "algebraic-simplify rule '{}' changed the type of %{} "
+                  "from {} to {}", used->pattern, old_name, m.out.str(), b.dst().type(v).str());
+      b.set_map(n.outputs[0], v);
+    } else {
+      b.copy_node(n);
+      continue;
+    }
+    ++applied[size_t(used - kRules)];
+    ++result.rewrites;
+  }
+  if (result.rewrites == 0) return result;
+  for (size_t i = 0; i < std::size(kRules); ++i)
+    if (applied[i]) result.by_rule.emplace_back(kRules[i].pattern, applied[i]);
+  g = b.finish();
+  return result;
+}
+
+namespace {
+
+class AlgebraicSimplifyPass : public Pass {
+ public:
+  std::string_view name() const override { return "algebraic-simplify"; }
+  std::string_view description() const override {
+    return "x*1, x+0, identity reshapes/permutes/casts, reshape and transpose chains, "
+           "exact cast chains, double negation";
+  }
+  bool run(Graph& g) override { return simplify_algebra(g).rewrites > 0; }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_algebraic_simplify_pass() {
+  return std::make_unique<AlgebraicSimplifyPass>();
+}
+
+}  // namespace kiln

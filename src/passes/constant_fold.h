@@ -1,0 +1,43 @@
+// constant-fold: evaluate nodes whose inputs are all known now, and replace them by consts.
+//
+// A node folds when every input it has is a const with data, or (with fold_params, the default:
+// inference graphs freeze their weights) a param with data, so param-only subgraphs such as a
+// weight transpose or an embedding of constant positions become data. The node runs through the
+// eager kernels (kiln::call_op, with any dispatch hook disabled); each output becomes a const
+// that takes the output's name. Folding follows chains in one sweep (a folded value is a const
+// for the nodes after it).
+//
+// What does not fold:
+//   - outputs larger than max(small_elements, the elements of the node's const/param inputs):
+//     folding must not make the graph's data grow (expand of a scalar to a big shape stays an
+//     expand), apart from small results;
+//   - nodes with symbolic output shapes or symbolic int attributes;
+//   - nodes whose outputs are all unused (dce removes them; evaluating them is wasted work);
+//   - nodes whose kernel fails on these inputs (e.g. an out-of-range gather index): the node is
+//     left as it is, so the error surfaces when the graph runs, naming the node.
+//
+// Expects: a valid graph. Guarantees: no live node whose inputs are all (foldable) consts and
+// that satisfies the limits above remains. The inputs of folded nodes stay in the graph; run
+// dce to drop the ones that became unused.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "passes/pass.h"
+
+namespace kiln {
+
+struct ConstantFoldOptions {
+  bool fold_params = true;         // treat params with data as constants (frozen weights)
+  int64_t small_elements = 1 << 16;  // results this small always fold
+};
+
+std::unique_ptr<Pass> make_constant_fold_pass(ConstantFoldOptions options = {});
+
+struct ConstantFoldResult {
+  int nodes_folded = 0;
+  int64_t folded_elements = 0;  // elements of the consts made
+};
+ConstantFoldResult fold_constants(Graph& g, const ConstantFoldOptions& options = {});
+
+}  // namespace kiln

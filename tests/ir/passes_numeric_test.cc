@@ -1,0 +1,571 @@
+// Numerical checks of the graph passes: the interpreter runs the graph before and after a pass
+// on fresh random inputs (and random weights), and the results must agree within a per-dtype
+// tolerance. The IR text tests (tests/ir/<pass>.kir) pin what each pass prints; these pin that
+// what it prints computes the same thing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "ir/interpreter.h"
+#include "ir/parser.h"
+#include "ir/printer.h"
+#include "passes/algebraic_simplify.h"
+#include "passes/constant_fold.h"
+#include "passes/cse.h"
+#include "passes/dce.h"
+#include "passes/decompose.h"
+#include "passes/fold_conv_bn.h"
+#include "passes/fuse_epilogues.h"
+#include "passes/pass.h"
+
+namespace kiln {
+namespace {
+
+// Seeds differ per test and per run of the same binary only through KILN_PASSES_SEED, so that a
+// failure reproduces; CI may set it to get fresh values.
+uint64_t base_seed() {
+  const char* s = std::getenv("KILN_PASSES_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20240611ull;
+}
+
+struct Tol {
+  double atol, rtol;
+};
+Tol tolerance(DType d) {
+  switch (d) {
+    case DType::Float64: return {1e-9, 1e-9};
+    case DType::Float32: return {2e-5, 2e-5};
+    case DType::Float16: return {1e-2, 1e-2};
+    case DType::BFloat16: return {4e-2, 4e-2};
+    default: return {0, 0};
+  }
+}
+
+// "" when `actual` matches `expected`; otherwise the first mismatch.
+std::string compare(const Tensor& expected, const Tensor& actual, double scale = 1.0) {
+  if (expected.dtype() != actual.dtype())
+    return fmt::format("dtype {} vs {}", dtype_name(expected.dtype()), dtype_name(actual.dtype()));
+  if (expected.sizes() != actual.sizes())
+    return fmt::format("shape {} vs {}", to_string(expected.sizes()), to_string(actual.sizes()));
+  Tensor e = expected.to(DType::Float64).contiguous(), a = actual.to(DType::Float64).contiguous();
+  Tol tol = tolerance(expected.dtype());
+  const double *ep = e.data<double>(), *ap = a.data<double>();
+  for (int64_t i = 0; i < e.numel(); ++i) {
+    double x = ep[i], y = ap[i];
+    if (std::isnan(x) || std::isnan(y)) {
+      if (std::isnan(x) != std::isnan(y)) return fmt::format("element {}: {} vs {}", i, x, y);
+      continue;
+    }
+    if (std::isinf(x) || std::isinf(y)) {
+      if (x != y) return fmt::format("element {}: {} vs {}", i, x, y);
+      continue;
+    }
+    if (std::fabs(x - y) > scale * (tol.atol + tol.rtol * std::fabs(x)))
+      return fmt::format("element {} of {}: expected {}, got {} (|diff| {:.3g})", i, e.numel(), x,
+                         y, std::fabs(x - y));
+  }
+  return "";
+}
+
+Tensor random_tensor(const TensorType& t, Generator& gen, const std::string& name) {
+  Dims d = to_dims(t.shape);
+  if (is_floating(t.dtype)) {
+    // Batch-norm variances must be positive.
+    if (name.find("var") != std::string::npos) return Tensor::rand(d, gen, 0.5, 2.0, t.dtype);
+    return Tensor::randn(d, gen, t.dtype);
+  }
+  if (t.dtype == DType::Bool) return Tensor::randint(d, gen, 0, 2, DType::Int64).to(DType::Bool);
+  return Tensor::randint(d, gen, 0, 5, t.dtype);
+}
+
+// Gives every param without data random data.
+void fill_params(Graph& g, Generator& gen) {
+  for (Value& v : g.values)
+    if (v.kind == ValueKind::Param && !v.data.defined()) v.data = random_tensor(v.type, gen, v.name);
+}
+
+TensorList random_inputs(const Graph& g, Generator& gen) {
+  TensorList in;
+  for (ValueId v : g.inputs) in.push_back(random_tensor(g.type(v), gen, g.value(v).name));
+  return in;
+}
+
+std::string with_dtype(std::string text, const char* dt) {
+  for (size_t p = text.find("DT"); p != std::string::npos; p = text.find("DT", p))
+    text.replace(p, 2, dt);
+  return text;
+}
+
+// Runs `passes` on the graph and compares the interpreter's results before and after on two
+// sets of fresh inputs. Returns the graph after the passes.
+Graph check_preserves(const std::string& text, const std::vector<std::string>& passes,
+                      bool expect_change = true, double tol_scale = 1.0) {
+  Graph before = parse_graph(text, "test");
+  Generator gen(base_seed() ^ std::hash<std::string>()(text));
+  fill_params(before, gen);
+  Graph after = before;
+  bool changed = run_passes(after, passes);
+  EXPECT_EQ(changed, expect_change) << print_graph(after);
+  for (int round = 0; round < 2; ++round) {
+    TensorList in = random_inputs(before, gen);
+    TensorList want = run(before, in), got = run(after, in);
+    EXPECT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+      std::string diff = compare(want[i], got[i], tol_scale);
+      EXPECT_EQ(diff, "") << "output " << i << " after " << fmt::format("{}", fmt::join(passes, ","))
+                          << ":\n" << print_graph(after);
+    }
+  }
+  return after;
+}
+
+const char* const kFloatDTypes[] = {"f32", "f64", "f16", "bf16"};
+
+int count_op(const Graph& g, OpId op) {
+  int n = 0;
+  for (const Node& node : g.nodes) n += node.op == op;
+  return n;
+}
+
+// ---- algebraic-simplify ------------------------------------------------------------------------
+const char* kSimplifyGraph = R"(
+graph @g(%x: DT[2, 3, 4], %y: DT[2, 3, 4]) {
+  const %one: DT[] = [1.0]
+  const %zero: DT[4] = [0.0, 0.0, 0.0, 0.0]
+  %a = mul(%x, %one)
+  %b = add(%zero, %a)
+  %n1 = neg(%b)
+  %n2 = neg(%n1)
+  %r1 = reshape(%n2) {shape=[6, 4]}
+  %r2 = reshape(%r1) {shape=[2, 12]}
+  %r3 = reshape(%r2) {shape=[2, 3, 4]}
+  %t1 = transpose(%r3) {dim0=0, dim1=2}
+  %t2 = transpose(%t1) {dim0=1, dim1=2}
+  %p = permute(%t2) {dims=[1, 2, 0]}
+  %c1 = cast(%p) {dtype=f64}
+  %c2 = cast(%c1) {dtype=DT}
+  %s = sub(%c2, %y)
+  %e = expand(%s) {shape=[2, 3, 4]}
+  %d = div(%e, %one)
+  return %d, %p
+}
+)";
+
+TEST(PassesNumeric, AlgebraicSimplifyPreservesResults) {
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph g = check_preserves(with_dtype(kSimplifyGraph, dt), {"algebraic-simplify", "dce"});
+    EXPECT_EQ(count_op(g, OpId::Neg), 0);
+    EXPECT_EQ(count_op(g, OpId::Mul), 0);
+    EXPECT_EQ(count_op(g, OpId::Cast), 0);
+  }
+}
+
+TEST(PassesNumeric, AlgebraicSimplifyReportsRules) {
+  Graph g = parse_graph(with_dtype(kSimplifyGraph, "f32"));
+  SimplifyResult r = simplify_algebra(g);
+  EXPECT_GE(r.rewrites, 10);
+  int total = 0;
+  for (auto& [rule, n] : r.by_rule) total += n;
+  EXPECT_EQ(total, r.rewrites);
+  EXPECT_EQ(simplify_algebra(g).rewrites, 0) << "a second sweep found more:\n" << print_graph(g);
+}
+
+TEST(PassesNumeric, CastIsExactTable) {
+  // Exhaustive for the small dtypes: every value survives the round trip exactly.
+  for (DType from : {DType::Int8, DType::UInt8, DType::Bool, DType::Float16, DType::BFloat16}) {
+    for (DType to : all_dtypes()) {
+      if (!cast_is_exact(from, to)) continue;
+      int64_t n = (from == DType::Bool) ? 2 : (is_floating(from) ? 65536 : 256);
+      Tensor src = Tensor::empty(Dims{n}, from);
+      for (int64_t i = 0; i < n; ++i) {
+        char* p = static_cast<char*>(src.raw_data()) + i * src.element_size();
+        if (is_floating(from)) {
+          uint16_t bits = uint16_t(i);
+          std::memcpy(p, &bits, 2);
+        } else {
+          store_i64(p, from, from == DType::Int8 ? i - 128 : i);
+        }
+      }
+      Tensor back = src.to(to).to(from);
+      for (int64_t i = 0; i < n; ++i) {
+        double a = load_f64(static_cast<char*>(src.raw_data()) + i * src.element_size(), from);
+        double b = load_f64(static_cast<char*>(back.raw_data()) + i * back.element_size(), from);
+        if (std::isnan(a)) {
+          ASSERT_TRUE(std::isnan(b)) << dtype_name(from) << " -> " << dtype_name(to);
+        } else {
+          ASSERT_EQ(a, b) << dtype_name(from) << " -> " << dtype_name(to) << " value " << a;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(cast_is_exact(DType::Float32, DType::Float16));
+  EXPECT_FALSE(cast_is_exact(DType::Int64, DType::Float64));
+  EXPECT_FALSE(cast_is_exact(DType::Int32, DType::Float32));
+  EXPECT_FALSE(cast_is_exact(DType::Float32, DType::Int64));
+}
+
+// ---- constant-fold -----------------------------------------------------------------------------
+// Param-only subgraphs: a weight transpose, scaled weights, an embedding of constant positions.
+const char* kFoldGraph = R"(
+graph @g(%x: DT[3, 8], %ids: i64[3]) {
+  param %w: DT[8, 5]
+  param %scale: DT[5]
+  param %pos_emb: DT[16, 5]
+  param %tok_emb: DT[10, 5]
+  const %positions: i64[3] = [0, 1, 2]
+  %wt = transpose(%w) {dim0=0, dim1=1}
+  %ws = mul(%scale, %scale)
+  %y = linear(%x, %wt, %ws)
+  %p = embedding(%pos_emb, %positions)
+  %t = embedding(%tok_emb, %ids)
+  %e = add(%t, %p)
+  %o = add(%y, %e)
+  return %o
+}
+)";
+
+TEST(PassesNumeric, ConstantFoldPreservesResults) {
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph g = check_preserves(with_dtype(kFoldGraph, dt), {"constant-fold", "dce"});
+    EXPECT_EQ(count_op(g, OpId::Transpose), 0);
+    EXPECT_EQ(count_op(g, OpId::Embedding), 1);  // the token lookup reads an input
+    EXPECT_EQ(count_op(g, OpId::Mul), 0);
+  }
+}
+
+TEST(PassesNumeric, ConstantFoldRespectsOptions) {
+  Graph g = parse_graph(with_dtype(kFoldGraph, "f32"));
+  Generator gen(base_seed());
+  fill_params(g, gen);
+  Graph no_params = g;
+  ConstantFoldOptions opt;
+  opt.fold_params = false;
+  EXPECT_EQ(fold_constants(no_params, opt).nodes_folded, 0);
+  ConstantFoldResult r = fold_constants(g);
+  EXPECT_EQ(r.nodes_folded, 3);  // transpose, mul, positional embedding
+  EXPECT_EQ(r.folded_elements, 40 + 5 + 15);
+  // The size cap: an expand of a scalar folds only when its result is "small".
+  Graph capped = parse_graph(R"(
+graph @g(%x: f32[4, 4]) {
+  const %k: f32[] = [2.0]
+  %big = expand(%k) {shape=[4, 4]}
+  %y = add(%x, %big)
+  return %y
+}
+)");
+  ConstantFoldOptions tight;
+  tight.small_elements = 8;
+  EXPECT_EQ(fold_constants(capped, tight).nodes_folded, 0);
+  tight.small_elements = 16;
+  EXPECT_EQ(fold_constants(capped, tight).nodes_folded, 1);
+}
+
+// ---- cse and dce -------------------------------------------------------------------------------
+TEST(PassesNumeric, CseAndDcePreserveResults) {
+  const char* text = R"(
+graph @g(%x: DT[4, 6], %y: DT[4, 6]) {
+  param %w: DT[3, 6]
+  const %k1: DT[] = [0.5]
+  const %k2: DT[] = [0.5]
+  %a = linear(%x, %w)
+  %b = linear(%x, %w)
+  %c = add(%a, %b)
+  %d = mul(%x, %k1)
+  %e = mul(%k2, %x)
+  %f = add(%d, %e)
+  %s1, %s2 = split(%y) {sizes=[2, 4], dim=1}
+  %t1, %t2 = split(%y) {sizes=[2, 4], dim=1}
+  %u = concat(%s2, %t1, %f) {dim=1}
+  %dead = exp(%u)
+  return %c, %u
+}
+)";
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph g = check_preserves(with_dtype(text, dt), {"cse", "dce"});
+    EXPECT_EQ(count_op(g, OpId::Linear), 1);
+    EXPECT_EQ(count_op(g, OpId::Split), 1);
+    EXPECT_EQ(count_op(g, OpId::Mul), 1);
+    EXPECT_EQ(count_op(g, OpId::Exp), 0);
+  }
+}
+
+TEST(PassesNumeric, CseAndDceCounts) {
+  Graph g = parse_graph(R"(
+graph @g(%x: f32[4]) {
+  const %k1: f32[] = [2.0]
+  const %k2: f32[] = [2.0]
+  param %unused: f32[4]
+  %a = mul(%x, %k1)
+  %b = mul(%x, %k2)
+  %c = add(%a, %b)
+  %d1 = exp(%c)
+  %d2 = exp(%d1)
+  return %c
+}
+)");
+  CseResult c = eliminate_common_subexpressions(g);
+  EXPECT_EQ(c.consts_merged, 1);
+  EXPECT_EQ(c.nodes_merged, 1);
+  DceResult d = eliminate_dead_code(g);
+  EXPECT_EQ(d.nodes_removed, 2);
+  EXPECT_EQ(d.params_removed, 1);  // %unused (the merged const went with cse)
+  EXPECT_EQ(eliminate_dead_code(g).nodes_removed, 0);
+  EXPECT_EQ(eliminate_common_subexpressions(g).nodes_merged, 0);
+}
+
+// ---- decompose ---------------------------------------------------------------------------------
+// Every op with a decomposition, in every dtype it supports, on each of its harness samples
+// drawn from a fresh generator: the one-node graph and its decomposition agree.
+TEST(PassesNumeric, DecomposeEveryDecomposableOp) {
+  int checked = 0;
+  for (const OpDef& op : all_ops()) {
+    if (!op.decompose || !op.samples) continue;
+    Generator gen(base_seed() ^ std::hash<std::string>()(op.name));
+    std::vector<OpSample> samples = op.samples(gen);
+    for (DType dt : op.dtypes) {
+      if (!is_floating(dt)) continue;
+      for (size_t s = 0; s < samples.size(); ++s) {
+        SCOPED_TRACE(fmt::format("{} {} sample {} ({})", op.name, dtype_name(dt), s,
+                                 samples[s].note));
+        Graph g;
+        std::vector<ValueId> ins;
+        TensorList args;
+        for (size_t i = 0; i < samples[s].inputs.size(); ++i) {
+          const Tensor& t = samples[s].inputs[i];
+          if (!t.defined()) {
+            ins.push_back(kNoValue);
+            continue;
+          }
+          Tensor v = is_floating(t.dtype()) ? t.to(dt) : t;
+          ins.push_back(g.add_input(fmt::format("in{}", i), TensorType(v.dtype(), to_shape(v.sizes()))));
+          args.push_back(v);
+        }
+        try {
+          g.outputs = g.add_node(op.id, ins, samples[s].attrs, "node");
+        } catch (const Error& e) {
+          FAIL() << "building the graph: " << e.what();
+        }
+        Graph d = g;
+        DecomposeOptions only;
+        only.ops = {op.id};
+        DecomposeResult r = decompose_ops(d, only);
+        ASSERT_EQ(r.nodes_decomposed, 1) << print_graph(d);
+        EXPECT_EQ(count_op(d, op.id), 0) << print_graph(d);
+        TensorList want = run(g, args), got = run(d, args);
+        ASSERT_EQ(want.size(), got.size());
+        for (size_t k = 0; k < want.size(); ++k)
+          EXPECT_EQ(compare(want[k], got[k], 2 * op.tolerance_scale), "") << print_graph(d);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 40);
+}
+
+TEST(PassesNumeric, DecomposeSelection) {
+  const char* text = R"(
+graph @g(%x: f32[2, 3, 4, 4], %r: f32[2, 5, 4, 4], %t: f32[2, 6]) {
+  param %w: f32[5, 3, 1, 1]
+  %y = fused_conv2d(%x, %w, _, %r) {activation="relu"}
+  %s = softmax(%t) {dim=1}
+  %l = layer_norm(%t) {normalized_shape=[6]}
+  return %y, %s, %l
+}
+)";
+  Graph base = parse_graph(text);
+  {
+    Graph g = base;  // default: everything decomposable but the fused ops
+    EXPECT_EQ(decompose_ops(g).nodes_decomposed, 2);
+    EXPECT_EQ(count_op(g, OpId::FusedConv2d), 1);
+    EXPECT_EQ(count_op(g, OpId::Softmax) + count_op(g, OpId::LayerNorm), 0);
+  }
+  {
+    Graph g = base;  // an explicit list
+    DecomposeOptions o;
+    o.ops = {OpId::Softmax, OpId::FusedConv2d};
+    EXPECT_EQ(decompose_ops(g, o).nodes_decomposed, 2);
+    EXPECT_EQ(count_op(g, OpId::FusedConv2d), 0);
+    EXPECT_EQ(count_op(g, OpId::Conv2d), 1);
+    EXPECT_EQ(count_op(g, OpId::LayerNorm), 1);
+  }
+  {
+    Graph g = base;  // keep list
+    DecomposeOptions o;
+    o.keep = {OpId::LayerNorm};
+    EXPECT_EQ(decompose_ops(g, o).nodes_decomposed, 2);
+    EXPECT_EQ(count_op(g, OpId::LayerNorm), 1);
+    EXPECT_EQ(count_op(g, OpId::FusedConv2d), 0);
+  }
+  {
+    // Through the pass object and run_passes (verification after the pass).
+    Graph g = base;
+    DecomposeOptions o;
+    o.ops = {OpId::LayerNorm};
+    std::unique_ptr<Pass> p = make_decompose_pass(o);
+    std::vector<Pass*> passes = {p.get()};
+    EXPECT_TRUE(run_passes(g, std::span<Pass* const>(passes)));
+    EXPECT_EQ(count_op(g, OpId::LayerNorm), 0);
+    EXPECT_FALSE(run_passes(g, std::span<Pass* const>(passes)));
+  }
+}
+
+// ---- fold-conv-bn ------------------------------------------------------------------------------
+const char* kConvBnGraph = R"(
+graph @g(%x: DT[2, 3, 6, 6], %t: DT[4, 5]) {
+  param %c1.weight: DT[4, 3, 3, 3]
+  param %c1.bias: DT[4]
+  param %bn1.mean: DT[4]
+  param %bn1.var: DT[4]
+  param %bn1.weight: DT[4]
+  param %bn1.bias: DT[4]
+  param %c2.weight: DT[6, 2, 1, 1]
+  param %bn2.mean: DT[6]
+  param %bn2.var: DT[6]
+  param %fc.weight: DT[3, 5]
+  param %bn3.mean: DT[3]
+  param %bn3.var: DT[3]
+  param %bn3.bias: DT[3]
+  %c1 = conv2d(%x, %c1.weight, %c1.bias) {padding=[1, 1]}
+  %b1 = batch_norm(%c1, %bn1.mean, %bn1.var, %bn1.weight, %bn1.bias) {eps=0.001}
+  %r1 = relu(%b1)
+  %c2 = conv2d(%r1, %c2.weight) {stride=[2, 2], groups=2}
+  %b2 = batch_norm(%c2, %bn2.mean, %bn2.var)
+  %l = linear(%t, %fc.weight)
+  %b3 = batch_norm(%l, %bn3.mean, %bn3.var, _, %bn3.bias)
+  return %b2, %b3
+}
+)";
+
+TEST(PassesNumeric, FoldConvBnPreservesResults) {
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    // Low precision: W' = W*s is rounded once more than W, so allow twice the tolerance.
+    Graph g = check_preserves(with_dtype(kConvBnGraph, dt), {"fold-conv-bn", "dce"}, true, 2.0);
+    EXPECT_EQ(count_op(g, OpId::BatchNorm), 0);
+    int folded_params = 0;
+    for (const Value& v : g.values) folded_params += v.kind == ValueKind::Param &&
+                                                     v.name.find(".folded") != std::string::npos;
+    EXPECT_EQ(folded_params, 6);
+  }
+  Graph g = parse_graph(with_dtype(kConvBnGraph, "f32"));
+  Generator gen(base_seed());
+  fill_params(g, gen);
+  FoldConvBnResult r = fold_conv_bn(g);
+  EXPECT_EQ(r.conv_folded, 2);
+  EXPECT_EQ(r.linear_folded, 1);
+  EXPECT_EQ(fold_conv_bn(g).conv_folded, 0);
+}
+
+// ---- fuse-epilogues ----------------------------------------------------------------------------
+const char* kEpilogueGraph = R"(
+graph @g(%x: DT[2, 4, 5, 5], %t: DT[3, 7], %rt: DT[3, 6]) {
+  param %w1: DT[4, 4, 3, 3]
+  param %b1: DT[4]
+  param %w2: DT[4, 4, 1, 1]
+  param %cb: DT[1, 4, 1, 1]
+  param %wd: DT[4, 4, 1, 1]
+  param %fw: DT[6, 7]
+  param %fb: DT[6]
+  %c1 = conv2d(%x, %w1, %b1) {padding=[1, 1]}
+  %a1 = relu(%c1)
+  %c2 = conv2d(%a1, %w2)
+  %c2b = add(%c2, %cb)
+  %d = conv2d(%x, %wd)
+  %s = add(%c2b, %d)
+  %a2 = clamp(%s) {min=0.0, max=6.0}
+  %l = linear(%t, %fw)
+  %lb = add(%l, %fb)
+  %lr = sub(%lb, %rt)
+  %g = gelu(%lr) {approximate="tanh"}
+  %l2 = linear(%t, %fw, %fb)
+  %sg = silu(%l2)
+  return %a2, %g, %sg
+}
+)";
+
+TEST(PassesNumeric, FuseEpiloguesPreservesResults) {
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph g = check_preserves(with_dtype(kEpilogueGraph, dt), {"fuse-epilogues"}, true, 2.0);
+    EXPECT_EQ(count_op(g, OpId::FusedConv2d), 2);
+    EXPECT_EQ(count_op(g, OpId::FusedLinear), 2);
+    EXPECT_EQ(count_op(g, OpId::Conv2d), 1);  // the downsample, now a residual
+    EXPECT_EQ(count_op(g, OpId::Add), 0);
+  }
+  Graph g = parse_graph(with_dtype(kEpilogueGraph, "f32"));
+  FuseEpiloguesResult r = fuse_epilogues(g);
+  EXPECT_EQ(r.conv_fused, 2);
+  EXPECT_EQ(r.linear_fused, 2);
+  EXPECT_EQ(r.bias_adds, 2);
+  EXPECT_EQ(r.residual_adds, 2);
+  EXPECT_EQ(r.activations, 4);
+  EXPECT_EQ(fuse_epilogues(g).conv_fused, 0);
+}
+
+// ---- the default pipeline ----------------------------------------------------------------------
+TEST(PassesNumeric, DefaultPipelinePreservesResultsAndIsIdempotent) {
+  const std::string text = std::string(R"(
+graph @g(%x: DT[2, 4, 5, 5]) {
+  param %w: DT[4, 4, 3, 3]
+  param %m: DT[4]
+  param %var: DT[4]
+  param %gamma: DT[4]
+  param %beta: DT[4]
+  param %fw: DT[8, 4]
+  const %one: DT[] = [1.0]
+  %c = conv2d(%x, %w) {padding=[1, 1]}
+  %bn = batch_norm(%c, %m, %var, %gamma, %beta)
+  %s = add(%bn, %x)
+  %r = relu(%s)
+  %p = adaptive_avg_pool2d(%r) {output_size=[1, 1]}
+  %f = flatten(%p) {start_dim=1}
+  %f2 = reshape(%f) {shape=[2, 4]}
+  %fwt = transpose(%fw) {dim0=0, dim1=1}
+  %fwtt = transpose(%fwt) {dim0=0, dim1=1}
+  %l = linear(%f2, %fwtt)
+  %l1 = mul(%l, %one)
+  %y = sigmoid(%l1)
+  %y2 = sigmoid(%l1)
+  %o = add(%y, %y2)
+  return %o
+}
+)");
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph g = check_preserves(with_dtype(text, dt), {"default"}, true, 2.0);
+    EXPECT_EQ(count_op(g, OpId::FusedConv2d), 1) << print_graph(g);
+    EXPECT_EQ(count_op(g, OpId::FusedLinear), 1) << print_graph(g);
+    EXPECT_EQ(count_op(g, OpId::BatchNorm) + count_op(g, OpId::Transpose) +
+                  count_op(g, OpId::Mul) + count_op(g, OpId::Reshape),
+              0)
+        << print_graph(g);
+    std::string once = print_graph(g);
+    std::vector<std::string> again = {"default"};
+    EXPECT_FALSE(run_passes(g, again)) << "the pipeline is not at a fixed point";
+    EXPECT_EQ(print_graph(g), once);
+  }
+}
+
+TEST(PassesNumeric, DefaultPipelineIsTheTableOrder) {
+  EXPECT_EQ(default_pipeline(),
+            (std::vector<std::string>{"algebraic-simplify", "constant-fold", "fold-conv-bn", "cse",
+                                      "fuse-epilogues", "dce"}));
+  for (const PassEntry& e : registered_passes()) {
+    std::unique_ptr<Pass> p = e.make();
+    EXPECT_EQ(p->name(), e.name);
+    EXPECT_FALSE(p->description().empty());
+  }
+}
+
+}  // namespace
+}  // namespace kiln
