@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libdnnl-dev libsleef-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libonnx-dev libprotobuf-dev protobuf-compiler
+  libonnx-testdata
   python3-venv
 )
 

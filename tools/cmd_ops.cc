@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "frontends/onnx/op_table.h"
 #include "ops/op.h"
 #include "tools/commands.h"
 
@@ -60,6 +61,7 @@ void add_ops_command(CLI::App& app) {
   cmd->add_flag("--json", json, "Print the registry as JSON");
   cmd->add_option("--family", family, "Only ops of this family (unary, binary, reduce, ...)");
   cmd->callback([] {
+    onnx::register_onnx_mappings();  // OpDef::onnx_ops comes from the ONNX op table
     auto ops = all_ops();
     bool found = family.empty();
     for (const OpDef& d : ops) found |= family == d.family;

@@ -94,6 +94,13 @@ void load_inputs(const RunArgs& a, nn::ZooModel& m) {
 }
 
 void run_command(const RunArgs& a) {
+  if (a.target.size() > 5 && a.target.substr(a.target.size() - 5) == ".onnx") {
+    if (a.backend != "both" && a.backend != "eager")
+      fail("--backend {} is not available for ONNX models yet (eager only)", a.backend);
+    if (a.threads > 0) omp_set_num_threads(a.threads);
+    run_onnx_model(a.target, a.inputs, a.output_dir, a.seed, a.json);
+    return;
+  }
   if (a.backend != "eager" && a.backend != "captured" && a.backend != "both")
     fail("--backend must be eager, captured or both, got '{}'", a.backend);
   if (a.iters < 1) fail("--iters must be >= 1, got {}", a.iters);
@@ -194,7 +201,7 @@ void run_command(const RunArgs& a) {
 void add_run_command(CLI::App& app) {
   static RunArgs a;
   auto* cmd = app.add_subcommand("run", "Run a zoo model (eager and captured), compare, time it");
-  cmd->add_option("model", a.target, "Zoo model name (see `kiln models`)")->required();
+  cmd->add_option("model", a.target, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("--backend", a.backend, "eager | captured | both (default both)");
   cmd->add_option("--batch", a.batch, "Batch size (default 1)");
   cmd->add_option("--seed", a.seed, "Seed for weights and random inputs (default 0)");

@@ -12,6 +12,13 @@ void add_run_command(CLI::App& app);
 void add_opt_command(CLI::App& app);
 void add_device_command(CLI::App& app);
 void add_explain_command(CLI::App& app);
+void add_conformance_command(CLI::App& app);
+
+// `kiln run MODEL.onnx` (tools/onnx_run.cc): imports the model, runs it eagerly with the given
+// NAME=FILE.npy inputs (fresh random inputs of the declared shapes otherwise, symbolic dims 1),
+// writes each output as DIR/NAME.npy when output_dir is set, prints shapes and checksums.
+void run_onnx_model(const std::string& model_path, const std::vector<std::string>& input_specs,
+                    const std::string& output_dir, uint64_t seed, bool json);
 
 // Exit code set by a subcommand callback (0 = success).
 int& exit_code();

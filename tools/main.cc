@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_opt_command(app);
   kiln::cli::add_device_command(app);
   kiln::cli::add_explain_command(app);
+  kiln::cli::add_conformance_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

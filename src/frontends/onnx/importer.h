@@ -1,0 +1,80 @@
+// The ONNX frontend: an .onnx file in, a Kiln Graph out. See Note [ONNX import].
+//
+// Note [ONNX import]
+// import_onnx reads a ModelProto (and external-data files next to it) and builds a Graph:
+//   - initializers become params (with data), created only when a node reads them as a tensor;
+//     shape-like inputs (Reshape's shape, Slice's starts, Pad's pads, ...) that are initializers
+//     or constants are read at import time as attributes of the Kiln nodes;
+//   - graph inputs that are not initializers become graph inputs; a dim_param becomes a
+//     symbolic SymInt (kiln::run binds it from the actual input sizes);
+//   - each ONNX node goes through the op table (op_table.h), which appends one or more Kiln
+//     nodes; a node whose inputs are all known at import time (Shape, Size, ConstantOfShape,
+//     Range, small arithmetic on constants) is folded into a constant;
+//   - graph outputs keep their ONNX names.
+// Every op type is checked against the table before anything is converted: one NotSupported
+// error lists every unmapped op type with its node names. Malformed or hostile files get a
+// kiln::Error naming the file and node: bad protobuf, dangling or duplicate value names, cycles,
+// tensors whose declared size disagrees with their data, sizes beyond ImportOptions' limits,
+// external-data paths that leave the model's directory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+struct ImportOptions {
+  // Largest tensor the importer materializes (an initializer, a Constant, a folded constant,
+  // ConstantOfShape's output). Bigger declared sizes are rejected before any allocation.
+  int64_t max_tensor_bytes = int64_t(4) << 30;
+  // Nodes whose inputs are all known are folded into constants when their outputs have at most
+  // this many elements (shape arithmetic); larger ones stay nodes over constant inputs.
+  int64_t max_fold_elements = 1 << 16;
+  // Largest .onnx file read (protobuf itself cannot parse more than 2 GiB).
+  int64_t max_model_bytes = (int64_t(2) << 30) - 1;
+  // Graph inputs bound to values at import time: they become constants (and leave the graph's
+  // inputs), specializing the model. Kiln needs shape-like arguments (Reshape's shape, Slice's
+  // starts, Pad's pads, ...) at import time; a model that takes them as graph inputs imports
+  // once they are bound. Each value must match the input's declared dtype and shape.
+  std::vector<std::pair<std::string, Tensor>> constant_inputs;
+  // Graph input shapes that replace the declared ones (to fix a batch size, or when a model
+  // declares shapes its real inputs do not have).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> input_shapes;
+  // When set and an import fails because a value computed from graph inputs is needed at
+  // import time, the names of those graph inputs are appended here (so that a caller can bind
+  // them through constant_inputs and import again).
+  std::vector<std::string>* needed_constant_inputs = nullptr;
+};
+
+// Imports the model at `path`. External data is resolved relative to the model's directory.
+Graph import_onnx(const std::string& path, const ImportOptions& options = {});
+// Imports a serialized ModelProto held in memory; `model_dir` resolves external data ("" = no
+// external data allowed); `source` names the model in errors.
+Graph import_onnx_bytes(std::string_view bytes, const std::string& model_dir,
+                        const std::string& source, const ImportOptions& options = {});
+
+// A serialized TensorProto file (the ONNX backend tests' input_N.pb / output_N.pb) as a Tensor.
+// `name` receives the TensorProto's name when not null.
+// ONNX 1.12's backend tests store bfloat16 data as uint16 bit patterns; with
+// uint16_as_bfloat16 such a tensor is read as bfloat16 (Kiln has no uint16).
+Tensor read_onnx_tensor_file(const std::string& path, std::string* name = nullptr,
+                             const ImportOptions& options = {}, bool uint16_as_bfloat16 = false);
+
+// What a model needs, without importing it (used by `kiln conformance` to tell unmapped cases
+// from failures).
+struct OnnxModelScan {
+  int64_t opset = 0;  // default-domain opset
+  std::vector<std::string> input_names;  // graph inputs that are not initializers, in order
+  // "OpType" (or "domain:OpType") -> node names, for every op type not in the op table.
+  std::vector<std::pair<std::string, std::vector<std::string>>> unmapped_ops;
+  // Every op type used, sorted, unique ("domain:OpType" outside the default domain).
+  std::vector<std::string> op_types;
+  // Values whose type Kiln cannot represent: "input 'x': string", "output 'y': sequence", ...
+  std::vector<std::string> unsupported_types;
+};
+OnnxModelScan scan_onnx_model(const std::string& path, const ImportOptions& options = {});
+
+}  // namespace kiln
