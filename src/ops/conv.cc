@@ -16,23 +16,6 @@ namespace kiln {
 namespace {
 
 // ---- helpers ----------------------------------------------------------------------------------
-std::vector<double> read_f64(const Tensor& t) {
-  std::vector<double> v(size_t(t.numel()));
-  Dims strides[1] = {t.strides()};
-  const char* p = static_cast<const char*>(t.raw_data());
-  int64_t es = t.element_size();
-  DType d = t.dtype();
-  for_each_broadcast(t.sizes(), strides,
-                     [&](int64_t i, const int64_t* off) { v[size_t(i)] = load_f64(p + off[0] * es, d); });
-  return v;
-}
-
-void write_f64(Tensor& out, const std::vector<double>& v) {
-  char* p = static_cast<char*>(out.raw_data());
-  int64_t es = out.element_size();
-  DType d = out.dtype();
-  for (size_t i = 0; i < v.size(); ++i) store_f64(p + int64_t(i) * es, d, v[i]);
-}
 
 // Sizes that must agree are compared as SymInts: inference never returns a shape it cannot
 // prove, so a symbolic size that is not provably equal (or divisible) is an error too.

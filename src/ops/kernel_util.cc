@@ -19,6 +19,27 @@ Dims broadcast_strides(const Tensor& t, const Dims& out) {
   return s;
 }
 
+std::vector<double> read_f64(const Tensor& t0) {
+  Tensor t = t0.device().is_cpu() ? t0 : t0.to(Device::cpu());
+  std::vector<double> v(size_t(t.numel()));
+  Dims strides[1] = {t.strides()};
+  const char* p = static_cast<const char*>(t.raw_data());
+  int64_t es = t.element_size();
+  DType d = t.dtype();
+  for_each_broadcast(t.sizes(), strides, [&](int64_t i, const int64_t* off) {
+    v[size_t(i)] = load_f64(p + off[0] * es, d);
+  });
+  return v;
+}
+
+void write_f64(Tensor& out, const std::vector<double>& v) {
+  KILN_ASSERT(out.device().is_cpu() && out.is_contiguous() && int64_t(v.size()) == out.numel());
+  char* p = static_cast<char*>(out.raw_data());
+  int64_t es = out.element_size();
+  DType d = out.dtype();
+  for (size_t i = 0; i < v.size(); ++i) store_f64(p + int64_t(i) * es, d, v[i]);
+}
+
 std::vector<TensorType> same_as_input(const InferContext& ctx) {
   TensorType t = ctx.in(0);
   t.strides = Shape();

@@ -36,6 +36,11 @@ inline char* elem_ptr(const Tensor& t, int64_t offset) {
   return static_cast<char*>(t.raw_data()) + offset * t.element_size();
 }
 
+// Any-strided tensor (any device) -> row-major float64 values.
+std::vector<double> read_f64(const Tensor& t);
+// Writes row-major float64 values into a contiguous CPU tensor of any dtype.
+void write_f64(Tensor& out, const std::vector<double>& v);
+
 // Inference helpers.
 std::vector<TensorType> same_as_input(const InferContext& ctx);  // one output like input 0
 

@@ -16,25 +16,6 @@ namespace kiln {
 namespace {
 
 // ---- helpers ----------------------------------------------------------------------------------
-// Any-strided tensor -> row-major float64 values.
-std::vector<double> read_f64(const Tensor& t) {
-  std::vector<double> v(size_t(t.numel()));
-  Dims strides[1] = {t.strides()};
-  const char* p = static_cast<const char*>(t.raw_data());
-  int64_t es = t.element_size();
-  DType d = t.dtype();
-  for_each_broadcast(t.sizes(), strides,
-                     [&](int64_t i, const int64_t* off) { v[size_t(i)] = load_f64(p + off[0] * es, d); });
-  return v;
-}
-
-// Writes row-major values into a contiguous output of any dtype.
-void write_f64(Tensor& out, const std::vector<double>& v) {
-  char* p = static_cast<char*>(out.raw_data());
-  int64_t es = out.element_size();
-  DType d = out.dtype();
-  for (size_t i = 0; i < v.size(); ++i) store_f64(p + int64_t(i) * es, d, v[i]);
-}
 
 int64_t prod(const Dims& d, int from, int to) {
   int64_t n = 1;

@@ -3,19 +3,12 @@
 #include <cmath>
 #include <optional>
 
+#include "ops/kernel_util.h"
 #include "passes/graph_rewrite.h"
 
 namespace kiln {
 namespace {
 
-std::vector<double> read_f64(const Tensor& t0) {
-  Tensor t = t0.device().is_cpu() ? t0 : t0.to(Device::cpu());
-  t = t.contiguous();
-  std::vector<double> v(size_t(t.numel()));
-  const char* p = static_cast<const char*>(t.raw_data());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = load_f64(p + int64_t(i) * t.element_size(), t.dtype());
-  return v;
-}
 
 Tensor make_tensor(const std::vector<double>& v, const Dims& sizes, DType dtype) {
   Tensor t = Tensor::empty(sizes, dtype);
