@@ -191,8 +191,8 @@ void run_command(const RunArgs& a) {
                 "captured graph (interpreted)", capture_lat.pct(50), capture_lat.pct(90),
                 capture_lat.pct(0), capture_first_s);
   if (do_eager && do_capture)
-    std::printf("  captured/eager p50 ratio: %.2fx (the CPU compiler, backend 'inductor', is the "
-                "next step; see docs/benchmarks.md)\n",
+    std::printf("  speedup of captured over eager (p50): %.2fx — both run the same eager kernels; "
+                "the CPU compiler (backend 'inductor') is the next step, see docs/benchmarks.md\n",
                 eager_lat.pct(50) / capture_lat.pct(50));
 }
 
