@@ -1,4 +1,5 @@
-// kiln opt FILE [--passes=a,b] [-o OUT] [--split-input-file] [--list-passes]: reads IR text
+// kiln opt FILE [--passes=a,b] [-o OUT] [--split-input-file] [--list-passes] [--memory-plan]:
+// reads IR text
 // (FILE, or - for stdin), runs the named passes (verifying after each; see Note [Passes]) and
 // prints the canonical IR text. This is how passes are tested: IR in, CHECK lines on IR out.
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "lower/memory_planner.h"
 #include "passes/pass.h"
 #include "tools/commands.h"
 
@@ -111,12 +113,15 @@ void add_opt_command(CLI::App& app) {
   static std::string out_path;
   static bool split = false;
   static bool list = false;
+  static bool memory_plan = false;
   cmd->add_option("FILE", file, "IR text file, or - for standard input");
   cmd->add_option("--passes", passes, "Comma-separated passes to run, in order");
   cmd->add_option("-o,--output", out_path, "Write the result here instead of standard output");
   cmd->add_flag("--split-input-file", split,
                 "Treat '// -----' lines as separators between independent graphs");
   cmd->add_flag("--list-passes", list, "List the available passes and exit");
+  cmd->add_flag("--memory-plan", memory_plan,
+                "After the passes, print the arena memory plan (see docs/memory.md)");
   cmd->callback([] {
     if (list) {
       std::string text;
@@ -137,6 +142,11 @@ void add_opt_command(CLI::App& app) {
       run_passes(g, names);
       if (i) result += "// -----\n";
       result += print_graph(g);
+      if (memory_plan) {
+        MemoryPlan plan = plan_memory(g);
+        verify_memory_plan(g, plan);
+        result += memory_plan_str(g, plan);
+      }
     }
     write_output(out_path, result);
   });

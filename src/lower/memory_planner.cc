@@ -1,0 +1,351 @@
+// Note [Memory planning]
+// Every NodeOutput of a graph with concrete types gets memory in one arena; inputs, params and
+// consts live outside it. Nodes run in graph order, so node indices are the clock:
+//   - A value is live from its producing node to its last reader; a graph output to num_nodes
+//     (one past the last node: the caller reads it after the run).
+//   - A buffer is the memory of a group of values: one root that allocates it, plus every value
+//     sharing it. A view op (OpDef::is_view) allocates nothing: its outputs join the buffer of
+//     its input 0, so that buffer stays live until the last read of any alias. A view of an
+//     input/param/const is External (its memory is the caller's).
+//   - In place: an op of the unary or binary family (not a view, one output) joins the buffer of
+//     its input 0 = x when (a) x owns its whole buffer contiguously (Alloc, InPlace or Copy, not
+//     a view: a strided or offset view would be overwritten in a different element order),
+//     (b) the output has x's dtype and shape and both are contiguous, so out[k] is written only
+//     after x[k] is read and nothing else, (c) the buffer dies at this node: no alias of it is
+//     read later and it holds no graph output, and (d) no other input of the node is an alias of
+//     the same buffer except x itself (add(x, transpose(x)) would read overwritten elements).
+//     Since a later alias needs a later read of some member, (c) is decided exactly in one
+//     forward pass. This is deliberately conservative: broadcasting first inputs, dtype changes
+//     and multi-output ops never run in place.
+//   - reshape and flatten are views only when the input's strides allow it (Note [View ops]).
+//     IR types are logical, so the planner knows the layout only of a buffer's contiguous owner
+//     (Alloc, InPlace, Copy): a reshape/flatten of any other value (a view, a graph input) is
+//     planned as Copy, a fresh buffer, like the contiguous copy eager makes.
+//   - Graph outputs never share memory with each other or with memory outside the arena: a view
+//     returned as an output whose buffer already holds an output (or is External) is planned as
+//     Copy, a fresh buffer the compiler fills with the view's elements. (In-place never merges an
+//     output's buffer, whose life reaches num_nodes, by (c).)
+//   - Offsets: buffers sorted by size (largest first; ties by first use, then root id) each take
+//     the lowest aligned offset that does not overlap a placed buffer whose interval intersects
+//     theirs (the "greedy by size" offset calculation). Intervals are inclusive: a node's inputs
+//     and outputs are live together, so a non-in-place output never reuses a dying input.
+#include "lower/memory_planner.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace kiln {
+namespace {
+
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+bool is_elementwise_family(const OpDef& d) {
+  return !d.is_view && (std::string_view(d.family) == "unary" ||
+                        std::string_view(d.family) == "binary");
+}
+
+// Bytes of a non-view value, checking the shape is concrete.
+int64_t value_bytes(const Graph& g, ValueId v, int64_t alignment) {
+  const Value& val = g.value(v);
+  for (size_t d = 0; d < val.type.shape.size(); ++d) {
+    if (!val.type.shape[d].is_concrete())
+      throw_error(ErrorKind::NotSupported,
+                  fmt::format("memory planner: value '%{}' has symbolic shape {}: dynamic shapes "
+                              "are not supported yet",
+                              val.name, val.type.str()));
+  }
+  int64_t n = 1;
+  for (size_t d = 0; d < val.type.shape.size(); ++d) n *= val.type.shape[d].value();
+  return align_up(n * dtype_size(val.type.dtype), alignment);
+}
+
+}  // namespace
+
+const char* plan_kind_name(PlanKind k) {
+  switch (k) {
+    case PlanKind::NotPlanned: return "not planned";
+    case PlanKind::Alloc: return "alloc";
+    case PlanKind::InPlace: return "in-place";
+    case PlanKind::View: return "view";
+    case PlanKind::External: return "external";
+    case PlanKind::Copy: return "copy";
+  }
+  return "?";
+}
+
+MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
+  if (options.alignment <= 0 || (options.alignment & (options.alignment - 1)) != 0)
+    fail("memory planner: alignment must be a power of 2, got {}", options.alignment);
+  MemoryPlan plan;
+  const int32_t n_nodes = int32_t(g.nodes.size());
+  plan.num_nodes = n_nodes;
+  plan.values.resize(g.values.size());
+
+  // Own liveness of every value.
+  for (int32_t i = 0; i < n_nodes; ++i) {
+    for (ValueId o : g.nodes[size_t(i)].outputs) {
+      plan.values[size_t(o)].def = i;
+      plan.values[size_t(o)].last_use = i;
+    }
+    for (ValueId in : g.nodes[size_t(i)].inputs)
+      if (in != kNoValue) plan.values[size_t(in)].last_use = i;
+  }
+  for (ValueId o : g.outputs) plan.values[size_t(o)].last_use = n_nodes;
+  std::vector<bool> is_output(g.values.size(), false);
+  for (ValueId o : g.outputs) is_output[size_t(o)] = true;
+
+  // Bytes up front: symbolic shapes fail before anything else is decided.
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (g.values[v].kind == ValueKind::NodeOutput)
+      plan.values[v].bytes = value_bytes(g, ValueId(v), options.alignment);
+
+  std::vector<bool> buffer_has_output;
+  auto new_buffer = [&](ValueId root, PlanKind kind) {
+    ValuePlan& p = plan.values[size_t(root)];
+    p.kind = kind;
+    p.buffer = int32_t(plan.buffers.size());
+    PlanBuffer b;
+    b.root = root;
+    b.bytes = p.bytes;
+    b.begin = p.def;
+    b.end = p.last_use;
+    b.members.push_back(root);
+    plan.buffers.push_back(std::move(b));
+    buffer_has_output.push_back(is_output[size_t(root)]);
+  };
+  auto join = [&](ValueId v, int32_t buf, PlanKind kind) {
+    ValuePlan& p = plan.values[size_t(v)];
+    p.kind = kind;
+    p.buffer = buf;
+    PlanBuffer& b = plan.buffers[size_t(buf)];
+    b.end = std::max(b.end, p.last_use);
+    b.members.push_back(v);
+    if (is_output[size_t(v)]) buffer_has_output[size_t(buf)] = true;
+  };
+
+  for (int32_t i = 0; i < n_nodes; ++i) {
+    const Node& node = g.nodes[size_t(i)];
+    const OpDef& d = op_def(node.op);
+    ValueId x = node.inputs.empty() ? kNoValue : node.inputs[0];
+    if (d.is_view && x != kNoValue) {
+      const ValuePlan& xp = plan.values[size_t(x)];
+      bool external = g.value(x).kind != ValueKind::NodeOutput || xp.kind == PlanKind::External;
+      bool owner = !external && (xp.kind == PlanKind::Alloc || xp.kind == PlanKind::InPlace ||
+                                 xp.kind == PlanKind::Copy);
+      // reshape/flatten are views only when the input's strides allow it; IR types are logical,
+      // so only a buffer's contiguous owner is known to allow it.
+      bool may_copy = (node.op == OpId::Reshape || node.op == OpId::Flatten) && !owner;
+      for (ValueId o : node.outputs) {
+        plan.values[size_t(o)].alias_of = x;
+        bool shares_output = !external && buffer_has_output[size_t(xp.buffer)];
+        if (may_copy || (is_output[size_t(o)] && (external || shares_output))) {
+          new_buffer(o, PlanKind::Copy);
+        } else if (external) {
+          plan.values[size_t(o)].kind = PlanKind::External;
+        } else {
+          join(o, xp.buffer, PlanKind::View);
+        }
+        if (plan.values[size_t(o)].kind == PlanKind::View ||
+            plan.values[size_t(o)].kind == PlanKind::External)
+          plan.values[size_t(o)].bytes = 0;
+      }
+      continue;
+    }
+    bool in_place = false;
+    if (options.in_place && is_elementwise_family(d) && node.outputs.size() == 1 &&
+        x != kNoValue && g.value(x).kind == ValueKind::NodeOutput) {
+      const ValuePlan& xp = plan.values[size_t(x)];
+      const TensorType& xt = g.type(x);
+      const TensorType& ot = g.type(node.outputs[0]);
+      bool owner = xp.kind == PlanKind::Alloc || xp.kind == PlanKind::InPlace ||
+                   xp.kind == PlanKind::Copy;
+      in_place = owner && xt.dtype == ot.dtype && xt.shape == ot.shape && xt.is_contiguous() &&
+                 ot.is_contiguous() && xt.device == ot.device &&
+                 plan.buffers[size_t(xp.buffer)].end == i &&
+                 !buffer_has_output[size_t(xp.buffer)];
+      for (size_t k = 1; in_place && k < node.inputs.size(); ++k) {
+        ValueId y = node.inputs[k];
+        if (y == kNoValue || y == x || g.value(y).kind != ValueKind::NodeOutput) continue;
+        if (plan.values[size_t(y)].buffer == xp.buffer) in_place = false;
+      }
+      if (in_place) {
+        plan.values[size_t(node.outputs[0])].in_place_of = x;
+        join(node.outputs[0], xp.buffer, PlanKind::InPlace);
+      }
+    }
+    if (!in_place)
+      for (ValueId o : node.outputs) new_buffer(o, PlanKind::Alloc);
+  }
+
+  // Greedy by size.
+  std::vector<size_t> order(plan.buffers.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const PlanBuffer &A = plan.buffers[a], &B = plan.buffers[b];
+    if (A.bytes != B.bytes) return A.bytes > B.bytes;
+    if (A.begin != B.begin) return A.begin < B.begin;
+    return A.root < B.root;
+  });
+  std::vector<size_t> placed;  // kept sorted by offset
+  for (size_t bi : order) {
+    PlanBuffer& b = plan.buffers[bi];
+    int64_t offset = 0;
+    if (options.reuse) {
+      for (size_t pi : placed) {
+        const PlanBuffer& p = plan.buffers[pi];
+        if (p.bytes == 0 || p.begin > b.end || b.begin > p.end) continue;  // not live together
+        if (offset + b.bytes <= p.offset) break;  // the gap before p fits
+        offset = std::max(offset, p.offset + p.bytes);
+      }
+    } else {
+      offset = plan.arena_bytes;
+    }
+    b.offset = offset;
+    plan.arena_bytes = std::max(plan.arena_bytes, offset + b.bytes);
+    auto pos = std::upper_bound(placed.begin(), placed.end(), bi, [&](size_t a, size_t c) {
+      return plan.buffers[a].offset < plan.buffers[c].offset;
+    });
+    placed.insert(pos, bi);
+  }
+  for (ValuePlan& p : plan.values) {
+    if (p.buffer >= 0) p.offset = plan.buffers[size_t(p.buffer)].offset;
+    if (p.kind == PlanKind::Alloc || p.kind == PlanKind::InPlace || p.kind == PlanKind::Copy)
+      plan.naive_bytes += p.bytes;
+  }
+  return plan;
+}
+
+void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOptions& options) {
+  auto bad = [](std::string msg) {
+    throw_error(ErrorKind::Internal, "memory plan: " + std::move(msg));
+  };
+  auto name = [&](ValueId v) { return "'%" + g.value(v).name + "'"; };
+  if (plan.values.size() != g.values.size() || plan.num_nodes != int32_t(g.nodes.size()))
+    bad(fmt::format("planned for {} values / {} nodes, graph has {} / {}", plan.values.size(),
+                    plan.num_nodes, g.values.size(), g.nodes.size()));
+  const int32_t end = plan.num_nodes;
+  // Liveness recomputed from the graph, independent of the planner's own bookkeeping.
+  std::vector<int32_t> def(g.values.size(), -1), last(g.values.size(), -1);
+  for (int32_t i = 0; i < end; ++i) {
+    for (ValueId o : g.nodes[size_t(i)].outputs) def[size_t(o)] = last[size_t(o)] = i;
+    for (ValueId in : g.nodes[size_t(i)].inputs)
+      if (in != kNoValue) last[size_t(in)] = i;
+  }
+  for (ValueId o : g.outputs) last[size_t(o)] = end;
+
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const ValuePlan& p = plan.values[v];
+    ValueId id = ValueId(v);
+    bool node_out = g.values[v].kind == ValueKind::NodeOutput;
+    if (!node_out) {
+      if (p.kind != PlanKind::NotPlanned) bad(fmt::format("{} is not a node output but is planned", name(id)));
+      continue;
+    }
+    if (p.kind == PlanKind::NotPlanned) bad(fmt::format("{} has no plan", name(id)));
+    const OpDef& d = op_def(g.nodes[size_t(def[v])].op);
+    bool view_kind = p.kind == PlanKind::View || p.kind == PlanKind::External;
+    if ((view_kind || p.kind == PlanKind::Copy) != d.is_view)
+      bad(fmt::format("{} is planned as {} but its op '{}' {} a view", name(id),
+                      plan_kind_name(p.kind), d.name, d.is_view ? "is" : "is not"));
+    if (p.kind == PlanKind::External) {
+      if (p.buffer >= 0) bad(fmt::format("external {} has an arena buffer", name(id)));
+      continue;
+    }
+    if (p.buffer < 0 || size_t(p.buffer) >= plan.buffers.size())
+      bad(fmt::format("{} has no buffer", name(id)));
+    const PlanBuffer& b = plan.buffers[size_t(p.buffer)];
+    if (def[v] < b.begin || last[v] > b.end)
+      bad(fmt::format("{} is live over [{}, {}] outside its buffer's [{}, {}]", name(id), def[v],
+                      last[v], b.begin, b.end));
+    if (p.offset != b.offset) bad(fmt::format("{} offset differs from its buffer's", name(id)));
+    if (!view_kind) {
+      if (b.bytes < value_bytes(g, id, options.alignment))
+        bad(fmt::format("{} needs {} bytes, its buffer has {}", name(id),
+                        value_bytes(g, id, options.alignment), b.bytes));
+    } else {
+      // A view reads through its input's buffer.
+      ValueId x = p.alias_of;
+      if (x != g.nodes[size_t(def[v])].inputs[0] || plan.values[size_t(x)].buffer != p.buffer)
+        bad(fmt::format("view {} is not in the buffer of its input", name(id)));
+    }
+    if (p.kind == PlanKind::InPlace) {
+      ValueId x = p.in_place_of;
+      if (x != g.nodes[size_t(def[v])].inputs[0] || plan.values[size_t(x)].buffer != p.buffer)
+        bad(fmt::format("in-place {} does not share the buffer of its first input", name(id)));
+      // Every other member of the buffer must be dead by this node.
+      for (ValueId m : b.members)
+        if (def[size_t(m)] < def[v] && last[size_t(m)] > def[v])
+          bad(fmt::format("in-place {} overwrites {}, read later at node {}", name(id), name(m),
+                          last[size_t(m)]));
+    }
+  }
+  // Members of one buffer other than in-place chains and views must not overlap in time: the
+  // buffer's begin is its root's definition.
+  for (size_t bi = 0; bi < plan.buffers.size(); ++bi) {
+    const PlanBuffer& b = plan.buffers[bi];
+    if (b.offset % options.alignment != 0 || b.bytes % options.alignment != 0)
+      bad(fmt::format("buffer of {} is not {}-byte aligned", name(b.root), options.alignment));
+    if (b.offset < 0 || b.offset + b.bytes > plan.arena_bytes)
+      bad(fmt::format("buffer of {} ends past the arena", name(b.root)));
+    if (b.begin != def[size_t(b.root)])
+      bad(fmt::format("buffer of {} starts at {}, not at its definition", name(b.root), b.begin));
+  }
+  // No two buffers live at one node overlap in the arena.
+  std::vector<size_t> by_offset(plan.buffers.size());
+  std::iota(by_offset.begin(), by_offset.end(), size_t(0));
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](size_t a, size_t c) { return plan.buffers[a].offset < plan.buffers[c].offset; });
+  for (size_t i = 0; i < by_offset.size(); ++i) {
+    const PlanBuffer& a = plan.buffers[by_offset[i]];
+    if (a.bytes == 0) continue;
+    for (size_t j = i + 1; j < by_offset.size(); ++j) {
+      const PlanBuffer& c = plan.buffers[by_offset[j]];
+      if (c.offset >= a.offset + a.bytes) break;
+      if (c.bytes == 0 || c.begin > a.end || a.begin > c.end) continue;
+      bad(fmt::format("buffers of {} [{}, {}) live [{}, {}] and {} [{}, {}) live [{}, {}] overlap",
+                      name(a.root), a.offset, a.offset + a.bytes, a.begin, a.end, name(c.root),
+                      c.offset, c.offset + c.bytes, c.begin, c.end));
+    }
+  }
+  // Graph outputs: in the arena (if node outputs) and each in its own buffer.
+  // A value returned twice is one buffer by nature (the compiler copies the duplicate).
+  std::vector<int> outputs_in_buffer(plan.buffers.size(), 0);
+  std::vector<bool> seen(g.values.size(), false);
+  for (ValueId o : g.outputs) {
+    if (g.value(o).kind != ValueKind::NodeOutput || seen[size_t(o)]) continue;
+    seen[size_t(o)] = true;
+    const ValuePlan& p = plan.values[size_t(o)];
+    if (p.kind == PlanKind::External)
+      bad(fmt::format("graph output {} aliases memory outside the arena", name(o)));
+    if (++outputs_in_buffer[size_t(p.buffer)] > 1)
+      bad(fmt::format("graph output {} shares its buffer with another output", name(o)));
+  }
+}
+
+std::string memory_plan_str(const Graph& g, const MemoryPlan& plan) {
+  std::string text = fmt::format("{:<28} {:>12} {:>12}  {:<14} {}\n", "value", "bytes", "offset",
+                                 "live", "note");
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const ValuePlan& p = plan.values[v];
+    if (p.kind == PlanKind::NotPlanned) continue;
+    std::string note = plan_kind_name(p.kind);
+    if (p.kind == PlanKind::InPlace) note += " of %" + g.value(p.in_place_of).name;
+    if (p.alias_of != kNoValue) note += " of %" + g.value(p.alias_of).name;
+    if (p.last_use == plan.num_nodes) note += ", output";
+    std::string offset = p.buffer >= 0 ? std::to_string(p.offset) : "-";
+    text += fmt::format("{:<28} {:>12} {:>12}  {:<14} {}\n", "%" + g.values[v].name, p.bytes,
+                        offset, fmt::format("[{}, {}]", p.def, p.last_use), note);
+  }
+  double saved = plan.naive_bytes > 0
+                     ? 100.0 * double(plan.naive_bytes - plan.arena_bytes) / double(plan.naive_bytes)
+                     : 0.0;
+  text += fmt::format("arena {} bytes, naive {} bytes ({:.1f}% saved)\n", plan.arena_bytes,
+                      plan.naive_bytes, saved);
+  return text;
+}
+
+}  // namespace kiln

@@ -1,0 +1,73 @@
+// The memory planner: places every intermediate buffer of a graph in one arena by liveness.
+// See Note [Memory planning] in memory_planner.cc; docs/memory.md has the numbers on the zoo.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln {
+
+struct PlanOptions {
+  int64_t alignment = 64;  // every buffer size and offset is a multiple of this (a power of 2)
+  bool in_place = true;    // let elementwise ops write over a dying first input
+  bool reuse = true;       // false: every buffer gets its own slot (the naive layout)
+};
+
+enum class PlanKind : uint8_t {
+  NotPlanned,  // a graph input, param or const: lives outside the arena
+  Alloc,       // owns a fresh buffer
+  InPlace,     // writes over the buffer of its first input (in_place_of), which dies here
+  View,        // aliases the buffer of its input (alias_of) without allocating
+  External,    // a view whose buffer is a graph input/param/const: outside the arena
+  Copy,        // a view op materialized into its own buffer: a graph output that would
+               // share memory with another output or with memory outside the arena, or a
+               // reshape/flatten whose input's layout may not allow a view
+};
+const char* plan_kind_name(PlanKind k);
+
+struct ValuePlan {
+  PlanKind kind = PlanKind::NotPlanned;
+  int32_t buffer = -1;          // index into MemoryPlan::buffers (-1 outside the arena)
+  int64_t offset = -1;          // byte offset of the buffer in the arena (-1 outside it)
+  int64_t bytes = 0;            // aligned bytes this value itself needs (0 for views)
+  ValueId in_place_of = kNoValue;
+  ValueId alias_of = kNoValue;  // View / External / Copy: the viewed value (the op's input 0)
+  int32_t def = -1;             // producing node index
+  int32_t last_use = -1;        // last node that reads it; num_nodes for graph outputs
+};
+
+// One arena slot: a root value and every value sharing its memory (in-place results, views).
+struct PlanBuffer {
+  ValueId root = kNoValue;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+  int32_t begin = 0, end = 0;  // live over node indices [begin, end] (end = num_nodes: output)
+  std::vector<ValueId> members;  // root first, in definition order
+};
+
+struct MemoryPlan {
+  std::vector<ValuePlan> values;  // indexed by ValueId
+  std::vector<PlanBuffer> buffers;
+  int32_t num_nodes = 0;
+  int64_t arena_bytes = 0;
+  // What allocating every non-view intermediate separately would cost (Alloc + InPlace + Copy).
+  int64_t naive_bytes = 0;
+};
+
+// Throws NotSupported naming the value for symbolic shapes (until dynamic shapes land).
+MemoryPlan plan_memory(const Graph& g, const PlanOptions& options = {});
+
+// Checks the plan against the graph; throws Internal naming the values on the first problem:
+// two buffers live at the same node that overlap in the arena, a value used outside its
+// buffer's interval, a buffer too small or misaligned or past the arena end, graph outputs
+// sharing memory with each other or living outside the arena, an in-place pair whose input
+// outlives the node.
+void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOptions& options = {});
+
+// The table `value  bytes  offset  live [a, b]  note` and the summary line
+// `arena N bytes, naive M bytes (X% saved)`.
+std::string memory_plan_str(const Graph& g, const MemoryPlan& plan);
+
+}  // namespace kiln
