@@ -13,6 +13,8 @@ void add_opt_command(CLI::App& app);
 void add_device_command(CLI::App& app);
 void add_explain_command(CLI::App& app);
 void add_conformance_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_profile_command(CLI::App& app);
 
 // `kiln run MODEL.onnx` (tools/onnx_run.cc): imports the model, runs it eagerly with the given
 // NAME=FILE.npy inputs (fresh random inputs of the declared shapes otherwise, symbolic dims 1),

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   kiln::cli::add_device_command(app);
   kiln::cli::add_explain_command(app);
   kiln::cli::add_conformance_command(app);
+  kiln::cli::add_bench_command(app);
+  kiln::cli::add_profile_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,13 @@ namespace kiln {
 
 namespace {
 thread_local DispatchHook* t_hook = nullptr;
+thread_local OpObserver* t_observer = nullptr;
+}
+
+OpObserver* set_op_observer(OpObserver* observer) {
+  OpObserver* prev = t_observer;
+  t_observer = observer;
+  return prev;
 }
 
 DispatchHook* set_dispatch_hook(DispatchHook* hook) {
@@ -76,12 +83,33 @@ TensorList run_kernel(const OpDef& def, KernelFn kernel, std::span<const Tensor>
   return outputs;
 }
 
+namespace {
+TensorList run_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
+                  const std::source_location& loc);
+}
+
 TensorList call_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
                    const std::source_location& loc) {
   if (t_hook) [[unlikely]] {
     TensorList out;
     if (t_hook->intercept(op, inputs, attrs, out, loc)) return out;
   }
+  if (t_observer) [[unlikely]] {
+    OpObserver* obs = t_observer;
+    obs->op_begin(op, loc);
+    struct End {  // op_end even when the op throws, so the profiler's spans stay balanced
+      OpObserver* o;
+      OpId op;
+      ~End() { o->op_end(op); }
+    } end{obs, op};
+    return run_op(op, inputs, attrs, loc);
+  }
+  return run_op(op, inputs, attrs, loc);
+}
+
+namespace {
+TensorList run_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
+                  const std::source_location& loc) {
   const OpDef& def = op_def(op);
   std::string where = location_str(loc);
   def.check_arity(inputs.size(), where);
@@ -128,6 +156,7 @@ TensorList call_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
   }
   return run_kernel(def, kernel, inputs, canonical, out_types);
 }
+}  // namespace
 
 Tensor call_op1(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
                 const std::source_location& loc) {

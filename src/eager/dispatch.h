@@ -38,6 +38,18 @@ class NoDispatchHook {
   DispatchHook* saved_;
 };
 
+// Op profiler (src/runtime/profiler.h): when one is installed on this thread, call_op reports
+// each op it runs (after a DispatchHook declined it), nested decompositions included. Unlike a
+// DispatchHook it stays active under NoDispatchHook, so ops run by compiled graphs are seen too.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void op_begin(OpId op, const std::source_location& loc) = 0;
+  virtual void op_end(OpId op) = 0;  // also called when the op throws
+};
+// Installs `observer` on this thread; returns the previous one.
+OpObserver* set_op_observer(OpObserver* observer);
+
 TensorList call_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs = {},
                    const std::source_location& loc = std::source_location::current());
 Tensor call_op1(OpId op, std::span<const Tensor> inputs, const Attrs& attrs = {},

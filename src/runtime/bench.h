@@ -1,0 +1,71 @@
+// Benchmarking a zoo model: latency distribution, compile cost, memory and steady-state heap
+// allocations, as one result (`kiln bench`, tools/cmd_bench.cc). See docs/cli.md for the exact
+// definition of each field.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+struct BenchOptions {
+  std::string target;                // zoo model name
+  std::string backend = "compiled";  // eager | compiled
+  std::string device = "cpu";        // cpu | cuda
+  std::string mode = "default";      // default | reduce-overhead | max-autotune
+  int64_t batch = 1;
+  int threads = 0;     // 0: OpenMP's default
+  int warmup = 3;
+  int iters = 0;       // timed iterations; 0 with seconds == 0 means 50
+  double seconds = 0;  // time-boxed: iterate until this much time has passed (at least once)
+  uint64_t seed = 0;
+  // Called after each warm-up/timed iteration with (done, total); total is -1 when time-boxed.
+  std::function<void(int64_t done, int64_t total, double elapsed_s)> progress;
+};
+
+struct HostInfo {
+  std::string cpu_model;
+  std::vector<std::string> isa;  // of avx2, avx512f, avx512_bf16, avx512_vnni, amx_tile
+  int cores = 0;
+};
+
+struct BenchResult {
+  std::string model, backend, device, mode, kiln_version;
+  int64_t batch = 0;
+  int threads = 0;
+  int64_t iters = 0, warmup = 0;
+  std::optional<double> compile_s, warm_compile_s;
+  std::optional<bool> warm_compile_cache_hit;
+  double first_call_s = 0;
+  double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0, min_ms = 0, mean_ms = 0, stddev_ms = 0;
+  double throughput_per_s = 0;
+  int64_t peak_rss_bytes = 0;
+  std::optional<int64_t> peak_device_bytes, arena_bytes;
+  std::optional<double> steady_state_allocs_per_call;
+  HostInfo host;
+
+  // One JSON object with every field above (null for absent optionals).
+  std::string json(int indent = -1) const;
+};
+
+// Checks the options, builds the model and measures it. Throws kiln::Error (naming the option,
+// expected vs found) for bad options; "no CUDA device" for --device cuda without one.
+BenchResult run_bench(const BenchOptions& options);
+
+// The heap-allocation counter run_bench reads around its timed loop. Libkiln does not replace
+// operator new itself (that would tax every program linking it); the kiln binary registers a
+// counter (tools/alloc_counter.cc). Without one, steady_state_allocs_per_call is null.
+using AllocCounterFn = int64_t (*)();
+void set_alloc_counter(AllocCounterFn fn);
+
+HostInfo host_info();
+
+// The backend "compiled" means: "inductor" when registered, else "eager" (interpreted graphs).
+std::string best_compile_backend();
+
+// Nearest-rank percentile of `samples` (p in [0, 100]); NaN when empty.
+double percentile(std::vector<double> samples, double p);
+
+}  // namespace kiln
