@@ -64,8 +64,22 @@ std::vector<TensorType> infer_types(const OpDef& def, std::span<const Tensor> in
   return def.infer(ctx);
 }
 
+std::span<const Tensor> pad_optional_inputs(const OpDef& def, std::span<const Tensor> inputs,
+                                            TensorList& storage) {
+  // Kernels and decompositions read optional inputs by position (ctx.inputs[2] for a bias);
+  // IR text and direct callers may leave trailing optional inputs out (`linear(%x, %w)`), so
+  // those slots become undefined tensors.
+  if (def.inputs.empty() || def.inputs.back().variadic || inputs.size() >= def.inputs.size())
+    return inputs;
+  storage.assign(inputs.begin(), inputs.end());
+  storage.resize(def.inputs.size());
+  return storage;
+}
+
 TensorList run_kernel(const OpDef& def, KernelFn kernel, std::span<const Tensor> inputs,
                       const Attrs& attrs, std::span<const TensorType> out_types) {
+  TensorList padded;
+  inputs = pad_optional_inputs(def, inputs, padded);
   TensorList outputs(out_types.size());
   for (size_t i = 0; i < out_types.size(); ++i)
     if (!is_concrete(out_types[i].shape))  // e.g. an unbound symbol from a symbolic graph
@@ -113,14 +127,8 @@ TensorList run_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
   const OpDef& def = op_def(op);
   std::string where = location_str(loc);
   def.check_arity(inputs.size(), where);
-  // Kernels read optional inputs by position (ctx.inputs[2] for a bias); IR text may leave
-  // trailing optional inputs out (`linear(%x, %w)`), so give those slots undefined tensors.
   TensorList padded;
-  if (!def.inputs.empty() && !def.inputs.back().variadic && inputs.size() < def.inputs.size()) {
-    padded.assign(inputs.begin(), inputs.end());
-    padded.resize(def.inputs.size());
-    inputs = padded;
-  }
+  inputs = pad_optional_inputs(def, inputs, padded);
   Attrs canonical = def.canonicalize(attrs, where);
   Device dev = Device::cpu();
   bool first = true;

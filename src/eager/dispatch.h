@@ -63,6 +63,11 @@ inline Tensor call_op1(OpId op, std::initializer_list<Tensor> inputs, const Attr
 std::vector<TensorType> infer_types(const OpDef& def, std::span<const Tensor> inputs,
                                     const Attrs& canonical_attrs, std::string_view where);
 
+// `inputs`, or a copy in `storage` extended with undefined tensors for the trailing optional
+// inputs the caller left out (every kernel may then index inputs by schema position).
+std::span<const Tensor> pad_optional_inputs(const OpDef& def, std::span<const Tensor> inputs,
+                                            TensorList& storage);
+
 // Runs a specific kernel with preallocated outputs (used by dispatch, the interpreter and tests).
 TensorList run_kernel(const OpDef& def, KernelFn kernel, std::span<const Tensor> inputs,
                       const Attrs& canonical_attrs, std::span<const TensorType> out_types);

@@ -199,11 +199,8 @@ TensorList run(const Graph& g, const TensorList& inputs) {
                  node_desc(g, i), value_ref(g, v));
       args.push_back(env[size_t(v)]);
     }
-    // Trailing optional inputs left out mean absent ones; kernels, written against the eager API
-    // (which always passes every input), get the full list with undefined tensors.
-    const OpDef& def = op_def(n.op);
-    if (!def.inputs.empty() && !def.inputs.back().variadic && args.size() < def.inputs.size())
-      args.resize(def.inputs.size());
+    // Trailing optional inputs left out of the node are padded by dispatch
+    // (pad_optional_inputs).
     TensorList outs;
     try {
       if (has_symbolic_ints(n.attrs))

@@ -193,15 +193,8 @@ void ref_matmul(const KernelContext& ctx) {
 }
 
 
-// The bias input is optional and may be absent from the input list altogether (a graph node
-// with two inputs), not only present-but-undefined.
-const Tensor& linear_bias(const KernelContext& ctx) {
-  static const Tensor kNone;
-  return ctx.inputs.size() > 2 ? ctx.inputs[2] : kNone;
-}
-
 void ref_linear(const KernelContext& ctx) {
-  ref_matmul_views(linear_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]), linear_bias(ctx));
+  ref_matmul_views(linear_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]), ctx.inputs[2]);
 }
 
 // ---- eager ------------------------------------------------------------------------------------
@@ -218,7 +211,7 @@ void eager_matmul(const KernelContext& ctx) {
 void eager_linear(const KernelContext& ctx) {
   if (!onednn_eligible(ctx.inputs[0].dtype())) return ref_linear(ctx);
   MatmulViews v = linear_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
-  const Tensor& bias = linear_bias(ctx);
+  const Tensor& bias = ctx.inputs[2];
   if (!onednn::matmul(v.a, v.b, bias, v.y)) ref_matmul_views(v, bias);
 }
 
