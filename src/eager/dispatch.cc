@@ -1,5 +1,7 @@
 #include "eager/dispatch.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace kiln {
@@ -125,7 +127,13 @@ namespace {
 TensorList run_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
                   const std::source_location& loc) {
   const OpDef& def = op_def(op);
-  std::string where = location_str(loc);
+  // The call site, for error messages only: formatted into a stack buffer so that a successful
+  // eager call does not pay a heap allocation for it.
+  char where_buf[192];
+  std::string_view file = loc.file_name();
+  if (size_t slash = file.rfind('/'); slash != std::string_view::npos) file = file.substr(slash + 1);
+  auto formatted = fmt::format_to_n(where_buf, sizeof(where_buf), "{}:{}", file, loc.line());
+  std::string_view where(where_buf, std::min(formatted.size, sizeof(where_buf)));
   def.check_arity(inputs.size(), where);
   TensorList padded;
   inputs = pad_optional_inputs(def, inputs, padded);
