@@ -8,12 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "harness_util.h"
 #include "eager/api.h"
 #include "eager/dispatch.h"
 #include "ops/op.h"
 
 namespace kiln {
 namespace {
+
+using harness::error_of;
+using harness::contains;
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -28,21 +32,6 @@ Tensor reference(OpId id, const TensorList& inputs, const Attrs& attrs = {}) {
 // Eager dispatch (eager_cpu fast paths where they apply).
 Tensor eager(OpId id, const TensorList& inputs, const Attrs& attrs = {}) {
   return call_op1(id, std::span<const Tensor>(inputs.data(), inputs.size()), attrs);
-}
-
-// Message of the kiln::Error thrown by f, or "" when nothing is thrown.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 // Element-by-element match within rtol (NaN where NaN, same dtype and shape).

@@ -269,4 +269,19 @@ std::string compare_bitwise(const Tensor& a, const Tensor& b) {
                      index_str(first_idx, a.dim()), first);
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<not a kiln::Error: ") + e.what() + ">";
+  }
+  return "<no error>";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
 }  // namespace kiln::harness

@@ -2,6 +2,7 @@
 // layout changes, tolerances and value comparison with readable mismatch reports.
 // See Note [Op harness] in op_harness_test.cc.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,11 @@ TensorList snapshot(const TensorList& xs);
 std::string compare_values(const Tensor& expected, const Tensor& actual, const Tolerance& tol);
 // "" when both have the same shape, dtype and bytes element by element (any strides).
 std::string compare_bitwise(const Tensor& a, const Tensor& b);
+
+// The message of the kiln::Error that f throws; "<no error>" when it throws nothing and
+// "<not a kiln::Error: ...>" for any other exception (so message checks fail loudly).
+std::string error_of(const std::function<void()>& f);
+bool contains(const std::string& s, const std::string& part);
 
 std::string index_str(const int64_t* idx, int rank);  // "[1, 0, 3]"
 std::string types_str(const TensorList& ts);          // "(f32[2, 3], i64[4])"

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "harness_util.h"
 #include "eager/api.h"
 #include "eager/dispatch.h"
 #include "eager/onednn.h"
@@ -16,6 +17,8 @@
 
 namespace kiln {
 namespace {
+
+using harness::error_of;
 
 // The reference kernel of `id` on `inputs` (the oracle).
 Tensor reference(OpId id, const std::vector<Tensor>& inputs, const Attrs& attrs) {
@@ -469,15 +472,6 @@ TEST_F(NnOps, BatchNormMatchesReference) {
 }
 
 // ---- validation -------------------------------------------------------------------------------
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
 void expect_contains(const std::string& msg, std::vector<std::string> parts) {
   for (const auto& p : parts)
     EXPECT_NE(msg.find(p), std::string::npos) << "message lacks \"" << p << "\":\n  " << msg;

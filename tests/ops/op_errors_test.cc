@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "harness_util.h"
 #include "core/cuda_runtime.h"
 #include "eager/api.h"
 #include "eager/dispatch.h"
@@ -13,19 +14,9 @@
 namespace kiln {
 namespace {
 
-// The message of the kiln::Error thrown by f, or a description of what happened instead.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a kiln::Error: ") + e.what() + ">";
-  }
-  return "<no error>";
-}
+using harness::error_of;
 
+// The message of the kiln::Error thrown by f, or a description of what happened instead.
 // Every substring of `all` occurs in msg, and at least one of each group in `any_of`.
 void expect_message(const std::string& msg, std::vector<std::string> all,
                     std::vector<std::vector<std::string>> any_of = {}) {

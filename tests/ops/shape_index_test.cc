@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "harness_util.h"
 #include "eager/api.h"
 #include "eager/dispatch.h"
 #include "ops/op.h"
@@ -17,19 +18,8 @@
 namespace kiln {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using harness::error_of;
+using harness::contains;
 
 bool same_storage(const Tensor& a, const Tensor& b) {
   return a.impl()->storage.get() == b.impl()->storage.get();
