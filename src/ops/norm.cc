@@ -285,14 +285,20 @@ TensorList decompose_layer_norm(std::span<const Tensor> in, const Attrs& attrs) 
   return {to_compute(y, x0.dtype())};
 }
 
-// ---- batch_norm (inference) -------------------------------------------------------------------
-std::vector<TensorType> infer_batch_norm(const InferContext& ctx) {
+// The common checks of batch_norm and group_norm: a floating x shaped [N, C, ...], valid eps.
+const TensorType& check_channels_input(const InferContext& ctx) {
   const TensorType& x = ctx.in(0);
   check_float_input(ctx, 0, "x");
   check_eps(ctx);
   if (x.rank() < 2)
     ctx.fail("input 'x' {} has rank {}; expected [N, C, ...] (rank >= 2)", to_string(x.shape),
              x.rank());
+  return x;
+}
+
+// ---- batch_norm (inference) -------------------------------------------------------------------
+std::vector<TensorType> infer_batch_norm(const InferContext& ctx) {
+  const TensorType& x = check_channels_input(ctx);
   Shape c{x.shape[1]};
   for (size_t i = 1; i < 3; ++i)
     if (!ctx.has_input(i))
@@ -384,12 +390,7 @@ TensorList decompose_batch_norm(std::span<const Tensor> in, const Attrs& attrs) 
 
 // ---- group_norm -------------------------------------------------------------------------------
 std::vector<TensorType> infer_group_norm(const InferContext& ctx) {
-  const TensorType& x = ctx.in(0);
-  check_float_input(ctx, 0, "x");
-  check_eps(ctx);
-  if (x.rank() < 2)
-    ctx.fail("input 'x' {} has rank {}; expected [N, C, ...] (rank >= 2)", to_string(x.shape),
-             x.rank());
+  const TensorType& x = check_channels_input(ctx);
   int64_t g = ctx.attrs.get_int("num_groups");
   if (g <= 0) ctx.fail("attribute 'num_groups' is {}; expected a positive count", g);
   SymInt c = x.shape[1];
