@@ -34,6 +34,7 @@
 // time, the call completes by interpreting that segment with the eager kernels, the failure is
 // reported once and counted; with strict=true the error propagates instead.
 #include "capture/compile.h"
+#include "codegen/cpu/inductor.h"
 
 #include <cstdio>
 #include <mutex>
@@ -78,6 +79,7 @@ BackendRegistry& backend_registry() {
     reg->backends.emplace_back("eager", [](const Graph& g, const CompileOptions&) {
       return std::unique_ptr<CompiledGraph>(new InterpretedGraph(g));
     });
+    reg->backends.emplace_back("inductor", codegen::inductor_backend());
     return reg;
   }();
   return *r;

@@ -2,7 +2,11 @@
 // Every NodeOutput of a graph with concrete types gets memory in one arena; inputs, params and
 // consts live outside it. Nodes run in graph order, so node indices are the clock:
 //   - A value is live from its producing node to its last reader; a graph output to num_nodes
-//     (one past the last node: the caller reads it after the run).
+//     (one past the last node: the caller reads it after the run). With a compiler schedule
+//     (PlanOptions::node_step) the clock is the kernel step instead of the node index: nodes
+//     fused into one kernel share a step, so everything a kernel reads or writes is live
+//     together; values that a fused kernel keeps in registers (PlanOptions::unstored) get no
+//     memory (Fused).
 //   - A buffer is the memory of a group of values: one root that allocates it, plus every value
 //     sharing it. A view op (OpDef::is_view) allocates nothing: its outputs join the buffer of
 //     its input 0, so that buffer stays live until the last read of any alias. A view of an
@@ -63,6 +67,32 @@ int64_t value_bytes(const Graph& g, ValueId v, int64_t alignment) {
   return align_up(n * dtype_size(val.type.dtype), alignment);
 }
 
+// The step of every node: options.node_step, checked, or the node index.
+std::vector<int32_t> schedule_steps(const Graph& g, const PlanOptions& options) {
+  const size_t n = g.nodes.size();
+  std::vector<int32_t> step(n);
+  if (options.node_step.empty()) {
+    for (size_t i = 0; i < n; ++i) step[i] = int32_t(i);
+    return step;
+  }
+  if (options.node_step.size() != n)
+    throw_error(ErrorKind::Internal,
+                fmt::format("memory planner: schedule has {} steps for {} nodes",
+                            options.node_step.size(), n));
+  step = options.node_step;
+  // Steps must not run a reader before its producer; the last node must have the last step.
+  std::vector<int32_t> producer_step(g.values.size(), -1);
+  for (size_t i = 0; i < n; ++i) {
+    for (ValueId in : g.nodes[i].inputs)
+      if (in != kNoValue && producer_step[size_t(in)] > step[i])
+        throw_error(ErrorKind::Internal,
+                    fmt::format("memory planner: node {} at step {} reads '%{}' made at step {}",
+                                i, step[i], g.value(in).name, producer_step[size_t(in)]));
+    for (ValueId o : g.nodes[i].outputs) producer_step[size_t(o)] = step[i];
+  }
+  return step;
+}
+
 }  // namespace
 
 const char* plan_kind_name(PlanKind k) {
@@ -73,6 +103,7 @@ const char* plan_kind_name(PlanKind k) {
     case PlanKind::View: return "view";
     case PlanKind::External: return "external";
     case PlanKind::Copy: return "copy";
+    case PlanKind::Fused: return "fused";
   }
   return "?";
 }
@@ -84,24 +115,42 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
   const int32_t n_nodes = int32_t(g.nodes.size());
   plan.num_nodes = n_nodes;
   plan.values.resize(g.values.size());
+  const std::vector<int32_t> step = schedule_steps(g, options);
+  const int32_t end_step =
+      n_nodes == 0 ? 0 : *std::max_element(step.begin(), step.end()) + 1;
+  plan.end_step = end_step;
+  auto unstored = [&](ValueId v) {
+    return size_t(v) < options.unstored.size() && options.unstored[size_t(v)];
+  };
 
   // Own liveness of every value.
   for (int32_t i = 0; i < n_nodes; ++i) {
     for (ValueId o : g.nodes[size_t(i)].outputs) {
-      plan.values[size_t(o)].def = i;
-      plan.values[size_t(o)].last_use = i;
+      plan.values[size_t(o)].def = step[size_t(i)];
+      plan.values[size_t(o)].last_use = step[size_t(i)];
     }
     for (ValueId in : g.nodes[size_t(i)].inputs)
-      if (in != kNoValue) plan.values[size_t(in)].last_use = i;
+      if (in != kNoValue)
+        plan.values[size_t(in)].last_use =
+            std::max(plan.values[size_t(in)].last_use, step[size_t(i)]);
   }
-  for (ValueId o : g.outputs) plan.values[size_t(o)].last_use = n_nodes;
+  for (ValueId o : g.outputs) {
+    if (unstored(o))
+      throw_error(ErrorKind::Internal,
+                  fmt::format("memory planner: graph output '%{}' is marked unstored",
+                              g.value(o).name));
+    plan.values[size_t(o)].last_use = end_step;
+  }
   std::vector<bool> is_output(g.values.size(), false);
   for (ValueId o : g.outputs) is_output[size_t(o)] = true;
 
   // Bytes up front: symbolic shapes fail before anything else is decided.
   for (size_t v = 0; v < g.values.size(); ++v)
-    if (g.values[v].kind == ValueKind::NodeOutput)
+    if (g.values[v].kind == ValueKind::NodeOutput) {
       plan.values[v].bytes = value_bytes(g, ValueId(v), options.alignment);
+      if (v < options.bytes_override.size() && options.bytes_override[v] >= 0)
+        plan.values[v].bytes = align_up(options.bytes_override[v], options.alignment);
+    }
 
   std::vector<bool> buffer_has_output;
   auto new_buffer = [&](ValueId root, PlanKind kind) {
@@ -131,6 +180,13 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
     const Node& node = g.nodes[size_t(i)];
     const OpDef& d = op_def(node.op);
     ValueId x = node.inputs.empty() ? kNoValue : node.inputs[0];
+    if (!node.outputs.empty() && unstored(node.outputs[0])) {
+      for (ValueId o : node.outputs) {
+        plan.values[size_t(o)].kind = PlanKind::Fused;
+        plan.values[size_t(o)].bytes = 0;
+      }
+      continue;
+    }
     if (d.is_view && x != kNoValue) {
       const ValuePlan& xp = plan.values[size_t(x)];
       bool external = g.value(x).kind != ValueKind::NodeOutput || xp.kind == PlanKind::External;
@@ -165,7 +221,7 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
                    xp.kind == PlanKind::Copy;
       in_place = owner && xt.dtype == ot.dtype && xt.shape == ot.shape && xt.is_contiguous() &&
                  ot.is_contiguous() && xt.device == ot.device &&
-                 plan.buffers[size_t(xp.buffer)].end == i &&
+                 plan.buffers[size_t(xp.buffer)].end == step[size_t(i)] &&
                  !buffer_has_output[size_t(xp.buffer)];
       for (size_t k = 1; in_place && k < node.inputs.size(); ++k) {
         ValueId y = node.inputs[k];
@@ -227,13 +283,15 @@ void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOption
   if (plan.values.size() != g.values.size() || plan.num_nodes != int32_t(g.nodes.size()))
     bad(fmt::format("planned for {} values / {} nodes, graph has {} / {}", plan.values.size(),
                     plan.num_nodes, g.values.size(), g.nodes.size()));
-  const int32_t end = plan.num_nodes;
+  const std::vector<int32_t> step = schedule_steps(g, options);
+  const int32_t end =
+      plan.num_nodes == 0 ? 0 : *std::max_element(step.begin(), step.end()) + 1;
   // Liveness recomputed from the graph, independent of the planner's own bookkeeping.
   std::vector<int32_t> def(g.values.size(), -1), last(g.values.size(), -1);
-  for (int32_t i = 0; i < end; ++i) {
-    for (ValueId o : g.nodes[size_t(i)].outputs) def[size_t(o)] = last[size_t(o)] = i;
+  for (int32_t i = 0; i < plan.num_nodes; ++i) {
+    for (ValueId o : g.nodes[size_t(i)].outputs) def[size_t(o)] = last[size_t(o)] = step[size_t(i)];
     for (ValueId in : g.nodes[size_t(i)].inputs)
-      if (in != kNoValue) last[size_t(in)] = i;
+      if (in != kNoValue) last[size_t(in)] = std::max(last[size_t(in)], step[size_t(i)]);
   }
   for (ValueId o : g.outputs) last[size_t(o)] = end;
 
@@ -246,7 +304,14 @@ void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOption
       continue;
     }
     if (p.kind == PlanKind::NotPlanned) bad(fmt::format("{} has no plan", name(id)));
-    const OpDef& d = op_def(g.nodes[size_t(def[v])].op);
+    if (p.kind == PlanKind::Fused) {
+      if (v >= options.unstored.size() || !options.unstored[v])
+        bad(fmt::format("{} is planned as fused but not marked unstored", name(id)));
+      if (p.buffer >= 0) bad(fmt::format("fused {} has an arena buffer", name(id)));
+      if (last[v] == end) bad(fmt::format("fused {} is a graph output", name(id)));
+      continue;
+    }
+    const OpDef& d = op_def(g.nodes[size_t(g.values[v].producer)].op);
     bool view_kind = p.kind == PlanKind::View || p.kind == PlanKind::External;
     if ((view_kind || p.kind == PlanKind::Copy) != d.is_view)
       bad(fmt::format("{} is planned as {} but its op '{}' {} a view", name(id),
@@ -263,18 +328,20 @@ void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOption
                       last[v], b.begin, b.end));
     if (p.offset != b.offset) bad(fmt::format("{} offset differs from its buffer's", name(id)));
     if (!view_kind) {
-      if (b.bytes < value_bytes(g, id, options.alignment))
-        bad(fmt::format("{} needs {} bytes, its buffer has {}", name(id),
-                        value_bytes(g, id, options.alignment), b.bytes));
+      int64_t need = value_bytes(g, id, options.alignment);
+      if (v < options.bytes_override.size() && options.bytes_override[v] >= 0)
+        need = align_up(options.bytes_override[v], options.alignment);
+      if (b.bytes < need)
+        bad(fmt::format("{} needs {} bytes, its buffer has {}", name(id), need, b.bytes));
     } else {
       // A view reads through its input's buffer.
       ValueId x = p.alias_of;
-      if (x != g.nodes[size_t(def[v])].inputs[0] || plan.values[size_t(x)].buffer != p.buffer)
+      if (x != g.nodes[size_t(g.values[v].producer)].inputs[0] || plan.values[size_t(x)].buffer != p.buffer)
         bad(fmt::format("view {} is not in the buffer of its input", name(id)));
     }
     if (p.kind == PlanKind::InPlace) {
       ValueId x = p.in_place_of;
-      if (x != g.nodes[size_t(def[v])].inputs[0] || plan.values[size_t(x)].buffer != p.buffer)
+      if (x != g.nodes[size_t(g.values[v].producer)].inputs[0] || plan.values[size_t(x)].buffer != p.buffer)
         bad(fmt::format("in-place {} does not share the buffer of its first input", name(id)));
       // Every other member of the buffer must be dead by this node.
       for (ValueId m : b.members)
@@ -335,7 +402,7 @@ std::string memory_plan_str(const Graph& g, const MemoryPlan& plan) {
     std::string note = plan_kind_name(p.kind);
     if (p.kind == PlanKind::InPlace) note += " of %" + g.value(p.in_place_of).name;
     if (p.alias_of != kNoValue) note += " of %" + g.value(p.alias_of).name;
-    if (p.last_use == plan.num_nodes) note += ", output";
+    if (p.last_use == plan.end_step) note += ", output";
     std::string offset = p.buffer >= 0 ? std::to_string(p.offset) : "-";
     text += fmt::format("{:<28} {:>12} {:>12}  {:<14} {}\n", "%" + g.values[v].name, p.bytes,
                         offset, fmt::format("[{}, {}]", p.def, p.last_use), note);

@@ -13,6 +13,15 @@ struct PlanOptions {
   int64_t alignment = 64;  // every buffer size and offset is a multiple of this (a power of 2)
   bool in_place = true;    // let elementwise ops write over a dying first input
   bool reuse = true;       // false: every buffer gets its own slot (the naive layout)
+  // The compiler's schedule (empty: one step per node, in graph order). Node i runs at step
+  // node_step[i]; nodes fused into one kernel share a step, and a value is live from the step of
+  // its producer to the step of its last reader. Steps must respect dependencies.
+  std::vector<int32_t> node_step;
+  // Per value (empty: none): computed inside a fused kernel and never stored (planned as Fused).
+  std::vector<bool> unstored;
+  // Per value (empty: none): bytes a value needs when not its plain size (a oneDNN blocked
+  // layout with padded channels); -1 = plain.
+  std::vector<int64_t> bytes_override;
 };
 
 enum class PlanKind : uint8_t {
@@ -24,6 +33,7 @@ enum class PlanKind : uint8_t {
   Copy,        // a view op materialized into its own buffer: a graph output that would
                // share memory with another output or with memory outside the arena, or a
                // reshape/flatten whose input's layout may not allow a view
+  Fused,       // computed inside a fused kernel and never stored (PlanOptions::unstored)
 };
 const char* plan_kind_name(PlanKind k);
 
@@ -34,8 +44,8 @@ struct ValuePlan {
   int64_t bytes = 0;            // aligned bytes this value itself needs (0 for views)
   ValueId in_place_of = kNoValue;
   ValueId alias_of = kNoValue;  // View / External / Copy: the viewed value (the op's input 0)
-  int32_t def = -1;             // producing node index
-  int32_t last_use = -1;        // last node that reads it; num_nodes for graph outputs
+  int32_t def = -1;             // step of the producing node (its index without a schedule)
+  int32_t last_use = -1;        // step of the last reader; end_step for graph outputs
 };
 
 // One arena slot: a root value and every value sharing its memory (in-place results, views).
@@ -51,6 +61,7 @@ struct MemoryPlan {
   std::vector<ValuePlan> values;  // indexed by ValueId
   std::vector<PlanBuffer> buffers;
   int32_t num_nodes = 0;
+  int32_t end_step = 0;  // one past the last step: graph outputs are live until here
   int64_t arena_bytes = 0;
   // What allocating every non-view intermediate separately would cost (Alloc + InPlace + Copy).
   int64_t naive_bytes = 0;

@@ -1,10 +1,15 @@
 // Helpers shared by op kernels: broadcasting strides, strided element loops, common inference.
 #pragma once
 #include <cmath>
+#include <optional>
 
 #include "ops/op.h"
 
 namespace kiln {
+
+// Strides that view a tensor of `sizes`/`strides` as `new_sizes` without moving data, or nullopt
+// when the layout does not allow it (reshape/flatten then copy). Defined in shape.cc.
+std::optional<Dims> view_strides(const Dims& sizes, const Dims& strides, const Dims& new_sizes);
 
 // Strides of `t` broadcast to `out_sizes` (0 on broadcast dims, leading dims added).
 Dims broadcast_strides(const Tensor& t, const Dims& out_sizes);

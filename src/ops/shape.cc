@@ -138,47 +138,6 @@ Tensor contiguous_copy(const Tensor& x) {
 // strides base * (product of the output dims to their right inside the chunk). Size-1 dims never
 // matter. Returns nullopt when some output dim would straddle two chunks (e.g. flattening a
 // transposed matrix), where a copy is needed.
-std::optional<Dims> view_strides(const Dims& sizes, const Dims& strides, const Dims& new_sizes) {
-  Dims out;
-  out.resize(new_sizes.size());
-  if (numel(sizes) == 0) return contiguous_strides(new_sizes);  // no element is ever read
-  struct Chunk {
-    int64_t numel;
-    int64_t base_stride;
-  };
-  Chunk chunks[kMaxRank];
-  int num_chunks = 0;  // chunks[0] is the innermost
-  for (int d = int(sizes.size()) - 1; d >= 0; --d) {
-    if (sizes[d] == 1) continue;
-    if (num_chunks > 0) {
-      Chunk& c = chunks[num_chunks - 1];
-      if (strides[d] == c.base_stride * c.numel) {
-        c.numel *= sizes[d];
-        continue;
-      }
-    }
-    chunks[num_chunks++] = {sizes[d], strides[d]};
-  }
-  int nd = int(new_sizes.size()) - 1;
-  int64_t next_stride = 1;
-  for (int c = 0; c < num_chunks; ++c) {
-    int64_t acc = 1;
-    while (acc < chunks[c].numel) {
-      if (nd < 0) return std::nullopt;
-      out[nd] = chunks[c].base_stride * acc;
-      acc *= new_sizes[nd];
-      --nd;
-    }
-    if (acc != chunks[c].numel) return std::nullopt;
-    next_stride = chunks[c].base_stride * acc;
-  }
-  for (; nd >= 0; --nd) {
-    if (new_sizes[nd] != 1) return std::nullopt;
-    out[nd] = next_stride;  // any stride is valid for a size-1 dim
-  }
-  return out;
-}
-
 // reshape/flatten kernel: a view when possible, a contiguous copy otherwise.
 void kernel_reshape(const KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
@@ -908,6 +867,48 @@ OpDef& define_shape_op(OpId id, const char* doc, InferFn infer, KernelFn kernel,
 }
 
 }  // namespace
+
+std::optional<Dims> view_strides(const Dims& sizes, const Dims& strides, const Dims& new_sizes) {
+  Dims out;
+  out.resize(new_sizes.size());
+  if (numel(sizes) == 0) return contiguous_strides(new_sizes);  // no element is ever read
+  struct Chunk {
+    int64_t numel;
+    int64_t base_stride;
+  };
+  Chunk chunks[kMaxRank];
+  int num_chunks = 0;  // chunks[0] is the innermost
+  for (int d = int(sizes.size()) - 1; d >= 0; --d) {
+    if (sizes[d] == 1) continue;
+    if (num_chunks > 0) {
+      Chunk& c = chunks[num_chunks - 1];
+      if (strides[d] == c.base_stride * c.numel) {
+        c.numel *= sizes[d];
+        continue;
+      }
+    }
+    chunks[num_chunks++] = {sizes[d], strides[d]};
+  }
+  int nd = int(new_sizes.size()) - 1;
+  int64_t next_stride = 1;
+  for (int c = 0; c < num_chunks; ++c) {
+    int64_t acc = 1;
+    while (acc < chunks[c].numel) {
+      if (nd < 0) return std::nullopt;
+      out[nd] = chunks[c].base_stride * acc;
+      acc *= new_sizes[nd];
+      --nd;
+    }
+    if (acc != chunks[c].numel) return std::nullopt;
+    next_stride = chunks[c].base_stride * acc;
+  }
+  for (; nd >= 0; --nd) {
+    if (new_sizes[nd] != 1) return std::nullopt;
+    out[nd] = next_stride;  // any stride is valid for a size-1 dim
+  }
+  return out;
+}
+
 
 void register_shape_ops() {
   define_shape_op(OpId::Reshape, "view with a new shape (one -1 inferred); copies when the "

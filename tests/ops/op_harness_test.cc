@@ -37,8 +37,10 @@
 
 #include <fmt/format.h>
 
+#include "codegen/cpu/inductor.h"
 #include "eager/dispatch.h"
 #include "harness_util.h"
+#include "ir/graph.h"
 #include "ops/op.h"
 
 namespace kiln {
@@ -446,6 +448,81 @@ TEST_P(OpHarness, Layouts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, OpHarness, testing::ValuesIn(all_cases()), case_name);
+
+// ---- the CPU compiler ---------------------------------------------------------------------------
+// Note [Compiled op harness]
+// Every op, every dtype it lists, every sample: one graph per op holds a node per (dtype,
+// sample) with its inputs as graph inputs, compiled once by the CPU compiler ("inductor": loop
+// code where the op has it, oneDNN or the op's eager kernel otherwise) and compared with the
+// float64 oracle at the dtype's tolerance. One graph per op keeps it to one C++ compile per op.
+class CompiledOpHarness : public testing::TestWithParam<const OpDef*> {};
+
+TEST_P(CompiledOpHarness, MatchesReference) {
+  const OpDef& op = *GetParam();
+  Graph g;
+  g.name = std::string("harness_") + op.name;
+  struct Entry {
+    std::unique_ptr<SampleRun> run;
+    TensorList inputs;
+    std::vector<size_t> outputs;  // indices into g.outputs
+  };
+  std::vector<Entry> entries;
+  std::vector<std::vector<OpSample>> samples_per_dtype;
+  TensorList graph_inputs;
+  for (DType d : op.dtypes) {
+    samples_per_dtype.push_back(samples_of(op));
+    const std::vector<OpSample>& samples = samples_per_dtype.back();
+    for (size_t i = 0; i < samples.size(); ++i) {
+      Entry e;
+      e.run = std::make_unique<SampleRun>(SampleRun{op, d, samples[i], i});
+      e.inputs = e.run->inputs();
+      std::vector<ValueId> ids;
+      for (size_t k = 0; k < e.inputs.size(); ++k) {
+        if (!e.inputs[k].defined()) {
+          ids.push_back(kNoValue);
+          continue;
+        }
+        Tensor c = e.inputs[k].contiguous();
+        ids.push_back(g.add_input("", c.type()));
+        graph_inputs.push_back(c);
+      }
+      std::vector<ValueId> outs = g.add_node(op.id, ids, e.run->sample.attrs, e.run->label());
+      for (ValueId o : outs) {
+        e.outputs.push_back(g.outputs.size());
+        g.outputs.push_back(o);
+      }
+      entries.push_back(std::move(e));
+    }
+  }
+  std::unique_ptr<codegen::InductorGraph> compiled;
+  try {
+    compiled = codegen::compile_inductor(g, codegen::InductorOptions{});
+  } catch (const std::exception& e) {
+    FAIL() << "op '" << op.name << "': compiling failed: " << e.what();
+  }
+  TensorList actual = compiled->run(graph_inputs);
+  for (Entry& e : entries) {
+    TensorList expected = e.run->oracle(e.inputs);
+    TensorList got;
+    for (size_t o : e.outputs) got.push_back(actual[o]);
+    e.run->expect_close(expected, got, "compiled (inductor)");
+  }
+  // The report says what ran how (printed for the record, checked for sanity).
+  const codegen::InductorReport& r = compiled->report();
+  EXPECT_EQ(r.loop_kernels + r.onednn_launches + r.eager_launches > 0, true);
+  std::printf("%s: %s\n", op.name, r.str().c_str());
+}
+
+std::vector<const OpDef*> ops_with_samples() {
+  std::vector<const OpDef*> out;
+  for (const OpDef& op : all_ops())
+    if (op.samples) out.push_back(&op);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Registry, CompiledOpHarness, testing::ValuesIn(ops_with_samples()),
+                         [](const testing::TestParamInfo<const OpDef*>& i) {
+                           return std::string(i.param->name);
+                         });
 
 // ---- the harness itself -------------------------------------------------------------------------
 TEST(OpHarnessSelf, SymbolicAllowListNamesRealOps) {

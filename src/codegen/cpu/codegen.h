@@ -1,0 +1,42 @@
+// CPU code generation: one readable C++ translation unit per graph, one extern "C" function per
+// fused loop kernel. See Note [CPU code generation] in codegen.cc.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lower/scheduler.h"
+
+namespace kiln::codegen {
+
+// Where a materialized value lives at run time: the kernel argument table b[] holds one base
+// pointer per slot (slot 0: the arena; then graph inputs, parameters, constants, outputs); the
+// value starts `byte_offset` bytes after b[slot].
+struct MemRef {
+  int32_t slot = -1;
+  int64_t byte_offset = 0;
+};
+
+struct CpuCodegenOptions {
+  // Kernels with fewer elements than this run on the calling thread (an OpenMP parallel region
+  // costs microseconds; a batch-1 MLP must not pay it).
+  int64_t parallel_threshold = 32768;
+  bool vectorize = true;
+};
+
+struct CpuUnit {
+  std::string source;
+  std::vector<std::string> symbols;  // per Schedule::loops entry: its function name
+  std::vector<bool> vectorized;      // per loop kernel: has a SIMD main loop
+};
+
+// `mem` has one entry per graph value (slot -1 where the value is never read or written by a
+// loop kernel). Every load/store access of every loop kernel must have a slot.
+CpuUnit generate_cpu(const Graph& g, const lower::Schedule& s, const std::vector<MemRef>& mem,
+                     const std::string& unit_name, const CpuCodegenOptions& options = {});
+
+// Whether loop kernel k would get a SIMD main loop (all loads/stores f32 or bf16 with unit or
+// zero inner stride, all operations available on vectors).
+bool loop_vectorizable(const lower::LoopKernel& k);
+
+}  // namespace kiln::codegen

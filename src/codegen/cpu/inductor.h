@@ -1,0 +1,68 @@
+// "inductor": Kiln's CPU compiler as a capture backend. See Note [The CPU compiler] in
+// inductor.cc.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capture/backend.h"
+#include "core/tensor.h"
+
+namespace kiln {
+class Graph;
+struct CompileOptions;
+class Executable;
+}  // namespace kiln
+
+namespace kiln::codegen {
+
+struct InductorOptions {
+  std::string mode = "default";   // default | reduce-overhead | max-autotune
+  bool allow_blocked = true;      // oneDNN blocked layouts between convolutions
+  bool fuse = true;               // fuse loop kernels
+  bool vectorize = true;
+  int64_t small_linear_macs = 1 << 15;
+  bool progress = true;           // max-autotune: a progress bar on a terminal
+};
+
+// What the compiler made of a graph (explain, bench, tests).
+struct InductorReport {
+  int nodes = 0;            // after the passes
+  int loop_kernels = 0;
+  int fused_nodes = 0;      // nodes sharing a loop kernel with another node
+  int onednn_launches = 0;
+  int eager_launches = 0;
+  int vectorized_kernels = 0;
+  int64_t arena_bytes = 0;
+  int64_t naive_bytes = 0;  // every intermediate in its own buffer
+  double compile_s = 0;     // the whole compile
+  double cxx_s = 0;         // the C++ compiler (0 on a cache hit)
+  bool cache_hit = false;
+  std::string autotune;     // max-autotune: the choice and the timings
+  std::vector<std::string> kernels;  // "k3_add_relu [loop, SIMD]: relu 'layer1.0.relu', ..."
+  std::string str() const;
+};
+
+class InductorGraph : public CompiledGraph {
+ public:
+  InductorGraph(std::shared_ptr<Executable> exe, InductorReport report);
+  TensorList run(const TensorList& inputs) override;
+  std::string summary() const override;
+  // Runs into preallocated outputs: no heap allocation in steady state.
+  void run_into(const TensorList& inputs, TensorList& outputs);
+  const InductorReport& report() const { return report_; }
+  Executable& executable() { return *exe_; }
+
+ private:
+  std::shared_ptr<Executable> exe_;
+  InductorReport report_;
+};
+
+// Compiles `graph` (not modified). Throws kiln::Error on failure (capture then falls back).
+std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const InductorOptions& options);
+
+// The capture backend factory ("inductor").
+BackendFactory inductor_backend();
+
+}  // namespace kiln::codegen

@@ -1,0 +1,225 @@
+// The text every generated CPU translation unit starts with: scalar helpers with the op
+// registry's semantics (NaN-propagating max/min/relu/clamp, wrapping integer arithmetic,
+// saturating casts, bf16/f16 rounding to nearest even), and a small vector type VF over AVX-512
+// (16 lanes) or AVX2 (8 lanes) whose transcendental functions call SLEEF. Generated kernels are
+// written against these names only, so the same kernel source compiles for either ISA (the ISA
+// is part of the code cache key).
+#include "codegen/cpu/prelude.h"
+
+namespace kiln::codegen {
+
+const char* cpu_prelude() {
+  return R"KILN(// ---- Kiln generated code: prelude ----
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <limits>
+#include <omp.h>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#include <sleef.h>
+#endif
+typedef int64_t i64;
+typedef uint16_t u16;
+
+// ---- storage conversions ----
+static inline float kn_bf16_f32(u16 h) { uint32_t u = uint32_t(h) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline u16 kn_f32_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return u16((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u16(u >> 16);
+}
+static inline float kn_f16_f32(u16 h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, out;
+  if (exp == 0) {
+    if (mant == 0) out = sign;
+    else { float v = float(mant) * (1.0f / 16777216.0f); std::memcpy(&out, &v, 4); out |= sign; }
+  } else if (exp == 31) out = sign | 0x7f800000u | (mant << 13);
+  else out = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  float f; std::memcpy(&f, &out, 4); return f;
+}
+static inline u16 kn_f32_f16(float f) {
+  uint32_t x; std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
+  if (absx > 0x7f800000u) return u16(sign | 0x7e00u);
+  if (absx >= 0x477ff000u) return u16(sign | 0x7c00u);
+  if (absx < 0x38800000u) { float af; std::memcpy(&af, &absx, 4); return u16(sign | uint32_t(std::nearbyint(af * 16777216.0f))); }
+  uint32_t exp = (absx >> 23) - 127 + 15, mant = absx & 0x7fffffu, h = (exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h += 1;
+  return u16(sign | h);
+}
+static inline float kn_rbf16(float x) { return kn_bf16_f32(kn_f32_bf16(x)); }
+static inline float kn_rf16(float x) { return kn_f16_f32(kn_f32_f16(x)); }
+// Float -> integer with saturation, NaN -> 0 (Tensor::copy_'s rule).
+template <typename T> static inline T kn_sat(double v) {
+  if (v != v) return T(0);
+  if (v <= double(std::numeric_limits<T>::min())) return std::numeric_limits<T>::min();
+  if (v >= double(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+  return T(v);
+}
+
+// ---- scalar ops (float, double, i64) ----
+#define KN_F(name, fexpr, dexpr) \
+  static inline float name(float x) { return fexpr; } \
+  static inline double name(double x) { return dexpr; }
+KN_F(kn_exp, std::exp(x), std::exp(x))
+KN_F(kn_log, std::log(x), std::log(x))
+KN_F(kn_sqrt, std::sqrt(x), std::sqrt(x))
+KN_F(kn_rsqrt, 1.0f / std::sqrt(x), 1.0 / std::sqrt(x))
+KN_F(kn_recip, 1.0f / x, 1.0 / x)
+KN_F(kn_sigmoid, 1.0f / (1.0f + std::exp(-x)), 1.0 / (1.0 + std::exp(-x)))
+KN_F(kn_tanh, std::tanh(x), std::tanh(x))
+KN_F(kn_erf, std::erf(x), std::erf(x))
+KN_F(kn_sin, std::sin(x), std::sin(x))
+KN_F(kn_cos, std::cos(x), std::cos(x))
+KN_F(kn_silu, x / (1.0f + std::exp(-x)), x / (1.0 + std::exp(-x)))
+KN_F(kn_gelu, 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)), 0.5 * x * (1.0 + std::erf(x * 0.70710678118654752)))
+KN_F(kn_gelu_tanh, 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))),
+     0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))))
+KN_F(kn_floor, std::floor(x), std::floor(x))
+KN_F(kn_ceil, std::ceil(x), std::ceil(x))
+KN_F(kn_round, std::nearbyint(x), std::nearbyint(x))
+KN_F(kn_neg, -x, -x)
+KN_F(kn_abs, std::fabs(x), std::fabs(x))
+KN_F(kn_relu, x > 0.0f ? x : (x != x ? x : 0.0f), x > 0.0 ? x : (x != x ? x : 0.0))
+KN_F(kn_sign, x != x ? x : float((x > 0) - (x < 0)), x != x ? x : double((x > 0) - (x < 0)))
+#undef KN_F
+static inline i64 kn_wrap_add(i64 a, i64 b) { return i64(uint64_t(a) + uint64_t(b)); }
+static inline i64 kn_wrap_sub(i64 a, i64 b) { return i64(uint64_t(a) - uint64_t(b)); }
+static inline i64 kn_wrap_mul(i64 a, i64 b) { return i64(uint64_t(a) * uint64_t(b)); }
+static inline i64 kn_neg(i64 x) { return kn_wrap_sub(0, x); }
+static inline i64 kn_abs(i64 x) { return x < 0 ? kn_wrap_sub(0, x) : x; }
+static inline i64 kn_relu(i64 x) { return x > 0 ? x : 0; }
+static inline i64 kn_sign(i64 x) { return (x > 0) - (x < 0); }
+static inline i64 kn_floor(i64 x) { return x; }
+static inline i64 kn_ceil(i64 x) { return x; }
+static inline i64 kn_round(i64 x) { return x; }
+template <typename T> static inline T kn_add(T a, T b) { return a + b; }
+template <typename T> static inline T kn_sub(T a, T b) { return a - b; }
+template <typename T> static inline T kn_mul(T a, T b) { return a * b; }
+static inline i64 kn_add(i64 a, i64 b) { return kn_wrap_add(a, b); }
+static inline i64 kn_sub(i64 a, i64 b) { return kn_wrap_sub(a, b); }
+static inline i64 kn_mul(i64 a, i64 b) { return kn_wrap_mul(a, b); }
+template <typename T> static inline T kn_div(T a, T b) { return a / b; }
+static inline float kn_pow(float a, float b) { return std::pow(a, b); }
+static inline double kn_pow(double a, double b) { return std::pow(a, b); }
+template <typename T> static inline T kn_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> static inline T kn_min(T a, T b) { return (a < b || a != a) ? a : b; }
+
+// ---- vectors ----
+#if defined(__AVX512F__)
+#define KN_W 16
+struct VF { __m512 v; };
+static inline VF vset(float x) { return {_mm512_set1_ps(x)}; }
+static inline VF vld(const float* p) { return {_mm512_loadu_ps(p)}; }
+static inline void vst(float* p, VF a) { _mm512_storeu_ps(p, a.v); }
+static inline VF vld_bf16(const u16* p) {
+  __m256i h = _mm256_loadu_si256((const __m256i*)p);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+static inline __m512i kn_bf16_bits(VF a) {
+  __m512i u = _mm512_castps_si512(a.v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+  __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_blend_epi32(nan, r, q);
+}
+static inline void vst_bf16(u16* p, VF a) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(kn_bf16_bits(a))); }
+static inline VF vrbf16(VF a) { return {_mm512_castsi512_ps(_mm512_slli_epi32(kn_bf16_bits(a), 16))}; }
+static inline VF operator+(VF a, VF b) { return {_mm512_add_ps(a.v, b.v)}; }
+static inline VF operator-(VF a, VF b) { return {_mm512_sub_ps(a.v, b.v)}; }
+static inline VF operator*(VF a, VF b) { return {_mm512_mul_ps(a.v, b.v)}; }
+static inline VF operator/(VF a, VF b) { return {_mm512_div_ps(a.v, b.v)}; }
+#define KN_CMP(name, pred) static inline VF name(VF a, VF b) { return {_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a.v, b.v, pred), _mm512_set1_ps(1.0f))}; }
+static inline VF vsel(VF c, VF a, VF b) { return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(c.v, _mm512_setzero_ps(), _CMP_NEQ_UQ), b.v, a.v)}; }
+static inline VF vexp(VF a) { return {Sleef_expf16_u10(a.v)}; }
+static inline VF vlog(VF a) { return {Sleef_logf16_u10(a.v)}; }
+static inline VF vtanh(VF a) { return {Sleef_tanhf16_u10(a.v)}; }
+static inline VF verf(VF a) { return {Sleef_erff16_u10(a.v)}; }
+static inline VF vsin(VF a) { return {Sleef_sinf16_u10(a.v)}; }
+static inline VF vcos(VF a) { return {Sleef_cosf16_u10(a.v)}; }
+static inline VF vpow(VF a, VF b) { return {Sleef_powf16_u10(a.v, b.v)}; }
+static inline VF vsqrt(VF a) { return {_mm512_sqrt_ps(a.v)}; }
+static inline VF vfloor(VF a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
+static inline VF vceil(VF a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)}; }
+static inline VF vround(VF a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+static inline float vsum(VF a) { return _mm512_reduce_add_ps(a.v); }
+#elif defined(__AVX2__)
+#define KN_W 8
+struct VF { __m256 v; };
+static inline VF vset(float x) { return {_mm256_set1_ps(x)}; }
+static inline VF vld(const float* p) { return {_mm256_loadu_ps(p)}; }
+static inline void vst(float* p, VF a) { _mm256_storeu_ps(p, a.v); }
+static inline VF vld_bf16(const u16* p) {
+  __m128i h = _mm_loadu_si128((const __m128i*)p);
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))};
+}
+static inline __m256i kn_bf16_bits(VF a) {
+  __m256i u = _mm256_castps_si256(a.v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256 nan = _mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q);
+  __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
+}
+static inline void vst_bf16(u16* p, VF a) {
+  __m256i b = kn_bf16_bits(a);
+  __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+  _mm_storeu_si128((__m128i*)p, _mm_packus_epi32(lo, hi));
+}
+static inline VF vrbf16(VF a) { return {_mm256_castsi256_ps(_mm256_slli_epi32(kn_bf16_bits(a), 16))}; }
+static inline VF operator+(VF a, VF b) { return {_mm256_add_ps(a.v, b.v)}; }
+static inline VF operator-(VF a, VF b) { return {_mm256_sub_ps(a.v, b.v)}; }
+static inline VF operator*(VF a, VF b) { return {_mm256_mul_ps(a.v, b.v)}; }
+static inline VF operator/(VF a, VF b) { return {_mm256_div_ps(a.v, b.v)}; }
+#define KN_CMP(name, pred) static inline VF name(VF a, VF b) { return {_mm256_and_ps(_mm256_cmp_ps(a.v, b.v, pred), _mm256_set1_ps(1.0f))}; }
+static inline VF vsel(VF c, VF a, VF b) { return {_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(c.v, _mm256_setzero_ps(), _CMP_NEQ_UQ))}; }
+static inline VF vexp(VF a) { return {Sleef_expf8_u10(a.v)}; }
+static inline VF vlog(VF a) { return {Sleef_logf8_u10(a.v)}; }
+static inline VF vtanh(VF a) { return {Sleef_tanhf8_u10(a.v)}; }
+static inline VF verf(VF a) { return {Sleef_erff8_u10(a.v)}; }
+static inline VF vsin(VF a) { return {Sleef_sinf8_u10(a.v)}; }
+static inline VF vcos(VF a) { return {Sleef_cosf8_u10(a.v)}; }
+static inline VF vpow(VF a, VF b) { return {Sleef_powf8_u10(a.v, b.v)}; }
+static inline VF vsqrt(VF a) { return {_mm256_sqrt_ps(a.v)}; }
+static inline VF vfloor(VF a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
+static inline VF vceil(VF a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)}; }
+static inline VF vround(VF a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+static inline float vsum(VF a) { float t[8]; _mm256_storeu_ps(t, a.v); float s = 0; for (int i = 0; i < 8; ++i) s += t[i]; return s; }
+#endif
+#ifdef KN_W
+KN_CMP(veq, _CMP_EQ_OQ) KN_CMP(vne, _CMP_NEQ_UQ) KN_CMP(vlt, _CMP_LT_OQ) KN_CMP(vle, _CMP_LE_OQ)
+KN_CMP(vgt, _CMP_GT_OQ) KN_CMP(vge, _CMP_GE_OQ) KN_CMP(vunord, _CMP_UNORD_Q)
+#undef KN_CMP
+static inline VF vor(VF a, VF b) { return vsel(a, vset(1.0f), vsel(b, vset(1.0f), vset(0.0f))); }
+static inline VF vand(VF a, VF b) { return vsel(a, vsel(b, vset(1.0f), vset(0.0f)), vset(0.0f)); }
+static inline VF vnot(VF a) { return vsel(a, vset(0.0f), vset(1.0f)); }
+static inline VF vmax(VF a, VF b) { return vsel(vor(vgt(a, b), vunord(a, a)), a, b); }
+static inline VF vmin(VF a, VF b) { return vsel(vor(vlt(a, b), vunord(a, a)), a, b); }
+static inline VF vneg(VF a) { return vset(0.0f) - a; }
+static inline VF vabs(VF a) { return vmax(a, vneg(a)); }
+static inline VF vrelu(VF a) { return vsel(vgt(a, vset(0.0f)), a, vsel(vunord(a, a), a, vset(0.0f))); }
+static inline VF vsigmoid(VF a) { return vset(1.0f) / (vset(1.0f) + vexp(vneg(a))); }
+static inline VF vsilu(VF a) { return a / (vset(1.0f) + vexp(vneg(a))); }
+static inline VF vgelu(VF a) { return vset(0.5f) * a * (vset(1.0f) + verf(a * vset(0.70710678118654752f))); }
+static inline VF vgelu_tanh(VF a) { return vset(0.5f) * a * (vset(1.0f) + vtanh(vset(0.7978845608028654f) * (a + vset(0.044715f) * a * a * a))); }
+static inline VF vrsqrt(VF a) { return vset(1.0f) / vsqrt(a); }
+static inline VF vrecip(VF a) { return vset(1.0f) / a; }
+static inline VF vsign(VF a) { return vsel(vunord(a, a), a, vgt(a, vset(0.0f)) - vlt(a, vset(0.0f))); }
+static inline VF vclamp(VF a, bool has_lo, float lo, bool has_hi, float hi) {
+  VF r = a;
+  if (has_lo) r = vsel(vlt(r, vset(lo)), vset(lo), r);
+  if (has_hi) r = vsel(vgt(r, vset(hi)), vset(hi), r);
+  return r;  // NaN compares false: stays NaN
+}
+static inline float vmax_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m = kn_max(m, t[i]); return m; }
+static inline float vmin_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m = kn_min(m, t[i]); return m; }
+static inline float vprod_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m *= t[i]; return m; }
+#endif
+// ---- end of prelude ----
+)KILN";
+}
+
+}  // namespace kiln::codegen

