@@ -1,6 +1,7 @@
 // Backends turn a captured Graph into something runnable. "eager" interprets the graph through
 // the eager kernels (capture without optimization); the CPU compiler registers "inductor".
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +19,13 @@ class CompiledGraph {
   virtual ~CompiledGraph() = default;
   // Inputs in graph-input order; returns the graph outputs.
   virtual TensorList run(const TensorList& inputs) = 0;
+  // Runs into `outputs`, reusing its tensors when they have the output shapes and dtypes (else
+  // they are replaced). Backends that can run without allocating override it.
+  virtual void run_into(const TensorList& inputs, TensorList& outputs) { outputs = run(inputs); }
+  // Bytes of the planned arena (-1: the backend does not plan memory).
+  virtual int64_t arena_bytes() const { return -1; }
+  // Whether the backend's compiled code came from a cache instead of being compiled now.
+  virtual bool cache_hit() const { return false; }
   // One line for explain: what the backend made of the graph.
   virtual std::string summary() const { return ""; }
 };

@@ -142,6 +142,7 @@ struct Entry {
   // Segmented: segments by structural key.
   std::unordered_map<std::string, std::shared_ptr<CompiledSegment>> segments;
   std::vector<std::string> value_guards;
+  TensorList scratch_inputs;  // run_into: reused argument list (keeps its capacity)
 };
 
 }  // namespace
@@ -180,6 +181,10 @@ ExplainGraph explain_graph(const CompiledSegment& seg) {
   g.num_outputs = int(seg.graph.outputs.size());
   g.ir = print_graph(seg.graph);
   g.backend_summary = seg.compiled ? seg.compiled->summary() : "compile failed: interpreted eagerly";
+  if (seg.compiled) {
+    g.arena_bytes = seg.compiled->arena_bytes();
+    g.cache_hit = seg.compiled->cache_hit();
+  }
   return g;
 }
 
@@ -551,6 +556,36 @@ TensorList replay_segmented(CompiledFunction::State& st, Entry& e, const TensorL
 }  // namespace
 
 // ---- CompiledFunction ---------------------------------------------------------------------------
+void CompiledFunction::run_into(const TensorList& inputs, TensorList& outputs) const {
+  KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
+  {
+    State& st = *state_;
+    std::unique_lock<std::mutex> lock(st.mu);
+    for (auto& e : st.entries) {
+      if (!(e->input_guards.check(inputs) && e->param_guards.check())) continue;
+      bool direct = !e->segmented && e->whole && e->whole->compiled;
+      for (size_t i = 0; direct && i < e->outputs.size(); ++i)
+        direct = e->outputs[i].kind == OutputSource::GraphOutput && e->outputs[i].index == int(i);
+      if (!direct) break;
+      st.stats.calls++;
+      st.stats.compiled_calls++;
+      e->scratch_inputs.clear();
+      for (int i : e->graph_input_from_call) e->scratch_inputs.push_back(inputs[size_t(i)]);
+      try {
+        e->whole->compiled->run_into(e->scratch_inputs, outputs);
+        e->scratch_inputs.clear();
+        return;
+      } catch (const Error&) {
+        e->scratch_inputs.clear();
+        st.stats.calls--;
+        st.stats.compiled_calls--;
+        break;  // the general path reports and falls back
+      }
+    }
+  }
+  outputs = (*this)(inputs);
+}
+
 TensorList CompiledFunction::operator()(const TensorList& inputs) const {
   KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
   State& st = *state_;

@@ -47,6 +47,8 @@ struct ExplainGraph {
   int num_outputs = 0;
   std::string ir;       // the graph as IR text
   std::string backend_summary;
+  int64_t arena_bytes = -1;  // the backend's planned arena (-1: none)
+  bool cache_hit = false;    // the backend's code came from its cache
 };
 struct ExplainBreak {
   std::string reason;    // "item() reads tensor data on the host"
@@ -67,6 +69,10 @@ class CompiledFunction {
  public:
   CompiledFunction() = default;
   TensorList operator()(const TensorList& inputs) const;
+  // The same call, writing into `outputs` (reused when its tensors have the right shapes and
+  // dtypes: the steady state of a whole-graph entry then allocates nothing with a backend that
+  // plans memory). The returned tensors are overwritten by the next run_into.
+  void run_into(const TensorList& inputs, TensorList& outputs) const;
   CompileStats stats() const;
   // What was captured: graphs, breaks, guards, recompiles, fallbacks (so far).
   ExplainReport report() const;

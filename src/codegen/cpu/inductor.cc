@@ -477,6 +477,14 @@ InductorGraph::InductorGraph(std::shared_ptr<Executable> exe, InductorReport rep
 TensorList InductorGraph::run(const TensorList& inputs) { return exe_->run(inputs); }
 
 void InductorGraph::run_into(const TensorList& inputs, TensorList& outputs) {
+  bool reuse = outputs.size() == exe_->outputs.size();
+  for (size_t i = 0; reuse && i < outputs.size(); ++i)
+    reuse = outputs[i].defined() && outputs[i].dtype() == exe_->outputs[i].dtype &&
+            outputs[i].sizes() == exe_->outputs[i].sizes && outputs[i].device().is_cpu();
+  if (!reuse) {
+    outputs.clear();
+    for (const Executable::OutputSpec& o : exe_->outputs) outputs.push_back(Tensor::empty(o.sizes, o.dtype));
+  }
   exe_->run(inputs.data(), inputs.size(), outputs.data(), outputs.size());
 }
 

@@ -50,7 +50,9 @@ class InductorGraph : public CompiledGraph {
   TensorList run(const TensorList& inputs) override;
   std::string summary() const override;
   // Runs into preallocated outputs: no heap allocation in steady state.
-  void run_into(const TensorList& inputs, TensorList& outputs);
+  void run_into(const TensorList& inputs, TensorList& outputs) override;
+  int64_t arena_bytes() const override { return report_.arena_bytes; }
+  bool cache_hit() const override { return report_.cache_hit; }
   const InductorReport& report() const { return report_; }
   Executable& executable() { return *exe_; }
 
