@@ -22,6 +22,7 @@ namespace {
 struct RunArgs {
   std::string target;
   std::string backend = "both";
+  bool backend_given = false;  // ONNX models default to eager
   int64_t batch = 1;
   uint64_t seed = 0;
   int iters = 10;
@@ -95,10 +96,16 @@ void load_inputs(const RunArgs& a, nn::ZooModel& m) {
 
 void run_command(const RunArgs& a) {
   if (a.target.size() > 5 && a.target.substr(a.target.size() - 5) == ".onnx") {
-    if (a.backend != "both" && a.backend != "eager")
-      fail("--backend {} is not available for ONNX models yet (eager only)", a.backend);
+    if (a.threads < 0) fail("--threads must be >= 0, got {}", a.threads);
     if (a.threads > 0) omp_set_num_threads(a.threads);
-    run_onnx_model(a.target, a.inputs, a.output_dir, a.seed, a.json);
+    OnnxRunOptions o;
+    o.model_path = a.target;
+    o.input_specs = a.inputs;
+    o.output_dir = a.output_dir;
+    o.backend = a.backend_given ? a.backend : "eager";
+    o.seed = a.seed;
+    o.json = a.json;
+    run_onnx_model(o);
     return;
   }
   if (a.backend != "eager" && a.backend != "captured" && a.backend != "both")
@@ -202,7 +209,10 @@ void add_run_command(CLI::App& app) {
   static RunArgs a;
   auto* cmd = app.add_subcommand("run", "Run a zoo model (eager and captured), compare, time it");
   cmd->add_option("model", a.target, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
-  cmd->add_option("--backend", a.backend, "eager | captured | both (default both)");
+  cmd->add_option("--backend", a.backend,
+                  "Zoo models: eager | captured | both (default both). MODEL.onnx: eager | "
+                  "compiled (kiln::compile, best backend) | both (default eager)")
+      ->each([](const std::string&) { a.backend_given = true; });
   cmd->add_option("--batch", a.batch, "Batch size (default 1)");
   cmd->add_option("--seed", a.seed, "Seed for weights and random inputs (default 0)");
   cmd->add_option("--iters", a.iters, "Timed iterations (default 10)");

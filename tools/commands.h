@@ -16,11 +16,19 @@ void add_conformance_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 
-// `kiln run MODEL.onnx` (tools/onnx_run.cc): imports the model, runs it eagerly with the given
-// NAME=FILE.npy inputs (fresh random inputs of the declared shapes otherwise, symbolic dims 1),
-// writes each output as DIR/NAME.npy when output_dir is set, prints shapes and checksums.
-void run_onnx_model(const std::string& model_path, const std::vector<std::string>& input_specs,
-                    const std::string& output_dir, uint64_t seed, bool json);
+// `kiln run MODEL.onnx` (tools/onnx_run.cc): imports the model, runs it eagerly and/or compiled
+// (kiln::compile with the best registered backend, strict) with the given NAME=FILE.npy inputs
+// (fresh random inputs of the declared shapes otherwise, symbolic dims 1), writes each output as
+// DIR/NAME.npy when output_dir is set (the eager outputs for "both"), prints shapes and checksums.
+struct OnnxRunOptions {
+  std::string model_path;
+  std::vector<std::string> input_specs;
+  std::string output_dir;
+  std::string backend = "eager";  // eager | compiled | both
+  uint64_t seed = 0;
+  bool json = false;
+};
+void run_onnx_model(const OnnxRunOptions& options);
 
 // Exit code set by a subcommand callback (0 = success).
 int& exit_code();

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -165,7 +166,7 @@ Built build(const Graph& input, const InductorOptions& opt) {
   std::vector<std::string> pipeline = default_pipeline();
   run_passes(g, pipeline);
   DecomposeOptions dopt;
-  dopt.ops = {OpId::BatchNorm, OpId::GroupNorm};
+  dopt.ops = {OpId::BatchNorm, OpId::GroupNorm, OpId::ScaledDotProductAttention};
   decompose_ops(g, dopt);
   std::vector<std::string> cleanup = {"constant-fold", "cse", "dce"};
   run_passes(g, cleanup);
@@ -209,6 +210,11 @@ Built build(const Graph& input, const InductorOptions& opt) {
     view_is_copy[v] = pre_plan.values[v].kind == PlanKind::Copy;
   Schedule s = lower::schedule(g, view_is_copy, so);
 
+  if (const char* d = std::getenv("KILN_DUMP_SCHEDULE"); d && *d && std::string(d) != "0") {
+    std::string text = lower::schedule_str(g, s);
+    for (const lower::LoopKernel& k : s.loops) text += lower::loop_kernel_str(g, k);
+    std::fprintf(stderr, "[kiln] schedule of graph '%s':\n%s", g.name.c_str(), text.c_str());
+  }
   PlanOptions po;
   po.in_place = false;
   po.node_step = s.node_step;

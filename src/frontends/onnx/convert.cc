@@ -230,13 +230,16 @@ std::vector<V> NodeCtx::sym_eval(OpId id, const std::vector<V>& inputs, const At
   }
 }
 
-std::vector<int64_t> NodeCtx::ints_input(size_t i, std::string_view what) {
+std::vector<int64_t> NodeCtx::ints_input(size_t i, std::string_view what, bool saturate) {
   Tensor t = known_input(i, what);
   if (!is_integral(t.dtype()))
     fail("input {} ('{}', {}) must be an integer tensor, got {}", i, node_.input(int(i)), what,
          dtype_name(t.dtype()));
   std::vector<int64_t> v = t.to_vector<int64_t>();
-  for (int64_t x : v) checked_int(*this, x, fmt::format("input '{}' ({})", node_.input(int(i)), what));
+  for (int64_t& x : v) {
+    if (saturate) x = std::max(x, SymInt::kMinConcrete);
+    checked_int(*this, x, fmt::format("input '{}' ({})", node_.input(int(i)), what));
+  }
   return v;
 }
 

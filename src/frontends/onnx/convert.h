@@ -115,7 +115,9 @@ class NodeCtx {
   // Shape-like inputs read at import time (an initializer, a Constant or a folded value). When
   // the value is computed at run time the node is data-dependent: NotSupported naming it.
   Tensor known_input(size_t i, std::string_view what);
-  std::vector<int64_t> ints_input(size_t i, std::string_view what);
+  // `saturate`: values beyond Kiln's integer range (below -2^62, e.g. INT64_MIN as Slice's
+  // "from the end" sentinel) become -2^62 instead of an error (for bounds that are clamped).
+  std::vector<int64_t> ints_input(size_t i, std::string_view what, bool saturate = false);
   // A shape-like integer input whose values may be symbolic dims (see Operand::is_sym).
   std::vector<SymInt> shape_input(size_t i, std::string_view what);
   // Values of a known or symbolic integer tensor of rank <= 1; nullopt otherwise.

@@ -82,7 +82,23 @@ void conv_mean(NodeCtx& c) {
   c.out(0, acc);
 }
 
+// Cast-19's `saturate` and Cast-24's `round_mode` only affect conversions to float8 types,
+// which Kiln does not have (such casts are refused as unsupported types); they are validated
+// and otherwise have no effect.
+void check_float8_cast_attrs(NodeCtx& c) {
+  if (c.opset() >= 19) {
+    int64_t saturate = c.attr_int("saturate", 1);
+    if (saturate != 0 && saturate != 1) c.fail("saturate must be 0 or 1, got {}", saturate);
+  }
+  if (c.opset() >= 24) {
+    std::string mode = c.attr_string("round_mode", "up");
+    if (mode != "up" && mode != "down" && mode != "nearest")
+      c.fail("round_mode must be up, down or nearest, got \"{}\"", mode);
+  }
+}
+
 void conv_cast(NodeCtx& c) {
+  check_float8_cast_attrs(c);
   int64_t to = c.attr_int("to", 0);
   DType d = DType::Float32;
   if (!dtype_from_onnx(int32_t(to), &d))
@@ -90,7 +106,10 @@ void conv_cast(NodeCtx& c) {
   c.out(0, c.cast(c.in(0), d));
 }
 
-void conv_cast_like(NodeCtx& c) { c.out(0, c.cast(c.in(0), c.dtype(c.in(1)))); }
+void conv_cast_like(NodeCtx& c) {
+  check_float8_cast_attrs(c);
+  c.out(0, c.cast(c.in(0), c.dtype(c.in(1))));
+}
 
 void conv_clip(NodeCtx& c) {
   V x = c.in(0);
@@ -165,12 +184,15 @@ void conv_selu(NodeCtx& c) {
 }
 
 void conv_celu(NodeCtx& c) {
-  V x = c.in(0);
+  V x0 = c.in(0);
   double alpha = c.attr_float("alpha", 1.0);
   if (alpha == 0) c.fail("alpha must be nonzero");
+  // 16-bit inputs (opset 28) compute in float32 and round once, as the reference does.
+  DType dt = c.dtype(x0);
+  V x = dt == DType::Float16 || dt == DType::BFloat16 ? c.cast(x0, DType::Float32) : x0;
   V e = c.sub(c.op1(OpId::Exp, {c.div(x, sc(c, alpha, x))}), sc(c, 1, x));
   V neg = c.op1(OpId::Minimum, {sc(c, 0, x), c.mul(e, sc(c, alpha, x))});
-  c.out(0, c.add(c.op1(OpId::Relu, {x}), neg));
+  c.out(0, c.cast(c.add(c.op1(OpId::Relu, {x}), neg), dt));
 }
 
 void conv_hard_sigmoid(NodeCtx& c) {
@@ -333,13 +355,31 @@ void conv_mod(NodeCtx& c) {
   int64_t fmod = c.attr_int("fmod", 0);
   DType dt = c.dtype(a);
   if (is_floating(dt)) {
-    if (!fmod) c.fail("fmod = 0 is only defined for integer inputs, got {}", dtype_name(dt));
-    // C fmod: a - trunc(a / b) * b, in float64 (exact for float32/16 operands).
+    // Floating-point fmod = 0 (Python's %, floor division) is defined from opset 28.
+    if (!fmod && c.opset() < 28)
+      c.fail("fmod = 0 is only defined for integer inputs before opset 28, got {}", dtype_name(dt));
+    // C fmod: a - trunc(a / b) * b, in float64 (exact for float32/16 operands); a finite a
+    // over an infinite b is a itself.
     V wa = widen(c, a), wb = widen(c, b);
     V q = c.div(wa, wb);
     V neg = c.op1(OpId::Lt, {q, sc(c, 0, q)});
     V tq = c.op1(OpId::Where, {neg, c.op1(OpId::Ceil, {q}), c.op1(OpId::Floor, {q})});
-    c.out(0, c.cast(c.sub(wa, c.mul(tq, wb)), dt));
+    V r = c.sub(wa, c.mul(tq, wb));
+    V inf = sc(c, INFINITY, wb);
+    V b_inf = c.op1(OpId::Eq, {c.op1(OpId::Abs, {wb}), inf});
+    V a_finite = c.op1(OpId::Lt, {c.op1(OpId::Abs, {wa}), inf});
+    r = c.op1(OpId::Where, {c.op1(OpId::And, {b_inf, a_finite}), wa, r});
+    if (!fmod) {
+      // Python's modulo from the remainder: a nonzero remainder whose sign differs from b's
+      // moves by b (so x mod +-inf is x or +-inf); a zero takes b's sign.
+      V zero = sc(c, 0, r);
+      V rn = c.op1(OpId::Lt, {r, zero}), bn = c.op1(OpId::Lt, {wb, zero});
+      V fix = c.op1(OpId::And, {c.op1(OpId::Ne, {r, zero}), c.op1(OpId::Ne, {rn, bn})});
+      r = c.op1(OpId::Where, {fix, c.add(r, wb), r});
+      V signed_zero = c.mul(zero, c.op1(OpId::Sign, {wb}));
+      r = c.op1(OpId::Where, {c.op1(OpId::Eq, {r, zero}), signed_zero, r});
+    }
+    c.out(0, c.cast(r, dt));
     return;
   }
   // Integers: Kiln's integer division truncates, so a - (a / b) * b is C's remainder.
@@ -430,14 +470,15 @@ void add_elementwise_converters(std::vector<OnnxOpEntry>& t) {
   t.push_back({"Clip", conv_clip, {Clamp, Maximum, Minimum, Reshape},
                "clamp; run-time bounds use maximum/minimum"});
   t.push_back({"Where", conv_where, {Where}, ""});
-  t.push_back({"Mod", conv_mod, {Sub, Mul, Div, Lt, Ne, And, Where, Add, Ceil, Floor, Cast},
-               "a - trunc(a/b)*b (fmod) with the sign fix for Python modulo"});
+  t.push_back({"Mod", conv_mod, {Sub, Mul, Div, Lt, Ne, And, Where, Add, Ceil, Floor, Cast, Abs,
+                                  Eq, Sign},
+               "a - trunc(a/b)*b (fmod) with the sign fix for Python modulo (floats: opset 28)"});
 
   t.push_back({"LeakyRelu", conv_leaky_relu, {Lt, Mul, Where}, "where(x < 0, alpha*x, x)"});
   t.push_back({"PRelu", conv_prelu, {Lt, Mul, Where, Reshape}, "where(x < 0, slope*x, x)"});
   t.push_back({"Elu", conv_elu, {Lt, Exp, Sub, Mul, Where}, ""});
   t.push_back({"Selu", conv_selu, {Le, Exp, Sub, Mul, Where}, ""});
-  t.push_back({"Celu", conv_celu, {Exp, Div, Sub, Mul, Minimum, Relu, Add}, ""});
+  t.push_back({"Celu", conv_celu, {Exp, Div, Sub, Mul, Minimum, Relu, Add, Cast}, ""});
   t.push_back({"HardSigmoid", conv_hard_sigmoid, {Mul, Add, Clamp}, "clamp(alpha*x + beta, 0, 1)"});
   t.push_back({"HardSwish", conv_hard_swish, {Mul, Add, Clamp}, ""});
   t.push_back({"Softplus", conv_softplus, {Exp, Neg, Abs, Add, Relu, Log},

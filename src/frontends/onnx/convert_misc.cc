@@ -150,25 +150,66 @@ void conv_max_unpool(NodeCtx& c) {
   c.out(0, y);
 }
 
-// ---- BitShift (uint8) --------------------------------------------------------------------------
+// ---- BitShift -----------------------------------------------------------------------------------
 
+// uint8 (opset 11) and, from opset 28, int8/int32/int64 in int64 arithmetic without overflow:
+// right shifts are arithmetic (floor division by 2^y), left shifts keep the low bits (two's
+// complement wrap), and a shift outside [0, bits) gives the sign fill (-1 for a negative x
+// shifted right, else 0).
 void conv_bitshift(NodeCtx& c) {
   V x = c.in(0), y = c.in(1);
   std::string dir = c.attr_string("direction", "");
-  if (c.dtype(x) != DType::UInt8) c.not_supported("BitShift on {} (uint8 is supported)", dtype_name(c.dtype(x)));
+  if (dir != "LEFT" && dir != "RIGHT") c.fail("direction must be LEFT or RIGHT, got \"{}\"", dir);
+  DType dt = c.dtype(x);
   V xi = c.cast(x, DType::Int64), yi = c.cast(y, DType::Int64);
-  // Shifts of 8 or more clear every bit; 2^min(y, 8) keeps the power exact.
-  V p = c.op1(OpId::Pow, {c.scalar(2, DType::Int64), c.op1(OpId::Clamp, {yi}, {{"min", 0.0}, {"max", 8.0}})});
-  V r;
-  if (dir == "LEFT") {
-    V prod = c.mul(xi, p);
-    r = c.sub(prod, c.mul(c.div(prod, c.scalar(256, DType::Int64)), c.scalar(256, DType::Int64)));
-  } else if (dir == "RIGHT") {
-    r = c.div(xi, p);
-  } else {
-    c.fail("direction must be LEFT or RIGHT, got \"{}\"", dir);
+  auto i64 = [&](double v) { return c.scalar(v, DType::Int64); };
+  auto pow2 = [&](V e) { return c.op1(OpId::Pow, {i64(2), e}); };
+  if (dt == DType::UInt8) {
+    // Shifts of 8 or more clear every bit; 2^min(y, 8) keeps the power exact.
+    V p = pow2(c.op1(OpId::Clamp, {yi}, {{"min", 0.0}, {"max", 8.0}}));
+    V r;
+    if (dir == "LEFT") {
+      V prod = c.mul(xi, p);
+      r = c.sub(prod, c.mul(c.div(prod, i64(256)), i64(256)));
+    } else {
+      r = c.div(xi, p);
+    }
+    c.out(0, c.cast(r, DType::UInt8));
+    return;
   }
-  c.out(0, c.cast(r, DType::UInt8));
+  bool signed_ok = c.opset() >= 28 && (dt == DType::Int8 || dt == DType::Int32 || dt == DType::Int64);
+  if (!signed_ok)
+    c.not_supported("BitShift on {} (uint8; int8, int32 and int64 from opset 28)", dtype_name(dt));
+  int64_t bits = 8 * dtype_size(dt);
+  V valid = c.op1(OpId::And, {c.op1(OpId::Ge, {yi, i64(0)}), c.op1(OpId::Lt, {yi, i64(double(bits))})});
+  V ys = c.op1(OpId::Clamp, {yi}, {{"min", 0.0}, {"max", double(bits - 1)}});
+  V neg = c.op1(OpId::Lt, {xi, i64(0)});
+  V r;
+  if (dir == "RIGHT") {
+    // floor(x / 2^y) for y <= 62; y = 63 (int64) is the sign fill, as an invalid shift.
+    V p = pow2(c.op1(OpId::Clamp, {ys}, {{"min", 0.0}, {"max", 62.0}}));
+    V q = c.div(xi, p);  // truncates toward zero
+    V inexact = c.op1(OpId::Ne, {c.mul(q, p), xi});
+    q = c.op1(OpId::Where, {c.op1(OpId::And, {neg, inexact}), c.sub(q, i64(1)), q});
+    V ok = c.op1(OpId::And, {valid, c.op1(OpId::Lt, {yi, i64(63)})});
+    V fill = c.op1(OpId::Where, {neg, i64(-1), i64(0)});
+    r = c.op1(OpId::Where, {ok, q, fill});
+  } else {
+    // Keep x's low (bits - y) bits as a signed value v in [-h, h), h = 2^(bits - 1 - y), then
+    // v * 2^y lies in the type's range. v from x = q*h + r: r plus h when q is odd, wrapped.
+    V h = pow2(c.op1(OpId::Clamp, {c.sub(i64(double(bits - 1)), ys)}, {{"min", 0.0}, {"max", 62.0}}));
+    V q = c.div(xi, h);
+    V rem = c.sub(xi, c.mul(q, h));
+    V odd = c.op1(OpId::Ne, {c.sub(q, c.mul(c.div(q, i64(2)), i64(2))), i64(0)});
+    V v = c.add(rem, c.op1(OpId::Where, {odd, h, i64(0)}));
+    v = c.op1(OpId::Where, {c.op1(OpId::Ge, {v, h}), c.sub(c.sub(v, h), h), v});
+    // v * 2^y as (v * 2^(y-1)) * 2: 2^63 itself is not an int64.
+    V p1 = pow2(c.op1(OpId::Clamp, {c.sub(ys, i64(1))}, {{"min", 0.0}, {"max", 62.0}}));
+    V shifted = c.mul(c.mul(v, p1), i64(2));
+    shifted = c.op1(OpId::Where, {c.op1(OpId::Eq, {ys, i64(0)}), xi, shifted});
+    r = c.op1(OpId::Where, {valid, shifted, i64(0)});
+  }
+  c.out(0, c.cast(r, dt));
 }
 
 // ---- Det ---------------------------------------------------------------------------------------
@@ -436,7 +477,9 @@ void conv_mel_weight_matrix(NodeCtx& c) {
   c.out(0, c.constant(f64_tensor(out, Dims{spec, bins}).to(dt)));
 }
 
-// DFT of (re, im) [..., N] (the transformed axis last) to K = (onesided ? N/2+1 : N) bins.
+// DFT of (re, im) [..., N] (the transformed axis last) to K = (onesided ? N/2+1 : N) bins, in
+// float64 (the reference transforms in float64 too; float32 matmuls would leave rounding noise
+// above the test tolerance where the exact result is 0), rounded once to the input's dtype.
 std::pair<V, V> dft_last(NodeCtx& c, V re, V im, int64_t n, bool onesided, bool inverse) {
   int64_t k = onesided ? n / 2 + 1 : n;
   std::vector<double> cs(size_t(n * k)), sn(size_t(n * k));
@@ -447,7 +490,9 @@ std::pair<V, V> dft_last(NodeCtx& c, V re, V im, int64_t n, bool onesided, bool 
       sn[size_t(i * k + j)] = std::sin(t);
     }
   DType dt = c.dtype(re);
-  V C = c.constant(f64_tensor(cs, Dims{n, k}).to(dt)), S = c.constant(f64_tensor(sn, Dims{n, k}).to(dt));
+  re = c.cast(re, DType::Float64);
+  if (im != kNone) im = c.cast(im, DType::Float64);
+  V C = c.constant(f64_tensor(cs, Dims{n, k})), S = c.constant(f64_tensor(sn, Dims{n, k}));
   auto mm = [&](V a, V b) { return c.op1(OpId::Matmul, {a, b}); };
   V yr, yi;
   if (!inverse) {  // e^{-i t}
@@ -456,11 +501,35 @@ std::pair<V, V> dft_last(NodeCtx& c, V re, V im, int64_t n, bool onesided, bool 
   } else {  // e^{+i t} / N
     yr = im == kNone ? mm(re, C) : c.sub(mm(re, C), mm(im, S));
     yi = im == kNone ? mm(re, S) : c.add(mm(im, C), mm(re, S));
-    V inv_n = c.scalar(1.0 / double(n), dt);
+    V inv_n = c.scalar(1.0 / double(n), DType::Float64);
     yr = c.mul(yr, inv_n);
     yi = c.mul(yi, inv_n);
   }
-  return {yr, yi};
+  return {c.cast(yr, dt), c.cast(yi, dt)};
+}
+
+// Inverse real DFT (onesided inverse): the K bins (re, im) [..., K] of a Hermitian spectrum to n
+// real samples, x[t] = (1/n) sum_k w_k (re_k cos(2 pi k t / n) - im_k sin(2 pi k t / n)) with
+// w_k = 2 for the bins that stand for a mirrored pair as well (1 <= k <= n - (n/2 + 1)), else 1,
+// over the first min(K, n/2 + 1) bins (numpy's irfft: missing bins are zero, extra ones unused).
+V irdft_last(NodeCtx& c, V re, V im, int64_t bins, int64_t n) {
+  int64_t half = n / 2 + 1, kk = std::min(bins, half);
+  std::vector<double> cr(size_t(kk * n)), ci(size_t(kk * n));
+  for (int64_t k = 0; k < kk; ++k) {
+    double w = (k >= 1 && k <= n - half) ? 2.0 : 1.0;
+    for (int64_t t = 0; t < n; ++t) {
+      double a = 2 * M_PI * double((k * t) % n) / double(n);
+      cr[size_t(k * n + t)] = w * std::cos(a) / double(n);
+      ci[size_t(k * n + t)] = -w * std::sin(a) / double(n);
+    }
+  }
+  DType dt = c.dtype(re);
+  int r = c.rank(re);
+  V r64 = c.cast(c.slice(re, r - 1, 0, kk), DType::Float64);
+  V i64 = c.cast(c.slice(im, r - 1, 0, kk), DType::Float64);
+  V y = c.add(c.op1(OpId::Matmul, {r64, c.constant(f64_tensor(cr, Dims{kk, n}))}),
+              c.op1(OpId::Matmul, {i64, c.constant(f64_tensor(ci, Dims{kk, n}))}));
+  return c.cast(y, dt);
 }
 
 V stack_complex(NodeCtx& c, V re, V im) {
@@ -468,6 +537,9 @@ V stack_complex(NodeCtx& c, V re, V im) {
   return c.op1(OpId::Concat, {c.unsqueeze(re, {r}), c.unsqueeze(im, {r})}, {{"dim", int64_t(r)}});
 }
 
+// DFT: opset 17 takes `axis` as an attribute (default 1, counted over the signal dims); opset
+// 20 as an optional scalar input (default -2, counted over the full rank, the complex dim
+// excluded). onesided + inverse is the inverse real DFT (IRFFT), real output.
 void conv_dft(NodeCtx& c) {
   V x = c.in(0);
   int r = c.rank(x);
@@ -476,16 +548,39 @@ void conv_dft(NodeCtx& c) {
     c.fail("input must be [batch, ..., 1 or 2], got {}", to_string(d));
   bool complex = d[size_t(r - 1)] == 2;
   bool inverse = c.attr_int("inverse", 0) != 0, onesided = c.attr_int("onesided", 0) != 0;
-  if (onesided && (complex || inverse)) c.not_supported("onesided with complex input or inverse");
-  int64_t a = c.attr_int("axis", 1);
-  if (a < 0) a += r - 1;
-  if (a < 1 || a >= r - 1) c.fail("axis {} is out of range for signal dims 1..{}", c.attr_int("axis", 1), r - 2);
+  if (onesided && inverse && !complex) c.fail("the inverse real DFT (onesided, inverse) needs complex input");
+  if (onesided && !inverse && complex) c.fail("onesided forward DFT needs real input");
+  int64_t a;
+  if (c.opset() >= 20) {
+    a = c.has_input(2) ? scalar_int(c, 2, "axis") : -2;
+    if (a < 0) a += r;
+    if (a < 0 || a >= r - 1) c.fail("axis is out of range [-{}, -2] or [0, {}]", r, r - 2);
+  } else {
+    a = c.attr_int("axis", 1);
+    if (a < 0) a += r - 1;
+    if (a < 1 || a >= r - 1) c.fail("axis {} is out of range for signal dims 1..{}", c.attr_int("axis", 1), r - 2);
+  }
   V re = c.squeeze(c.slice(x, r - 1, 0, 1), {r - 1});
   V im = complex ? c.squeeze(c.slice(x, r - 1, 1, 2), {r - 1}) : kNone;
   int64_t n = d[size_t(a)];
-  if (c.has_input(1)) {  // dft_length: truncate or zero-pad the signal
-    int64_t len = scalar_int(c, 1, "dft_length");
-    if (len < 1) c.fail("dft_length must be >= 1, got {}", len);
+  bool irfft = onesided && inverse;
+  std::optional<int64_t> length;
+  if (c.has_input(1)) {
+    length = scalar_int(c, 1, "dft_length");
+    if (*length < 1) c.fail("dft_length must be >= 1, got {}", *length);
+  }
+  std::vector<int64_t> perm = NodeCtx::perm_to_last(r - 1, a);
+  std::vector<int64_t> back = NodeCtx::inverse_perm(perm);
+  if (irfft) {
+    // n real samples from the bins: dft_length, else 2 * (bins - 1).
+    int64_t samples = length ? *length : 2 * (n - 1);
+    if (samples < 1) c.fail("the inverse real DFT of {} bins has no samples", n);
+    V y = irdft_last(c, c.permute(re, perm), c.permute(im, perm), n, samples);
+    c.out(0, c.unsqueeze(c.permute(y, back), {r - 1}));
+    return;
+  }
+  if (length) {  // dft_length: truncate or zero-pad the signal
+    int64_t len = *length;
     for (V* p : {&re, &im}) {
       if (*p == kNone) continue;
       if (len < n) *p = c.slice(*p, a, 0, len);
@@ -497,11 +592,9 @@ void conv_dft(NodeCtx& c) {
     }
     n = len;
   }
-  std::vector<int64_t> perm = NodeCtx::perm_to_last(r - 1, a);
   re = c.permute(re, perm);
   if (im != kNone) im = c.permute(im, perm);
   auto [yr, yi] = dft_last(c, re, im, n, onesided, inverse);
-  std::vector<int64_t> back = NodeCtx::inverse_perm(perm);
   c.out(0, stack_complex(c, c.permute(yr, back), c.permute(yi, back)));
 }
 
@@ -541,7 +634,9 @@ void add_misc_converters(std::vector<OnnxOpEntry>& t) {
   t.push_back({"Compress", conv_compress, {Reshape, IndexSelect}, "condition known at import"});
   t.push_back({"ReverseSequence", conv_reverse_sequence, {Reshape, Cast, Sub, Where, Lt, Expand, Gather}, ""});
   t.push_back({"MaxUnpool", conv_max_unpool, {Reshape, Cast, Expand, ScatterAdd, Pad}, "scatter into zeros"});
-  t.push_back({"BitShift", conv_bitshift, {Cast, Pow, Clamp, Mul, Sub, Div}, "uint8"});
+  t.push_back({"BitShift", conv_bitshift,
+               {Cast, Pow, Clamp, Mul, Sub, Div, And, Ge, Lt, Ne, Where, Add, Eq},
+               "uint8; int8/int32/int64 (opset 28) in overflow-free int64 arithmetic"});
   t.push_back({"Det", conv_det, {Cast, Slice, Squeeze, Mul, Add, Sub, Neg}, "Leibniz expansion, up to 4x4"});
   t.push_back({"Einsum", conv_einsum, {Mul, Reshape, Sum, Cast, Permute, Expand, Matmul},
                "diagonals, sums, then batched matmuls"});
@@ -549,9 +644,11 @@ void add_misc_converters(std::vector<OnnxOpEntry>& t) {
   t.push_back({"HammingWindow", conv_window<1>, {}, "a constant (size known at import)"});
   t.push_back({"BlackmanWindow", conv_window<2>, {}, "a constant (size known at import)"});
   t.push_back({"MelWeightMatrix", conv_mel_weight_matrix, {}, "a constant"});
-  std::vector<OpId> dft = {Slice, Squeeze, Pad, Permute, Matmul, Add, Sub, Neg, Mul, Unsqueeze, Concat};
-  t.push_back({"DFT", conv_dft, dft, "matmuls with cosine/sine matrices"});
-  dft.insert(dft.end(), {IndexSelect, Reshape, Cast});
+  std::vector<OpId> dft = {Slice, Squeeze, Pad, Permute, Matmul, Add, Sub, Neg, Mul, Unsqueeze,
+                           Concat, Cast};
+  t.push_back({"DFT", conv_dft, dft,
+               "float64 matmuls with cosine/sine matrices; inverse real DFT (onesided inverse)"});
+  dft.insert(dft.end(), {IndexSelect, Reshape});
   t.push_back({"STFT", conv_stft, dft, "framing by index_select, then DFT matmuls"});
 }
 

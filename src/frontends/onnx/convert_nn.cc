@@ -56,12 +56,25 @@ struct Window {
 
 // Resolves kernel, strides, dilations, pads (auto_pad) and the output size for pooling or conv
 // over the spatial dims of x (dims 2..). `ceil` applies ONNX's ceil_mode.
+// The spatial sizes (dims 2..) of x, which must be concrete; N and C may be symbolic (a dynamic
+// batch).
+std::vector<int64_t> spatial_sizes(NodeCtx& c, V x) {
+  Shape s = c.shape(x);
+  if (s.size() < 3) c.fail("input must have rank >= 3 ([N, C, spatial...]), got {}", s.size());
+  std::vector<int64_t> out;
+  for (size_t i = 2; i < s.size(); ++i) {
+    if (s[i].is_symbolic())
+      c.not_supported("input 'X' has symbolic spatial size {} (shape {}); this mapping needs "
+                      "concrete spatial sizes", s[i].str(), to_string(s));
+    out.push_back(s[i].value());
+  }
+  return out;
+}
+
 Window resolve_window(NodeCtx& c, V x, const std::vector<int64_t>& kernel, bool ceil) {
   Window w;
-  Dims xd = c.dims(x, "input 'X' (spatial sizes)");
-  w.n = int(xd.size()) - 2;
-  if (w.n < 1) c.fail("input must have rank >= 3 ([N, C, spatial...]), got {}", xd.size());
-  for (int i = 0; i < w.n; ++i) w.in.push_back(xd[size_t(i + 2)]);
+  w.in = spatial_sizes(c, x);
+  w.n = int(w.in.size());
   w.k = kernel;
   if (int(w.k.size()) != w.n) c.fail("kernel_shape has {} dims, input has {} spatial dims", w.k.size(), w.n);
   w.s = c.attr_ints("strides", std::vector<int64_t>(size_t(w.n), 1));
@@ -88,6 +101,9 @@ Window resolve_window(NodeCtx& c, V x, const std::vector<int64_t>& kernel, bool 
     } else if (auto_pad == "NOTSET" || auto_pad.empty()) {
       int64_t span = in + pb + pe - ext;
       out = (ceil ? (span + s - 1) / s : span / s) + 1;
+      // In ceil mode a last window that would start in the end padding is dropped (as
+      // PyTorch does; the ONNX reference agrees since onnx 1.16).
+      if (ceil && out > 1 && (out - 1) * s >= in + pb) --out;
       if (span < 0) out = 0;
     } else {
       c.fail("auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got \"{}\"", auto_pad);
@@ -313,9 +329,30 @@ V pool2d(NodeCtx& c, PoolKind kind, V x, Ints k, Ints s, Ints d) {
                                        {"ceil_mode", false}, {"count_include_pad", true}});
 }
 
+// Dilated average pooling (AveragePool-19's dilations; Kiln's avg_pool2d has none): the mean of
+// the kernel's taps, each a strided slice of the padded input.
+V avg_pool_taps(NodeCtx& c, V xp, const Window& w) {
+  int64_t taps = 1;
+  for (int64_t k : w.k) taps *= k;
+  V acc = kNone;
+  for (int64_t t = 0; t < taps; ++t) {
+    V s = xp;
+    int64_t rem = t;
+    for (int i = w.n - 1; i >= 0; --i) {
+      int64_t ki = rem % w.k[size_t(i)], st = ki * w.d[size_t(i)];
+      rem /= w.k[size_t(i)];
+      s = c.slice(s, 2 + i, st, st + (w.out[size_t(i)] - 1) * w.s[size_t(i)] + 1, w.s[size_t(i)]);
+    }
+    acc = acc == kNone ? s : c.add(acc, s);
+  }
+  return c.div(acc, c.scalar(double(taps), c.dtype(acc)));
+}
+
 // Pool over explicitly padded x of rank 3..5 (windows fit exactly, `w.out` of them). Avg pools
-// return window sums divided by the 2-D kernel size (the caller divides by counts).
+// return window sums divided by the kernel size (the caller divides by counts).
 V pool_padded(NodeCtx& c, PoolKind kind, V xp, const Window& w) {
+  if (kind == PoolKind::Avg && w.d != std::vector<int64_t>(size_t(w.n), 1))
+    return avg_pool_taps(c, xp, w);
   if (w.n == 1) {
     V y = pool2d(c, kind, to_2d(c, xp), {1, w.k[0]}, {1, w.s[0]}, {1, w.d[0]});
     return from_2d(c, y);
@@ -383,8 +420,6 @@ void conv_pool(NodeCtx& c) {
   bool ceil = c.attr_int("ceil_mode", 0) != 0;
   Window w = resolve_window(c, x, kernel, ceil);
   DType dt = c.dtype(x);
-  if (K == PoolKind::Avg && w.d != std::vector<int64_t>(size_t(w.n), 1))
-    c.not_supported("dilated average pooling");
   bool store_col = c.attr_int("storage_order", 0) != 0;
   if (K == PoolKind::Max) {
     // Integer inputs pool exactly in float32 (8-bit) or float64 (32/64-bit).
@@ -407,9 +442,8 @@ void conv_pool(NodeCtx& c) {
   // Divide by the number of counted elements per window: a mask over the padded extent (ones
   // over the input, and over the declared pads when they count), pooled the same way. The
   // mask is a constant, so its pooled counts fold at import.
-  Dims xd = c.dims(x, "input");
   Dims md{1, 1};
-  for (int i = 0; i < w.n; ++i) md.push_back(xd[size_t(i + 2)]);
+  for (int i = 0; i < w.n; ++i) md.push_back(w.in[size_t(i)]);
   Tensor ones = Tensor::full(md, 1.0, dt);
   V mask = c.constant(ones);
   if (include_pad) {  // declared pads count, the ceil-mode extension does not
@@ -684,7 +718,8 @@ void add_nn_converters(std::vector<OnnxOpEntry>& t) {
                "-inf padding; Indices output for 2-D; integer inputs pooled in float"});
   t.push_back({"AveragePool", conv_pool<PoolKind::Avg>,
                {AvgPool2d, Pad, Unsqueeze, Squeeze, Slice, Permute, Reshape, Add, Div},
-               "window sums / counted elements (count_include_pad, ceil_mode)"});
+               "window sums / counted elements (count_include_pad, ceil_mode); dilations (opset "
+               "19) as a sum of strided slices"});
   t.push_back({"GlobalAveragePool", conv_global_avg, {AdaptiveAvgPool2d, Mean},
                "adaptive_avg_pool2d to 1x1 (4-D); mean over spatial dims otherwise"});
   t.push_back({"GlobalMaxPool", conv_global_max, {Max}, "max over spatial dims"});

@@ -30,6 +30,36 @@ V qparam(NodeCtx& c, V p, int r, int64_t axis) {
   return c.reshape(p, s);
 }
 
+// A quantization parameter for x (shape xs) with blocked quantization (opset 21 block_size > 0):
+// p has x's rank, with ceil(D / block) entries along axis; each is repeated block times.
+// Without a block size, qparam's per-tensor / per-axis forms.
+V qparam_for(NodeCtx& c, V p, const Shape& xs, int64_t axis, int64_t block) {
+  int r = int(xs.size());
+  if (block <= 0) return qparam(c, p, r, axis);
+  axis = c.axis(axis, r, "axis");
+  if (c.rank(p) != r)
+    c.fail("blocked quantization (block_size {}) needs scale/zero point of the input's rank {}, "
+           "got rank {}", block, r, c.rank(p));
+  Dims pd = c.dims(p, "scale / zero point");
+  SymInt d = xs[size_t(axis)];
+  if (d.is_symbolic()) c.not_supported("blocked quantization along symbolic dim {}", d.str());
+  int64_t blocks = pd[size_t(axis)];
+  if (blocks * block < d.value() || (blocks - 1) * block >= d.value())
+    c.fail("block_size {} does not fit {} blocks along axis {} of size {}", block, blocks, axis,
+           d.value());
+  Shape up;  // [..., blocks, 1, ...] -> [..., blocks, block, ...] -> [..., blocks * block, ...]
+  Ints ex;
+  for (int i = 0; i < r; ++i) {
+    up.push_back(pd[size_t(i)]);
+    ex.push_back(pd[size_t(i)]);
+    if (i == axis) up.push_back(1), ex.push_back(block);
+  }
+  V rep = c.op1(OpId::Expand, {c.reshape(p, up)}, {{"shape", ex}});
+  Shape flat;
+  for (int i = 0; i < r; ++i) flat.push_back(i == axis ? SymInt(blocks * block) : SymInt(pd[size_t(i)]));
+  return c.slice(c.reshape(rep, flat), axis, 0, d.value());
+}
+
 // saturate(round(v) + zp) as `to`. v and zp are float.
 V requantize(NodeCtx& c, V v, V zp_f, DType to) {
   QRange q = qrange(c, to);
@@ -39,25 +69,51 @@ V requantize(NodeCtx& c, V v, V zp_f, DType to) {
   return c.cast(y, to);
 }
 
+// An ONNX dtype attribute (0 = not given) as a Kiln dtype.
+std::optional<DType> dtype_attr(NodeCtx& c, std::string_view name) {
+  int64_t t = c.attr_int(name, 0);
+  if (t == 0) return std::nullopt;
+  DType d = DType::Float32;
+  if (!dtype_from_onnx(int32_t(t), &d)) c.not_supported("{} {} is not supported by Kiln", name, onnx_type_name(int32_t(t)));
+  return d;
+}
+
+// Opset 19 adds saturate (float8 outputs only, which Kiln does not have: validated, no effect),
+// 21 block_size and output_dtype, 23 precision (the division's type).
 void conv_quantize_linear(NodeCtx& c) {
   V x = c.in(0), scale = c.in(1), zp = c.in_opt(2);
-  int r = c.rank(x);
   int64_t axis = c.opset() >= 13 ? c.attr_int("axis", 1) : 1;
-  DType to = zp == kNone ? DType::UInt8 : c.dtype(zp);
-  DType work = c.dtype(x) == DType::Float64 ? DType::Float64 : DType::Float32;
-  V v = c.div(c.cast(x, work), c.cast(qparam(c, scale, r, axis), work));
-  V z = zp == kNone ? kNone : c.cast(qparam(c, zp, r, axis), work);
+  if (c.opset() >= 19) {
+    int64_t sat = c.attr_int("saturate", 1);
+    if (sat != 0 && sat != 1) c.fail("saturate must be 0 or 1, got {}", sat);
+  }
+  int64_t block = c.opset() >= 21 ? c.attr_int("block_size", 0) : 0;
+  if (block < 0) c.fail("block_size must be >= 0, got {}", block);
+  std::optional<DType> out_dtype = c.opset() >= 21 ? dtype_attr(c, "output_dtype") : std::nullopt;
+  std::optional<DType> precision = c.opset() >= 23 ? dtype_attr(c, "precision") : std::nullopt;
+  if (out_dtype && zp != kNone && *out_dtype != c.dtype(zp))
+    c.fail("output_dtype {} differs from the zero point's type {}", dtype_name(*out_dtype),
+           dtype_name(c.dtype(zp)));
+  DType to = zp != kNone ? c.dtype(zp) : out_dtype.value_or(DType::UInt8);
+  DType work = precision ? *precision
+                         : (c.dtype(x) == DType::Float64 ? DType::Float64 : DType::Float32);
+  Shape xs = c.shape(x);
+  V v = c.div(c.cast(x, work), c.cast(qparam_for(c, scale, xs, axis, block), work));
+  V z = zp == kNone ? kNone : c.cast(qparam_for(c, zp, xs, axis, block), work);
   c.out(0, requantize(c, v, z, to));
 }
 
 void conv_dequantize_linear(NodeCtx& c) {
   V x = c.in(0), scale = c.in(1), zp = c.in_opt(2);
-  int r = c.rank(x);
   int64_t axis = c.opset() >= 13 ? c.attr_int("axis", 1) : 1;
-  DType out = c.dtype(scale);
+  int64_t block = c.opset() >= 21 ? c.attr_int("block_size", 0) : 0;
+  if (block < 0) c.fail("block_size must be >= 0, got {}", block);
+  std::optional<DType> out_dtype = c.opset() >= 23 ? dtype_attr(c, "output_dtype") : std::nullopt;
+  DType out = out_dtype.value_or(c.dtype(scale));
+  Shape xs = c.shape(x);
   V v = c.cast(x, out);
-  if (zp != kNone) v = c.sub(v, c.cast(qparam(c, zp, r, axis), out));
-  c.out(0, c.mul(v, qparam(c, scale, r, axis)));
+  if (zp != kNone) v = c.sub(v, c.cast(qparam_for(c, zp, xs, axis, block), out));
+  c.out(0, c.mul(v, c.cast(qparam_for(c, scale, xs, axis, block), out)));
 }
 
 void conv_dynamic_quantize_linear(NodeCtx& c) {
@@ -134,9 +190,11 @@ void conv_qlinear_conv(NodeCtx& c) {
 
 void add_quant_converters(std::vector<OnnxOpEntry>& t) {
   using enum OpId;
-  std::vector<OpId> q = {Reshape, Div, Cast, Round, Add, Clamp};
-  t.push_back({"QuantizeLinear", conv_quantize_linear, q, "round half to even, saturate"});
-  t.push_back({"DequantizeLinear", conv_dequantize_linear, {Reshape, Cast, Sub, Mul}, ""});
+  std::vector<OpId> q = {Reshape, Div, Cast, Round, Add, Clamp, Expand, Slice};
+  t.push_back({"QuantizeLinear", conv_quantize_linear, q,
+               "round half to even, saturate; blocked (opset 21) by repeating the scales"});
+  t.push_back({"DequantizeLinear", conv_dequantize_linear, {Reshape, Cast, Sub, Mul, Expand, Slice},
+               "blocked (opset 21) by repeating the scales"});
   t.push_back({"DynamicQuantizeLinear", conv_dynamic_quantize_linear,
                {Min, Max, Minimum, Maximum, Sub, Div, Round, Clamp, Add, Cast}, ""});
   t.push_back({"MatMulInteger", conv_matmul_integer, {Cast, Reshape, Sub, Matmul}, "int32 matmul"});

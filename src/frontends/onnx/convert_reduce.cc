@@ -1,5 +1,10 @@
 // ONNX reductions: ReduceSum/Mean/Max/Min/Prod directly, ReduceL1/L2/LogSum/LogSumExp/SumSquare
 // composed; ArgMax/ArgMin (select_last_index through a reversed copy).
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
 #include "frontends/onnx/convert.h"
 
 namespace kiln::onnx {
@@ -18,7 +23,8 @@ ReduceSpec reduce_spec(NodeCtx& c, V x, bool axes_input) {
   std::vector<int64_t> axes;
   if (axes_input) {
     if (c.has_input(1)) axes = c.ints_input(1, "axes");
-    s.noop = axes.empty() && c.attr_int("noop_with_empty_axes", 0) != 0;
+    bool noop_with_empty_axes = c.attr_int("noop_with_empty_axes", 0) != 0;
+    s.noop = axes.empty() && noop_with_empty_axes;
   } else {
     axes = c.attr_ints("axes");
   }
@@ -38,6 +44,20 @@ V reduce(NodeCtx& c, OpId op, V x, const ReduceSpec& s) {
 
 enum class Kind { Sum, Mean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare };
 
+// The identity of max (low) or min (!low) over an empty set, as a 0-d tensor of dtype d.
+Tensor empty_set_identity(DType d, bool low) {
+  Tensor t = Tensor::empty(Dims{}, d);
+  char* p = static_cast<char*>(t.raw_data());
+  switch (d) {
+    case DType::Bool: store_i64(p, d, low ? 0 : 1); break;
+    case DType::Int8: store_i64(p, d, low ? -128 : 127); break;
+    case DType::UInt8: store_i64(p, d, low ? 0 : 255); break;
+    case DType::Int32: store_i64(p, d, low ? INT32_MIN : INT32_MAX); break;
+    case DType::Int64: store_i64(p, d, low ? INT64_MIN : INT64_MAX); break;
+    default: store_f64(p, d, low ? -INFINITY : INFINITY);
+  }
+  return t;
+}
 template <Kind K>
 void conv_reduce(NodeCtx& c) {
   V x = c.in(0);
@@ -48,6 +68,27 @@ void conv_reduce(NodeCtx& c) {
     return;
   }
   DType dt = c.dtype(x);
+  if ((K == Kind::Max || K == Kind::Min || K == Kind::LogSumExp) && c.rank(x) > 0) {
+    // Over an empty set (a reduced dim of size 0) ONNX defines the identity: -inf for max and
+    // log-sum-exp, +inf for min (the type's extremes for integers, false/true for bool).
+    Shape out;
+    bool empty = false;
+    for (int d = 0; d < c.rank(x); ++d) {
+      bool reduced = s.dims.empty() ||
+                     std::find(s.dims.begin(), s.dims.end(), int64_t(d)) != s.dims.end();
+      SymInt size = c.shape(x)[size_t(d)];
+      if (reduced && size == SymInt(0)) empty = true;
+      if (!reduced) out.push_back(size);
+      else if (s.keepdim) out.push_back(1);
+    }
+    if (empty) {
+      Ints raw;
+      for (SymInt d : out) raw.push_back(d.raw());
+      V id = c.constant(empty_set_identity(dt, K != Kind::Min));
+      c.out(0, c.op1(OpId::Expand, {id}, {{"shape", raw}}));
+      return;
+    }
+  }
   V y = kNone;
   switch (K) {
     case Kind::Sum: y = reduce(c, OpId::Sum, x, s); break;
@@ -108,14 +149,14 @@ void add_reduce_converters(std::vector<OnnxOpEntry>& t) {
   using enum OpId;
   t.push_back({"ReduceSum", conv_reduce<Kind::Sum>, {Sum, Cast}, ""});
   t.push_back({"ReduceMean", conv_reduce<Kind::Mean>, {Mean, Cast}, ""});
-  t.push_back({"ReduceMax", conv_reduce<Kind::Max>, {Max, Cast}, ""});
-  t.push_back({"ReduceMin", conv_reduce<Kind::Min>, {Min, Cast}, ""});
+  t.push_back({"ReduceMax", conv_reduce<Kind::Max>, {Max, Cast, Expand}, ""});
+  t.push_back({"ReduceMin", conv_reduce<Kind::Min>, {Min, Cast, Expand}, ""});
   t.push_back({"ReduceProd", conv_reduce<Kind::Prod>, {Prod, Cast}, ""});
   t.push_back({"ReduceL1", conv_reduce<Kind::L1>, {Sum, Abs, Cast}, "sum(|x|)"});
   t.push_back({"ReduceL2", conv_reduce<Kind::L2>, {Sum, Mul, Sqrt, Cast}, "sqrt(sum(x*x))"});
   t.push_back({"ReduceSumSquare", conv_reduce<Kind::SumSquare>, {Sum, Mul, Cast}, "sum(x*x)"});
   t.push_back({"ReduceLogSum", conv_reduce<Kind::LogSum>, {Sum, Log, Cast}, "log(sum(x))"});
-  t.push_back({"ReduceLogSumExp", conv_reduce<Kind::LogSumExp>, {Max, Sum, Exp, Sub, Log, Add, Cast},
+  t.push_back({"ReduceLogSumExp", conv_reduce<Kind::LogSumExp>, {Max, Sum, Exp, Sub, Log, Add, Cast, Expand},
                "log(sum(exp(x - max))) + max"});
   t.push_back({"ArgMax", conv_arg<Argmax>, {Argmax, IndexSelect, Sub},
                "select_last_index through a reversed copy"});

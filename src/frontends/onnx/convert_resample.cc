@@ -12,6 +12,11 @@
 // integer), out-of-range neighbours read the edge. N-D resizing is the product of the per-axis
 // maps. When the map is what Kiln's upsample op computes (NCHW, H/W only, bilinear with
 // align_corners or half-pixel, or nearest with power-of-two factors), the upsample op is used.
+// Opset 18 adds `axes` (the others keep their size), keep_aspect_ratio_policy (one scale for
+// all resized axes, sizes rounded half up) and antialias (the linear/cubic kernel stretched by
+// 1/scale when downsampling, over 2 - 2 * (floor(-support / scale) + 1) taps, normalized);
+// opset 19 adds half_pixel_symmetric coordinates. All of them only change the per-axis maps.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -27,15 +32,21 @@ struct ResizeAttrs {
   double cubic_a = -0.75;
   bool exclude_outside = false;
   double extrapolation = 0.0;
+  bool antialias = false;  // opset 18: linear/cubic filters widened by 1/scale when downsampling
 };
 
-// Source coordinate of output position x (ONNX reference semantics).
-double source_coord(const ResizeAttrs& a, double x, int64_t in, double scale, double roi_start,
-                    double roi_end) {
+// Source coordinate of output position x (ONNX reference semantics); out_int is the integer
+// output size.
+double source_coord(const ResizeAttrs& a, double x, int64_t in, int64_t out_int, double scale,
+                    double roi_start, double roi_end) {
   // The reference maps coordinates with the unrounded output extent in * scale (equal to the
   // output size when sizes are given).
   double out = double(in) * scale;
   const std::string& m = a.coord;
+  if (m == "half_pixel_symmetric") {  // opset 19: the ROI's center maps to the output's center
+    double offset = double(in) / 2 * (1 - double(out_int) / out);
+    return offset + (x + 0.5) / scale - 0.5;
+  }
   if (m == "align_corners") return out == 1 ? 0.0 : x * double(in - 1) / double(out - 1);
   if (m == "asymmetric") return x / scale;
   if (m == "tf_crop_and_resize") {
@@ -69,7 +80,7 @@ AxisMap axis_map(NodeCtx& c, const ResizeAttrs& a, int64_t in, int64_t out, doub
   if (nearest) m.nearest.resize(size_t(out));
   else m.weights.assign(size_t(out * in), 0.0);
   for (int64_t x = 0; x < out; ++x) {
-    double xo = source_coord(a, double(x), in, scale, roi_start, roi_end);
+    double xo = source_coord(a, double(x), in, out, scale, roi_start, roi_end);
     if (a.coord == "tf_crop_and_resize" && (xo < 0 || xo > double(in - 1))) {
       m.outside[size_t(x)] = true;
       m.identity = false;
@@ -96,7 +107,27 @@ AxisMap axis_map(NodeCtx& c, const ResizeAttrs& a, int64_t in, int64_t out, doub
     }
     std::vector<double> coeffs;
     int64_t first;
-    if (a.mode == "linear") {
+    if (a.antialias) {
+      // The reference's antialias filters: the kernel stretched by 1/scale (scale capped at 1)
+      // over taps base + start .. base - start + 1, normalized to sum 1.
+      double sc = std::min(scale, 1.0);
+      bool linear = a.mode == "linear";
+      int64_t start = int64_t(std::floor((linear ? -1.0 : -2.0) / sc)) + 1;
+      int64_t taps = 2 - 2 * start;
+      double sum = 0;
+      for (int64_t j = 0; j < taps; ++j) {
+        double t = std::fabs(sc * (double(start + j) - ratio)), w;
+        if (linear) w = std::clamp(1 - t, 0.0, 1.0);
+        else if (t <= 1) w = ((a.cubic_a + 2) * t - (a.cubic_a + 3)) * t * t + 1;
+        else if (t < 2) w = ((a.cubic_a * t - 5 * a.cubic_a) * t + 8 * a.cubic_a) * t - 4 * a.cubic_a;
+        else w = 0;
+        coeffs.push_back(w);
+        sum += w;
+      }
+      if (sum != 0)
+        for (double& w : coeffs) w /= sum;
+      first = base + start;
+    } else if (a.mode == "linear") {
       coeffs = {1 - ratio, ratio};
       first = base;
     } else {
@@ -178,17 +209,67 @@ bool power_of_two_factor(int64_t in, int64_t out) {
   return (f & (f - 1)) == 0;
 }
 
+// Resize-18 `axes`: scales/sizes/roi given for some axes only; the others keep their size.
+void expand_to_axes(NodeCtx& c, const std::vector<int64_t>& axes, const Dims& in,
+                    std::vector<double>& scales, std::vector<int64_t>& sizes,
+                    std::vector<double>& roi) {
+  int r = int(in.size());
+  size_t n = axes.size();
+  std::vector<int64_t> ax;
+  for (int64_t a : axes) {
+    int64_t d = c.axis(a, r, "axis");
+    if (std::find(ax.begin(), ax.end(), d) != ax.end()) c.fail("axis {} appears twice in axes", a);
+    ax.push_back(d);
+  }
+  if (!scales.empty()) {
+    if (scales.size() != n) c.fail("scales has {} entries for {} axes", scales.size(), n);
+    std::vector<double> full(size_t(r), 1.0);
+    for (size_t k = 0; k < n; ++k) full[size_t(ax[k])] = scales[k];
+    scales = full;
+  }
+  if (!sizes.empty()) {
+    if (sizes.size() != n) c.fail("sizes has {} entries for {} axes", sizes.size(), n);
+    std::vector<int64_t> full(in.begin(), in.end());
+    for (size_t k = 0; k < n; ++k) full[size_t(ax[k])] = sizes[k];
+    sizes = full;
+  }
+  if (!roi.empty()) {
+    if (roi.size() != 2 * n) c.fail("roi has {} entries for {} axes", roi.size(), n);
+    std::vector<double> full(size_t(r), 0.0);
+    full.resize(size_t(2 * r), 1.0);
+    for (size_t k = 0; k < n; ++k) {
+      full[size_t(ax[k])] = roi[k];
+      full[size_t(ax[k] + r)] = roi[k + n];
+    }
+    roi = full;
+  }
+}
+
 void resize(NodeCtx& c, V x, const ResizeAttrs& a, std::vector<double> scales,
-            std::vector<int64_t> sizes, std::vector<double> roi) {
+            std::vector<int64_t> sizes, std::vector<double> roi,
+            const std::optional<std::vector<int64_t>>& axes = std::nullopt,
+            const std::string& keep_aspect = "stretch") {
   if (a.mode != "nearest" && a.mode != "linear" && a.mode != "cubic")
     c.fail("mode must be nearest, linear or cubic, got \"{}\"", a.mode);
+  if (a.antialias && a.mode == "nearest") c.fail("antialias applies to linear and cubic modes only");
   static const char* kCoords[] = {"half_pixel", "pytorch_half_pixel", "align_corners",
-                                  "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize"};
+                                  "asymmetric", "tf_half_pixel_for_nn", "tf_crop_and_resize",
+                                  "half_pixel_symmetric"};
   bool known_coord = false;
   for (const char* m : kCoords) known_coord |= a.coord == m;
-  if (!known_coord) c.fail("coordinate_transformation_mode \"{}\" is not an ONNX mode", a.coord);
+  if (!known_coord || (a.coord == "half_pixel_symmetric" && c.opset() < 19))
+    c.fail("coordinate_transformation_mode \"{}\" is not an ONNX mode (opset {})", a.coord,
+           c.opset());
   Dims in = c.dims(x, "input 'X'");
   int r = int(in.size());
+  // The axes being resized (all, or Resize-18's `axes`).
+  std::vector<int64_t> resized;
+  if (axes) {
+    expand_to_axes(c, *axes, in, scales, sizes, roi);
+    for (int64_t ax : *axes) resized.push_back(c.axis(ax, r, "axis"));
+  } else {
+    for (int i = 0; i < r; ++i) resized.push_back(i);
+  }
   Dims out;
   if (!sizes.empty()) {
     if (int(sizes.size()) != r) c.fail("sizes has {} entries for a rank-{} input", sizes.size(), r);
@@ -197,6 +278,22 @@ void resize(NodeCtx& c, V x, const ResizeAttrs& a, std::vector<double> scales,
       if (sizes[size_t(i)] < 1) c.fail("sizes must be >= 1");
       out.push_back(sizes[size_t(i)]);
       scales.push_back(double(sizes[size_t(i)]) / double(in[size_t(i)]));
+    }
+    if (keep_aspect != "stretch") {
+      // Resize-18: one scale for every resized axis, the smallest (not_larger) or the largest
+      // (not_smaller); the sizes follow it, rounded half up.
+      if (keep_aspect != "not_larger" && keep_aspect != "not_smaller")
+        c.fail("keep_aspect_ratio_policy must be stretch, not_larger or not_smaller, got \"{}\"",
+               keep_aspect);
+      double sc = keep_aspect == "not_larger" ? INFINITY : 0.0;
+      for (int64_t ax : resized)
+        sc = keep_aspect == "not_larger" ? std::min(sc, scales[size_t(ax)])
+                                         : std::max(sc, scales[size_t(ax)]);
+      for (int64_t ax : resized) {
+        scales[size_t(ax)] = sc;
+        out[size_t(ax)] = int64_t(sc * double(in[size_t(ax)]) + 0.5);
+        if (out[size_t(ax)] < 1) c.fail("keep_aspect_ratio_policy leaves dim {} empty", ax);
+      }
     }
   } else {
     if (int(scales.size()) != r) c.fail("scales has {} entries for a rank-{} input", scales.size(), r);
@@ -228,7 +325,7 @@ void resize(NodeCtx& c, V x, const ResizeAttrs& a, std::vector<double> scales,
   bool hw_only = r == 4 && maps[0].identity && maps[1].identity && is_floating(c.dtype(x)) &&
                  double(in[2]) * scales[2] == double(out[2]) &&
                  double(in[3]) * scales[3] == double(out[3]);
-  if (hw_only && a.mode == "linear" && !a.exclude_outside &&
+  if (hw_only && a.mode == "linear" && !a.exclude_outside && !a.antialias &&
       (a.coord == "align_corners" || a.coord == "half_pixel" ||
        (a.coord == "pytorch_half_pixel" && out[2] > 1 && out[3] > 1))) {
     Attrs at{{"size", Ints{out[2], out[3]}}, {"mode", std::string("bilinear")},
@@ -280,7 +377,14 @@ void conv_resize(NodeCtx& c) {
     if (!scales.empty() && !sizes.empty()) c.fail("only one of scales and sizes may be given");
     if (scales.empty() && sizes.empty()) c.fail("one of scales and sizes is required");
   }
-  resize(c, x, a, scales, sizes, roi);
+  std::optional<std::vector<int64_t>> axes;
+  std::string keep_aspect = "stretch";
+  if (c.opset() >= 18) {
+    a.antialias = c.attr_int("antialias", 0) != 0;
+    axes = c.attr_ints_opt("axes");
+    keep_aspect = c.attr_string("keep_aspect_ratio_policy", "stretch");
+  }
+  resize(c, x, a, scales, sizes, roi, axes, keep_aspect);
 }
 
 void conv_upsample(NodeCtx& c) {
@@ -334,66 +438,109 @@ V pad_coord(NodeCtx& c, V v, int64_t size, const std::string& padding, bool alig
   return v;
 }
 
-// Value of x [N, C, H, W] at integer-valued float coordinates (iy, ix) [N, Ho, Wo]; taps out of
-// range read 0. Returns [N, C, Ho, Wo].
-V tap(NodeCtx& c, V xflat, V iy, V ix, int64_t n, int64_t ch, int64_t h, int64_t w, int64_t ho,
-      int64_t wo) {
-  DType dt = c.dtype(ix);
-  V inb = c.op1(OpId::And, {c.op1(OpId::And, {c.op1(OpId::Ge, {ix, c.scalar(0, dt)}),
-                                               c.op1(OpId::Le, {ix, c.scalar(double(w - 1), dt)})}),
-                            c.op1(OpId::And, {c.op1(OpId::Ge, {iy, c.scalar(0, dt)}),
-                                               c.op1(OpId::Le, {iy, c.scalar(double(h - 1), dt)})})});
-  V cx = c.cast(c.op1(OpId::Clamp, {ix}, {{"min", 0.0}, {"max", double(w - 1)}}), DType::Int64);
-  V cy = c.cast(c.op1(OpId::Clamp, {iy}, {{"min", 0.0}, {"max", double(h - 1)}}), DType::Int64);
-  V lin = c.add(c.mul(cy, c.scalar(double(w), DType::Int64)), cx);  // [N, Ho, Wo]
-  V idx = c.reshape(lin, Shape{n, 1, ho * wo});
-  idx = c.op1(OpId::Expand, {idx}, {{"shape", Ints{n, ch, ho * wo}}});
-  V v = c.reshape(c.op1(OpId::Gather, {xflat, idx}, {{"dim", int64_t(2)}}), Shape{n, ch, ho, wo});
+// Value of x (flattened to [N, C, prod(sizes)]) at integer-valued float coordinates (one
+// [N, out...] tensor per spatial dim, in dim order); taps out of range read 0. Returns
+// [N, C, out...].
+V tap(NodeCtx& c, V xflat, const std::vector<V>& coords, const Dims& sizes, int64_t n, int64_t ch,
+      const Dims& out) {
+  DType dt = c.dtype(coords[0]);
+  V inb = kNone, lin = kNone;
+  for (size_t i = 0; i < coords.size(); ++i) {
+    double hi = double(sizes[i] - 1);
+    V ok = c.op1(OpId::And, {c.op1(OpId::Ge, {coords[i], c.scalar(0, dt)}),
+                             c.op1(OpId::Le, {coords[i], c.scalar(hi, dt)})});
+    inb = inb == kNone ? ok : c.op1(OpId::And, {inb, ok});
+    V ci = c.cast(c.op1(OpId::Clamp, {coords[i]}, {{"min", 0.0}, {"max", hi}}), DType::Int64);
+    lin = lin == kNone ? ci : c.add(c.mul(lin, c.scalar(double(sizes[i]), DType::Int64)), ci);
+  }
+  int64_t points = numel(out);
+  Shape full{SymInt(n), SymInt(ch)};
+  for (int64_t d : out) full.push_back(d);
+  V idx = c.reshape(lin, Shape{SymInt(n), SymInt(1), SymInt(points)});
+  idx = c.op1(OpId::Expand, {idx}, {{"shape", Ints{n, ch, points}}});
+  V v = c.reshape(c.op1(OpId::Gather, {xflat, idx}, {{"dim", int64_t(2)}}), full);
   V m = c.unsqueeze(c.cast(inb, c.dtype(xflat)), {1});
   return c.mul(v, m);
 }
 
+// GridSample: X [N, C, spatial...] sampled at grid [N, out..., n] (x, y[, z] normalized to
+// [-1, 1], innermost dim first). Opset 20 renames the modes (linear, cubic) and allows N-D
+// inputs; Kiln composes 2-D and 3-D (cubic: 2-D only, as ONNX).
 void conv_grid_sample(NodeCtx& c) {
   V x = c.in(0), grid = c.in(1);
   bool align = c.attr_int("align_corners", 0) != 0;
-  std::string mode = c.attr_string("mode", "bilinear");
+  std::string mode = c.attr_string("mode", c.opset() >= 20 ? "linear" : "bilinear");
   std::string padding = c.attr_string("padding_mode", "zeros");
-  if (mode != "bilinear" && mode != "nearest" && mode != "bicubic")
+  if (c.opset() >= 20) {
+    if (mode != "linear" && mode != "nearest" && mode != "cubic")
+      c.fail("mode must be linear, nearest or cubic (opset {}), got \"{}\"", c.opset(), mode);
+    mode = mode == "linear" ? "bilinear" : mode == "cubic" ? "bicubic" : mode;
+  } else if (mode != "bilinear" && mode != "nearest" && mode != "bicubic") {
     c.fail("mode must be bilinear, nearest or bicubic, got \"{}\"", mode);
+  }
   if (padding != "zeros" && padding != "border" && padding != "reflection")
     c.fail("padding_mode must be zeros, border or reflection, got \"{}\"", padding);
-  if (mode == "bilinear" && padding == "zeros") {
+  Dims xd = c.dims(x, "input 'X'"), gd = c.dims(grid, "grid");
+  int sp = int(xd.size()) - 2;
+  bool shapes_ok = (sp == 2 || sp == 3) && int(gd.size()) == sp + 2 &&
+                   gd[size_t(sp + 1)] == sp && gd[0] == xd[0];
+  if (!shapes_ok)
+    c.fail("expects X [N, C, H, W] with grid [N, Ho, Wo, 2], or X [N, C, D, H, W] with grid "
+           "[N, Do, Ho, Wo, 3]; got {} and {}", to_string(xd), to_string(gd));
+  if (sp == 3 && mode == "bicubic") c.fail("cubic mode is defined for 4-D inputs only");
+  if (sp == 2 && mode == "bilinear" && padding == "zeros") {
     c.out(0, c.op1(OpId::GridSample, {x, grid}, {{"align_corners", align}}));
     return;
   }
-  Dims xd = c.dims(x, "input 'X'"), gd = c.dims(grid, "grid");
-  if (xd.size() != 4 || gd.size() != 4 || gd[3] != 2 || gd[0] != xd[0])
-    c.fail("expects X [N, C, H, W] and grid [N, Ho, Wo, 2], got {} and {}", to_string(xd), to_string(gd));
-  int64_t n = xd[0], ch = xd[1], h = xd[2], w = xd[3], ho = gd[1], wo = gd[2];
+  int64_t n = xd[0], ch = xd[1];
+  Dims sizes(xd.begin() + 2, xd.end()), out(gd.begin() + 1, gd.end() - 1);
   DType dt = c.dtype(x);
   V g = c.cast(grid, dt);
-  V gx = c.squeeze(c.slice(g, 3, 0, 1), {3}), gy = c.squeeze(c.slice(g, 3, 1, 2), {3});
-  V ix = unnormalize(c, gx, w, align), iy = unnormalize(c, gy, h, align);
-  V xflat = c.reshape(x, Shape{n, ch, h * w});
-  auto at = [&](V yy, V xx) { return tap(c, xflat, yy, xx, n, ch, h, w, ho, wo); };
-  auto bc = [&](V v) { return c.unsqueeze(v, {1}); };  // [N, Ho, Wo] -> [N, 1, Ho, Wo]
-  V out;
+  // Per spatial dim (D, H, W order) its source coordinate; the grid lists W first.
+  std::vector<V> coord;
+  for (int i = 0; i < sp; ++i) {
+    int64_t comp = sp - 1 - i;
+    V gi = c.squeeze(c.slice(g, sp + 1, comp, comp + 1), {int64_t(sp + 1)});
+    coord.push_back(unnormalize(c, gi, sizes[size_t(i)], align));
+  }
+  V xflat = c.reshape(x, Shape{SymInt(n), SymInt(ch), SymInt(numel(sizes))});
+  auto at = [&](const std::vector<V>& cs) { return tap(c, xflat, cs, sizes, n, ch, out); };
+  auto bc = [&](V v) { return c.unsqueeze(v, {1}); };  // [N, out...] -> [N, 1, out...]
+  V result = kNone;
   if (mode == "nearest") {
-    ix = pad_coord(c, ix, w, padding, align);
-    iy = pad_coord(c, iy, h, padding, align);
-    out = at(c.op1(OpId::Round, {iy}), c.op1(OpId::Round, {ix}));  // half to even, as nearbyint
+    std::vector<V> cs;
+    for (int i = 0; i < sp; ++i)  // half to even, as nearbyint
+      cs.push_back(c.op1(OpId::Round, {pad_coord(c, coord[size_t(i)], sizes[size_t(i)], padding, align)}));
+    result = at(cs);
   } else if (mode == "bilinear") {
-    ix = pad_coord(c, ix, w, padding, align);
-    iy = pad_coord(c, iy, h, padding, align);
-    V x0 = c.op1(OpId::Floor, {ix}), y0 = c.op1(OpId::Floor, {iy});
+    // (Tri)linear: the 2^sp corners, each weighted by the product of its per-dim weights.
     V one = c.scalar(1, dt);
-    V x1 = c.add(x0, one), y1 = c.add(y0, one);
-    V tx = c.sub(ix, x0), ty = c.sub(iy, y0);
-    V sx = c.sub(one, tx), sy = c.sub(one, ty);
-    out = c.add(c.add(c.mul(at(y0, x0), bc(c.mul(sy, sx))), c.mul(at(y0, x1), bc(c.mul(sy, tx)))),
-                c.add(c.mul(at(y1, x0), bc(c.mul(ty, sx))), c.mul(at(y1, x1), bc(c.mul(ty, tx)))));
+    std::vector<V> lo, hi, wlo, whi;
+    for (int i = 0; i < sp; ++i) {
+      V v = pad_coord(c, coord[size_t(i)], sizes[size_t(i)], padding, align);
+      V f = c.op1(OpId::Floor, {v});
+      V t = c.sub(v, f);
+      lo.push_back(f);
+      hi.push_back(c.add(f, one));
+      wlo.push_back(c.sub(one, t));
+      whi.push_back(t);
+    }
+    for (int corner = 0; corner < (1 << sp); ++corner) {
+      std::vector<V> cs;
+      V w = kNone;
+      for (int i = 0; i < sp; ++i) {
+        bool up = (corner >> (sp - 1 - i)) & 1;
+        cs.push_back(up ? hi[size_t(i)] : lo[size_t(i)]);
+        V wi = up ? whi[size_t(i)] : wlo[size_t(i)];
+        w = w == kNone ? wi : c.mul(w, wi);
+      }
+      V term = c.mul(at(cs), bc(w));
+      result = result == kNone ? term : c.add(result, term);
+    }
   } else {
     // Bicubic (A = -0.75) over the 4x4 neighbourhood; padding applies to each tap coordinate.
+    V iy = coord[0], ix = coord[1];
+    int64_t h = sizes[0], w = sizes[1];
     V x0 = c.op1(OpId::Floor, {ix}), y0 = c.op1(OpId::Floor, {iy});
     V tx = c.sub(ix, x0), ty = c.sub(iy, y0);
     auto coeffs = [&](V t) {
@@ -410,20 +557,19 @@ void conv_grid_sample(NodeCtx& c) {
                             far(c.sub(c.scalar(2, dt), t))};
     };
     std::vector<V> cx = coeffs(tx), cy = coeffs(ty);
-    out = kNone;
     for (int i = 0; i < 4; ++i) {
       V yy = pad_coord(c, c.add(y0, c.scalar(double(i - 1), dt)), h, padding, align);
       V row = kNone;
       for (int j = 0; j < 4; ++j) {
         V xx = pad_coord(c, c.add(x0, c.scalar(double(j - 1), dt)), w, padding, align);
-        V term = c.mul(at(c.op1(OpId::Floor, {yy}), c.op1(OpId::Floor, {xx})), bc(cx[size_t(j)]));
+        V term = c.mul(at({c.op1(OpId::Floor, {yy}), c.op1(OpId::Floor, {xx})}), bc(cx[size_t(j)]));
         row = row == kNone ? term : c.add(row, term);
       }
       V term = c.mul(row, bc(cy[size_t(i)]));
-      out = out == kNone ? term : c.add(out, term);
+      result = result == kNone ? term : c.add(result, term);
     }
   }
-  c.out(0, out);
+  c.out(0, result);
 }
 
 }  // namespace
@@ -437,7 +583,8 @@ void add_resample_converters(std::vector<OnnxOpEntry>& t) {
   t.push_back({"GridSample", conv_grid_sample,
                {GridSample, Cast, Squeeze, Slice, Mul, Add, Sub, Div, Reshape, Abs, Floor, Eq, Where,
                 Clamp, And, Ge, Le, Expand, Gather, Unsqueeze, Round},
-               "bilinear+zeros: grid_sample; other modes composed from gathers"});
+               "bilinear+zeros (4-D): grid_sample; other modes and 5-D (opset 20) composed from "
+               "gathers"});
 }
 
 }  // namespace kiln::onnx

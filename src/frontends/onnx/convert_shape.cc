@@ -242,12 +242,26 @@ void conv_split(NodeCtx& c) {
     sizes = c.ints_input(1, "split");
   }
   size_t n = c.num_outputs();
+  // Opset 18: num_outputs parts of ceil(d / n), the last one smaller when d does not divide.
+  std::optional<int64_t> num_outputs = c.opset() >= 18 ? c.attr_int_opt("num_outputs") : std::nullopt;
+  if (num_outputs && !sizes.empty()) c.fail("takes either the 'split' input or num_outputs, not both");
+  if (num_outputs && *num_outputs != int64_t(n))
+    c.fail("num_outputs is {} but the node has {} outputs", *num_outputs, n);
   if (sizes.empty()) {
     SymInt d = c.shape(x)[size_t(a)];
     if (d.is_symbolic()) c.not_supported("equal split of symbolic dim {}", d.str());
-    if (n == 0 || d.value() % int64_t(n) != 0)
-      c.fail("dim {} of size {} does not split into {} equal parts", a, d.value(), n);
-    sizes.assign(n, d.value() / int64_t(n));
+    if (n == 0) c.fail("has no outputs");
+    if (num_outputs) {
+      int64_t chunk = (d.value() + int64_t(n) - 1) / int64_t(n);
+      if (chunk * (int64_t(n) - 1) > d.value())
+        c.fail("dim {} of size {} does not split into {} parts of {}", a, d.value(), n, chunk);
+      sizes.assign(n, chunk);
+      sizes.back() = d.value() - chunk * (int64_t(n) - 1);
+    } else {
+      if (d.value() % int64_t(n) != 0)
+        c.fail("dim {} of size {} does not split into {} equal parts", a, d.value(), n);
+      sizes.assign(n, d.value() / int64_t(n));
+    }
   }
   if (sizes.size() != n)
     c.fail("split has {} sizes for {} outputs", sizes.size(), n);
@@ -266,8 +280,8 @@ void conv_slice(NodeCtx& c) {
     ends = c.attr_ints("ends");
     axes = c.attr_ints("axes");
   } else {
-    starts = c.ints_input(1, "starts");
-    ends = c.ints_input(2, "ends");
+    starts = c.ints_input(1, "starts", /*saturate=*/true);  // INT64_MIN: "from the very end"
+    ends = c.ints_input(2, "ends", /*saturate=*/true);
     if (c.has_input(3)) axes = c.ints_input(3, "axes");
     if (c.has_input(4)) steps = c.ints_input(4, "steps");
   }
@@ -417,9 +431,63 @@ V scatter_multiply(NodeCtx& c, V x, V index, V updates, int64_t dim) {
   return c.cast(y, dt);
 }
 
-// out = x with updates written (none), added (add) or multiplied (mul) at index along dim.
+// Largest [positions x updates] match matrix scatter_extreme builds (elements).
+constexpr int64_t kMaxScatterMatch = int64_t(1) << 24;
+
+// Reduction "max"/"min" (opset 18): every position p of x takes max(x[p], updates landing on p)
+// (min alike). Kiln has no scatter-max, so the updates' flat target positions are compared with
+// every position: a [positions, updates] match matrix, reduced along the updates (exact, but
+// quadratic: limited to kMaxScatterMatch elements).
+V scatter_extreme(NodeCtx& c, V x, V index, V updates, int64_t dim, bool is_max) {
+  Dims xd = c.dims(x, "data"), id = c.dims(index, "indices");
+  int r = int(xd.size());
+  int64_t nx = numel(xd), nu = numel(id);
+  if (nx != 0 && nu > kMaxScatterMatch / nx)
+    c.not_supported("reduction \"{}\" over {} positions and {} updates (the composition compares "
+                    "them pairwise; at most {} pairs)", is_max ? "max" : "min", nx, nu,
+                    kMaxScatterMatch);
+  // Flat target of each update: its own coordinates, with index along dim (wrapped).
+  Dims stride(size_t(r), 1);
+  for (int d = r - 2; d >= 0; --d) stride[size_t(d)] = stride[size_t(d + 1)] * xd[size_t(d + 1)];
+  std::vector<int64_t> base(static_cast<size_t>(nu));
+  for (int64_t e = 0; e < nu; ++e) {
+    int64_t rem = e, off = 0;
+    for (int d = r - 1; d >= 0; --d) {
+      int64_t coord = rem % id[size_t(d)];
+      rem /= id[size_t(d)];
+      if (d != dim) off += coord * stride[size_t(d)];
+    }
+    base[size_t(e)] = off;
+  }
+  V i64 = c.cast(index, DType::Int64);
+  V size = c.scalar(double(xd[size_t(dim)]), DType::Int64);
+  i64 = c.op1(OpId::Where, {c.op1(OpId::Lt, {i64, c.scalar(0, DType::Int64)}), c.add(i64, size), i64});
+  V lin = c.add(c.mul(i64, c.scalar(double(stride[size_t(dim)]), DType::Int64)),
+                c.constant(Tensor::from_vector(base, id)));
+  lin = c.reshape(lin, Shape{SymInt(1), SymInt(nu)});
+  V pos = c.reshape(c.constant(Tensor::arange(nx)), Shape{SymInt(nx), SymInt(1)});
+  V match = c.op1(OpId::Eq, {lin, pos});  // [nx, nu]
+  DType dt = c.dtype(x);
+  double fill = is_floating(dt) ? (is_max ? -INFINITY : INFINITY)
+                                : (is_max ? -std::ldexp(1.0, 62) : std::ldexp(1.0, 62));
+  if (dt == DType::Bool) fill = is_max ? 0 : 1;
+  V cand = c.op1(OpId::Where, {match, c.reshape(updates, Shape{SymInt(1), SymInt(nu)}),
+                               c.scalar(fill, dt)});
+  V best = c.op1(is_max ? OpId::Max : OpId::Min, {cand}, {{"dims", Ints{1}}, {"keepdim", false}});
+  V hit = c.op1(OpId::Gt, {c.op1(OpId::Sum, {c.cast(match, DType::Int64)},
+                                 {{"dims", Ints{1}}, {"keepdim", false}}),
+                           c.scalar(0, DType::Int64)});
+  V xf = c.reshape(x, Shape{SymInt(nx)});
+  V merged = c.op1(is_max ? OpId::Maximum : OpId::Minimum, {xf, best});
+  return c.reshape(c.op1(OpId::Where, {hit, merged, xf}), c.shape(x));
+}
+
+// out = x with updates written (none), added (add), multiplied (mul) or max/min-ed (opset 18) at
+// index along dim.
 V scatter(NodeCtx& c, V x, V index, V updates, int64_t dim, const std::string& reduction) {
   if (reduction == "add") return c.op1(OpId::ScatterAdd, {x, index, updates}, {{"dim", dim}});
+  if ((reduction == "max" || reduction == "min") && c.opset() >= 18)
+    return scatter_extreme(c, x, index, updates, dim, reduction == "max");
   V ones = c.full(c.shape(updates), 1, DType::Int64);
   V hits = c.op1(OpId::ScatterAdd, {c.full(c.shape(x), 0, DType::Int64), index, ones},
                  {{"dim", dim}});
@@ -427,7 +495,8 @@ V scatter(NodeCtx& c, V x, V index, V updates, int64_t dim, const std::string& r
   if (reduction == "mul")
     return c.op1(OpId::Where, {hit, scatter_multiply(c, x, index, updates, dim), x});
   if (reduction != "none")
-    c.not_supported("reduction \"{}\" is not supported (none, add, mul are)", reduction);
+    c.not_supported("reduction \"{}\" is not supported (none, add, mul; max and min from opset "
+                    "18)", reduction);
   // Duplicate indices with reduction "none" are undefined in ONNX; here they add up.
   V vals = c.op1(OpId::ScatterAdd, {c.full(c.shape(x), 0, c.dtype(x)), index, updates},
                  {{"dim", dim}});
@@ -519,18 +588,53 @@ void conv_pad(NodeCtx& c) {
       if (v.numel() != 1) c.fail("constant_value must be a scalar");
       value = v.to_vector<double>()[0];
     }
+    // Opset 18: `axes` names the dims that pads covers ([begins..., ends...] over axes).
+    if (c.opset() >= 18 && c.has_input(3)) {
+      std::vector<int64_t> axes = c.ints_input(3, "axes");
+      if (pads.size() != 2 * axes.size())
+        c.fail("pads has {} entries for {} axes (need {})", pads.size(), axes.size(), 2 * axes.size());
+      std::vector<int64_t> full(size_t(2 * r), 0);
+      std::vector<bool> seen(size_t(r), false);
+      for (size_t k = 0; k < axes.size(); ++k) {
+        int64_t a = c.axis(axes[k], r, "axis");
+        if (seen[size_t(a)]) c.fail("axis {} appears twice in axes", axes[k]);
+        seen[size_t(a)] = true;
+        full[size_t(a)] = pads[k];
+        full[size_t(a + r)] = pads[k + axes.size()];
+      }
+      pads = full;
+    }
   }
   if (int(pads.size()) != 2 * r) c.fail("pads has {} entries for a rank-{} input (need {})", pads.size(), r, 2 * r);
-  std::string kmode;
-  if (mode == "constant") kmode = "constant";
-  else if (mode == "reflect") kmode = "reflect";
-  else if (mode == "edge") kmode = "replicate";
-  else c.not_supported("mode \"{}\" is not supported (constant, reflect, edge are)", mode);
   bool all_zero = std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
   if (all_zero) {
     c.out(0, x);
     return;
   }
+  if (mode == "wrap" && c.opset() >= 19) {
+    // Wrap-around (a torus): per padded dim, index_select of (i - begin) mod size.
+    V y = x;
+    for (int d = 0; d < r; ++d) {
+      int64_t b = pads[size_t(d)], e = pads[size_t(d + r)];
+      if (b == 0 && e == 0) continue;
+      int64_t size = c.dims(x, "the input (wrap padding)")[size_t(d)];
+      int64_t len = size + b + e;
+      if (len < 0) c.fail("pads crop dim {} of size {} to a negative size", d, size);
+      if (size == 0 && len > 0) c.fail("wrap padding of dim {} needs a non-empty dim", d);
+      check_size(c, Shape{SymInt(len)}, DType::Int64, "the wrap indices");
+      std::vector<int64_t> idx(static_cast<size_t>(len));
+      for (int64_t i = 0; i < len; ++i) idx[size_t(i)] = (((i - b) % size) + size) % size;
+      y = c.op1(OpId::IndexSelect, {y, c.constant(Tensor::from_vector(idx, Dims{len}))},
+                {{"dim", int64_t(d)}});
+    }
+    c.out(0, y);
+    return;
+  }
+  std::string kmode;
+  if (mode == "constant") kmode = "constant";
+  else if (mode == "reflect") kmode = "reflect";
+  else if (mode == "edge") kmode = "replicate";
+  else c.not_supported("mode \"{}\" is not supported (constant, reflect, edge; wrap from opset 19)", mode);
   c.out(0, c.op1(OpId::Pad, {x}, {{"pads", Ints(pads)}, {"mode", kmode}, {"value", value}}));
 }
 
@@ -617,9 +721,14 @@ void conv_space_to_depth(NodeCtx& c) {
   for (int i = 2; i < 4; ++i)
     if (s[size_t(i)].is_concrete() && s[size_t(i)].value() % b != 0)
       c.fail("dim {} of size {} is not divisible by blocksize {}", i, s[size_t(i)].value(), b);
+  // Opset 28 adds `mode`: DCR (the only order before) puts the block offset outermost in the
+  // output channels, CRD the input channel.
+  std::string mode = c.opset() >= 28 ? c.attr_string("mode", "DCR") : "DCR";
+  if (mode != "DCR" && mode != "CRD") c.fail("mode must be DCR or CRD, got \"{}\"", mode);
   SymInt ho = floordiv(s[2], SymInt(b)), wo = floordiv(s[3], SymInt(b));
   V y = c.reshape(x, Shape{s[0], s[1], ho, b, wo, b});
-  y = c.permute(y, {0, 3, 5, 1, 2, 4});
+  y = c.permute(y, mode == "DCR" ? std::vector<int64_t>{0, 3, 5, 1, 2, 4}
+                                 : std::vector<int64_t>{0, 1, 3, 5, 2, 4});
   c.out(0, c.reshape(y, Shape{s[0], s[1] * SymInt(b * b), ho, wo}));
 }
 
@@ -669,9 +778,11 @@ void add_shape_converters(std::vector<OnnxOpEntry>& t) {
   std::vector<OpId> gnd = lin;
   gnd.insert(gnd.end(), {Reshape, IndexSelect});
   t.push_back({"GatherND", conv_gather_nd, gnd, "linear row index + index_select"});
-  std::vector<OpId> sc = {ScatterAdd, Expand, Gt, Where, Cast, Log, Abs, Lt, Floor, Mul, Sub, Exp, Round};
+  std::vector<OpId> sc = {ScatterAdd, Expand, Gt, Where, Cast, Log, Abs, Lt, Floor, Mul, Sub, Exp,
+                          Round, Add, Eq, Max, Min, Sum, Maximum, Minimum, Reshape};
   t.push_back({"ScatterElements", conv_scatter_elements, sc,
-               "scatter_add of values and of hit counts; mul through log-sums"});
+               "scatter_add of values and of hit counts; mul through log-sums; max/min through a "
+               "position x update match matrix"});
   t.push_back({"Scatter", conv_scatter_elements, sc, "as ScatterElements"});
   std::vector<OpId> snd = sc;
   snd.insert(snd.end(), lin.begin(), lin.end());
@@ -679,7 +790,8 @@ void add_shape_converters(std::vector<OnnxOpEntry>& t) {
   t.push_back({"ScatterND", conv_scatter_nd, snd, "scatter over linear row indices"});
   t.push_back({"Expand", conv_expand, {Expand}, "bidirectional broadcast"});
   t.push_back({"Tile", conv_tile, {Unsqueeze, Expand, Reshape}, "expand + reshape per dim"});
-  t.push_back({"Pad", conv_pad, {Pad}, "constant, reflect, edge"});
+  t.push_back({"Pad", conv_pad, {Pad, IndexSelect},
+               "constant, reflect, edge; wrap (opset 19) as index_select; axes (opset 18)"});
   t.push_back({"Trilu", conv_trilu, {Where}, "where with a constant mask"});
   t.push_back({"OneHot", conv_one_hot, {Cast, Lt, Where, Add, Reshape, Eq, Unsqueeze, Slice}, ""});
   t.push_back({"DepthToSpace", conv_depth_to_space, {Reshape, Permute}, ""});
