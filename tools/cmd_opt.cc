@@ -16,6 +16,7 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "lower/memory_planner.h"
+#include "lower/scheduler.h"
 #include "passes/pass.h"
 #include "tools/commands.h"
 
@@ -114,6 +115,7 @@ void add_opt_command(CLI::App& app) {
   static bool split = false;
   static bool list = false;
   static bool memory_plan = false;
+  static bool schedule = false;
   cmd->add_option("FILE", file, "IR text file, or - for standard input");
   cmd->add_option("--passes", passes, "Comma-separated passes to run, in order");
   cmd->add_option("-o,--output", out_path, "Write the result here instead of standard output");
@@ -122,6 +124,9 @@ void add_opt_command(CLI::App& app) {
   cmd->add_flag("--list-passes", list, "List the available passes and exit");
   cmd->add_flag("--memory-plan", memory_plan,
                 "After the passes, print the arena memory plan (see docs/memory.md)");
+  cmd->add_flag("--schedule", schedule,
+                "After the passes, print the CPU compiler's schedule: fused loop kernels, extern "
+                "and eager steps, and the memory plan over the kernels (see docs/compiler.md)");
   cmd->callback([] {
     if (list) {
       std::string text;
@@ -147,6 +152,7 @@ void add_opt_command(CLI::App& app) {
         verify_memory_plan(g, plan);
         result += memory_plan_str(g, plan);
       }
+      if (schedule) result += lower::describe_schedule(g);
     }
     write_output(out_path, result);
   });

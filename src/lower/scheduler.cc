@@ -29,6 +29,7 @@
 
 #include "core/error.h"
 #include "eager/dispatch.h"
+#include "lower/memory_planner.h"
 #include "ops/kernel_util.h"
 
 namespace kiln::lower {
@@ -787,14 +788,45 @@ std::string schedule_str(const Graph& g, const Schedule& s) {
     if (st.kind == StepKind::Loop) {
       const LoopKernel& k = s.loops[size_t(st.loop)];
       std::string names;
-      for (int32_t n : k.nodes) names += (names.empty() ? "" : ", ") + g.nodes[size_t(n)].name;
+      for (int32_t n : k.nodes)
+        names += (names.empty() ? "%" : ", %") + g.value(g.nodes[size_t(n)].outputs[0]).name;
       out += fmt::format("step {}: {} {} [{}]\n", i, loop_kind_name(k.kind), k.name, names);
     } else {
       const Node& n = g.nodes[size_t(st.node)];
-      out += fmt::format("step {}: {} {} '{}'\n", i, step_kind_name(st.kind), op_def(n.op).name,
-                         n.name);
+      out += fmt::format("step {}: {} {} [%{}]\n", i, step_kind_name(st.kind), op_def(n.op).name,
+                         g.value(n.outputs[0]).name);
     }
   }
+  return out;
+}
+
+std::string describe_schedule(const Graph& g, bool fuse) {
+  PlanOptions pre;
+  pre.in_place = false;
+  MemoryPlan pre_plan = plan_memory(g, pre);
+  std::vector<bool> view_is_copy(g.values.size(), false);
+  for (size_t v = 0; v < g.values.size(); ++v)
+    view_is_copy[v] = pre_plan.values[v].kind == PlanKind::Copy;
+  ScheduleOptions so;
+  so.fuse = fuse;
+  so.extern_nodes.assign(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    OpId op = g.nodes[i].op;
+    so.extern_nodes[i] = op == OpId::Conv2d || op == OpId::FusedConv2d ||
+                         op == OpId::ConvTranspose2d || op == OpId::Linear ||
+                         op == OpId::FusedLinear || op == OpId::Matmul ||
+                         op == OpId::MaxPool2d || op == OpId::AvgPool2d;
+  }
+  Schedule s = schedule(g, view_is_copy, so);
+  PlanOptions po;
+  po.in_place = false;
+  po.node_step = s.node_step;
+  po.unstored = s.unstored;
+  MemoryPlan plan = plan_memory(g, po);
+  verify_memory_plan(g, plan, po);
+  std::string out = schedule_str(g, s);
+  for (const LoopKernel& k : s.loops) out += loop_kernel_str(g, k);
+  out += memory_plan_str(g, plan);
   return out;
 }
 

@@ -67,4 +67,9 @@ bool resolve_view(const Graph& g, ValueId v, ViewGeometry* out);
 
 std::string schedule_str(const Graph& g, const Schedule& s);
 
+// For `kiln opt --schedule` and IR-text tests: schedules `g` as the CPU compiler would (conv,
+// deconv, linear, matmul and pooling as extern steps, without asking oneDNN), plans memory over
+// the schedule, and prints the steps, every loop kernel and the memory plan.
+std::string describe_schedule(const Graph& g, bool fuse = true);
+
 }  // namespace kiln::lower

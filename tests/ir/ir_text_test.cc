@@ -16,6 +16,7 @@
 #include "filecheck.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "lower/scheduler.h"
 #include "passes/pass.h"
 
 namespace kiln::test {
@@ -165,12 +166,19 @@ TEST_P(KirTest, Case) {
   }
 
   std::string printed;
+  // `// SCHEDULE:` cases check the CPU compiler's schedule, loop kernels and memory plan
+  // (lower::describe_schedule) instead of the printed graph.
+  bool schedule = !directive_values(c.text, "SCHEDULE").empty();
   try {
     Graph g = parse_graph(c.text, c.file);
     run_passes(g, passes);
-    printed = print_graph(g);
+    printed = schedule ? lower::describe_schedule(g) : print_graph(g);
   } catch (const Error& e) {
     FAIL() << "unexpected error: " << e.what();
+  }
+  if (schedule) {
+    EXPECT_EQ(filecheck(printed, checks), "") << "in " << c.file << "\noutput:\n" << printed;
+    return;
   }
   // The printed form is canonical: parsing it and printing again changes nothing.
   try {
