@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "capture/backend.h"
 #include "capture/compile.h"
+#include "codegen/cpu/inductor.h"
+#include "ir/graph.h"
 #include "nn/models/zoo.h"
 
 using namespace kiln;
@@ -76,3 +79,41 @@ static std::vector<std::string> zoo_names() {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, InductorZoo, testing::ValuesIn(zoo_names()),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// A compile error inside generated code is a kiln::Error that names the kernel; through
+// capture (strict=false) the graph falls back to eager, says so once, and the results stay
+// right.
+TEST(InductorErrors, CompileErrorNamesKernelAndFallsBack) {
+  register_backend("inductor-broken", [](const Graph& g, const CompileOptions&) {
+    codegen::InductorOptions o;
+    o.inject_error_into = "k0_";  // the first kernel: mlp's fused Linear+ReLU
+    return std::unique_ptr<CompiledGraph>(codegen::compile_inductor(g, o));
+  });
+  nn::ZooModel m = nn::make_zoo_model("mlp", 1, 3);
+  {
+    CompileOptions strict;
+    strict.backend = "inductor-broken";
+    strict.strict = true;
+    CompiledFunction f = compile(m.module, strict);
+    try {
+      f(m.inputs);
+      FAIL() << "expected a compile error";
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("kernel 'k0_fused_linear'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("kernel"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("this_is_an_injected_error"), std::string::npos) << msg;
+    }
+  }
+  CompileOptions lenient;
+  lenient.backend = "inductor-broken";
+  CompiledFunction f = compile(m.module, lenient);
+  TensorList got = f(m.inputs);
+  TensorList want = m.module->call(m.inputs);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(got[0].to_vector<double>(), want[0].to_vector<double>());
+  EXPECT_EQ(f.stats().fallbacks_compile_error, 1);
+  ExplainReport r = f.report();
+  ASSERT_EQ(r.fallbacks.size(), 1u);
+  EXPECT_NE(r.fallbacks[0].find("k0_fused_linear"), std::string::npos) << r.fallbacks[0];
+}

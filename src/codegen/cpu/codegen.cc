@@ -640,6 +640,8 @@ std::string KernelEmitter::emit(bool* vectorized) {
                        g_.value(nd.outputs[0]).name);
   }
   out += fmt::format("extern \"C\" void {}(char* const* b) {{\n", k_.name);
+  if (!opt_.inject_error_into.empty() && k_.name.find(opt_.inject_error_into) != std::string::npos)
+    out += "  this_is_an_injected_error;  // CpuCodegenOptions::inject_error_into (tests)\n";
   out += pointers();
   if (k_.numel() == 0 && k_.kind == LoopKind::Pointwise) {
     out += "  (void)b;  // no elements\n}\n\n";

@@ -22,6 +22,9 @@ struct CpuCodegenOptions {
   // costs microseconds; a batch-1 MLP must not pay it).
   int64_t parallel_threshold = 32768;
   bool vectorize = true;
+  // Tests only: a kernel whose name contains this gets a compile error (checks that errors in
+  // generated code name the kernel and that capture falls back to eager).
+  std::string inject_error_into;
 };
 
 struct CpuUnit {

@@ -261,6 +261,7 @@ Built build(const Graph& input, const InductorOptions& opt) {
 
   CpuCodegenOptions co;
   co.vectorize = opt.vectorize;
+  co.inject_error_into = opt.inject_error_into;
   CpuUnit unit = generate_cpu(g, s, mem, g.name, co);
   std::shared_ptr<LoadedLibrary> lib;
   InductorReport rep;

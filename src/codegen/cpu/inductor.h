@@ -24,6 +24,7 @@ struct InductorOptions {
   bool vectorize = true;
   int64_t small_linear_macs = 1 << 15;
   bool progress = true;           // max-autotune: a progress bar on a terminal
+  std::string inject_error_into;  // tests: see CpuCodegenOptions::inject_error_into
 };
 
 // What the compiler made of a graph (explain, bench, tests).
