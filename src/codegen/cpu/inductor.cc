@@ -170,6 +170,8 @@ Built build(const Graph& input, const InductorOptions& opt) {
   decompose_ops(g, dopt);
   std::vector<std::string> cleanup = {"constant-fold", "cse", "dce"};
   run_passes(g, cleanup);
+  InductorReport rep;
+  rep.passes_s = seconds_since(t0);
 
   for (ValueId v : g.inputs)
     if (!concrete_type(g.type(v)))
@@ -194,7 +196,10 @@ Built build(const Graph& input, const InductorOptions& opt) {
   }
   lower::OnednnOptions oo;
   oo.allow_blocked = opt.allow_blocked;
+  auto t1 = std::chrono::steady_clock::now();
   auto onednn = std::make_shared<lower::OnednnLowering>(g, ext_nodes, oo);
+  rep.onednn_s = seconds_since(t1);
+  t1 = std::chrono::steady_clock::now();
   lower::ScheduleOptions so;
   so.fuse = opt.fuse;
   so.small_linear_macs = opt.small_linear_macs;
@@ -259,12 +264,13 @@ Built build(const Graph& input, const InductorOptions& opt) {
   for (size_t v = 0; v < g.values.size(); ++v)
     if (s.virtual_view[v]) mem[v] = mem[size_t(s.views[v].base)];
 
+  rep.schedule_s = seconds_since(t1);
+  t1 = std::chrono::steady_clock::now();
   CpuCodegenOptions co;
   co.vectorize = opt.vectorize;
   co.inject_error_into = opt.inject_error_into;
   CpuUnit unit = generate_cpu(g, s, mem, g.name, co);
   std::shared_ptr<LoadedLibrary> lib;
-  InductorReport rep;
   if (!s.loops.empty()) {
     lib = compile_cxx({unit.source, g.name.empty() ? "graph" : g.name, {}});
     exe->keep_alive.push_back(lib);
@@ -274,6 +280,8 @@ Built build(const Graph& input, const InductorOptions& opt) {
     rep.cache_hit = true;
   }
 
+  rep.codegen_s = seconds_since(t1);
+  t1 = std::chrono::steady_clock::now();
   exe->init(plan.arena_bytes, slot);
   for (auto& [sl, p] : fixed) exe->set_slot(sl, p);
   exe->keep_alive.push_back(onednn);
@@ -425,6 +433,7 @@ Built build(const Graph& input, const InductorOptions& opt) {
     exe->outputs.push_back(std::move(os));
   }
 
+  rep.bind_s = seconds_since(t1);
   rep.nodes = int(g.nodes.size());
   rep.fused_nodes = s.fused_nodes;
   rep.arena_bytes = plan.arena_bytes;
@@ -471,9 +480,11 @@ void progress(bool on, int done, int total, const std::string& what) {
 std::string InductorReport::str() const {
   std::string s = fmt::format(
       "inductor: {} nodes -> {} loop kernels ({} SIMD, {} nodes fused), {} oneDNN, {} eager; "
-      "arena {} bytes (naive {}); compile {:.3f} s (C++ {:.3f} s{})",
+      "arena {} bytes (naive {}); compile {:.3f} s (passes {:.3f}, oneDNN {:.3f}, schedule "
+      "{:.3f}, codegen {:.3f}, C++ {:.3f}{}, bind {:.3f})",
       nodes, loop_kernels, vectorized_kernels, fused_nodes, onednn_launches, eager_launches,
-      arena_bytes, naive_bytes, compile_s, cxx_s, cache_hit ? ", cache hit" : "");
+      arena_bytes, naive_bytes, compile_s, passes_s, onednn_s, schedule_s, codegen_s, cxx_s,
+      cache_hit ? ", cache hit" : "", bind_s);
   if (!autotune.empty()) s += "; autotune: " + autotune;
   return s;
 }

@@ -39,6 +39,9 @@ struct InductorReport {
   int64_t naive_bytes = 0;  // every intermediate in its own buffer
   double compile_s = 0;     // the whole compile
   double cxx_s = 0;         // the C++ compiler (0 on a cache hit)
+  // Phases of the compile: passes, oneDNN primitive creation, scheduling + planning, code
+  // generation + cache lookup (+ the C++ compiler on a miss), binding the launches.
+  double passes_s = 0, onednn_s = 0, schedule_s = 0, codegen_s = 0, bind_s = 0;
   bool cache_hit = false;
   std::string autotune;     // max-autotune: the choice and the timings
   std::vector<std::string> kernels;  // "k3_add_relu [loop, SIMD]: relu 'layer1.0.relu', ..."
