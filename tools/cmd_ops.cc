@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "frontends/onnx/op_table.h"
+#include "codegen/cpu/lowering.h"
 #include "ops/op.h"
 #include "tools/commands.h"
 
@@ -40,7 +41,7 @@ nlohmann::json op_json(const OpDef& d) {
       {"reference_kernel", d.reference != nullptr},
       {"decomposition", d.decompose != nullptr},
       {"eager_cpu_kernel", d.eager_cpu != nullptr},
-      {"cpu_lowering", d.cpu_lowering != nullptr},
+      {"cpu_lowering", d.cpu_lowering ? nlohmann::json(d.cpu_lowering->kind) : nlohmann::json(nullptr)},
       {"cuda_lowering", d.cuda_lowering != nullptr},
       {"cuda_eager_kernel", d.eager_cuda != nullptr},
       {"gradient", d.gradient != nullptr},

@@ -12,6 +12,7 @@ namespace kiln {
 #include "ops/ops.def"
 // CUDA eager kernels (src/eager/cuda) attach themselves to op records after the families.
 void register_cuda_eager_kernels();
+void register_cpu_lowerings();  // src/codegen/cpu/lowering.cc
 
 namespace {
 
@@ -44,6 +45,7 @@ void build_registry() {
 #define KILN_OP_FAMILY(f) register_##f##_ops();
 #include "ops/ops.def"
   register_cuda_eager_kernels();
+  register_cpu_lowerings();
   g_registering = false;
 }
 
