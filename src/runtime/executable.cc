@@ -7,7 +7,6 @@
 // on one executable must not overlap (capture serializes them).
 #include "runtime/executable.h"
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,14 +18,13 @@ namespace kiln {
 
 namespace {
 thread_local Executable::LaunchTimer* t_timer = nullptr;
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 }  // namespace
 
-void Executable::set_launch_timer(LaunchTimer* t) { t_timer = t; }
+Executable::LaunchTimer* Executable::set_launch_timer(LaunchTimer* t) {
+  LaunchTimer* prev = t_timer;
+  t_timer = t;
+  return prev;
+}
 
 void Executable::init(int64_t arena_bytes, int num_slots) {
   arena_bytes_ = arena_bytes;
@@ -83,9 +81,9 @@ void Executable::run(const Tensor* in, size_t num_inputs, Tensor* out, size_t nu
   char* const* b = slots_.data();
   if (t_timer) {
     for (const Launch& l : launches) {
-      int64_t t0 = now_ns();
+      t_timer->launch_begin(l);
       l.fn(l.state, b, args);
-      t_timer->launch_done(l, t0, now_ns());
+      t_timer->launch_end(l);
     }
   } else {
     for (const Launch& l : launches) l.fn(l.state, b, args);

@@ -57,12 +57,15 @@ class Executable {
   // Allocates fresh output tensors and runs.
   TensorList run(const TensorList& inputs);
 
-  // Per-launch timing for profiles: when set on this thread, each launch reports its duration.
+  // Per-launch timing for profiles: when set on this thread, each launch is bracketed by
+  // launch_begin / launch_end (one branch per call when unset).
   struct LaunchTimer {
     virtual ~LaunchTimer() = default;
-    virtual void launch_done(const Launch& l, int64_t begin_ns, int64_t end_ns) = 0;
+    virtual void launch_begin(const Launch& l) = 0;
+    virtual void launch_end(const Launch& l) = 0;
   };
-  static void set_launch_timer(LaunchTimer* t);
+  // Returns the previous timer.
+  static LaunchTimer* set_launch_timer(LaunchTimer* t);
 
  private:
   std::shared_ptr<char> arena_owner_;

@@ -50,16 +50,18 @@ int64_t Profiler::now_ns() const { return steady_ns() - origin_ns_; }
 void Profiler::start() {
   if (active_) return;
   prev_ = set_op_observer(this);
+  prev_timer_ = Executable::set_launch_timer(this);
   active_ = true;
 }
 void Profiler::stop() {
   if (!active_) return;
   set_op_observer(prev_);
+  Executable::set_launch_timer(prev_timer_);
   active_ = false;
 }
 
 void Profiler::begin_span(const std::string& name) {
-  stack_.push_back({name, nullptr, 0, false, now_ns(), 0});
+  stack_.push_back({name, nullptr, 0, false, now_ns(), 0, {}});
 }
 void Profiler::end_span() {
   KILN_CHECK(!stack_.empty() && !stack_.back().is_op,
@@ -70,9 +72,15 @@ void Profiler::end_span() {
 
 void Profiler::op_begin(OpId op, const std::source_location& loc) {
   // The name is looked up at begin so a throwing op still closes a labelled event.
-  stack_.push_back({op_def(op).name, loc.file_name(), loc.line(), true, now_ns(), 0});
+  stack_.push_back({op_def(op).name, loc.file_name(), loc.line(), true, now_ns(), 0, {}});
 }
 void Profiler::op_end(OpId) {
+  if (!stack_.empty() && stack_.back().is_op) close(true);
+}
+void Profiler::launch_begin(const Executable::Launch& l) {
+  stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes});
+}
+void Profiler::launch_end(const Executable::Launch&) {
   if (!stack_.empty() && stack_.back().is_op) close(true);
 }
 
@@ -85,7 +93,7 @@ void Profiler::close(bool is_op) {
   ProfileEvent e;
   e.name = std::move(o.name);
   e.cat = is_op ? "op" : "span";
-  if (is_op) e.site = site_str(o.file, o.line);
+  if (is_op) e.site = o.file ? site_str(o.file, o.line) : o.site_text;
   e.start_ns = o.start_ns;
   e.dur_ns = end - o.start_ns;
   e.self_ns = e.dur_ns - o.child_ns;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "eager/dispatch.h"
+#include "runtime/executable.h"
 
 namespace kiln {
 
@@ -30,7 +31,9 @@ struct OpStat {
   std::vector<std::pair<std::string, int64_t>> top_sites;  // up to 3 (site, calls), most first
 };
 
-class Profiler : public OpObserver {
+// Also times every launch of compiled graphs (Executable::LaunchTimer): a launch is an event
+// named after its kernel ("k3_add_relu", "conv2d:layers.cc:88") whose site lists its graph nodes.
+class Profiler : public OpObserver, public Executable::LaunchTimer {
  public:
   Profiler();
   ~Profiler() override;
@@ -46,6 +49,8 @@ class Profiler : public OpObserver {
 
   void op_begin(OpId op, const std::source_location& loc) override;
   void op_end(OpId op) override;
+  void launch_begin(const Executable::Launch& l) override;
+  void launch_end(const Executable::Launch& l) override;
 
   // Completed events, in completion order.
   const std::vector<ProfileEvent>& events() const { return events_; }
@@ -66,6 +71,7 @@ class Profiler : public OpObserver {
     bool is_op;
     int64_t start_ns;
     int64_t child_ns;
+    std::string site_text;  // launches: the graph nodes
   };
   int64_t now_ns() const;
   void close(bool is_op);
@@ -73,6 +79,7 @@ class Profiler : public OpObserver {
   std::vector<Open> stack_;
   std::vector<ProfileEvent> events_;
   OpObserver* prev_ = nullptr;
+  Executable::LaunchTimer* prev_timer_ = nullptr;
   bool active_ = false;
 };
 
