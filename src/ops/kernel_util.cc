@@ -22,6 +22,11 @@ Dims broadcast_strides(const Tensor& t, const Dims& out) {
 std::vector<double> read_f64(const Tensor& t0) {
   Tensor t = t0.device().is_cpu() ? t0 : t0.to(Device::cpu());
   std::vector<double> v(size_t(t.numel()));
+  if (t.dtype() == DType::Float32 && t.is_contiguous()) {  // the common case (weights): no dispatch
+    const float* f = static_cast<const float*>(t.raw_data());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = double(f[i]);
+    return v;
+  }
   Dims strides[1] = {t.strides()};
   const char* p = static_cast<const char*>(t.raw_data());
   int64_t es = t.element_size();
@@ -34,6 +39,11 @@ std::vector<double> read_f64(const Tensor& t0) {
 
 void write_f64(Tensor& out, const std::vector<double>& v) {
   KILN_ASSERT(out.device().is_cpu() && out.is_contiguous() && int64_t(v.size()) == out.numel());
+  if (out.dtype() == DType::Float32) {
+    float* f = static_cast<float*>(out.raw_data());
+    for (size_t i = 0; i < v.size(); ++i) f[i] = float(v[i]);
+    return;
+  }
   char* p = static_cast<char*>(out.raw_data());
   int64_t es = out.element_size();
   DType d = out.dtype();

@@ -12,8 +12,7 @@ namespace {
 
 Tensor make_tensor(const std::vector<double>& v, const Dims& sizes, DType dtype) {
   Tensor t = Tensor::empty(sizes, dtype);
-  char* p = static_cast<char*>(t.raw_data());
-  for (size_t i = 0; i < v.size(); ++i) store_f64(p + int64_t(i) * t.element_size(), dtype, v[i]);
+  write_f64(t, v);
   return t;
 }
 
