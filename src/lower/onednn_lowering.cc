@@ -47,23 +47,42 @@
 // temporary is prebuilt and runs inside run(). Pooling takes its src layout as given (a reorder
 // would cost more than the memory-bound pooling saves). With allow_blocked = false everything
 // is plain NCHW (weights still prepacked), so an autotuner can time both.
-// One exception: a 1x1 convolution (groups 1) whose src and dst are both plain runs plain too.
-// NCHW 1x1 is a plain GEMM with no im2col, and going through a blocked layout costs two
-// activation reorders. Measured on the 2-core AVX-512 (Zen 4) dev machine, oneDNN 2.6, f32, one
-// thread, batch 1, run() medians (blocked: brgconv on nhwc with both reorders; plain: gemm:jit):
-//                           blocked/plain               blocked/plain
-//   1x1 64->256 @56             1.81      3x3 64->64 @56      0.91
-//   stem 7x7/2 3->64 @224       0.72      3x3 512->512 @7     0.75
-//   ResNet-50 bottleneck (1x1, 3x3, 1x1 + residual, x plain in and out): 0.37
-// (oneDNN picks nhwc, not nChw16c, for format_tag::any on this CPU.)
+// One exception: a 1x1 convolution (groups 1) whose src and dst are both plain ("isolated")
+// runs plain too. NCHW 1x1 is a plain GEMM with no im2col, and going through a blocked layout
+// costs two activation reorders. Not in f32 with an activation, though: oneDNN 2.6's f32 gemm
+// convolution applies eltwise post-ops slowly (1x1 64->256 @56: 1.0 ms bare, 3.9 ms with relu,
+// 11.4 ms with sum+relu, where brgconv on nhwc takes 1.1 ms); its bf16 gemm path does not
+// have that problem. Measured on the 2-core AVX-512 (Zen 4, avx512_core_bf16) dev machine,
+// oneDNN 2.6, one thread, batch 1, run() medians, blocked (brgconv on nhwc, reorders
+// included) / plain (gemm:jit on nchw), interleaved:
+//                                             f32         bf16
+//   isolated 1x1 64->256 @56                  1.81        1.00
+//   isolated 1x1 64->256 @56 + relu           0.44        1.39
+//   isolated 1x1 64->256 @56 + residual, relu 0.23        1.80
+//   isolated 1x1 512->2048 @7 + residual, relu 0.44       0.75
+//   isolated 3x3 64->64 @56                   0.76-0.91   0.52
+//   isolated 3x3 128->128 @28                 0.74
+//   isolated 3x3 512->512 @7                  0.75-0.86
+//   isolated stem 7x7/2 3->64 @224            0.72-0.78
+//   1x1 64->256 @56 + relu inside a chain (blocked in and out): 0.35-0.37
+//   ResNet-50 bottleneck (1x1, 3x3, 1x1 + residual, relu; x plain in and out): 0.39-0.44, bf16 0.83
+// (oneDNN picks nhwc, not nChw16c, for format_tag::any on this CPU.) The machine was shared
+// with other jobs during these runs: ratios held across repeats, absolute times varied ~2x.
 // Nodes are created in graph order, so a producer's layout is known to its consumers; whether a
 // value may be blocked is decided up front from static checks of its consumers. If oneDNN then
 // rejects a consumer of a blocked value, the build restarts with that node excluded.
 //
 // Note [linear choice]
 // linear / fused_linear flatten x to [M, K] and run either inner_product (weights [N, K]) or
-// matmul (weights K x N); both get prepacked weights (format_tag::any). Auto picks by the
-// measurement recorded at choose_linear().
+// matmul (weights K x N); both get prepacked weights (format_tag::any) and both are brgemm
+// kernels on AVX-512 (inner_product "brgemm:avx512_core", matmul "brg:avx512_core"), so they
+// differ little. Measured (dev machine as above, f32, one thread, run() medians, matmul time /
+// inner_product time, interleaved):
+//   M=1: 2048->1000 0.89..0.98, 2048->1024 0.90, 2048->2048 0.98, 4096->1000 0.99,
+//        512->1000 1.01, 768->768 1.03, 1024->1024 1.03, 1000->2048 1.04, 64->64 1.07
+//   M=4 2048->1000 0.97, M=8 256->128 1.00, M=64 2048->1000 0.93..1.0, M=128 768->3072 1.00
+// So Auto takes matmul for K >= 2048 and inner_product below; LinearImpl forces either (for
+// an autotuner).
 #include "lower/onednn_lowering.h"
 
 #include <algorithm>
@@ -611,8 +630,10 @@ void OnednnLowering::Impl::build_conv(int32_t n, NodePlan& p) {
 
   memory::desc x_md = value_md(x, xd);
   bool blocked_src = is_blocked[size_t(x)];
-  // An isolated pointwise conv (plain in, plain out) runs plain: see Note [layout choice].
-  bool pointwise = !transposed && gr == 1 && wt[2] == 1 && wt[3] == 1;
+  // An isolated pointwise conv (plain in, plain out) runs plain, unless it is f32 with an
+  // activation: see Note [layout choice].
+  bool pointwise = !transposed && gr == 1 && wt[2] == 1 && wt[3] == 1 &&
+                   (epi.act == Act::None || dt == DT::bf16);
   bool isolated = !blocked_src && !may_block[size_t(y)] &&
                   (residual == kNoValue || !is_blocked[size_t(residual)]);
   bool any_layout = options.allow_blocked && !(pointwise && isolated);
@@ -801,10 +822,10 @@ void OnednnLowering::Impl::build_pool(int32_t n, NodePlan& p) {
 
 // ---- linear -----------------------------------------------------------------------------------
 namespace {
-// Note [linear choice]: see choose_linear's comment for the measurement behind the rule.
-bool use_matmul_for_linear(LinearImpl pref, int64_t m, int64_t k, int64_t n) {
+// Note [linear choice].
+bool use_matmul_for_linear(LinearImpl pref, int64_t k) {
   if (pref != LinearImpl::Auto) return pref == LinearImpl::Matmul;
-  return false;
+  return k >= 2048;
 }
 }  // namespace
 
@@ -820,7 +841,7 @@ void OnednnLowering::Impl::build_linear(int32_t n, NodePlan& p) {
   int64_t mm = 1;
   const Shape& xs = g.type(x).shape;
   for (size_t i = 0; i + 1 < xs.size(); ++i) mm *= xs[i].value();
-  bool matmul = use_matmul_for_linear(options.linear, mm, kk, nn);
+  bool matmul = use_matmul_for_linear(options.linear, kk);
   dnnl::primitive_attr attr = make_attr(epi);
   memory::desc src = plain_md({mm, kk}, dt), dst = plain_md({mm, nn}, dt);
   memory::desc w_user = matmul ? memory::desc({kk, nn}, dt, memory::dims{1, kk})

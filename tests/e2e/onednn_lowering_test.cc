@@ -15,7 +15,7 @@
 
 #include <cmath>
 #include <cstring>
-#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -311,7 +311,7 @@ TEST(OnednnLowering, SingleConvolutions) {
       }
 }
 
-// ---- a blocked chain -----------------------------------------------------------------------------
+// ---- a blocked chain ----------------------------------------------------------------------------
 // x -> conv 3x3 -> fused_conv 3x3 relu -> max_pool 2x2 -> fused_conv 3x3 (+ pool output, relu)
 // -> conv_transpose 2x2/2 -> output. The values between the lowered nodes stay blocked.
 struct Chain {
@@ -445,7 +445,7 @@ TEST(OnednnLowering, ConvTranspose) {
       }
 }
 
-// ---- linear and matmul ---------------------------------------------------------------------------
+// ---- linear and matmul --------------------------------------------------------------------------
 TEST(OnednnLowering, LinearAndFusedLinear) {
   for (DType dt : test_dtypes())
     for (LinearImpl impl : {LinearImpl::Auto, LinearImpl::InnerProduct, LinearImpl::Matmul})
@@ -517,7 +517,7 @@ TEST(OnednnLowering, MatmulBatchedBroadcast) {
     }
 }
 
-// ---- pooling -------------------------------------------------------------------------------------
+// ---- pooling ------------------------------------------------------------------------------------
 TEST(OnednnLowering, Pooling) {
   struct Spec {
     OpId op;
@@ -696,7 +696,8 @@ TEST(OnednnLowering, UnsupportedDtypeAndOpAreReported) {
       ADD_FAILURE() << "expected an error for node " << bad[0];
     } catch (const Error& e) {
       std::string m = e.what();
-      EXPECT_TRUE(m.find("relu") != std::string::npos || m.find("out of range") != std::string::npos)
+      EXPECT_TRUE(m.find("relu") != std::string::npos ||
+                  m.find("out of range") != std::string::npos)
           << m;
     }
   }

@@ -78,11 +78,12 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
   EXPECT_NEAR(j["throughput_per_s"].get<double>(), 3 * 1000.0 / j["mean_ms"].get<double>(), 1e-6);
   EXPECT_GE(j["compile_s"].get<double>(), 0);
   EXPECT_GE(j["warm_compile_s"].get<double>(), 0);
-  EXPECT_TRUE(j["warm_compile_cache_hit"].is_boolean());
+  // The warm compile finds the generated code in the (private) cache the cold one filled.
+  EXPECT_EQ(j["warm_compile_cache_hit"], true);
   EXPECT_GT(j["first_call_s"].get<double>(), 0);
   EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
   EXPECT_TRUE(j["peak_device_bytes"].is_null());  // CPU
-  EXPECT_TRUE(j["arena_bytes"].is_null());        // no memory planning yet
+  EXPECT_GT(j["arena_bytes"].get<int64_t>(), 0);  // the CPU compiler plans an arena
   EXPECT_TRUE(j["steady_state_allocs_per_call"].is_null());  // no counter registered here
   EXPECT_FALSE(j["host"]["cpu_model"].get<std::string>().empty());
   EXPECT_GE(j["host"]["cores"].get<int>(), 1);
