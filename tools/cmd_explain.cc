@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "capture/compile.h"
-#include "nn/models/zoo.h"
+#include "runtime/bench.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {
@@ -15,18 +15,18 @@ void add_explain_command(CLI::App& app) {
   static uint64_t seed = 0;
   static std::string backend = "eager";
   auto* cmd = app.add_subcommand("explain", "Show graphs, graph breaks, guards and fallbacks");
-  cmd->add_option("model", model, "Zoo model name (see `kiln models`)")->required();
+  cmd->add_option("model", model, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("--batch", batch, "Batch size (default 1)");
   cmd->add_option("--seed", seed, "Seed for weights and inputs (default 0)");
   cmd->add_option("--backend", backend, "Compile backend (default eager)");
   cmd->add_flag("--fullgraph", fullgraph, "Treat a graph break as an error");
   cmd->add_flag("--json", json, "Print JSON: graphs, breaks, guards, recompiles, fallbacks");
   cmd->callback([] {
-    nn::ZooModel m = nn::make_zoo_model(model, batch, seed);
+    BenchTarget m = load_bench_target(model, batch, seed);
     CompileOptions opts;
     opts.backend = backend;
     opts.fullgraph = fullgraph;
-    CompiledFunction f = compile(m.module, opts);
+    CompiledFunction f = m.compile(opts);
     ExplainReport r = explain(f, m.inputs);
     if (json) {
       std::printf("%s\n", r.json().c_str());

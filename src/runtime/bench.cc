@@ -1,5 +1,8 @@
 #include "runtime/bench.h"
 
+#include "frontends/onnx/importer.h"
+#include "ir/interpreter.h"
+
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -91,6 +94,36 @@ HostInfo host_info() {
   return h;
 }
 
+BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t seed) {
+  BenchTarget t;
+  bool onnx = target.size() > 5 && target.compare(target.size() - 5, 5, ".onnx") == 0;
+  if (!onnx) {
+    auto m = std::make_shared<nn::ZooModel>(nn::make_zoo_model(target, batch, seed));
+    t.name = m->name;
+    t.inputs = m->inputs;
+    t.eager = [m](const TensorList& in) { return m->module->call(in); };
+    t.compile = [m](const CompileOptions& o) { return compile(m->module, o); };
+    return t;
+  }
+  auto g = std::make_shared<Graph>(import_onnx(target));
+  t.name = std::filesystem::path(target).filename().string();
+  Generator gen(seed);
+  for (ValueId v : g->inputs) {
+    const TensorType& ty = g->type(v);
+    Dims d;
+    for (size_t i = 0; i < ty.shape.size(); ++i)
+      d.push_back(ty.shape[i].is_symbolic() ? (i == 0 ? batch : 1) : ty.shape[i].value());
+    if (is_floating(ty.dtype)) t.inputs.push_back(Tensor::randn(d, gen, ty.dtype));
+    else if (ty.dtype == DType::Bool) t.inputs.push_back(Tensor::randint(d, gen, 0, 2, DType::Int64).to(DType::Bool));
+    else t.inputs.push_back(Tensor::randint(d, gen, 0, 10, ty.dtype));
+  }
+  t.eager = [g](const TensorList& in) { return run(*g, in); };
+  t.compile = [g](const CompileOptions& o) {
+    return compile([g](const TensorList& in) { return run(*g, in); }, o);
+  };
+  return t;
+}
+
 std::string best_compile_backend() {
   try {
     find_backend("inductor");
@@ -135,10 +168,6 @@ std::string BenchResult::json(int indent) const {
 
 BenchResult run_bench(const BenchOptions& o) {
   if (o.target.empty()) fail("bench: a target (zoo model name) is required");
-  if (o.target.size() > 5 && o.target.substr(o.target.size() - 5) == ".onnx")
-    fail_kind(ErrorKind::NotSupported,
-              "bench: ONNX targets are not supported yet (got '{}'); `kiln run MODEL.onnx` runs "
-              "them eagerly", o.target);
   if (o.backend != "eager" && o.backend != "compiled")
     fail("bench: --backend expected eager or compiled, found '{}'", o.backend);
   if (o.mode != "default" && o.mode != "reduce-overhead" && o.mode != "max-autotune")
@@ -162,7 +191,7 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   if (o.threads > 0) omp_set_num_threads(o.threads);
 
-  nn::ZooModel m = nn::make_zoo_model(o.target, o.batch, o.seed);
+  BenchTarget m = load_bench_target(o.target, o.batch, o.seed);
   BenchResult r;
   r.model = m.name;
   r.device = o.device;
@@ -188,12 +217,12 @@ BenchResult run_bench(const BenchOptions& o) {
     // compile below then hits it); the user's cache is left alone.
     cold_cache.emplace();
     auto t0 = std::chrono::steady_clock::now();
-    compiled = compile(m.module, copts);
+    compiled = m.compile(copts);
     compile_call_s = seconds_since(t0);
     call = [&] { compiled.run_into(m.inputs, outputs); };
   } else {
     r.backend = "eager";
-    call = [&] { m.module->call(m.inputs); };
+    call = [&] { m.eager(m.inputs); };
   }
   {
     auto t0 = std::chrono::steady_clock::now();
@@ -245,7 +274,7 @@ BenchResult run_bench(const BenchOptions& o) {
     // A second compile of the same module in a new CompiledFunction: it re-traces and re-runs
     // the compiler's passes, and finds the generated code in the on-disk cache.
     auto t0 = std::chrono::steady_clock::now();
-    CompiledFunction again = compile(m.module, copts);
+    CompiledFunction again = m.compile(copts);
     again(m.inputs);
     r.warm_compile_s = std::max(0.0, seconds_since(t0) - r.p50_ms / 1000.0);
     ExplainReport rep = again.report();

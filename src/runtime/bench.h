@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+
+#include "capture/compile.h"
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +26,19 @@ struct BenchOptions {
   // Called after each warm-up/timed iteration with (done, total); total is -1 when time-boxed.
   std::function<void(int64_t done, int64_t total, double elapsed_s)> progress;
 };
+
+// What bench, profile and explain run: a zoo model or an ONNX file, with inputs.
+struct BenchTarget {
+  std::string name;
+  TensorList inputs;
+  std::function<TensorList(const TensorList&)> eager;  // op by op
+  std::function<CompiledFunction(const CompileOptions&)> compile;
+};
+// `target` is a zoo model name or a path ending in .onnx. ONNX models get fresh random inputs of
+// their declared shapes (a symbolic first dim becomes `batch`, other symbolic dims 1; integer
+// inputs in [0, 10)); their eager form is the graph interpreter, their compiled form capture of
+// that interpreter (which re-traces to a concrete graph) with the chosen backend.
+BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t seed);
 
 struct HostInfo {
   std::string cpu_model;
