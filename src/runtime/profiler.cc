@@ -181,7 +181,7 @@ void Profiler::write_trace(const std::string& path) const {
 }
 
 ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
-  if (o.target.empty()) fail("profile: a target (zoo model name) is required");
+  if (o.target.empty()) fail("profile: a target (zoo model name or MODEL.onnx) is required");
   if (o.backend != "eager" && o.backend != "compiled")
     fail("profile: --backend expected eager or compiled, found '{}'", o.backend);
   if (o.iters < 1) fail("profile: --iters expected >= 1, found {}", o.iters);
@@ -189,7 +189,7 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   if (o.batch < 1) fail("profile: --batch expected >= 1, found {}", o.batch);
   if (o.threads < 0) fail("profile: --threads expected >= 0, found {}", o.threads);
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  nn::ZooModel m = nn::make_zoo_model(o.target, o.batch, o.seed);
+  BenchTarget m = load_bench_target(o.target, o.batch, o.seed);
 
   ProfileRun run;
   run.model = m.name;
@@ -206,7 +206,7 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
     copts.backend = best_compile_backend();
     run.backend = "compiled(" + copts.backend + ")";
     prof.begin_span("capture/compile");
-    compiled = compile(m.module, copts);
+    compiled = m.compile(copts);
     compiled(m.inputs);  // capture is lazy: the first call traces and compiles
     prof.end_span();
     int64_t n = 0;
@@ -215,7 +215,7 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
     call = [&] { compiled(m.inputs); };
   } else {
     run.backend = "eager";
-    call = [&] { m.module->call(m.inputs); };
+    call = [&] { m.eager(m.inputs); };
   }
   for (int i = 0; i < o.warmup; ++i) {
     prof.begin_span("warmup");
