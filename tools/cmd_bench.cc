@@ -98,7 +98,7 @@ void add_bench_command(CLI::App& app) {
   static BenchOptions o;
   static bool json = false;
   auto* cmd = app.add_subcommand("bench", "Benchmark a zoo model: latency, compile cost, memory");
-  cmd->add_option("target", o.target, "Zoo model name (see `kiln models`)")->required();
+  cmd->add_option("target", o.target, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("--backend", o.backend,
                   "eager | compiled (kiln::compile with the best backend; default compiled)");
   cmd->add_option("--device", o.device, "cpu | cuda (default cpu)");
