@@ -230,7 +230,8 @@ class Tracer final : public DispatchHook {
     std::vector<ValueId> ids;
     ids.reserve(inputs.size());
     for (const Tensor& t : inputs) ids.push_back(value_for(t));
-    std::string where = location_str(loc);
+    const std::string* node_name = current_node_name();
+    std::string where = node_name ? *node_name : location_str(loc);
     std::vector<ValueId> outs = graph_.add_node(op, ids, attrs, where);
     const Node& node = graph_.nodes.back();
     key_ += op_def(op).name;

@@ -181,4 +181,14 @@ Tensor call_op1(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
   return std::move(out[0]);
 }
 
+namespace {
+thread_local const std::string* t_node_name = nullptr;
+}  // namespace
+
+const std::string* current_node_name() { return t_node_name; }
+ScopedNodeName::ScopedNodeName(const std::string* name) : saved_(t_node_name) {
+  t_node_name = name && !name->empty() ? name : nullptr;
+}
+ScopedNodeName::~ScopedNodeName() { t_node_name = saved_; }
+
 }  // namespace kiln

@@ -10,6 +10,7 @@
 #pragma once
 #include <source_location>
 #include <span>
+#include <string>
 
 #include "core/tensor.h"
 #include "ops/op.h"
@@ -71,6 +72,21 @@ std::span<const Tensor> pad_optional_inputs(const OpDef& def, std::span<const Te
 // Runs a specific kernel with preallocated outputs (used by dispatch, the interpreter and tests).
 TensorList run_kernel(const OpDef& def, KernelFn kernel, std::span<const Tensor> inputs,
                       const Attrs& canonical_attrs, std::span<const TensorType> out_types);
+
+// Provenance for re-traced graphs: while the interpreter runs a named graph node (an ONNX node,
+// a module path), capture names the node it records after it rather than after the
+// interpreter's source line. Null when no named node is running on this thread.
+const std::string* current_node_name();
+class ScopedNodeName {
+ public:
+  explicit ScopedNodeName(const std::string* name);
+  ~ScopedNodeName();
+  ScopedNodeName(const ScopedNodeName&) = delete;
+  ScopedNodeName& operator=(const ScopedNodeName&) = delete;
+
+ private:
+  const std::string* saved_;
+};
 
 // "file.cc:123 (function)" for error messages.
 std::string location_str(const std::source_location& loc);

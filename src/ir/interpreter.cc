@@ -202,6 +202,7 @@ TensorList run(const Graph& g, const TensorList& inputs) {
     // Trailing optional inputs left out of the node are padded by dispatch
     // (pad_optional_inputs).
     TensorList outs;
+    ScopedNodeName provenance(&n.name);
     try {
       if (has_symbolic_ints(n.attrs))
         outs = call_op(n.op, args, specialize_attrs(n.attrs, bindings), here);
