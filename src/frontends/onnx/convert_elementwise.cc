@@ -242,6 +242,21 @@ void conv_shrink(NodeCtx& c) {
   c.out(0, c.op1(OpId::Where, {lo, c.add(x, sc(c, bias, x)), inner}));
 }
 
+// Swish (opset 24): x * sigmoid(alpha * x); SwiGLU (opset 28): swish(a) * b, a and b of one
+// shape.
+V swish(NodeCtx& c, V x, double alpha) {
+  if (alpha == 1.0) return c.op1(OpId::Silu, {x});
+  return c.mul(x, c.op1(OpId::Sigmoid, {c.mul(x, sc(c, alpha, x))}));
+}
+void conv_swish(NodeCtx& c) { c.out(0, swish(c, c.in(0), c.attr_float("alpha", 1.0))); }
+void conv_swiglu(NodeCtx& c) {
+  V a = c.in(0), b = c.in(1);
+  if (c.shape(a) != c.shape(b))
+    c.fail("A {} and B {} must have the same shape (no broadcasting)", to_string(c.shape(a)),
+           to_string(c.shape(b)));
+  c.out(0, c.mul(swish(c, a, c.attr_float("alpha", 1.0)), b));
+}
+
 void conv_gelu(NodeCtx& c) {
   std::string approx = c.attr_string("approximate", "none");
   if (approx != "none" && approx != "tanh")
@@ -446,6 +461,8 @@ void add_elementwise_converters(std::vector<OnnxOpEntry>& t) {
   unary("Sign", direct_unary<Sign>, Sign);
   unary("Not", direct_unary<Not>, Not);
   t.push_back({"Gelu", conv_gelu, {Gelu}, ""});
+  t.push_back({"Swish", conv_swish, {Silu, Mul, Sigmoid}, "silu for alpha 1"});
+  t.push_back({"SwiGLU", conv_swiglu, {Silu, Mul, Sigmoid}, "swish(A) * B"});
   t.push_back({"Identity", conv_identity, {}, "no node: the output is the input"});
 
   t.push_back({"Add", direct_binary<Add>, {Add, Reshape}, ""});

@@ -556,6 +556,7 @@ void conv_dft(NodeCtx& c) {
     if (a < 0) a += r;
     if (a < 0 || a >= r - 1) c.fail("axis is out of range [-{}, -2] or [0, {}]", r, r - 2);
   } else {
+    if (c.has_input(2)) c.fail("input 2 (axis) needs opset 20, the model imports {}", c.opset());
     a = c.attr_int("axis", 1);
     if (a < 0) a += r - 1;
     if (a < 1 || a >= r - 1) c.fail("axis {} is out of range for signal dims 1..{}", c.attr_int("axis", 1), r - 2);

@@ -421,6 +421,15 @@ void conv_pool(NodeCtx& c) {
   Window w = resolve_window(c, x, kernel, ceil);
   DType dt = c.dtype(x);
   bool store_col = c.attr_int("storage_order", 0) != 0;
+  if (K == PoolKind::Max && w.n == 2 && is_floating(dt) && !ceil && !c.wants_output(1) &&
+      w.pb[0] == w.pe[0] && w.pb[1] == w.pe[1] && 2 * w.pb[0] <= w.k[0] && 2 * w.pb[1] <= w.k[1]) {
+    // Symmetric pads: Kiln's max_pool2d pads with -inf itself (one op, and the CPU compiler can
+    // keep the oneDNN layout of a convolution feeding it).
+    c.out(0, c.op1(OpId::MaxPool2d, {x}, {{"kernel_size", Ints(w.k)}, {"stride", Ints(w.s)},
+                                           {"padding", Ints{w.pb[0], w.pb[1]}},
+                                           {"dilation", Ints(w.d)}, {"ceil_mode", false}}));
+    return;
+  }
   if (K == PoolKind::Max) {
     // Integer inputs pool exactly in float32 (8-bit) or float64 (32/64-bit).
     DType work = is_floating(dt) ? dt : (dtype_size(dt) <= 2 ? DType::Float32 : DType::Float64);
@@ -461,6 +470,43 @@ void conv_pool(NodeCtx& c) {
   }
   V count = pool_padded(c, K, mask, w);
   c.out(0, c.div(sum, count));
+}
+
+// LpPool: (sum over the window of |x|^p)^(1/p), zero padding (which adds nothing). The window
+// sums are average pools over the explicitly padded |x|^p times the kernel size. Opset 18 adds
+// ceil_mode and dilations.
+void conv_lp_pool(NodeCtx& c) {
+  V x = c.in(0);
+  std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
+  if (kernel.empty()) c.fail("attribute 'kernel_shape' is required");
+  double p = double(c.attr_int("p", 2));
+  if (p <= 0) c.fail("p must be positive, got {}", p);
+  bool ceil = c.opset() >= 18 && c.attr_int("ceil_mode", 0) != 0;
+  if (c.opset() < 18 && c.has_attr("dilations"))
+    c.fail("attribute 'dilations' needs opset 18 (the model imports opset {})", c.opset());
+  Window w = resolve_window(c, x, kernel, ceil);
+  DType dt = c.dtype(x);
+  V ax = c.op1(OpId::Abs, {x});
+  V xp = p == 2 ? c.mul(x, x) : p == 1 ? ax : c.op1(OpId::Pow, {ax, c.scalar(p, dt)});
+  V avg = pool_padded(c, PoolKind::Avg, pad_spatial(c, xp, w, 0.0), w);
+  int64_t taps = 1;
+  for (int64_t k : w.k) taps *= k;
+  V sum = c.mul(avg, c.scalar(double(taps), dt));
+  c.out(0, p == 1 ? sum : p == 2 ? c.op1(OpId::Sqrt, {sum}) : c.op1(OpId::Pow, {sum, c.scalar(1 / p, dt)}));
+}
+
+void conv_global_lp_pool(NodeCtx& c) {
+  V x = c.in(0);
+  if (c.rank(x) < 3) c.fail("input must have rank >= 3, got {}", c.rank(x));
+  double p = double(c.attr_int("p", 2));
+  if (p <= 0) c.fail("p must be positive, got {}", p);
+  DType dt = c.dtype(x);
+  Ints dims;
+  for (int i = 2; i < c.rank(x); ++i) dims.push_back(i);
+  V ax = c.op1(OpId::Abs, {x});
+  V xp = p == 2 ? c.mul(x, x) : p == 1 ? ax : c.op1(OpId::Pow, {ax, c.scalar(p, dt)});
+  V sum = c.op1(OpId::Sum, {xp}, {{"dims", dims}, {"keepdim", true}});
+  c.out(0, p == 1 ? sum : p == 2 ? c.op1(OpId::Sqrt, {sum}) : c.op1(OpId::Pow, {sum, c.scalar(1 / p, dt)}));
 }
 
 void conv_global_pool(NodeCtx& c, OpId op) {
@@ -561,6 +607,82 @@ void conv_layer_norm(NodeCtx& c) {
   c.out(0, y);
   c.out(1, c.cast(mean, DType::Float32));
   c.out(2, c.cast(inv, DType::Float32));
+}
+
+// GroupNormalization: opset 18 gives scale and bias per group (repeated over the group's
+// channels here), opset 21 per channel and adds stash_type (the statistics' precision; the
+// affine stage runs in x's type).
+void conv_group_norm(NodeCtx& c) {
+  V x = c.in(0), scale = c.in(1), bias = c.in(2);
+  int64_t groups = c.attr_int("num_groups", 0);
+  double eps = c.attr_float("epsilon", 1e-5);
+  if (groups < 1) c.fail("num_groups must be >= 1, got {}", groups);
+  if (c.rank(x) < 3) c.fail("input must have rank >= 3 ([N, C, ...]), got {}", c.rank(x));
+  SymInt ch = c.shape(x)[1];
+  if (ch.is_symbolic()) c.not_supported("symbolic channel count {}", ch.str());
+  if (ch.value() % groups != 0)
+    c.fail("{} channels do not divide into {} groups", ch.value(), groups);
+  DType dt = c.dtype(x), stash = DType::Float32;
+  if (c.opset() >= 21) {
+    int64_t st = c.attr_int("stash_type", 1);
+    if (!dtype_from_onnx(int32_t(st), &stash) || !is_floating(stash))
+      c.fail("stash_type {} is not a floating-point type", st);
+  } else {
+    // Opset 18: one value per group, repeated over its C / G channels.
+    int64_t per = ch.value() / groups;
+    auto repeat_per_group = [&](V p, const char* what) {
+      if (c.shape(p) != Shape{SymInt(groups)})
+        c.fail("{} must have shape [{}] (one per group, opset {}), got {}", what, groups,
+               c.opset(), to_string(c.shape(p)));
+      V e = c.op1(OpId::Expand, {c.reshape(p, Shape{SymInt(groups), SymInt(1)})},
+                  {{"shape", Ints{groups, per}}});
+      return c.reshape(e, Shape{ch});
+    };
+    scale = repeat_per_group(scale, "scale");
+    bias = repeat_per_group(bias, "bias");
+  }
+  Attrs at{{"num_groups", groups}, {"eps", eps}};
+  if (dt == stash || (dt == DType::Float64 && stash == DType::Float32)) {
+    c.out(0, c.op1(OpId::GroupNorm, {x, scale, bias}, at));
+    return;
+  }
+  // Statistics in stash_type, then the affine stage in x's type.
+  V y = c.cast(c.op1(OpId::GroupNorm, {c.cast(x, stash), kNone, kNone}, at), dt);
+  c.out(0, c.add(c.mul(y, per_channel(c, scale, c.rank(x))), per_channel(c, bias, c.rank(x))));
+}
+
+// RMSNormalization (opset 23): x / sqrt(mean(x^2 over axis..) + epsilon) in stash_type, cast
+// back to x's type, times scale.
+void conv_rms_norm(NodeCtx& c) {
+  V x = c.in(0), scale = c.in(1);
+  int r = c.rank(x);
+  int64_t a = c.axis(c.attr_int("axis", -1), r, "axis");
+  double eps = c.attr_float("epsilon", 1e-5);
+  DType stash = DType::Float32, dt = c.dtype(x);
+  int64_t st = c.attr_int("stash_type", 1);
+  if (!dtype_from_onnx(int32_t(st), &stash) || !is_floating(stash))
+    c.fail("stash_type {} is not a floating-point type", st);
+  Ints dims;
+  for (int i = int(a); i < r; ++i) dims.push_back(i);
+  V xs = c.cast(x, stash);
+  V ms = c.op1(OpId::Mean, {c.mul(xs, xs)}, {{"dims", dims}, {"keepdim", true}});
+  V rms = c.op1(OpId::Sqrt, {c.add(ms, c.scalar(eps, stash))});
+  c.out(0, c.mul(c.cast(c.div(xs, rms), dt), scale));
+}
+
+// LpNormalization: x / ||x||_p along axis (p = 1 or 2); a zero norm gives zeros.
+void conv_lp_norm(NodeCtx& c) {
+  V x = c.in(0);
+  int64_t a = c.axis(c.attr_int("axis", -1), c.rank(x), "axis");
+  int64_t p = c.attr_int("p", 2);
+  if (p != 1 && p != 2) c.fail("p must be 1 or 2, got {}", p);
+  DType dt = c.dtype(x);
+  Attrs red{{"dims", Ints{a}}, {"keepdim", true}};
+  V norm = p == 1 ? c.op1(OpId::Sum, {c.op1(OpId::Abs, {x})}, red)
+                  : c.op1(OpId::Sqrt, {c.op1(OpId::Sum, {c.mul(x, x)}, red)});
+  V zero = c.op1(OpId::Eq, {norm, c.scalar(0, dt)});
+  V safe = c.op1(OpId::Where, {zero, c.scalar(1, dt), norm});
+  c.out(0, c.op1(OpId::Where, {zero, c.scalar(0, dt), c.div(x, safe)}));
 }
 
 void conv_lrn(NodeCtx& c) {
@@ -729,6 +851,18 @@ void add_nn_converters(std::vector<OnnxOpEntry>& t) {
   t.push_back({"InstanceNormalization", conv_instance_norm, {GroupNorm}, "group_norm with C groups"});
   t.push_back({"LayerNormalization", conv_layer_norm, {LayerNorm, Cast, Mean, Sub, Mul, Add, Rsqrt},
                "layer_norm; composed when Mean/InvStdDev are requested"});
+  t.push_back({"GroupNormalization", conv_group_norm,
+               {GroupNorm, Expand, Reshape, Cast, Mul, Add},
+               "group_norm; opset 18's per-group scale/bias repeated per channel"});
+  t.push_back({"RMSNormalization", conv_rms_norm, {Cast, Mul, Mean, Add, Sqrt, Div},
+               "x / sqrt(mean(x^2) + eps) in stash_type, times scale"});
+  t.push_back({"LpNormalization", conv_lp_norm, {Abs, Sum, Mul, Sqrt, Eq, Where, Div},
+               "x / ||x||_p; a zero norm gives zeros"});
+  std::vector<OpId> lp = {AvgPool2d, Pad, Unsqueeze, Squeeze, Slice, Permute, Reshape, Add, Div,
+                          Abs, Mul, Pow, Sqrt};
+  t.push_back({"LpPool", conv_lp_pool, lp, "average pool of |x|^p times the kernel size, ^(1/p)"});
+  t.push_back({"GlobalLpPool", conv_global_lp_pool, {Abs, Mul, Pow, Sum, Sqrt},
+               "(sum over spatial dims of |x|^p)^(1/p)"});
   t.push_back({"LRN", conv_lrn, {Mul, Reshape, Pad, AvgPool2d, Add, Pow, Div},
                "channel-window average pool"});
   t.push_back({"MeanVarianceNormalization", conv_mvn, {Mean, Mul, Sqrt, Sub, Add, Div}, ""});

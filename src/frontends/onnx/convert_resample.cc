@@ -572,6 +572,50 @@ void conv_grid_sample(NodeCtx& c) {
   c.out(0, result);
 }
 
+// AffineGrid (opset 20): the base grid of normalized positions (x, y[, z], 1) over `size`
+// (a constant) times theta^T: [N, H, W, 2] or [N, D, H, W, 3].
+void conv_affine_grid(NodeCtx& c) {
+  V theta = c.in(0);
+  std::vector<int64_t> size = c.ints_input(1, "size");
+  bool align = c.attr_int("align_corners", 0) != 0;
+  int sp = int(size.size()) - 2;
+  if (sp != 2 && sp != 3) c.fail("size must be [N, C, H, W] or [N, C, D, H, W], got {} values", size.size());
+  Dims td = c.dims(theta, "theta");
+  if (td.size() != 3 || td[1] != sp || td[2] != sp + 1 || td[0] != size[0])
+    c.fail("theta must be [{}, {}, {}], got {}", size[0], sp, sp + 1, to_string(td));
+  Dims spatial(size.begin() + 2, size.end());
+  int64_t points = 1;
+  for (int64_t d : spatial) {
+    if (d < 1) c.fail("size has an empty spatial dim");
+    if (points > (int64_t(1) << 26) / d) c.fail("size {} is too large", to_string(to_shape(spatial)));
+    points *= d;
+  }
+  // Positions along a dim of n points: align_corners ? -1 + 2i/(n-1) : -1 + (2i+1)/n (the
+  // reference's aranges; one point is -1 with align_corners, 0 without).
+  auto pos = [&](int64_t i, int64_t n) {
+    if (align) return n == 1 ? -1.0 : -1.0 + 2.0 * double(i) / double(n - 1);
+    return -1.0 + (2.0 * double(i) + 1.0) / double(n);
+  };
+  std::vector<double> base(size_t(points * (sp + 1)));
+  for (int64_t p = 0; p < points; ++p) {
+    int64_t rem = p;
+    std::vector<double> coord(static_cast<size_t>(sp));
+    for (int i = sp - 1; i >= 0; --i) {  // dims in D, H, W order; coordinates x (W) first
+      int64_t n = spatial[size_t(i)];
+      coord[size_t(sp - 1 - i)] = pos(rem % n, n);
+      rem /= n;
+    }
+    for (int k = 0; k < sp; ++k) base[size_t(p * (sp + 1) + k)] = coord[size_t(k)];
+    base[size_t(p * (sp + 1) + sp)] = 1.0;
+  }
+  V b = c.constant(Tensor::from_vector(base, Dims{points, sp + 1}).to(c.dtype(theta)));
+  V g = c.op1(OpId::Matmul, {b, c.permute(theta, {0, 2, 1})});  // [N, points, sp]
+  Shape out{SymInt(size[0])};
+  for (int64_t d : spatial) out.push_back(d);
+  out.push_back(sp);
+  c.out(0, c.reshape(g, out));
+}
+
 }  // namespace
 
 void add_resample_converters(std::vector<OnnxOpEntry>& t) {
@@ -580,6 +624,8 @@ void add_resample_converters(std::vector<OnnxOpEntry>& t) {
   t.push_back({"Resize", conv_resize, rs,
                "nearest/linear/cubic, every coordinate mode; see Note [ONNX resize]"});
   t.push_back({"Upsample", conv_upsample, rs, "asymmetric nearest (floor) / linear"});
+  t.push_back({"AffineGrid", conv_affine_grid, {Matmul, Permute, Reshape},
+               "constant base grid times theta^T"});
   t.push_back({"GridSample", conv_grid_sample,
                {GridSample, Cast, Squeeze, Slice, Mul, Add, Sub, Div, Reshape, Abs, Floor, Eq, Where,
                 Clamp, And, Ge, Le, Expand, Gather, Unsqueeze, Round},

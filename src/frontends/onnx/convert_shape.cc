@@ -589,6 +589,7 @@ void conv_pad(NodeCtx& c) {
       value = v.to_vector<double>()[0];
     }
     // Opset 18: `axes` names the dims that pads covers ([begins..., ends...] over axes).
+    if (c.opset() < 18 && c.has_input(3)) c.fail("input 3 (axes) needs opset 18, the model imports {}", c.opset());
     if (c.opset() >= 18 && c.has_input(3)) {
       std::vector<int64_t> axes = c.ints_input(3, "axes");
       if (pads.size() != 2 * axes.size())
@@ -732,6 +733,71 @@ void conv_space_to_depth(NodeCtx& c) {
   c.out(0, c.reshape(y, Shape{s[0], s[1] * SymInt(b * b), ho, wo}));
 }
 
+// CenterCropPad (opset 18): per axis, a centered crop (start rounded down) or a centered zero
+// pad (the odd pixel on the right), as one pad op with negative (cropping) entries.
+void conv_center_crop_pad(NodeCtx& c) {
+  V x = c.in(0);
+  int r = c.rank(x);
+  std::vector<int64_t> shape = c.ints_input(1, "shape");
+  std::vector<int64_t> axes = c.attr_ints("axes");
+  if (axes.empty())
+    for (int i = 0; i < r; ++i) axes.push_back(i);
+  if (shape.size() != axes.size())
+    c.fail("shape has {} entries for {} axes", shape.size(), axes.size());
+  std::vector<int64_t> pads(size_t(2 * r), 0);
+  std::vector<bool> seen(size_t(r), false);
+  for (size_t k = 0; k < axes.size(); ++k) {
+    int64_t a = c.axis(axes[k], r, "axis");
+    if (seen[size_t(a)]) c.fail("axis {} appears twice in axes", axes[k]);
+    seen[size_t(a)] = true;
+    int64_t d = c.dims(x, "the input")[size_t(a)], t = shape[k];
+    if (t < 0) c.fail("shape entry {} is negative", t);
+    int64_t begin = d >= t ? -((d - t) / 2) : (t - d) / 2;
+    pads[size_t(a)] = begin;
+    pads[size_t(a + r)] = (t - d) - begin;
+  }
+  if (std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; })) {
+    c.out(0, x);
+    return;
+  }
+  c.out(0, c.op1(OpId::Pad, {x}, {{"pads", Ints(pads)}, {"mode", std::string("constant")},
+                                  {"value", 0.0}}));
+}
+
+// CumProd (opset 26) along an axis: a running product over slices, concatenated (exact; one
+// multiplication per position, so long axes are refused).
+void conv_cumprod(NodeCtx& c) {
+  V x = c.in(0);
+  int r = c.rank(x);
+  Tensor at = c.known_input(1, "axis");
+  if (at.numel() != 1) c.fail("axis must be a scalar");
+  int64_t a = c.axis(at.to_vector<int64_t>()[0], r, "axis");
+  bool exclusive = c.attr_int("exclusive", 0) != 0, reverse = c.attr_int("reverse", 0) != 0;
+  int64_t n = c.dims(x, "the input")[size_t(a)];
+  constexpr int64_t kMaxCumProd = 4096;
+  if (n > kMaxCumProd)
+    c.not_supported("CumProd over {} positions (composed as a running product of slices: at most "
+                    "{})", n, kMaxCumProd);
+  if (n == 0) {
+    c.out(0, x);
+    return;
+  }
+  std::vector<V> out(static_cast<size_t>(n));
+  V run = kNone;
+  for (int64_t s = 0; s < n; ++s) {
+    int64_t i = reverse ? n - 1 - s : s;
+    V xi = c.slice(x, a, i, i + 1);
+    if (exclusive) {
+      out[size_t(i)] = run == kNone ? c.full(c.shape(xi), 1, c.dtype(x)) : run;
+      run = run == kNone ? xi : c.mul(run, xi);
+    } else {
+      run = run == kNone ? xi : c.mul(run, xi);
+      out[size_t(i)] = run;
+    }
+  }
+  c.out(0, n == 1 ? out[0] : c.op1(OpId::Concat, out, {{"dim", a}}));
+}
+
 // CumSum along an axis: a matmul with a triangular 0/1 matrix (exact for integers).
 void conv_cumsum(NodeCtx& c) {
   V x = c.in(0);
@@ -797,6 +863,9 @@ void add_shape_converters(std::vector<OnnxOpEntry>& t) {
   t.push_back({"DepthToSpace", conv_depth_to_space, {Reshape, Permute}, ""});
   t.push_back({"SpaceToDepth", conv_space_to_depth, {Reshape, Permute}, ""});
   t.push_back({"CumSum", conv_cumsum, {Permute, Matmul}, "matmul with a triangular matrix"});
+  t.push_back({"CumProd", conv_cumprod, {Slice, Mul, Expand, Concat},
+               "running product of slices (axis length <= 4096)"});
+  t.push_back({"CenterCropPad", conv_center_crop_pad, {Pad}, "one pad op (negative = crop)"});
 }
 
 }  // namespace kiln::onnx

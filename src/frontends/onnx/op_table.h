@@ -39,5 +39,6 @@ void add_resample_converters(std::vector<OnnxOpEntry>& table);
 void add_quant_converters(std::vector<OnnxOpEntry>& table);
 void add_misc_converters(std::vector<OnnxOpEntry>& table);
 void add_rnn_converters(std::vector<OnnxOpEntry>& table);
+void add_attention_converters(std::vector<OnnxOpEntry>& table);
 
 }  // namespace kiln::onnx
