@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Eager vs captured latency of every zoo model, side by side in one run.
+"""Eager vs compiled latency of every zoo model, side by side in one run.
 
 Usage: python3 bench/zoo_latency.py [--kiln build/kiln] [--iters 20] [--threads 2] [models...]
 Prints a Markdown table (the one in docs/benchmarks.md) and the raw JSON lines to stderr.
-Each model runs in its own process; eager and captured alternate inside that process
+Each model runs in its own process; eager and compiled alternate inside that process
 (`kiln run --backend both`), so their ratio is measured under the same conditions.
 """
 import argparse
@@ -39,13 +39,13 @@ def main():
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         j = json.loads(out)
         print(json.dumps(j), file=sys.stderr)
-        diff = max(o.get("max_abs_diff_captured_vs_eager", 0.0) for o in j["outputs"])
-        rows.append((m, j["eager"], j["captured"], diff))
+        diff = max(o.get("max_abs_diff_compiled_vs_eager", 0.0) for o in j["outputs"])
+        rows.append((m, j["eager"], j["compiled"], diff))
     print(f"Measured {datetime.date.today()} on {cpu_model()}, {a.threads} threads, "
           f"{a.iters} iterations after 2 warm-up calls (`python3 bench/zoo_latency.py "
           f"--iters {a.iters} --threads {a.threads}`).\n")
-    print("| model | eager p50 ms | eager p90 ms | captured p50 ms | captured p90 ms | "
-          "captured/eager p50 | first captured call s | max abs diff |")
+    print("| model | eager p50 ms | eager p90 ms | compiled p50 ms | compiled p90 ms | "
+          "compiled/eager p50 | first compiled call s | max abs diff |")
     print("|---|---|---|---|---|---|---|---|")
     for m, e, c, d in rows:
         print(f"| {m} | {e['p50_ms']:.3f} | {e['p90_ms']:.3f} | {c['p50_ms']:.3f} | "
