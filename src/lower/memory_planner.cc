@@ -212,7 +212,8 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
       continue;
     }
     bool in_place = false;
-    if (options.in_place && is_elementwise_family(d) && node.outputs.size() == 1 &&
+    bool node_ok = options.in_place_nodes.empty() || options.in_place_nodes[size_t(i)];
+    if (options.in_place && node_ok && is_elementwise_family(d) && node.outputs.size() == 1 &&
         x != kNoValue && g.value(x).kind == ValueKind::NodeOutput) {
       const ValuePlan& xp = plan.values[size_t(x)];
       const TensorType& xt = g.type(x);

@@ -22,6 +22,10 @@ struct PlanOptions {
   // Per value (empty: none): bytes a value needs when not its plain size (a oneDNN blocked
   // layout with padded channels); -1 = plain.
   std::vector<int64_t> bytes_override;
+  // Per node (empty: all): whether the node may write its output over its first input. The
+  // compiler allows it only where the fused kernel reads that buffer at exactly the index it
+  // writes (see lower::in_place_safe_nodes).
+  std::vector<bool> in_place_nodes;
 };
 
 enum class PlanKind : uint8_t {

@@ -800,6 +800,32 @@ std::string schedule_str(const Graph& g, const Schedule& s) {
   return out;
 }
 
+std::vector<bool> in_place_safe_nodes(const Graph& g, const Schedule& s) {
+  std::vector<bool> ok(g.nodes.size(), false);
+  for (const LoopKernel& k : s.loops) {
+    if (k.kind != LoopKind::Pointwise) continue;
+    for (int32_t ni : k.nodes) {
+      const Node& n = g.nodes[size_t(ni)];
+      if (n.inputs.empty() || n.inputs[0] == kNoValue || n.outputs.size() != 1) continue;
+      ValueId x = n.inputs[0], o = n.outputs[0];
+      if (s.virtual_view[size_t(x)]) continue;  // must own its buffer
+      const LoopStore* st = nullptr;
+      for (const LoopStore& cand : k.stores)
+        if (cand.access.value == o) st = &cand;
+      if (!st || st->access.offset != 0) continue;
+      bool same = dtype_size(g.type(x).dtype) == dtype_size(g.type(o).dtype);
+      bool read = false;
+      for (const Access& a : k.loads) {
+        if (a.value != x) continue;
+        read = true;
+        same = same && a.offset == 0 && a.strides == st->access.strides;
+      }
+      ok[size_t(ni)] = same && read;
+    }
+  }
+  return ok;
+}
+
 std::string describe_schedule(const Graph& g, bool fuse) {
   PlanOptions pre;
   pre.in_place = false;
@@ -819,9 +845,9 @@ std::string describe_schedule(const Graph& g, bool fuse) {
   }
   Schedule s = schedule(g, view_is_copy, so);
   PlanOptions po;
-  po.in_place = false;
   po.node_step = s.node_step;
   po.unstored = s.unstored;
+  po.in_place_nodes = in_place_safe_nodes(g, s);
   MemoryPlan plan = plan_memory(g, po);
   verify_memory_plan(g, plan, po);
   std::string out = schedule_str(g, s);

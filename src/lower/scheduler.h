@@ -67,6 +67,12 @@ bool resolve_view(const Graph& g, ValueId v, ViewGeometry* out);
 
 std::string schedule_str(const Graph& g, const Schedule& s);
 
+// Per node: whether its output may take over the buffer of its first input — true only for a
+// node in a pointwise loop kernel whose output is stored and where every load of that input's
+// memory in the kernel has exactly the store's strides and offset (element i is read before
+// element i is written, by the same iteration). For PlanOptions::in_place_nodes.
+std::vector<bool> in_place_safe_nodes(const Graph& g, const Schedule& s);
+
 // For `kiln opt --schedule` and IR-text tests: schedules `g` as the CPU compiler would (conv,
 // deconv, linear, matmul and pooling as extern steps, without asking oneDNN), plans memory over
 // the schedule, and prints the steps, every loop kernel and the memory plan.

@@ -221,9 +221,9 @@ Built build(const Graph& input, const InductorOptions& opt) {
     std::fprintf(stderr, "[kiln] schedule of graph '%s':\n%s", g.name.c_str(), text.c_str());
   }
   PlanOptions po;
-  po.in_place = false;
   po.node_step = s.node_step;
   po.unstored = s.unstored;
+  po.in_place_nodes = lower::in_place_safe_nodes(g, s);
   po.bytes_override.assign(g.values.size(), -1);
   for (size_t v = 0; v < g.values.size(); ++v)
     if (onednn->blocked(ValueId(v))) po.bytes_override[v] = onednn->value_bytes(ValueId(v));
