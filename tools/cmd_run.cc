@@ -60,15 +60,6 @@ Latency time_it(F&& f, int warmup, int iters) {
   return l;
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  auto av = a.to_vector<double>(), bv = b.to_vector<double>();
-  double m = 0;
-  for (size_t i = 0; i < av.size(); ++i) {
-    if (std::isnan(av[i]) != std::isnan(bv[i])) return INFINITY;
-    if (!std::isnan(av[i])) m = std::max(m, std::fabs(av[i] - bv[i]));
-  }
-  return m;
-}
 
 void load_inputs(const RunArgs& a, nn::ZooModel& m) {
   for (const std::string& spec : a.inputs) {

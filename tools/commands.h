@@ -4,7 +4,12 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "core/tensor.h"
+
 namespace kiln::cli {
+
+// Largest |a - b| over elements; infinity when the shapes differ or NaNs do not line up.
+double max_abs_diff(const Tensor& a, const Tensor& b);
 
 void add_models_command(CLI::App& app);
 void add_ops_command(CLI::App& app);

@@ -75,16 +75,6 @@ Graph import_binding(const std::string& path, ImportOptions& opts,
   }
 }
 
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes()) return INFINITY;
-  auto av = a.to_vector<double>(), bv = b.to_vector<double>();
-  double m = 0;
-  for (size_t i = 0; i < av.size(); ++i) {
-    if (std::isnan(av[i]) != std::isnan(bv[i])) return INFINITY;
-    if (!std::isnan(av[i])) m = std::max(m, std::fabs(av[i] - bv[i]));
-  }
-  return m;
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -250,6 +240,18 @@ void run_onnx_model(const OnnxRunOptions& o) {
     std::printf("  compiled (%s): first call %.3f s, then %.3f s", compile_backend.c_str(),
                 compiled_first_s, compiled_s);
   std::printf("\n");
+}
+
+// Declared in tools/commands.h (shared by `kiln run` for zoo models and ONNX files).
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes()) return INFINITY;
+  auto av = a.to_vector<double>(), bv = b.to_vector<double>();
+  double m = 0;
+  for (size_t i = 0; i < av.size(); ++i) {
+    if (std::isnan(av[i]) != std::isnan(bv[i])) return INFINITY;
+    if (!std::isnan(av[i])) m = std::max(m, std::fabs(av[i] - bv[i]));
+  }
+  return m;
 }
 
 }  // namespace kiln::cli

@@ -800,6 +800,15 @@ std::string schedule_str(const Graph& g, const Schedule& s) {
   return out;
 }
 
+std::vector<bool> planned_view_copies(const Graph& g) {
+  PlanOptions pre;
+  pre.in_place = false;
+  MemoryPlan plan = plan_memory(g, pre);
+  std::vector<bool> copies(g.values.size(), false);
+  for (size_t v = 0; v < g.values.size(); ++v) copies[v] = plan.values[v].kind == PlanKind::Copy;
+  return copies;
+}
+
 std::vector<bool> in_place_safe_nodes(const Graph& g, const Schedule& s) {
   std::vector<bool> ok(g.nodes.size(), false);
   for (const LoopKernel& k : s.loops) {
@@ -827,12 +836,7 @@ std::vector<bool> in_place_safe_nodes(const Graph& g, const Schedule& s) {
 }
 
 std::string describe_schedule(const Graph& g, bool fuse) {
-  PlanOptions pre;
-  pre.in_place = false;
-  MemoryPlan pre_plan = plan_memory(g, pre);
-  std::vector<bool> view_is_copy(g.values.size(), false);
-  for (size_t v = 0; v < g.values.size(); ++v)
-    view_is_copy[v] = pre_plan.values[v].kind == PlanKind::Copy;
+  std::vector<bool> view_is_copy = planned_view_copies(g);
   ScheduleOptions so;
   so.fuse = fuse;
   so.extern_nodes.assign(g.nodes.size(), false);

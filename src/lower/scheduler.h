@@ -61,6 +61,11 @@ bool small_linear(const Graph& g, const Node& n, int64_t max_macs);
 Schedule schedule(const Graph& g, const std::vector<bool>& view_is_copy,
                   const ScheduleOptions& options);
 
+// Per value: whether the memory planner materializes that view (PlanKind::Copy) — the
+// `view_is_copy` argument of schedule(), from a plan without a schedule (the decision does not
+// depend on one).
+std::vector<bool> planned_view_copies(const Graph& g);
+
 // Geometry of view value v (a node output of a view op) over its materialized base, or false
 // when the view cannot be expressed with strides (a reshape of a non-viewable layout).
 bool resolve_view(const Graph& g, ValueId v, ViewGeometry* out);

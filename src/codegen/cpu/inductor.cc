@@ -207,12 +207,7 @@ Built build(const Graph& input, const InductorOptions& opt) {
   for (int32_t i : ext_nodes) so.extern_nodes[size_t(i)] = onednn->lowered(i);
 
   // The planner decides which views are materialized; the schedule follows it.
-  PlanOptions pre;
-  pre.in_place = false;
-  MemoryPlan pre_plan = plan_memory(g, pre);
-  std::vector<bool> view_is_copy(g.values.size(), false);
-  for (size_t v = 0; v < g.values.size(); ++v)
-    view_is_copy[v] = pre_plan.values[v].kind == PlanKind::Copy;
+  std::vector<bool> view_is_copy = lower::planned_view_copies(g);
   Schedule s = lower::schedule(g, view_is_copy, so);
 
   if (const char* d = std::getenv("KILN_DUMP_SCHEDULE"); d && *d && std::string(d) != "0") {
