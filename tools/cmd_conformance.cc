@@ -6,6 +6,9 @@
 #include <map>
 
 #include "frontends/onnx/conformance.h"
+#include "capture/compile.h"
+#include "ir/interpreter.h"
+#include "runtime/bench.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {
@@ -22,6 +25,10 @@ void add_conformance_command(CLI::App& app) {
   cmd->add_option("--rtol", opts.rtol, "Relative tolerance (default 1e-3, as ONNX's runner)");
   cmd->add_option("--atol", opts.atol, "Absolute tolerance (default 1e-7, as ONNX's runner)");
   cmd->add_option("--timeout", opts.case_timeout_s, "Seconds per case before it fails (default 120)");
+  static std::string backend = "eager";
+  cmd->add_option("--backend", backend,
+                  "eager (the graph interpreter, default) | compiled (kiln::compile with the best "
+                  "backend, strict: a compile failure fails the case)");
   cmd->add_flag("--json", json, "Print the full report as JSON (summary, per-op table, cases)");
   cmd->add_flag("--markdown", markdown, "Print the per-op table as Markdown (for docs/onnx.md)");
   cmd->add_flag("--verbose,-v", verbose, "List every case, not only failures");
@@ -30,6 +37,17 @@ void add_conformance_command(CLI::App& app) {
                 "child per case");
   cmd->callback([] {
     opts.isolate = !in_process;
+    if (backend != "eager" && backend != "compiled")
+      fail("--backend expected eager or compiled, found '{}'", backend);
+    opts.backend = backend == "eager" ? "eager" : "compiled(" + best_compile_backend() + ")";
+    if (backend == "compiled")
+      opts.runner = [](const Graph& g, const TensorList& in) {
+        CompileOptions co;
+        co.backend = best_compile_backend();
+        co.strict = true;
+        CompiledFunction f = compile([&g](const TensorList& x) { return run(g, x); }, co);
+        return f(in);
+      };
     ConformanceReport r = run_conformance(opts, [](const ConformanceCase& c) {
       if (json || markdown) return;
       if (c.status == CaseStatus::Failed || verbose)

@@ -17,7 +17,19 @@ const char* cpu_prelude() {
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
-#include <sleef.h>
+// The SLEEF functions used below, declared here rather than through <sleef.h> (which costs
+// ~0.1 s of parsing in every generated unit); they link against libsleef (-lsleef).
+extern "C" {
+#if defined(__AVX512F__)
+__m512 Sleef_expf16_u10(__m512); __m512 Sleef_logf16_u10(__m512); __m512 Sleef_tanhf16_u10(__m512);
+__m512 Sleef_erff16_u10(__m512); __m512 Sleef_sinf16_u10(__m512); __m512 Sleef_cosf16_u10(__m512);
+__m512 Sleef_powf16_u10(__m512, __m512);
+#else
+__m256 Sleef_expf8_u10(__m256); __m256 Sleef_logf8_u10(__m256); __m256 Sleef_tanhf8_u10(__m256);
+__m256 Sleef_erff8_u10(__m256); __m256 Sleef_sinf8_u10(__m256); __m256 Sleef_cosf8_u10(__m256);
+__m256 Sleef_powf8_u10(__m256, __m256);
+#endif
+}
 #endif
 typedef int64_t i64;
 typedef uint16_t u16;

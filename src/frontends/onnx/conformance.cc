@@ -211,7 +211,7 @@ void run_case_inline(ConformanceCase& c, const ConformanceOptions& opt) {
       if (expected.size() != g.outputs.size())
         fail("{} has {} expected outputs, the imported graph returns {}", where, expected.size(),
              g.outputs.size());
-      TensorList got = run(g, args);
+      TensorList got = opt.runner ? opt.runner(g, args) : run(g, args);
       for (size_t k = 0; k < got.size(); ++k) {
         std::string diff = compare(got[k], expected[k], opt.rtol, opt.atol);
         if (!diff.empty())

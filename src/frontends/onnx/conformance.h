@@ -23,7 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace kiln {
+
+class Graph;
 
 struct ConformanceOptions {
   // Directories to search: a case directory, a suite of cases, or a directory of suites.
@@ -36,6 +40,10 @@ struct ConformanceOptions {
   // process must not have started OpenMP threads (fork would leave the child's pool broken).
   bool isolate = false;
   double case_timeout_s = 120;  // isolate mode only
+  // How a case's imported graph runs (null: the graph interpreter, i.e. eager). The CLI's
+  // `--backend compiled` passes the CPU compiler through capture here.
+  std::function<TensorList(const Graph& g, const TensorList& inputs)> runner;
+  std::string backend = "eager";  // for reports
 };
 
 enum class CaseStatus { Passed, Failed, Skipped };
