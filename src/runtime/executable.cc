@@ -95,7 +95,10 @@ void Executable::run(const Tensor* in, size_t num_inputs, Tensor* out, size_t nu
       fail("compiled graph: output {} expected a {} tensor of shape {}", i, dtype_name(o.dtype),
            to_string(o.sizes));
     const char* src = b[o.slot] + o.byte_offset;
-    if (t.is_contiguous()) {
+    if (!o.strides.empty()) {
+      Tensor base = Tensor::from_blob(const_cast<char*>(src), o.base_sizes, o.dtype);
+      t.copy_(base.as_strided(o.sizes, o.strides, o.view_offset));
+    } else if (t.is_contiguous()) {
       std::memcpy(t.raw_data(), src, t.nbytes());
     } else {
       Tensor view = Tensor::from_blob(const_cast<char*>(src), o.sizes, o.dtype);

@@ -33,6 +33,11 @@ class Executable {
     Dims sizes;
     int32_t slot = -1;
     int64_t byte_offset = 0;
+    // Non-empty when the output is a strided view of a buffer (elements; byte_offset then points
+    // at the buffer's start and view_offset is in elements): copied element by element.
+    Dims strides;
+    int64_t view_offset = 0;
+    Dims base_sizes;
   };
 
   Executable() = default;

@@ -145,12 +145,20 @@ struct FallbackState {
   TensorList outputs;
   std::vector<TensorType> out_types;
   std::vector<int> from_input;  // per input: graph input index, or -1
+  // Per input taken from a graph input through a view: its geometry (sizes empty: direct).
+  std::vector<lower::ViewGeometry> input_view;
   std::string where;
 };
 void run_fallback(void* s, char* const*, const Tensor* call_inputs) {
   auto* f = static_cast<FallbackState*>(s);
-  for (size_t k = 0; k < f->from_input.size(); ++k)
-    if (f->from_input[k] >= 0) f->inputs[k] = call_inputs[f->from_input[k]];
+  for (size_t k = 0; k < f->from_input.size(); ++k) {
+    if (f->from_input[k] < 0) continue;
+    const lower::ViewGeometry& v = f->input_view[k];
+    const Tensor& t = call_inputs[f->from_input[k]];
+    // A view of a graph input is rebuilt per call (one small allocation; rare: copies are
+    // inserted for the common cases).
+    f->inputs[k] = v.sizes.empty() ? t : t.as_strided(v.sizes, v.strides, t.offset() + v.offset);
+  }
   KernelContext ctx{*f->def, f->inputs, f->outputs, f->attrs, f->out_types};
   f->fn(ctx);
 }
@@ -372,12 +380,14 @@ Built build(const Graph& input, const InductorOptions& opt) {
         size_t ni = std::max(n.inputs.size(), d.inputs.size());
         state->inputs.resize(ni);
         state->from_input.assign(ni, -1);
+        state->input_view.resize(ni);
         for (size_t k = 0; k < n.inputs.size(); ++k) {
           ValueId v = n.inputs[k];
           if (v == kNoValue) continue;
-          const Value& val = g.value(v);
-          if (val.kind == ValueKind::Input) {
-            state->from_input[k] = int(std::find(g.inputs.begin(), g.inputs.end(), v) - g.inputs.begin());
+          ValueId root = s.virtual_view[size_t(v)] ? s.views[size_t(v)].base : v;
+          if (g.value(root).kind == ValueKind::Input) {
+            state->from_input[k] = int(std::find(g.inputs.begin(), g.inputs.end(), root) - g.inputs.begin());
+            if (root != v) state->input_view[k] = s.views[size_t(v)];
             continue;
           }
           state->inputs[k] = tensor_of(v);
@@ -416,10 +426,14 @@ Built build(const Graph& input, const InductorOptions& opt) {
     MemRef m = mem[size_t(o)];
     if (s.virtual_view[size_t(o)]) {
       const lower::ViewGeometry& geo = s.views[size_t(o)];
-      if (!contiguous_geometry(geo))
-        throw_error(ErrorKind::Internal,
-                    fmt::format("inductor: graph output '%{}' is a non-contiguous view", v.name));
-      m.byte_offset += geo.offset * dtype_size(v.type.dtype);
+      if (contiguous_geometry(geo)) {
+        m.byte_offset += geo.offset * dtype_size(v.type.dtype);
+      } else {  // a strided view of a buffer: copied out element by element
+        os.strides = geo.strides;
+        os.view_offset = geo.offset;
+        const TensorType& bt = g.type(geo.base);
+        for (size_t d = 0; d < bt.shape.size(); ++d) os.base_sizes.push_back(bt.shape[d].value());
+      }
     }
     if (m.slot < 0)
       throw_error(ErrorKind::Internal, fmt::format("inductor: graph output '%{}' has no memory", v.name));
