@@ -8,6 +8,10 @@
 
 #include <map>
 
+#include "capture/compile.h"
+#include "ir/interpreter.h"
+#include "runtime/bench.h"
+
 namespace kiln {
 namespace {
 
@@ -29,8 +33,22 @@ const std::map<std::string, std::string>& known_failures() {
   return k;
 }
 
-TEST(OnnxConformance, DebianSuitesPassWhereMapped) {
+// The same suites through the CPU compiler: each case's graph captured and compiled by the
+// best backend ("inductor"), strict (a compile failure fails the case). The known failures
+// are the eager ones: compiling must not add any.
+TensorList run_compiled(const Graph& g, const TensorList& in) {
+  CompileOptions co;
+  co.backend = best_compile_backend();
+  co.strict = true;
+  CompiledFunction f = compile([&g](const TensorList& x) { return run(g, x); }, co);
+  return f(in);
+}
+
+class OnnxConformanceBackend : public testing::TestWithParam<std::string> {};
+
+TEST_P(OnnxConformanceBackend, DebianSuitesPassWhereMapped) {
   ConformanceOptions opts;
+  if (GetParam() == "compiled") opts.runner = run_compiled;
   ASSERT_FALSE(default_conformance_dirs().empty())
       << "libonnx-testdata is not installed: run scripts/setup.sh";
   ConformanceReport r = run_conformance(opts);
@@ -57,9 +75,12 @@ TEST(OnnxConformance, DebianSuitesPassWhereMapped) {
       EXPECT_TRUE(!c.unmapped.empty() || c.reason.find("types Kiln cannot represent") != std::string::npos)
           << c.suite << "/" << c.name << ": " << c.reason;
   EXPECT_GT(r.passed, 850);  // the suites as of libonnx-testdata 1.12 (see docs/onnx.md)
-  std::printf("[conformance] %d passed, %d failed, %d skipped (%zu cases)\n", r.passed, r.failed,
-              r.skipped, r.cases.size());
+  std::printf("[conformance %s] %d passed, %d failed, %d skipped (%zu cases)\n",
+              GetParam().c_str(), r.passed, r.failed, r.skipped, r.cases.size());
 }
+
+INSTANTIATE_TEST_SUITE_P(Onnx, OnnxConformanceBackend, testing::Values("eager", "compiled"),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(OnnxConformance, RunnerReportsWrongResultsAsFailures) {
   // Outputs that do not match must fail the case, not pass or skip it: a real case passes at
