@@ -78,14 +78,14 @@ void bench_command(BenchOptions o, bool json) {
   std::printf("  %-30s %s\n", "compile (cold)", opt_s(r.compile_s).c_str());
   std::string warm = opt_s(r.warm_compile_s);
   if (r.warm_compile_cache_hit)
-    warm += *r.warm_compile_cache_hit ? "  (cache hit)" : "  (re-traced: no persistent cache)";
+    warm += *r.warm_compile_cache_hit ? "  (cache hit)" : "  (cache miss)";
   std::printf("  %-30s %s\n", "compile (warm, same module)", warm.c_str());
   std::printf("  %-30s %s\n", "peak RSS", fmt_bytes(r.peak_rss_bytes).c_str());
   std::printf("  %-30s %s\n", "peak device memory",
               r.peak_device_bytes ? fmt_bytes(*r.peak_device_bytes).c_str() : "n/a (CPU)");
   std::printf("  %-30s %s\n", "arena",
               r.arena_bytes ? fmt_bytes(*r.arena_bytes).c_str()
-                            : "n/a (no memory planning yet)");
+                            : "n/a (the backend plans no arena)");
   std::printf("  %-30s %s\n", "heap allocations per call",
               r.steady_state_allocs_per_call
                   ? fmt::format("{:.1f}", *r.steady_state_allocs_per_call).c_str()
