@@ -3,6 +3,7 @@
 // failures below, each of which must fail for its documented reason (so that a fix shows up
 // as a test failure asking to shrink the list). See docs/onnx.md.
 #include "frontends/onnx/conformance.h"
+#include "conformance_check.h"
 
 #include <gtest/gtest.h>
 
@@ -52,28 +53,7 @@ TEST_P(OnnxConformanceBackend, DebianSuitesPassWhereMapped) {
   ASSERT_FALSE(default_conformance_dirs().empty())
       << "libonnx-testdata is not installed: run scripts/setup.sh";
   ConformanceReport r = run_conformance(opts);
-  std::map<std::string, const ConformanceCase*> failed;
-  for (const ConformanceCase& c : r.cases)
-    if (c.status == CaseStatus::Failed) failed[c.suite + "/" + c.name] = &c;
-
-  for (const auto& [name, c] : failed) {
-    auto it = known_failures().find(name);
-    if (it == known_failures().end()) {
-      ADD_FAILURE() << name << " failed: " << c->reason;
-      continue;
-    }
-    EXPECT_NE(c->reason.find(it->second), std::string::npos)
-        << name << " fails for another reason than the documented one ('" << it->second
-        << "'): " << c->reason;
-  }
-  for (const auto& [name, why] : known_failures())
-    EXPECT_TRUE(failed.count(name)) << name << " no longer fails: remove it from known_failures()";
-
-  // Skips come only from unmapped op types or types Kiln cannot represent.
-  for (const ConformanceCase& c : r.cases)
-    if (c.status == CaseStatus::Skipped)
-      EXPECT_TRUE(!c.unmapped.empty() || c.reason.find("types Kiln cannot represent") != std::string::npos)
-          << c.suite << "/" << c.name << ": " << c.reason;
+  test::expect_known_outcomes(r, known_failures());
   EXPECT_GT(r.passed, 850);  // the suites as of libonnx-testdata 1.12 (see docs/onnx.md)
   std::printf("[conformance %s] %d passed, %d failed, %d skipped (%zu cases)\n",
               GetParam().c_str(), r.passed, r.failed, r.skipped, r.cases.size());

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "frontends/onnx/conformance.h"
+#include "conformance_check.h"
 
 namespace kiln {
 namespace {
@@ -122,34 +123,10 @@ TEST(OnnxConformance, PyPiSuitesPassWhereMapped) {
   ConformanceReport r = run_conformance(opts);
 
   std::map<std::string, int> cases_per_suite;
-  std::map<std::string, const ConformanceCase*> failed;
-  for (const ConformanceCase& c : r.cases) {
-    ++cases_per_suite[c.suite];
-    if (c.status == CaseStatus::Failed) failed[c.suite + "/" + c.name] = &c;
-  }
+  for (const ConformanceCase& c : r.cases) ++cases_per_suite[c.suite];
   for (const char* suite : {"node", "simple", "pytorch-converted", "pytorch-operator", "light"})
     EXPECT_GT(cases_per_suite[suite], 0) << "suite " << suite << " has no cases";
-
-  for (const auto& [name, c] : failed) {
-    auto it = known_failures().find(name);
-    if (it == known_failures().end()) {
-      ADD_FAILURE() << name << " failed: " << c->reason;
-      continue;
-    }
-    EXPECT_NE(c->reason.find(it->second), std::string::npos)
-        << name << " fails for another reason than the documented one ('" << it->second
-        << "'): " << c->reason;
-  }
-  for (const auto& [name, why] : known_failures())
-    EXPECT_TRUE(failed.count(name)) << name << " no longer fails: remove it from known_failures()";
-
-  // Skips come only from unmapped op types or types Kiln cannot represent.
-  for (const ConformanceCase& c : r.cases) {
-    if (c.status != CaseStatus::Skipped) continue;
-    EXPECT_TRUE(!c.unmapped.empty() ||
-                c.reason.find("types Kiln cannot represent") != std::string::npos)
-        << c.suite << "/" << c.name << ": " << c.reason;
-  }
+  test::expect_known_outcomes(r, known_failures());
   // The suites of onnx 1.23.2 (docs/onnx.md): a lower count means cases went missing.
   EXPECT_GT(r.passed, 1500);
   std::printf("[conformance] %d passed, %d failed, %d skipped (%zu cases)\n", r.passed, r.failed,

@@ -1,0 +1,40 @@
+// Shared by the conformance tests: every failed case must be a known failure failing for its
+// documented reason, every known failure must still fail, and skips must come only from
+// unmapped op types or value types Kiln cannot represent.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "frontends/onnx/conformance.h"
+
+namespace kiln::test {
+
+// known: case ("suite/name") -> a substring its failure message must contain.
+inline void expect_known_outcomes(const ConformanceReport& r,
+                                  const std::map<std::string, std::string>& known) {
+  std::map<std::string, const ConformanceCase*> failed;
+  for (const ConformanceCase& c : r.cases)
+    if (c.status == CaseStatus::Failed) failed[c.suite + "/" + c.name] = &c;
+  for (const auto& [name, c] : failed) {
+    auto it = known.find(name);
+    if (it == known.end()) {
+      ADD_FAILURE() << name << " failed: " << c->reason;
+      continue;
+    }
+    EXPECT_NE(c->reason.find(it->second), std::string::npos)
+        << name << " fails for another reason than the documented one ('" << it->second
+        << "'): " << c->reason;
+  }
+  for (const auto& [name, why] : known)
+    EXPECT_TRUE(failed.count(name)) << name << " no longer fails: remove it from the known failures";
+  for (const ConformanceCase& c : r.cases) {
+    if (c.status != CaseStatus::Skipped) continue;
+    EXPECT_TRUE(!c.unmapped.empty() ||
+                c.reason.find("types Kiln cannot represent") != std::string::npos)
+        << c.suite << "/" << c.name << ": " << c.reason;
+  }
+}
+
+}  // namespace kiln::test
