@@ -835,18 +835,35 @@ def run_model_systems(args, model, systems, outdir, log):
         if sr.status == "ok" and not sr.round_summaries:
             rec.update(status="error", error="no timed calls recorded")
         if rec["status"] == "ok":
-            if sr.latency_source == "samples":
-                rec["latency"] = summarize(sr.samples)
-                rec["samples_ms"] = [round(x, 6) for x in sr.samples]
-            else:
-                rec["latency"] = pool_summaries(sr.round_summaries)
-                rec["samples_ms"] = None
+            rec["samples_ms"] = ([round(x, 6) for x in sr.samples]
+                                 if sr.latency_source == "samples" else None)
             rec["round_p50_ms"] = [x["p50_ms"] for x in sr.round_summaries]
         if sr.kiln_json:
             rec["kiln_bench"] = sr.kiln_json[0]  # the cold first round, every field as printed
             rec["kiln_bench_rounds"] = sr.kiln_json[1:]
         result["systems"][s] = rec
+    finalize_latency(result)
     return result
+
+
+def finalize_latency(model):
+    """Sets every ok system's `latency` (the statistics the tables show) by ONE method for all
+    systems of the model, so that the comparison is fair:
+      all-calls     percentiles over every timed call, when every system has per-call samples;
+      round-pooled  otherwise (today: `kiln bench --json` has no samples): pool_summaries of
+                    the per-round summaries, for every system alike, because a median of round
+                    p99s is lower than the p99 of all calls and must not be set against one.
+    Both are kept: latency_all_calls (where samples exist) and latency_round_pooled."""
+    ok = [r for r in model["systems"].values() if r["status"] == "ok"]
+    for r in ok:
+        r["latency_all_calls"] = summarize(r["samples_ms"]) if r.get("samples_ms") else None
+        r["latency_round_pooled"] = pool_summaries(r["rounds"])
+    method = "all-calls" if all(r["latency_all_calls"] for r in ok) else "round-pooled"
+    for r in ok:
+        r["latency"] = r["latency_all_calls"] if method == "all-calls" else r[
+            "latency_round_pooled"]
+        r["latency_method"] = method
+    model["latency_method"] = method
 
 
 # ------------------------------------------------------------------------------------------
@@ -904,6 +921,11 @@ def versions(kiln_path):
     except (OSError, subprocess.SubprocessError):
         v["kiln_git"] = None
     v["kiln_binary"] = os.path.abspath(kiln_path)
+    try:  # kiln_git is the tree's HEAD now; the binary may have been built earlier
+        v["kiln_binary_built"] = datetime.datetime.fromtimestamp(
+            os.path.getmtime(kiln_path)).astimezone().isoformat(timespec="seconds")
+    except OSError:
+        v["kiln_binary_built"] = None
     return v
 
 
@@ -938,7 +960,7 @@ def table_rows(model_result):
             continue
         lat = rec["latency"]
         p50, p99 = lat["p50_ms"], lat["p99_ms"]
-        mark = " †" if rec["latency_source"] != "samples" else ""
+        mark = " †" if rec.get("latency_method") == "round-pooled" else ""
         rss = rec["peak_rss_bytes"]
         rows.append({"system": name, "status": "ok", "cells": [
             fmt_ms(p50) + mark, fmt_ms(p99) + mark, f"{p99 / p50:.2f}" if p50 else "—",
@@ -947,6 +969,13 @@ def table_rows(model_result):
             f"{p50 / ref_p50:.2f}" if ref_p50 else "—"]})
     return rows
 
+
+POOLED_NOTE = (
+    "† p50 and p99 of every system are the iteration-weighted medians of its per-round p50 and "
+    "p99: `kiln bench --json` reports per-round summaries, not per-call times, so the peers are "
+    "summarized the same way for a fair comparison (a round of n calls has its p99 at its "
+    "ceil(0.99 n)-th fastest call, its maximum when n < 100). compare.json also holds the "
+    "percentiles over all calls of every system that has them.")
 
 TABLE_HEADER = ["system", "p50 ms", "p99 ms", "p99/p50", "first call s", "peak RSS MB",
                 f"p50 / {REFERENCE_SYSTEM} p50"]
@@ -960,8 +989,7 @@ def markdown_tables(report):
         out.append("|" + "---|" * len(TABLE_HEADER))
         for row in table_rows(m):
             out.append(f"| {row['system']} | " + " | ".join(row["cells"]) + " |")
-        pooled |= any(r["latency_source"] != "samples" for r in m["systems"].values()
-                      if r["status"] == "ok")
+        pooled |= m.get("latency_method") == "round-pooled"
         notes = []
         if m.get("target", "").endswith(".onnx"):
             notes.append(f"Kiln and ORT run the same file, `{m['target']}`.")
@@ -975,9 +1003,7 @@ def markdown_tables(report):
             out.append("\n" + " ".join(notes))
         out.append("")
     if pooled:
-        out.append("† Kiln's p50/p99 are pooled from per-round `kiln bench` summaries (its JSON "
-                   "has no per-call samples): the iteration-weighted median of the rounds' "
-                   "values.\n")
+        out.append(POOLED_NOTE + "\n")
     return "\n".join(out)
 
 
@@ -989,7 +1015,8 @@ def header_lines(report):
         f"Host: {h['cpu_model']}, {h['cores']} cores ({', '.join(h['isa']) or 'no AVX2'}), "
         f"{h['mem_total_gib']} GiB, {h['os']}; load average {report['load_avg_start'][0]:.2f} "
         f"at the start, {report['load_avg_end'][0]:.2f} at the end.",
-        f"Versions: Kiln {report.get('kiln_version') or '?'} ({v.get('kiln_git')}), torch "
+        f"Versions: Kiln {report.get('kiln_version') or '?'} (tree {v.get('kiln_git')}, binary "
+        f"built {v.get('kiln_binary_built') or '?'}), torch "
         f"{v.get('torch')}, torchvision {v.get('torchvision')}, transformers "
         f"{v.get('transformers')}, onnx {v.get('onnx')}, onnxruntime {v.get('onnxruntime')}, "
         f"{v.get('g++')}, Python {h['python']}.",
@@ -1089,7 +1116,8 @@ def write_reports(report, out, docs=None):
     import report_html  # noqa: E402
     md = markdown_report(report)
     write_atomic(os.path.join(out, "compare.md"), md)
-    write_atomic(os.path.join(out, "compare.html"), report_html.render(report))
+    write_atomic(os.path.join(out, "compare.html"),
+                 report_html.render(report, REFERENCE_SYSTEM, POOLED_NOTE))
     if docs:
         update_docs(report, docs)
     return md
@@ -1099,6 +1127,8 @@ def render_only(a):
     """--render COMPARE_JSON: the reports of an earlier run, written next to that file."""
     with open(a.render, encoding="utf-8") as f:
         report = json.load(f)
+    for m in report["models"]:
+        finalize_latency(m)  # the current rules, also for files written by older versions
     md = write_reports(report, os.path.dirname(os.path.abspath(a.render)),
                        a.docs if a.update_docs else None)
     print(md)

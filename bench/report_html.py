@@ -159,6 +159,12 @@ def subsample(samples, n):
     return [(int(k * stride), samples[int(k * stride)]) for k in range(n)]
 
 
+def plot_stats(r):
+    """The plot draws the raw distribution: all calls where there are samples, else the pooled
+    per-round summaries (no box: no quartiles)."""
+    return r.get("latency_all_calls") or r["latency"]
+
+
 def latency_svg(model):
     systems = list(model["systems"].values())
     ok = [r for r in systems if r["status"] == "ok"]
@@ -168,8 +174,8 @@ def latency_svg(model):
              f'viewBox="0 0 {W} {H}" role="img" font-family="sans-serif">',
              f'<title>{esc(model["model"])}: latency per call (ms)</title>']
     if ok:
-        lo = min(r["latency"]["min_ms"] for r in ok)
-        hi = max(r["latency"]["p99_ms"] for r in ok) * 1.1
+        lo = min(plot_stats(r)["min_ms"] for r in ok)
+        hi = max(plot_stats(r)["p99_ms"] for r in ok) * 1.1
         scale = Scale(max(lo, 1e-6), max(hi, lo * 1.01), left, W - right, hi / max(lo, 1e-9) > LOG_RATIO)
         parts += axis(scale, top, top + row_h * len(systems), "latency per call, ms")
     for i, r in enumerate(systems):
@@ -181,7 +187,7 @@ def latency_svg(model):
             parts.append(f'<text x="{left + 6}" y="{yc + 4:.1f}" font-size="12" fill="#b00020">'
                          f'{esc(r["status"])}: {esc(short(r.get("error"), 110))}</text>')
             continue
-        lat = r["latency"]
+        lat = plot_stats(r)
         samples = r.get("samples_ms") or []
         for k, v in subsample(samples, STRIP_POINTS):
             parts.append(f'<circle cx="{scale(v):.1f}" cy="{yc + jitter(k) * row_h * 0.38:.1f}" '
@@ -205,8 +211,8 @@ def latency_svg(model):
         label = f'p50 {fmt_ms(lat["p50_ms"])}  p99 {fmt_ms(lat["p99_ms"])}'
         if clipped:
             label += f'  max {fmt_ms(lat["max_ms"])}'
-        if r.get("latency_source") != "samples":
-            label += " †"
+        if not r.get("samples_ms"):
+            label += " (rounds)"
         parts.append(f'<text x="{W - right + 8}" y="{yc + 4:.1f}" font-size="11" fill="#333">'
                      f'{esc(label)}</text>')
     parts.append("</svg>")
@@ -263,7 +269,7 @@ def table_html(model, reference):
                          f'{esc(short(r.get("error"), 200))}</td>')
         else:
             lat = r["latency"]
-            mark = " †" if r.get("latency_source") != "samples" else ""
+            mark = " †" if r.get("latency_method") == "round-pooled" else ""
             ratio = lat["p50_ms"] / ref_p50 if ref_p50 else None
             cls = "" if ratio is None or name == reference else (
                 ' class="worse"' if ratio > 1.05 else (' class="good"' if ratio < 0.95 else ""))
@@ -304,7 +310,7 @@ def summary_html(report, reference):
     return "\n".join(rows)
 
 
-def render(report, reference="kiln-compiled"):
+def render(report, reference="kiln-compiled", pooled_note=""):
     h, v, a = report["host"], report["versions"], report["settings"]
     work = f"{a['seconds']:g} s" if a.get("seconds") else f"{a['iters']} timed calls"
     out = ['<!DOCTYPE html>', '<html xmlns="http://www.w3.org/1999/xhtml" lang="en">', "<head>",
@@ -331,17 +337,15 @@ def render(report, reference="kiln-compiled"):
     for m in report["models"]:
         out.append(f'<h2 id="{esc(m["model"])}">{esc(m["model"])} (batch {m["batch"]})</h2>')
         out.append(table_html(m, reference))
-        if any(r.get("latency_source") not in (None, "samples") for r in m["systems"].values()
-               if r["status"] == "ok"):
-            out.append('<p class="note">† pooled from per-round <code>kiln bench</code> '
-                       "summaries (its JSON has no per-call samples): no box or strip, p50/p99 "
-                       "are the median of the rounds' values.</p>")
+        if m.get("latency_method") == "round-pooled":
+            out.append(f'<p class="note">{esc(pooled_note)}</p>')
         if m.get("other_load_cores") is not None:
             out.append(f'<p class="note">Other processes used {m["other_load_cores"]:.2f} cores '
                        f'on average during this model\'s {m["wall_s"]:.0f} s.</p>')
         out.append("<h3>Latency per call</h3>")
-        out.append('<p class="note">Box: p25–p75; thick line: p50; whisker: min–p99; diamond: '
-                   "max; dots: up to " + str(STRIP_POINTS) + " calls in time order.</p>")
+        out.append('<p class="note">The raw distribution of every call (Kiln: pooled per-round '
+                   "summaries, no box). Box: p25–p75; thick line: p50; whisker: min–p99; "
+                   "diamond: max; dots: up to " + str(STRIP_POINTS) + " calls in time order.</p>")
         out.append(latency_svg(m))
         out.append("<h3>First call, compile included</h3>")
         out.append(first_call_svg(m))
@@ -350,13 +354,3 @@ def render(report, reference="kiln-compiled"):
     out += ["</body>", "</html>"]
     return "\n".join(out) + "\n"
 
-
-if __name__ == "__main__":
-    # Re-render a report from its raw data: python3 bench/report_html.py compare.json > out.html
-    import json
-    import sys
-
-    if len(sys.argv) != 2:
-        sys.exit("usage: report_html.py COMPARE.json > REPORT.html")
-    with open(sys.argv[1], encoding="utf-8") as f:
-        sys.stdout.write(render(json.load(f)))

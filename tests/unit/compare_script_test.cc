@@ -180,6 +180,8 @@ TEST_F(CompareScript, QuickRunOnMlpReportsEverySystem) {
     EXPECT_LE(lat["p90_ms"].get<double>(), lat["p99_ms"].get<double>());
     EXPECT_LE(lat["p99_ms"].get<double>(), lat["max_ms"].get<double>());
     EXPECT_EQ(lat["n"], 9);  // 3 rounds x 3 calls
+    // One statistic for every system of a model (all calls, or pooled rounds for all).
+    EXPECT_EQ(s["latency_method"], m["latency_method"]);
     EXPECT_EQ(s["rounds"].size(), 3u);
     EXPECT_TRUE(finite_positive(s["first_call_s"])) << s["first_call_s"];
     EXPECT_TRUE(finite_positive(s["peak_rss_bytes"])) << s["peak_rss_bytes"];
