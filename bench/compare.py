@@ -929,14 +929,9 @@ def versions(kiln_path):
     return v
 
 
-def fmt_ms(x):
-    """4 significant digits, never scientific."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if x == 0:
-        return "0"
-    d = max(0, 3 - int(math.floor(math.log10(abs(x)))))
-    return f"{x:.{d}f}"
+# One number format for the Markdown tables and the HTML report (4 significant digits, never
+# scientific): report_html.py next to this script owns it.
+from report_html import fmt_ms  # noqa: E402
 
 
 def short_error(text, limit=110):
