@@ -14,17 +14,20 @@ void add_explain_command(CLI::App& app) {
   static int64_t batch = 1;
   static uint64_t seed = 0;
   static std::string backend = "eager";
+  static std::string mode = "default";
   auto* cmd = app.add_subcommand("explain", "Show graphs, graph breaks, guards and fallbacks");
   cmd->add_option("model", model, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("--batch", batch, "Batch size (default 1)");
   cmd->add_option("--seed", seed, "Seed for weights and inputs (default 0)");
   cmd->add_option("--backend", backend, "Compile backend (default eager)");
+  cmd->add_option("--mode", mode, "default | reduce-overhead | max-autotune (compile mode)");
   cmd->add_flag("--fullgraph", fullgraph, "Treat a graph break as an error");
   cmd->add_flag("--json", json, "Print JSON: graphs, breaks, guards, recompiles, fallbacks");
   cmd->callback([] {
     BenchTarget m = load_bench_target(model, batch, seed);
     CompileOptions opts;
     opts.backend = backend;
+    opts.mode = mode;
     opts.fullgraph = fullgraph;
     CompiledFunction f = m.compile(opts);
     ExplainReport r = explain(f, m.inputs);

@@ -42,6 +42,7 @@ void add_profile_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("profile", "Per-op timing of a zoo model; --trace for Chrome");
   cmd->add_option("target", o.target, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("--backend", o.backend, "eager | compiled (default compiled)");
+  cmd->add_option("--mode", o.mode, "default | reduce-overhead | max-autotune (compile mode)");
   cmd->add_option("--iters", o.iters, "Profiled iterations (default 10)");
   cmd->add_option("--warmup", o.warmup, "Warm-up iterations (default 1)");
   cmd->add_option("--batch", o.batch, "Batch size (default 1)");

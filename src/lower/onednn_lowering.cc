@@ -72,6 +72,22 @@
 // value may be blocked is decided up front from static checks of its consumers. If oneDNN then
 // rejects a consumer of a blocked value, the build restarts with that node excluded.
 //
+// Note [convolution policy]
+// OnednnOptions::conv picks, for the whole graph, how convolutions choose layout and algorithm.
+// Auto leaves the layout to oneDNN (format_tag::any: brgconv on nhwc on this CPU) with the
+// direct algorithm; Blocked16 pins every convolution output that may be blocked to nChw16c (the
+// older jit direct kernels); Winograd additionally asks for oneDNN's Winograd algorithm on 3x3
+// stride-1 f32 convolutions (jit_wino_4x3 / jit_fp32_wino_2x3, which compute only in nChw16c)
+// and falls back to direct where it has no implementation. Measured on the dev machine (2
+// threads, oneDNN 2.6, primitive medians, bias, no post-ops), direct brgconv vs Winograd:
+//   3x3 64->64 @56   1.01 vs 0.55 ms     3x3 128->128 @28  1.00 vs 0.33 ms
+//   3x3 256->256 @14 0.95 vs 0.49 ms     3x3 512->512 @7   0.92 vs 0.71 ms
+// Winograd rounds differently from the direct sum (transforms of input and weights), so the
+// compiler offers it only as a max-autotune candidate that must agree with the direct
+// candidate's outputs (see Note [autotuning] in codegen/cpu/inductor.cc). The choice is
+// per graph rather than per convolution because the layouts of neighbours interact: a per-layer
+// pick would pay reorders between nhwc and nChw16c that isolated timings do not see.
+//
 // Note [linear choice]
 // linear / fused_linear flatten x to [M, K] and run either inner_product (weights [N, K]) or
 // matmul (weights K x N); both get prepacked weights (format_tag::any) and both are brgemm
@@ -639,17 +655,24 @@ void OnednnLowering::Impl::build_conv(int32_t n, NodePlan& p) {
   bool any_layout = options.allow_blocked && !(pointwise && isolated);
   memory::desc want_src = blocked_src ? x_md : any_layout ? any_md(xd, dt) : plain_md(xd, dt);
   memory::desc want_dst = any_layout ? any_md(yd, dt) : plain_md(yd, dt);
+  // Note [convolution policy]: Blocked16 / Winograd pin the output to nChw16c (the src of a
+  // plain input stays `any`: the first convolution of a network reads nchw directly).
+  if (any_layout && options.conv != ConvPolicy::Auto && yd.size() == 4)
+    want_dst = memory::desc(yd, dt, Tag::nChw16c);
+  bool try_winograd = options.conv == ConvPolicy::Winograd && !transposed && gr == 1 &&
+                      dt == DT::f32 && wt[2] == 3 && wt[3] == 3 && geo.stride[0] == 1 &&
+                      geo.stride[1] == 1 && geo.dilation[0] == 1 && geo.dilation[1] == 1;
   memory::desc want_w = any_md(wd, dt);
   dnnl::primitive_attr attr = make_attr(epi);
   memory::dims strides = {geo.stride[0], geo.stride[1]};
   memory::dims dil = {geo.dilation[0] - 1, geo.dilation[1] - 1};  // oneDNN: 0 = dense
   memory::dims pl = {geo.pad_begin[0], geo.pad_begin[1]}, pr = {geo.pad_end[0], geo.pad_end[1]};
 
+  dnnl::algorithm conv_alg = dnnl::algorithm::convolution_direct;
   auto make = [&](const memory::desc& src, const memory::desc& b) -> dnnl::primitive_desc {
     if (!transposed) {
-      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference,
-                                        dnnl::algorithm::convolution_direct, src, want_w, b,
-                                        want_dst, strides, dil, pl, pr);
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, conv_alg, src,
+                                        want_w, b, want_dst, strides, dil, pl, pr);
       return dnnl::convolution_forward::primitive_desc(d, attr, cpu_engine());
     }
     dnnl::deconvolution_forward::desc d(dnnl::prop_kind::forward_inference,
@@ -668,13 +691,19 @@ void OnednnLowering::Impl::build_conv(int32_t n, NodePlan& p) {
   if (blocked_src) src_choices.push_back(any_md(xd, dt));  // then reorder from x's layout
   std::optional<dnnl::primitive_desc> pd;
   memory::desc bias_md;
-  for (const memory::desc& src : src_choices) {
-    for (const memory::desc& b : bias_choices) {
-      pd = try_pd<dnnl::primitive_desc>([&] { return make(src, b); });
-      if (pd) {
-        bias_md = b;
-        break;
+  std::vector<dnnl::algorithm> algs = {dnnl::algorithm::convolution_direct};
+  if (try_winograd) algs.insert(algs.begin(), dnnl::algorithm::convolution_winograd);
+  for (dnnl::algorithm a : algs) {
+    conv_alg = a;
+    for (const memory::desc& src : src_choices) {
+      for (const memory::desc& b : bias_choices) {
+        pd = try_pd<dnnl::primitive_desc>([&] { return make(src, b); });
+        if (pd) {
+          bias_md = b;
+          break;
+        }
       }
+      if (pd) break;
     }
     if (pd) break;
   }

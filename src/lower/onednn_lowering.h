@@ -21,9 +21,20 @@ namespace kiln::lower {
 // matmul (x @ W^T with W^T prepacked). Auto picks per problem (see Note [linear choice]).
 enum class LinearImpl : uint8_t { Auto, InnerProduct, Matmul };
 
+// How convolutions pick their activation layout and algorithm (see Note [convolution policy]).
+//   Auto:      dst format_tag::any and the direct algorithm: oneDNN's own preference (brgconv
+//              on nhwc on AVX-512 CPUs). Numerically the direct convolution.
+//   Blocked16: blocked activations are nChw16c (the jit direct kernels). Numerically direct.
+//   Winograd:  as Blocked16, and 3x3 stride-1 undilated ungrouped f32 convolutions use oneDNN's
+//              Winograd algorithm where it has an implementation. Fewer multiplications, a
+//              different rounding: results differ from direct by ~1e-6..1e-5 relative, so only
+//              max-autotune offers it, behind an accuracy check.
+enum class ConvPolicy : uint8_t { Auto, Blocked16, Winograd };
+
 struct OnednnOptions {
   bool allow_blocked = true;  // false: every activation stays plain NCHW (for autotuning/compare)
   LinearImpl linear = LinearImpl::Auto;
+  ConvPolicy conv = ConvPolicy::Auto;
 };
 
 class OnednnLowering {

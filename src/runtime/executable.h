@@ -61,6 +61,12 @@ class Executable {
   void run(const Tensor* inputs, size_t num_inputs, Tensor* outputs, size_t num_outputs);
   // Allocates fresh output tensors and runs.
   TensorList run(const TensorList& inputs);
+  // Runs launch i alone over the slots as the last run() left them (`inputs`: that run's
+  // inputs, for eager launches). For timing single kernels (autotuning): the kernel reads
+  // whatever its buffers hold by then; the next run() recomputes everything.
+  void run_launch(size_t i, const Tensor* inputs) {
+    launches[i].fn(launches[i].state, slots_.data(), inputs);
+  }
 
   // Per-launch timing for profiles: when set on this thread, each launch is bracketed by
   // launch_begin / launch_end (one branch per call when unset).

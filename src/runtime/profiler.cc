@@ -184,6 +184,8 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   if (o.target.empty()) fail("profile: a target (zoo model name or MODEL.onnx) is required");
   if (o.backend != "eager" && o.backend != "compiled")
     fail("profile: --backend expected eager or compiled, found '{}'", o.backend);
+  if (o.mode != "default" && o.mode != "reduce-overhead" && o.mode != "max-autotune")
+    fail("profile: --mode expected default, reduce-overhead or max-autotune, found '{}'", o.mode);
   if (o.iters < 1) fail("profile: --iters expected >= 1, found {}", o.iters);
   if (o.warmup < 0) fail("profile: --warmup expected >= 0, found {}", o.warmup);
   if (o.batch < 1) fail("profile: --batch expected >= 1, found {}", o.batch);
@@ -204,6 +206,7 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   if (o.backend == "compiled") {
     CompileOptions copts;
     copts.backend = best_compile_backend();
+    copts.mode = o.mode;
     run.backend = "compiled(" + copts.backend + ")";
     prof.begin_span("capture/compile");
     compiled = m.compile(copts);

@@ -86,6 +86,7 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
 struct ProfileOptions {
   std::string target;              // zoo model name
   std::string backend = "compiled";  // eager | compiled
+  std::string mode = "default";      // compile mode: default | reduce-overhead | max-autotune
   int64_t batch = 1;
   int iters = 10;
   int warmup = 1;

@@ -115,8 +115,15 @@ class KernelEmitter {
   const CpuCodegenOptions& opt_;
 };
 
+// Note [kernel threads]
+// Every kernel is `extern "C" void NAME(char* const* b, int kt)`. A kernel with at least
+// min_parallel elements has parallel outer loops whose team size is kt (0: all of OpenMP's
+// threads at call time; 1: no parallel region at all, through the `if` clause), so the
+// executable decides per kernel, without recompiling, whether a kernel forks: by default from
+// parallel_threshold up (a fork/join costs microseconds, which a small kernel does not win
+// back), and max-autotune times both for each such kernel. Smaller kernels ignore kt.
 bool KernelEmitter::par() const {
-  return k_.numel() >= opt_.parallel_threshold;
+  return k_.numel() >= opt_.min_parallel;
 }
 
 std::string KernelEmitter::pointers() const {
@@ -412,7 +419,7 @@ void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
   int64_t NC = (N + CH - 1) / CH;
   int collapse = (r - 1) + (NC > 1 ? 1 : 0);
   if (par() && collapse > 0)
-    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static)\n", collapse);
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", collapse);
   for (int t = 0; t + 1 < r; ++t)
     out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
   if (NC > 1) out += fmt::format("  for (i64 c = 0; c < {}; ++c)\n", NC);
@@ -440,7 +447,7 @@ void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
 static std::string open_kept(std::string& out, const LoopKernel& k, bool par) {
   int kept = k.kept_dims();
   if (par && kept > 0)
-    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static)\n", kept);
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", kept);
   for (int t = 0; t < kept; ++t)
     out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k.sizes[size_t(t)]);
   out += "  {\n";
@@ -639,7 +646,11 @@ std::string KernelEmitter::emit(bool* vectorized) {
     out += fmt::format("//   node '{}': {} -> %{}\n", nd.name, op_def(nd.op).name,
                        g_.value(nd.outputs[0]).name);
   }
-  out += fmt::format("extern \"C\" void {}(char* const* b) {{\n", k_.name);
+  out += fmt::format("extern \"C\" void {}(char* const* b, int kt) {{\n", k_.name);
+  if (par())
+    out += "  const int nt = kt > 0 ? kt : omp_get_max_threads();\n  (void)nt;\n";
+  else
+    out += "  (void)kt;\n";
   if (!opt_.inject_error_into.empty() && k_.name.find(opt_.inject_error_into) != std::string::npos)
     out += "  this_is_an_injected_error;  // CpuCodegenOptions::inject_error_into (tests)\n";
   out += pointers();
@@ -671,6 +682,9 @@ CpuUnit generate_cpu(const Graph& g, const lower::Schedule& s, const std::vector
     u.source += e.emit(&v);
     u.symbols.push_back(k.name);
     u.vectorized.push_back(v);
+    u.default_threads.push_back(k.numel() < options.min_parallel        ? -1
+                                : k.numel() >= options.parallel_threshold ? 0
+                                                                          : 1);
   }
   return u;
 }

@@ -21,6 +21,10 @@ struct CpuCodegenOptions {
   // Kernels with fewer elements than this run on the calling thread (an OpenMP parallel region
   // costs microseconds; a batch-1 MLP must not pay it).
   int64_t parallel_threshold = 32768;
+  // Kernels with at least this many elements take their thread count as an argument (see Note
+  // [kernel threads] in codegen.cc): the default is all threads from parallel_threshold up and
+  // one below it; max-autotune times the alternatives.
+  int64_t min_parallel = 4096;
   bool vectorize = true;
   // Tests only: a kernel whose name contains this gets a compile error (checks that errors in
   // generated code name the kernel and that capture falls back to eager).
@@ -31,6 +35,10 @@ struct CpuUnit {
   std::string source;
   std::vector<std::string> symbols;  // per Schedule::loops entry: its function name
   std::vector<bool> vectorized;      // per loop kernel: has a SIMD main loop
+  // Per loop kernel: the thread count to pass by default (0 = all of OpenMP's threads at call
+  // time, 1 = the calling thread), or -1 where the kernel is always serial (too small to
+  // parallelize: the argument is ignored).
+  std::vector<int> default_threads;
 };
 
 // `mem` has one entry per graph value (slot -1 where the value is never read or written by a

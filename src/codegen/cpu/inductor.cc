@@ -26,6 +26,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -117,9 +119,13 @@ void insert_copies(Graph& g, const std::vector<bool>& extern_candidate) {
 // ---- launch states -------------------------------------------------------------------------------
 
 struct LoopState {
-  void (*fn)(char* const*);
+  void (*fn)(char* const*, int);
+  int threads = 0;  // see Note [kernel threads] in codegen.cc
 };
-void run_loop(void* s, char* const* b, const Tensor*) { static_cast<LoopState*>(s)->fn(b); }
+void run_loop(void* s, char* const* b, const Tensor*) {
+  auto* l = static_cast<LoopState*>(s);
+  l->fn(b, l->threads);
+}
 
 struct ExternState {
   const lower::OnednnLowering* lowering = nullptr;
@@ -166,6 +172,9 @@ void run_fallback(void* s, char* const*, const Tensor* call_inputs) {
 struct Built {
   std::shared_ptr<Executable> exe;
   InductorReport report;
+  // Loop kernels whose thread count can be chosen: launch index and its state.
+  std::vector<std::pair<size_t, LoopState*>> tunable;
+  std::vector<int> tunable_default;  // their default thread counts (0 = all, 1)
 };
 
 Built build(const Graph& input, const InductorOptions& opt) {
@@ -204,6 +213,7 @@ Built build(const Graph& input, const InductorOptions& opt) {
   }
   lower::OnednnOptions oo;
   oo.allow_blocked = opt.allow_blocked;
+  oo.conv = opt.conv_policy;
   auto t1 = std::chrono::steady_clock::now();
   auto onednn = std::make_shared<lower::OnednnLowering>(g, ext_nodes, oo);
   rep.onednn_s = seconds_since(t1);
@@ -319,13 +329,21 @@ Built build(const Graph& input, const InductorOptions& opt) {
     return t.as_strided(geo.sizes, geo.strides, geo.offset);
   };
 
+  std::vector<std::pair<size_t, LoopState*>> tunable;
+  std::vector<int> tunable_default;
   for (size_t si = 0; si < s.steps.size(); ++si) {
     const lower::Step& st = s.steps[si];
     Executable::Launch l;
     if (st.kind == StepKind::Loop) {
       const lower::LoopKernel& k = s.loops[size_t(st.loop)];
       auto state = std::make_shared<LoopState>();
-      state->fn = reinterpret_cast<void (*)(char* const*)>(lib->symbol(unit.symbols[size_t(st.loop)].c_str()));
+      state->fn = reinterpret_cast<void (*)(char* const*, int)>(lib->symbol(unit.symbols[size_t(st.loop)].c_str()));
+      int dt = unit.default_threads[size_t(st.loop)];
+      state->threads = std::max(dt, 0);
+      if (dt >= 0) {
+        tunable.push_back({exe->launches.size(), state.get()});
+        tunable_default.push_back(dt);
+      }
       l.fn = run_loop;
       l.state = state.get();
       exe->keep_alive.push_back(state);
@@ -448,31 +466,106 @@ Built build(const Graph& input, const InductorOptions& opt) {
   rep.arena_bytes = plan.arena_bytes;
   rep.naive_bytes = plan.naive_bytes;
   rep.compile_s = seconds_since(t0);
-  return {exe, rep};
+  return {exe, rep, std::move(tunable), std::move(tunable_default)};
 }
 
-// Median seconds per call of `exe` on random inputs.
-double time_executable(Executable& exe, int iters) {
-  Generator gen(1234);
+// Random inputs for `exe` (normal floats; small non-negative integers elsewhere).
+TensorList random_inputs(const Executable& exe, uint64_t seed) {
+  Generator gen(seed);
   TensorList in;
   for (const Executable::InputSpec& s : exe.inputs) {
-    if (s.dtype == DType::Float32 || s.dtype == DType::BFloat16 || s.dtype == DType::Float64 ||
-        s.dtype == DType::Float16)
+    if (is_floating(s.dtype))
       in.push_back(Tensor::randn(s.sizes, gen, s.dtype));
     else
       in.push_back(Tensor::randint(s.sizes, gen, 0, 2, s.dtype));
   }
+  return in;
+}
+
+// max |a - b| / max |b| over all outputs (compared in float64).
+double max_relative_error(const TensorList& a, const TensorList& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (!is_floating(b[i].dtype())) continue;
+    Tensor x = a[i].to(DType::Float64).contiguous(), y = b[i].to(DType::Float64).contiguous();
+    const double* px = x.data<double>();
+    const double* py = y.data<double>();
+    for (int64_t k = 0; k < y.numel(); ++k) {
+      double d = std::fabs(px[k] - py[k]);
+      if (!(d <= diff)) diff = d;  // NaN sticks
+      scale = std::max(scale, std::fabs(py[k]));
+    }
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+// Chooses the thread count of every tunable loop kernel of `b` (1 or all of OpenMP's threads)
+// by timing each kernel alone in both settings, alternating their order, after a full run of
+// the graph on `in` before each round (so buffers hold realistic data); median of `rounds`. A
+// setting replaces the default only when it is at least 5% faster. Returns the counts in launch
+// order ("0" = all) and appends what changed to *log.
+std::string tune_kernel_threads(Built& b, const TensorList& in, int rounds, std::string* log) {
+  int maxt = omp_get_max_threads();
+  size_t nk = b.tunable.size();
+  if (maxt <= 1 || nk == 0) return "";
+  Executable& exe = *b.exe;
   TensorList out;
   for (const Executable::OutputSpec& o : exe.outputs) out.push_back(Tensor::empty(o.sizes, o.dtype));
-  for (int i = 0; i < 2; ++i) exe.run(in.data(), in.size(), out.data(), out.size());
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    auto a = std::chrono::steady_clock::now();
+  std::vector<std::vector<double>> t1(nk), tn(nk);
+  for (int r = 0; r < rounds; ++r) {
     exe.run(in.data(), in.size(), out.data(), out.size());
-    t.push_back(seconds_since(a));
+    for (size_t k = 0; k < nk; ++k) {
+      auto [launch, state] = b.tunable[k];
+      for (int pass = 0; pass < 2; ++pass) {
+        bool one = (pass == 0) == (r % 2 == 0);
+        state->threads = one ? 1 : 0;
+        auto a = std::chrono::steady_clock::now();
+        exe.run_launch(launch, in.data());
+        (one ? t1 : tn)[k].push_back(seconds_since(a));
+      }
+    }
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::string counts, changed;
+  int nchanged = 0;
+  for (size_t k = 0; k < nk; ++k) {
+    auto [launch, state] = b.tunable[k];
+    double m1 = median(t1[k]), mn = median(tn[k]);
+    bool dflt_all = b.tunable_default[k] == 0;
+    double dflt = dflt_all ? mn : m1, other = dflt_all ? m1 : mn;
+    bool use_all = other < 0.95 * dflt ? !dflt_all : dflt_all;
+    state->threads = use_all ? 0 : 1;
+    counts += (k ? "," : "") + std::to_string(state->threads);
+    if (use_all != dflt_all) {
+      ++nchanged;
+      changed += fmt::format("{}{} {} ({:.1f} vs {:.1f} us)", changed.empty() ? "" : ", ",
+                             exe.launches[launch].name, use_all ? "all threads" : "1 thread",
+                             (use_all ? mn : m1) * 1e6, (use_all ? m1 : mn) * 1e6);
+    }
+  }
+  *log += fmt::format("; kernel threads: {} of {} tunable loop kernels changed from the default{}{}",
+                      nchanged, nk, changed.empty() ? "" : ": ", changed);
+  return counts;
+}
+
+// Applies thread counts from tune_kernel_threads; false when they do not fit `b`.
+bool apply_kernel_threads(Built& b, const std::string& counts) {
+  std::vector<int> v;
+  size_t at = 0;
+  while (at < counts.size()) {
+    size_t end = counts.find(',', at);
+    if (end == std::string::npos) end = counts.size();
+    std::string item = counts.substr(at, end - at);
+    if (item != "0" && item != "1") return false;
+    v.push_back(item == "1" ? 1 : 0);
+    at = end + 1;
+  }
+  if (v.size() != b.tunable.size()) return false;
+  for (size_t k = 0; k < v.size(); ++k) b.tunable[k].second->threads = v[k];
+  return true;
 }
 
 void progress(bool on, int done, int total, const std::string& what) {
@@ -521,6 +614,21 @@ std::string InductorGraph::summary() const {
   return s;
 }
 
+// Note [autotuning]
+// max-autotune builds whole-graph candidates and times each (median of 15 calls on one set of
+// random inputs, after 2 warm-up calls):
+//   conv=auto | nChw16c | nChw16c+winograd | plain   (graphs with convolutions; see Note
+//       [convolution policy] in lower/onednn_lowering.cc; winograd only when some convolution is
+//       3x3 f32)
+//   gemv=generated | onednn                          (graphs with small linears)
+// and, inside the fastest candidate, the thread count of every parallel loop kernel (see
+// tune_kernel_threads). Candidates are whole graphs because layouts interact across neighbours.
+// A candidate that rounds differently from the default compile (Winograd) is first run on the
+// same inputs as the first candidate (the default configuration) and rejected when its outputs
+// differ by more than `autotune_tolerance` relative to the largest reference output; the report
+// lists every candidate with its time or rejection. The choice is persisted in the tuning store
+// under the ISA, the thread count and the graph's text, so the next compile of the same graph on
+// the same machine builds only the chosen candidate.
 std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const InductorOptions& options) {
   if (options.mode != "default" && options.mode != "reduce-overhead" &&
       options.mode != "max-autotune")
@@ -531,53 +639,121 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
     Built b = build(graph, options);
     return std::make_unique<InductorGraph>(b.exe, b.report);
   }
-  // max-autotune: candidates differ in the oneDNN layout policy and in whether small linears
-  // are generated; a candidate that changes nothing for this graph is skipped.
-  bool has_conv = false, has_linear = false;
+  // max-autotune: see Note [autotuning].
+  bool has_conv = false, has_wino = false, has_small_linear = false;
   for (const Node& n : graph.nodes) {
-    has_conv = has_conv || n.op == OpId::Conv2d || n.op == OpId::ConvTranspose2d || n.op == OpId::FusedConv2d;
-    has_linear = has_linear || n.op == OpId::Linear || n.op == OpId::FusedLinear;
-  }
-  std::vector<InductorOptions> cands;
-  std::vector<std::string> names;
-  for (bool blocked : {true, false})
-    for (int64_t small : {options.small_linear_macs, int64_t(0)}) {
-      if (!blocked && !has_conv) continue;
-      if (small == 0 && !has_linear) continue;
-      InductorOptions o = options;
-      o.mode = "default";
-      o.allow_blocked = blocked;
-      o.small_linear_macs = small;
-      cands.push_back(o);
-      names.push_back(fmt::format("layout={},gemv={}", blocked ? "blocked" : "plain", small ? "generated" : "onednn"));
+    bool conv = n.op == OpId::Conv2d || n.op == OpId::ConvTranspose2d || n.op == OpId::FusedConv2d;
+    has_conv = has_conv || conv;
+    if (n.op == OpId::Conv2d || n.op == OpId::FusedConv2d) {
+      const TensorType& w = graph.type(n.inputs[1]);
+      has_wino = has_wino || (w.dtype == DType::Float32 && w.shape.size() == 4 &&
+                              w.shape[2] == SymInt(3) && w.shape[3] == SymInt(3));
     }
-  std::string key = "inductor-autotune-v1\n" + toolchain().isa + "\n" +
+    has_small_linear = has_small_linear || lower::small_linear(graph, n, options.small_linear_macs);
+  }
+  struct Candidate {
+    InductorOptions o;
+    std::string name;
+    bool exact;  // computes what the default compile computes (same algorithms)
+  };
+  std::vector<Candidate> cands;
+  const std::pair<const char*, lower::ConvPolicy> layouts[] = {
+      {"auto", lower::ConvPolicy::Auto},
+      {"nChw16c", lower::ConvPolicy::Blocked16},
+      {"nChw16c+winograd", lower::ConvPolicy::Winograd},
+      {"plain", lower::ConvPolicy::Auto}};
+  for (size_t li = 0; li < 4; ++li) {
+    if (li > 0 && !has_conv) continue;
+    if (layouts[li].second == lower::ConvPolicy::Winograd && !has_wino) continue;
+    for (int64_t small : {options.small_linear_macs, int64_t(0)}) {
+      if (small == 0 && !has_small_linear) continue;
+      Candidate c{options, "", layouts[li].second != lower::ConvPolicy::Winograd};
+      c.o.mode = "default";
+      c.o.allow_blocked = li != 3;
+      c.o.conv_policy = layouts[li].second;
+      c.o.small_linear_macs = small;
+      // Names say only what varies for this graph.
+      if (has_conv) c.name = fmt::format("conv={}", layouts[li].first);
+      if (has_small_linear)
+        c.name += fmt::format("{}gemv={}", has_conv ? "," : "", small ? "generated" : "onednn");
+      if (c.name.empty()) c.name = "default";
+      cands.push_back(std::move(c));
+    }
+  }
+  std::string key = "inductor-autotune-v2\n" + toolchain().isa + "\n" +
                     std::to_string(omp_get_max_threads()) + "\n" + print_graph(graph);
-  std::string choice;
-  if (tuning_get(key, &choice)) {
-    for (size_t i = 0; i < cands.size(); ++i)
-      if (names[i] == choice) {
-        Built b = build(graph, cands[i]);
+  std::string record;  // "NAME" or "NAME\nTHREADS" (see tune_kernel_threads)
+  if (tuning_get(key, &record)) {
+    std::string choice = record.substr(0, record.find('\n'));
+    std::string counts = record.find('\n') == std::string::npos ? "" : record.substr(record.find('\n') + 1);
+    for (const Candidate& c : cands)
+      if (c.name == choice) {
+        Built b = build(graph, c.o);
         b.report.autotune = "cached choice " + choice;
+        if (!counts.empty() && apply_kernel_threads(b, counts))
+          b.report.autotune += "; cached kernel threads " + counts;
         b.report.compile_s = seconds_since(t0);
         return std::make_unique<InductorGraph>(b.exe, b.report);
       }
   }
   bool bar = options.progress && isatty(2);
+  const int rounds = 15;
+  int steps = int(cands.size()) + rounds, step = 0;
   std::vector<Built> built;
-  std::vector<double> times;
+  std::vector<std::string> notes(cands.size());
+  std::vector<bool> rejected(cands.size(), false);
+  TensorList in;
+  TensorList reference;  // outputs of the first (exact) candidate on `in`
+  for (size_t i = 0; i < cands.size(); ++i) {
+    progress(bar, step++, steps, "building " + cands[i].name);
+    built.push_back(build(graph, cands[i].o));
+    Executable& exe = *built.back().exe;
+    if (i == 0) in = random_inputs(exe, 1234);
+    TensorList out = exe.run(in);
+    if (i == 0) reference = out;
+    double err = cands[i].exact ? 0 : max_relative_error(out, reference);
+    if (err > options.autotune_tolerance) {
+      rejected[i] = true;
+      notes[i] = fmt::format(" rejected (relative error {:.1e} > {:.0e})", err, options.autotune_tolerance);
+    } else if (!cands[i].exact) {
+      notes[i] = fmt::format(" (relative error {:.1e})", err);
+    }
+  }
+  // Timed in rounds, one call of every candidate per round, so that a burst of load on the
+  // machine hits all candidates alike; medians per candidate.
+  std::vector<TensorList> outs(cands.size());
+  for (size_t i = 0; i < cands.size(); ++i)
+    for (const Executable::OutputSpec& o : built[i].exe->outputs)
+      outs[i].push_back(Tensor::empty(o.sizes, o.dtype));
+  std::vector<std::vector<double>> samples(cands.size());
+  for (int r = -1; r < rounds; ++r) {  // round -1 warms up
+    if (r >= 0) progress(bar, step++, steps, fmt::format("timing round {}/{}", r + 1, rounds));
+    for (size_t i = 0; i < cands.size(); ++i) {
+      if (rejected[i]) continue;
+      Executable& exe = *built[i].exe;
+      auto a = std::chrono::steady_clock::now();
+      exe.run(in.data(), in.size(), outs[i].data(), outs[i].size());
+      if (r >= 0) samples[i].push_back(seconds_since(a));
+    }
+  }
+  std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
   std::string log;
   for (size_t i = 0; i < cands.size(); ++i) {
-    progress(bar, int(i), int(cands.size()), names[i]);
-    built.push_back(build(graph, cands[i]));
-    times.push_back(time_executable(*built.back().exe, 15));
-    log += fmt::format("{}{} {:.3f} ms", log.empty() ? "" : ", ", names[i], times.back() * 1e3);
+    if (!rejected[i]) {
+      std::sort(samples[i].begin(), samples[i].end());
+      times[i] = samples[i][samples[i].size() / 2];
+    }
+    log += fmt::format("{}{}{}{}", log.empty() ? "" : ", ", cands[i].name,
+                       rejected[i] ? "" : fmt::format(" {:.3f} ms", times[i] * 1e3), notes[i]);
   }
   progress(bar, int(cands.size()), int(cands.size()), "done");
   size_t best = size_t(std::min_element(times.begin(), times.end()) - times.begin());
-  tuning_put(key, names[best]);
   Built b = std::move(built[best]);
-  b.report.autotune = fmt::format("chose {} ({})", names[best], log);
+  built.clear();  // the other candidates' arenas and primitives
+  std::string threads_log;
+  std::string counts = tune_kernel_threads(b, in, 15, &threads_log);
+  tuning_put(key, counts.empty() ? cands[best].name : cands[best].name + "\n" + counts);
+  b.report.autotune = fmt::format("chose {} ({}){}", cands[best].name, log, threads_log);
   b.report.compile_s = seconds_since(t0);
   return std::make_unique<InductorGraph>(b.exe, b.report);
 }

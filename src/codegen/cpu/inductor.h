@@ -15,15 +15,26 @@ struct CompileOptions;
 class Executable;
 }  // namespace kiln
 
+namespace kiln::lower {
+enum class ConvPolicy : uint8_t;  // lower/onednn_lowering.h
+}
+
 namespace kiln::codegen {
 
 struct InductorOptions {
   std::string mode = "default";   // default | reduce-overhead | max-autotune
   bool allow_blocked = true;      // oneDNN blocked layouts between convolutions
+  // Convolution layout/algorithm policy (lower::ConvPolicy: Auto, Blocked16, Winograd); default
+  // modes keep Auto, max-autotune times the others. See Note [convolution policy].
+  lower::ConvPolicy conv_policy{};
   bool fuse = true;               // fuse loop kernels
   bool vectorize = true;
   int64_t small_linear_macs = 1 << 15;
   bool progress = true;           // max-autotune: a progress bar on a terminal
+  // max-autotune: a candidate that computes differently from the default compile (Winograd)
+  // must agree with the default candidate's outputs within this relative error (max |diff| /
+  // max |reference|); the tolerance Kiln's model tests use against ONNX Runtime.
+  double autotune_tolerance = 1e-4;
   std::string inject_error_into;  // tests: see CpuCodegenOptions::inject_error_into
 };
 

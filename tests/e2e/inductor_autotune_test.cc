@@ -1,0 +1,207 @@
+// max-autotune of the CPU compiler: the candidates it times (oneDNN layout policies, Winograd
+// convolutions, generated vs oneDNN GEMV), the accuracy gate on candidates that round
+// differently, the persisted choice, and the numerics of whatever it picks (vs eager on fresh
+// inputs). Every test points KILN_CACHE_DIR at its own fresh directory so that the tuning store
+// starts empty.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <cstring>
+#include <string>
+
+#include "capture/backend.h"
+#include "capture/compile.h"
+#include "codegen/cpu/inductor.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
+#include "nn/models/zoo.h"
+
+using namespace kiln;
+
+namespace {
+
+class FreshCacheDir {
+ public:
+  FreshCacheDir() {
+    char tmpl[] = "/tmp/kiln-autotune-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    const char* old = std::getenv("KILN_CACHE_DIR");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv("KILN_CACHE_DIR", dir_.c_str(), 1);
+  }
+  ~FreshCacheDir() {
+    if (had_) setenv("KILN_CACHE_DIR", old_.c_str(), 1);
+    else unsetenv("KILN_CACHE_DIR");
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+ private:
+  std::string dir_, old_;
+  bool had_ = false;
+};
+
+// The options the test backend compiles with, and the report of its last compile.
+codegen::InductorOptions g_options;
+std::string g_last_autotune;
+
+void register_test_backend() {
+  register_backend("inductor-autotune-test", [](const Graph& g, const CompileOptions&) {
+    auto compiled = codegen::compile_inductor(g, g_options);
+    g_last_autotune = compiled->report().autotune;
+    return std::unique_ptr<CompiledGraph>(std::move(compiled));
+  });
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// Compiles resnet18 through the test backend and checks two fresh input sets against eager
+// (2e-4 of the output scale, as the zoo tests). Returns the autotune report.
+std::string compile_and_check(const nn::ZooModel& m) {
+  CompileOptions o;
+  o.backend = "inductor-autotune-test";
+  o.strict = true;
+  CompiledFunction f = compile(m.module, o);
+  for (uint64_t seed : {11u, 12u}) {
+    Generator gen(seed);
+    TensorList in = {Tensor::randn(m.inputs[0].sizes(), gen, DType::Float32)};
+    auto got = f(in)[0].to_vector<double>();
+    auto want = m.module->call(in)[0].to_vector<double>();
+    EXPECT_EQ(got.size(), want.size());
+    double scale = std::max(1.0, max_abs(want)), err = 0;
+    for (size_t k = 0; k < std::min(got.size(), want.size()); ++k)
+      err = std::max(err, std::fabs(got[k] - want[k]));
+    EXPECT_LE(err, 2e-4 * scale) << "seed " << seed << "; " << g_last_autotune;
+  }
+  return g_last_autotune;
+}
+
+std::string chosen(const std::string& report) {
+  // "chose NAME (...)" or "cached choice NAME"
+  for (const char* p : {"chose ", "cached choice "}) {
+    size_t at = report.find(p);
+    if (at == std::string::npos) continue;
+    at += std::strlen(p);
+    return report.substr(at, report.find(' ', at) - at);
+  }
+  return "";
+}
+
+}  // namespace
+
+// The candidates include Winograd for a network of 3x3 convolutions; every candidate is timed
+// (or rejected, with its error); the choice is persisted and a second compile of the same
+// graph reuses it without timing; the picked executable matches eager.
+TEST(InductorAutotune, TimesCandidatesPersistsChoiceAndStaysAccurate) {
+  FreshCacheDir cache;
+  register_test_backend();
+  g_options = codegen::InductorOptions{};
+  g_options.mode = "max-autotune";
+  g_options.progress = false;
+  nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 5);
+
+  std::string first = compile_and_check(m);
+  for (const char* cand : {"conv=auto ", "conv=nChw16c ", "conv=plain "})
+    EXPECT_NE(first.find(cand), std::string::npos) << cand << " not tried: " << first;
+  if (__builtin_cpu_supports("avx512f")) {
+    // oneDNN 2.6 has f32 Winograd on AVX-512: it is timed, and agrees with direct.
+    EXPECT_NE(first.find("conv=nChw16c+winograd "), std::string::npos) << first;
+    EXPECT_NE(first.find("(relative error "), std::string::npos) << first;
+  }
+  EXPECT_EQ(first.find("rejected"), std::string::npos) << first;
+  std::string pick = chosen(first);
+  ASSERT_FALSE(pick.empty()) << first;
+
+  std::string second = compile_and_check(m);  // new CompiledFunction, same graph
+  EXPECT_EQ(second.rfind("cached choice " + pick, 0), 0u) << second;
+  EXPECT_EQ(second.find("chose"), std::string::npos) << second;  // nothing timed again
+}
+
+// A candidate whose outputs differ from the exact candidate by more than the tolerance is
+// rejected and never chosen; with tolerance 0 that is Winograd, whose rounding differs. Without
+// AVX-512, oneDNN 2.6 has no f32 Winograd: the candidate then computes exactly what direct does.
+TEST(InductorAutotune, InexactCandidateOutsideToleranceIsRejected) {
+  FreshCacheDir cache;
+  register_test_backend();
+  g_options = codegen::InductorOptions{};
+  g_options.mode = "max-autotune";
+  g_options.progress = false;
+  g_options.autotune_tolerance = 0;
+  nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 6);
+  std::string report = compile_and_check(m);
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_NE(report.find("conv=nChw16c+winograd rejected (relative error "),
+              std::string::npos)
+        << report;
+    EXPECT_EQ(chosen(report).find("winograd"), std::string::npos) << report;
+  } else {
+    EXPECT_NE(report.find("conv=nChw16c+winograd "), std::string::npos) << report;
+    EXPECT_EQ(report.find("rejected"), std::string::npos) << report;
+  }
+}
+
+// A graph without convolutions has no layout candidates; its small linears give the GEMV
+// choice (generated reduction vs oneDNN), both timed.
+TEST(InductorAutotune, MlpTunesOnlyTheGemvChoice) {
+  FreshCacheDir cache;
+  register_test_backend();
+  g_options = codegen::InductorOptions{};
+  g_options.mode = "max-autotune";
+  g_options.progress = false;
+  nn::ZooModel m = nn::make_zoo_model("mlp", 1, 7);
+  compile_and_check(m);
+  EXPECT_NE(g_last_autotune.find("gemv=generated "), std::string::npos) << g_last_autotune;
+  EXPECT_NE(g_last_autotune.find("gemv=onednn "), std::string::npos) << g_last_autotune;
+  EXPECT_EQ(g_last_autotune.find("nChw16c"), std::string::npos) << g_last_autotune;
+}
+
+// Loop kernels big enough to fork get their thread count timed (1 vs all) after the candidate
+// is chosen; the counts are persisted with the choice and applied by the next compile, and the
+// results do not depend on them.
+TEST(InductorAutotune, KernelThreadCountsAreTunedAndPersisted) {
+  FreshCacheDir cache;
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{64, 1024}));
+  ValueId y = g.add_input("y", TensorType(DType::Float32, Shape{64, 1024}));
+  ValueId e = g.add_node1(OpId::Exp, {x}, {}, "exp");
+  ValueId m = g.add_node1(OpId::Mul, {e, y}, {}, "mul");
+  ValueId sm = g.add_node1(OpId::Softmax, {m}, {{"dim", int64_t(-1)}}, "softmax");
+  ValueId t = g.add_node1(OpId::Transpose, {sm}, {{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}, "t");
+  ValueId r = g.add_node1(OpId::Relu, {t}, {}, "relu");
+  g.outputs = {sm, r};
+  codegen::InductorOptions o;
+  o.mode = "max-autotune";
+  o.progress = false;
+  Generator gen(21);
+  TensorList in = {Tensor::randn({64, 1024}, gen, DType::Float32),
+                   Tensor::randn({64, 1024}, gen, DType::Float32)};
+  TensorList want = run(g, in);
+  for (int compile_no = 0; compile_no < 2; ++compile_no) {
+    auto c = codegen::compile_inductor(g, o);
+    const std::string& rep = c->report().autotune;
+    if (compile_no == 0) {
+      EXPECT_EQ(rep.rfind("chose default", 0), 0u) << rep;
+      EXPECT_NE(rep.find("kernel threads: "), std::string::npos) << rep;
+      EXPECT_NE(rep.find(" tunable loop kernels changed from the default"), std::string::npos) << rep;
+    } else {
+      EXPECT_EQ(rep.rfind("cached choice default; cached kernel threads ", 0), 0u) << rep;
+    }
+    TensorList got = c->run(in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      auto a = got[i].to_vector<double>(), b = want[i].to_vector<double>();
+      ASSERT_EQ(a.size(), b.size());
+      double err = 0;
+      for (size_t k = 0; k < a.size(); ++k) err = std::max(err, std::fabs(a[k] - b[k]));
+      EXPECT_LE(err, 1e-5) << "output " << i << " (compile " << compile_no << ")";
+    }
+  }
+}
