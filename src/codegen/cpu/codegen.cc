@@ -674,6 +674,7 @@ CpuUnit generate_cpu(const Graph& g, const lower::Schedule& s, const std::vector
   CpuUnit u;
   u.source = fmt::format("// Kiln CPU kernels for graph '{}' ({} kernels). Generated; do not edit.\n",
                          unit_name, s.loops.size());
+  if (options.vector_bits == 256) u.source += "#define KN_VEC256 1\n";
   u.source += cpu_prelude();
   u.source += "\n";
   for (const LoopKernel& k : s.loops) {

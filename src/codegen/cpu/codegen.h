@@ -26,6 +26,9 @@ struct CpuCodegenOptions {
   // one below it; max-autotune times the alternatives.
   int64_t min_parallel = 4096;
   bool vectorize = true;
+  // SIMD width of the vector loops: 0 = the widest the ISA has (AVX-512: 16 floats), 256 = AVX2
+  // vectors (8 floats) even where AVX-512 exists.
+  int vector_bits = 0;
   // Tests only: a kernel whose name contains this gets a compile error (checks that errors in
   // generated code name the kernel and that capture falls back to eager).
   std::string inject_error_into;

@@ -281,6 +281,7 @@ Built build(const Graph& input, const InductorOptions& opt) {
   t1 = std::chrono::steady_clock::now();
   CpuCodegenOptions co;
   co.vectorize = opt.vectorize;
+  co.vector_bits = opt.vector_bits;
   co.inject_error_into = opt.inject_error_into;
   CpuUnit unit = generate_cpu(g, s, mem, g.name, co);
   std::shared_ptr<LoadedLibrary> lib;
@@ -621,7 +622,8 @@ std::string InductorGraph::summary() const {
 //       [convolution policy] in lower/onednn_lowering.cc; winograd only when some convolution is
 //       3x3 f32)
 //   gemv=generated | onednn                          (graphs with small linears)
-// and, inside the fastest candidate, the thread count of every parallel loop kernel (see
+// then, on AVX-512, the fastest candidate again with 256-bit vectors in its loop kernels
+// (",vec=256" when that wins by 3%), and, inside the result, the thread count of every parallel loop kernel (see
 // tune_kernel_threads). Candidates are whole graphs because layouts interact across neighbours.
 // A candidate that rounds differently from the default compile (Winograd) is first run on the
 // same inputs as the first candidate (the default configuration) and rejected when its outputs
@@ -680,18 +682,27 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
       cands.push_back(std::move(c));
     }
   }
-  std::string key = "inductor-autotune-v2\n" + toolchain().isa + "\n" +
+  std::string key = "inductor-autotune-v3\n" + toolchain().isa + "\n" +
                     std::to_string(omp_get_max_threads()) + "\n" + print_graph(graph);
   std::string record;  // "NAME" or "NAME\nTHREADS" (see tune_kernel_threads)
   if (tuning_get(key, &record)) {
     std::string choice = record.substr(0, record.find('\n'));
     std::string counts = record.find('\n') == std::string::npos ? "" : record.substr(record.find('\n') + 1);
-    for (const Candidate& c : cands)
+    bool vec256 = choice.size() > 8 && choice.compare(choice.size() - 8, 8, ",vec=256") == 0;
+    if (vec256) choice.resize(choice.size() - 8);
+    for (Candidate c : cands)
       if (c.name == choice) {
+        if (vec256) {
+          c.o.vector_bits = 256;
+          choice += ",vec=256";
+        }
         Built b = build(graph, c.o);
         b.report.autotune = "cached choice " + choice;
         if (!counts.empty() && apply_kernel_threads(b, counts))
-          b.report.autotune += "; cached kernel threads " + counts;
+          b.report.autotune += fmt::format(
+              "; cached kernel threads ({} loop kernels, {} on one thread)", b.tunable.size(),
+              std::count_if(b.tunable.begin(), b.tunable.end(),
+                            [](const auto& t) { return t.second->threads == 1; }));
         b.report.compile_s = seconds_since(t0);
         return std::make_unique<InductorGraph>(b.exe, b.report);
       }
@@ -749,11 +760,46 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
   progress(bar, int(cands.size()), int(cands.size()), "done");
   size_t best = size_t(std::min_element(times.begin(), times.end()) - times.begin());
   Built b = std::move(built[best]);
+  std::string name = cands[best].name;
   built.clear();  // the other candidates' arenas and primitives
+  // Vector width: on AVX-512, the chosen candidate's loop kernels again with 8-lane AVX2
+  // vectors (Zen 4 executes 512-bit operations as two 256-bit halves; memory-bound kernels may
+  // prefer the narrower loop). Kept when at least 3% faster over interleaved rounds.
+  std::string vec_log;
+  if (b.report.vectorized_kernels > 0 && toolchain().isa.find("avx512") != std::string::npos) {
+    InductorOptions o256 = cands[best].o;
+    o256.vector_bits = 256;
+    Built b256 = build(graph, o256);
+    TensorList out = b256.exe->run(in);
+    double err = max_relative_error(out, reference);
+    // Same arithmetic per lane, but horizontal reductions combine lanes in another order.
+    if (err <= options.autotune_tolerance) {
+      Executable* pair[2] = {b.exe.get(), b256.exe.get()};
+      std::vector<double> t[2];
+      TensorList o2[2];
+      for (int j = 0; j < 2; ++j)
+        for (const Executable::OutputSpec& os : pair[j]->outputs) o2[j].push_back(Tensor::empty(os.sizes, os.dtype));
+      for (int r = -1; r < rounds; ++r)
+        for (int j = 0; j < 2; ++j) {
+          auto a = std::chrono::steady_clock::now();
+          pair[j]->run(in.data(), in.size(), o2[j].data(), o2[j].size());
+          if (r >= 0) t[j].push_back(seconds_since(a));
+        }
+      for (auto& v : t) std::sort(v.begin(), v.end());
+      double m512 = t[0][t[0].size() / 2], m256 = t[1][t[1].size() / 2];
+      vec_log = fmt::format("; vectors: 512-bit {:.3f} ms, 256-bit {:.3f} ms", m512 * 1e3, m256 * 1e3);
+      if (m256 < 0.97 * m512) {
+        b = std::move(b256);
+        name += ",vec=256";
+      }
+    } else {
+      vec_log = fmt::format("; vectors: 256-bit rejected (relative error {:.1e})", err);
+    }
+  }
   std::string threads_log;
   std::string counts = tune_kernel_threads(b, in, 15, &threads_log);
-  tuning_put(key, counts.empty() ? cands[best].name : cands[best].name + "\n" + counts);
-  b.report.autotune = fmt::format("chose {} ({}){}", cands[best].name, log, threads_log);
+  tuning_put(key, counts.empty() ? name : name + "\n" + counts);
+  b.report.autotune = fmt::format("chose {} ({}){}{}", name, log, vec_log, threads_log);
   b.report.compile_s = seconds_since(t0);
   return std::make_unique<InductorGraph>(b.exe, b.report);
 }

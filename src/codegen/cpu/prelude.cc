@@ -15,12 +15,17 @@ const char* cpu_prelude() {
 #include <cmath>
 #include <limits>
 #include <omp.h>
+// KN_VEC256 (defined before the prelude by CpuCodegenOptions::vector_bits = 256) keeps the
+// kernels at 8-lane AVX2 vectors on an AVX-512 machine; max-autotune times both widths.
+#if defined(__AVX512F__) && !defined(KN_VEC256)
+#define KN_AVX512 1
+#endif
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 // The SLEEF functions used below, declared here rather than through <sleef.h> (which costs
 // ~0.1 s of parsing in every generated unit); they link against libsleef (-lsleef).
 extern "C" {
-#if defined(__AVX512F__)
+#if defined(KN_AVX512)
 __m512 Sleef_expf16_u10(__m512); __m512 Sleef_logf16_u10(__m512); __m512 Sleef_tanhf16_u10(__m512);
 __m512 Sleef_erff16_u10(__m512); __m512 Sleef_sinf16_u10(__m512); __m512 Sleef_cosf16_u10(__m512);
 __m512 Sleef_powf16_u10(__m512, __m512);
@@ -120,7 +125,7 @@ template <typename T> static inline T kn_max(T a, T b) { return (a > b || a != a
 template <typename T> static inline T kn_min(T a, T b) { return (a < b || a != a) ? a : b; }
 
 // ---- vectors ----
-#if defined(__AVX512F__)
+#if defined(KN_AVX512)
 #define KN_W 16
 struct VF { __m512 v; };
 static inline VF vset(float x) { return {_mm512_set1_ps(x)}; }
