@@ -38,9 +38,27 @@ Note [How the comparison is run]
   recorded with their text and shown in every table; nothing is dropped silently.
 * Latencies: every timed call is timed alone (perf_counter around the call; on CUDA with a
   synchronize before the clock stops); percentiles are nearest-rank over all rounds' samples,
-  as `kiln bench` computes them. When `kiln bench --json` carries no per-call samples
-  (`samples_ms`), Kiln's distribution is pooled from per-round summaries (see pool_summaries)
-  and marked as such.
+  as `kiln bench` computes them from the per-call `samples_ms` of its JSON. Only a kiln binary
+  older than `samples_ms` forces the fallback: every system's distribution is then pooled from
+  per-round summaries (see pool_summaries) and marked as such.
+* --device cuda (Note [CUDA columns]): Kiln runs `kiln bench --device cuda`, the peers run on
+  the GPU; whatever cannot run there is a row with its reason, never a missing row.
+
+Note [CUDA columns]
+The run goes ahead when any CUDA device is visible: to Kiln (`kiln device --json`) or to torch
+(probed in a subprocess); only when neither sees one does the script exit with 2. Then:
+* kiln-eager is `kiln bench TARGET --device cuda --backend eager` (the eager CUDA kernels; host
+  time per call includes the device synchronization, and its JSON adds device_p50_ms /
+  device_p99_ms from CUDA events). Kiln refuses, before running, a target with a node that has
+  no CUDA kernel (every zoo model needs conv or linear) and --backend compiled on CUDA (the CUDA
+  compiler is not built yet); those rows are `unsupported` with Kiln's error text.
+* torch-eager / torch-compile / torchscript run the module on "cuda" (inputs moved there before
+  timing, torch.cuda.synchronize() ends each call); a worker whose torch is missing or sees no
+  GPU is an `unsupported` row saying which.
+* ort uses the CUDAExecutionProvider with IOBinding: inputs copied to the device once, outputs
+  left on the device, the run synchronized, so that its timing, like Kiln's and torch's, holds
+  no host<->device copies. A build without the provider, or a session that fell back to the
+  CPU, is an `unsupported` row.
 """
 from __future__ import annotations
 
@@ -132,6 +150,11 @@ def error_text(exc):
     return f"{type(exc).__name__}: {exc}".strip()
 
 
+class Unsupported(RuntimeError):
+    """A system that cannot run this model on this machine (not a failure of the system): the
+    worker reports it with status "unsupported" and the text says why."""
+
+
 def import_export_models():
     """scripts/export_models.py (MODELS, build_model, export). KILN_EXPORT_MODELS_DIR points
     elsewhere (a folder holding an export_models.py with the same API)."""
@@ -191,6 +214,10 @@ class TorchRunner:
         module.eval()
         self.cuda = args.device == "cuda"
         if self.cuda:
+            if not torch.cuda.is_available():
+                raise Unsupported(f"torch {torch.__version__} sees no CUDA device "
+                                  "(torch.cuda.is_available() is False; built with CUDA "
+                                  f"{torch.version.cuda})")
             module = module.to("cuda")
             inputs = tuple(x.to("cuda") if isinstance(x, torch.Tensor) else x for x in inputs)
         self.inputs = inputs
@@ -252,17 +279,24 @@ class OrtRunner:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if args.device == "cuda":
+        self.cuda = args.device == "cuda"
+        if self.cuda:
             if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise RuntimeError("unsupported: this onnxruntime build has no "
-                                   "CUDAExecutionProvider (available: "
-                                   f"{', '.join(ort.get_available_providers())})")
+                raise Unsupported("this onnxruntime build has no CUDAExecutionProvider "
+                                  f"(onnxruntime {ort.__version__}; available: "
+                                  f"{', '.join(ort.get_available_providers())})")
             providers = ["CUDAExecutionProvider"]
         else:
             providers = ["CPUExecutionProvider"]
         t0 = time.perf_counter()
         self.sess = ort.InferenceSession(args.onnx, so, providers=providers)
         setup_s = time.perf_counter() - t0
+        if self.cuda and "CUDAExecutionProvider" not in self.sess.get_providers():
+            # ORT falls back to the CPU (with a warning) when the provider's libraries fail to
+            # load; timing that as a CUDA column would be wrong.
+            raise Unsupported("onnxruntime's CUDAExecutionProvider did not load (the session "
+                              f"runs on {', '.join(self.sess.get_providers())}); check the "
+                              "CUDA/cuDNN libraries onnxruntime-gpu needs")
         metas = self.sess.get_inputs()
         if args.inputs:
             z = np.load(args.inputs)
@@ -286,8 +320,18 @@ class OrtRunner:
                         np.float64 if "double" in m.type else np.float32)
                     arrays.append(rng.standard_normal(shape).astype(dt))
         self.feeds = {m.name: a for m, a in zip(metas, arrays)}
+        if self.cuda:
+            # Inputs copied to the device once; outputs stay there (allocated by ORT per run).
+            self.io = self.sess.io_binding()
+            self.device_inputs = []
+            for name, a in self.feeds.items():
+                v = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), "cuda", 0)
+                self.device_inputs.append(v)  # kept alive for the binding
+                self.io.bind_ortvalue_input(name, v)
+            for o in self.sess.get_outputs():
+                self.io.bind_output(o.name, "cuda", 0)
         t1 = time.perf_counter()
-        self.sess.run(None, self.feeds)
+        self.call()
         t2 = time.perf_counter()
         self.setup = {"setup_s": setup_s, "first_run_s": t2 - t1, "first_call_s": t2 - t0}
         self.config = {"providers": self.sess.get_providers(), "intra_op_num_threads": args.threads,
@@ -298,7 +342,11 @@ class OrtRunner:
         return None
 
     def call(self):
-        self.sess.run(None, self.feeds)
+        if self.cuda:
+            self.sess.run_with_iobinding(self.io)
+            self.io.synchronize_outputs()
+        else:
+            self.sess.run(None, self.feeds)
 
     def context(self):
         import contextlib
@@ -367,7 +415,14 @@ def worker_main(args):
             proto.send({"event": "round", "samples_ms": samples, "peak_rss_bytes": rss_peak_bytes()})
         return 0
     except Exception as e:  # reported to the parent, which records it for this system
-        proto.send({"event": "error", "phase": phase, "error": error_text(e),
+        status, text = "error", error_text(e)
+        if isinstance(e, Unsupported):
+            status, text = "unsupported", str(e)
+        elif isinstance(e, ImportError) and phase == "setup" and args.device == "cuda":
+            status = "unsupported"
+            text = f"{getattr(e, 'name', None) or 'a package'} is not installed in " \
+                   f"{python_exe()} ({text})"
+        proto.send({"event": "error", "status": status, "phase": phase, "error": text,
                     "traceback": traceback.format_exc()})
         return 1
 
@@ -589,7 +644,12 @@ def kiln_round(sr, args, spec, target, warmup, iters, seconds, logdir, env):
         sr.fail("timeout", f"kiln bench exceeded --compile-budget {args.compile_budget:g} s")
         return
     except ChildError as e:
-        sr.fail("error", str(e), e.detail)
+        # On CUDA, Kiln refuses what it cannot run there yet (a node without a CUDA kernel, the
+        # compiled backend): an unsupported row with Kiln's text, not a failure.
+        unsupported = args.device == "cuda" and any(
+            k in str(e) for k in ("has no CUDA kernel", "cannot run on CUDA", "not supported yet",
+                                  "cannot be moved to a CUDA device"))
+        sr.fail("unsupported" if unsupported else "error", str(e), e.detail)
         return
     except OSError as e:
         sr.fail("error", f"cannot run {args.kiln}: {e} (build Kiln or pass --kiln PATH)")
@@ -643,7 +703,8 @@ def start_worker(sr, args, model, onnx, logdir, env):
         sr.fail("error", str(e), e.detail)
         return
     if msg.get("event") != "ready":
-        sr.fail("error", msg.get("error", "unexpected reply"), msg.get("traceback"))
+        sr.fail(msg.get("status", "error"), msg.get("error", "unexpected reply"),
+                msg.get("traceback"))
         return
     sr.first_call_s = msg["first_call_s"]
     sr.setup = {k: msg[k] for k in ("setup_s", "first_run_s", "first_call_s")}
@@ -849,9 +910,10 @@ def run_model_systems(args, model, systems, outdir, log):
 def finalize_latency(model):
     """Sets every ok system's `latency` (the statistics the tables show) by ONE method for all
     systems of the model, so that the comparison is fair:
-      all-calls     percentiles over every timed call, when every system has per-call samples;
-      round-pooled  otherwise (today: `kiln bench --json` has no samples): pool_summaries of
-                    the per-round summaries, for every system alike, because a median of round
+      all-calls     percentiles over every timed call, when every system has per-call samples
+                    (the normal case: `kiln bench --json` has `samples_ms`);
+      round-pooled  otherwise (a kiln binary older than `samples_ms`): pool_summaries of the
+                    per-round summaries, for every system alike, because a median of round
                     p99s is lower than the p99 of all calls and must not be set against one.
     Both are kept: latency_all_calls (where samples exist) and latency_round_pooled."""
     ok = [r for r in model["systems"].values() if r["status"] == "ok"]
@@ -967,10 +1029,33 @@ def table_rows(model_result):
 
 POOLED_NOTE = (
     "† p50 and p99 of every system are the iteration-weighted medians of its per-round p50 and "
-    "p99: `kiln bench --json` reports per-round summaries, not per-call times, so the peers are "
-    "summarized the same way for a fair comparison (a round of n calls has its p99 at its "
-    "ceil(0.99 n)-th fastest call, its maximum when n < 100). compare.json also holds the "
-    "percentiles over all calls of every system that has them.")
+    "p99: this kiln binary's `kiln bench --json` has no per-call times (`samples_ms`; rebuild "
+    "Kiln to get them), so the peers are summarized the same way for a fair comparison (a round "
+    "of n calls has its p99 at its ceil(0.99 n)-th fastest call, its maximum when n < 100). "
+    "compare.json also holds the percentiles over all calls of every system that has them.")
+
+def cuda_notes(model_result):
+    """On CUDA: each ok system's peak device memory, and Kiln's device time (CUDA events) beside
+    its host-observed p50."""
+    peaks, device = [], []
+    for name, rec in model_result["systems"].items():
+        if rec["status"] != "ok":
+            continue
+        if rec.get("peak_device_bytes") is not None:
+            peaks.append(f"{name} {rec['peak_device_bytes'] / 2**20:.1f}")
+        kb = [x for x in [rec.get("kiln_bench")] + (rec.get("kiln_bench_rounds") or []) if x]
+        if kb and kb[0].get("device") == "cuda" and kb[0].get("device_p50_ms") is not None:
+            dp50 = percentile([x["device_p50_ms"] for x in kb if x.get("device_p50_ms")], 50)
+            device.append(f"{name} {fmt_ms(dp50)} ms")
+    out = []
+    if peaks:
+        out.append("Peak device memory (MB; Kiln: its caching allocator's peak, torch: "
+                   "max_memory_allocated): " + ", ".join(peaks) + ".")
+    if device:
+        out.append("Device time per call (CUDA events, median of the rounds' p50; the table's "
+                   "p50 is host-observed including synchronization): " + ", ".join(device) + ".")
+    return out
+
 
 TABLE_HEADER = ["system", "p50 ms", "p99 ms", "p99/p50", "first call s", "peak RSS MB",
                 f"p50 / {REFERENCE_SYSTEM} p50"]
@@ -994,6 +1079,7 @@ def markdown_tables(report):
         if m.get("other_load_cores") is not None:
             notes.append(f"Other processes used {m['other_load_cores']:.2f} cores on average "
                          f"during this model's {m['wall_s']:.0f} s.")
+        notes += cuda_notes(m)
         if notes:
             out.append("\n" + " ".join(notes))
         out.append("")
@@ -1002,9 +1088,27 @@ def markdown_tables(report):
     return "\n".join(out)
 
 
+def gpu_line(report):
+    """"GPU: NVIDIA H200 (sm_90, 139.8 GiB), CUDA runtime 13.0, driver 13.0" from `kiln device
+    --json` (and torch's view), or None."""
+    c = report.get("cuda")
+    if not c:
+        return None
+    kd = c.get("kiln_device") or {}
+    devs = ", ".join(f"{d.get('name')} ({d.get('sm')}, {d.get('memory_bytes', 0) / 2**30:.1f} GiB)"
+                     for d in kd.get("devices", []) if d.get("name"))
+    parts = [devs or kd.get("status") or "?"]
+    if kd.get("runtime_version"):
+        parts.append(f"CUDA runtime {kd['runtime_version']}, driver {kd.get('driver_version')}")
+    if c.get("torch"):
+        parts.append(f"torch sees: {c['torch']}")
+    return "GPU: " + "; ".join(parts) + "."
+
+
 def header_lines(report):
     h, v, a = report["host"], report["versions"], report["settings"]
     work = f"{a['seconds']:g} s" if a["seconds"] else f"{a['iters']} timed calls"
+    gpu = gpu_line(report)
     return [
         f"Measured {report['date']} with `{report['command']}`.",
         f"Host: {h['cpu_model']}, {h['cores']} cores ({', '.join(h['isa']) or 'no AVX2'}), "
@@ -1018,7 +1122,7 @@ def header_lines(report):
         f"Each system: {work} per model in {a['rounds']} alternating rounds, {a['warmup']} "
         f"warm-up calls per round, {a['threads']} threads, batch {a['batch']}, device "
         f"{a['device']}.",
-    ]
+    ] + ([gpu] if gpu else [])
 
 
 def markdown_report(report):
@@ -1151,6 +1255,47 @@ def kiln_zoo(kiln):
     return []
 
 
+def cuda_probe(kiln):
+    """Whether any CUDA device is visible, to Kiln (`kiln device --json`) or to torch (in a
+    subprocess: the parent never initializes CUDA). Returns {available, why, kiln_device,
+    torch}; `why` gives both answers when neither sees a device."""
+    res = {"available": False, "kiln_device": None, "torch": None}
+    whys = []
+    try:
+        out = subprocess.run([kiln, "device", "--json"], capture_output=True, text=True,
+                             timeout=120)
+        kd = json.loads(out.stdout) if out.returncode == 0 else None
+        if kd is None:
+            whys.append(f"`{kiln} device --json` exited with {out.returncode}")
+        else:
+            res["kiln_device"] = kd
+            res["available"] |= bool(kd.get("cuda_available"))
+            whys.append(f"kiln device: {kd.get('status')}")
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        whys.append(f"cannot run `{kiln} device`: {error_text(e)} (build Kiln or pass --kiln)")
+    code = ("import json, torch; print(json.dumps({'version': torch.__version__, 'cuda': "
+            "torch.version.cuda, 'available': torch.cuda.is_available(), 'devices': "
+            "[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if "
+            "torch.cuda.is_available() else []}))")
+    try:
+        out = subprocess.run([python_exe(), "-c", code], capture_output=True, text=True,
+                             timeout=300)
+        if out.returncode == 0:
+            t = json.loads(out.stdout.strip().splitlines()[-1])
+            res["available"] |= bool(t["available"])
+            res["torch"] = (f"torch {t['version']} (CUDA {t['cuda']}): " +
+                            (", ".join(t["devices"]) if t["available"]
+                             else "torch.cuda.is_available() is False"))
+        else:
+            err = [l for l in out.stderr.strip().splitlines() if l.strip()]
+            res["torch"] = f"torch not usable: {err[-1] if err else out.returncode}"
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError) as e:
+        res["torch"] = f"torch probe failed: {error_text(e)}"
+    whys.append(res["torch"])
+    res["why"] = "; ".join(whys)
+    return res
+
+
 def export_model_names():
     try:
         return list(import_export_models().MODELS), None
@@ -1270,17 +1415,12 @@ def main(argv=None):
                              if a.max_autotune_models.strip() == "all"
                              else [x.strip() for x in a.max_autotune_models.split(",")])
 
+    cuda = None
     if a.device == "cuda":
-        try:
-            import torch
-            ok = torch.cuda.is_available()
-        except Exception as e:
-            ok, why = False, error_text(e)
-        else:
-            why = "torch.cuda.is_available() is False"
-        if not ok:
-            print(f"compare.py: error: --device cuda: no usable CUDA device ({why}); run on a "
-                  "machine with a GPU or use --device cpu", file=sys.stderr)
+        cuda = cuda_probe(a.kiln)
+        if not cuda["available"]:
+            print(f"compare.py: error: --device cuda: no usable CUDA device ({cuda['why']}); run "
+                  "on a machine with a GPU or use --device cpu", file=sys.stderr)
             return 2
 
     log = (lambda msg: None) if a.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -1298,6 +1438,8 @@ def main(argv=None):
                      "torch_freezing": a.torch_freezing},
         "notes": list(a.note), "models": [],
     }
+    if cuda:
+        report["cuda"] = cuda
     t0 = time.time()
     for m in models:
         report["models"].append(run_model(a, m, systems, a.out, log))

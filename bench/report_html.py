@@ -343,8 +343,10 @@ def render(report, reference="kiln-compiled", pooled_note=""):
             out.append(f'<p class="note">Other processes used {m["other_load_cores"]:.2f} cores '
                        f'on average during this model\'s {m["wall_s"]:.0f} s.</p>')
         out.append("<h3>Latency per call</h3>")
-        out.append('<p class="note">The raw distribution of every call (Kiln: pooled per-round '
-                   "summaries, no box). Box: p25–p75; thick line: p50; whisker: min–p99; "
+        pooled = (" (Kiln: pooled per-round summaries, no box)"
+                  if m.get("latency_method") == "round-pooled" else "")
+        out.append('<p class="note">The raw distribution of every call' + pooled + ". "
+                   "Box: p25–p75; thick line: p50; whisker: min–p99; "
                    "diamond: max; dots: up to " + str(STRIP_POINTS) + " calls in time order.</p>")
         out.append(latency_svg(m))
         out.append("<h3>First call, compile included</h3>")

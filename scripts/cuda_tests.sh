@@ -9,8 +9,8 @@
 # machine; on a GPU machine they find the driver at run time. Staged into .carry/cuda/ (ignored
 # by git): kiln_cuda_tests, kiln, and the shared libraries they load that are not part of the
 # base system (oneDNN, SLEEF, fmt, libgomp, and oneDNN's libOpenCL), since the GPU machine
-# (Ubuntu 24.04 + CUDA 13) does not have Debian's builds of them. Binaries are stripped of debug
-# info so that the folder stays well under the 64 MiB a device call may carry.
+# (Ubuntu 24.04 + CUDA 13) does not have Debian's builds of them. Binaries are stripped of symbols
+# and debug info (--strip-all) so that the folder stays well under the 64 MiB a device call may carry.
 # See docs/cuda.md for how the suite is run on the H200 and what it reported.
 set -euo pipefail
 
@@ -37,8 +37,8 @@ done
 # ---- stage ----------------------------------------------------------------------------------
 rm -rf "$STAGE"
 mkdir -p "$STAGE"
-strip --strip-debug -o "$STAGE/kiln_cuda_tests" "$TESTS"
-strip --strip-debug -o "$STAGE/kiln" "$CLI"
+strip --strip-all -o "$STAGE/kiln_cuda_tests" "$TESTS"
+strip --strip-all -o "$STAGE/kiln" "$CLI"
 
 # Every library the two binaries load (ldd lists indirect ones too), minus the C/C++ runtime
 # and loader that every Linux machine has in a newer version.

@@ -26,11 +26,14 @@ Allocator* allocator_for(Device d);
 struct CudaAllocatorStats {
   size_t allocated_bytes = 0;   // handed out to tensors now
   size_t reserved_bytes = 0;    // obtained from cudaMalloc (allocated + cached)
-  size_t peak_allocated_bytes = 0;
+  size_t peak_allocated_bytes = 0;  // highest allocated_bytes since creation or the last reset
   int64_t cuda_malloc_calls = 0;
   int64_t cache_hits = 0;
 };
 CudaAllocatorStats cuda_allocator_stats(int index);
+// Starts a new peak: peak_allocated_bytes becomes the bytes allocated now (what `kiln bench`
+// does before it measures, so that its peak covers only its own run).
+void cuda_reset_peak_stats(int index);
 // Returns cached blocks of every device to the driver.
 void cuda_empty_cache();
 

@@ -84,6 +84,39 @@ void cuda_memcpy(void* dst, const void* src, size_t bytes, CopyKind kind) {
   check_cuda(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy");
 }
 
+CudaEventTimer::CudaEventTimer(int index) : index_(index) {
+  require_cuda_device(index, "CudaEventTimer");
+  check_cuda(cudaSetDevice(index), "cudaSetDevice");
+  cudaEvent_t a = nullptr, b = nullptr;
+  check_cuda(cudaEventCreate(&a), "cudaEventCreate");
+  cudaError_t e = cudaEventCreate(&b);
+  if (e != cudaSuccess) cudaEventDestroy(a);
+  check_cuda(e, "cudaEventCreate");
+  start_ = a;
+  stop_ = b;
+}
+
+CudaEventTimer::~CudaEventTimer() {
+  if (start_) cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  if (stop_) cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+// Stream 0 is the legacy default stream (the kernels' stream; see src/eager/cuda/register.cc).
+void CudaEventTimer::start() {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(start_), 0), "cudaEventRecord");
+}
+void CudaEventTimer::stop() {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(stop_), 0), "cudaEventRecord");
+}
+double CudaEventTimer::elapsed_ms() {
+  check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)), "cudaEventSynchronize");
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_),
+                                  static_cast<cudaEvent_t>(stop_)),
+             "cudaEventElapsedTime");
+  return double(ms);
+}
+
 // ---- caching allocator -----------------------------------------------------------------------
 // Note [CUDA caching allocator]
 // cudaMalloc/cudaFree synchronize the device and cost tens of microseconds, so freed blocks are
@@ -147,6 +180,10 @@ class CudaCachingAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     release_locked();
   }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  }
 
  private:
   void note_alloc(size_t n) {
@@ -190,6 +227,11 @@ Allocator* cuda_allocator(int index) {
 CudaAllocatorStats cuda_allocator_stats(int index) {
   require_cuda_device(index, "cuda_allocator_stats");
   return static_cast<CudaCachingAllocator*>(cuda_allocator(index))->stats();
+}
+
+void cuda_reset_peak_stats(int index) {
+  require_cuda_device(index, "cuda_reset_peak_stats");
+  static_cast<CudaCachingAllocator*>(cuda_allocator(index))->reset_peak();
 }
 
 void cuda_empty_cache() {

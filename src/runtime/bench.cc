@@ -1,3 +1,29 @@
+// kiln bench: run_bench and the targets it measures (also used by kiln profile and explain).
+//
+// Note [Benchmarking on CUDA]
+// Kiln's CUDA backend (generated kernels, cuBLASLt/cuDNN) does not exist yet, but eager has CUDA
+// kernels for pointwise ops, reductions, casts and views, and ops with a decomposition run on
+// those (softmax, layer_norm). `kiln bench FILE.onnx --device cuda --backend eager` measures
+// what can run there today:
+//   - The graph is checked first (cuda_eager_gap): every node needs a CUDA kernel or a
+//     decomposition whose ops all have one (found by tracing it on type-only CUDA tensors under a
+//     DispatchHook, the way the decompose pass traces). A node that has neither is an honest
+//     NotSupported error naming the node and its op, before anything is copied or run. Zoo
+//     models are captured once on the CPU (kiln::explain) and their graphs checked the same way;
+//     they all need conv/linear, which have no CUDA kernel, so they stop there (and a module
+//     could not be moved to a device anyway).
+//   - The graph is copied with every value's type on the device and its params/consts copied to
+//     device memory (the interpreter takes a value's data as it is and checks only the inputs'
+//     devices against the graph, so no interpreter change is needed). The random inputs are
+//     drawn on the CPU exactly as for --device cpu, then copied to the device before anything is
+//     timed; outputs stay on the device and are freed back to the caching allocator.
+//   - Each call is timed on the host from before the call until cudaDeviceSynchronize returns
+//     (what a control loop sees); two CUDA events recorded inside that window give the device
+//     time (so device <= host). peak_device_bytes is the caching allocator's peak of bytes
+//     handed to tensors, reset before the weights are copied: weights + inputs + the largest
+//     working set (what torch.cuda.max_memory_allocated reports for the PyTorch peers).
+//   - --backend compiled --device cuda is NotSupported (the CUDA compiler is wave 2), checked
+//     before the device so that the message is the same on machines without a GPU.
 #include "runtime/bench.h"
 
 #include "frontends/onnx/importer.h"
@@ -16,12 +42,16 @@
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "capture/backend.h"
 #include "capture/compile.h"
+#include "core/allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
+#include "eager/dispatch.h"
+#include "ir/parser.h"
 #include "nn/models/zoo.h"
 
 namespace kiln {
@@ -94,10 +124,195 @@ HostInfo host_info() {
   return h;
 }
 
-BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t seed) {
+namespace {
+
+bool is_onnx_path(const std::string& target) {
+  return target.size() > 5 && target.compare(target.size() - 5, 5, ".onnx") == 0;
+}
+
+// Fresh random inputs of g's input types, on the CPU (see load_bench_target).
+TensorList random_inputs(const Graph& g, int64_t batch, uint64_t seed) {
+  TensorList inputs;
+  Generator gen(seed);
+  for (ValueId v : g.inputs) {
+    const TensorType& ty = g.type(v);
+    Dims d;
+    for (size_t i = 0; i < ty.shape.size(); ++i)
+      d.push_back(ty.shape[i].is_symbolic() ? (i == 0 ? batch : 1) : ty.shape[i].value());
+    if (is_floating(ty.dtype)) inputs.push_back(Tensor::randn(d, gen, ty.dtype));
+    else if (ty.dtype == DType::Bool) inputs.push_back(Tensor::randint(d, gen, 0, 2, DType::Int64).to(DType::Bool));
+    else inputs.push_back(Tensor::randint(d, gen, 0, 10, ty.dtype));
+  }
+  return inputs;
+}
+
+// A copy of g whose values all live on `device`: every type says so, params and consts carry
+// device copies of their data.
+Graph graph_on_device(const Graph& g, Device device) {
+  Graph out = g;
+  for (Value& v : out.values) {
+    v.type.device = device;
+    if ((v.kind == ValueKind::Param || v.kind == ValueKind::Const) && v.data.defined() &&
+        v.data.has_storage())
+      v.data = v.data.to(device);
+  }
+  return out;
+}
+
+[[noreturn]] void cuda_compile_not_supported() {
+  fail_kind(ErrorKind::NotSupported,
+            "bench: --backend compiled --device cuda is not supported yet: Kiln's CUDA compiler "
+            "(generated kernels, cuBLASLt/cuDNN) arrives with the CUDA backend; use --backend "
+            "eager --device cuda (the CUDA eager kernels) or --device cpu");
+}
+
+[[noreturn]] void cuda_gap_error(const std::string& gap) {
+  fail_kind(ErrorKind::NotSupported, "bench: --device cuda: {}; run it with --device cpu", gap);
+}
+
+BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t seed,
+                             Device device) {
+  KILN_CHECK(device.is_cuda(), "bench: device {} is neither cpu nor cuda", device.str());
+  require_cuda_device(device.index, "bench: --device cuda");
   BenchTarget t;
-  bool onnx = target.size() > 5 && target.compare(target.size() - 5, 5, ".onnx") == 0;
-  if (!onnx) {
+  if (!is_onnx_path(target)) {
+    // Capture the module once on the CPU and check its graphs: the answer names what is missing.
+    nn::ZooModel m = nn::make_zoo_model(target, batch, seed);
+    CompileOptions copts;
+    copts.backend = "eager";
+    ExplainReport rep = explain(compile(m.module, copts), m.inputs);
+    for (size_t i = 0; i < rep.graphs.size(); ++i) {
+      Graph g = parse_graph(rep.graphs[i].ir, m.name + " (captured graph " + std::to_string(i) + ")");
+      std::string gap = cuda_eager_gap(g);
+      if (!gap.empty()) cuda_gap_error(fmt::format("zoo model '{}': {}", m.name, gap));
+    }
+    fail_kind(ErrorKind::NotSupported,
+              "bench: --device cuda: zoo model '{}' cannot be moved to a CUDA device yet (modules "
+              "have no to(device)); export it to ONNX (scripts/export_models.py) and bench the "
+              ".onnx file with --device cuda, or use --device cpu", m.name);
+  }
+  Graph cpu_graph = import_onnx(target);
+  t.name = std::filesystem::path(target).filename().string();
+  TensorList cpu_inputs = random_inputs(cpu_graph, batch, seed);
+  std::string gap = cuda_eager_gap(cpu_graph, bind_input_symbols(cpu_graph, cpu_inputs));
+  if (!gap.empty()) cuda_gap_error(gap);
+  auto g = std::make_shared<Graph>(graph_on_device(cpu_graph, device));
+  for (const Tensor& x : cpu_inputs) t.inputs.push_back(x.to(device));
+  t.eager = [g](const TensorList& in) { return run(*g, in); };
+  t.compile = [](const CompileOptions&) -> CompiledFunction { cuda_compile_not_supported(); };
+  return t;
+}
+
+// ---- cuda_eager_gap ---------------------------------------------------------------------------
+// Traces ops on type-only (fake) CUDA tensors: an op with a CUDA kernel gets fake outputs of its
+// inferred types; one without a kernel but with a decomposition runs the decomposition (whose
+// ops come back here); one with neither is recorded and gets fake outputs too, so that the walk
+// goes on. Ops fed a tensor on another device (a decomposition that makes a CPU tensor) are
+// recorded as well: dispatch would refuse them.
+class CudaKernelProbe final : public DispatchHook {
+ public:
+  explicit CudaKernelProbe(Device device) : device_(device) {}
+  std::string problem;  // the first op that cannot run, described
+
+  bool intercept(OpId op, std::span<const Tensor> inputs, const Attrs& attrs, TensorList& outputs,
+                 const std::source_location&) override {
+    const OpDef& def = op_def(op);
+    TensorList padded;
+    std::span<const Tensor> in = pad_optional_inputs(def, inputs, padded);
+    Attrs canonical = def.canonicalize(attrs, "cuda check");
+    for (size_t i = 0; i < in.size(); ++i)
+      if (in[i].defined() && in[i].device() != device_ && problem.empty())
+        problem = fmt::format("its decomposition gives op '{}' input {} on {} (dispatch needs "
+                              "every input on {})", def.name, i, in[i].device().str(),
+                              device_.str());
+    if (!def.eager_cuda && def.decompose) {
+      outputs = def.decompose(in, canonical);
+      return true;
+    }
+    if (!def.eager_cuda && problem.empty())
+      problem = fmt::format("its decomposition uses op '{}', which has no CUDA kernel", def.name);
+    outputs.clear();
+    for (const TensorType& ty : infer_types(def, in, canonical, "cuda check"))
+      outputs.push_back(Tensor::fake(to_dims(ty.shape, "cuda check"), ty.dtype, ty.device));
+    return true;
+  }
+
+ private:
+  Device device_;
+};
+
+int64_t concrete_dim(SymInt d, const SymbolBindings& bindings) {
+  return d.is_concrete() ? d.raw() : d.evaluate(bindings);
+}
+
+// Why node `n` of g cannot run on CUDA through its op's decomposition, or "".
+std::string decomposition_gap(const Graph& g, const Node& n, const SymbolBindings& bindings) {
+  const Device cuda = Device::cuda(0);
+  CudaKernelProbe probe(cuda);
+  struct Installed {  // the probe is this thread's dispatch hook for this scope only
+    DispatchHook* saved;
+    ~Installed() { set_dispatch_hook(saved); }
+  } installed{set_dispatch_hook(&probe)};
+  try {
+    TensorList fakes;
+    for (ValueId v : n.inputs) {
+      if (v == kNoValue) {
+        fakes.emplace_back();
+        continue;
+      }
+      const TensorType& ty = g.type(v);
+      Dims d;
+      for (SymInt s : ty.shape) d.push_back(concrete_dim(s, bindings));
+      fakes.push_back(Tensor::fake(d, ty.dtype, cuda));
+    }
+    Attrs attrs = n.attrs;  // symbolic int attributes evaluated, as the interpreter does
+    for (auto& [name, v] : attrs.items()) {
+      if (auto* i = std::get_if<int64_t>(&v)) *i = concrete_dim(SymInt::from_raw(*i), bindings);
+      else if (auto* is = std::get_if<Ints>(&v))
+        for (int64_t& x : *is) x = concrete_dim(SymInt::from_raw(x), bindings);
+    }
+    call_op(n.op, fakes, attrs);
+  } catch (const Error& e) {
+    if (probe.problem.empty())
+      probe.problem = "its decomposition could not be checked on type-only tensors: " + e.message();
+  }
+  return probe.problem;
+}
+
+}  // namespace
+
+std::string cuda_eager_gap(const Graph& g, const SymbolBindings& bindings) {
+  std::string first;
+  std::vector<std::string> ops;  // ops of the nodes that cannot run, first seen first
+  int64_t bad = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const OpDef& def = op_def(n.op);
+    if (def.eager_cuda) continue;
+    std::string why = def.decompose ? decomposition_gap(g, n, bindings) : "";
+    if (def.decompose && why.empty()) continue;
+    ++bad;
+    if (std::find(ops.begin(), ops.end(), def.name) == ops.end()) ops.push_back(def.name);
+    if (!first.empty()) continue;
+    std::string node = n.name.empty() ? fmt::format("node {}", i)
+                                      : fmt::format("node '{}'", n.name);
+    first = why.empty() ? fmt::format("{} (op {}) has no CUDA kernel yet (CUDA kernels for it "
+                                      "arrive with the CUDA backend)", node, def.name)
+                        : fmt::format("{} (op {}) cannot run on CUDA yet: {} (CUDA kernels for "
+                                      "it arrive with the CUDA backend)", node, def.name, why);
+  }
+  if (bad == 0) return "";
+  std::string list;
+  for (const std::string& op : ops) list += (list.empty() ? "" : ", ") + op;
+  return fmt::format("{}; {} of {} nodes cannot run on CUDA ({})", first, bad, g.nodes.size(),
+                     list);
+}
+
+BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t seed,
+                              Device device) {
+  if (!device.is_cpu()) return load_cuda_target(target, batch, seed, device);
+  BenchTarget t;
+  if (!is_onnx_path(target)) {
     auto m = std::make_shared<nn::ZooModel>(nn::make_zoo_model(target, batch, seed));
     t.name = m->name;
     t.inputs = m->inputs;
@@ -107,16 +322,7 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
   }
   auto g = std::make_shared<Graph>(import_onnx(target));
   t.name = std::filesystem::path(target).filename().string();
-  Generator gen(seed);
-  for (ValueId v : g->inputs) {
-    const TensorType& ty = g->type(v);
-    Dims d;
-    for (size_t i = 0; i < ty.shape.size(); ++i)
-      d.push_back(ty.shape[i].is_symbolic() ? (i == 0 ? batch : 1) : ty.shape[i].value());
-    if (is_floating(ty.dtype)) t.inputs.push_back(Tensor::randn(d, gen, ty.dtype));
-    else if (ty.dtype == DType::Bool) t.inputs.push_back(Tensor::randint(d, gen, 0, 2, DType::Int64).to(DType::Bool));
-    else t.inputs.push_back(Tensor::randint(d, gen, 0, 10, ty.dtype));
-  }
+  t.inputs = random_inputs(*g, batch, seed);
   t.eager = [g](const TensorList& in) { return run(*g, in); };
   t.compile = [g](const CompileOptions& o) {
     return compile([g](const TensorList& in) { return run(*g, in); }, o);
@@ -157,6 +363,9 @@ std::string BenchResult::json(int indent) const {
   j["min_ms"] = min_ms;
   j["mean_ms"] = mean_ms;
   j["stddev_ms"] = stddev_ms;
+  j["samples_ms"] = samples_ms;
+  j["device_p50_ms"] = opt(device_p50_ms);
+  j["device_p99_ms"] = opt(device_p99_ms);
   j["throughput_per_s"] = throughput_per_s;
   j["peak_rss_bytes"] = peak_rss_bytes;
   j["peak_device_bytes"] = opt(peak_device_bytes);
@@ -181,17 +390,17 @@ BenchResult run_bench(const BenchOptions& o) {
   if (!(o.seconds >= 0) || std::isinf(o.seconds))
     fail("bench: --seconds expected a finite number >= 0, found {}", o.seconds);
   if (o.iters > 0 && o.seconds > 0) fail("bench: give --iters or --seconds, not both");
-  if (o.device == "cuda") {
+  const bool cuda = o.device == "cuda";
+  if (cuda) {
+    if (o.backend == "compiled") cuda_compile_not_supported();
     if (cuda_device_count() == 0)
-      fail_kind(ErrorKind::NotSupported, "bench: --device cuda: {}",
-                cuda_status());
-    fail_kind(ErrorKind::NotSupported,
-              "bench: --device cuda is not supported yet: zoo modules cannot be moved to a CUDA "
-              "device; use --device cpu");
+      fail_kind(ErrorKind::NotSupported, "bench: --device cuda: {}", cuda_status());
   }
   if (o.threads > 0) omp_set_num_threads(o.threads);
 
-  BenchTarget m = load_bench_target(o.target, o.batch, o.seed);
+  const Device device = cuda ? Device::cuda(0) : Device::cpu();
+  if (cuda) cuda_reset_peak_stats(device.index);  // the peak then covers weights, inputs, calls
+  BenchTarget m = load_bench_target(o.target, o.batch, o.seed, device);
   BenchResult r;
   r.model = m.name;
   r.device = o.device;
@@ -222,11 +431,21 @@ BenchResult run_bench(const BenchOptions& o) {
     call = [&] { compiled.run_into(m.inputs, outputs); };
   } else {
     r.backend = "eager";
-    call = [&] { m.eager(m.inputs); };
+    call = [&] { m.eager(m.inputs); };  // CUDA: the outputs stay on the device
   }
+  // CUDA work is asynchronous: a call ends when the device is done (what a control loop sees).
+  auto sync = [&] {
+    if (cuda) cuda_synchronize(device.index);
+  };
   {
     auto t0 = std::chrono::steady_clock::now();
-    call();  // compiled: traces, compiles the graphs and runs them once
+    try {
+      call();  // compiled: traces, compiles the graphs and runs them once
+      sync();
+    } catch (const Error& e) {
+      if (!cuda) throw;
+      throw_error(e.kind(), "bench: --device cuda: the first call failed: " + e.message());
+    }
     r.first_call_s = seconds_since(t0);
   }
 
@@ -235,9 +454,13 @@ BenchResult run_bench(const BenchOptions& o) {
   int64_t done = 0;
   for (int i = 0; i < o.warmup; ++i) {
     call();
+    sync();
     if (o.progress) o.progress(++done, total, seconds_since(start));
   }
-  std::vector<double> ms;
+  std::vector<double>& ms = r.samples_ms;
+  std::vector<double> device_ms;
+  std::optional<CudaEventTimer> events;
+  if (cuda) events.emplace(device.index);
   AllocCounterFn counter = g_alloc_counter.load();
   int64_t allocs = 0;  // counted around each call only (not the bookkeeping or progress bar)
   auto timed_start = std::chrono::steady_clock::now();
@@ -246,10 +469,14 @@ BenchResult run_bench(const BenchOptions& o) {
     if (o.seconds > 0 ? (i > 0 && seconds_since(timed_start) >= o.seconds) : i >= want) break;
     int64_t a0 = counter ? counter() : 0;
     auto t0 = std::chrono::steady_clock::now();
+    if (events) events->start();
     call();
+    if (events) events->stop();
+    sync();
     auto t1 = std::chrono::steady_clock::now();
     if (counter) allocs += counter() - a0;
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (events) device_ms.push_back(events->elapsed_ms());  // the stop event has completed
     if (o.progress) o.progress(++done, total, seconds_since(start));
   }
   if (counter) r.steady_state_allocs_per_call = double(allocs) / double(ms.size());
@@ -267,6 +494,11 @@ BenchResult run_bench(const BenchOptions& o) {
   for (double x : ms) var += (x - r.mean_ms) * (x - r.mean_ms);
   r.stddev_ms = ms.size() > 1 ? std::sqrt(var / double(ms.size() - 1)) : 0.0;
   r.throughput_per_s = r.mean_ms > 0 ? double(o.batch) * 1000.0 / r.mean_ms : 0.0;
+  if (cuda) {
+    r.device_p50_ms = percentile(device_ms, 50);
+    r.device_p99_ms = percentile(device_ms, 99);
+    r.peak_device_bytes = int64_t(cuda_allocator_stats(device.index).peak_allocated_bytes);
+  }
 
   if (o.backend == "compiled") {
     // The one-off cost: compile() plus the first call, minus what the fastest steady-state call

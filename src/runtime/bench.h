@@ -1,19 +1,22 @@
-// Benchmarking a zoo model: latency distribution, compile cost, memory and steady-state heap
-// allocations, as one result (`kiln bench`, tools/cmd_bench.cc). See docs/cli.md for the exact
-// definition of each field.
+// Benchmarking a zoo model or an ONNX file: latency distribution, compile cost, memory and
+// steady-state heap allocations, as one result (`kiln bench`, tools/cmd_bench.cc). See
+// docs/cli.md for the exact definition of each field, and Note [Benchmarking on CUDA] in
+// bench.cc for what runs on a CUDA device.
 #pragma once
 #include <cstdint>
 #include <functional>
-
-#include "capture/compile.h"
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "capture/compile.h"
+#include "core/device.h"
+#include "ir/interpreter.h"
+
 namespace kiln {
 
 struct BenchOptions {
-  std::string target;                // zoo model name
+  std::string target;                // zoo model name or .onnx path
   std::string backend = "compiled";  // eager | compiled
   std::string device = "cpu";        // cpu | cuda
   std::string mode = "default";      // default | reduce-overhead | max-autotune
@@ -30,7 +33,7 @@ struct BenchOptions {
 // What bench, profile and explain run: a zoo model or an ONNX file, with inputs.
 struct BenchTarget {
   std::string name;
-  TensorList inputs;
+  TensorList inputs;  // on the target's device
   std::function<TensorList(const TensorList&)> eager;  // op by op
   std::function<CompiledFunction(const CompileOptions&)> compile;
 };
@@ -38,7 +41,24 @@ struct BenchTarget {
 // their declared shapes (a symbolic first dim becomes `batch`, other symbolic dims 1; integer
 // inputs in [0, 10)); their eager form is the graph interpreter, their compiled form capture of
 // that interpreter (which re-traces to a concrete graph) with the chosen backend.
-BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t seed);
+//
+// device cuda (Note [Benchmarking on CUDA]): an ONNX model whose every node can run on the CUDA
+// eager kernels (cuda_eager_gap) gets its params, consts and inputs copied to the device (the
+// inputs are the same values as on the CPU for the same seed) and its eager form interprets the
+// graph there; outputs stay on the device. Its `compile` throws NotSupported (the CUDA compiler
+// is not built yet). Otherwise, and for zoo models (modules cannot be moved to a device), this
+// throws NotSupported naming the first node without a CUDA kernel, or saying why.
+BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t seed,
+                              Device device = Device::cpu());
+
+// Why `g` cannot run on a CUDA device through the eager kernels, or "" when every node can: a
+// node runs there when its op has a CUDA kernel, or a decomposition whose ops (recursively) all
+// have one. Decompositions are checked by tracing them on type-only CUDA tensors of the node's
+// input types (symbolic dims evaluated with `bindings`). The answer names the first node that
+// cannot run, its op and, for a decomposition, the op inside it that has no kernel, then how
+// many nodes cannot run and their ops: "node 'conv1' (op conv2d) has no CUDA kernel yet (CUDA
+// kernels for it arrive with the CUDA backend); 3 of 7 nodes have none (conv2d, linear)".
+std::string cuda_eager_gap(const Graph& g, const SymbolBindings& bindings = {});
 
 struct HostInfo {
   std::string cpu_model;
@@ -55,6 +75,10 @@ struct BenchResult {
   std::optional<bool> warm_compile_cache_hit;
   double first_call_s = 0;
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0, min_ms = 0, mean_ms = 0, stddev_ms = 0;
+  // Every timed call's latency in ms, in call order: the samples the statistics above come from.
+  std::vector<double> samples_ms;
+  // CUDA only: device time of each timed call (CUDA events around it), nearest-rank percentiles.
+  std::optional<double> device_p50_ms, device_p99_ms;
   double throughput_per_s = 0;
   int64_t peak_rss_bytes = 0;
   std::optional<int64_t> peak_device_bytes, arena_bytes;
@@ -66,7 +90,9 @@ struct BenchResult {
 };
 
 // Checks the options, builds the model and measures it. Throws kiln::Error (naming the option,
-// expected vs found) for bad options; "no CUDA device" for --device cuda without one.
+// expected vs found) for bad options; NotSupported for --backend compiled --device cuda, for
+// --device cuda without a device ("no CUDA device ...") and for a target that cannot run on the
+// CUDA eager kernels (load_bench_target).
 BenchResult run_bench(const BenchOptions& options);
 
 // The heap-allocation counter run_bench reads around its timed loop. Libkiln does not replace

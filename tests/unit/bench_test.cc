@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,9 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../onnx/onnx_builder.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "eager/api.h"
+#include "ir/graph.h"
+#include "ir/parser.h"
+#include "nn/models/zoo.h"
 #include "runtime/bench.h"
 #include "runtime/profiler.h"
 
@@ -57,7 +62,8 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
        {"model", "backend", "device", "mode", "batch", "threads", "kiln_version", "compile_s",
         "warm_compile_s", "first_call_s", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms",
         "stddev_ms", "throughput_per_s", "peak_rss_bytes", "peak_device_bytes", "arena_bytes",
-        "steady_state_allocs_per_call", "host", "iters", "warmup"})
+        "steady_state_allocs_per_call", "host", "iters", "warmup", "samples_ms", "device_p50_ms",
+        "device_p99_ms"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["model"], "mlp");
   EXPECT_EQ(j["backend"], "compiled(" + best_compile_backend() + ")");
@@ -83,6 +89,8 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
   EXPECT_GT(j["first_call_s"].get<double>(), 0);
   EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
   EXPECT_TRUE(j["peak_device_bytes"].is_null());  // CPU
+  EXPECT_TRUE(j["device_p50_ms"].is_null());
+  EXPECT_TRUE(j["device_p99_ms"].is_null());
   EXPECT_GT(j["arena_bytes"].get<int64_t>(), 0);  // the CPU compiler plans an arena
   EXPECT_TRUE(j["steady_state_allocs_per_call"].is_null());  // no counter registered here
   EXPECT_FALSE(j["host"]["cpu_model"].get<std::string>().empty());
@@ -142,6 +150,199 @@ TEST(Bench, Percentile) {
   EXPECT_TRUE(std::isnan(percentile({}, 50)));
 }
 
+namespace {
+// samples_ms of a bench JSON: one per timed call, each positive and finite, and the reported
+// statistics are exactly the nearest-rank percentiles / extremes / mean of those samples
+// (recomputed here, not with kiln::percentile).
+void check_samples(const json& j, int64_t expected_calls) {
+  ASSERT_TRUE(j.contains("samples_ms"));
+  ASSERT_TRUE(j["samples_ms"].is_array());
+  std::vector<double> s = j["samples_ms"].get<std::vector<double>>();
+  ASSERT_EQ(int64_t(s.size()), expected_calls);
+  ASSERT_EQ(int64_t(s.size()), j["iters"].get<int64_t>());
+  for (double x : s) {
+    EXPECT_TRUE(std::isfinite(x)) << x;
+    EXPECT_GT(x, 0);
+  }
+  std::vector<double> sorted = s;
+  std::sort(sorted.begin(), sorted.end());
+  auto nearest_rank = [&](double p) {
+    size_t rank = size_t(std::ceil(p / 100.0 * double(sorted.size())));
+    return sorted[rank == 0 ? 0 : rank - 1];
+  };
+  EXPECT_EQ(j["p50_ms"].get<double>(), nearest_rank(50));
+  EXPECT_EQ(j["p90_ms"].get<double>(), nearest_rank(90));
+  EXPECT_EQ(j["p99_ms"].get<double>(), nearest_rank(99));
+  EXPECT_EQ(j["max_ms"].get<double>(), sorted.back());
+  EXPECT_EQ(j["min_ms"].get<double>(), sorted.front());
+  double sum = 0;
+  for (double x : s) sum += x;
+  EXPECT_NEAR(j["mean_ms"].get<double>(), sum / double(s.size()), 1e-9 * sum);
+}
+}  // namespace
+
+TEST(Bench, SamplesAreEveryTimedCallAndGiveTheStatistics) {
+  {
+    SCOPED_TRACE("compiled, --iters 23");
+    BenchOptions o = small();
+    o.iters = 23;  // p99 of 23 calls is the maximum; p90 the 21st fastest
+    o.seed = 5;
+    check_samples(json::parse(run_bench(o).json()), 23);
+  }
+  {
+    SCOPED_TRACE("eager, --iters 7");
+    BenchOptions o = small();
+    o.backend = "eager";
+    o.iters = 7;
+    check_samples(json::parse(run_bench(o).json()), 7);
+  }
+  {
+    SCOPED_TRACE("eager, --seconds");
+    BenchOptions o = small();
+    o.backend = "eager";
+    o.iters = 0;
+    o.seconds = 0.01;
+    BenchResult r = run_bench(o);
+    EXPECT_EQ(int64_t(r.samples_ms.size()), r.iters);
+    check_samples(json::parse(r.json()), r.iters);
+  }
+}
+
+TEST(Bench, CudaOptionErrors) {
+  BenchOptions o = small();
+  o.device = "cuda";
+  // The CUDA compiler does not exist yet: the same answer with or without a GPU.
+  o.backend = "compiled";
+  try {
+    run_bench(o);
+    FAIL() << "--backend compiled --device cuda did not throw";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::NotSupported) << m;
+    EXPECT_NE(m.find("--backend compiled --device cuda is not supported yet"), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("use --backend eager --device cuda"), std::string::npos) << m;
+  }
+  if (cuda_device_count() > 0) return;  // the rest is the no-device answer
+  o.backend = "eager";
+  for (const std::string& target : {std::string("mlp"), std::string("model.onnx")}) {
+    o.target = target;
+    try {
+      run_bench(o);
+      ADD_FAILURE() << target << ": --device cuda without a device did not throw";
+    } catch (const Error& e) {
+      std::string m = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::NotSupported) << m;
+      EXPECT_EQ(m.rfind("bench: --device cuda: no CUDA device", 0), 0u) << m;
+    }
+  }
+}
+
+// cuda_eager_gap needs no GPU: it checks op records and traces decompositions on type-only
+// tensors.
+TEST(Bench, CudaEagerGapNamesTheFirstNodeWithoutACudaKernel) {
+  Generator gen(31);
+  {
+    SCOPED_TRACE("pointwise + reductions + softmax (a decomposition over CUDA kernels)");
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::Float32, {4, 6}));
+    ValueId b = g.add_param("b", Tensor::randn({6}, gen));
+    ValueId y = g.add_node1(OpId::Add, {x, b}, {}, "add_0");
+    y = g.add_node1(OpId::Tanh, {y}, {}, "tanh_1");
+    y = g.add_node1(OpId::Softmax, {y}, {{"dim", int64_t(1)}}, "softmax_2");
+    y = g.add_node1(OpId::Sum, {y}, {{"dims", Ints{1}}, {"keepdim", true}}, "sum_3");
+    g.outputs = {y};
+    EXPECT_EQ(cuda_eager_gap(g), "");
+  }
+  {
+    SCOPED_TRACE("a conv2d node");
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::Float32, {1, 3, 8, 8}));
+    ValueId w = g.add_param("w", Tensor::randn({4, 3, 3, 3}, gen));
+    ValueId y = g.add_node1(OpId::Relu, {x}, {}, "relu_0");
+    y = g.add_node1(OpId::Conv2d, {y, w}, {}, "node_Conv_3");
+    y = g.add_node1(OpId::Exp, {y}, {}, "exp_4");
+    g.outputs = {y};
+    std::string gap = cuda_eager_gap(g);
+    EXPECT_EQ(gap, "node 'node_Conv_3' (op conv2d) has no CUDA kernel yet (CUDA kernels for it "
+                   "arrive with the CUDA backend); 1 of 3 nodes cannot run on CUDA (conv2d)");
+  }
+  {
+    SCOPED_TRACE("fused_linear: its decomposition reaches linear");
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::Float32, {2, 5}));
+    ValueId w = g.add_param("w", Tensor::randn({3, 5}, gen));
+    ValueId y = g.add_node1(OpId::FusedLinear, {x, w}, {{"activation", std::string("relu")}},
+                            "fc");
+    g.outputs = {y};
+    std::string gap = cuda_eager_gap(g);
+    EXPECT_NE(gap.find("node 'fc' (op fused_linear) cannot run on CUDA yet: its decomposition "
+                       "uses op 'linear', which has no CUDA kernel"),
+              std::string::npos)
+        << gap;
+    EXPECT_NE(gap.find("1 of 1 nodes cannot run on CUDA (fused_linear)"), std::string::npos) << gap;
+  }
+  {
+    SCOPED_TRACE("symbolic dims: the decomposition is traced at the bound sizes");
+    Graph g;
+    ValueId x = g.add_input("x", TensorType(DType::Float32, {SymInt::symbol("n"), 6}));
+    ValueId y = g.add_node1(OpId::Softmax, {x}, {{"dim", int64_t(1)}}, "sm");
+    g.outputs = {y};
+    EXPECT_EQ(cuda_eager_gap(g, {{"n", 3}}), "");
+    // Unbound, it cannot be traced, and says so rather than passing.
+    std::string gap = cuda_eager_gap(g);
+    EXPECT_NE(gap.find("node 'sm' (op softmax) cannot run on CUDA yet: its decomposition could "
+                       "not be checked"),
+              std::string::npos)
+        << gap;
+  }
+  {
+    SCOPED_TRACE("the zoo's mlp, captured (what kiln bench mlp --device cuda checks)");
+    auto m = nn::make_zoo_model("mlp", 2, 0);
+    ExplainReport rep = explain(compile(m.module), m.inputs);
+    ASSERT_EQ(rep.graphs.size(), 1u);
+    std::string gap = cuda_eager_gap(parse_graph(rep.graphs[0].ir));
+    EXPECT_NE(gap.find("has no CUDA kernel yet"), std::string::npos) << gap;
+    EXPECT_NE(gap.find("linear"), std::string::npos) << gap;
+  }
+}
+
+// The same check on imported ONNX graphs: the ONNX node name is what the error names.
+TEST(Bench, CudaEagerGapOnImportedOnnx) {
+  Generator gen(32);
+  onnx_test::TempDir dir;
+  {
+    onnx_test::ModelBuilder m(17);
+    m.input("x", DType::Float32, {1, 3, 16, 16});
+    m.initializer("w", Tensor::randn({8, 3, 3, 3}, gen));
+    m.node("Relu", {"x"}, {"r"}, {}, "node_Relu_0");
+    m.node("Conv", {"r", "w"}, {"c"}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}}, "node_Conv_3");
+    m.node("Exp", {"c"}, {"y"}, {}, "node_Exp_4");
+    m.output("y", DType::Float32);
+    Graph g = import_onnx(dir.write("conv.onnx", m.bytes()));
+    EXPECT_EQ(cuda_eager_gap(g), "node 'node_Conv_3' (op conv2d) has no CUDA kernel yet (CUDA "
+                                 "kernels for it arrive with the CUDA backend); 1 of 3 nodes "
+                                 "cannot run on CUDA (conv2d)");
+  }
+  {
+    // Pointwise ops, reductions and softmax (a decomposition), with a symbolic batch.
+    onnx_test::ModelBuilder m(17);
+    m.input("x", DType::Float32, {std::string("N"), 32});
+    m.initializer("b", Tensor::randn({32}, gen));
+    m.node("Add", {"x", "b"}, {"a"});
+    m.node("Tanh", {"a"}, {"t"});
+    m.node("Softmax", {"t"}, {"s"}, {{"axis", int64_t(1)}});
+    m.node("ReduceMean", {"s"}, {"mu"}, {{"axes", std::vector<int64_t>{1}}});
+    m.node("Sub", {"s", "mu"}, {"c"});
+    m.node("Exp", {"c"}, {"y"});
+    m.node("ReduceMax", {"x"}, {"z"}, {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t(0)}});
+    m.output("y", DType::Float32).output("z", DType::Float32);
+    Graph g = import_onnx(dir.write("pointwise.onnx", m.bytes()));
+    Tensor x = Tensor::randn({4, 32}, gen);
+    EXPECT_EQ(cuda_eager_gap(g, bind_input_symbols(g, {x})), "");
+  }
+}
+
 TEST(Bench, BadOptionsGiveClearErrors) {
   auto with = [](auto edit) {
     BenchOptions o = small();
@@ -160,7 +361,10 @@ TEST(Bench, BadOptionsGiveClearErrors) {
   // ONNX targets are imported; a missing file is named.
   EXPECT_NE(with([](BenchOptions& o) { o.target = "m.onnx"; }).find("m.onnx: no such model file"), std::string::npos);
   EXPECT_NE(with([](BenchOptions& o) { o.target = ""; }).find("target"), std::string::npos);
-  std::string cuda = with([](BenchOptions& o) { o.device = "cuda"; });
+  std::string cuda = with([](BenchOptions& o) {
+    o.device = "cuda";
+    o.backend = "eager";
+  });
   EXPECT_NE(cuda.find("--device cuda"), std::string::npos) << cuda;
   if (cuda_device_count() == 0) {
     EXPECT_NE(cuda.find("no CUDA device"), std::string::npos) << cuda;

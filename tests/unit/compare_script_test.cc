@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -129,6 +130,21 @@ bool finite_positive(const json& v) {
   return v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0;
 }
 
+// Nearest rank, as kiln::percentile and compare.py compute it.
+double nearest_rank(std::vector<double> s, double p) {
+  std::sort(s.begin(), s.end());
+  size_t rank = size_t(std::ceil(p / 100.0 * double(s.size())));
+  return s[rank == 0 ? 0 : rank - 1];
+}
+
+// The Markdown table row of `system` ("| name | cells... |"), or "".
+std::string md_row(const std::string& md, const std::string& system) {
+  size_t b = md.find("\n| " + system + " | ");
+  if (b == std::string::npos) return "";
+  size_t e = md.find('\n', b + 1);
+  return md.substr(b + 1, e == std::string::npos ? std::string::npos : e - b - 1);
+}
+
 class CompareScript : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -167,6 +183,8 @@ TEST_F(CompareScript, QuickRunOnMlpReportsEverySystem) {
   const json& m = j["models"][0];
   EXPECT_EQ(m["model"], "mlp");
   ASSERT_EQ(m["systems"].size(), kQuickSystems.size());
+  // kiln bench --json has per-call samples, so every system's statistics come from all calls.
+  EXPECT_EQ(m["latency_method"], "all-calls");
   for (const auto& name : kQuickSystems) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(m["systems"].contains(name));
@@ -190,6 +208,16 @@ TEST_F(CompareScript, QuickRunOnMlpReportsEverySystem) {
       for (const auto& x : s["samples_ms"]) EXPECT_TRUE(finite_positive(x));
     }
     if (name.rfind("kiln-", 0) == 0) {
+      // Kiln's row comes from its per-call samples (3 rounds x 3 calls), like every peer's.
+      EXPECT_EQ(s["latency_source"], "samples");
+      EXPECT_EQ(s["latency_method"], "all-calls");
+      ASSERT_TRUE(s["samples_ms"].is_array());
+      std::vector<double> all = s["samples_ms"].get<std::vector<double>>();
+      ASSERT_EQ(all.size(), 9u);
+      EXPECT_EQ(lat["p50_ms"].get<double>(), nearest_rank(all, 50));
+      EXPECT_EQ(lat["p99_ms"].get<double>(), nearest_rank(all, 99));
+      EXPECT_EQ(lat["max_ms"].get<double>(), nearest_rank(all, 100));
+      EXPECT_EQ(s["kiln_bench"]["samples_ms"].size(), 3u);
       // Every kiln bench JSON key is kept.
       const json& kb = s["kiln_bench"];
       for (const char* k : {"compile_s", "first_call_s", "p50_ms", "peak_rss_bytes", "backend",
@@ -207,8 +235,13 @@ TEST_F(CompareScript, QuickRunOnMlpReportsEverySystem) {
   // (2) Markdown: a row per system.
   std::string md = slurp(out / "compare.md");
   EXPECT_NE(md.find("| system | p50 ms | p99 ms | p99/p50 |"), std::string::npos) << md;
-  for (const auto& name : kQuickSystems)
-    EXPECT_NE(md.find("\n| " + name + " | "), std::string::npos) << name << "\n" << md;
+  for (const auto& name : kQuickSystems) {
+    std::string row = md_row(md, name);
+    EXPECT_FALSE(row.empty()) << name << "\n" << md;
+    // No "pooled from per-round summaries" marker: all systems, Kiln included, use all calls.
+    EXPECT_EQ(row.find("†"), std::string::npos) << row;
+  }
+  EXPECT_EQ(md.find("iteration-weighted medians"), std::string::npos) << md;
 
   // (3) HTML: one self-contained file, well-formed, with inline SVG plots and no scripts.
   std::string html = slurp(out / "compare.html");
@@ -225,6 +258,27 @@ TEST_F(CompareScript, QuickRunOnMlpReportsEverySystem) {
   EXPECT_EQ(d.find("stale table"), std::string::npos) << d;
   EXPECT_NE(d.find("| kiln-compiled | "), std::string::npos) << d;
   EXPECT_NE(d.find("compare.py --models mlp"), std::string::npos) << d;
+
+  // (5) The fallback for kiln binaries without samples_ms: the same run with Kiln's samples
+  // removed, re-rendered, pools every system's per-round summaries and marks them with †.
+  fs::path old = dir / "old";
+  fs::create_directories(old);
+  json stripped = j;
+  for (auto& [name, sys] : stripped["models"][0]["systems"].items()) {
+    if (name.rfind("kiln-", 0) != 0) continue;
+    sys["samples_ms"] = nullptr;
+    sys["latency_source"] = "round-summaries";
+    sys["kiln_bench"].erase("samples_ms");
+  }
+  std::ofstream(old / "compare.json") << stripped.dump(1);
+  ScriptResult rr = run_compare("--render '" + (old / "compare.json").string() + "'", dir);
+  ASSERT_EQ(rr.rc, 0) << rr.output;
+  std::string old_md = slurp(old / "compare.md");
+  for (const auto& name : kQuickSystems) {
+    std::string row = md_row(old_md, name);
+    EXPECT_NE(row.find("†"), std::string::npos) << name << ": " << row;
+  }
+  EXPECT_NE(old_md.find("iteration-weighted medians"), std::string::npos) << old_md;
   fs::remove_all(dir);
 }
 
@@ -254,11 +308,16 @@ TEST_F(CompareScript, UnknownSystemIsAClearError) {
 TEST_F(CompareScript, CudaWithoutDeviceExitsWithTwo) {
   if (kiln::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
   fs::path dir = temp_dir("cuda");
-  ScriptResult r = run_compare("--models mlp --systems torch-eager --device cuda --iters 1 --out '" +
-                          (dir / "out").string() + "'",
-                      dir);
+  // Both probes answer: Kiln's (`kiln device --json`) and torch's.
+  ScriptResult r = run_compare("--models mlp --systems kiln-eager,torch-eager --device cuda "
+                               "--iters 1 --kiln '" + kiln_binary().string() + "' --out '" +
+                                   (dir / "out").string() + "'",
+                               dir);
   EXPECT_EQ(r.rc, 2) << r.output;
   EXPECT_NE(r.output.find("--device cuda: no usable CUDA device"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kiln device: no CUDA device"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("torch"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "out" / "compare.json"));
   fs::remove_all(dir);
 }
 

@@ -1,0 +1,275 @@
+// kiln bench --device cuda (Note [Benchmarking on CUDA] in src/runtime/bench.cc): an ONNX model
+// of pointwise ops, reductions and decomposed ops (softmax, layer_norm) is benchmarked on the
+// device with the eager CUDA kernels; its JSON must carry sane host and device times and a
+// device peak, and one CUDA call must match the CPU eager call (and the float64 CPU run of the
+// same model) on random inputs. Models that need ops without CUDA kernels (conv, linear) must
+// fail before running, naming the node. No timing thresholds.
+//
+// Part of kiln_cuda_tests: without a CUDA device its main() exits 77 (not run).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../onnx/onnx_builder.h"
+#include "core/allocator.h"
+#include "core/cuda_runtime.h"
+#include "eager/api.h"
+#include "runtime/bench.h"
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+using onnx_test::ModelBuilder;
+using onnx_test::TempDir;
+
+const Device kCuda = Device::cuda(0);
+constexpr int64_t kFeatures = 96;
+
+// y = exp(layer_norm(softmax(tanh(x + b) * x) - mean(.)) * 0.5), z = max(sigmoid(x), dim 1):
+// pointwise ops, three reductions, and softmax/layer_norm, which run on CUDA through their
+// decompositions. The first dim is symbolic ("N", bound to --batch). `dtype` is the model's
+// element type; the weights are `b`, `scale`, `bias` converted to it.
+std::string pointwise_model(DType dtype, const Tensor& b, const Tensor& scale, const Tensor& bias) {
+  ModelBuilder m(17);
+  m.input("x", dtype, {std::string("N"), kFeatures});
+  m.initializer("b", b.to(dtype)).initializer("scale", scale.to(dtype))
+      .initializer("bias", bias.to(dtype)).initializer("half", Tensor::full({1}, 0.5, dtype));
+  m.node("Add", {"x", "b"}, {"a"}, {}, "node_Add_0");
+  m.node("Tanh", {"a"}, {"t"}, {}, "node_Tanh_1");
+  m.node("Mul", {"t", "x"}, {"p"}, {}, "node_Mul_2");
+  m.node("Softmax", {"p"}, {"s"}, {{"axis", int64_t(1)}}, "node_Softmax_3");
+  m.node("ReduceMean", {"s"}, {"mu"}, {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t(1)}},
+         "node_ReduceMean_4");
+  m.node("Sub", {"s", "mu"}, {"c"}, {}, "node_Sub_5");
+  m.node("LayerNormalization", {"c", "scale", "bias"}, {"ln"}, {{"axis", int64_t(-1)}},
+         "node_LayerNorm_6");
+  m.node("Mul", {"ln", "half"}, {"l2"}, {}, "node_Mul_7");
+  m.node("Exp", {"l2"}, {"y"}, {}, "node_Exp_8");
+  m.node("Sigmoid", {"x"}, {"g"}, {}, "node_Sigmoid_9");
+  m.node("ReduceMax", {"g"}, {"z"}, {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t(0)}},
+         "node_ReduceMax_10");
+  m.output("y", dtype).output("z", dtype);
+  return m.bytes();
+}
+
+struct Weights {
+  Tensor b, scale, bias;
+};
+Weights random_weights(uint64_t seed) {
+  Generator g(seed);
+  return {Tensor::randn({kFeatures}, g), Tensor::randn({kFeatures}, g),
+          Tensor::randn({kFeatures}, g)};
+}
+
+// A model with a convolution between two pointwise ops.
+std::string conv_model() {
+  Generator g(5);
+  ModelBuilder m(17);
+  m.input("x", DType::Float32, {1, 3, 16, 16});
+  m.initializer("w", Tensor::randn({8, 3, 3, 3}, g));
+  m.node("Relu", {"x"}, {"r"}, {}, "node_Relu_0");
+  m.node("Conv", {"r", "w"}, {"c"}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}}, "node_Conv_3");
+  m.node("Exp", {"c"}, {"y"}, {}, "node_Exp_4");
+  m.output("y", DType::Float32);
+  return m.bytes();
+}
+
+std::string error_of(const BenchOptions& o, ErrorKind* kind = nullptr) {
+  try {
+    run_bench(o);
+  } catch (const Error& e) {
+    if (kind) *kind = e.kind();
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(BenchCuda, OnnxPointwiseModelJsonIsSane) {
+  TempDir dir;
+  Weights w = random_weights(41);
+  std::string path = dir.write("pointwise.onnx", pointwise_model(DType::Float32, w.b, w.scale, w.bias));
+  BenchOptions o;
+  o.target = path;
+  o.device = "cuda";
+  o.backend = "eager";
+  o.batch = 16;
+  o.warmup = 2;
+  o.iters = 25;
+  o.seed = 3;
+  BenchResult r = run_bench(o);
+  json j = json::parse(r.json());
+  EXPECT_EQ(j["device"], "cuda");
+  EXPECT_EQ(j["backend"], "eager");
+  EXPECT_EQ(j["model"], "pointwise.onnx");
+  EXPECT_EQ(j["batch"], 16);
+  EXPECT_EQ(j["iters"], 25);
+  EXPECT_TRUE(j["compile_s"].is_null());
+  EXPECT_TRUE(j["warm_compile_s"].is_null());
+  EXPECT_GT(j["first_call_s"].get<double>(), 0);
+
+  std::vector<double> s = j["samples_ms"].get<std::vector<double>>();
+  ASSERT_EQ(s.size(), 25u);
+  for (double x : s) {
+    EXPECT_TRUE(std::isfinite(x));
+    EXPECT_GT(x, 0);
+  }
+  EXPECT_EQ(j["p50_ms"].get<double>(), percentile(s, 50));
+  EXPECT_EQ(j["p99_ms"].get<double>(), percentile(s, 99));
+  EXPECT_EQ(j["max_ms"].get<double>(), percentile(s, 100));
+
+  // Device time is measured inside each call's host window, so each call's device time is at
+  // most its host time, and so is every order statistic (epsilon: the two clocks).
+  ASSERT_TRUE(j["device_p50_ms"].is_number());
+  ASSERT_TRUE(j["device_p99_ms"].is_number());
+  double dp50 = j["device_p50_ms"], dp99 = j["device_p99_ms"];
+  EXPECT_GT(dp50, 0);
+  EXPECT_LE(dp50, dp99);
+  const double eps_ms = 0.005;
+  EXPECT_LE(dp50, j["p50_ms"].get<double>() + eps_ms);
+  EXPECT_LE(dp99, j["p99_ms"].get<double>() + eps_ms);
+
+  // The peak holds at least the weights and the input (16 x 96 floats) on the device.
+  ASSERT_TRUE(j["peak_device_bytes"].is_number());
+  EXPECT_GE(j["peak_device_bytes"].get<int64_t>(), int64_t(16 * kFeatures * 4 + 3 * kFeatures * 4));
+  EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
+  std::printf("[bench cuda] pointwise.onnx batch 16: host p50 %.4f ms p99 %.4f ms, device p50 "
+              "%.4f ms p99 %.4f ms, first call %.4f s, peak device %lld bytes\n",
+              j["p50_ms"].get<double>(), j["p99_ms"].get<double>(), dp50, dp99,
+              j["first_call_s"].get<double>(), (long long)j["peak_device_bytes"].get<int64_t>());
+}
+
+// Elementwise |got - want| <= atol + rtol * |want| for every element.
+void expect_close(const Tensor& got_any, const Tensor& want_any, double rtol, double atol,
+                  const std::string& what) {
+  Tensor got = got_any.to(Device::cpu()), want = want_any.to(Device::cpu());
+  ASSERT_EQ(to_string(got.sizes()), to_string(want.sizes())) << what;
+  std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  int64_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    double err = std::fabs(g[i] - w[i]);
+    if (!(err <= atol + rtol * std::fabs(w[i]))) ++bad;
+    if (std::isfinite(err)) worst = std::max(worst, err);
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size()
+                    << " elements out of tolerance; max |diff| " << worst;
+}
+
+TEST(BenchCuda, OneCudaCallMatchesTheCpu) {
+  TempDir dir;
+  Weights w = random_weights(42);
+  std::string p32 = dir.write("m32.onnx", pointwise_model(DType::Float32, w.b, w.scale, w.bias));
+  std::string p64 = dir.write("m64.onnx", pointwise_model(DType::Float64, w.b, w.scale, w.bias));
+  const int64_t batch = 33;
+  const uint64_t seed = 1234;
+  BenchTarget cpu = load_bench_target(p32, batch, seed);
+  BenchTarget gpu = load_bench_target(p32, batch, seed, kCuda);
+  ASSERT_EQ(cpu.inputs.size(), 1u);
+  ASSERT_EQ(gpu.inputs.size(), 1u);
+  // The same random inputs, already on the device.
+  EXPECT_EQ(gpu.inputs[0].device(), kCuda);
+  EXPECT_EQ(gpu.inputs[0].to(Device::cpu()).to_vector<float>(), cpu.inputs[0].to_vector<float>());
+
+  TensorList got = gpu.eager(gpu.inputs);
+  TensorList want = cpu.eager(cpu.inputs);
+  // The float64 reference: the same model and inputs in float64 on the CPU.
+  BenchTarget ref = load_bench_target(p64, batch, seed);
+  TensorList want64 = ref.eager({cpu.inputs[0].to(DType::Float64)});
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_EQ(want.size(), 2u);
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].device(), kCuda) << "output " << k << " stays on the device";
+    EXPECT_EQ(got[k].dtype(), DType::Float32);
+    // float32 tolerances: a few ulps through softmax, layer_norm and exp (the CPU runs
+    // layer_norm's fused kernel, CUDA its decomposition).
+    expect_close(got[k], want[k], 5e-5, 1e-6, "output " + std::to_string(k) + ": CUDA vs CPU");
+    expect_close(got[k], want64[k], 1e-4, 1e-6,
+                 "output " + std::to_string(k) + ": CUDA vs float64 CPU");
+    expect_close(want[k], want64[k], 1e-4, 1e-6,
+                 "output " + std::to_string(k) + ": CPU vs float64 CPU");
+  }
+  // The compiled form does not exist on CUDA yet.
+  try {
+    gpu.compile(CompileOptions{});
+    ADD_FAILURE() << "compile of a CUDA target did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::NotSupported) << e.what();
+  }
+}
+
+TEST(BenchCuda, ConvModelNamesTheNodeWithoutACudaKernel) {
+  TempDir dir;
+  BenchOptions o;
+  o.target = dir.write("conv.onnx", conv_model());
+  o.device = "cuda";
+  o.backend = "eager";
+  o.iters = 3;
+  ErrorKind kind{};
+  std::string m = error_of(o, &kind);
+  EXPECT_EQ(kind, ErrorKind::NotSupported) << m;
+  EXPECT_EQ(m.rfind("bench: --device cuda: node 'node_Conv_3' (op conv2d) has no CUDA kernel yet "
+                    "(CUDA kernels for it arrive with the CUDA backend)", 0),
+            0u)
+      << m;
+  EXPECT_NE(m.find("1 of 3 nodes cannot run on CUDA (conv2d)"), std::string::npos) << m;
+  EXPECT_NE(m.find("run it with --device cpu"), std::string::npos) << m;
+}
+
+TEST(BenchCuda, ZooModelNamesTheNodeWithoutACudaKernel) {
+  BenchOptions o;
+  o.target = "mlp";
+  o.device = "cuda";
+  o.backend = "eager";
+  ErrorKind kind{};
+  std::string m = error_of(o, &kind);
+  EXPECT_EQ(kind, ErrorKind::NotSupported) << m;
+  EXPECT_EQ(m.rfind("bench: --device cuda: zoo model 'mlp': node '", 0), 0u) << m;
+  EXPECT_NE(m.find("(op linear) has no CUDA kernel yet"), std::string::npos) << m;
+}
+
+TEST(BenchCuda, CompiledBackendIsNotSupported) {
+  TempDir dir;
+  Weights w = random_weights(43);
+  BenchOptions o;
+  o.target = dir.write("m.onnx", pointwise_model(DType::Float32, w.b, w.scale, w.bias));
+  o.device = "cuda";
+  o.backend = "compiled";
+  ErrorKind kind{};
+  std::string m = error_of(o, &kind);
+  EXPECT_EQ(kind, ErrorKind::NotSupported) << m;
+  EXPECT_NE(m.find("--backend compiled --device cuda is not supported yet"), std::string::npos)
+      << m;
+}
+
+// The allocator's peak restarts at the bytes held now; the event timer measures device work.
+TEST(BenchCuda, PeakResetAndEventTimer) {
+  Generator g(44);
+  Tensor keep = Tensor::randn({1000}, g).to(kCuda);
+  {
+    Tensor big = Tensor::randn({1 << 20}, g).to(kCuda);  // 4 MiB, freed at scope end
+  }
+  CudaAllocatorStats before = cuda_allocator_stats(0);
+  EXPECT_GE(before.peak_allocated_bytes, before.allocated_bytes + (size_t(4) << 20));
+  cuda_reset_peak_stats(0);
+  CudaAllocatorStats after = cuda_allocator_stats(0);
+  EXPECT_EQ(after.peak_allocated_bytes, after.allocated_bytes);
+  EXPECT_GE(after.allocated_bytes, size_t(1000 * 4));
+
+  Tensor x = Tensor::randn({1 << 22}, g).to(kCuda);
+  CudaEventTimer t(0);
+  t.start();
+  Tensor y = exp(tanh(x));
+  t.stop();
+  double ms = t.elapsed_ms();
+  EXPECT_GT(ms, 0);
+  EXPECT_TRUE(std::isfinite(ms));
+  EXPECT_GE(cuda_allocator_stats(0).peak_allocated_bytes, after.allocated_bytes + (size_t(16) << 20));
+}
+
+}  // namespace
+}  // namespace kiln
