@@ -371,6 +371,7 @@ std::string BenchResult::json(int indent) const {
   j["peak_device_bytes"] = opt(peak_device_bytes);
   j["arena_bytes"] = opt(arena_bytes);
   j["steady_state_allocs_per_call"] = opt(steady_state_allocs_per_call);
+  j["involuntary_switches_per_call"] = involuntary_switches_per_call;
   j["host"] = {{"cpu_model", host.cpu_model}, {"isa", host.isa}, {"cores", host.cores}};
   return j.dump(indent);
 }
@@ -463,6 +464,8 @@ BenchResult run_bench(const BenchOptions& o) {
   if (cuda) events.emplace(device.index);
   AllocCounterFn counter = g_alloc_counter.load();
   int64_t allocs = 0;  // counted around each call only (not the bookkeeping or progress bar)
+  rusage ru0{};
+  getrusage(RUSAGE_SELF, &ru0);  // involuntary context switches: around the whole timed loop
   auto timed_start = std::chrono::steady_clock::now();
   int want = o.iters > 0 ? o.iters : 50;
   for (int64_t i = 0;; ++i) {
@@ -480,6 +483,9 @@ BenchResult run_bench(const BenchOptions& o) {
     if (o.progress) o.progress(++done, total, seconds_since(start));
   }
   if (counter) r.steady_state_allocs_per_call = double(allocs) / double(ms.size());
+  rusage ru1{};
+  getrusage(RUSAGE_SELF, &ru1);
+  r.involuntary_switches_per_call = double(ru1.ru_nivcsw - ru0.ru_nivcsw) / double(ms.size());
 
   r.iters = int64_t(ms.size());
   r.p50_ms = percentile(ms, 50);

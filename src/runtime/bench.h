@@ -82,6 +82,10 @@ struct BenchResult {
   double throughput_per_s = 0;
   int64_t peak_rss_bytes = 0;
   std::optional<int64_t> peak_device_bytes, arena_bytes;
+  // Involuntary context switches of the process's threads (getrusage ru_nivcsw) during the
+  // timed calls, per call: how often the OS took a core away from the benchmark. With every
+  // core busy (threads = cores), each one can stall a parallel region for a scheduler slice.
+  double involuntary_switches_per_call = 0;
   std::optional<double> steady_state_allocs_per_call;
   HostInfo host;
 

@@ -63,7 +63,7 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
         "warm_compile_s", "first_call_s", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms",
         "stddev_ms", "throughput_per_s", "peak_rss_bytes", "peak_device_bytes", "arena_bytes",
         "steady_state_allocs_per_call", "host", "iters", "warmup", "samples_ms", "device_p50_ms",
-        "device_p99_ms"})
+        "device_p99_ms", "involuntary_switches_per_call"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["model"], "mlp");
   EXPECT_EQ(j["backend"], "compiled(" + best_compile_backend() + ")");
@@ -93,6 +93,7 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
   EXPECT_TRUE(j["device_p99_ms"].is_null());
   EXPECT_GT(j["arena_bytes"].get<int64_t>(), 0);  // the CPU compiler plans an arena
   EXPECT_TRUE(j["steady_state_allocs_per_call"].is_null());  // no counter registered here
+  EXPECT_GE(j["involuntary_switches_per_call"].get<double>(), 0.0);
   EXPECT_FALSE(j["host"]["cpu_model"].get<std::string>().empty());
   EXPECT_GE(j["host"]["cores"].get<int>(), 1);
   EXPECT_TRUE(j["host"]["isa"].is_array());
