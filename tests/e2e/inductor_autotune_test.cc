@@ -210,3 +210,35 @@ TEST(InductorAutotune, KernelThreadCountsAreTunedAndPersisted) {
     }
   }
 }
+
+// Convolution policies are not searched where convolutions are a sliver of the work (below 5%
+// of the multiply-adds, e.g. ViT's patch embedding): the report says so, and the result is
+// still the default compile's.
+TEST(InductorAutotune, ConvolutionPoliciesSkippedWhereConvolutionsAreNegligible) {
+  FreshCacheDir cache;
+  Generator gen(31);
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{1, 3, 8, 8}));
+  ValueId w = g.add_param("w", Tensor::randn({4, 3, 3, 3}, gen, DType::Float32));
+  ValueId c = g.add_node1(OpId::Conv2d, {x, w}, {}, "conv");  // 144 outputs x 27 = 3.9K MACs
+  ValueId f = g.add_node1(OpId::Flatten, {c}, {{"start_dim", int64_t(1)}}, "flat");
+  ValueId lw = g.add_param("lw", Tensor::randn({2048, 144}, gen, DType::Float32));
+  ValueId y = g.add_node1(OpId::Linear, {f, lw}, {}, "fc");  // 295K MACs
+  g.outputs = {y};
+  codegen::InductorOptions o;
+  o.mode = "max-autotune";
+  o.progress = false;
+  auto compiled = codegen::compile_inductor(g, o);
+  const std::string& rep = compiled->report().autotune;
+  EXPECT_NE(rep.find("convolution policies not tried (convolutions are 1.3% of the multiply-adds)"),
+            std::string::npos)
+      << rep;
+  EXPECT_EQ(rep.find("conv=nChw16c"), std::string::npos) << rep;
+  TensorList in = {Tensor::randn({1, 3, 8, 8}, gen, DType::Float32)};
+  auto got = compiled->run(in)[0].to_vector<double>();
+  auto want = run(g, in)[0].to_vector<double>();
+  ASSERT_EQ(got.size(), want.size());
+  double scale = std::max(1.0, max_abs(want)), err = 0;
+  for (size_t k = 0; k < got.size(); ++k) err = std::max(err, std::fabs(got[k] - want[k]));
+  EXPECT_LE(err, 2e-4 * scale);
+}

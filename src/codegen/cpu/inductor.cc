@@ -653,6 +653,47 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
     }
     has_small_linear = has_small_linear || lower::small_linear(graph, n, options.small_linear_macs);
   }
+  // Convolution policies matter only where convolutions are a real part of the work: ViT's
+  // patch embedding is <1% of its multiply-adds, and three extra whole-graph candidates would
+  // cost ~10 s of compile time there for nothing measurable. Skipped below 5% of the MACs of
+  // convolutions + linears + matmuls (counted from the types; unknown with symbolic shapes).
+  std::string conv_note;
+  if (has_conv) {
+    double conv_macs = 0, gemm_macs = 0;
+    bool known = true;
+    auto numel_of = [&](const TensorType& t) {
+      double e = 1;
+      for (const SymInt& d : t.shape) {
+        if (d.is_symbolic()) known = false;
+        else e *= double(d.value());
+      }
+      return e;
+    };
+    for (const Node& n : graph.nodes) {
+      if (n.outputs.empty() || n.inputs.size() < 2) continue;
+      const TensorType& out = graph.type(n.outputs[0]);
+      const TensorType& w = graph.type(n.inputs[1]);
+      if (n.op == OpId::Conv2d || n.op == OpId::FusedConv2d || n.op == OpId::ConvTranspose2d) {
+        if (w.shape.size() != 4) continue;
+        // conv: out numel x (C/g x kh x kw); deconv: in numel x (O/g x kh x kw), the same count.
+        const TensorType& in = graph.type(n.inputs[0]);
+        double per = numel_of(w) / (w.shape[0].is_symbolic() ? 1.0 : double(w.shape[0].value()));
+        conv_macs += (n.op == OpId::ConvTranspose2d ? numel_of(in) : numel_of(out)) * per;
+      } else if (n.op == OpId::Linear || n.op == OpId::FusedLinear || n.op == OpId::Matmul) {
+        const TensorType& x = graph.type(n.inputs[0]);
+        if (x.shape.empty() || x.shape.back().is_symbolic()) {
+          known = false;
+          continue;
+        }
+        gemm_macs += numel_of(out) * double(x.shape.back().value());
+      }
+    }
+    if (known && conv_macs < 0.05 * (conv_macs + gemm_macs)) {
+      has_conv = false;
+      conv_note = fmt::format("; convolution policies not tried (convolutions are {:.1f}% of the "
+                              "multiply-adds)", 100.0 * conv_macs / (conv_macs + gemm_macs));
+    }
+  }
   struct Candidate {
     InductorOptions o;
     std::string name;
@@ -737,7 +778,7 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
     for (const Executable::OutputSpec& o : built[i].exe->outputs)
       outs[i].push_back(Tensor::empty(o.sizes, o.dtype));
   std::vector<std::vector<double>> samples(cands.size());
-  for (int r = -1; r < rounds; ++r) {  // round -1 warms up
+  for (int r = -1; cands.size() > 1 && r < rounds; ++r) {  // round -1 warms up; one: untimed
     if (r >= 0) progress(bar, step++, steps, fmt::format("timing round {}/{}", r + 1, rounds));
     for (size_t i = 0; i < cands.size(); ++i) {
       if (rejected[i]) continue;
@@ -750,15 +791,17 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
   std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
   std::string log;
   for (size_t i = 0; i < cands.size(); ++i) {
-    if (!rejected[i]) {
+    if (!rejected[i] && !samples[i].empty()) {
       std::sort(samples[i].begin(), samples[i].end());
       times[i] = samples[i][samples[i].size() / 2];
     }
     log += fmt::format("{}{}{}{}", log.empty() ? "" : ", ", cands[i].name,
-                       rejected[i] ? "" : fmt::format(" {:.3f} ms", times[i] * 1e3), notes[i]);
+                       samples[i].empty() ? (rejected[i] ? "" : " the only candidate")
+                                          : fmt::format(" {:.3f} ms", times[i] * 1e3),
+                       notes[i]);
   }
   progress(bar, int(cands.size()), int(cands.size()), "done");
-  size_t best = size_t(std::min_element(times.begin(), times.end()) - times.begin());
+  size_t best = cands.size() == 1 ? 0 : size_t(std::min_element(times.begin(), times.end()) - times.begin());
   Built b = std::move(built[best]);
   std::string name = cands[best].name;
   built.clear();  // the other candidates' arenas and primitives
@@ -799,7 +842,7 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
   std::string threads_log;
   std::string counts = tune_kernel_threads(b, in, 15, &threads_log);
   tuning_put(key, counts.empty() ? name : name + "\n" + counts);
-  b.report.autotune = fmt::format("chose {} ({}){}{}", name, log, vec_log, threads_log);
+  b.report.autotune = fmt::format("chose {} ({}){}{}{}", name, log, conv_note, vec_log, threads_log);
   b.report.compile_s = seconds_since(t0);
   return std::make_unique<InductorGraph>(b.exe, b.report);
 }
