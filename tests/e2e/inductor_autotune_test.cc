@@ -49,12 +49,17 @@ class FreshCacheDir {
 codegen::InductorOptions g_options;
 std::string g_last_autotune;
 
-void register_test_backend() {
+// Registers the test backend, compiling in max-autotune with `tolerance` (no progress bar).
+void use_max_autotune_backend(double tolerance = 1e-4) {
   register_backend("inductor-autotune-test", [](const Graph& g, const CompileOptions&) {
     auto compiled = codegen::compile_inductor(g, g_options);
     g_last_autotune = compiled->report().autotune;
     return std::unique_ptr<CompiledGraph>(std::move(compiled));
   });
+  g_options = codegen::InductorOptions{};
+  g_options.mode = "max-autotune";
+  g_options.progress = false;
+  g_options.autotune_tolerance = tolerance;
 }
 
 double max_abs(const std::vector<double>& v) {
@@ -102,10 +107,7 @@ std::string chosen(const std::string& report) {
 // graph reuses it without timing; the picked executable matches eager.
 TEST(InductorAutotune, TimesCandidatesPersistsChoiceAndStaysAccurate) {
   FreshCacheDir cache;
-  register_test_backend();
-  g_options = codegen::InductorOptions{};
-  g_options.mode = "max-autotune";
-  g_options.progress = false;
+  use_max_autotune_backend();
   nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 5);
 
   std::string first = compile_and_check(m);
@@ -130,11 +132,7 @@ TEST(InductorAutotune, TimesCandidatesPersistsChoiceAndStaysAccurate) {
 // AVX-512, oneDNN 2.6 has no f32 Winograd: the candidate then computes exactly what direct does.
 TEST(InductorAutotune, InexactCandidateOutsideToleranceIsRejected) {
   FreshCacheDir cache;
-  register_test_backend();
-  g_options = codegen::InductorOptions{};
-  g_options.mode = "max-autotune";
-  g_options.progress = false;
-  g_options.autotune_tolerance = 0;
+  use_max_autotune_backend(/*tolerance=*/0);
   nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 6);
   std::string report = compile_and_check(m);
   if (__builtin_cpu_supports("avx512f")) {
@@ -152,10 +150,7 @@ TEST(InductorAutotune, InexactCandidateOutsideToleranceIsRejected) {
 // choice (generated reduction vs oneDNN), both timed.
 TEST(InductorAutotune, MlpTunesOnlyTheGemvChoice) {
   FreshCacheDir cache;
-  register_test_backend();
-  g_options = codegen::InductorOptions{};
-  g_options.mode = "max-autotune";
-  g_options.progress = false;
+  use_max_autotune_backend();
   nn::ZooModel m = nn::make_zoo_model("mlp", 1, 7);
   compile_and_check(m);
   EXPECT_NE(g_last_autotune.find("gemv=generated "), std::string::npos) << g_last_autotune;
