@@ -187,7 +187,7 @@ TEST(InductorAutotune, KernelThreadCountsAreTunedAndPersisted) {
       EXPECT_NE(rep.find("kernel threads: "), std::string::npos) << rep;
       EXPECT_NE(rep.find(" tunable loop kernels changed from the default"), std::string::npos) << rep;
       if (__builtin_cpu_supports("avx512f"))  // both vector widths timed
-        EXPECT_NE(rep.find("; vectors: 512-bit "), std::string::npos) << rep;
+        EXPECT_NE(rep.find("; variants: 512-bit "), std::string::npos) << rep;
     } else {
       // On AVX-512 the choice may carry ",vec=256" (256-bit vectors won).
       EXPECT_TRUE(rep.rfind("cached choice default; cached kernel threads (", 0) == 0 ||
@@ -236,4 +236,70 @@ TEST(InductorAutotune, ConvolutionPoliciesSkippedWhereConvolutionsAreNegligible)
   double scale = std::max(1.0, max_abs(want)), err = 0;
   for (size_t k = 0; k < got.size(); ++k) err = std::max(err, std::fabs(got[k] - want[k]));
   EXPECT_LE(err, 2e-4 * scale);
+}
+
+namespace {
+
+// Reductions of every kind over innermost, outer and several dims, with lengths that leave
+// tails for 4 x 16 and 4 x 8 lanes, and a pointwise prologue and epilogue.
+Graph reductions_graph() {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{6, 9, 301}));
+  ValueId e = g.add_node1(OpId::Tanh, {x}, {}, "tanh");
+  ValueId s = g.add_node1(OpId::Sum, {e}, {{"dims", Ints{-1}}, {"keepdim", false}}, "sum");
+  ValueId m = g.add_node1(OpId::Mean, {x}, {{"dims", Ints{1, 2}}, {"keepdim", true}}, "mean");
+  ValueId mx = g.add_node1(OpId::Max, {x}, {{"dims", Ints{-1}}, {"keepdim", false}}, "max");
+  ValueId mn = g.add_node1(OpId::Min, {e}, {{"dims", Ints{0, 2}}, {"keepdim", false}}, "min");
+  ValueId sc = g.add_node1(OpId::Mul, {e, e}, {}, "sq");
+  ValueId p1 = g.add_node1(OpId::Add, {sc, g.add_const(Tensor::scalar(1.0, DType::Float32), "one")}, {}, "p1");
+  ValueId pr = g.add_node1(OpId::Prod, {p1}, {{"dims", Ints{1}}, {"keepdim", false}}, "prod");
+  ValueId r = g.add_node1(OpId::Relu, {s}, {}, "relu");
+  g.outputs = {r, m, mx, mn, pr};
+  return g;
+}
+
+}  // namespace
+
+// reduce_unroll = 4 (four vector accumulators per reduction) and 256-bit vectors compute every
+// reduction kind as the eager kernels do, up to summation order.
+TEST(InductorCodegenVariants, UnrolledReductionsMatchEager) {
+  Graph g = reductions_graph();
+  Generator gen(41);
+  TensorList in = {Tensor::randn({6, 9, 301}, gen, DType::Float32)};
+  TensorList want = run(g, in);
+  for (int bits : {0, 256}) {
+    codegen::InductorOptions o;
+    o.reduce_unroll = 4;
+    o.vector_bits = bits;
+    auto c = codegen::compile_inductor(g, o);
+    int simd_reduces = 0;
+    for (const std::string& k : c->report().kernels) simd_reduces += k.find("[reduce, SIMD]") != std::string::npos;
+    EXPECT_GE(simd_reduces, 3) << c->summary();
+    TensorList got = c->run(in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      auto a = got[i].to_vector<double>(), b = want[i].to_vector<double>();
+      ASSERT_EQ(a.size(), b.size()) << i;
+      double scale = std::max(1.0, max_abs(b)), err = 0;
+      for (size_t k = 0; k < a.size(); ++k) err = std::max(err, std::fabs(a[k] - b[k]));
+      EXPECT_LE(err, 1e-5 * scale) << "output " << i << " bits " << bits;
+    }
+  }
+}
+
+// max-autotune tries the code-generation variants of a graph with SIMD reductions (4
+// accumulators; on AVX-512 also 256-bit vectors) and reports each one's time.
+TEST(InductorAutotune, TimesCodegenVariantsOfReductions) {
+  FreshCacheDir cache;
+  codegen::InductorOptions o;
+  o.mode = "max-autotune";
+  o.progress = false;
+  auto c = codegen::compile_inductor(reductions_graph(), o);
+  const std::string& rep = c->report().autotune;
+  EXPECT_NE(rep.find("; variants: 512-bit "), std::string::npos) << rep;
+  EXPECT_NE(rep.find(", unroll=4 "), std::string::npos) << rep;
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_NE(rep.find(", vec=256 "), std::string::npos) << rep;
+    EXPECT_NE(rep.find(", vec=256,unroll=4 "), std::string::npos) << rep;
+  }
 }

@@ -455,8 +455,11 @@ static std::string open_kept(std::string& out, const LoopKernel& k, bool par) {
 }
 
 // Emits the reduce loops around `body_vec` / `body_scalar` (which see i<inner> as the index).
+// `body_unrolled` (optional): the body of a loop stepping `unroll` vectors at a time, emitted
+// before the one-vector loop.
 static void reduce_loops(std::string& out, const LoopKernel& k, const std::string& ind, bool vec,
-                         const std::string& body_vec, const std::string& body_scalar) {
+                         const std::string& body_vec, const std::string& body_scalar,
+                         const std::string& body_unrolled = "", int unroll = 1) {
   const int r = int(k.sizes.size());
   out += ind + "{\n";
   std::string in = ind;
@@ -465,6 +468,9 @@ static void reduce_loops(std::string& out, const LoopKernel& k, const std::strin
     in += "  ";
   }
   out += fmt::format("{}i64 i{} = 0;\n", in, r - 1);
+  if (vec && !body_unrolled.empty() && unroll > 1)
+    out += fmt::format("#ifdef KN_W\n{0}for (; i{1} + {4} * KN_W <= {2}; i{1} += {4} * KN_W) {{\n{3}{0}}}\n#endif\n",
+                       in, r - 1, k.sizes.back(), body_unrolled, unroll);
   if (vec && !body_vec.empty())
     out += fmt::format("#ifdef KN_W\n{0}for (; i{1} + KN_W <= {2}; i{1} += KN_W) {{\n{3}{0}}}\n#endif\n",
                        in, r - 1, k.sizes.back(), body_vec);
@@ -503,16 +509,36 @@ void KernelEmitter::emit_reduce(std::string& out, bool vec) {
   if (vec) out += fmt::format("#ifdef KN_W\n{}VF vacc = vset({});\n#endif\n", ind, init);
   std::string bi = ind + "  ";
   for (int t = k_.kept_dims(); t + 1 < n(); ++t) bi += "  ";
-  std::string bv, bs;
+  std::string bv, bs, bu;
   if (vec) {
     emit_exprs(bv, want, Level::Full, true, bi + "  ");
     bv += bi + "  " + combine("vacc", fmt::format("v{}", x), true) + "\n";
     emit_stores(bv, Level::Full, true, bi + "  ");
   }
+  // Several accumulators (CpuCodegenOptions::reduce_unroll): copy u of the body sees the index
+  // advanced by u vectors (a shadowing block) and adds into vacc<u>.
+  const int unroll = vec ? std::max(1, opt_.reduce_unroll) : 1;
+  const std::string iv = fmt::format("i{}", n() - 1);
+  for (int u = 1; u < unroll; ++u)
+    out += fmt::format("#ifdef KN_W\n{}VF vacc{} = vset({});\n#endif\n", ind, u, init);
+  for (int u = 0; unroll > 1 && u < unroll; ++u) {
+    std::string acc = u == 0 ? "vacc" : fmt::format("vacc{}", u);
+    std::string body;
+    emit_exprs(body, want, Level::Full, true, bi + "    ");
+    body += bi + "    " + combine(acc, fmt::format("v{}", x), true) + "\n";
+    emit_stores(body, Level::Full, true, bi + "    ");
+    if (u == 0)
+      bu += bi + "  {\n" + body + bi + "  }\n";
+    else
+      bu += fmt::format("{0}  {{ const i64 {1}_next = {1} + {2} * KN_W; {{ const i64 {1} = {1}_next;\n{3}{0}  }} }}\n",
+                        bi, iv, u, body);
+  }
   emit_exprs(bs, want, Level::Full, false, bi + "  ");
   bs += bi + "  " + combine("acc", fmt::format("v{}", x), false) + "\n";
   emit_stores(bs, Level::Full, false, bi + "  ");
-  reduce_loops(out, k_, ind, vec, bv, bs);
+  reduce_loops(out, k_, ind, vec, bv, bs, bu, unroll);
+  for (int u = 1; u < unroll; ++u)
+    out += fmt::format("#ifdef KN_W\n{}{}\n#endif\n", ind, combine("vacc", fmt::format("vacc{}", u), true));
   if (vec) {
     const char* h = op == OpId::Max ? "vmax_all" : op == OpId::Min ? "vmin_all" : op == OpId::Prod ? "vprod_all" : "vsum";
     out += fmt::format("#ifdef KN_W\n{}{}\n#endif\n", ind, combine("acc", fmt::format("{}(vacc)", h), false));
@@ -675,6 +701,8 @@ CpuUnit generate_cpu(const Graph& g, const lower::Schedule& s, const std::vector
   u.source = fmt::format("// Kiln CPU kernels for graph '{}' ({} kernels). Generated; do not edit.\n",
                          unit_name, s.loops.size());
   if (options.vector_bits == 256) u.source += "#define KN_VEC256 1\n";
+  if (options.reduce_unroll > 1)  // changes the code; a comment keeps the cache key distinct too
+    u.source += fmt::format("// reduce_unroll {}\n", options.reduce_unroll);
   u.source += cpu_prelude();
   u.source += "\n";
   for (const LoopKernel& k : s.loops) {

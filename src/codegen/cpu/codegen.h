@@ -29,6 +29,10 @@ struct CpuCodegenOptions {
   // SIMD width of the vector loops: 0 = the widest the ISA has (AVX-512: 16 floats), 256 = AVX2
   // vectors (8 floats) even where AVX-512 exists.
   int vector_bits = 0;
+  // Independent vector accumulators in the SIMD loop of reduce kernels (1 or more): a sum over
+  // one accumulator is bound by the add latency, several overlap (the reduction's "tile"); the
+  // lanes are combined in another order, so results round differently.
+  int reduce_unroll = 1;
   // Tests only: a kernel whose name contains this gets a compile error (checks that errors in
   // generated code name the kernel and that capture falls back to eager).
   std::string inject_error_into;

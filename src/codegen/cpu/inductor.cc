@@ -282,6 +282,7 @@ Built build(const Graph& input, const InductorOptions& opt) {
   CpuCodegenOptions co;
   co.vectorize = opt.vectorize;
   co.vector_bits = opt.vector_bits;
+  co.reduce_unroll = opt.reduce_unroll;
   co.inject_error_into = opt.inject_error_into;
   CpuUnit unit = generate_cpu(g, s, mem, g.name, co);
   std::shared_ptr<LoadedLibrary> lib;
@@ -622,8 +623,9 @@ std::string InductorGraph::summary() const {
 //       [convolution policy] in lower/onednn_lowering.cc; winograd only when some convolution is
 //       3x3 f32)
 //   gemv=generated | onednn                          (graphs with small linears)
-// then, on AVX-512, the fastest candidate again with 256-bit vectors in its loop kernels
-// (",vec=256" when that wins by 3%), and, inside the result, the thread count of every parallel loop kernel (see
+// then code-generation variants of the fastest candidate's loop kernels (256-bit vectors on
+// AVX-512, 4 accumulators per SIMD reduction: ",vec=256" / ",unroll=4" when one wins by 3%),
+// and, inside the result, the thread count of every parallel loop kernel (see
 // tune_kernel_threads). Candidates are whole graphs because layouts interact across neighbours.
 // A candidate that rounds differently from the default compile (Winograd) is first run on the
 // same inputs as the first candidate (the default configuration) and rejected when its outputs
@@ -723,20 +725,26 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
       cands.push_back(std::move(c));
     }
   }
-  std::string key = "inductor-autotune-v3\n" + toolchain().isa + "\n" +
+  std::string key = "inductor-autotune-v4\n" + toolchain().isa + "\n" +
                     std::to_string(omp_get_max_threads()) + "\n" + print_graph(graph);
   std::string record;  // "NAME" or "NAME\nTHREADS" (see tune_kernel_threads)
   if (tuning_get(key, &record)) {
     std::string choice = record.substr(0, record.find('\n'));
     std::string counts = record.find('\n') == std::string::npos ? "" : record.substr(record.find('\n') + 1);
-    bool vec256 = choice.size() > 8 && choice.compare(choice.size() - 8, 8, ",vec=256") == 0;
-    if (vec256) choice.resize(choice.size() - 8);
+    // Code-generation variant suffixes (see below): ",vec=256" and/or ",unroll=4".
+    std::string base = choice;
+    auto strip = [&](const char* suffix) {
+      size_t n = std::strlen(suffix);
+      bool has = base.size() > n && base.compare(base.size() - n, n, suffix) == 0;
+      if (has) base.resize(base.size() - n);
+      return has;
+    };
+    bool unroll4 = strip(",unroll=4");
+    bool vec256 = strip(",vec=256");
     for (Candidate c : cands)
-      if (c.name == choice) {
-        if (vec256) {
-          c.o.vector_bits = 256;
-          choice += ",vec=256";
-        }
+      if (c.name == base) {
+        if (vec256) c.o.vector_bits = 256;
+        if (unroll4) c.o.reduce_unroll = 4;
         Built b = build(graph, c.o);
         b.report.autotune = "cached choice " + choice;
         if (!counts.empty() && apply_kernel_threads(b, counts))
@@ -805,38 +813,73 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
   Built b = std::move(built[best]);
   std::string name = cands[best].name;
   built.clear();  // the other candidates' arenas and primitives
-  // Vector width: on AVX-512, the chosen candidate's loop kernels again with 8-lane AVX2
-  // vectors (Zen 4 executes 512-bit operations as two 256-bit halves; memory-bound kernels may
-  // prefer the narrower loop). Kept when at least 3% faster over interleaved rounds.
+  // Code-generation variants of the chosen candidate's loop kernels: vector width (on AVX-512,
+  // 8-lane AVX2 vectors too: Zen 4 executes 512-bit operations as two 256-bit halves, and
+  // memory-bound kernels may prefer the narrower loop) and, where there are SIMD reduce
+  // kernels, 4 accumulators per reduction instead of 1. Each variant must agree with the
+  // reference (lanes and accumulators combine in another order), then all are timed in
+  // interleaved rounds; a variant replaces the current one only when at least 3% faster.
   std::string vec_log;
-  if (b.report.vectorized_kernels > 0 && toolchain().isa.find("avx512") != std::string::npos) {
-    InductorOptions o256 = cands[best].o;
-    o256.vector_bits = 256;
-    Built b256 = build(graph, o256);
-    TensorList out = b256.exe->run(in);
-    double err = max_relative_error(out, reference);
-    // Same arithmetic per lane, but horizontal reductions combine lanes in another order.
-    if (err <= options.autotune_tolerance) {
-      Executable* pair[2] = {b.exe.get(), b256.exe.get()};
-      std::vector<double> t[2];
-      TensorList o2[2];
-      for (int j = 0; j < 2; ++j)
-        for (const Executable::OutputSpec& os : pair[j]->outputs) o2[j].push_back(Tensor::empty(os.sizes, os.dtype));
+  {
+    bool wide = b.report.vectorized_kernels > 0 && toolchain().isa.find("avx512") != std::string::npos;
+    bool reduces = false;
+    for (const std::string& k : b.report.kernels) reduces = reduces || k.find("[reduce, SIMD]") != std::string::npos;
+    struct Variant {
+      int bits, unroll;
+      std::string suffix;
+    };
+    std::vector<Variant> variants;
+    for (int bits : {0, 256})
+      for (int unroll : {1, 4}) {
+        if (bits == 0 && unroll == 1) continue;  // the current one
+        if ((bits == 256 && !wide) || (unroll > 1 && !reduces)) continue;
+        variants.push_back({bits, unroll, std::string(bits == 256 ? ",vec=256" : "") +
+                                              (unroll > 1 ? ",unroll=4" : "")});
+      }
+    std::vector<Built> vb;
+    std::vector<std::string> vnames = {"current"};
+    std::vector<Executable*> exes = {b.exe.get()};
+    for (const Variant& v : variants) {
+      InductorOptions o = cands[best].o;
+      o.vector_bits = v.bits;
+      o.reduce_unroll = v.unroll;
+      Built bv = build(graph, o);
+      double err = max_relative_error(bv.exe->run(in), reference);
+      std::string label = v.suffix.substr(1);
+      if (err > options.autotune_tolerance) {
+        vec_log += fmt::format("{}{} rejected (relative error {:.1e})", vec_log.empty() ? "; variants: " : ", ",
+                               label, err);
+        continue;
+      }
+      vnames.push_back(v.suffix);
+      vb.push_back(std::move(bv));
+      exes.push_back(vb.back().exe.get());
+    }
+    if (exes.size() > 1) {
+      std::vector<std::vector<double>> t(exes.size());
+      std::vector<TensorList> o2(exes.size());
+      for (size_t j = 0; j < exes.size(); ++j)
+        for (const Executable::OutputSpec& os : exes[j]->outputs) o2[j].push_back(Tensor::empty(os.sizes, os.dtype));
       for (int r = -1; r < rounds; ++r)
-        for (int j = 0; j < 2; ++j) {
+        for (size_t j = 0; j < exes.size(); ++j) {
           auto a = std::chrono::steady_clock::now();
-          pair[j]->run(in.data(), in.size(), o2[j].data(), o2[j].size());
+          exes[j]->run(in.data(), in.size(), o2[j].data(), o2[j].size());
           if (r >= 0) t[j].push_back(seconds_since(a));
         }
-      for (auto& v : t) std::sort(v.begin(), v.end());
-      double m512 = t[0][t[0].size() / 2], m256 = t[1][t[1].size() / 2];
-      vec_log = fmt::format("; vectors: 512-bit {:.3f} ms, 256-bit {:.3f} ms", m512 * 1e3, m256 * 1e3);
-      if (m256 < 0.97 * m512) {
-        b = std::move(b256);
-        name += ",vec=256";
+      std::vector<double> med(exes.size());
+      for (size_t j = 0; j < exes.size(); ++j) {
+        std::sort(t[j].begin(), t[j].end());
+        med[j] = t[j][t[j].size() / 2];
+        vec_log += fmt::format("{}{} {:.3f} ms", vec_log.empty() ? "; variants: " : ", ",
+                               j == 0 ? "512-bit" : vnames[j].substr(1), med[j] * 1e3);
       }
-    } else {
-      vec_log = fmt::format("; vectors: 256-bit rejected (relative error {:.1e})", err);
+      size_t pick = 0;
+      for (size_t j = 1; j < exes.size(); ++j)
+        if (med[j] < 0.97 * med[0] && med[j] < med[pick]) pick = j;
+      if (pick > 0) {
+        b = std::move(vb[pick - 1]);
+        name += vnames[pick];
+      }
     }
   }
   std::string threads_log;

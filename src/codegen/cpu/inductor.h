@@ -30,6 +30,7 @@ struct InductorOptions {
   bool fuse = true;               // fuse loop kernels
   bool vectorize = true;
   int vector_bits = 0;            // 0: widest SIMD of the ISA; 256: AVX2 width (CpuCodegenOptions)
+  int reduce_unroll = 1;          // vector accumulators per reduction (CpuCodegenOptions)
   int64_t small_linear_macs = 1 << 15;
   bool progress = true;           // max-autotune: a progress bar on a terminal
   // max-autotune: a candidate that computes differently from the default compile (Winograd)
