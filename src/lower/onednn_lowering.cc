@@ -954,7 +954,39 @@ void OnednnLowering::Impl::build_matmul(int32_t n, NodePlan& p) {
     return;
   }
   memory::desc a_md = plain_md(ad, dt), b_md = plain_md(bd, dt), y_md = plain_md(yd, dt);
+  // Note [strided matmul operands]: a view operand (K^T in attention, heads permuted out of
+  // [B, S, H, D]) is described to oneDNN with its own strides instead of being copied first.
+  // Ranks padded with leading 1s get a stride that spans the whole view. Where oneDNN has no
+  // fast kernel for those strides (none, or only its reference kernel), the operand is
+  // reordered into a plain temporary inside run() instead: the copy still happens, in oneDNN.
+  // The strides must be the schedule's geometry of the view (codegen/cpu/inductor.cc resolves
+  // them against the views the memory planner materializes): run() gets the schedule's pointer.
+  memory::desc user_md[2] = {a_md, b_md};
+  bool strided[2] = {false, false};
+  for (const StridedOperand& so : options.matmul_strides) {
+    if (so.node != n || so.input < 0 || so.input > 1 || is_constant(so.input == 0 ? a : bv)) continue;
+    const memory::dims& d = so.input == 0 ? ad : bd;
+    memory::dims st(so.strides.begin(), so.strides.end());
+    int64_t span = 1;
+    for (size_t i = 0; i < st.size(); ++i) span = std::max(span, st[i] * d[d.size() - st.size() + i]);
+    while (st.size() < d.size()) st.insert(st.begin(), span);
+    if (st.size() != d.size()) continue;
+    user_md[so.input] = memory::desc(d, dt, st);
+    strided[so.input] = true;
+  }
   bool b_const = is_constant(bv);
+  if (!strided[0] && !strided[1]) {
+    // fall through: plain operands
+  } else {
+    auto spd = try_pd<dnnl::matmul::primitive_desc>([&] {
+      dnnl::matmul::desc d(user_md[0], user_md[1], y_md);
+      return dnnl::matmul::primitive_desc(d, user_scratchpad_attr(), cpu_engine());
+    });
+    if (spd && std::string(spd->impl_info_str()).find("ref") == std::string::npos) {  // not slow
+      a_md = user_md[0];
+      b_md = user_md[1];
+    }
+  }
   // A constant b is prepacked like linear's weights; an activation b stays plain.
   memory::desc want_b = b_const ? any_md(bd, dt) : b_md;
   auto pd = try_pd<dnnl::matmul::primitive_desc>([&] {
@@ -973,17 +1005,35 @@ void OnednnLowering::Impl::build_matmul(int32_t n, NodePlan& p) {
     return;
   }
   PlanBuilder b(p);
-  memory a_mem = activation(b, p, 0, a, a_md);
+  std::string strides_note;
+  memory a_mem = activation(b, p, 0, a, strided[0] ? user_md[0] : a_md);
+  if (strided[0]) {
+    strides_note += same_layout(user_md[0], a_md) ? ", a strided" : ", a reordered";
+    if (!same_layout(user_md[0], a_md)) {
+      memory t = b.temp(a_md);
+      b.reorder(a_mem, t);
+      a_mem = t;
+    }
+  }
   memory b_mem = b_const ? prepack(b, b_md, g.value(bv).data, pd->weights_desc())
-                         : b.input(1, b_md);
+                         : b.input(1, strided[1] ? user_md[1] : b_md);
+  if (strided[1] && !b_const) {
+    strides_note += same_layout(user_md[1], b_md) ? ", b strided" : ", b reordered";
+    if (!same_layout(user_md[1], b_md)) {
+      memory t = b.temp(b_md);
+      b.reorder(b_mem, t);
+      b_mem = t;
+    }
+  }
   memory y_mem = b.output(y_md);
   b.step(dnnl::matmul(*pd), pd->scratchpad_desc(),
          {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, y_mem}});
   b.finish();
   auto dims_str = [](const memory::dims& d) { return fmt::format("[{}]", fmt::join(d, ",")); };
-  p.description = fmt::format("matmul {}x{}->{} {} {}{}", dims_str(ad), dims_str(bd),
+  p.description = fmt::format("matmul {}x{}->{} {} {}{}{}", dims_str(ad), dims_str(bd),
                               dims_str(yd), dt_name(dt), pd->impl_info_str(),
-                              b_const ? " weights " + format_name(pd->weights_desc(), "") : "");
+                              b_const ? " weights " + format_name(pd->weights_desc(), "") : "",
+                              strides_note);
   p.lowered = true;
 }
 

@@ -31,10 +31,20 @@ enum class LinearImpl : uint8_t { Auto, InnerProduct, Matmul };
 //              max-autotune offers it, behind an accuracy check.
 enum class ConvPolicy : uint8_t { Auto, Blocked16, Winograd };
 
+// A matmul operand that is a strided view rather than a contiguous buffer (a permuted or
+// transposed activation): `strides` in elements, one per dim of the operand's type. run() then
+// gets the view's first element as that input's pointer. See Note [strided matmul operands].
+struct StridedOperand {
+  int32_t node = -1;
+  int input = 0;  // 0 (a) or 1 (b)
+  std::vector<int64_t> strides;
+};
+
 struct OnednnOptions {
   bool allow_blocked = true;  // false: every activation stays plain NCHW (for autotuning/compare)
   LinearImpl linear = LinearImpl::Auto;
   ConvPolicy conv = ConvPolicy::Auto;
+  std::vector<StridedOperand> matmul_strides;
 };
 
 class OnednnLowering {

@@ -201,6 +201,11 @@ bool resolve_view(const Graph& g, ValueId v, ViewGeometry* out) {
   return resolve_impl(g, v, nullptr, out);
 }
 
+bool resolve_view(const Graph& g, ValueId v, const std::vector<bool>& view_is_copy,
+                  ViewGeometry* out) {
+  return resolve_impl(g, v, &view_is_copy, out);
+}
+
 namespace {
 
 enum class NodeClass : uint8_t { View, Pointwise, ViewCopy, Reduce, Norm, SmallLinear, Extern,

@@ -69,6 +69,10 @@ std::vector<bool> planned_view_copies(const Graph& g);
 // Geometry of view value v (a node output of a view op) over its materialized base, or false
 // when the view cannot be expressed with strides (a reshape of a non-viewable layout).
 bool resolve_view(const Graph& g, ValueId v, ViewGeometry* out);
+// The same, stopping at views the memory planner materializes (`view_is_copy`, as given to
+// schedule()): the geometry the schedule uses for v (Schedule::views).
+bool resolve_view(const Graph& g, ValueId v, const std::vector<bool>& view_is_copy,
+                  ViewGeometry* out);
 
 std::string schedule_str(const Graph& g, const Schedule& s);
 

@@ -303,3 +303,46 @@ TEST(InductorAutotune, TimesCodegenVariantsOfReductions) {
     EXPECT_NE(rep.find(", vec=256,unroll=4 "), std::string::npos) << rep;
   }
 }
+
+// Attention-style matmuls whose operands are permuted views (heads split out of [S, H*D], K
+// transposed) read the views with their strides: no copy kernels, results as eager. Sequence
+// lengths of BERT (128) and ViT (197).
+TEST(InductorStridedMatmul, PermutedOperandsAreNotCopied) {
+  for (int64_t seq : {128, 197}) {
+    SCOPED_TRACE(seq);
+    Graph g;
+    const int64_t H = 4, D = 32;
+    ValueId q = g.add_input("q", TensorType(DType::Float32, Shape{1, seq, H * D}));
+    ValueId k = g.add_input("k", TensorType(DType::Float32, Shape{1, seq, H * D}));
+    ValueId v = g.add_input("v", TensorType(DType::Float32, Shape{1, seq, H * D}));
+    auto heads = [&](ValueId x, const char* name) {
+      ValueId r = g.add_node1(OpId::Reshape, {x}, {{"shape", Ints{1, seq, H, D}}}, std::string(name) + ".r");
+      return g.add_node1(OpId::Permute, {r}, {{"dims", Ints{0, 2, 1, 3}}}, std::string(name) + ".p");
+    };
+    ValueId qh = heads(q, "q"), kh = heads(k, "k"), vh = heads(v, "v");
+    ValueId kt = g.add_node1(OpId::Transpose, {kh}, {{"dim0", int64_t(-2)}, {"dim1", int64_t(-1)}}, "kt");
+    ValueId s = g.add_node1(OpId::Matmul, {qh, kt}, {}, "scores");
+    ValueId p = g.add_node1(OpId::Softmax, {s}, {{"dim", int64_t(-1)}}, "softmax");
+    ValueId o = g.add_node1(OpId::Matmul, {p, vh}, {}, "context");
+    g.outputs = {o};
+    codegen::InductorOptions opt;
+    auto c = codegen::compile_inductor(g, opt);
+    int strided = 0, copies = 0;
+    for (const std::string& line : c->report().kernels) {
+      strided += line.find("matmul") != std::string::npos &&
+                 (line.find(" strided") != std::string::npos || line.find(" reordered") != std::string::npos);
+      copies += line.find("copy") != std::string::npos;
+    }
+    EXPECT_EQ(copies, 0) << c->summary();
+    EXPECT_EQ(strided, 2) << c->summary();
+    Generator gen(51 + uint64_t(seq));
+    TensorList in;
+    for (int i = 0; i < 3; ++i) in.push_back(Tensor::randn({1, seq, H * D}, gen, DType::Float32));
+    auto got = c->run(in)[0].to_vector<double>();
+    auto want = run(g, in)[0].to_vector<double>();
+    ASSERT_EQ(got.size(), want.size());
+    double scale = std::max(1.0, max_abs(want)), err = 0;
+    for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
+    EXPECT_LE(err, 1e-5 * scale) << c->summary();
+  }
+}

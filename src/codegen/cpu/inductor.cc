@@ -73,13 +73,38 @@ bool concrete_type(const TensorType& t) {
   return true;
 }
 
-bool contiguous_geometry(const lower::ViewGeometry& geo) {
-  return geo.strides == contiguous_strides(geo.sizes);
+// Strides of size-1 dims never address anything: rewritten to the contiguous value, so that a
+// transpose involving a size-1 dim counts as contiguous and oneDNN never sees odd strides there.
+Dims normalized_strides(const lower::ViewGeometry& geo) {
+  Dims st = geo.strides;
+  int64_t next = 1;
+  for (size_t i = geo.sizes.size(); i-- > 0;) {
+    if (geo.sizes[i] == 1) st[i] = next;
+    next = st[i] * geo.sizes[i];
+  }
+  return st;
 }
 
-// Inputs of oneDNN candidates that are non-contiguous views, and inputs of eager-kernel nodes
-// that are views of graph inputs, get a copy node (oneDNN wants plain buffers; eager kernels
-// are bound to tensors at compile time, and a graph input's memory is only known per call).
+bool contiguous_geometry(const lower::ViewGeometry& geo) {
+  return normalized_strides(geo) == contiguous_strides(geo.sizes);
+}
+
+// A matmul operand view oneDNN can read in place: rank >= 2, non-negative strides, and one of
+// the two matrix dims contiguous (row- or column-major matrices, any batch strides). See Note
+// [strided matmul operands] in lower/onednn_lowering.cc.
+bool matmul_strided_operand(const lower::ViewGeometry& geo) {
+  size_t r = geo.sizes.size();
+  if (r < 2 || geo.strides.size() != r) return false;
+  Dims st = normalized_strides(geo);
+  for (int64_t x : st)
+    if (x < 0) return false;
+  return st[r - 1] == 1 || st[r - 2] == 1;
+}
+
+// Inputs of oneDNN candidates that are non-contiguous views (except matmul operands oneDNN
+// reads with their strides), and inputs of eager-kernel nodes that are views of graph inputs,
+// get a copy node (oneDNN wants plain buffers; eager kernels are bound to tensors at compile
+// time, and a graph input's memory is only known per call).
 void insert_copies(Graph& g, const std::vector<bool>& extern_candidate) {
   std::vector<Node> old = std::move(g.nodes);
   g.nodes.clear();
@@ -97,7 +122,8 @@ void insert_copies(Graph& g, const std::vector<bool>& extern_candidate) {
         if (!op_def(g.nodes[size_t(g.value(v).producer)].op).is_view) continue;
         lower::ViewGeometry geo;
         bool ok = lower::resolve_view(g, v, &geo);
-        bool needs = !ok || (ext && !contiguous_geometry(geo)) ||
+        bool strided_ok = ext && n.op == OpId::Matmul && k < 2 && ok && matmul_strided_operand(geo);
+        bool needs = !ok || (ext && !contiguous_geometry(geo) && !strided_ok) ||
                      (eager && g.value(geo.base).kind == ValueKind::Input);
         if (!needs) continue;
         ValueId c = g.add_node1(OpId::Copy, {v}, {}, n.name.empty() ? "" : n.name + ".copy");
@@ -213,6 +239,25 @@ Built build(const Graph& input, const InductorOptions& opt) {
   }
   lower::OnednnOptions oo;
   oo.allow_blocked = opt.allow_blocked;
+  // Strided matmul operands, with the geometry the schedule will use (views the planner
+  // materializes are their own base there).
+  std::vector<bool> view_is_copy = lower::planned_view_copies(g);
+  for (int32_t i : ext_nodes) {
+    const Node& n = g.nodes[size_t(i)];
+    if (n.op != OpId::Matmul) continue;
+    for (int k = 0; k < 2 && k < int(n.inputs.size()); ++k) {
+      ValueId v = n.inputs[size_t(k)];
+      if (v == kNoValue || g.value(v).kind != ValueKind::NodeOutput ||
+          !op_def(g.nodes[size_t(g.value(v).producer)].op).is_view)
+        continue;
+      lower::ViewGeometry geo;
+      if (lower::resolve_view(g, v, view_is_copy, &geo) && !contiguous_geometry(geo))
+        oo.matmul_strides.push_back({i, k, [&] {
+          Dims st = normalized_strides(geo);
+          return std::vector<int64_t>(st.begin(), st.end());
+        }()});
+    }
+  }
   oo.conv = opt.conv_policy;
   auto t1 = std::chrono::steady_clock::now();
   auto onednn = std::make_shared<lower::OnednnLowering>(g, ext_nodes, oo);
@@ -225,7 +270,6 @@ Built build(const Graph& input, const InductorOptions& opt) {
   for (int32_t i : ext_nodes) so.extern_nodes[size_t(i)] = onednn->lowered(i);
 
   // The planner decides which views are materialized; the schedule follows it.
-  std::vector<bool> view_is_copy = lower::planned_view_copies(g);
   Schedule s = lower::schedule(g, view_is_copy, so);
 
   if (const char* d = std::getenv("KILN_DUMP_SCHEDULE"); d && *d && std::string(d) != "0") {
@@ -374,7 +418,8 @@ Built build(const Graph& input, const InductorOptions& opt) {
           MemRef m = mem[size_t(v)];
           if (s.virtual_view[size_t(v)]) {
             const lower::ViewGeometry& geo = s.views[size_t(v)];
-            KILN_ASSERT(contiguous_geometry(geo));
+            // Non-contiguous: a matmul operand read with its strides (the lowering knows them).
+            KILN_ASSERT(contiguous_geometry(geo) || (n.op == OpId::Matmul && k < 2));
             m.byte_offset += geo.offset * dtype_size(val.type.dtype);
           }
           state->in[k] = m;
