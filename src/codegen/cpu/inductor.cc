@@ -106,6 +106,9 @@ bool matmul_strided_operand(const lower::ViewGeometry& geo) {
 // get a copy node (oneDNN wants plain buffers; eager kernels are bound to tensors at compile
 // time, and a graph input's memory is only known per call).
 void insert_copies(Graph& g, const std::vector<bool>& extern_candidate) {
+  // Views the memory planner materializes are their own base (a view of one is resolved from
+  // it): the planner's decision per value does not change with the copy nodes added here.
+  const std::vector<bool> view_is_copy = lower::planned_view_copies(g);
   std::vector<Node> old = std::move(g.nodes);
   g.nodes.clear();
   std::vector<bool> cand = extern_candidate;
@@ -121,7 +124,7 @@ void insert_copies(Graph& g, const std::vector<bool>& extern_candidate) {
         if (v == kNoValue || g.value(v).kind != ValueKind::NodeOutput) continue;
         if (!op_def(g.nodes[size_t(g.value(v).producer)].op).is_view) continue;
         lower::ViewGeometry geo;
-        bool ok = lower::resolve_view(g, v, &geo);
+        bool ok = lower::resolve_view(g, v, view_is_copy, &geo);
         bool strided_ok = ext && n.op == OpId::Matmul && k < 2 && ok && matmul_strided_operand(geo);
         bool needs = !ok || (ext && !contiguous_geometry(geo) && !strided_ok) ||
                      (eager && g.value(geo.base).kind == ValueKind::Input);
