@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -101,48 +102,63 @@ bool matmul_strided_operand(const lower::ViewGeometry& geo) {
   return st[r - 1] == 1 || st[r - 2] == 1;
 }
 
+// What insert_copies leaves for the lowering and the scheduler.
+struct CopiedGraph {
+  std::vector<int32_t> extern_nodes;  // the oneDNN candidates, as node indices of the new graph
+  std::vector<bool> view_is_copy;     // per value: the memory planner materializes this view
+  std::vector<lower::StridedOperand> matmul_strides;  // view operands matmul reads in place
+};
+
 // Inputs of oneDNN candidates that are non-contiguous views (except matmul operands oneDNN
 // reads with their strides), and inputs of eager-kernel nodes that are views of graph inputs,
 // get a copy node (oneDNN wants plain buffers; eager kernels are bound to tensors at compile
-// time, and a graph input's memory is only known per call).
-void insert_copies(Graph& g, const std::vector<bool>& extern_candidate) {
-  // Views the memory planner materializes are their own base (a view of one is resolved from
-  // it): the planner's decision per value does not change with the copy nodes added here.
-  const std::vector<bool> view_is_copy = lower::planned_view_copies(g);
+// time, and a graph input's memory is only known per call). Views are resolved as the schedule
+// will resolve them: views the memory planner materializes are their own base. That decision
+// depends on a view's producers, not its consumers, so the copy nodes added here (which are not
+// views) leave it unchanged for every other value.
+CopiedGraph insert_copies(Graph& g, const std::vector<bool>& extern_candidate) {
+  CopiedGraph out;
+  out.view_is_copy = lower::planned_view_copies(g);
   std::vector<Node> old = std::move(g.nodes);
   g.nodes.clear();
-  std::vector<bool> cand = extern_candidate;
-  std::vector<bool> new_cand;
   for (size_t i = 0; i < old.size(); ++i) {
     Node n = std::move(old[i]);
     const OpDef& d = op_def(n.op);
-    bool ext = cand[i];
+    bool ext = extern_candidate[i];
     bool eager = !ext && !d.is_view && !lower::loop_supported(g, n);
+    size_t strided_before = out.matmul_strides.size();
     if (ext || eager) {
       for (size_t k = 0; k < n.inputs.size(); ++k) {
         ValueId v = n.inputs[k];
         if (v == kNoValue || g.value(v).kind != ValueKind::NodeOutput) continue;
         if (!op_def(g.nodes[size_t(g.value(v).producer)].op).is_view) continue;
         lower::ViewGeometry geo;
-        bool ok = lower::resolve_view(g, v, view_is_copy, &geo);
-        bool strided_ok = ext && n.op == OpId::Matmul && k < 2 && ok && matmul_strided_operand(geo);
-        bool needs = !ok || (ext && !contiguous_geometry(geo) && !strided_ok) ||
+        bool ok = lower::resolve_view(g, v, out.view_is_copy, &geo);
+        bool contiguous = ok && contiguous_geometry(geo);
+        bool strided = ext && n.op == OpId::Matmul && k < 2 && ok && !contiguous &&
+                       matmul_strided_operand(geo);
+        if (strided) {
+          Dims st = normalized_strides(geo);
+          out.matmul_strides.push_back({-1, int(k), std::vector<int64_t>(st.begin(), st.end())});
+        }
+        bool needs = !ok || (ext && !contiguous && !strided) ||
                      (eager && g.value(geo.base).kind == ValueKind::Input);
         if (!needs) continue;
-        ValueId c = g.add_node1(OpId::Copy, {v}, {}, n.name.empty() ? "" : n.name + ".copy");
-        new_cand.push_back(false);
-        n.inputs[k] = c;
+        n.inputs[k] = g.add_node1(OpId::Copy, {v}, {}, n.name.empty() ? "" : n.name + ".copy");
       }
     }
     g.nodes.push_back(std::move(n));
-    new_cand.push_back(ext);
     int32_t idx = int32_t(g.nodes.size()) - 1;
+    if (ext) out.extern_nodes.push_back(idx);
+    for (size_t j = strided_before; j < out.matmul_strides.size(); ++j) out.matmul_strides[j].node = idx;
     for (size_t o = 0; o < g.nodes.back().outputs.size(); ++o) {
       Value& ov = g.value(g.nodes.back().outputs[o]);
       ov.producer = idx;
       ov.output_index = int32_t(o);
     }
   }
+  out.view_is_copy.resize(g.values.size(), false);  // the copies' outputs
+  return out;
 }
 
 // ---- launch states -------------------------------------------------------------------------------
@@ -232,35 +248,12 @@ Built build(const Graph& input, const InductorOptions& opt) {
     cand[i] = is_extern_op(n.op) && !lower::small_linear(g, n, opt.small_linear_macs);
     for (ValueId o : n.outputs) cand[i] = cand[i] && concrete_type(g.type(o));
   }
-  insert_copies(g, cand);
-  std::vector<int32_t> ext_nodes;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const Node& n = g.nodes[i];
-    bool c = is_extern_op(n.op) && !lower::small_linear(g, n, opt.small_linear_macs);
-    for (ValueId o : n.outputs) c = c && concrete_type(g.type(o));
-    if (c) ext_nodes.push_back(int32_t(i));
-  }
+  CopiedGraph copied = insert_copies(g, cand);
+  const std::vector<int32_t>& ext_nodes = copied.extern_nodes;
+  const std::vector<bool>& view_is_copy = copied.view_is_copy;
   lower::OnednnOptions oo;
   oo.allow_blocked = opt.allow_blocked;
-  // Strided matmul operands, with the geometry the schedule will use (views the planner
-  // materializes are their own base there).
-  std::vector<bool> view_is_copy = lower::planned_view_copies(g);
-  for (int32_t i : ext_nodes) {
-    const Node& n = g.nodes[size_t(i)];
-    if (n.op != OpId::Matmul) continue;
-    for (int k = 0; k < 2 && k < int(n.inputs.size()); ++k) {
-      ValueId v = n.inputs[size_t(k)];
-      if (v == kNoValue || g.value(v).kind != ValueKind::NodeOutput ||
-          !op_def(g.nodes[size_t(g.value(v).producer)].op).is_view)
-        continue;
-      lower::ViewGeometry geo;
-      if (lower::resolve_view(g, v, view_is_copy, &geo) && !contiguous_geometry(geo))
-        oo.matmul_strides.push_back({i, k, [&] {
-          Dims st = normalized_strides(geo);
-          return std::vector<int64_t>(st.begin(), st.end());
-        }()});
-    }
-  }
+  oo.matmul_strides = std::move(copied.matmul_strides);
   oo.conv = opt.conv_policy;
   auto t1 = std::chrono::steady_clock::now();
   auto onednn = std::make_shared<lower::OnednnLowering>(g, ext_nodes, oo);
@@ -549,6 +542,33 @@ double max_relative_error(const TensorList& a, const TensorList& b) {
   return diff / std::max(scale, 1e-30);
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds per call of each executable over `rounds` rounds on `in`, interleaved: one call
+// of every executable per round (after a warm-up round), so that a burst of load on the machine
+// hits them all alike. `on_round(r)` runs before timed round r.
+std::vector<double> time_interleaved(const std::vector<Executable*>& exes, const TensorList& in,
+                                     int rounds, const std::function<void(int)>& on_round = {}) {
+  std::vector<TensorList> outs(exes.size());
+  for (size_t j = 0; j < exes.size(); ++j)
+    for (const Executable::OutputSpec& o : exes[j]->outputs) outs[j].push_back(Tensor::empty(o.sizes, o.dtype));
+  std::vector<std::vector<double>> t(exes.size());
+  for (int r = -1; r < rounds; ++r) {
+    if (r >= 0 && on_round) on_round(r);
+    for (size_t j = 0; j < exes.size(); ++j) {
+      auto a = std::chrono::steady_clock::now();
+      exes[j]->run(in.data(), in.size(), outs[j].data(), outs[j].size());
+      if (r >= 0) t[j].push_back(seconds_since(a));
+    }
+  }
+  std::vector<double> med;
+  for (std::vector<double>& v : t) med.push_back(median(std::move(v)));
+  return med;
+}
+
 // Chooses the thread count of every tunable loop kernel of `b` (1 or all of OpenMP's threads)
 // by timing each kernel alone in both settings, alternating their order, after a full run of
 // the graph on `in` before each round (so buffers hold realistic data); median of `rounds`. A
@@ -575,10 +595,6 @@ std::string tune_kernel_threads(Built& b, const TensorList& in, int rounds, std:
       }
     }
   }
-  auto median = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   std::string counts, changed;
   int nchanged = 0;
   for (size_t k = 0; k < nk; ++k) {
@@ -827,35 +843,28 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
       notes[i] = fmt::format(" (relative error {:.1e})", err);
     }
   }
-  // Timed in rounds, one call of every candidate per round, so that a burst of load on the
-  // machine hits all candidates alike; medians per candidate.
-  std::vector<TensorList> outs(cands.size());
-  for (size_t i = 0; i < cands.size(); ++i)
-    for (const Executable::OutputSpec& o : built[i].exe->outputs)
-      outs[i].push_back(Tensor::empty(o.sizes, o.dtype));
-  std::vector<std::vector<double>> samples(cands.size());
-  for (int r = -1; cands.size() > 1 && r < rounds; ++r) {  // round -1 warms up; one: untimed
-    if (r >= 0) progress(bar, step++, steps, fmt::format("timing round {}/{}", r + 1, rounds));
-    for (size_t i = 0; i < cands.size(); ++i) {
-      if (rejected[i]) continue;
-      Executable& exe = *built[i].exe;
-      auto a = std::chrono::steady_clock::now();
-      exe.run(in.data(), in.size(), outs[i].data(), outs[i].size());
-      if (r >= 0) samples[i].push_back(seconds_since(a));
-    }
-  }
+  // The candidates that were not rejected, timed together (a lone candidate is not timed).
   std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
-  std::string log;
-  for (size_t i = 0; i < cands.size(); ++i) {
-    if (!rejected[i] && !samples[i].empty()) {
-      std::sort(samples[i].begin(), samples[i].end());
-      times[i] = samples[i][samples[i].size() / 2];
-    }
-    log += fmt::format("{}{}{}{}", log.empty() ? "" : ", ", cands[i].name,
-                       samples[i].empty() ? (rejected[i] ? "" : " the only candidate")
-                                          : fmt::format(" {:.3f} ms", times[i] * 1e3),
-                       notes[i]);
+  if (cands.size() > 1) {
+    std::vector<Executable*> timed;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < cands.size(); ++i)
+      if (!rejected[i]) {
+        timed.push_back(built[i].exe.get());
+        which.push_back(i);
+      }
+    std::vector<double> med = time_interleaved(timed, in, rounds, [&](int r) {
+      progress(bar, step++, steps, fmt::format("timing round {}/{}", r + 1, rounds));
+    });
+    for (size_t j = 0; j < which.size(); ++j) times[which[j]] = med[j];
   }
+  std::string log;
+  for (size_t i = 0; i < cands.size(); ++i)
+    log += fmt::format("{}{}{}{}", log.empty() ? "" : ", ", cands[i].name,
+                       rejected[i]          ? ""
+                       : cands.size() == 1 ? " the only candidate"
+                                           : fmt::format(" {:.3f} ms", times[i] * 1e3),
+                       notes[i]);
   progress(bar, int(cands.size()), int(cands.size()), "done");
   size_t best = cands.size() == 1 ? 0 : size_t(std::min_element(times.begin(), times.end()) - times.begin());
   Built b = std::move(built[best]);
@@ -893,10 +902,9 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
       o.reduce_unroll = v.unroll;
       Built bv = build(graph, o);
       double err = max_relative_error(bv.exe->run(in), reference);
-      std::string label = v.suffix.substr(1);
       if (err > options.autotune_tolerance) {
         vec_log += fmt::format("{}{} rejected (relative error {:.1e})", vec_log.empty() ? "; variants: " : ", ",
-                               label, err);
+                               v.suffix.substr(1), err);
         continue;
       }
       vnames.push_back(v.suffix);
@@ -904,20 +912,8 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
       exes.push_back(vb.back().exe.get());
     }
     if (exes.size() > 1) {
-      std::vector<std::vector<double>> t(exes.size());
-      std::vector<TensorList> o2(exes.size());
-      for (size_t j = 0; j < exes.size(); ++j)
-        for (const Executable::OutputSpec& os : exes[j]->outputs) o2[j].push_back(Tensor::empty(os.sizes, os.dtype));
-      for (int r = -1; r < rounds; ++r)
-        for (size_t j = 0; j < exes.size(); ++j) {
-          auto a = std::chrono::steady_clock::now();
-          exes[j]->run(in.data(), in.size(), o2[j].data(), o2[j].size());
-          if (r >= 0) t[j].push_back(seconds_since(a));
-        }
-      std::vector<double> med(exes.size());
+      std::vector<double> med = time_interleaved(exes, in, rounds);
       for (size_t j = 0; j < exes.size(); ++j) {
-        std::sort(t[j].begin(), t[j].end());
-        med[j] = t[j][t[j].size() / 2];
         vec_log += fmt::format("{}{} {:.3f} ms", vec_log.empty() ? "; variants: " : ", ",
                                j == 0 ? "512-bit" : vnames[j].substr(1), med[j] * 1e3);
       }
@@ -931,7 +927,7 @@ std::unique_ptr<InductorGraph> compile_inductor(const Graph& graph, const Induct
     }
   }
   std::string threads_log;
-  std::string counts = tune_kernel_threads(b, in, 15, &threads_log);
+  std::string counts = tune_kernel_threads(b, in, rounds, &threads_log);
   tuning_put(key, counts.empty() ? name : name + "\n" + counts);
   b.report.autotune = fmt::format("chose {} ({}){}{}{}", name, log, conv_note, vec_log, threads_log);
   b.report.compile_s = seconds_since(t0);
