@@ -74,14 +74,16 @@ bool concrete_type(const TensorType& t) {
   return true;
 }
 
-// Strides of size-1 dims never address anything: rewritten to the contiguous value, so that a
-// transpose involving a size-1 dim counts as contiguous and oneDNN never sees odd strides there.
+// Strides of size-1 dims never address anything: rewritten to the extent of the dims inside
+// them (the contiguous value when those are contiguous), so that a transpose involving a
+// size-1 dim counts as contiguous, and oneDNN sees batches that do not overlap (its brgemm
+// matmul takes such strides; with a smaller one it falls back to its gemm kernel).
 Dims normalized_strides(const lower::ViewGeometry& geo) {
   Dims st = geo.strides;
-  int64_t next = 1;
+  int64_t extent = 1;
   for (size_t i = geo.sizes.size(); i-- > 0;) {
-    if (geo.sizes[i] == 1) st[i] = next;
-    next = st[i] * geo.sizes[i];
+    if (geo.sizes[i] == 1) st[i] = extent;
+    extent = std::max(extent, st[i] * geo.sizes[i]);
   }
   return st;
 }
