@@ -975,9 +975,7 @@ void OnednnLowering::Impl::build_matmul(int32_t n, NodePlan& p) {
     strided[so.input] = true;
   }
   bool b_const = is_constant(bv);
-  if (!strided[0] && !strided[1]) {
-    // fall through: plain operands
-  } else {
+  if (strided[0] || strided[1]) {
     auto spd = try_pd<dnnl::matmul::primitive_desc>([&] {
       dnnl::matmul::desc d(user_md[0], user_md[1], y_md);
       return dnnl::matmul::primitive_desc(d, user_scratchpad_attr(), cpu_engine());
@@ -1006,25 +1004,20 @@ void OnednnLowering::Impl::build_matmul(int32_t n, NodePlan& p) {
   }
   PlanBuilder b(p);
   std::string strides_note;
-  memory a_mem = activation(b, p, 0, a, strided[0] ? user_md[0] : a_md);
-  if (strided[0]) {
-    strides_note += same_layout(user_md[0], a_md) ? ", a strided" : ", a reordered";
-    if (!same_layout(user_md[0], a_md)) {
-      memory t = b.temp(a_md);
-      b.reorder(a_mem, t);
-      a_mem = t;
-    }
-  }
+  // Operand i as stored (user_md[i]); a strided one the primitive does not read in place goes
+  // through a reorder into a plain temporary (`want`).
+  auto operand = [&](int i, memory stored, const memory::desc& want) {
+    if (!strided[i]) return stored;
+    bool in_place = same_layout(user_md[i], want);
+    strides_note += fmt::format(", {} {}", i == 0 ? "a" : "b", in_place ? "strided" : "reordered");
+    if (in_place) return stored;
+    memory t = b.temp(want);
+    b.reorder(stored, t);
+    return t;
+  };
+  memory a_mem = operand(0, activation(b, p, 0, a, user_md[0]), a_md);
   memory b_mem = b_const ? prepack(b, b_md, g.value(bv).data, pd->weights_desc())
-                         : b.input(1, strided[1] ? user_md[1] : b_md);
-  if (strided[1] && !b_const) {
-    strides_note += same_layout(user_md[1], b_md) ? ", b strided" : ", b reordered";
-    if (!same_layout(user_md[1], b_md)) {
-      memory t = b.temp(b_md);
-      b.reorder(b_mem, t);
-      b_mem = t;
-    }
-  }
+                         : operand(1, b.input(1, user_md[1]), b_md);
   memory y_mem = b.output(y_md);
   b.step(dnnl::matmul(*pd), pd->scratchpad_desc(),
          {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, y_mem}});
