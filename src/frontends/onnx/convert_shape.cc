@@ -764,16 +764,26 @@ void conv_center_crop_pad(NodeCtx& c) {
                                   {"value", 0.0}}));
 }
 
+// The operands of CumSum / CumProd: x, the axis (a known scalar input), its length, and the
+// exclusive / reverse attributes.
+struct CumulativeArgs {
+  V x;
+  int64_t axis, n;
+  bool exclusive, reverse;
+};
+CumulativeArgs cumulative_args(NodeCtx& c) {
+  V x = c.in(0);
+  Tensor at = c.known_input(1, "axis");
+  if (at.numel() != 1) c.fail("axis must be a scalar");
+  int64_t a = c.axis(at.to_vector<int64_t>()[0], c.rank(x), "axis");
+  return {x, a, c.dims(x, "the input")[size_t(a)], c.attr_int("exclusive", 0) != 0,
+          c.attr_int("reverse", 0) != 0};
+}
+
 // CumProd (opset 26) along an axis: a running product over slices, concatenated (exact; one
 // multiplication per position, so long axes are refused).
 void conv_cumprod(NodeCtx& c) {
-  V x = c.in(0);
-  int r = c.rank(x);
-  Tensor at = c.known_input(1, "axis");
-  if (at.numel() != 1) c.fail("axis must be a scalar");
-  int64_t a = c.axis(at.to_vector<int64_t>()[0], r, "axis");
-  bool exclusive = c.attr_int("exclusive", 0) != 0, reverse = c.attr_int("reverse", 0) != 0;
-  int64_t n = c.dims(x, "the input")[size_t(a)];
+  auto [x, a, n, exclusive, reverse] = cumulative_args(c);
   constexpr int64_t kMaxCumProd = 4096;
   if (n > kMaxCumProd)
     c.not_supported("CumProd over {} positions (composed as a running product of slices: at most "
@@ -800,20 +810,14 @@ void conv_cumprod(NodeCtx& c) {
 
 // CumSum along an axis: a matmul with a triangular 0/1 matrix (exact for integers).
 void conv_cumsum(NodeCtx& c) {
-  V x = c.in(0);
-  int r = c.rank(x);
-  Tensor at = c.known_input(1, "axis");
-  if (at.numel() != 1) c.fail("axis must be a scalar");
-  int64_t a = c.axis(at.to_vector<int64_t>()[0], r, "axis");
-  bool exclusive = c.attr_int("exclusive", 0) != 0, reverse = c.attr_int("reverse", 0) != 0;
-  int64_t n = c.dims(x, "the input")[size_t(a)];
+  auto [x, a, n, exclusive, reverse] = cumulative_args(c);
   Tensor tri = Tensor::zeros(Dims{n, n}, c.dtype(x));
   for (int64_t i = 0; i < n; ++i)  // row i = source element, column j = output element
     for (int64_t j = 0; j < n; ++j) {
       bool on = reverse ? (exclusive ? i > j : i >= j) : (exclusive ? i < j : i <= j);
       if (on) store_f64(static_cast<char*>(tri.raw_data()) + (i * n + j) * tri.element_size(), tri.dtype(), 1);
     }
-  std::vector<int64_t> p = NodeCtx::perm_to_last(r, a);
+  std::vector<int64_t> p = NodeCtx::perm_to_last(c.rank(x), a);
   V y = c.op1(OpId::Matmul, {c.permute(x, p), c.constant(tri)});
   c.out(0, c.permute(y, NodeCtx::inverse_perm(p)));
 }
