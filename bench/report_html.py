@@ -165,14 +165,18 @@ def plot_stats(r):
     return r.get("latency_all_calls") or r["latency"]
 
 
+def svg_open(width, height, title):
+    """The opening of a self-contained SVG plot: the root element and its (escaped) title."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" font-family="sans-serif">',
+            f'<title>{esc(title)}</title>']
+
+
 def latency_svg(model):
     systems = list(model["systems"].values())
     ok = [r for r in systems if r["status"] == "ok"]
     W, left, right, row_h, top = 1000, 210, 200, 34, 10
-    H = top + row_h * len(systems) + 45
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-             f'viewBox="0 0 {W} {H}" role="img" font-family="sans-serif">',
-             f'<title>{esc(model["model"])}: latency per call (ms)</title>']
+    parts = svg_open(W, top + row_h * len(systems) + 45, f'{model["model"]}: latency per call (ms)')
     if ok:
         lo = min(plot_stats(r)["min_ms"] for r in ok)
         hi = max(plot_stats(r)["p99_ms"] for r in ok) * 1.1
@@ -223,10 +227,8 @@ def first_call_svg(model):
     systems = list(model["systems"].values())
     vals = [r["first_call_s"] for r in systems if r["status"] == "ok" and r.get("first_call_s")]
     W, left, right, row_h, top = 1000, 210, 200, 26, 10
-    H = top + row_h * len(systems) + 45
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-             f'viewBox="0 0 {W} {H}" role="img" font-family="sans-serif">',
-             f'<title>{esc(model["model"])}: first call including compile (s)</title>']
+    parts = svg_open(W, top + row_h * len(systems) + 45,
+                     f'{model["model"]}: first call including compile (s)')
     if vals:
         scale = Scale(min(vals), max(vals) * 1.01, left, W - right, True)
         parts += axis(scale, top, top + row_h * len(systems), "first call incl. compile, seconds")
