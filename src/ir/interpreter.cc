@@ -53,6 +53,8 @@ bool has_symbolic_ints(const Attrs& attrs) {
   return false;
 }
 
+}  // namespace
+
 Attrs specialize_attrs(const Attrs& attrs, const SymbolBindings& bindings) {
   Attrs out = attrs;
   for (auto& [name, v] : out.items()) {
@@ -64,8 +66,6 @@ Attrs specialize_attrs(const Attrs& attrs, const SymbolBindings& bindings) {
   }
   return out;
 }
-
-}  // namespace
 
 SymbolBindings bind_input_symbols(const Graph& g, const TensorList& inputs) {
   if (inputs.size() != g.inputs.size())

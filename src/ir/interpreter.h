@@ -20,6 +20,10 @@ using SymbolBindings = std::vector<std::pair<std::string, int64_t>>;
 // "input 0 ('x'): dim 2 expected 224, got 225". Input strides are not constrained.
 SymbolBindings bind_input_symbols(const Graph& g, const TensorList& inputs);
 
+// `attrs` with every int attribute (single or list) evaluated under `bindings`: int attributes
+// may be symbolic (reshape {shape=[n, -1]}), kernels need them concrete.
+Attrs specialize_attrs(const Attrs& attrs, const SymbolBindings& bindings);
+
 // Runs the graph. Params and consts must carry data (IR text declares params by type only;
 // set Graph::value(id).data first). Intermediates are released after their last use. Kernel
 // errors are re-thrown naming the node; an output whose shape disagrees with the graph's type

@@ -241,10 +241,6 @@ class CudaKernelProbe final : public DispatchHook {
   Device device_;
 };
 
-int64_t concrete_dim(SymInt d, const SymbolBindings& bindings) {
-  return d.is_concrete() ? d.raw() : d.evaluate(bindings);
-}
-
 // Why node `n` of g cannot run on CUDA through its op's decomposition, or "".
 std::string decomposition_gap(const Graph& g, const Node& n, const SymbolBindings& bindings) {
   const Device cuda = Device::cuda(0);
@@ -262,16 +258,10 @@ std::string decomposition_gap(const Graph& g, const Node& n, const SymbolBinding
       }
       const TensorType& ty = g.type(v);
       Dims d;
-      for (SymInt s : ty.shape) d.push_back(concrete_dim(s, bindings));
+      for (SymInt s : ty.shape) d.push_back(s.evaluate(bindings));
       fakes.push_back(Tensor::fake(d, ty.dtype, cuda));
     }
-    Attrs attrs = n.attrs;  // symbolic int attributes evaluated, as the interpreter does
-    for (auto& [name, v] : attrs.items()) {
-      if (auto* i = std::get_if<int64_t>(&v)) *i = concrete_dim(SymInt::from_raw(*i), bindings);
-      else if (auto* is = std::get_if<Ints>(&v))
-        for (int64_t& x : *is) x = concrete_dim(SymInt::from_raw(x), bindings);
-    }
-    call_op(n.op, fakes, attrs);
+    call_op(n.op, fakes, specialize_attrs(n.attrs, bindings));
   } catch (const Error& e) {
     if (probe.problem.empty())
       probe.problem = "its decomposition could not be checked on type-only tensors: " + e.message();
