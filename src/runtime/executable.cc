@@ -26,8 +26,7 @@ Executable::LaunchTimer* Executable::set_launch_timer(LaunchTimer* t) {
   return prev;
 }
 
-void Executable::init(int64_t arena_bytes, int num_slots) {
-  arena_bytes_ = arena_bytes;
+std::shared_ptr<char> allocate_host_arena(int64_t arena_bytes) {
   size_t bytes = size_t((arena_bytes + 63) / 64 * 64);
   if (bytes == 0) bytes = 64;
   char* p = static_cast<char*>(std::aligned_alloc(64, bytes));
@@ -35,8 +34,14 @@ void Executable::init(int64_t arena_bytes, int num_slots) {
     throw_error(ErrorKind::Runtime,
                 fmt::format("executable: cannot allocate the {}-byte arena", arena_bytes));
   std::memset(p, 0, bytes);
-  arena_owner_ = std::shared_ptr<char>(p, [](char* q) { std::free(q); });
-  arena_ = p;
+  return std::shared_ptr<char>(p, [](char* q) { std::free(q); });
+}
+
+void Executable::init(std::shared_ptr<char> arena, int64_t arena_bytes, int num_slots) {
+  KILN_ASSERT(arena);
+  arena_bytes_ = arena_bytes;
+  arena_owner_ = std::move(arena);
+  arena_ = arena_owner_.get();
   slots_.assign(size_t(num_slots), nullptr);
   slots_[0] = arena_;
 }

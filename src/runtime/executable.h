@@ -19,8 +19,9 @@ class Executable {
     LaunchFn fn = nullptr;
     void* state = nullptr;
     std::string name;   // kernel name ("k3_add_relu", "conv2d:stem.conv1", ...)
-    std::string kind;   // "loop" | "onednn" | "eager"
+    std::string kind;   // "loop" | the library ("onednn") | "eager"
     std::string nodes;  // the graph nodes it computes, for profiles and explain
+    std::shared_ptr<void> owner;  // keeps `state` alive
   };
   struct InputSpec {
     std::string name;
@@ -44,8 +45,9 @@ class Executable {
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
 
-  // Sets up the arena (64-byte aligned, zeroed once) and the slot table.
-  void init(int64_t arena_bytes, int num_slots);
+  // Sets up the arena (`arena`: at least arena_bytes, 64-byte aligned, zeroed; owned from now
+  // on; see allocate_host_arena) and the slot table.
+  void init(std::shared_ptr<char> arena, int64_t arena_bytes, int num_slots);
   char* arena() const { return arena_; }
   int64_t arena_bytes() const { return arena_bytes_; }
   void set_slot(int slot, char* base) { slots_[size_t(slot)] = base; }
@@ -84,5 +86,8 @@ class Executable {
   int64_t arena_bytes_ = 0;
   std::vector<char*> slots_;
 };
+
+// Zeroed, 64-byte aligned host memory for an arena (at least 64 bytes); throws naming the size.
+std::shared_ptr<char> allocate_host_arena(int64_t bytes);
 
 }  // namespace kiln

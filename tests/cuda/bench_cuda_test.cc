@@ -17,8 +17,8 @@
 #include "../onnx/onnx_builder.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
-#include "eager/api.h"
-#include "runtime/bench.h"
+#include "ops/api.h"
+#include "bench/bench.h"
 
 namespace kiln {
 namespace {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "capture/compile.h"
+#include "nn/compile.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"

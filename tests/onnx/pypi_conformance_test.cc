@@ -88,7 +88,7 @@ std::vector<std::string> pypi_suites(std::string* error) {
   }
   std::string py = python();
   if (access(py.c_str(), X_OK) != 0) {
-    *error = "no Python venv at " + py + ": run scripts/setup.sh (or set KILN_PYTHON)";
+    *error = "no Python venv at " + py + ": run scripts/setup_python.sh (or set KILN_PYTHON)";
     return {};
   }
   std::string cmd = "'" + py + "' '" + script.string() + "' 2>&1";
@@ -103,7 +103,7 @@ std::vector<std::string> pypi_suites(std::string* error) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   int status = pclose(p);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    *error = cmd + " failed (run scripts/setup.sh to install the venv):\n" + out;
+    *error = cmd + " failed (run scripts/setup_python.sh to install the venv):\n" + out;
     return {};
   }
   std::vector<std::string> dirs;

@@ -15,12 +15,13 @@
 #include "../onnx/onnx_builder.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
-#include "eager/api.h"
+#include "ops/api.h"
 #include "ir/graph.h"
 #include "ir/parser.h"
+#include "nn/compile.h"
 #include "nn/models/zoo.h"
-#include "runtime/bench.h"
-#include "runtime/profiler.h"
+#include "bench/bench.h"
+#include "bench/profiler.h"
 
 using namespace kiln;
 using nlohmann::json;
