@@ -481,7 +481,8 @@ std::string meta_text(const std::string& key, size_t so_bytes, const std::string
 }
 
 // Reads `name value` lines of a .meta file; false when the text is not a meta of this format.
-bool parse_meta(const std::string& text, std::unordered_map<std::string, std::string>* fields) {
+bool parse_meta(const std::string& text, std::string_view format_name, int version,
+                std::unordered_map<std::string, std::string>* fields) {
   size_t pos = 0;
   bool first = true;
   while (pos < text.size()) {
@@ -493,7 +494,7 @@ bool parse_meta(const std::string& text, std::unordered_map<std::string, std::st
     if (sp == std::string_view::npos) return false;
     std::string name(line.substr(0, sp)), value(line.substr(sp + 1));
     if (first) {
-      if (name != "kiln-cpu-cache" || value != std::to_string(kCacheFormatVersion)) return false;
+      if (name != format_name || value != std::to_string(version)) return false;
       first = false;
       continue;
     }
@@ -511,7 +512,7 @@ bool entry_is_valid(const std::string& key, const EntryPaths& p, bool* existed) 
   std::string meta;
   if (!read_whole_file(p.meta, &meta)) return false;
   std::unordered_map<std::string, std::string> fields;
-  if (!parse_meta(meta, &fields)) return false;
+  if (!parse_meta(meta, "kiln-cpu-cache", kCacheFormatVersion, &fields)) return false;
   if (fields["key"] != key) return false;
   std::string so;
   if (!read_whole_file(p.so, &so)) return false;
@@ -758,6 +759,29 @@ std::string tuning_record_body(const std::string& key, const std::string& value)
 }  // namespace
 
 // ---- public API -----------------------------------------------------------------------------
+
+namespace cache_files {
+bool read_file(const std::string& path, std::string* out) { return read_whole_file(path, out); }
+void write_file(const std::string& path, std::string_view data, bool sync) {
+  codegen::write_file(path, data, sync);
+}
+void write_file_atomic(const std::string& path, std::string_view data) {
+  codegen::write_file_atomic(path, data);
+}
+void fsync_path(const std::string& path) { codegen::fsync_path(path); }
+void make_dirs(const std::string& dir) { codegen::make_dirs(dir); }
+void remove_quietly(const std::string& path) { codegen::remove_quietly(path); }
+void remove_stale_temps(const std::string& dir) { codegen::remove_stale_temps(dir); }
+std::string unique_suffix() { return codegen::unique_suffix(); }
+std::string file_safe(const std::string& name) { return codegen::file_safe(name); }
+bool parse_meta(const std::string& text, std::string_view format_name, int version,
+                std::unordered_map<std::string, std::string>* fields) {
+  return codegen::parse_meta(text, format_name, version, fields);
+}
+std::string kernel_at_line(const std::string& source, int line_number) {
+  return codegen::kernel_at_line(source, line_number);
+}
+}  // namespace cache_files
 
 std::string sha256_hex(std::string_view data) {
   Sha256 sha;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace kiln::codegen {
@@ -98,5 +99,32 @@ void tuning_put(const std::string& key, const std::string& value);
 
 // SHA-256 of `data` as 64 lowercase hex digits (the cache's content hash).
 std::string sha256_hex(std::string_view data);
+
+// The file primitives of the cache above, shared with the CUDA kernel cache
+// (src/targets/cuda/nvrtc.cc) so that both caches behave alike: same atomic-write discipline,
+// same corruption checks, same error-to-kernel mapping. Errors are kiln::Errors naming the path.
+namespace cache_files {
+// The whole file; false when it cannot be opened or read.
+bool read_file(const std::string& path, std::string* out);
+// Creates/truncates `path` and writes `data`; fsyncs it when `sync`.
+void write_file(const std::string& path, std::string_view data, bool sync);
+// Writes a temp file next to `path`, fsyncs it and renames it over `path`.
+void write_file_atomic(const std::string& path, std::string_view data);
+void fsync_path(const std::string& path);  // best effort (a file or a directory)
+void make_dirs(const std::string& dir);    // the error names KILN_CACHE_DIR
+void remove_quietly(const std::string& path);
+// Removes `*.tmp.*` files older than a day in `dir` (left by killed compiles).
+void remove_stale_temps(const std::string& dir);
+// pid.tid.counter: unique among all threads of all processes on this host.
+std::string unique_suffix();
+// [A-Za-z0-9._-] only, at most 64 characters (names become parts of file names).
+std::string file_safe(const std::string& name);
+// Reads the `name value` lines of a .meta file whose first line is `<format_name> <version>`;
+// false when the text is truncated or of another format or version.
+bool parse_meta(const std::string& text, std::string_view format_name, int version,
+                std::unordered_map<std::string, std::string>* fields);
+// The NAME of the last `// kiln-kernel: NAME` marker at or before 1-based `line_number`, or "".
+std::string kernel_at_line(const std::string& source, int line_number);
+}  // namespace cache_files
 
 }  // namespace kiln::codegen
