@@ -4,8 +4,8 @@
 // (codegen/cpu/toolchain.cc) and reuses its file primitives (codegen::cache_files), so the two
 // caches behave alike.
 //
-// NVRTC. Loaded with dlopen on first use: $KILN_NVRTC (a path) if set, else libnvrtc.so.13 on
-// the loader's path, else under $CUDA_HOME / $CUDA_PATH / /usr/local/cuda (lib64/). Binaries do
+// NVRTC. Loaded with dlopen on first use (open_cuda_library: $KILN_NVRTC if set, else
+// libnvrtc.so.13 on the loader's path, else under $CUDA_HOME, $CUDA_PATH, /usr/local/cuda). Binaries do
 // not link it, so they start where it is absent; compiling then fails with a NotSupported error
 // that says NVRTC is needed and how to point Kiln at it. NVRTC needs no GPU: a cross-build for
 // sm_90 works on any machine with the library (the unit tests do one).
@@ -57,6 +57,7 @@
 
 #include "codegen/cpu/toolchain.h"
 #include "core/error.h"
+#include "targets/cuda/dynamic_library.h"
 
 namespace kiln::cuda {
 
@@ -90,20 +91,6 @@ struct NvrtcApi {
   std::string unavailable;  // why NVRTC could not be loaded; empty when it was
 };
 
-std::vector<std::string> nvrtc_candidates() {
-  std::vector<std::string> c;
-  if (const char* p = std::getenv("KILN_NVRTC"); p && *p) {
-    c.emplace_back(p);
-    return c;  // an explicit choice is the only one tried
-  }
-  c.emplace_back("libnvrtc.so.13");
-  for (const char* var : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* home = std::getenv(var); home && *home)
-      c.push_back((fs::path(home) / "lib64" / "libnvrtc.so.13").string());
-  c.emplace_back("/usr/local/cuda/lib64/libnvrtc.so.13");
-  return c;
-}
-
 // NVRTC 13 has no built-in copy of the toolkit headers (cuda_fp16.h, cuda_bf16.h, ...): they
 // come from the toolkit's include folder, found next to the library (lib64/../include), else
 // under $CUDA_HOME, $CUDA_PATH or /usr/local/cuda. "" when none holds cuda_fp16.h.
@@ -123,23 +110,11 @@ std::string find_toolkit_include_dir(const std::string& library) {
   return "";
 }
 
-template <typename Fn>
-bool bind(void* lib, const char* symbol, Fn* out, std::string* missing) {
-  *out = reinterpret_cast<Fn>(::dlsym(lib, symbol));
-  if (!*out) *missing = symbol;
-  return *out != nullptr;
-}
 
 NvrtcApi load_nvrtc() {
   NvrtcApi api;
-  void* lib = nullptr;
   std::string tried;
-  for (const std::string& name : nvrtc_candidates()) {
-    lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib) break;
-    const char* why = ::dlerror();
-    tried += fmt::format("\n  {}: {}", name, why ? why : "not found");
-  }
+  void* lib = open_cuda_library("libnvrtc.so.13", "KILN_NVRTC", &tried);
   if (!lib) {
     api.unavailable = fmt::format(
         "NVRTC (libnvrtc.so.13, CUDA 13) is needed to compile CUDA kernels and was not found; "
@@ -149,37 +124,33 @@ NvrtcApi load_nvrtc() {
     return api;
   }
   std::string missing;
-  const bool ok = bind(lib, "nvrtcGetErrorString", &api.get_error_string, &missing) &&
-                  bind(lib, "nvrtcVersion", &api.version, &missing) &&
-                  bind(lib, "nvrtcGetNumSupportedArchs", &api.get_num_supported_archs, &missing) &&
-                  bind(lib, "nvrtcGetSupportedArchs", &api.get_supported_archs, &missing) &&
-                  bind(lib, "nvrtcCreateProgram", &api.create_program, &missing) &&
-                  bind(lib, "nvrtcDestroyProgram", &api.destroy_program, &missing) &&
-                  bind(lib, "nvrtcCompileProgram", &api.compile_program, &missing) &&
-                  bind(lib, "nvrtcGetCUBINSize", &api.get_cubin_size, &missing) &&
-                  bind(lib, "nvrtcGetCUBIN", &api.get_cubin, &missing) &&
-                  bind(lib, "nvrtcGetProgramLogSize", &api.get_program_log_size, &missing) &&
-                  bind(lib, "nvrtcGetProgramLog", &api.get_program_log, &missing);
-  Dl_info where{};
-  const bool located = ok && ::dladdr(reinterpret_cast<void*>(api.version), &where) &&
-                       where.dli_fname;
-  if (!ok || !located) {
+  const bool ok = bind_symbol(lib, "nvrtcGetErrorString", &api.get_error_string, &missing) &&
+                  bind_symbol(lib, "nvrtcVersion", &api.version, &missing) &&
+                  bind_symbol(lib, "nvrtcGetNumSupportedArchs", &api.get_num_supported_archs, &missing) &&
+                  bind_symbol(lib, "nvrtcGetSupportedArchs", &api.get_supported_archs, &missing) &&
+                  bind_symbol(lib, "nvrtcCreateProgram", &api.create_program, &missing) &&
+                  bind_symbol(lib, "nvrtcDestroyProgram", &api.destroy_program, &missing) &&
+                  bind_symbol(lib, "nvrtcCompileProgram", &api.compile_program, &missing) &&
+                  bind_symbol(lib, "nvrtcGetCUBINSize", &api.get_cubin_size, &missing) &&
+                  bind_symbol(lib, "nvrtcGetCUBIN", &api.get_cubin, &missing) &&
+                  bind_symbol(lib, "nvrtcGetProgramLogSize", &api.get_program_log_size, &missing) &&
+                  bind_symbol(lib, "nvrtcGetProgramLog", &api.get_program_log, &missing);
+  const std::string where = ok ? library_path_of(reinterpret_cast<const void*>(api.version)) : "";
+  if (!ok || where.empty()) {
     api.unavailable = fmt::format(
         "the NVRTC library found does not export {}: NVRTC from CUDA 12 or 13 is needed to "
         "compile CUDA kernels (set KILN_NVRTC to its path)",
         ok ? "its own location" : missing);
-    ::dlclose(lib);
     return api;
   }
   // The library stays loaded for the life of the process (NVRTC keeps global state).
   NvrtcInfo& info = api.info;
-  std::error_code ec;
-  info.library = fs::canonical(where.dli_fname, ec).string();
-  if (ec) info.library = where.dli_fname;
+  info.library = where;
   api.version(&info.major, &info.minor);
+  std::error_code ec;
   const auto bytes = fs::file_size(info.library, ec);
   info.version = fmt::format("{}.{} ({}, {} bytes)", info.major, info.minor,
-                             fs::path(where.dli_fname).filename().string(),
+                             fs::path(info.library).filename().string(),
                              ec ? 0 : static_cast<uint64_t>(bytes));
   for (const char* f : kDefaultFlags) info.flags.emplace_back(f);
   info.include_dir = find_toolkit_include_dir(info.library);

@@ -1,0 +1,116 @@
+// Internal to src/targets/cuda: cuDNN 9's backend (graph) API as cudnn_conv.cc and
+// cudnn_sdpa.cc use it (Note [cuDNN backend API] in cudnn_backend.cc). No cuDNN header here:
+// descriptors are void* (cudnnBackendDescriptor_t), attribute names, types and enum values are
+// the cuDNN enumerators passed as integers by the .cc files, which include cudnn_graph.h.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace kiln::cuda::cudnn {
+
+// cudnnGetVersion() of the loaded library (e.g. 91400 for 9.14.0); loads cuDNN on first use.
+// Throws NotSupported ("cuDNN 9 (libcudnn.so.9) is needed for ...") when it cannot be loaded
+// or is not version 9.
+size_t version();
+bool available(std::string* why);
+
+// "CUDNN_STATUS_NOT_SUPPORTED (cuDNN's last error message)".
+std::string status_text(int status);
+
+// A cudnnBackendDescriptor_t, destroyed with the object. `what` names the op for messages.
+class Descriptor {
+ public:
+  Descriptor() = default;
+  Descriptor(int descriptor_type, std::string what);
+  ~Descriptor();
+  Descriptor(Descriptor&& o) noexcept;
+  Descriptor& operator=(Descriptor&& o) noexcept;
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+
+  void* get() const { return desc_; }
+  const std::string& what() const { return what_; }
+
+  // cudnnBackendSetAttribute; throws Runtime naming `what` and the attribute on failure.
+  Descriptor& set(int attribute, int attribute_type, int64_t count, const void* values);
+  Descriptor& set_int64(int attribute, int64_t v);
+  Descriptor& set_int64s(int attribute, const std::vector<int64_t>& v);
+  Descriptor& set_double(int attribute, double v);
+  Descriptor& set_bool(int attribute, bool v);
+  // An enum-typed attribute (cudnnDataType_t, cudnnPointwiseMode_t, ...): `type` is its
+  // CUDNN_TYPE_*; the value is stored as the 4-byte enum.
+  Descriptor& set_enum(int attribute, int type, int value);
+  Descriptor& set_desc(int attribute, const Descriptor& d);
+  Descriptor& set_descs(int attribute, const std::vector<const Descriptor*>& ds);
+  Descriptor& set_handle(int attribute, void* handle);
+  // Finalizes; returns the cudnnStatus_t (0 = success) without throwing.
+  int try_finalize();
+  Descriptor& finalize();  // throws Runtime naming `what`
+
+  int64_t get_int64(int attribute) const;
+  // Descriptor-typed array attribute: fills up to `max_count` descriptors of `element_type`.
+  std::vector<Descriptor> get_descs(int attribute, int element_type, int64_t max_count) const;
+  // Enum-typed array attribute (numerical notes, knob types ...), up to `max_count` values.
+  std::vector<int> get_enums(int attribute, int type, int64_t max_count) const;
+
+ private:
+  void* desc_ = nullptr;
+  std::string what_;
+};
+
+// The process-wide cudnnHandle_t of `device` (created on first use) and the mutex that guards
+// its stream between cudnnSetStream and the enqueue of an execution.
+struct Handle {
+  void* handle = nullptr;  // cudnnHandle_t
+  std::mutex mu;
+};
+Handle& handle_for(int device, const std::string& what);
+
+// Which engines an op accepts (from the engines' numerical notes).
+struct EngineFilter {
+  bool allow_tensor_cores = true;     // false: float32 without TF32 (TENSOR_CORE note rejected)
+  bool allow_down_convert = false;    // DOWN_CONVERT_INPUTS: e.g. f32 inputs computed in f16
+  bool allow_reduced_precision_reduction = false;  // f16 accumulation
+  bool allow_nondeterministic = false;  // Design decision 10: same inputs, same bits
+};
+
+// One execution plan of an operation graph.
+struct PlanCandidate {
+  Descriptor plan;
+  int64_t engine = -1;        // CUDNN_ATTR_ENGINE_GLOBAL_INDEX
+  std::string tag;            // "eng<engine> k<type>=<value>...": stable for one cuDNN version
+  size_t workspace_bytes = 0;
+  bool tensor_cores = false;  // the engine carries the TENSOR_CORE note
+};
+
+// An operation graph with every execution plan that heuristics (mode A, then the fallback
+// list) propose, that finalizes and that `filter` accepts, in heuristic order.
+class GraphPlans {
+ public:
+  // Returns false with *why_not filled when the graph does not finalize or no engine is left.
+  bool build(int device, const std::vector<const Descriptor*>& ops, const EngineFilter& filter,
+             const std::string& what, std::string* why_not);
+  const std::vector<PlanCandidate>& candidates() const { return candidates_; }
+  // Executes candidate `index` with the variant pack (uids[i] -> pointers[i]) on `stream`.
+  // The last variant pack is kept and reused while the pointers stay the same (the steady state
+  // of an executable, whose arena addresses are fixed), so such calls allocate nothing.
+  void execute(size_t index, const std::vector<int64_t>& uids, const std::vector<void*>& pointers,
+               void* workspace, size_t workspace_bytes, void* stream) const;
+
+ private:
+  int device_ = 0;
+  std::string what_;
+  std::unique_ptr<Descriptor> graph_;
+  std::vector<PlanCandidate> candidates_;
+  mutable std::mutex pack_mu_;
+  mutable Descriptor last_pack_;
+  mutable std::vector<void*> last_pointers_;
+  mutable std::vector<int64_t> last_uids_;
+  mutable void* last_workspace_ = nullptr;
+};
+
+}  // namespace kiln::cuda::cudnn
