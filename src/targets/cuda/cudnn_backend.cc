@@ -252,6 +252,51 @@ std::vector<int> Descriptor::get_enums(int attribute, int type, int64_t max_coun
   return std::vector<int>(v.begin(), v.begin() + std::min(n, max_count));
 }
 
+// ---- common descriptors ----------------------------------------------------------------------
+
+int data_type(DType d) {
+  switch (d) {
+    case DType::Float32: return CUDNN_DATA_FLOAT;
+    case DType::Float16: return CUDNN_DATA_HALF;
+    case DType::BFloat16: return CUDNN_DATA_BFLOAT16;
+    default: break;
+  }
+  KILN_ASSERT(false);
+}
+
+Descriptor make_tensor(const std::string& what, int64_t uid, int data_type,
+                       const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
+                       int64_t alignment, bool is_virtual, bool by_value) {
+  Descriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
+  t.set_enum(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, data_type)
+      .set_int64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dims)
+      .set_int64s(CUDNN_ATTR_TENSOR_STRIDES, strides)
+      .set_int64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
+      .set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, alignment)
+      .set_bool(CUDNN_ATTR_TENSOR_IS_VIRTUAL, is_virtual);
+  if (by_value) t.set_bool(CUDNN_ATTR_TENSOR_IS_BY_VALUE, true);
+  t.finalize();
+  return t;
+}
+
+Descriptor make_pointwise(const std::string& what, int mode, int math_precision,
+                          const Descriptor& x, const Descriptor* b, const Descriptor& y,
+                          const Descriptor* t, int64_t axis) {
+  Descriptor pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what);
+  pw.set_enum(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, mode)
+      .set_enum(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, math_precision);
+  if (axis >= 0) pw.set_int64(CUDNN_ATTR_POINTWISE_AXIS, axis);
+  pw.finalize();
+  Descriptor op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what);
+  op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
+      .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+  if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+  if (t) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+  op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+  op.finalize();
+  return op;
+}
+
 // ---- handles ---------------------------------------------------------------------------------
 
 Handle& handle_for(int device, const std::string& what) {
@@ -305,12 +350,22 @@ std::string plan_tag(const Descriptor& cfg, int64_t engine) {
 
 }  // namespace
 
+void GraphPlans::reset() {
+  std::lock_guard<std::mutex> lock(pack_mu_);
+  last_pack_ = Descriptor();
+  last_pointers_.clear();
+  last_uids_.clear();
+  last_workspace_ = nullptr;
+  candidates_.clear();
+  graph_.reset();
+}
+
 bool GraphPlans::build(int device, const std::vector<const Descriptor*>& ops,
                        const EngineFilter& filter, const std::string& what,
                        std::string* why_not) {
+  reset();
   device_ = device;
   what_ = what;
-  candidates_.clear();
   Handle& h = handle_for(device, what);
   graph_ = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what);
   graph_->set_handle(kGraphHandleAttribute, h.handle);

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace kiln::cuda::cudnn {
 
 // cudnnGetVersion() of the loaded library (e.g. 91400 for 9.14.0); loads cuDNN on first use.
@@ -62,6 +64,19 @@ class Descriptor {
   std::string what_;
 };
 
+// CUDNN_DATA_FLOAT / HALF / BFLOAT16 for float32 / float16 / bfloat16 (other dtypes: a Kiln bug).
+int data_type(DType d);
+
+// A finalized tensor descriptor (CUDNN_ATTR_TENSOR_*). `data_type` is a cudnnDataType_t.
+Descriptor make_tensor(const std::string& what, int64_t uid, int data_type,
+                       const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
+                       int64_t alignment, bool is_virtual, bool by_value = false);
+// A finalized pointwise operation y = mode(x[, b[, t]]) computed in `math_precision`
+// (cudnnDataType_t); `axis` >= 0 sets CUDNN_ATTR_POINTWISE_AXIS (GEN_INDEX).
+Descriptor make_pointwise(const std::string& what, int mode, int math_precision,
+                          const Descriptor& x, const Descriptor* b, const Descriptor& y,
+                          const Descriptor* t = nullptr, int64_t axis = -1);
+
 // The process-wide cudnnHandle_t of `device` (created on first use) and the mutex that guards
 // its stream between cudnnSetStream and the enqueue of an execution.
 struct Handle {
@@ -95,6 +110,9 @@ class GraphPlans {
   bool build(int device, const std::vector<const Descriptor*>& ops, const EngineFilter& filter,
              const std::string& what, std::string* why_not);
   const std::vector<PlanCandidate>& candidates() const { return candidates_; }
+  // Drops the graph, its plans and the kept variant pack (before the descriptors that build()
+  // referenced are destroyed).
+  void reset();
   // Executes candidate `index` with the variant pack (uids[i] -> pointers[i]) on `stream`.
   // The last variant pack is kept and reused while the pointers stay the same (the steady state
   // of an executable, whose arena addresses are fixed), so such calls allocate nothing.

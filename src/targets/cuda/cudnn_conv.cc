@@ -29,49 +29,22 @@ namespace {
 
 enum Uid : int64_t { kX = 1, kW = 2, kY = 3, kBias = 4, kResidual = 5, kVirtual = 100 };
 
-cudnnDataType_t cudnn_type(DType d) {
-  switch (d) {
-    case DType::Float32: return CUDNN_DATA_FLOAT;
-    case DType::Float16: return CUDNN_DATA_HALF;
-    case DType::BFloat16: return CUDNN_DATA_BFLOAT16;
-    default: break;
-  }
-  KILN_ASSERT(false);
-}
-
 // Strides of a logical [d0, d1, d2, d3] = [N, C, H, W] tensor stored in `layout`.
 std::vector<int64_t> strides_of(const std::array<int64_t, 4>& d, ConvLayout layout) {
   if (layout == ConvLayout::NCHW) return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
   return {d[2] * d[3] * d[1], 1, d[3] * d[1], d[1]};  // NHWC
 }
 
-Descriptor tensor(const std::string& what, int64_t uid, cudnnDataType_t type,
+Descriptor tensor(const std::string& what, int64_t uid, int type,
                   const std::array<int64_t, 4>& dims, const std::vector<int64_t>& strides,
                   int64_t alignment, bool is_virtual) {
-  Descriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR, what);
-  t.set_enum(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, type)
-      .set_int64s(CUDNN_ATTR_TENSOR_DIMENSIONS, {dims.begin(), dims.end()})
-      .set_int64s(CUDNN_ATTR_TENSOR_STRIDES, strides)
-      .set_int64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
-      .set_int64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, alignment)
-      .set_bool(CUDNN_ATTR_TENSOR_IS_VIRTUAL, is_virtual);
-  t.finalize();
-  return t;
+  return cudnn::make_tensor(what, uid, type, {dims.begin(), dims.end()}, strides, alignment,
+                            is_virtual);
 }
 
 Descriptor pointwise_op(const std::string& what, cudnnPointwiseMode_t mode, const Descriptor& x,
                         const Descriptor* b, const Descriptor& y) {
-  Descriptor pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what);
-  pw.set_enum(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, mode)
-      .set_enum(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT);
-  pw.finalize();
-  Descriptor op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what);
-  op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
-      .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-  if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
-  op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-  op.finalize();
-  return op;
+  return cudnn::make_pointwise(what, mode, CUDNN_DATA_FLOAT, x, b, y);
 }
 
 void validate(const ConvDesc& d, const std::string& what) {
@@ -151,7 +124,7 @@ std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string
   plan->impl_ = std::make_unique<Impl>();
   Impl& im = *plan->impl_;
 
-  const cudnnDataType_t io = cudnn_type(d.dtype);
+  const int io = cudnn::data_type(d.dtype);
   const int64_t align = d.alignment_bytes;
   const bool transpose = d.kind == ConvKind::Transpose;
   const std::array<int64_t, 4> x_dims = {d.n, d.c_in, d.h, d.w};
