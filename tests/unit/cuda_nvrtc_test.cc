@@ -20,8 +20,12 @@
 #include <fmt/format.h>
 
 #include "core/cuda_runtime.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "targets/cuda/cublaslt_gemm.h"
 #include "targets/cuda/cuda_driver.h"
+#include "targets/cuda/cudnn_conv.h"
+#include "targets/cuda/cudnn_sdpa.h"
 #include "targets/cuda/nvrtc.h"
 
 extern char** environ;
@@ -378,6 +382,50 @@ TEST(CudaDriverNoDevice, ReportsNoDeviceCleanly) {
   EXPECT_TRUE(contains(load.message(), "no CUDA device")) << load.message();
   const Error arch = error_of([] { cuda::device_arch(0); });
   EXPECT_TRUE(contains(arch.message(), "no CUDA device")) << arch.message();
+}
+
+// The library plans without a GPU: shapes are validated first (InvalidArgument), the support
+// queries answer false with a reason instead of throwing, and creating a plan is NotSupported
+// with "no CUDA device". cuBLASLt itself loads (CI and the development machines have the toolkit).
+TEST(CudaLibrariesNoDevice, ValidateThenReportNoDevice) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present; see kiln_cuda_tests";
+  std::string why;
+  EXPECT_TRUE(cuda::cublaslt_available(&why)) << why;
+  EXPECT_EQ(error_of([] { cuda::GemmPlan::create({.m = 4, .n = 4, .k = 0}); }).kind(),
+            ErrorKind::InvalidArgument);
+  const Error gemm = error_of([] { cuda::GemmPlan::create({.m = 4, .n = 4, .k = 4}); });
+  EXPECT_EQ(gemm.kind(), ErrorKind::NotSupported) << gemm.message();
+  EXPECT_TRUE(contains(gemm.message(), "gemm f32 4x4x4")) << gemm.message();
+  EXPECT_TRUE(contains(gemm.message(), "no CUDA device")) << gemm.message();
+
+  const cuda::ConvDesc conv{.n = 1, .c_in = 3, .h = 32, .w = 30, .c_out = 16, .kh = 7, .kw = 7,
+                            .stride = {2, 2}, .pad_pre = {3, 3}, .pad_post = {3, 3}};
+  const auto dims = cuda::conv_output_dims(conv);
+  EXPECT_EQ(dims[2], 16);
+  EXPECT_EQ(dims[3], 15);
+  const cuda::ConvDesc up{.kind = cuda::ConvKind::Transpose, .c_in = 16, .h = 7, .w = 9,
+                          .c_out = 8, .kh = 3, .kw = 3, .stride = {2, 2}, .pad_pre = {1, 1},
+                          .pad_post = {1, 1}, .output_padding = {1, 1}};
+  EXPECT_EQ(cuda::conv_output_dims(up)[2], 14);  // (7-1)*2 - 2 + 3 + 1
+  EXPECT_EQ(cuda::conv_output_dims(up)[3], 18);
+  EXPECT_FALSE(cuda::conv_fused_supported(conv, &why));
+  EXPECT_TRUE(contains(why, "no CUDA device")) << why;
+  EXPECT_EQ(error_of([] { cuda::conv_fused_supported({.c_in = 6, .h = 4, .w = 4, .c_out = 8,
+                                                     .groups = 4}); })
+                .kind(),
+            ErrorKind::InvalidArgument);
+
+  cuda::SdpaDesc sdpa{.dtype = DType::Float32, .seq_q = 8, .seq_kv = 8, .head_dim = 64};
+  cuda::SdpaSupport s = cuda::sdpa_supported(sdpa);
+  EXPECT_FALSE(s.supported);
+  EXPECT_TRUE(contains(s.reason, "float16 and bfloat16")) << s.reason;
+  sdpa.dtype = DType::BFloat16;
+  sdpa.head_dim = 60;
+  EXPECT_TRUE(contains(cuda::sdpa_supported(sdpa).reason, "multiples of 8"));
+  sdpa.head_dim = 64;
+  s = cuda::sdpa_supported(sdpa);
+  EXPECT_FALSE(s.supported);
+  EXPECT_TRUE(contains(s.reason, "no CUDA device")) << s.reason;
 }
 
 }  // namespace

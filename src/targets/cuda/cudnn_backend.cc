@@ -352,12 +352,54 @@ std::string plan_tag(const Descriptor& cfg, int64_t engine) {
 
 void GraphPlans::reset() {
   std::lock_guard<std::mutex> lock(pack_mu_);
+  std::lock_guard<std::mutex> plans_lock(plans_mu_);
   last_pack_ = Descriptor();
   last_pointers_.clear();
   last_uids_.clear();
   last_workspace_ = nullptr;
   candidates_.clear();
+  pending_.clear();
   graph_.reset();
+}
+
+void GraphPlans::finalize_pending(bool all, std::vector<std::string>* rejected) const {
+  size_t i = 0;
+  for (; i < pending_.size(); ++i) {
+    Pending& p = pending_[i];
+    Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, what_);
+    plan.set_handle(kPlanHandleAttribute, handle_);
+    plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, p.config);
+    if (const int s = plan.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
+      if (rejected)
+        rejected->push_back(fmt::format("{} does not build ({})", p.tag,
+                                        api_or_null().get_error_string(cudnnStatus_t(s))));
+      continue;
+    }
+    PlanCandidate c;
+    c.workspace_bytes = size_t(plan.get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
+    c.plan = std::move(plan);
+    c.engine = p.engine;
+    c.tag = p.tag;
+    c.tensor_cores = p.tensor_cores;
+    candidates_.push_back(std::move(c));
+    if (!all) {
+      ++i;
+      break;
+    }
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(i));
+}
+
+const PlanCandidate& GraphPlans::first() const {
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  KILN_ASSERT(!candidates_.empty());
+  return candidates_[0];
+}
+
+const std::vector<PlanCandidate>& GraphPlans::candidates() const {
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  if (!pending_.empty()) finalize_pending(/*all=*/true, nullptr);
+  return candidates_;
 }
 
 bool GraphPlans::build(int device, const std::vector<const Descriptor*>& ops,
@@ -367,6 +409,7 @@ bool GraphPlans::build(int device, const std::vector<const Descriptor*>& ops,
   device_ = device;
   what_ = what;
   Handle& h = handle_for(device, what);
+  handle_ = h.handle;
   graph_ = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what);
   graph_->set_handle(kGraphHandleAttribute, h.handle);
   graph_->set_descs(CUDNN_ATTR_OPERATIONGRAPH_OPS, ops);
@@ -411,26 +454,25 @@ bool GraphPlans::build(int device, const std::vector<const Descriptor*>& ops,
         reject = "accumulates in reduced precision";
       else if (!filter.allow_nondeterministic && has(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC))
         reject = "is nondeterministic";
+      else if (!filter.allow_fft_winograd &&
+               (has(CUDNN_NUMERICAL_NOTE_FFT) || has(CUDNN_NUMERICAL_NOTE_WINOGRAD) ||
+                has(CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4) ||
+                has(CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6) ||
+                has(CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13)))
+        reject = "is an FFT or Winograd engine";
       if (reject) {
         rejected.push_back(fmt::format("{} {}", tag, reject));
         continue;
       }
-      Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, what);
-      plan.set_handle(kPlanHandleAttribute, h.handle);
-      plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
-      if (const int s = plan.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
-        rejected.push_back(fmt::format("{} does not build ({})", tag,
-                                       api_or_null().get_error_string(cudnnStatus_t(s))));
-        continue;
-      }
-      PlanCandidate c;
-      c.workspace_bytes = size_t(plan.get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
-      c.plan = std::move(plan);
-      c.engine = engine;
-      c.tag = tag;
-      c.tensor_cores = has(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
-      candidates_.push_back(std::move(c));
+      pending_.push_back({std::move(cfg), engine, tag, has(CUDNN_NUMERICAL_NOTE_TENSOR_CORE)});
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(plans_mu_);
+    // Room for every candidate up front: references into candidates_ stay valid while later
+    // calls finalize the rest.
+    candidates_.reserve(pending_.size());
+    finalize_pending(/*all=*/false, &rejected);
   }
   if (candidates_.empty()) {
     std::string list;
@@ -445,8 +487,15 @@ bool GraphPlans::build(int device, const std::vector<const Descriptor*>& ops,
 void GraphPlans::execute(size_t index, const std::vector<int64_t>& uids,
                          const std::vector<void*>& pointers, void* workspace,
                          size_t workspace_bytes, void* stream) const {
-  KILN_ASSERT(index < candidates_.size() && uids.size() == pointers.size());
-  const PlanCandidate& c = candidates_[index];
+  KILN_ASSERT(uids.size() == pointers.size());
+  const PlanCandidate* found = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(plans_mu_);
+    if (index >= candidates_.size() && !pending_.empty()) finalize_pending(/*all=*/true, nullptr);
+    KILN_ASSERT(index < candidates_.size());
+    found = &candidates_[index];  // stable: candidates_ never reallocates (see build)
+  }
+  const PlanCandidate& c = *found;
   if (workspace_bytes < c.workspace_bytes)
     fail("{}: the cuDNN plan ({}) needs {} bytes of workspace, {} given", what_, c.tag,
          c.workspace_bytes, workspace_bytes);

@@ -91,6 +91,9 @@ struct EngineFilter {
   bool allow_down_convert = false;    // DOWN_CONVERT_INPUTS: e.g. f32 inputs computed in f16
   bool allow_reduced_precision_reduction = false;  // f16 accumulation
   bool allow_nondeterministic = false;  // Design decision 10: same inputs, same bits
+  // FFT and Winograd engines trade accuracy for speed (errors well above a direct convolution's
+  // in float32); an autotuner with an accuracy gate may enable them.
+  bool allow_fft_winograd = false;
 };
 
 // One execution plan of an operation graph.
@@ -102,28 +105,46 @@ struct PlanCandidate {
   bool tensor_cores = false;  // the engine carries the TENSOR_CORE note
 };
 
-// An operation graph with every execution plan that heuristics (mode A, then the fallback
-// list) propose, that finalizes and that `filter` accepts, in heuristic order.
+// An operation graph and its execution plans: the engine configurations that heuristics (mode
+// A, then the fallback list) propose and `filter` accepts, in heuristic order. build() finalizes
+// plans only until the first one builds (finalizing a runtime-fusion engine compiles kernels and
+// can take a second); candidates() finalizes the rest on first use, for autotuning.
 class GraphPlans {
  public:
-  // Returns false with *why_not filled when the graph does not finalize or no engine is left.
+  // Returns false with *why_not filled when the graph does not finalize or no engine builds.
   bool build(int device, const std::vector<const Descriptor*>& ops, const EngineFilter& filter,
              const std::string& what, std::string* why_not);
-  const std::vector<PlanCandidate>& candidates() const { return candidates_; }
+  // The configuration build() found (heuristics' first that builds).
+  const PlanCandidate& first() const;
+  // Every configuration that builds; [0] is first().
+  const std::vector<PlanCandidate>& candidates() const;
   // Drops the graph, its plans and the kept variant pack (before the descriptors that build()
   // referenced are destroyed).
   void reset();
-  // Executes candidate `index` with the variant pack (uids[i] -> pointers[i]) on `stream`.
-  // The last variant pack is kept and reused while the pointers stay the same (the steady state
-  // of an executable, whose arena addresses are fixed), so such calls allocate nothing.
+  // Executes candidate `index` (of candidates(); 0 needs no call to it) with the variant pack
+  // (uids[i] -> pointers[i]) on `stream`. The last variant pack is kept and reused while the
+  // pointers stay the same (the steady state of an executable, whose arena addresses are fixed),
+  // so such calls allocate nothing.
   void execute(size_t index, const std::vector<int64_t>& uids, const std::vector<void*>& pointers,
                void* workspace, size_t workspace_bytes, void* stream) const;
 
  private:
+  struct Pending {
+    Descriptor config;  // ENGINECFG
+    int64_t engine = -1;
+    std::string tag;
+    bool tensor_cores = false;
+  };
+  // Finalizes pending configurations until one builds (all of them when `all`).
+  void finalize_pending(bool all, std::vector<std::string>* rejected) const;
+
   int device_ = 0;
   std::string what_;
+  void* handle_ = nullptr;  // cudnnHandle_t
   std::unique_ptr<Descriptor> graph_;
-  std::vector<PlanCandidate> candidates_;
+  mutable std::mutex plans_mu_;
+  mutable std::vector<Pending> pending_;  // not yet finalized, heuristic order
+  mutable std::vector<PlanCandidate> candidates_;
   mutable std::mutex pack_mu_;
   mutable Descriptor last_pack_;
   mutable std::vector<void*> last_pointers_;

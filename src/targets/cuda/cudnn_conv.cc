@@ -214,7 +214,8 @@ std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string
   cudnn::EngineFilter filter;
   filter.allow_tensor_cores = d.dtype != DType::Float32 || d.allow_tf32;
   if (!im.graph.build(d.device, ops, filter, what, why_not)) return nullptr;
-  plan->select(0);
+  const cudnn::PlanCandidate& first = im.graph.first();
+  plan->selected_ = {first.tag, first.workspace_bytes, first.tensor_cores, 0};
   return plan;
 }
 
@@ -285,7 +286,13 @@ void ConvPlan::run(const ConvArgs& a) const {
 
 bool conv_fused_supported(const ConvDesc& desc, std::string* why_not) {
   std::string why;
-  const bool ok = ConvPlan::try_create(desc, &why) != nullptr;
+  bool ok = false;
+  try {
+    ok = ConvPlan::try_create(desc, &why) != nullptr;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::NotSupported) throw;
+    why = e.message();  // no GPU, no cuDNN: the caller falls back all the same
+  }
   if (why_not) *why_not = why;
   return ok;
 }

@@ -116,7 +116,9 @@ class ConvPlan {
 };
 
 // Whether cuDNN can run `desc` (with its fused epilogue) on this GPU; when false the caller runs
-// the convolution with no epilogue and a separate epilogue kernel. `why_not` gets cuDNN's reason.
+// the convolution with no epilogue and a separate epilogue kernel. `why_not` gets cuDNN's reason
+// (or "no CUDA device ..." / "cuDNN 9 ... is needed": environments without cuDNN answer false
+// rather than throw). Throws InvalidArgument for impossible shapes.
 bool conv_fused_supported(const ConvDesc& desc, std::string* why_not = nullptr);
 
 }  // namespace kiln::cuda

@@ -264,7 +264,8 @@ std::unique_ptr<SdpaPlan> SdpaPlan::try_create(const SdpaDesc& desc, std::string
   if (im.with_stats)
     im.stats_bytes = (size_t(desc.batch * desc.heads * desc.seq_q) * sizeof(float) +
                       kStatsAlignment - 1) / kStatsAlignment * kStatsAlignment;
-  plan->select(0);
+  const cudnn::PlanCandidate& first = im.graph.first();
+  plan->selected_ = {first.tag, first.workspace_bytes + im.stats_bytes, 0};
   return plan;
 }
 
@@ -281,7 +282,12 @@ std::unique_ptr<SdpaPlan> SdpaPlan::create(const SdpaDesc& desc) {
 
 SdpaSupport sdpa_supported(const SdpaDesc& desc) {
   SdpaSupport s;
-  s.supported = SdpaPlan::try_create(desc, &s.reason) != nullptr;
+  try {
+    s.supported = SdpaPlan::try_create(desc, &s.reason) != nullptr;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::NotSupported) throw;
+    s.reason = e.message();  // no GPU, no cuDNN: the caller falls back all the same
+  }
   if (s.supported) s.reason.clear();
   return s;
 }

@@ -51,8 +51,9 @@ struct SdpaSupport {
   std::string reason;  // why not (empty when supported)
 };
 
-// Static checks, then cuDNN itself is asked (graph + engines) on the current GPU. Never throws
-// for an unsupported configuration; throws InvalidArgument for inconsistent shapes.
+// Static checks, then cuDNN itself is asked (graph + engines) on the GPU. Never throws for an
+// unsupported configuration or environment (no GPU, no cuDNN: supported = false with the
+// reason); throws InvalidArgument for inconsistent shapes.
 SdpaSupport sdpa_supported(const SdpaDesc& desc);
 std::string describe(const SdpaDesc& d);
 
