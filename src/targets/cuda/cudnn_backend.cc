@@ -178,6 +178,9 @@ Descriptor& Descriptor::set_int64s(int attribute, const std::vector<int64_t>& v)
 Descriptor& Descriptor::set_double(int attribute, double v) {
   return set(attribute, CUDNN_TYPE_DOUBLE, 1, &v);
 }
+Descriptor& Descriptor::set_float(int attribute, float v) {
+  return set(attribute, CUDNN_TYPE_FLOAT, 1, &v);
+}
 Descriptor& Descriptor::set_bool(int attribute, bool v) {
   return set(attribute, CUDNN_TYPE_BOOLEAN, 1, &v);
 }
@@ -292,7 +295,9 @@ Descriptor make_pointwise(const std::string& what, int mode, int math_precision,
       .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
   if (b) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
   if (t) op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
-  op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+  op.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y)
+      .set_float(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, 1.0f)
+      .set_float(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, 1.0f);
   op.finalize();
   return op;
 }

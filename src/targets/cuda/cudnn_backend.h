@@ -42,6 +42,7 @@ class Descriptor {
   Descriptor& set_int64(int attribute, int64_t v);
   Descriptor& set_int64s(int attribute, const std::vector<int64_t>& v);
   Descriptor& set_double(int attribute, double v);
+  Descriptor& set_float(int attribute, float v);
   Descriptor& set_bool(int attribute, bool v);
   // An enum-typed attribute (cudnnDataType_t, cudnnPointwiseMode_t, ...): `type` is its
   // CUDNN_TYPE_*; the value is stored as the 4-byte enum.

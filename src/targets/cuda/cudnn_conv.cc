@@ -161,17 +161,17 @@ std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string
     Descriptor op(transpose ? CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR
                             : CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
                   what);
-    const double alpha = 1.0, beta = 0.0;
+    const float alpha = 1.0f, beta = 0.0f;  // float, as for every non-double data type
     if (transpose) {
-      op.set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, alpha)
-          .set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, beta)
+      op.set_float(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, alpha)
+          .set_float(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, beta)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, x)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, *last);
     } else {
-      op.set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, alpha)
-          .set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, beta)
+      op.set_float(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, alpha)
+          .set_float(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, beta)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x)
