@@ -867,6 +867,44 @@ TEST(CudnnConv, TransposeTwoByTwoStrideTwoAndOthers) {
   EXPECT_EQ(o[3], 18);
 }
 
+// An executable calls a plan again and again with the same arena pointers (the variant pack is
+// then reused) and sometimes with others: both must compute on the data of this call.
+TEST(CudnnConv, RepeatedRunsWithSameAndNewPointers) {
+  auto rng = rng_for_test();
+  cuda::ConvDesc d{.dtype = DType::Float16, .layout = cuda::ConvLayout::NHWC, .n = 1, .c_in = 16,
+                   .h = 10, .w = 10, .c_out = 16, .kh = 3, .kw = 3, .pad_pre = {1, 1},
+                   .pad_post = {1, 1}, .bias = true};
+  std::string why;
+  auto plan = cuda::ConvPlan::try_create(d, &why);
+  if (!plan) {
+    d.bias = false;
+    plan = cuda::ConvPlan::create(d);
+  }
+  const std::array<int64_t, 4> xd = {1, 16, 10, 10}, wd = {16, 16, 3, 3};
+  const auto o = plan->output_dims();
+  const size_t yn = size_t(o[0] * o[1] * o[2] * o[3]);
+  auto dx = upload(std::vector<double>(1600, 0.0), d.dtype);
+  auto dw = upload(std::vector<double>(2304, 0.0), d.dtype);
+  auto db = upload(std::vector<double>(16, 0.0), d.dtype);
+  auto dy1 = nan_buffer(yn, d.dtype), dy2 = nan_buffer(yn, d.dtype);
+  DeviceBuffer ws(plan->workspace_bytes());
+  for (int round = 0; round < 3; ++round) {
+    const auto x = rounded(randn(1600, rng), d.dtype), w = rounded(randn(2304, rng, 0.1), d.dtype);
+    const auto b = rounded(randn(16, rng), d.dtype);
+    const std::string xb = encode(to_layout(x, xd, d.layout), d.dtype);
+    const std::string wb = encode(to_layout(w, wd, d.layout), d.dtype), bb = encode(b, d.dtype);
+    check_cuda(cudaMemcpy(dx->get(), xb.data(), xb.size(), cudaMemcpyHostToDevice), "upload x");
+    check_cuda(cudaMemcpy(dw->get(), wb.data(), wb.size(), cudaMemcpyHostToDevice), "upload w");
+    check_cuda(cudaMemcpy(db->get(), bb.data(), bb.size(), cudaMemcpyHostToDevice), "upload b");
+    DeviceBuffer& y = round == 2 ? *dy2 : *dy1;  // rounds 0 and 1: same pointers
+    plan->run({.x = dx->get(), .w = dw->get(), .y = y.get(), .bias = db->get(),
+               .workspace = ws.get(), .workspace_bytes = ws.bytes()});
+    const auto ref = conv_reference(d, x, w, b, {});
+    EXPECT_TRUE(close_to(from_layout(download(y, yn, d.dtype), o, d.layout), ref, 1e-2,
+                         fmt::format("round {}", round)));
+  }
+}
+
 // One NaN input element makes the outputs that read it NaN; after the fused relu they stay NaN
 // exactly when ConvPlan::relu_nan_exact() says so.
 TEST(CudnnConv, FusedReluNanBehaviourMatchesTheFlag) {

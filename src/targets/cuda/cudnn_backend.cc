@@ -489,10 +489,8 @@ bool GraphPlans::build(int device, const std::vector<const Descriptor*>& ops,
   return true;
 }
 
-void GraphPlans::execute(size_t index, const std::vector<int64_t>& uids,
-                         const std::vector<void*>& pointers, void* workspace,
-                         size_t workspace_bytes, void* stream) const {
-  KILN_ASSERT(uids.size() == pointers.size());
+void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointers, size_t count,
+                         void* workspace, size_t workspace_bytes, void* stream) const {
   const PlanCandidate* found = nullptr;
   {
     std::lock_guard<std::mutex> lock(plans_mu_);
@@ -509,17 +507,20 @@ void GraphPlans::execute(size_t index, const std::vector<int64_t>& uids,
   const CudnnApi& a = api();
   Handle& h = handle_for(device_, what_);
   std::lock_guard<std::mutex> pack_lock(pack_mu_);
-  if (!last_pack_.get() || last_pointers_ != pointers || last_uids_ != uids ||
-      last_workspace_ != workspace) {
+  const bool same = last_pack_.get() && last_workspace_ == workspace &&
+                    last_uids_.size() == count &&
+                    std::equal(uids, uids + count, last_uids_.begin()) &&
+                    std::equal(pointers, pointers + count, last_pointers_.begin());
+  if (!same) {
     Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, what_);
-    pack.set_int64s(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids);
-    pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(pointers.size()),
-             pointers.data());
+    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(count), uids);
+    pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(count),
+             pointers);
     pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
     pack.finalize();
     last_pack_ = std::move(pack);
-    last_pointers_ = pointers;
-    last_uids_ = uids;
+    last_uids_.assign(uids, uids + count);
+    last_pointers_.assign(pointers, pointers + count);
     last_workspace_ = workspace;
   }
   int current = -1;

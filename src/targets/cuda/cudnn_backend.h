@@ -126,7 +126,8 @@ class GraphPlans {
   // (uids[i] -> pointers[i]) on `stream`. The last variant pack is kept and reused while the
   // pointers stay the same (the steady state of an executable, whose arena addresses are fixed),
   // so such calls allocate nothing.
-  void execute(size_t index, const std::vector<int64_t>& uids, const std::vector<void*>& pointers,
+  // `count` pairs uids[i] -> pointers[i]; no heap allocation when the pack is reused.
+  void execute(size_t index, const int64_t* uids, void* const* pointers, size_t count,
                void* workspace, size_t workspace_bytes, void* stream) const;
 
  private:
