@@ -1066,10 +1066,13 @@ TEST(CudnnSdpa, CausalMaskedOddLengthsAndStrides) {
     for (DType dt : kHalfDTypes) {
       cuda::SdpaDesc d = c.d;
       d.dtype = dt;
-      const cuda::SdpaSupport s = cuda::sdpa_supported(d);
-      ASSERT_TRUE(s.supported) << c.name << ": " << cuda::describe(d) << ": " << s.reason;
+      if (&c == &cases[0]) {  // the query and the plan agree (each asks cuDNN: once is enough)
+        const cuda::SdpaSupport s = cuda::sdpa_supported(d);
+        EXPECT_TRUE(s.supported) << cuda::describe(d) << ": " << s.reason;
+        EXPECT_TRUE(s.reason.empty()) << s.reason;
+      }
       SdpaRun r = run_sdpa(d, rng, c.bshd);
-      ASSERT_TRUE(r.ran) << r.why_not;
+      ASSERT_TRUE(r.ran) << c.name << ": " << cuda::describe(d) << ": " << r.why_not;
       EXPECT_TRUE(close_to(r.got, r.ref, tolerance(dt), std::string(c.name) + ": " + cuda::describe(d)));
     }
 }
