@@ -37,7 +37,6 @@
 // to dir (on hits too), like the CPU path.
 #include "targets/cuda/nvrtc.h"
 
-#include <dlfcn.h>
 #include <nvrtc.h>
 
 #include <algorithm>
