@@ -9,7 +9,8 @@
 # machine; on a GPU machine they find the driver at run time. Staged into .carry/cuda/ (ignored
 # by git): kiln_cuda_tests, kiln, and the shared libraries they load that are not part of the
 # base system (oneDNN, SLEEF, fmt, libgomp, and oneDNN's libOpenCL), since the GPU machine
-# (Ubuntu 24.04 + CUDA 13) does not have Debian's builds of them. Binaries are stripped of symbols
+# (Ubuntu 24.04 + CUDA 13) does not have Debian's builds of them; never the CUDA toolkit's own
+# libraries (NVRTC, cuBLASLt, cuDNN), which the GPU machine has. Binaries are stripped of symbols
 # and debug info (--strip-all) so that the folder stays well under the 64 MiB a device call may carry.
 # See docs/cuda.md for how the suite is run on the H200 and what it reported.
 set -euo pipefail
@@ -49,11 +50,23 @@ is_base_lib() {
   esac
   return 1
 }
+# The CUDA toolkit's libraries are never shipped: they are hundreds of MB (libcublasLt alone is
+# 540 MB, cuDNN's engines 250 MB) and the GPU machine has its own (CUDA 13 under
+# /usr/local/cuda/lib64, cuDNN 9.14 as a system library), which must be the ones used: a cuDNN
+# 9.19 front library next to 9.14 engine libraries would not load. Kiln opens NVRTC, cuBLASLt
+# and cuDNN with dlopen (src/targets/cuda/dynamic_library.h), so ldd does not list them today;
+# this guards against a future link.
+is_cuda_toolkit_lib() {
+  case "$1" in
+    libcublas*.so*|libcudnn*.so*|libnvrtc*.so*|libnvJitLink*.so*|libcudart.so*) return 0 ;;
+  esac
+  return 1
+}
 for bin in "$TESTS" "$CLI"; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
 done | sort -u | while read -r lib; do
   name="$(basename "$lib")"
-  if is_base_lib "$name"; then continue; fi
+  if is_base_lib "$name" || is_cuda_toolkit_lib "$name"; then continue; fi
   case "$name" in libcuda.so*) echo "cuda_tests.sh: a binary links $name; it must not (reach the driver at run time)" >&2; exit 1 ;; esac
   cp -L "$lib" "$STAGE/$name"
 done
@@ -77,8 +90,9 @@ echo "here: kiln device exit $dev_rc; kiln_cuda_tests exit $suite_rc (77 = no CU
 
 cat <<'EOF'
 
-Run on the GPU machine (device tool: run with carry [".carry/cuda"], from the repository root):
+Run on the GPU machine (device tool: run with carry [".carry/cuda"], from the repository root).
+NVRTC, cuBLASLt and cuDNN are the machine's own (/usr/local/cuda/lib64 and the system cuDNN):
 
-  cd .carry/cuda && LD_LIBRARY_PATH=. ./kiln device && LD_LIBRARY_PATH=. ./kiln device --json && LD_LIBRARY_PATH=. ./kiln_cuda_tests
+  cd .carry/cuda && export LD_LIBRARY_PATH=.:/usr/local/cuda/lib64 && ./kiln device && ./kiln device --json && ./kiln_cuda_tests
 
 EOF

@@ -199,25 +199,6 @@ bool is_error_line(std::string_view line) {
          line.find(": fatal error:") != std::string_view::npos;
 }
 
-// The name in the last `// kiln-kernel: NAME` marker at or before 1-based `line_number`.
-std::string kernel_at_line(const std::string& source, int line_number) {
-  std::string kernel;
-  int n = 0;
-  for (std::string_view line : split_lines(source)) {
-    if (++n > line_number) break;
-    const size_t start = line.find_first_not_of(" \t");
-    if (start == std::string_view::npos) continue;
-    line.remove_prefix(start);
-    constexpr std::string_view marker = "// kiln-kernel:";
-    if (line.substr(0, marker.size()) != marker) continue;
-    line.remove_prefix(marker.size());
-    const size_t b = line.find_first_not_of(" \t");
-    const size_t e = line.find_last_not_of(" \t\r");
-    kernel = b == std::string_view::npos ? "" : std::string(line.substr(b, e - b + 1));
-  }
-  return kernel;
-}
-
 [[noreturn]] void throw_compile_error(const CxxCompileRequest& req, const std::string& unit,
                                       const std::string& compiler, int status,
                                       const std::string& output, const std::string& kept_source,
