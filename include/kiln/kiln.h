@@ -27,6 +27,7 @@
 #include "nn/compile.h"       // kiln::compile(module)
 #include "capture/compile.h"  // kiln::compile(fn), CompileOptions, CompiledFunction, explain
 #include "kiln/runtime.h"     // Executable, .npy I/O
+#include "kiln/version.h"     // KILN_VERSION (generated)
 
 namespace kiln {
 // The library's version, "MAJOR.MINOR.PATCH".
