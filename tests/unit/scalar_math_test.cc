@@ -74,7 +74,8 @@ bool close(double got, double want, bool is_float, double ulps, std::string* why
   // 1 / (1 + inf) = 0): an absolute floor of 4 x the smallest normal number.
   double tiny = is_float ? double(std::numeric_limits<float>::min())
                          : std::numeric_limits<double>::min();
-  double bound = ulps * eps * std::fabs(want) + 4 * tiny + x_ulps * eps * std::fabs(x);
+  // (x_ulps * |x| only where asked: 0 * inf would make the bound NaN, and no value passes it)
+  double bound = ulps * eps * std::fabs(want) + 4 * tiny + (x_ulps > 0 ? x_ulps * eps * std::fabs(x) : 0.0);
   if (std::fabs(got - want) <= bound) return true;
   *why = fmt::format("|got - want| = {:.3e} > {:.3e}", std::fabs(got - want), bound);
   return false;
