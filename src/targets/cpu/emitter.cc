@@ -25,6 +25,7 @@
 #include "targets/cpu/prelude.h"
 #include "targets/cpu/support.h"
 #include "core/error.h"
+#include "lower/scalar_code.h"
 
 namespace kiln::cpu {
 
@@ -36,35 +37,9 @@ using lower::LoopKind;
 
 namespace {
 
-bool floatish(DType d) { return d == DType::Float32 || d == DType::BFloat16 || d == DType::Float16; }
-
-const char* storage_type(DType d) {
-  switch (d) {
-    case DType::Float32: return "float";
-    case DType::Float64: return "double";
-    case DType::Float16:
-    case DType::BFloat16: return "u16";
-    case DType::Int64: return "int64_t";
-    case DType::Int32: return "int32_t";
-    case DType::Int8: return "int8_t";
-    case DType::UInt8: return "uint8_t";
-    case DType::Bool: return "uint8_t";
-  }
-  return "?";
-}
-const char* compute_type(DType d) {
-  if (floatish(d)) return "float";
-  if (d == DType::Float64) return "double";
-  if (d == DType::Bool) return "bool";
-  return "i64";
-}
-
-std::string num(double v) {
-  if (v != v) return "std::numeric_limits<double>::quiet_NaN()";
-  if (v == std::numeric_limits<double>::infinity()) return "INFINITY";
-  if (v == -std::numeric_limits<double>::infinity()) return "(-INFINITY)";
-  return fmt::format("{:.17g}", v);
-}
+using lower::compute_type;
+using lower::storage_type;
+std::string num(double v) { return lower::literal(v, lower::kHostDialect); }
 
 // Ops the vector path implements (the support table's vector_body column).
 bool op_vectorizable(OpId op) { return cpu_support()[size_t(op)].vector_body; }
@@ -141,26 +116,10 @@ std::string KernelEmitter::pointers() const {
 }
 
 std::string KernelEmitter::index(const std::vector<int64_t>& st, bool skip_inner) const {
-  std::string s;
-  for (int t = 0; t < n(); ++t) {
-    if (st[size_t(t)] == 0 || (skip_inner && t == n() - 1)) continue;
-    if (!s.empty()) s += " + ";
-    s += st[size_t(t)] == 1 ? fmt::format("i{}", t) : fmt::format("i{} * {}", t, st[size_t(t)]);
-  }
-  return s.empty() ? "0" : s;
+  return lower::index_expr(st, skip_inner);
 }
 
-std::string KernelEmitter::sload(int li) const {
-  const Access& a = k_.loads[size_t(li)];
-  std::string p = fmt::format("L{}[{}]", li, index(a.strides));
-  switch (a.dtype) {
-    case DType::BFloat16: return "kn_bf16_f32(" + p + ")";
-    case DType::Float16: return "kn_f16_f32(" + p + ")";
-    case DType::Bool: return "(" + p + " != 0)";
-    case DType::Int32: case DType::Int8: case DType::UInt8: return "i64(" + p + ")";
-    default: return p;
-  }
-}
+std::string KernelEmitter::sload(int li) const { return lower::load_expr(k_, li); }
 
 std::string KernelEmitter::vload(int li) const {
   const Access& a = k_.loads[size_t(li)];
@@ -175,142 +134,85 @@ std::string KernelEmitter::vload(int li) const {
   return a.dtype == DType::BFloat16 ? "vld_bf16(" + p + ")" : "vld(" + p + ")";
 }
 
-// Expression e converted to the compute type of `to`.
+// Expression e converted to the compute type of `to` (all vector values are float lanes).
 std::string KernelEmitter::cvt(int e, DType to, bool vec) const {
-  std::string v = fmt::format("v{}", e);
-  if (vec) return v;  // all vector values are float lanes
-  DType from = k_.exprs[size_t(e)].dtype;
-  if (std::string(compute_type(from)) == compute_type(to)) return v;
-  if (to == DType::Bool) return "(" + v + " != 0)";
-  return fmt::format("({})({})", compute_type(to), v);
+  return vec ? fmt::format("v{}", e) : lower::convert_expr(k_, e, to);
 }
 
+// The scalar form is shared with every target (lower/scalar_code.h); the SIMD form is the CPU's.
 std::string KernelEmitter::expr_code(int ei, bool vec) const {
+  if (!vec) return lower::scalar_expr(k_, ei, lower::kHostDialect);
   const LoopExpr& e = k_.exprs[size_t(ei)];
   DType od = e.dtype;
-  auto arg = [&](int i, DType to) { return cvt(e.args[size_t(i)], to, vec); };
-  auto adt = [&](int i) { return k_.exprs[size_t(e.args[size_t(i)])].dtype; };
+  auto arg = [&](int i, DType to) { return cvt(e.args[size_t(i)], to, true); };
   std::string r;
   switch (e.kind) {
-    case LoopExpr::Kind::Load: return vec ? vload(e.load) : sload(e.load);
-    case LoopExpr::Kind::Scalar:
-      if (vec) return fmt::format("vset((float){})", num(e.scalar));
-      if (od == DType::Bool) return e.scalar != 0 ? "true" : "false";
-      if (floatish(od)) return fmt::format("(float){}", num(e.scalar));
-      if (od == DType::Float64) return num(e.scalar);
-      return fmt::format("i64({})", int64_t(e.scalar));
+    case LoopExpr::Kind::Load: return vload(e.load);
+    case LoopExpr::Kind::Scalar: return fmt::format("vset((float){})", num(e.scalar));
     default: break;
   }
   const Attrs& at = *e.attrs;
-  auto un = [&](const char* sname, const char* vname) {
-    return vec ? fmt::format("{}({})", vname, arg(0, od)) : fmt::format("{}({})", sname, arg(0, od));
-  };
+  auto un = [&](const char* vname) { return fmt::format("{}({})", vname, arg(0, od)); };
   switch (e.op) {
-    case OpId::Neg: r = un("kn_neg", "vneg"); break;
-    case OpId::Abs: r = un("kn_abs", "vabs"); break;
-    case OpId::Exp: r = un("kn_exp", "vexp"); break;
-    case OpId::Log: r = un("kn_log", "vlog"); break;
-    case OpId::Sqrt: r = un("kn_sqrt", "vsqrt"); break;
-    case OpId::Rsqrt: r = un("kn_rsqrt", "vrsqrt"); break;
-    case OpId::Reciprocal: r = un("kn_recip", "vrecip"); break;
-    case OpId::Sigmoid: r = un("kn_sigmoid", "vsigmoid"); break;
-    case OpId::Tanh: r = un("kn_tanh", "vtanh"); break;
-    case OpId::Relu: r = un("kn_relu", "vrelu"); break;
-    case OpId::Gelu:
-      r = at.get_string("approximate") == "tanh" ? un("kn_gelu_tanh", "vgelu_tanh") : un("kn_gelu", "vgelu");
-      break;
-    case OpId::Silu: r = un("kn_silu", "vsilu"); break;
-    case OpId::Erf: r = un("kn_erf", "verf"); break;
-    case OpId::Sin: r = un("kn_sin", "vsin"); break;
-    case OpId::Cos: r = un("kn_cos", "vcos"); break;
-    case OpId::Floor: r = un("kn_floor", "vfloor"); break;
-    case OpId::Ceil: r = un("kn_ceil", "vceil"); break;
-    case OpId::Round: r = un("kn_round", "vround"); break;
-    case OpId::Sign: r = un("kn_sign", "vsign"); break;
-    case OpId::Not: r = vec ? fmt::format("vnot({})", arg(0, DType::Bool)) : fmt::format("!{}", arg(0, DType::Bool)); break;
-    case OpId::Copy: r = vec ? arg(0, od) : arg(0, od); break;
+    case OpId::Neg: r = un("vneg"); break;
+    case OpId::Abs: r = un("vabs"); break;
+    case OpId::Exp: r = un("vexp"); break;
+    case OpId::Log: r = un("vlog"); break;
+    case OpId::Sqrt: r = un("vsqrt"); break;
+    case OpId::Rsqrt: r = un("vrsqrt"); break;
+    case OpId::Reciprocal: r = un("vrecip"); break;
+    case OpId::Sigmoid: r = un("vsigmoid"); break;
+    case OpId::Tanh: r = un("vtanh"); break;
+    case OpId::Relu: r = un("vrelu"); break;
+    case OpId::Gelu: r = un(at.get_string("approximate") == "tanh" ? "vgelu_tanh" : "vgelu"); break;
+    case OpId::Silu: r = un("vsilu"); break;
+    case OpId::Erf: r = un("verf"); break;
+    case OpId::Sin: r = un("vsin"); break;
+    case OpId::Cos: r = un("vcos"); break;
+    case OpId::Floor: r = un("vfloor"); break;
+    case OpId::Ceil: r = un("vceil"); break;
+    case OpId::Round: r = un("vround"); break;
+    case OpId::Sign: r = un("vsign"); break;
+    case OpId::Not: r = fmt::format("vnot({})", arg(0, DType::Bool)); break;
+    case OpId::Copy: r = arg(0, od); break;
     case OpId::Clamp: {
       bool lo = at.has("min"), hi = at.has("max");
       double vlo = lo ? at.get_float("min") : 0, vhi = hi ? at.get_float("max") : 0;
-      if (vec) {
-        r = fmt::format("vclamp({}, {}, (float){}, {}, (float){})", arg(0, od), lo, num(vlo), hi, num(vhi));
-      } else if (!floatish(od) && od != DType::Float64) {
-        std::string x = arg(0, od);
-        std::string s = x;
-        if (lo) s = fmt::format("({0} < i64({1}) ? i64({1}) : {0})", s, int64_t(std::ceil(vlo)));
-        if (hi) s = fmt::format("({0} > i64({1}) ? i64({1}) : {0})", s, int64_t(std::floor(vhi)));
-        r = s;
-      } else {
-        const char* ct = compute_type(od);
-        std::string s = arg(0, od);
-        if (lo) s = fmt::format("({0} < ({1}){2} ? ({1}){2} : {0})", s, ct, num(vlo));
-        if (hi) s = fmt::format("({0} > ({1}){2} ? ({1}){2} : {0})", s, ct, num(vhi));
-        r = s;  // NaN compares false and stays NaN
-      }
+      r = fmt::format("vclamp({}, {}, (float){}, {}, (float){})", arg(0, od), lo, num(vlo), hi, num(vhi));
       break;
     }
     case OpId::Cast: {
-      DType from = adt(0);
       std::string x = fmt::format("v{}", e.args[0]);
-      if (vec) {
-        r = od == DType::Bool ? fmt::format("vne({}, vset(0.0f))", x) : x;
-      } else if (od == DType::Bool) {
-        r = "(" + x + " != 0)";
-      } else if ((floatish(from) || from == DType::Float64) && !(floatish(od) || od == DType::Float64)) {
-        r = fmt::format("i64(kn_sat<{}>(double({})))", storage_type(od) == std::string("uint8_t") ? "uint8_t" : storage_type(od), x);
-      } else if (!floatish(od) && od != DType::Float64) {
-        // integer -> integer: wrap like a C cast of the stored type
-        r = fmt::format("i64(({})({}))", storage_type(od), x);
-      } else {
-        r = fmt::format("({})({})", compute_type(od), x);
-      }
+      r = od == DType::Bool ? fmt::format("vne({}, vset(0.0f))", x) : x;
       break;
     }
     case OpId::Add: case OpId::Sub: case OpId::Mul: case OpId::Div: case OpId::Pow:
     case OpId::Maximum: case OpId::Minimum: {
-      if (vec) {
-        const char* f = e.op == OpId::Add ? "+" : e.op == OpId::Sub ? "-" : e.op == OpId::Mul ? "*" : e.op == OpId::Div ? "/" : nullptr;
-        if (f) r = fmt::format("({} {} {})", arg(0, od), f, arg(1, od));
-        else r = fmt::format("{}({}, {})", e.op == OpId::Pow ? "vpow" : e.op == OpId::Maximum ? "vmax" : "vmin", arg(0, od), arg(1, od));
-      } else {
-        const char* f = e.op == OpId::Add ? "kn_add" : e.op == OpId::Sub ? "kn_sub" : e.op == OpId::Mul ? "kn_mul"
-                      : e.op == OpId::Div ? "kn_div" : e.op == OpId::Pow ? "kn_pow" : e.op == OpId::Maximum ? "kn_max" : "kn_min";
-        std::string ct = compute_type(od);
-        if (ct == "bool") ct = "i64";
-        r = fmt::format("{0}(({1})v{2}, ({1})v{3})", f, ct, e.args[0], e.args[1]);
-        if (od == DType::Bool) r = "(" + r + " != 0)";
-      }
+      const char* f = e.op == OpId::Add ? "+" : e.op == OpId::Sub ? "-" : e.op == OpId::Mul ? "*" : e.op == OpId::Div ? "/" : nullptr;
+      if (f) r = fmt::format("({} {} {})", arg(0, od), f, arg(1, od));
+      else r = fmt::format("{}({}, {})", e.op == OpId::Pow ? "vpow" : e.op == OpId::Maximum ? "vmax" : "vmin", arg(0, od), arg(1, od));
       break;
     }
     case OpId::Eq: case OpId::Ne: case OpId::Lt: case OpId::Le: case OpId::Gt: case OpId::Ge: {
-      DType ct = promote_types(adt(0), adt(1));
-      if (vec) {
-        const char* f = e.op == OpId::Eq ? "veq" : e.op == OpId::Ne ? "vne" : e.op == OpId::Lt ? "vlt"
-                      : e.op == OpId::Le ? "vle" : e.op == OpId::Gt ? "vgt" : "vge";
-        r = fmt::format("{}({}, {})", f, arg(0, ct), arg(1, ct));
-      } else {
-        const char* f = e.op == OpId::Eq ? "==" : e.op == OpId::Ne ? "!=" : e.op == OpId::Lt ? "<"
-                      : e.op == OpId::Le ? "<=" : e.op == OpId::Gt ? ">" : ">=";
-        std::string c = compute_type(ct);
-        r = fmt::format("(({}){} {} ({}){})", c, fmt::format("v{}", e.args[0]), f, c, fmt::format("v{}", e.args[1]));
-      }
+      DType ct = promote_types(k_.exprs[size_t(e.args[0])].dtype, k_.exprs[size_t(e.args[1])].dtype);
+      const char* f = e.op == OpId::Eq ? "veq" : e.op == OpId::Ne ? "vne" : e.op == OpId::Lt ? "vlt"
+                    : e.op == OpId::Le ? "vle" : e.op == OpId::Gt ? "vgt" : "vge";
+      r = fmt::format("{}({}, {})", f, arg(0, ct), arg(1, ct));
       break;
     }
     case OpId::And: case OpId::Or:
-      if (vec) r = fmt::format("{}({}, {})", e.op == OpId::And ? "vand" : "vor", arg(0, DType::Bool), arg(1, DType::Bool));
-      else r = fmt::format("({} {} {})", arg(0, DType::Bool), e.op == OpId::And ? "&&" : "||", arg(1, DType::Bool));
+      r = fmt::format("{}({}, {})", e.op == OpId::And ? "vand" : "vor", arg(0, DType::Bool), arg(1, DType::Bool));
       break;
     case OpId::Where:
-      if (vec) r = fmt::format("vsel({}, {}, {})", arg(0, DType::Bool), arg(1, od), arg(2, od));
-      else r = fmt::format("({} ? {} : {})", arg(0, DType::Bool), arg(1, od), arg(2, od));
+      r = fmt::format("vsel({}, {}, {})", arg(0, DType::Bool), arg(1, od), arg(2, od));
       break;
     default:
       throw_error(ErrorKind::Internal, fmt::format("codegen: kernel {}: op '{}' has no loop code",
                                                    k_.name, op_def(e.op).name));
   }
-  // Values of 16-bit float dtypes are rounded after every op, as the eager kernels store them.
-  if (od == DType::BFloat16) r = vec ? "vrbf16(" + r + ")" : "kn_rbf16(" + r + ")";
-  if (od == DType::Float16 && !vec) r = "kn_rf16(" + r + ")";
+  // Values of 16-bit float dtypes are rounded after every op, as the eager kernels store them
+  // (float16 never reaches the vector path).
+  if (od == DType::BFloat16) r = "vrbf16(" + r + ")";
   return r;
 }
 
@@ -356,14 +258,7 @@ void KernelEmitter::emit_stores(std::string& out, Level level, bool vec, const s
       continue;
     }
     std::string p = fmt::format("S{}[{}]", i, index(st.access.strides));
-    std::string val;
-    switch (d) {
-      case DType::BFloat16: val = fmt::format("kn_f32_bf16((float){})", v); break;
-      case DType::Float16: val = fmt::format("kn_f32_f16((float){})", v); break;
-      case DType::Bool: val = fmt::format("uint8_t({} != 0)", v); break;
-      default: val = fmt::format("({}){}", storage_type(d), v); break;
-    }
-    out += fmt::format("{}{} = {};\n", ind, p, val);
+    out += fmt::format("{}{} = {};\n", ind, p, lower::store_value(d, v));
   }
 }
 
