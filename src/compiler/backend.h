@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,9 @@ class Graph;
 // What every backend is told; backends ignore what does not apply to them.
 struct BackendOptions {
   std::string mode = "default";  // default | reduce-overhead | max-autotune
-  Device device = Device::cpu();
+  // The device to compile for; unset: the device of the graph's inputs (the CPU when it has
+  // none), so that capture compiles for CUDA what was called with CUDA tensors.
+  std::optional<Device> device;
 };
 
 class CompiledGraph {

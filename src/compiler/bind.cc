@@ -25,8 +25,9 @@ struct EagerLaunch {
   std::vector<lower::ViewGeometry> input_view;
 };
 
-void run_eager(void* s, char* const*, const Tensor* call_inputs) {
+void run_eager(void* s, const Executable::RunContext& c) {
   auto* f = static_cast<EagerLaunch*>(s);
+  const Tensor* call_inputs = c.inputs;
   for (size_t k = 0; k < f->from_input.size(); ++k) {
     if (f->from_input[k] < 0) continue;
     const lower::ViewGeometry& v = f->input_view[k];
@@ -55,7 +56,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   BoundExecutable out;
   auto exe = std::make_shared<Executable>();
   out.exe = exe;
-  exe->init(target.allocate(m.plan.arena_bytes), m.plan.arena_bytes, m.num_slots);
+  exe->init(target.allocate(m.plan.arena_bytes), m.plan.arena_bytes, m.num_slots, target.device());
   for (const auto& [slot, t] : m.constants) {
     exe->keep_alive.push_back(std::make_shared<Tensor>(t));
     exe->set_slot(slot, static_cast<char*>(t.raw_data()));
@@ -116,12 +117,13 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
         ValueId v = n.inputs[k];
         if (v == kNoValue) continue;
         const Value& val = g.value(v);
-        if (val.kind == ValueKind::Param || val.kind == ValueKind::Const) continue;
-        MemRef r = m.mem[size_t(v)];
+        MemRef r = m.mem[size_t(v)];  // activations, parameters and constants alike
         if (s.virtual_view[size_t(v)]) r.byte_offset += s.views[size_t(v)].offset * dtype_size(val.type.dtype);
         in[k] = r;
       }
-      l = lib->bind(st.node, in, m.mem[size_t(n.outputs[0])], scratch.get());
+      std::vector<MemRef> outs;
+      for (ValueId o : n.outputs) outs.push_back(m.mem[size_t(o)]);
+      l = lib->bind(st.node, in, outs, scratch.get());
       l.name = fmt::format("{}:{}", op_def(n.op).name, n.name);
       l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
       out.library_launches++;
@@ -132,10 +134,23 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       auto state = std::make_shared<EagerLaunch>();
       state->def = &d;
       state->fn = target.device().is_cpu() ? (d.eager_cpu ? d.eager_cpu : d.reference) : d.eager_cuda;
-      if (!state->fn)
+      // A CUDA eager kernel covers the dtypes it lists (OpDef::eager_cuda_dtypes), judged by the
+      // node's first input (its output for ops without inputs).
+      if (state->fn && target.device().is_cuda()) {
+        ValueId probe = !n.inputs.empty() && n.inputs[0] != kNoValue ? n.inputs[0] : n.outputs[0];
+        DType dt = g.type(probe).dtype;
+        if (std::find(d.eager_cuda_dtypes.begin(), d.eager_cuda_dtypes.end(), dt) ==
+            d.eager_cuda_dtypes.end())
+          state->fn = nullptr;
+      }
+      if (!state->fn) {
+        std::string why = target.unsupported_reason(g, n);
+        DType dt = g.type(n.outputs[0]).dtype;
         throw_error(ErrorKind::NotSupported,
-                    fmt::format("compiler: op '{}' (node '{}') has no {} kernel", d.name, n.name,
-                                target.name()));
+                    fmt::format("compiler: op '{}' (node '{}', {}) has no {} kernel{}{}", d.name,
+                                n.name, dtype_name(dt), target.name(), why.empty() ? "" : ": ",
+                                why));
+      }
       state->attrs = n.attrs;
       size_t ni = std::max(n.inputs.size(), d.inputs.size());
       state->inputs.resize(ni);

@@ -182,6 +182,7 @@ std::string CompileReport::str() const {
       eager_launches, arena_bytes, naive_bytes, compile_s, passes_s, library, library_s,
       schedule_s, codegen_s, build_s, cache_hit ? ", cache hit" : "", bind_s);
   if (!autotune.empty()) s += "; autotune: " + autotune;
+  if (!mode_note.empty()) s += "; " + mode_note;
   return s;
 }
 
@@ -194,10 +195,12 @@ void CompiledExecutable::run_into(const TensorList& inputs, TensorList& outputs)
   bool reuse = outputs.size() == exe_->outputs.size();
   for (size_t i = 0; reuse && i < outputs.size(); ++i)
     reuse = outputs[i].defined() && outputs[i].dtype() == exe_->outputs[i].dtype &&
-            outputs[i].sizes() == exe_->outputs[i].sizes && outputs[i].device().is_cpu();
+            outputs[i].sizes() == exe_->outputs[i].sizes &&
+            outputs[i].device() == exe_->device() && outputs[i].is_contiguous();
   if (!reuse) {
     outputs.clear();
-    for (const Executable::OutputSpec& o : exe_->outputs) outputs.push_back(Tensor::empty(o.sizes, o.dtype));
+    for (const Executable::OutputSpec& o : exe_->outputs)
+      outputs.push_back(Tensor::empty(o.sizes, o.dtype, exe_->device()));
   }
   exe_->run(inputs.data(), inputs.size(), outputs.data(), outputs.size());
 }
@@ -210,8 +213,29 @@ std::string CompiledExecutable::summary() const {
 
 // ---- the driver -------------------------------------------------------------------------------
 
+Knobs parse_knobs(std::string_view text, const char* where) {
+  Knobs k;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view item = text.substr(at, end - at);
+    size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size())
+      fail("{}: expected name=value[,name=value...], found '{}'", where, std::string(text));
+    k.set(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    at = end + 1;
+  }
+  return k;
+}
+
 std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& target,
-                                            const Options& options) {
+                                            const Options& given) {
+  Options options = given;
+  // KILN_KNOBS=conv=nChw16c,vec=256: a fixed configuration for every compile of the process
+  // (experiments, bisecting a slow or wrong choice); explicit Options::knobs win.
+  if (const char* env = std::getenv("KILN_KNOBS"); env && *env && options.knobs.items.empty())
+    options.knobs = parse_knobs(env, "KILN_KNOBS");
   if (options.mode != "default" && options.mode != "reduce-overhead" &&
       options.mode != "max-autotune")
     fail("compiler: mode expected default | reduce-overhead | max-autotune, found '{}'",
@@ -220,6 +244,14 @@ std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& ta
                 ? autotune(graph, target, options,
                            [&](const Knobs& k) { return build(graph, target, options, merge_knobs(options.knobs, k)); })
                 : build(graph, target, options, options.knobs);
+  // reduce-overhead: where the device has launch overhead to remove, replay a CUDA graph of the
+  // launch list (on the CPU the pre-bound launch list already is the reduced form).
+  if (options.mode == "reduce-overhead" && b.exe->device().is_cuda()) {
+    std::string why;
+    b.report.mode_note = b.exe->use_cuda_graph(&why)
+                             ? "reduce-overhead: CUDA graph replay"
+                             : "reduce-overhead: no CUDA graph (" + why + "); launches as in default";
+  }
   return std::make_unique<CompiledExecutable>(b.exe, std::move(b.report));
 }
 
@@ -259,7 +291,10 @@ const bool g_registered = [] {
       [](const Graph& g, const BackendOptions& o) -> std::unique_ptr<CompiledGraph> {
         Options co;
         co.mode = o.mode;
-        return compile(g, target_for(o.device), co);
+        Device d = Device::cpu();
+        if (o.device) d = *o.device;
+        else if (!g.inputs.empty()) d = g.type(g.inputs[0]).device;
+        return compile(g, target_for(d), co);
       },
       /*priority=*/10);
   return true;

@@ -58,6 +58,7 @@ struct CompileReport {
   double passes_s = 0, library_s = 0, schedule_s = 0, codegen_s = 0, bind_s = 0;
   bool cache_hit = false;
   std::string autotune;        // max-autotune: the choice and the timings
+  std::string mode_note;       // reduce-overhead on CUDA: graph replay, or why not
   std::vector<std::string> kernels;  // "k3_add_relu [loop, SIMD]: relu 'layer1.0.relu', ..."
   std::string str() const;
 };
@@ -78,6 +79,9 @@ class CompiledExecutable : public CompiledGraph {
   std::shared_ptr<Executable> exe_;
   CompileReport report_;
 };
+
+// "conv=nChw16c,vec=256" as Knobs; throws naming `where` on a malformed list.
+Knobs parse_knobs(std::string_view text, const char* where);
 
 // Compiles `graph` (not modified) for `target`. Throws kiln::Error on failure, naming the node
 // where one is to blame (capture then falls back to eager).

@@ -39,7 +39,16 @@ CopiedGraph insert_copies(Graph& g, KernelChoice& choice, const Target& target) 
     if (lib || eager) {
       for (size_t k = 0; k < n.inputs.size(); ++k) {
         ValueId v = n.inputs[k];
-        if (v == kNoValue || g.value(v).kind != ValueKind::NodeOutput) continue;
+        if (v == kNoValue) continue;
+        // Off the CPU, an eager kernel never reads a call's input tensor itself (it may be on
+        // the host): it gets a device copy, made by a generated copy kernel.
+        if (eager && !target.device().is_cpu() && g.value(v).kind == ValueKind::Input) {
+          ValueId copy = g.add_node1(OpId::Copy, {v}, {}, n.name.empty() ? "" : n.name + ".copy");
+          push_choice(false, false, target.generates(g, g.nodes.back()));
+          n.inputs[k] = copy;
+          continue;
+        }
+        if (g.value(v).kind != ValueKind::NodeOutput) continue;
         if (!op_def(g.nodes[size_t(g.value(v).producer)].op).is_view) continue;
         lower::ViewGeometry geo;
         bool ok = lower::resolve_view(g, v, out.view_is_copy, &geo);

@@ -110,10 +110,12 @@ class LibraryKernels {
   virtual int64_t scratch_bytes() const = 0;
   // One line for explain: the kernel and its layouts.
   virtual std::string describe(int32_t node) const = 0;
-  // The launch of lowered node `node`: inputs[k] where input k is an activation (nullptr refs
-  // otherwise), the output, and the scratch region.
+  // The launch of lowered node `node`: the memory of each input (activations, parameters and
+  // constants alike; slot -1 for an absent optional input), of each output, and the scratch
+  // region (scratch_bytes(), from Target::allocate). A target that prepared a weight at
+  // lowering time (oneDNN's reordered weights) may ignore its MemRef.
   virtual Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
-                                  const MemRef& output, char* scratch) const = 0;
+                                  const std::vector<MemRef>& outputs, char* scratch) const = 0;
 };
 
 // What the driver passes to the library lowering besides the nodes.
@@ -156,6 +158,10 @@ class Target {
   virtual std::vector<OpId> decompositions() const = 0;
   // Whether node n of g gets generated loop code (support() and the emitter's dtype rules).
   virtual bool generates(const Graph& g, const Node& n) const = 0;
+  // Why node n cannot run on this target at all, in words for the error ("" when nothing
+  // special is known): said when it is neither generated, nor a library kernel, nor has an
+  // eager kernel for its dtype.
+  virtual std::string unsupported_reason(const Graph& g, const Node& n) const { return ""; }
   virtual SchedulePolicy policy(const Knobs& knobs) const = 0;
   // Whether the library reads input k of node n in place as a strided view of this geometry.
   virtual bool library_reads_strided(const Graph& g, const Node& n, int k,

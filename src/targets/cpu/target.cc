@@ -55,8 +55,9 @@ struct OnednnLaunch {
   char* scratch = nullptr;
 };
 
-void run_onednn(void* s, char* const* b, const Tensor*) {
+void run_onednn(void* s, const Executable::RunContext& c) {
   auto* e = static_cast<OnednnLaunch*>(s);
+  char* const* b = c.slots;
   const void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
   for (int i = 0; i < e->n_in; ++i)
     if (e->in[i].slot >= 0) ptrs[i] = b[e->in[i].slot] + e->in[i].byte_offset;
@@ -76,14 +77,14 @@ class OnednnKernels final : public compiler::LibraryKernels {
     return b > 0 ? (b + 63) / 64 * 64 : 0;
   }
   std::string describe(int32_t node) const override { return lowering_->describe(node); }
-  Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs, const MemRef& output,
-                          char* scratch) const override {
+  Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
+                          const std::vector<MemRef>& outputs, char* scratch) const override {
     auto state = std::make_shared<OnednnLaunch>();
     state->lowering = lowering_.get();
     state->node = node;
     state->n_in = int(std::min<size_t>(inputs.size(), 4));
     for (int k = 0; k < state->n_in; ++k) state->in[k] = inputs[size_t(k)];
-    state->out = output;
+    state->out = outputs[0];
     state->scratch = scratch;
     Executable::Launch l;
     l.fn = run_onednn;
@@ -103,9 +104,9 @@ struct LoopLaunch {
   void (*fn)(char* const*, int);
   int threads = 0;  // see Note [kernel threads] in emitter.cc
 };
-void run_loop(void* s, char* const* b, const Tensor*) {
+void run_loop(void* s, const Executable::RunContext& c) {
   auto* l = static_cast<LoopLaunch*>(s);
-  l->fn(b, l->threads);
+  l->fn(c.slots, l->threads);
 }
 
 // ---- the target ------------------------------------------------------------------------------
