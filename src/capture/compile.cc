@@ -252,11 +252,14 @@ class Tracer final : public DispatchHook {
     } else if (t.numel() <= kMaxConstElements && !st_.param_names.count(impl) &&
                impl->storage->serial() >= trace_start_serial_) {
       // Made by the host code during this trace (e.g. a scalar operand): a constant by value.
-      Tensor c = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+      // The constant keeps its device (a CUDA scalar operand stays a CUDA constant, so the
+      // node's inputs share one device); the key holds its bytes, read on the host.
+      Tensor host = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+      Tensor c = t.device().is_cpu() ? host : host.to(t.device());
       v = graph_.add_const(c);
       key_ += "const:" + t.type().str() + ":";
-      const char* p = static_cast<const char*>(c.raw_data());
-      key_.append(p, c.nbytes());
+      const char* p = static_cast<const char*>(host.raw_data());
+      key_.append(p, host.nbytes());
       key_ += '\n';
     } else {
       auto pn = st_.param_names.find(impl);

@@ -515,7 +515,9 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
       e.kind = LoopExpr::Kind::Scalar;
       e.level = lv;
       e.dtype = val.type.dtype;
-      e.scalar = load_f64(val.data.raw_data(), val.data.dtype());
+      // A CUDA graph's constants live on the device: read the one element on the host.
+      Tensor host = val.data.device().is_cpu() ? val.data : val.data.to(Device::cpu());
+      e.scalar = load_f64(host.raw_data(), host.dtype());
       return add_expr(e);
     }
     ViewGeometry geo;
