@@ -1,29 +1,23 @@
 // kiln bench: run_bench and the targets it measures (also used by kiln profile and explain).
 //
 // Note [Benchmarking on CUDA]
-// Kiln's CUDA backend (generated kernels, cuBLASLt/cuDNN) does not exist yet, but eager has CUDA
-// kernels for pointwise ops, reductions, casts and views, and ops with a decomposition run on
-// those (softmax, layer_norm). `kiln bench FILE.onnx --device cuda --backend eager` measures
-// what can run there today:
-//   - The graph is checked first (cuda_eager_gap): every node needs a CUDA kernel or a
-//     decomposition whose ops all have one (found by tracing it on type-only CUDA tensors under a
-//     DispatchHook, the way the decompose pass traces). A node that has neither is an honest
-//     NotSupported error naming the node and its op, before anything is copied or run. Zoo
-//     models are captured once on the CPU (kiln::explain) and their graphs checked the same way;
-//     they all need conv/linear, which have no CUDA kernel, so they stop there (and a module
-//     could not be moved to a device anyway).
-//   - The graph is copied with every value's type on the device and its params/consts copied to
-//     device memory (the interpreter takes a value's data as it is and checks only the inputs'
-//     devices against the graph, so no interpreter change is needed). The random inputs are
-//     drawn on the CPU exactly as for --device cpu, then copied to the device before anything is
-//     timed; outputs stay on the device and are freed back to the caching allocator.
-//   - Each call is timed on the host from before the call until cudaDeviceSynchronize returns
-//     (what a control loop sees); two CUDA events recorded inside that window give the device
-//     time (so device <= host). peak_device_bytes is the caching allocator's peak of bytes
-//     handed to tensors, reset before the weights are copied: weights + inputs + the largest
-//     working set (what torch.cuda.max_memory_allocated reports for the PyTorch peers).
-//   - --backend compiled --device cuda is NotSupported (the CUDA compiler is wave 2), checked
-//     before the device so that the message is the same on machines without a GPU.
+// `kiln bench MODEL --device cuda`:
+//   --backend compiled: capture runs the model with its inputs on the device (a zoo module keeps
+//     its weights on the host; an .onnx file runs its host graph through the interpreter under
+//     capture) and the compiler compiles each graph for the CUDA target, which places the
+//     weights on the device once. Modes as on the CPU; reduce-overhead replays a CUDA graph.
+//   --backend eager (.onnx only: modules have no to(device)): the graph is checked first
+//     (cuda_eager_gap): every node needs a CUDA eager kernel or a decomposition whose ops all
+//     have one (found by tracing it on type-only CUDA tensors under a DispatchHook, the way the
+//     decompose pass traces); a node that has neither is a NotSupported error naming the node
+//     and its op, before anything runs. The graph is then copied with every value on the device.
+//   The random inputs are drawn on the CPU exactly as for --device cpu, then copied to the
+//   device before anything is timed; outputs stay on the device. Each call is timed on the host
+//   from before the call until cudaDeviceSynchronize returns (what a control loop sees); two
+//   CUDA events recorded inside that window give the device time (so device <= host).
+//   peak_device_bytes is the caching allocator's peak of bytes handed out (tensors, the
+//   compiled arenas, weights and input staging), reset before the model is loaded: what
+//   torch.cuda.max_memory_allocated reports for the PyTorch peers.
 #include "bench/bench.h"
 
 #include "frontends/onnx/importer.h"
@@ -160,13 +154,6 @@ Graph graph_on_device(const Graph& g, Device device) {
   return out;
 }
 
-[[noreturn]] void cuda_compile_not_supported() {
-  fail_kind(ErrorKind::NotSupported,
-            "bench: --backend compiled --device cuda is not supported yet: Kiln's CUDA compiler "
-            "(generated kernels, cuBLASLt/cuDNN) arrives with the CUDA backend; use --backend "
-            "eager --device cuda (the CUDA eager kernels) or --device cpu");
-}
-
 [[noreturn]] void cuda_gap_error(const std::string& gap) {
   fail_kind(ErrorKind::NotSupported, "bench: --device cuda: {}; run it with --device cpu", gap);
 }
@@ -177,30 +164,49 @@ BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t 
   require_cuda_device(device.index, "bench: --device cuda");
   BenchTarget t;
   if (!is_onnx_path(target)) {
-    // Capture the module once on the CPU and check its graphs: the answer names what is missing.
-    nn::ZooModel m = nn::make_zoo_model(target, batch, seed);
-    CompileOptions copts;
-    copts.backend = "eager";
-    ExplainReport rep = explain(compile(m.module, copts), m.inputs);
-    for (size_t i = 0; i < rep.graphs.size(); ++i) {
-      Graph g = parse_graph(rep.graphs[i].ir, m.name + " (captured graph " + std::to_string(i) + ")");
-      std::string gap = cuda_eager_gap(g);
-      if (!gap.empty()) cuda_gap_error(fmt::format("zoo model '{}': {}", m.name, gap));
-    }
-    fail_kind(ErrorKind::NotSupported,
-              "bench: --device cuda: zoo model '{}' cannot be moved to a CUDA device yet (modules "
-              "have no to(device)); export it to ONNX (scripts/export_models.py) and bench the "
-              ".onnx file with --device cuda, or use --device cpu", m.name);
+    // The module moves to the device (Module::to, in place), so eager calls and capture both
+    // see CUDA weights and CUDA inputs.
+    auto m = std::make_shared<nn::ZooModel>(nn::make_zoo_model(target, batch, seed));
+    m->module->to(device);
+    t.name = m->name;
+    for (const Tensor& x : m->inputs) t.inputs.push_back(x.to(device));
+    std::string name = m->name;
+    t.eager = [m, name, batch, seed](const TensorList& in) -> TensorList {
+      try {
+        return m->module->call(in);
+      } catch (const Error&) {
+        // Name what is missing: capture a CPU copy of the model (same seed) and walk its
+        // graphs for ops without CUDA kernels.
+        nn::ZooModel cpu = nn::make_zoo_model(name, batch, seed);
+        CompileOptions copts;
+        copts.backend = "eager";
+        ExplainReport rep = explain(compile(cpu.module, copts), cpu.inputs);
+        for (size_t i = 0; i < rep.graphs.size(); ++i) {
+          Graph g = parse_graph(rep.graphs[i].ir,
+                                name + " (captured graph " + std::to_string(i) + ")");
+          std::string gap = cuda_eager_gap(g);
+          if (!gap.empty()) cuda_gap_error(fmt::format("zoo model '{}': {}", name, gap));
+        }
+        throw;
+      }
+    };
+    t.compile = [m](const CompileOptions& o) { return compile(m->module, o); };
+    return t;
   }
   Graph cpu_graph = import_onnx(target);
   t.name = std::filesystem::path(target).filename().string();
   TensorList cpu_inputs = random_inputs(cpu_graph, batch, seed);
   std::string gap = cuda_eager_gap(cpu_graph, bind_input_symbols(cpu_graph, cpu_inputs));
-  if (!gap.empty()) cuda_gap_error(gap);
   auto g = std::make_shared<Graph>(graph_on_device(cpu_graph, device));
   for (const Tensor& x : cpu_inputs) t.inputs.push_back(x.to(device));
-  t.eager = [g](const TensorList& in) { return run(*g, in); };
-  t.compile = [](const CompileOptions&) -> CompiledFunction { cuda_compile_not_supported(); };
+  t.eager = [g, gap](const TensorList& in) {
+    if (!gap.empty()) cuda_gap_error(gap);
+    return run(*g, in);
+  };
+  // Compiled: captured from the device graph (its weights already on the device).
+  t.compile = [g](const CompileOptions& o) {
+    return compile([g](const TensorList& in) { return run(*g, in); }, o);
+  };
   return t;
 }
 
@@ -384,7 +390,6 @@ BenchResult run_bench(const BenchOptions& o) {
   if (o.iters > 0 && o.seconds > 0) fail("bench: give --iters or --seconds, not both");
   const bool cuda = o.device == "cuda";
   if (cuda) {
-    if (o.backend == "compiled") cuda_compile_not_supported();
     if (cuda_device_count() == 0)
       fail_kind(ErrorKind::NotSupported, "bench: --device cuda: {}", cuda_status());
   }
@@ -435,7 +440,8 @@ BenchResult run_bench(const BenchOptions& o) {
       call();  // compiled: traces, compiles the graphs and runs them once
       sync();
     } catch (const Error& e) {
-      if (!cuda) throw;
+      // bench's own errors (a model that cannot run on CUDA) already say where they come from.
+      if (!cuda || e.message().rfind("bench: ", 0) == 0) throw;
       throw_error(e.kind(), "bench: --device cuda: the first call failed: " + e.message());
     }
     r.first_call_s = seconds_since(t0);
