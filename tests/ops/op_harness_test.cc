@@ -536,7 +536,45 @@ TEST_P(CompiledOpHarness, MatchesReference) {
   std::vector<Entry> entries;
   std::vector<std::vector<OpSample>> samples_per_dtype;
   TensorList graph_inputs;
+  const compiler::Target* target = nullptr;
+  for (const compiler::Target* t : compiler::registered_targets())
+    if (t->device().type == device.type) target = t;
+  ASSERT_NE(target, nullptr);
   for (DType d : op.dtypes) {
+    // A dtype the target declares it cannot run (Target::unsupported_reason) is left out of the
+    // graph; compiling it alone must then fail, naming the node and giving that reason.
+    {
+      std::vector<OpSample> probe = samples_of(op);
+      if (!probe.empty()) {
+        SampleRun run{op, d, probe[0], 0, device};
+        TensorList in = run.inputs();
+        Graph one;
+        std::vector<ValueId> ids;
+        for (const Tensor& t : in) {
+          if (!t.defined()) {
+            ids.push_back(kNoValue);
+            continue;
+          }
+          ids.push_back(one.add_input("", t.contiguous().to(device).type()));
+        }
+        one.outputs = one.add_node(op.id, ids, probe[0].attrs, "declared_gap");
+        std::string why = target->unsupported_reason(one, one.nodes.back());
+        if (!why.empty()) {
+          try {
+            compiler::compile(one, device, compiler::Options{});
+            ADD_FAILURE() << run.label() << ": the " << target->name()
+                          << " target declares it unsupported (" << why << ") but it compiled";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::NotSupported) << e.what();
+            EXPECT_NE(std::string(e.what()).find("declared_gap"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+          }
+          std::printf("%s %s on %s: not supported by the %s target (checked): %s\n", op.name,
+                      dtype_name(d), device.str().c_str(), target->name(), why.c_str());
+          continue;
+        }
+      }
+    }
     samples_per_dtype.push_back(samples_of(op));
     const std::vector<OpSample>& samples = samples_per_dtype.back();
     for (size_t i = 0; i < samples.size(); ++i) {
