@@ -75,8 +75,9 @@
 // Note [convolution policy]
 // OnednnOptions::conv picks, for the whole graph, how convolutions choose layout and algorithm.
 // Auto leaves the layout to oneDNN (format_tag::any: brgconv on nhwc on this CPU) with the
-// direct algorithm; Blocked16 pins every convolution output that may be blocked to nChw16c (the
-// older jit direct kernels); Winograd additionally asks for oneDNN's Winograd algorithm on 3x3
+// direct algorithm; Blocked pins every convolution output that may be blocked to the ISA's
+// native block, nChw16c on AVX-512 and nChw8c on AVX2 (the older jit direct kernels; oneDNN
+// 2.6 runs nChw16c on AVX2 only through reference kernels, ~100x slower); Winograd additionally asks for oneDNN's Winograd algorithm on 3x3
 // stride-1 f32 convolutions (jit_wino_4x3 / jit_fp32_wino_2x3, which compute only in nChw16c)
 // and falls back to direct where it has no implementation. Measured on the dev machine (2
 // threads, oneDNN 2.6, primitive medians, bias, no post-ops), direct brgconv vs Winograd:
@@ -116,6 +117,13 @@
 #include "ops/onednn.h"
 
 namespace kiln::cpu {
+
+int native_conv_block() {
+  static const int block = __builtin_cpu_supports("avx512f") ? 16 : 8;
+  return block;
+}
+
+const char* native_conv_layout() { return native_conv_block() == 16 ? "nChw16c" : "nChw8c"; }
 
 using dnnl::memory;
 using DT = memory::data_type;
@@ -652,10 +660,10 @@ void OnednnLowering::Impl::build_conv(int32_t n, NodePlan& p) {
   bool any_layout = options.allow_blocked && !(pointwise && isolated);
   memory::desc want_src = blocked_src ? x_md : any_layout ? any_md(xd, dt) : plain_md(xd, dt);
   memory::desc want_dst = any_layout ? any_md(yd, dt) : plain_md(yd, dt);
-  // Note [convolution policy]: Blocked16 / Winograd pin the output to nChw16c (the src of a
-  // plain input stays `any`: the first convolution of a network reads nchw directly).
+  // Note [convolution policy]: Blocked / Winograd pin the output to the native block (the src
+  // of a plain input stays `any`: the first convolution of a network reads nchw directly).
   if (any_layout && options.conv != ConvPolicy::Auto && yd.size() == 4)
-    want_dst = memory::desc(yd, dt, Tag::nChw16c);
+    want_dst = memory::desc(yd, dt, native_conv_block() == 16 ? Tag::nChw16c : Tag::nChw8c);
   bool try_winograd = options.conv == ConvPolicy::Winograd && !transposed && gr == 1 &&
                       dt == DT::f32 && wt[2] == 3 && wt[3] == 3 && geo.stride[0] == 1 &&
                       geo.stride[1] == 1 && geo.dilation[0] == 1 && geo.dilation[1] == 1;

@@ -25,12 +25,19 @@ enum class LinearImpl : uint8_t { Auto, InnerProduct, Matmul };
 // How convolutions pick their activation layout and algorithm (see Note [convolution policy]).
 //   Auto:      dst format_tag::any and the direct algorithm: oneDNN's own preference (brgconv
 //              on nhwc on AVX-512 CPUs). Numerically the direct convolution.
-//   Blocked16: blocked activations are nChw16c (the jit direct kernels). Numerically direct.
-//   Winograd:  as Blocked16, and 3x3 stride-1 undilated ungrouped f32 convolutions use oneDNN's
+//   Blocked:   blocked activations in the ISA's native block, nChw16c on AVX-512 and nChw8c
+//              on AVX2 (the jit direct kernels; a 16c layout on AVX2 has only oneDNN's
+//              reference kernels, minutes per ResNet call). Numerically direct.
+//   Winograd:  as Blocked, and 3x3 stride-1 undilated ungrouped f32 convolutions use oneDNN's
 //              Winograd algorithm where it has an implementation. Fewer multiplications, a
 //              different rounding: results differ from direct by ~1e-6..1e-5 relative, so only
 //              max-autotune offers it, behind an accuracy check.
-enum class ConvPolicy : uint8_t { Auto, Blocked16, Winograd };
+enum class ConvPolicy : uint8_t { Auto, Blocked, Winograd };
+
+// The channel block of ConvPolicy::Blocked on this CPU: 16 with AVX-512, else 8.
+int native_conv_block();
+// Its layout name, "nChw16c" or "nChw8c" (the CPU target's knob value for the policy).
+const char* native_conv_layout();
 
 // A matmul operand that is a strided view rather than a contiguous buffer (a permuted or
 // transposed activation; input 0 = a or 1 = b): run() then gets the view's first element as

@@ -2,7 +2,8 @@
 // compiled by the host C++ compiler, one host arena. See Note [CPU target knobs].
 //
 // Note [CPU target knobs]
-//   conv=auto|nChw16c|nChw16c+winograd|plain  convolution layout policy (Note [convolution
+//   conv=auto|nChw16c|nChw16c+winograd|plain  convolution layout policy, nChw8c in place of
+//                                              nChw16c on CPUs without AVX-512 (Note [convolution
 //        policy] in onednn_lowering.cc); plain keeps every activation NCHW. Default auto.
 //   gemv=generated|onednn  small linears (<= 2^15 multiply-adds) as generated GEMV reductions
 //        or oneDNN calls. Default generated.
@@ -163,9 +164,11 @@ class CpuTarget final : public compiler::Target {
     OnednnOptions o;
     std::string conv = knobs.get("conv", "auto");
     if (conv == "auto" || conv == "plain") o.conv = ConvPolicy::Auto;
-    else if (conv == "nChw16c") o.conv = ConvPolicy::Blocked16;
-    else if (conv == "nChw16c+winograd") o.conv = ConvPolicy::Winograd;
-    else fail("cpu target: knob conv expected auto | nChw16c | nChw16c+winograd | plain, found '{}'", conv);
+    else if (conv == native_conv_layout()) o.conv = ConvPolicy::Blocked;
+    else if (conv == std::string(native_conv_layout()) + "+winograd") o.conv = ConvPolicy::Winograd;
+    else
+      fail("cpu target: knob conv expected auto | {0} | {0}+winograd | plain on this CPU, found '{1}'",
+           native_conv_layout(), conv);
     o.allow_blocked = conv != "plain";
     o.matmul_strides = std::move(request.strided_operands);
     return std::make_unique<OnednnKernels>(g, nodes, o);
@@ -295,9 +298,10 @@ std::vector<compiler::Target::Candidate> CpuTarget::autotune_candidates(
     }
   }
   std::vector<Candidate> cands;
-  for (const char* layout : {"auto", "nChw16c", "nChw16c+winograd", "plain"}) {
+  const std::string blocked = native_conv_layout(), blocked_wino = blocked + "+winograd";
+  for (const char* layout : {"auto", blocked.c_str(), blocked_wino.c_str(), "plain"}) {
     bool is_auto = std::strcmp(layout, "auto") == 0;
-    bool wino = std::strcmp(layout, "nChw16c+winograd") == 0;
+    bool wino = layout == blocked_wino;
     if (!is_auto && !has_conv) continue;
     if (wino && !has_wino) continue;
     for (const char* gemv : {"generated", "onednn"}) {
