@@ -145,6 +145,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       }
       if (!state->fn) {
         std::string why = target.unsupported_reason(g, n);
+        if (why.empty() && lib) why = lib->why_not(st.node);
         DType dt = g.type(n.outputs[0]).dtype;
         throw_error(ErrorKind::NotSupported,
                     fmt::format("compiler: op '{}' (node '{}', {}) has no {} kernel{}{}", d.name,

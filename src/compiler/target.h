@@ -110,6 +110,9 @@ class LibraryKernels {
   virtual int64_t scratch_bytes() const = 0;
   // One line for explain: the kernel and its layouts.
   virtual std::string describe(int32_t node) const = 0;
+  // Why the library did not lower `node` ("" when it did, or when it has no words for it):
+  // part of the error when nothing else runs the node either.
+  virtual std::string why_not(int32_t node) const { return ""; }
   // The launch of lowered node `node`: the memory of each input (activations, parameters and
   // constants alike; slot -1 for an absent optional input), of each output, and the scratch
   // region (scratch_bytes(), from Target::allocate). A target that prepared a weight at

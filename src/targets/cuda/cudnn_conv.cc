@@ -161,20 +161,21 @@ std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string
     Descriptor op(transpose ? CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR
                             : CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
                   what);
-    // Double: with float alpha/beta, cuDNN 9.14 on the H200 produced +-0 for every element of
-    // a plain convolution (the 4-byte 1.0f read as a denormal double; measured 2026-12-01),
-    // while runtime-fusion engines ignored it.
-    const double alpha = 1.0, beta = 0.0;
+    // Float, as for every non-double data type: with double alpha/beta, cuDNN 9.14 on the H200
+    // wrote +-0 for every element of a plain convolution (the low 4 bytes of 1.0 read as a
+    // float are 0), on every engine but the runtime-fusion ones; float passes (measured
+    // 2026-12-02 with tests/cuda/cuda_libs_test.cc, both ways, on the same machine).
+    const float alpha = 1.0f, beta = 0.0f;
     if (transpose) {
-      op.set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, alpha)
-          .set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, beta)
+      op.set_float(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, alpha)
+          .set_float(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, beta)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, x)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, *last);
     } else {
-      op.set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, alpha)
-          .set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, beta)
+      op.set_float(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, alpha)
+          .set_float(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, beta)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
           .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x)

@@ -188,6 +188,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
         plan(g, n, i, ln, source);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::NotSupported && e.kind() != ErrorKind::InvalidArgument) throw;
+        ln = LibNode{};  // nothing of a half-made plan (a kernel name without its source) stays
         ln.kind = LibNode::Kind::None;
         ln.why_not = e.message();
       }
@@ -212,6 +213,9 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   int64_t value_bytes(ValueId) const override { return -1; }
   int64_t scratch_bytes() const override { return int64_t((scratch_ + 255) / 256 * 256); }
   std::string describe(int32_t node) const override { return nodes_[size_t(node)].describe; }
+  std::string why_not(int32_t node) const override {
+    return size_t(node) < nodes_.size() ? nodes_[size_t(node)].why_not : "";
+  }
   Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
                           const std::vector<MemRef>& outputs, char* scratch) const override {
     auto st = std::make_shared<LibLaunch>();
@@ -384,7 +388,11 @@ void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t inde
   ln.threads = 256;
   switch (n.op) {
     case OpId::MaxPool2d: case OpId::AvgPool2d: {
-      if (!is_float(dt) || dt == DType::Float64) fail_kind(ErrorKind::NotSupported, "pooling dtype");
+      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
+      // float32 arithmetic for the 16/32-bit dtypes, double for float64
+      const bool f64 = dt == DType::Float64;
+      const char* A = f64 ? "double" : "float";
+      auto load = [&](const std::string& v) { return f64 ? "(" + v + ")" : to_float(dt, v); };
       Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
       const Ints& k = n.attrs.get_ints("kernel_size");
       Ints s = n.attrs.get_ints("stride");
@@ -403,13 +411,13 @@ void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t inde
       body += fmt::format("    const long long ow = i % {0}LL, oh = (i / {0}LL) % {1}LL, plane = i / ({0}LL * {1}LL);\n", y[3], y[2]);
       body += fmt::format("    const {0}* xp = x + plane * {1}LL;\n", T, x[2] * x[3]);
       if (is_max) {
-        body += "    float m = -INFINITY;\n";
+        body += fmt::format("    {} m = -INFINITY;\n", A);
         body += fmt::format("    for (int a = 0; a < {}; ++a) {{\n      const long long ih = oh * {} - {} + a * {};\n      if (ih < 0 || ih >= {}) continue;\n",
                             k[0], s[0], p[0], dl[0], x[2]);
         body += fmt::format("      for (int b = 0; b < {}; ++b) {{\n        const long long iw = ow * {} - {} + b * {};\n        if (iw < 0 || iw >= {}) continue;\n",
                             k[1], s[1], p[1], dl[1], x[3]);
-        body += fmt::format("        const float v = {};\n        if (v > m || v != v) m = v;  // NaN propagates\n      }}\n    }}\n",
-                            to_float(dt, fmt::format("xp[ih * {}LL + iw]", x[3])));
+        body += fmt::format("        const {} v = {};\n        if (v > m || v != v) m = v;  // NaN propagates\n      }}\n    }}\n",
+                            A, load(fmt::format("xp[ih * {}LL + iw]", x[3])));
         body += fmt::format("    y[i] = {};\n", from_float(dt, "m"));
       } else {
         body += fmt::format("    long long h0 = oh * {0} - {1}, w0 = ow * {2} - {3};\n", s[0], p[0], s[1], p[1]);
@@ -417,9 +425,9 @@ void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t inde
                             k[0], x[2] + p[0], k[1], x[3] + p[1]);
         body += "    const long long padded = (h1 - h0) * (w1 - w0);\n";
         body += fmt::format("    h0 = max(h0, 0LL); w0 = max(w0, 0LL); h1 = min(h1, {}LL); w1 = min(w1, {}LL);\n", x[2], x[3]);
-        body += "    float acc = 0;\n    for (long long ih = h0; ih < h1; ++ih)\n      for (long long iw = w0; iw < w1; ++iw) acc += ";
-        body += to_float(dt, fmt::format("xp[ih * {}LL + iw]", x[3])) + ";\n";
-        body += fmt::format("    y[i] = {};\n", from_float(dt, fmt::format("acc / (float)({})", include_pad ? "padded" : "((h1 - h0) * (w1 - w0))")));
+        body += fmt::format("    {} acc = 0;\n    for (long long ih = h0; ih < h1; ++ih)\n      for (long long iw = w0; iw < w1; ++iw) acc += ", A);
+        body += load(fmt::format("xp[ih * {}LL + iw]", x[3])) + ";\n";
+        body += fmt::format("    y[i] = {};\n", from_float(dt, fmt::format("acc / ({})({})", A, include_pad ? "padded" : "((h1 - h0) * (w1 - w0))")));
       }
       body += "  }\n";
       ln.describe = fmt::format("{} direct kernel", op_def(n.op).name);
