@@ -11,7 +11,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libonnx-dev libprotobuf-dev protobuf-compiler
   libonnx-testdata
-  python3-venv
+  python3-venv python3-dev
 )
 
 missing=()

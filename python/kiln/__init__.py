@@ -66,3 +66,15 @@ def compile_onnx(path, **kwargs):
     from .aot import compile_onnx as _compile_onnx
 
     return _compile_onnx(path, **kwargs)
+
+
+_SUBMODULES = ("aot", "aten_table", "compiled", "dynamo", "lowering", "report")
+
+
+def __getattr__(name):
+    # kiln.aot, kiln.report, ... on first use: `import kiln` stays light (no torch import).
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
