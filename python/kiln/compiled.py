@@ -86,7 +86,7 @@ class KilnGraph:
         if self.runner is None and self.failed is None:
             try:
                 self._compile(args)
-            except (_kiln.KilnError, AssertionError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 — any compile failure: this graph runs in torch
                 self._fallback(e)
         if self.failed is not None:
             return self.gm(*args)

@@ -49,14 +49,20 @@ def registry():
     return _REGISTRY
 
 
+_DECOMPOSITIONS = None
+
+
 def decompositions():
     """The decomposition table for aot_autograd: core ATen's, except ops the ATen table takes
-    whole (so a table entry is never decomposed away)."""
-    from torch._decomp import core_aten_decompositions
+    whole (so a table entry is never decomposed away). Built once per process (~1 s)."""
+    global _DECOMPOSITIONS
+    if _DECOMPOSITIONS is None:
+        from torch._decomp import core_aten_decompositions
 
-    table = core_aten_decompositions()
-    keep = set(ATEN_TABLE)
-    return {op: fn for op, fn in table.items() if str(op) not in keep}
+        keep = set(ATEN_TABLE)
+        _DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
+                           if str(op) not in keep}
+    return _DECOMPOSITIONS
 
 
 def aten_name(target):
@@ -338,6 +344,8 @@ def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None
     env = {}
     input_args, frozen = [], []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    taken = set()  # value names used by inputs and params
+    io_ids = set()
     for i, ph in enumerate(placeholders):
         a = args[i]
         name = (names[i] if names and i < len(names) else None) or ph.name
@@ -350,10 +358,16 @@ def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None
             if compute_dtype and dt == "f32":
                 t = t.to(KILN_TO_TORCH[compute_dtype])
                 dt = compute_dtype
-            vid = b.add_param(_unique_param_name(name, b), t)
+            pname = name
+            k = 1
+            while pname in taken:
+                pname, k = f"{name}_{k}", k + 1
+            taken.add(pname)
+            vid = b.add_param(pname, t)
             frozen.append(Frozen(i, name, a))
         else:
             vid = b.add_input(name, dt, list(a.shape), cx.kiln_device)
+            taken.add(b.value_name(vid))
             input_args.append(i)
             if compute_dtype and dt == "f32":
                 cx.node = ph
@@ -362,6 +376,7 @@ def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None
                 env[ph].val = _val(ph)
                 continue
         env[ph] = V(vid, dt, a.shape, None, _val(ph))
+        io_ids.add(vid)
     for node in gm.graph.nodes:
         if node.op == "call_function":
             env[node] = convert_node(cx, node, env)
@@ -379,7 +394,7 @@ def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None
                     raise Unsupported(f"graph output {o} is not a tensor Kiln computes")
                 want = _val(o)
                 # An output that is an input or parameter gets its own copy (never an alias).
-                if v.id in set(ids) or b.value_name(v.id) in _io_names(b):
+                if v.id in io_ids:
                     v = cx.op("copy", [v])
                 if isinstance(want, torch.Tensor) and compute_dtype and want.dtype == torch.float32:
                     v = cx.cast(v, "f32")
@@ -388,20 +403,6 @@ def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None
             b.set_outputs(ids)
             return b, input_args, frozen, fix
     raise AssertionError("graph without output")
-
-
-def _io_names(b):
-    specs = b.input_specs()
-    return {s["name"] for s in specs} | set(b.param_names())
-
-
-def _unique_param_name(name, b):
-    taken = set(b.param_names())
-    base, k, n = name, 1, name
-    while n in taken:
-        n = f"{base}_{k}"
-        k += 1
-    return n
 
 
 # ---- partitioning --------------------------------------------------------------------------------
