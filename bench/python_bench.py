@@ -9,6 +9,7 @@ overhead: per-call cost of each layer over Kiln's C++ call, for mlp (batch 1) an
     runner    kiln._kiln.Runner.__call__ from Python: guards, DLPack views, output tensors
     kiln      the KilnGraph callable aot_autograd calls (runner + the Python wrapper)
     compiled  the torch.compile'd module (Dynamo's guards + aot_autograd's wrapper + kiln)
+    inductor  the same module through torch.compile's inductor, for scale
     eager     the module in torch eager, for scale
 compile: the first call of torch.compile(model, backend=B) for B in kiln, inductor, each in a
   fresh process (imports excluded; Kiln's and inductor's on-disk caches warm, as on a
@@ -68,27 +69,31 @@ def overhead(models=("mlp", "resnet18")):
 
         kc.KilnGraph.call = spy
         f = torch.compile(m, backend="kiln")
+        fi = torch.compile(m, backend="inductor")
         with torch.no_grad():
             f(*args)
+            fi(*args)
             kc.KilnGraph.call = orig
             kg, kargs = captured[0]
             outs = kg.runner(kargs)
             ins = [kargs[i] for i in range(len(kargs)) if i not in kg.static_indices]
             n = 2000 if name == "mlp" else 50
-            res = {k: [] for k in ("cpp", "runner", "kiln", "compiled", "eager")}
+            res = {k: [] for k in ("cpp", "runner", "kiln", "compiled", "inductor", "eager")}
             for _ in range(5):  # interleaved rounds
                 res["cpp"].append(kg.compiled.time_cpp_ns(ins, outs, n) / 1e3)
                 res["runner"].append(_median_us(lambda: kg.runner(kargs), n))
                 res["kiln"].append(_median_us(lambda: kg.call(kargs), n))
                 res["compiled"].append(_median_us(lambda: f(*args), n))
+                res["inductor"].append(_median_us(lambda: fi(*args), n))
                 res["eager"].append(_median_us(lambda: m(*args), n))
         med = {k: statistics.median(v) for k, v in res.items()}
         rows.append((name, med, len(kg.frozen)))
     print(f"{'model':10} {'cpp us':>9} {'runner us':>10} {'kiln us':>9} {'compiled us':>12} "
-          f"{'eager us':>9}  frozen params  overhead (runner - cpp, kiln - cpp)")
+          f"{'inductor us':>12} {'eager us':>9}  frozen  overhead (runner - cpp, kiln - cpp)")
     for name, r, nf in rows:
         print(f"{name:10} {r['cpp']:9.1f} {r['runner']:10.1f} {r['kiln']:9.1f} {r['compiled']:12.1f} "
-              f"{r['eager']:9.1f}  {nf:13d}  {r['runner'] - r['cpp']:.1f} us, {r['kiln'] - r['cpp']:.1f} us")
+              f"{r['inductor']:12.1f} {r['eager']:9.1f}  {nf:6d}  "
+              f"{r['runner'] - r['cpp']:.1f} us, {r['kiln'] - r['cpp']:.1f} us")
 
 
 _CHILD = r"""

@@ -8,9 +8,15 @@ import torch
 import kiln
 from conftest import assert_close, randomize_
 
-if not torch.cuda.is_available() or kiln.cuda_status() != "":
-    pytest.exit(f"no CUDA device (torch: {torch.cuda.is_available()}, kiln: "
-                f"{kiln.cuda_status() or 'ok'})", returncode=77)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _needs_cuda():
+    # pytest.exit from a fixture (not at import) sets the exit code: 77 = CTest "not run".
+    if not torch.cuda.is_available() or kiln.cuda_status() != "":
+        pytest.exit(f"no CUDA device (torch: {torch.cuda.is_available()}, kiln: "
+                    f"{kiln.cuda_status() or 'ok'})", returncode=77)
+
 
 DEV = torch.device("cuda", 0)
 
