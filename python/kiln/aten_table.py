@@ -309,19 +309,22 @@ def _var(cx, x, dim=None, correction=None, keepdim=False):
     return cx.op("var", [x], dims=_dims(dim, len(x.shape)), correction=int(c), keepdim=bool(keepdim))
 
 
+# any/all reduce (x != 0) as float32 0/1 and compare the result with 0: the CPU compiler fuses
+# that into one loop-kernel reduction. (A max/min over bool runs as an eager kernel bound to the
+# arena instead, and in BERT's attention mask (_safe_softmax) that path corrupted a live buffer:
+# a Kiln compiler bug, reported with tests/python/test_models.py::test_bert as its repro.)
 def _any_all(kiln_op):
     def convert(cx, x, dim=None, keepdim=False):
-        b = x if x.dtype == "bool" else cx.op("ne", [x, cx.scalar(0, x.dtype)])
-        return cx.op(kiln_op, [b], dims=_dims(dim, len(x.shape)), keepdim=bool(keepdim))
+        f = cx.cast(x if x.dtype == "bool" else cx.op("ne", [x, cx.scalar(0, x.dtype)]), "f32")
+        r = cx.op(kiln_op, [f], dims=_dims(dim, len(x.shape)), keepdim=bool(keepdim))
+        return cx.op("ne", [r, cx.scalar(0, "f32")])
 
     return convert
 
 
-aten("aten.any.dim", ["max", "ne"], "max over bool")(_any_all("max"))
-aten("aten.any.dims", ["max", "ne"], "max over bool")(_any_all("max"))
-aten("aten.any.default", ["max", "ne"], "max over bool")(_any_all("max"))
-aten("aten.all.dim", ["min", "ne"], "min over bool")(_any_all("min"))
-aten("aten.all.default", ["min", "ne"], "min over bool")(_any_all("min"))
+for _a, _k in (("any.dim", "max"), ("any.dims", "max"), ("any.default", "max"),
+               ("all.dim", "min"), ("all.default", "min")):
+    aten(f"aten.{_a}", [_k, "ne", "cast"], f"{_k} of (x != 0) as float32")(_any_all(_k))
 
 
 # ---- normalization -----------------------------------------------------------------------------
