@@ -13,7 +13,8 @@ overhead: per-call cost of each layer over Kiln's C++ call, for mlp (batch 1) an
     eager     the module in torch eager, for scale
 compile: the first call of torch.compile(model, backend=B) for B in kiln, inductor, each in a
   fresh process (imports excluded; Kiln's and inductor's on-disk caches warm, as on a
-  developer's machine — run twice to see a cold cache), medians of 3 processes.
+  developer's machine — run twice to see a cold cache), medians of 3 processes
+  (KILN_BENCH_REPS=N for another count).
 """
 import json
 import os
@@ -50,7 +51,7 @@ def _median_us(fn, n):
     return statistics.median(ts) * 1e6
 
 
-def overhead(models=("mlp", "resnet18")):
+def overhead(models=("mlp", "bert", "resnet18")):
     import torch
 
     import kiln
@@ -88,6 +89,28 @@ def overhead(models=("mlp", "resnet18")):
                 res["eager"].append(_median_us(lambda: m(*args), n))
         med = {k: statistics.median(v) for k, v in res.items()}
         rows.append((name, med, len(kg.frozen)))
+        if name == "mlp":
+            # The same tiny graph guarded by resnet18's 102 parameters and buffers: the
+            # per-frozen-tensor guard cost, without resnet18's milliseconds of noise.
+            r18 = _model("resnet18")[0]
+            frozen = list(r18.parameters()) + list(r18.buffers())
+            frozen = [t for t in frozen if t.dtype.is_floating_point]
+            x = kargs[[i for i in range(len(kargs)) if i not in kg.static_indices][0]]
+            params = [kargs[f.index] for f in kg.frozen]
+            big_args = params + [x] + frozen
+            np_ = len(params)
+            runner = kiln._kiln.Runner(kg.compiled, [np_], [(i, t) for i, t in enumerate(params)] +
+                                       [(np_ + 1 + i, t) for i, t in enumerate(frozen)])
+            # kg.compiled's inputs are (x) with params frozen: reuse its graph as is.
+            g = []
+            c = []
+            for _ in range(5):
+                c.append(kg.compiled.time_cpp_ns([x], outs, 2000) / 1e3)
+                g.append(_median_us(lambda: runner(big_args), 2000))
+            rows.append((f"mlp+{len(frozen)}g", {"cpp": statistics.median(c), "runner": statistics.median(g),
+                                                  "kiln": float("nan"), "compiled": float("nan"),
+                                                  "inductor": float("nan"), "eager": float("nan")},
+                         len(frozen) + np_))
     print(f"{'model':10} {'cpp us':>9} {'runner us':>10} {'kiln us':>9} {'compiled us':>12} "
           f"{'inductor us':>12} {'eager us':>9}  frozen  overhead (runner - cpp, kiln - cpp)")
     for name, r, nf in rows:
@@ -120,7 +143,7 @@ def compile_times(models=("mlp", "resnet18", "bert")):
         row = []
         for backend in ("kiln", "inductor"):
             ts = []
-            for _ in range(3):
+            for _ in range(int(os.environ.get("KILN_BENCH_REPS", "3"))):
                 code = _CHILD.format(bench=here, model=name, backend=backend)
                 r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
                 if r.returncode:
