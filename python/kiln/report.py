@@ -119,8 +119,8 @@ class Explanation:
         lines = [f"kiln.explain: {self.graph_count} graph(s), {self.graph_break_count} graph break(s)"]
         for i, (reason, where) in enumerate(self.breaks):
             lines.append(f"  graph break {i}: {reason.splitlines()[0]} (at {where})")
-        for g in self.graphs:
-            lines.append(f"graph {g.index}: {g.num_fx_nodes} FX nodes, mode {g.mode}")
+        for k, g in enumerate(self.graphs):
+            lines.append(f"graph {k}: {g.num_fx_nodes} FX nodes, mode {g.mode}")
             if g.autograd:
                 lines.append("  runs in torch: autograd needed (grad mode on, inputs require grad)")
             for a in g.aten:

@@ -430,6 +430,9 @@ nb::dict spec_dict(const TensorSpec& s) {
 
 NB_MODULE(_kiln, m) {
   m.doc() = "Kiln's C++ core (graph builder, compile backends, registry). See kiln/__init__.py.";
+  // Compiled graphs live in torch.compile's caches and kiln.report's records until the
+  // interpreter exits, after this module's teardown: not leaks, so no warning about them.
+  nb::set_leak_warnings(false);
 
   g_kiln_error = PyErr_NewException("kiln.KilnError", PyExc_RuntimeError, nullptr);
   g_unsupported_error = PyErr_NewException("kiln.UnsupportedError", g_kiln_error, nullptr);
