@@ -42,6 +42,12 @@ done | sort -u | while read -r lib; do
   cp -L "$lib" "$STAGE/lib/$name"
 done
 
+# pytest and its dependencies as wheels (pure Python), in case the GPU machine lacks pytest: it
+# cannot reach a package index.
+"${KILN_PYTHON:-${KILN_CACHE_DIR:-$HOME/.cache/kiln}/venv/bin/python}" -m pip download -q \
+  --only-binary=:all: --python-version 3.12 --no-deps -d "$STAGE/wheels" \
+  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4
+
 size_kib=$(du -sk "$STAGE" | cut -f1)
 echo "staged $STAGE ($((size_kib / 1024)) MiB):"
 ls -l "$STAGE/lib" | tail -n +2
@@ -51,7 +57,8 @@ fi
 
 cat <<'TXT'
 
-On the GPU machine, from the repository root (carry [".carry/python"]):
+On the GPU machine, from the repository root (carry [".carry/python"]); without pytest there,
+first: python3 -m pip install --no-index --find-links .carry/python/wheels pytest
   cmake -S python -B /tmp/kiln-py -DKILN_PREBUILT=$PWD/.carry/python/lib \
         -DPython_EXECUTABLE=$(command -v python3) -DCMAKE_BUILD_TYPE=Release \
     && cmake --build /tmp/kiln-py -j 16 \

@@ -44,11 +44,13 @@ def test_whole_graph_on_cuda():
 
 
 def test_partitioned_models_on_cuda():
-    import torchvision
-
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(10, 50), torch.nn.ReLU(), torch.nn.Linear(50, 1))
-    for m, shape in ((mlp, (4, 10)), (torchvision.models.resnet18(weights=None), (1, 3, 64, 64))):
+    cnn = torch.nn.Sequential(  # a small ResNet-like stem + head (no torchvision needed there)
+        torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+    for m, shape in ((mlp, (4, 10)), (cnn, (2, 3, 32, 32))):
         kiln.reset()
         m = randomize_(m.eval().to(DEV))
         compiled = torch.compile(m, backend="kiln")
