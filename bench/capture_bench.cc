@@ -3,8 +3,9 @@
 #include <benchmark/benchmark.h>
 
 #include "capture/compile.h"
+#include "nn/compile.h"
 #include "capture/guards.h"
-#include "eager/api.h"
+#include "ops/api.h"
 #include "nn/models/zoo.h"
 
 using namespace kiln;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what Kiln needs on a fresh Debian 12 machine: build tools and libraries from Debian,
-# and a Python venv outside the clone (reused across clones and CI runs on the same machine).
-# Idempotent and quiet when everything is already there.
+# Installs what Kiln needs to build on a fresh Debian 12 machine: build tools and libraries from
+# Debian. (The Python venv that the tests and the peer benchmarks use is scripts/setup_python.sh;
+# building and running Kiln need none of it.) Idempotent and quiet when everything is there.
 set -euo pipefail
 
 APT_PACKAGES=(
@@ -11,6 +11,7 @@ APT_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libonnx-dev libprotobuf-dev protobuf-compiler
   libonnx-testdata
+  libssl-dev
   python3-venv python3-dev
 )
 
@@ -31,16 +32,3 @@ if ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   exit 1
 fi
 
-# Python venv: numpy is used by tests that cross-check .npy files with NumPy itself.
-KILN_CACHE_DIR="${KILN_CACHE_DIR:-$HOME/.cache/kiln}"
-VENV="$KILN_CACHE_DIR/venv"
-REQS="$(cd "$(dirname "$0")" && pwd)/requirements.txt"
-STAMP="$VENV/.kiln-requirements"
-if [[ ! -x "$VENV/bin/python" ]] || ! cmp -s "$REQS" "$STAMP"; then
-  echo "[setup] creating Python venv in $VENV"
-  PY=python3
-  "$PY" -m venv "$VENV" 2>/dev/null || { rm -rf "$VENV"; "$PY" -m venv "$VENV"; }
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -r "$REQS"
-  cp "$REQS" "$STAMP"
-fi

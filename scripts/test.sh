@@ -4,6 +4,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 "$ROOT/scripts/build.sh"
+"$ROOT/scripts/setup_python.sh"
 BUILD="${KILN_BUILD_DIR:-$ROOT/build}"
 export KILN_PYTHON="${KILN_CACHE_DIR:-$HOME/.cache/kiln}/venv/bin/python"
 cd "$BUILD"

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/bench.h"
+#include "bench/bench.h"
 
 extern "C" {
 void* __libc_malloc(size_t);

@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "runtime/bench.h"
+#include "bench/bench.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {

@@ -8,7 +8,7 @@
 #include "frontends/onnx/conformance.h"
 #include "capture/compile.h"
 #include "ir/interpreter.h"
-#include "runtime/bench.h"
+#include "bench/bench.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {

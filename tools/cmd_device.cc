@@ -3,8 +3,6 @@
 #include <cstdio>
 #include <string>
 
-#include <cuda_runtime_api.h>
-
 #include <nlohmann/json.hpp>
 
 #include "core/cuda_runtime.h"
@@ -13,39 +11,30 @@
 namespace kiln::cli {
 namespace {
 
-std::string version_str(int v) {  // CUDA encodes 13.0 as 13000
-  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
-}
-
 nlohmann::json device_json() {
   nlohmann::json j;
   int count = cuda_device_count();
   j["status"] = cuda_status();
   j["cuda_available"] = count > 0;
   j["device_count"] = count;
-  int runtime = 0, driver = 0;
-  if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) j["runtime_version"] = version_str(runtime);
-  // 0 when no driver is installed; the runtime's own error is already in "status".
-  if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0)
-    j["driver_version"] = version_str(driver);
-  else
-    j["driver_version"] = nullptr;
-  cudaGetLastError();
+  std::string runtime = cuda_runtime_version(), driver = cuda_driver_version();
+  if (!runtime.empty()) j["runtime_version"] = runtime;
+  // Absent where no driver is installed; the runtime's own error is already in "status".
+  j["driver_version"] = driver.empty() ? nlohmann::json(nullptr) : nlohmann::json(driver);
   j["devices"] = nlohmann::json::array();
   for (int i = 0; i < count; ++i) {
-    cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
-      cudaGetLastError();
-      j["devices"].push_back({{"index", i}, {"error", "cudaGetDeviceProperties failed"}});
+    CudaDeviceInfo p = cuda_device_info(i);
+    if (!p.error.empty()) {
+      j["devices"].push_back({{"index", i}, {"error", p.error}});
       continue;
     }
     j["devices"].push_back({
         {"index", i},
         {"name", p.name},
-        {"sm", "sm_" + std::to_string(p.major) + std::to_string(p.minor)},
-        {"memory_bytes", p.totalGlobalMem},
-        {"multiprocessors", p.multiProcessorCount},
-        {"l2_cache_bytes", p.l2CacheSize},
+        {"sm", "sm_" + std::to_string(p.sm_major) + std::to_string(p.sm_minor)},
+        {"memory_bytes", p.memory_bytes},
+        {"multiprocessors", p.multiprocessors},
+        {"l2_cache_bytes", p.l2_cache_bytes},
     });
   }
   return j;
@@ -62,12 +51,9 @@ void add_device_command(CLI::App& app) {
       std::printf("%s\n", device_json().dump(2).c_str());
     } else {
       std::printf("%s\n", cuda_status().c_str());
-      int runtime = 0, driver = 0;
-      if (cuda_device_count() > 0 && cudaRuntimeGetVersion(&runtime) == cudaSuccess &&
-          cudaDriverGetVersion(&driver) == cudaSuccess)
-        std::printf("CUDA runtime %s, driver %s\n", version_str(runtime).c_str(),
-                    version_str(driver).c_str());
-      cudaGetLastError();
+      std::string runtime = cuda_runtime_version(), driver = cuda_driver_version();
+      if (cuda_device_count() > 0 && !runtime.empty() && !driver.empty())
+        std::printf("CUDA runtime %s, driver %s\n", runtime.c_str(), driver.c_str());
     }
     exit_code() = 0;
   });

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "capture/compile.h"
-#include "runtime/bench.h"
+#include "bench/bench.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {

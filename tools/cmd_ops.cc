@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "frontends/onnx/op_table.h"
-#include "codegen/cpu/lowering.h"
+#include "compiler/target.h"
 #include "ops/op.h"
 #include "tools/commands.h"
 
@@ -36,6 +36,7 @@ nlohmann::json op_json(const OpDef& d) {
                                {"optional", a.optional}});
   j["num_outputs"] = d.num_outputs;
   j["is_view"] = d.is_view;
+  j["traits"] = op_traits_str(d.traits);
   j["dtypes"] = nlohmann::json::array();
   for (DType t : d.dtypes) j["dtypes"].push_back(dtype_name(t));
   j["capabilities"] = {
@@ -43,14 +44,22 @@ nlohmann::json op_json(const OpDef& d) {
       {"reference_kernel", d.reference != nullptr},
       {"decomposition", d.decompose != nullptr},
       {"eager_cpu_kernel", d.eager_cpu != nullptr},
-      {"cpu_lowering", d.cpu_lowering ? nlohmann::json(d.cpu_lowering->kind) : nlohmann::json(nullptr)},
-      {"cuda_lowering", d.cuda_lowering != nullptr},
       {"cuda_eager_kernel", d.eager_cuda != nullptr},
       {"gradient", d.gradient != nullptr},
       {"onnx", d.onnx_ops},
       {"aten", d.aten_ops},
       {"test_samples", d.samples != nullptr},
   };
+  // How each compiler target runs the op (its support table, compiler/target.h).
+  nlohmann::json targets = nlohmann::json::object();
+  for (const compiler::Target* t : compiler::registered_targets()) {
+    const compiler::OpSupport& s = t->support()[size_t(d.id)];
+    targets[t->name()] = {{"generated", s.generated},
+                          {"library", s.library},
+                          {"vector_body", s.vector_body},
+                          {"how", s.how}};
+  }
+  j["targets"] = std::move(targets);
   return j;
 }
 
@@ -100,7 +109,7 @@ void add_ops_command(CLI::App& app) {
       return;
     }
     std::printf("%-30s %-10s %-5s %-5s %-6s %-6s %-6s %-6s %-5s %s\n", "op", "family", "infer",
-                "ref", "decomp", "eager", "cpu-lw", "cuda", "grad", "schema");
+                "ref", "decomp", "eager", "cpu", "cuda", "grad", "schema");
     for (const OpDef& d : ops) {
       if (!family.empty() && family != d.family) continue;
       std::string schema = "(";
@@ -114,10 +123,16 @@ void add_ops_command(CLI::App& app) {
           schema += (i ? ", " : "") + d.attrs[i].name + ": " + attr_type_name(d.attrs[i].type);
         schema += "}";
       }
+      // cpu: "gen" (loop code), "lib" (a library kernel) or "-" (eager kernel, view, decomposed)
+      const char* cpu = "-";
+      for (const compiler::Target* t : compiler::registered_targets()) {
+        if (std::string_view(t->name()) != "cpu") continue;
+        const compiler::OpSupport& s = t->support()[size_t(d.id)];
+        cpu = s.generated ? "gen" : s.library ? "lib" : "-";
+      }
       std::printf("%-30s %-10s %-5s %-5s %-6s %-6s %-6s %-6s %-5s %s\n", d.name, d.family,
-                  yn(d.infer), yn(d.reference), yn(d.decompose), yn(d.eager_cpu),
-                  yn(d.cpu_lowering), yn(d.eager_cuda || d.cuda_lowering), yn(d.gradient),
-                  schema.c_str());
+                  yn(d.infer), yn(d.reference), yn(d.decompose), yn(d.eager_cpu), cpu,
+                  yn(d.eager_cuda), yn(d.gradient), schema.c_str());
     }
     std::printf("%zu ops\n", ops.size());
   });

@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "support/files.h"
+#include "compiler/compile.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "lower/memory_planner.h"
@@ -49,16 +51,9 @@ void write_output(const std::string& path, const std::string& text) {
     return;
   }
   // Temp file + rename: a failed run never leaves a half-written OUT.
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail_kind(ErrorKind::Runtime, "cannot write '{}': {}", path, std::strerror(errno));
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  ok &= std::fclose(f) == 0;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    std::remove(tmp.c_str());
-    fail_kind(ErrorKind::Runtime, "cannot write '{}': {}", path, std::strerror(err));
-  }
+  AtomicFile f(path, "cannot write");
+  f.write(text);
+  f.commit();
 }
 
 // Whether a chunk holds anything but blanks and comments.
@@ -152,7 +147,7 @@ void add_opt_command(CLI::App& app) {
         verify_memory_plan(g, plan);
         result += memory_plan_str(g, plan);
       }
-      if (schedule) result += lower::describe_schedule(g);
+      if (schedule) result += compiler::describe_schedule(g, compiler::target_for(Device::cpu()));
     }
     write_output(out_path, result);
   });

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/profiler.h"
+#include "bench/profiler.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {

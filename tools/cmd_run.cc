@@ -12,9 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "capture/compile.h"
+#include "nn/compile.h"
 #include "nn/models/zoo.h"
 #include "runtime/npy.h"
-#include "runtime/bench.h"
+#include "bench/bench.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "kiln/version.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {

@@ -23,7 +23,7 @@
 #include "capture/compile.h"
 #include "frontends/onnx/importer.h"
 #include "ir/interpreter.h"
-#include "runtime/bench.h"
+#include "bench/bench.h"
 #include "runtime/npy.h"
 #include "tools/commands.h"
 

@@ -1,6 +1,7 @@
 // The only file of the Python extension that calls Kiln's C++ internals. See Note [The bridge]
-// in bridge.h. When Kiln's headers move (issue #11), the includes and the few names below are
-// what changes: kiln::Graph, kiln::find_backend, kiln::CompiledGraph, kiln::Tensor.
+// in bridge.h. The Kiln names it uses: kiln::Graph, kiln::find_backend + kiln::BackendOptions
+// (compiler/backend.h), kiln::CompiledGraph, kiln::Tensor, the op registry, the IR text, the ONNX
+// importer and safetensors.
 #include "bridge.h"
 
 #include <omp.h>
@@ -11,8 +12,8 @@
 #include <set>
 #include <sstream>
 
-#include "capture/backend.h"
-#include "capture/compile.h"
+#include "compiler/backend.h"
+#include "kiln/version.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -368,6 +369,17 @@ GraphBuilder GraphBuilder::import_onnx(
 }
 
 // ---- CompiledGraph -------------------------------------------------------------------------
+namespace {
+// The device a graph runs on: its inputs' (the lowering puts every input and parameter of one
+// graph on one device), else its parameters' (a graph of frozen parameters only), else the CPU.
+kiln::Device graph_device(const kiln::Graph& g) {
+  if (!g.inputs.empty()) return g.type(g.inputs[0]).device;
+  for (kiln::ValueId v : g.params())
+    if (g.value(v).kind == kiln::ValueKind::Param) return g.type(v).device;
+  return kiln::Device::cpu();
+}
+}  // namespace
+
 struct CompiledGraph::Impl {
   std::unique_ptr<kiln::CompiledGraph> compiled;
   std::string backend;
@@ -382,9 +394,9 @@ std::unique_ptr<CompiledGraph> CompiledGraph::compile(const GraphBuilder& graph,
   return guarded([&] {
     const kiln::Graph& g = graph.impl_->graph;
     if (!graph.impl_->has_outputs) fail("InvalidArgument", "graph '" + g.name + "' has no outputs set");
-    kiln::CompileOptions opts;
-    opts.backend = spec.backend;
+    kiln::BackendOptions opts;
     opts.mode = spec.mode;
+    opts.device = graph_device(g);
     const kiln::BackendFactory& factory = kiln::find_backend(spec.backend);
     auto t0 = std::chrono::steady_clock::now();
     auto c = std::unique_ptr<CompiledGraph>(new CompiledGraph());

@@ -34,7 +34,6 @@
 // time, the call completes by interpreting that segment with the eager kernels, the failure is
 // reported once and counted; with strict=true the error propagates instead.
 #include "capture/compile.h"
-#include "codegen/cpu/inductor.h"
 
 #include <cstdio>
 #include <mutex>
@@ -43,77 +42,19 @@
 
 #include <fmt/format.h>
 
-#include "capture/backend.h"
+#include "compiler/backend.h"
 #include "capture/guards.h"
-#include "eager/dispatch.h"
+#include "ops/dispatch.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 #include "ir/printer.h"
-#include "nn/module.h"
 
 namespace kiln {
 
 namespace {
 constexpr int64_t kMaxConstElements = 64;
 
-// ---- backend registry --------------------------------------------------------------------------
-class InterpretedGraph final : public CompiledGraph {
- public:
-  explicit InterpretedGraph(const Graph& g) : graph_(g) {}
-  TensorList run(const TensorList& inputs) override { return ::kiln::run(graph_, inputs); }
-  std::string summary() const override {
-    return fmt::format("eager: {} nodes interpreted through the eager kernels", graph_.nodes.size());
-  }
-
- private:
-  Graph graph_;
-};
-
-struct BackendRegistry {
-  std::mutex mu;
-  std::vector<std::pair<std::string, BackendFactory>> backends;
-};
-BackendRegistry& backend_registry() {
-  static BackendRegistry* r = [] {
-    auto* reg = new BackendRegistry();
-    reg->backends.emplace_back("eager", [](const Graph& g, const CompileOptions&) {
-      return std::unique_ptr<CompiledGraph>(new InterpretedGraph(g));
-    });
-    reg->backends.emplace_back("inductor", codegen::inductor_backend());
-    return reg;
-  }();
-  return *r;
-}
 }  // namespace
-
-void register_backend(const std::string& name, BackendFactory factory) {
-  BackendRegistry& r = backend_registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  for (auto& [n, f] : r.backends)
-    if (n == name) {
-      f = std::move(factory);
-      return;
-    }
-  r.backends.emplace_back(name, std::move(factory));
-}
-
-const BackendFactory& find_backend(const std::string& name) {
-  BackendRegistry& r = backend_registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  for (auto& [n, f] : r.backends)
-    if (n == name) return f;
-  std::string names;
-  for (auto& [n, f] : r.backends) names += (names.empty() ? "" : ", ") + n;
-  fail("unknown compile backend '{}' (available: {})", name, names);
-}
-
-std::vector<std::string> backend_names() {
-  BackendRegistry& r = backend_registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  std::vector<std::string> out;
-  for (auto& [n, f] : r.backends) out.push_back(n);
-  return out;
-}
 
 // ---- state -------------------------------------------------------------------------------------
 namespace {
@@ -150,6 +91,7 @@ struct Entry {
 struct CompiledFunction::State {
   Callable fn;
   CompileOptions options;
+  std::string backend;  // options.backend, or the default backend when that is empty
   std::unordered_map<const TensorImpl*, std::string> param_names;  // module parameter names
   std::mutex mu;
   std::vector<std::unique_ptr<Entry>> entries;
@@ -310,11 +252,14 @@ class Tracer final : public DispatchHook {
     } else if (t.numel() <= kMaxConstElements && !st_.param_names.count(impl) &&
                impl->storage->serial() >= trace_start_serial_) {
       // Made by the host code during this trace (e.g. a scalar operand): a constant by value.
-      Tensor c = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+      // The constant keeps its device (a CUDA scalar operand stays a CUDA constant, so the
+      // node's inputs share one device); the key holds its bytes, read on the host.
+      Tensor host = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+      Tensor c = t.device().is_cpu() ? host : host.to(t.device());
       v = graph_.add_const(c);
       key_ += "const:" + t.type().str() + ":";
-      const char* p = static_cast<const char*>(c.raw_data());
-      key_.append(p, c.nbytes());
+      const char* p = static_cast<const char*>(host.raw_data());
+      key_.append(p, host.nbytes());
       key_ += '\n';
     } else {
       auto pn = st_.param_names.find(impl);
@@ -450,14 +395,16 @@ class Tracer final : public DispatchHook {
 
   void compile_segment(CompiledSegment& seg) {
     try {
-      seg.compiled = find_backend(st_.options.backend)(seg.graph, st_.options);
+      BackendOptions bo;
+      bo.mode = st_.options.mode;
+      seg.compiled = find_backend(st_.backend)(seg.graph, bo);
       st_.stats.graphs_compiled++;
     } catch (const Error& e) {
       if (st_.options.strict) throw;
       st_.stats.fallbacks_compile_error++;
       std::string msg = fmt::format("graph '{}' ({} ops) failed to compile with backend '{}': "
                                     "{}; running it eagerly", seg.graph.name,
-                                    seg.graph.nodes.size(), st_.options.backend, e.what());
+                                    seg.graph.nodes.size(), st_.backend, e.what());
       st_.fallbacks.push_back(msg);
       warn(msg);
     }
@@ -690,11 +637,13 @@ CompiledFunction compile(Callable fn, const CompileOptions& options) {
                  options.mode == "max-autotune",
              "kiln::compile: unknown mode '{}' (default, reduce-overhead, max-autotune)",
              options.mode);
-  find_backend(options.backend);  // unknown backend: error now, listing the known ones
+  std::string backend = options.backend.empty() ? default_backend() : options.backend;
+  find_backend(backend);  // unknown backend: error now, listing the known ones
   CompiledFunction f;
   f.state_ = std::make_shared<CompiledFunction::State>();
   f.state_->fn = std::move(fn);
   f.state_->options = options;
+  f.state_->backend = backend;
   std::lock_guard<std::mutex> lock(g_states_mu);
   auto& states = all_states();
   std::erase_if(states, [](const auto& w) { return w.expired(); });
@@ -702,12 +651,10 @@ CompiledFunction compile(Callable fn, const CompileOptions& options) {
   return f;
 }
 
-CompiledFunction compile(std::shared_ptr<nn::Module> module, const CompileOptions& options) {
-  KILN_CHECK(module, "kiln::compile: the module is null");
-  CompiledFunction f = compile([module](const TensorList& in) { return module->call(in); },
-                               options);
-  for (auto& [name, t] : module->named_parameters()) f.state_->param_names[t.impl()] = name;
-  for (auto& [name, t] : module->named_buffers()) f.state_->param_names[t.impl()] = name;
+CompiledFunction compile(Callable fn, const NamedState& state, const CompileOptions& options) {
+  CompiledFunction f = compile(std::move(fn), options);
+  for (const auto& [name, t] : state)
+    if (t.defined()) f.state_->param_names[t.impl()] = name;
   return f;
 }
 

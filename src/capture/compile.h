@@ -6,18 +6,18 @@
 #include <memory>
 #include <source_location>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace kiln {
 
-namespace nn {
-class Module;
-}
-
 struct CompileOptions {
-  std::string backend = "eager";  // "eager": interpret captured graphs; "inductor": CPU compiler
+  // A registered backend (compiler/backend.h): "inductor" is the compiler, "eager" interprets
+  // the captured graphs. Empty: the default backend, the compiler when it is linked in (as
+  // torch.compile defaults to Inductor).
+  std::string backend;
   std::string mode = "default";   // default | reduce-overhead | max-autotune (for the backend)
   bool fullgraph = false;         // a graph break is an error
   bool dynamic = false;           // accepted; shapes are specialized until dynamic shapes land
@@ -80,12 +80,16 @@ class CompiledFunction {
 
  private:
   friend CompiledFunction compile(Callable fn, const CompileOptions& options);
-  friend CompiledFunction compile(std::shared_ptr<nn::Module> module, const CompileOptions& options);
+  friend CompiledFunction compile(Callable fn, const std::vector<std::pair<std::string, Tensor>>& state,
+                                  const CompileOptions& options);
   std::shared_ptr<State> state_;
 };
 
 CompiledFunction compile(Callable fn, const CompileOptions& options = {});
-CompiledFunction compile(std::shared_ptr<nn::Module> module, const CompileOptions& options = {});
+// A callable together with the named tensors it holds (a module's parameters and buffers):
+// graph parameters are named after them. nn/compile.h builds compile(module) on this.
+using NamedState = std::vector<std::pair<std::string, Tensor>>;
+CompiledFunction compile(Callable fn, const NamedState& state, const CompileOptions& options = {});
 
 // Runs `fn` on `inputs` (compiling as needed) and reports what capture did.
 ExplainReport explain(const CompiledFunction& fn, const TensorList& inputs);

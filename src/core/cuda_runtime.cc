@@ -240,4 +240,46 @@ void cuda_empty_cache() {
     if (a) a->empty_cache();
 }
 
+namespace {
+std::string version_str(int v) {  // CUDA encodes 13.0 as 13000
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+}  // namespace
+
+std::string cuda_runtime_version() {
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return version_str(v);
+}
+
+std::string cuda_driver_version() {
+  int v = 0;
+  // 0 when no driver is installed.
+  if (cudaDriverGetVersion(&v) != cudaSuccess || v <= 0) {
+    cudaGetLastError();
+    return "";
+  }
+  return version_str(v);
+}
+
+CudaDeviceInfo cuda_device_info(int index) {
+  CudaDeviceInfo info;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, index) != cudaSuccess) {
+    cudaGetLastError();
+    info.error = "cudaGetDeviceProperties failed";
+    return info;
+  }
+  info.name = p.name;
+  info.sm_major = p.major;
+  info.sm_minor = p.minor;
+  info.memory_bytes = p.totalGlobalMem;
+  info.multiprocessors = p.multiProcessorCount;
+  info.l2_cache_bytes = p.l2CacheSize;
+  return info;
+}
+
 }  // namespace kiln

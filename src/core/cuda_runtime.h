@@ -9,6 +9,19 @@ namespace kiln {
 int cuda_device_count();
 // "no CUDA device: <reason from the runtime>" or "N CUDA device(s): <name> (sm_XY), ..."
 std::string cuda_status();
+// CUDA versions as "13.0"; "" when unknown (the runtime's is always known; the driver's is ""
+// where no driver is installed).
+std::string cuda_runtime_version();
+std::string cuda_driver_version();
+struct CudaDeviceInfo {
+  std::string name;
+  int sm_major = 0, sm_minor = 0;
+  size_t memory_bytes = 0;
+  int multiprocessors = 0;
+  int l2_cache_bytes = 0;
+  std::string error;  // non-empty when the properties could not be read
+};
+CudaDeviceInfo cuda_device_info(int index);
 // Throws kiln::Error naming `what` if CUDA device `index` is unavailable.
 void require_cuda_device(int index, const char* what);
 // Throws kiln::Error if a CUDA runtime call failed; `what` names the call site.

@@ -240,6 +240,7 @@ static Tensor gather_to_host(const Tensor& t) {
 void Tensor::copy_(const Tensor& src) {
   KILN_CHECK(src.sizes() == sizes(), "copy_: source shape {} does not match destination {}",
              to_string(src.sizes()), to_string(sizes()));
+  if (numel() == 0) return;  // nothing to move (and no layout to check: any strides are valid)
   if (device().is_cpu() && src.device().is_cpu()) {
     const char* s = static_cast<const char*>(src.raw_data());
     char* d = static_cast<char*>(raw_data());

@@ -4,8 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "eager/dispatch.h"
+#include "ops/dispatch.h"
 #include "ir/printer.h"
+#include "support/strings.h"
 
 namespace kiln {
 namespace {
@@ -33,13 +34,6 @@ std::string node_desc(const Graph& g, size_t i) {
   return fmt::format("graph '{}', node {}{} ({} -> {})", g.name, i,
                      n.name.empty() ? "" : " '" + n.name + "'",
                      size_t(n.op) < size_t(kNumOps) ? op_def(n.op).name : "<invalid op>", outs);
-}
-
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  if (from.empty()) return s;
-  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size()))
-    s.replace(p, from.size(), to);
-  return s;
 }
 
 // Int attributes may be symbolic (reshape {shape=[n, -1]}); kernels need them concrete.

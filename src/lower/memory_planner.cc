@@ -11,7 +11,7 @@
 //     sharing it. A view op (OpDef::is_view) allocates nothing: its outputs join the buffer of
 //     its input 0, so that buffer stays live until the last read of any alias. A view of an
 //     input/param/const is External (its memory is the caller's).
-//   - In place: an op of the unary or binary family (not a view, one output) joins the buffer of
+//   - In place: a pointwise op other than copy (one output) joins the buffer of
 //     its input 0 = x when (a) x owns its whole buffer contiguously (Alloc, InPlace or Copy, not
 //     a view: a strided or offset view would be overwritten in a different element order),
 //     (b) the output has x's dtype and shape and both are contiguous, so out[k] is written only
@@ -47,9 +47,9 @@ namespace {
 
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
+// Pointwise ops may run in place; copy is excluded: it exists to give a value a fresh buffer.
 bool is_elementwise_family(const OpDef& d) {
-  return !d.is_view && (std::string_view(d.family) == "unary" ||
-                        std::string_view(d.family) == "binary");
+  return d.has(trait::Pointwise) && d.id != OpId::Copy;
 }
 
 // Bytes of a non-view value, checking the shape is concrete.

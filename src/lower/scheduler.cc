@@ -28,7 +28,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "eager/dispatch.h"
+#include "ops/dispatch.h"
 #include "lower/memory_planner.h"
 #include "ops/kernel_util.h"
 
@@ -60,10 +60,6 @@ int64_t LoopKernel::numel() const {
 
 namespace {
 
-bool is_float(DType d) {
-  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 ||
-         d == DType::BFloat16;
-}
 bool concrete(const TensorType& t) {
   for (size_t i = 0; i < t.shape.size(); ++i)
     if (!t.shape[i].is_concrete()) return false;
@@ -76,18 +72,12 @@ Dims dims_of(const TensorType& t) {
   return d;
 }
 
-bool is_pointwise_op(OpId op) {
-  const OpDef& d = op_def(op);
-  return !d.is_view && (std::string_view(d.family) == "unary" ||
-                        std::string_view(d.family) == "binary" || op == OpId::Copy);
-}
+bool is_pointwise_op(OpId op) { return op_has(op, trait::Pointwise); }
+// The loop IR's Reduce expression has no index result: argmax/argmin are not loop code.
 bool is_reduce_op(OpId op) {
-  return op == OpId::Sum || op == OpId::Mean || op == OpId::Max || op == OpId::Min ||
-         op == OpId::Prod || op == OpId::Var;
+  return op_has(op, trait::Reduction) && op != OpId::Argmax && op != OpId::Argmin;
 }
-bool is_norm_op(OpId op) {
-  return op == OpId::Softmax || op == OpId::LogSoftmax || op == OpId::LayerNorm;
-}
+bool is_norm_op(OpId op) { return op_has(op, trait::RowNorm); }
 
 // adaptive_avg_pool2d to 1x1 is a mean over H and W.
 bool is_global_avg_pool(const Node& n) {
@@ -117,31 +107,13 @@ bool small_linear(const Graph& g, const Node& n, int64_t max_macs) {
   return macs <= max_macs;
 }
 
-bool loop_supported(const Graph& g, const Node& n) {
+bool loop_expressible(const Graph& g, const Node& n) {
   for (ValueId o : n.outputs)
     if (!concrete(g.type(o))) return false;
   for (ValueId in : n.inputs)
     if (in != kNoValue && !concrete(g.type(in))) return false;
   if (n.outputs.size() != 1) return false;
-  DType od = g.type(n.outputs[0]).dtype;
-  if (is_pointwise_op(n.op)) {
-    // Integer division and power raise errors on bad values (division by zero, negative
-    // exponents): the eager kernels report those.
-    if ((n.op == OpId::Div || n.op == OpId::Pow) && !is_float(od)) return false;
-    if (n.op == OpId::Cast) {
-      DType in = g.type(n.inputs[0]).dtype;
-      (void)in;
-    }
-    return true;
-  }
-  if (is_reduce_op(n.op)) {
-    if (!is_float(od)) return false;
-    return true;
-  }
-  // Norm kernels compute in float: float64 norms run their eager kernel.
-  if (is_norm_op(n.op)) return is_float(od) && od != DType::Float64;
-  if (is_global_avg_pool(n)) return is_float(od);
-  return false;
+  return is_pointwise_op(n.op) || is_reduce_op(n.op) || is_norm_op(n.op) || is_global_avg_pool(n);
 }
 
 namespace {
@@ -256,9 +228,10 @@ NodeClass Scheduler::classify(int32_t i) const {
     return n.outputs.size() == 1 && concrete(g_.type(n.outputs[0])) ? NodeClass::ViewCopy
                                                                       : NodeClass::Fallback;
   }
-  if (small_linear(g_, n, opt_.small_linear_macs)) return NodeClass::SmallLinear;
-  if (size_t(i) < opt_.extern_nodes.size() && opt_.extern_nodes[size_t(i)]) return NodeClass::Extern;
-  if (!loop_supported(g_, n)) return NodeClass::Fallback;
+  auto flag = [&](const std::vector<bool>& v) { return size_t(i) < v.size() && v[size_t(i)]; };
+  if (flag(opt_.gemv_nodes)) return NodeClass::SmallLinear;
+  if (flag(opt_.extern_nodes)) return NodeClass::Extern;
+  if (!flag(opt_.generated_nodes) || !loop_expressible(g_, n)) return NodeClass::Fallback;
   if (is_pointwise_op(n.op)) return NodeClass::Pointwise;
   if (is_reduce_op(n.op) || is_global_avg_pool(n)) return NodeClass::Reduce;
   if (is_norm_op(n.op)) return NodeClass::Norm;
@@ -542,7 +515,9 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
       e.kind = LoopExpr::Kind::Scalar;
       e.level = lv;
       e.dtype = val.type.dtype;
-      e.scalar = load_f64(val.data.raw_data(), val.data.dtype());
+      // A CUDA graph's constants live on the device: read the one element on the host.
+      Tensor host = val.data.device().is_cpu() ? val.data : val.data.to(Device::cpu());
+      e.scalar = load_f64(host.raw_data(), host.dtype());
       return add_expr(e);
     }
     ViewGeometry geo;
@@ -838,31 +813,6 @@ std::vector<bool> in_place_safe_nodes(const Graph& g, const Schedule& s) {
     }
   }
   return ok;
-}
-
-std::string describe_schedule(const Graph& g, bool fuse) {
-  std::vector<bool> view_is_copy = planned_view_copies(g);
-  ScheduleOptions so;
-  so.fuse = fuse;
-  so.extern_nodes.assign(g.nodes.size(), false);
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    OpId op = g.nodes[i].op;
-    so.extern_nodes[i] = op == OpId::Conv2d || op == OpId::FusedConv2d ||
-                         op == OpId::ConvTranspose2d || op == OpId::Linear ||
-                         op == OpId::FusedLinear || op == OpId::Matmul ||
-                         op == OpId::MaxPool2d || op == OpId::AvgPool2d;
-  }
-  Schedule s = schedule(g, view_is_copy, so);
-  PlanOptions po;
-  po.node_step = s.node_step;
-  po.unstored = s.unstored;
-  po.in_place_nodes = in_place_safe_nodes(g, s);
-  MemoryPlan plan = plan_memory(g, po);
-  verify_memory_plan(g, plan, po);
-  std::string out = schedule_str(g, s);
-  for (const LoopKernel& k : s.loops) out += loop_kernel_str(g, k);
-  out += memory_plan_str(g, plan);
-  return out;
 }
 
 }  // namespace kiln::lower

@@ -1,6 +1,7 @@
-// The scheduler of the CPU compiler: decides how each node of an optimized graph runs (a fused
-// loop kernel, a oneDNN primitive, or the op's eager kernel) and groups pointwise nodes,
-// reductions and norms into fused loop kernels. See Note [Fusion] in scheduler.cc.
+// The scheduler of the compiler (device-free): given how the target runs each node of an
+// optimized graph (a library kernel, generated loop code, or the op's eager kernel; decided in
+// compiler/choose_kernels.h), groups pointwise nodes, reductions and norms into fused loop
+// kernels and orders the steps. See Note [Fusion] in scheduler.cc.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -30,11 +31,10 @@ struct ViewGeometry {
 
 struct ScheduleOptions {
   bool fuse = true;  // false: one loop kernel per node (for tests and autotuning)
-  // Per node: run as a oneDNN primitive (decided by the caller from what oneDNN lowered).
-  std::vector<bool> extern_nodes;
-  // linear / fused_linear with at most this many multiply-adds become a generated reduction
-  // kernel instead of a oneDNN call (a oneDNN call costs about a microsecond of overhead).
-  int64_t small_linear_macs = 1 << 15;
+  // Per node (empty: none), decided by the compiler from its target:
+  std::vector<bool> extern_nodes;     // runs as a library kernel (what the library lowered)
+  std::vector<bool> gemv_nodes;       // a small linear generated as a reduction (small_linear)
+  std::vector<bool> generated_nodes;  // gets loop code (implies loop_expressible)
 };
 
 struct Schedule {
@@ -49,10 +49,14 @@ struct Schedule {
   int fused_nodes = 0;  // nodes that share a loop kernel with another node
 };
 
-// Which nodes could be generated as loop code at all (op + dtypes); the rest run as extern or
-// eager kernels. Exposed for the numerics harness and explain.
-bool loop_supported(const Graph& g, const Node& n);
-// Whether `n` is a linear/fused_linear small enough to generate (see small_linear_macs).
+// Whether the loop-nest IR can express node n at all: concrete shapes, one output, and a
+// pointwise op, a reduction other than argmax/argmin, a row norm (softmax, log_softmax,
+// layer_norm) or a global average pool. A target narrows this down by dtype
+// (compiler::Target::generates).
+bool loop_expressible(const Graph& g, const Node& n);
+// Whether `n` is a float32 linear / fused_linear (with an activation the GEMV epilogue has) of
+// at most `max_macs` multiply-adds: the scheduler can generate it as a reduction over K (a
+// GEMV in registers for batch-1 MLPs); a target decides the threshold.
 bool small_linear(const Graph& g, const Node& n, int64_t max_macs);
 
 // `view_is_copy[v]`: the memory planner materializes view value v (PlanKind::Copy); such view
@@ -81,10 +85,5 @@ std::string schedule_str(const Graph& g, const Schedule& s);
 // memory in the kernel has exactly the store's strides and offset (element i is read before
 // element i is written, by the same iteration). For PlanOptions::in_place_nodes.
 std::vector<bool> in_place_safe_nodes(const Graph& g, const Schedule& s);
-
-// For `kiln opt --schedule` and IR-text tests: schedules `g` as the CPU compiler would (conv,
-// deconv, linear, matmul and pooling as extern steps, without asking oneDNN), plans memory over
-// the schedule, and prints the steps, every loop kernel and the memory plan.
-std::string describe_schedule(const Graph& g, bool fuse = true);
 
 }  // namespace kiln::lower

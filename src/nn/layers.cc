@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "eager/api.h"
+#include "ops/api.h"
 
 namespace kiln::nn {
 

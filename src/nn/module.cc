@@ -125,6 +125,34 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+void Module::to(Device device) {
+  std::vector<Tensor> all = parameters();
+  for (const Tensor& b : buffers()) all.push_back(b);
+  // Allocate and copy everything first: a failure (out of device memory) changes nothing.
+  std::unordered_map<Storage*, Ref<Storage>> moved;  // keys stay alive: `all` holds them
+  for (const Tensor& t : all) {
+    TensorImpl* impl = t.impl();
+    if (!impl->storage || impl->device == device) continue;
+    Storage* old = impl->storage.get();
+    if (moved.count(old)) continue;
+    Tensor whole = Tensor::fake(Dims{int64_t(old->nbytes())}, DType::UInt8, impl->device);
+    whole.impl()->storage = impl->storage;
+    moved.emplace(old, whole.to(device).impl()->storage);
+  }
+  for (const Tensor& t : all) {
+    TensorImpl* impl = t.impl();
+    auto it = impl->storage ? moved.find(impl->storage.get()) : moved.end();
+    if (it == moved.end()) continue;
+    impl->storage = it->second;
+    impl->device = device;
+  }
+  // Capture guards a parameter by the identity of its impl (unchanged here) and its version:
+  // the fresh storage must carry a version above the old one, or a compiled function that froze
+  // the old weights would replay on them.
+  for (auto& [old, fresh] : moved)
+    while (fresh->version() <= old->version()) fresh->bump_version();
+}
+
 ModulePtr Module::submodule(const std::string& dotted) const {
   const Module* m = this;
   ModulePtr found;

@@ -74,6 +74,14 @@ class Module : public std::enable_shared_from_this<Module> {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
+  // ---- device ----
+  // Moves every parameter and buffer (recursively) to `device` in place, like PyTorch's
+  // module.to(device): the tensors keep their identity (handles held elsewhere, such as a
+  // layer's `weight` member, see the move), storages shared by several tensors (tied weights,
+  // views) move once and stay shared, and each moved storage starts a new version, so compiled
+  // functions that froze the old weights recompile instead of reading them.
+  void to(Device device);
+
   // ---- weights ----
   // Parameters and persistent buffers, PyTorch's order.
   NamedTensors state_dict() const;

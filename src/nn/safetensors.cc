@@ -1,5 +1,6 @@
 // Safetensors reader and writer. See Note [Safetensors format] in safetensors.h.
 #include "nn/safetensors.h"
+#include "support/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -264,21 +265,6 @@ void write_safetensors(const NamedTensors& host, const std::map<std::string, std
 
 std::string errno_str(int e) { return std::strerror(e); }
 
-// The process umask, read without umask(2)'s set-and-restore (which races with other threads).
-mode_t current_umask() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  mode_t mask = 022;
-  if (!f) return mask;
-  char line[256];
-  while (std::fgets(line, sizeof line, f))
-    if (std::strncmp(line, "Umask:", 6) == 0) {
-      mask = mode_t(std::strtoul(line + 6, nullptr, 8));
-      break;
-    }
-  std::fclose(f);
-  return mask;
-}
-
 }  // namespace
 
 const char* safetensors_dtype_name(DType d) {
@@ -301,54 +287,10 @@ std::vector<uint8_t> safetensors_bytes(const NamedTensors& tensors,
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   NamedTensors host = host_tensors(tensors, path);
-  // The temp file lives next to the target so that rename() is atomic (same filesystem).
-  std::string tmp = path + ".tmp-XXXXXX";
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0)
-    fail_kind(ErrorKind::Runtime, "save_safetensors '{}': cannot create a temp file: {}", path,
-              errno_str(errno));
-  // Until the rename succeeds, any exit (error or exception) removes the temp file.
-  struct TempFile {
-    int fd;
-    const std::string& path;
-    bool committed = false;
-    ~TempFile() {
-      if (fd >= 0) ::close(fd);
-      if (!committed) ::unlink(path.c_str());
-    }
-  } temp{fd, tmp};
-  auto io_fail = [&](const char* what, int err) {
-    fail_kind(ErrorKind::Runtime, "save_safetensors '{}': {}: {}", path, what, errno_str(err));
-  };
-  write_safetensors(host, metadata, path, [&](const void* p, size_t n) {
-    auto* b = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(temp.fd, b, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) io_fail("write failed", w < 0 ? errno : EIO);
-      b += w;
-      n -= size_t(w);
-    }
-  });
-  // mkstemp creates 0600; a weights file should honour the umask like any other file.
-  ::fchmod(temp.fd, 0666 & ~current_umask());
-  if (::fsync(temp.fd) != 0) io_fail("fsync failed", errno);
-  int closed = ::close(temp.fd);
-  temp.fd = -1;
-  if (closed != 0) io_fail("close failed", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    io_fail("cannot rename the temp file into place", errno);
-  temp.committed = true;
-  // Make the rename itself durable.
-  size_t slash = path.rfind('/');
-  std::string dir = slash == std::string::npos ? std::string(".")
-                    : slash == 0               ? std::string("/")
-                                               : path.substr(0, slash);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  // A temp file next to the target, renamed into place: never a half-written weights file.
+  AtomicFile file(path, "save_safetensors");
+  write_safetensors(host, metadata, path, [&](const void* p, size_t n) { file.write(p, n); });
+  file.commit();
 }
 
 SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std::string& source) {

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <limits>
 
-#include "eager/onednn.h"
+#include "ops/onednn.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {

@@ -17,8 +17,8 @@
 // chain back as conv2d/linear, mul, add and the activation op.
 #include <cmath>
 
-#include "eager/api.h"
-#include "eager/dispatch.h"
+#include "ops/api.h"
+#include "ops/dispatch.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {

@@ -5,7 +5,7 @@
 // accumulates in float64 (int64 for integer dtypes, which wrap on store like PyTorch). The eager
 // kernel hands float32/bfloat16 to oneDNN's matmul (bias fused for linear) and everything else
 // to the reference.
-#include "eager/onednn.h"
+#include "ops/onednn.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <limits>
 
-#include "eager/api.h"
+#include "ops/api.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {

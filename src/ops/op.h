@@ -9,9 +9,12 @@
 //     the oracle for every test;
 //   - decompose: for composite ops, the op written with other ops through the eager API (it is
 //     traced into core ops by the compiler's decomposition pass);
+//   - traits: facts from ops.def (pointwise, reduction, view, ...; see there);
 //   - eager_cpu / eager_cuda: optimized eager kernels (oneDNN conv/matmul, vectorized loops);
-//   - cpu_lowering / cuda_lowering / gradient: filled by the compiler (CPU), wave 2 (CUDA) and
-//     wave 3 (autodiff); empty today and reported as such by `kiln ops --json`;
+//     CUDA kernels attach themselves from src/eager/cuda through a registry extension;
+//   - gradient: wave 3 (autodiff); empty today and reported as such by `kiln ops --json`.
+//     How each compiler target runs the op is the target's own table (compiler/target.h:
+//     OpSupport), not a field here;
 //   - samples: test cases (inputs + attrs) from which the op harness checks every op in every
 //     dtype it supports against the float64 reference.
 // Kernels receive inputs in any strides; non-view ops get preallocated contiguous outputs of the
@@ -19,6 +22,7 @@
 #pragma once
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,16 +37,46 @@
 namespace kiln {
 
 enum class OpId : uint16_t {
-#define KILN_OP(I, N, F) I,
+#define KILN_OP(I, N, F, T) I,
 #include "ops/ops.def"
 #undef KILN_OP
 };
 
 inline constexpr int kNumOps = 0
-#define KILN_OP(I, N, F) +1
+#define KILN_OP(I, N, F, T) +1
 #include "ops/ops.def"
 #undef KILN_OP
     ;
+
+// Facts about an op, the traits column of ops.def (see the comment there): trait::Pointwise, ...
+namespace trait {
+enum OpTrait : uint32_t {
+  None = 0,
+  Pointwise = 1u << 0,
+  Commutative = 1u << 1,
+  Reduction = 1u << 2,
+  RowNorm = 1u << 3,
+  View = 1u << 4,
+  Contraction = 1u << 5,
+  Pooling = 1u << 6,
+  Spatial = 1u << 7,
+  Indexing = 1u << 8,
+};
+constexpr OpTrait operator|(OpTrait a, OpTrait b) { return OpTrait(uint32_t(a) | uint32_t(b)); }
+
+// The traits of every op, by OpId (a constant table, usable in constant expressions).
+inline constexpr OpTrait kByOp[] = {
+#define KILN_OP(I, N, F, T) T,
+#include "ops/ops.def"
+#undef KILN_OP
+};
+}  // namespace trait
+using trait::OpTrait;
+inline constexpr const OpTrait* kOpTraits = trait::kByOp;
+static_assert(std::size(trait::kByOp) == size_t(kNumOps), "ops.def and the traits table disagree");
+constexpr bool op_has(OpId op, OpTrait t) { return (uint32_t(kOpTraits[size_t(op)]) & uint32_t(t)) != 0; }
+// "pointwise|commutative" (kiln ops).
+std::string op_traits_str(OpTrait t);
 
 // ---- attributes -------------------------------------------------------------------------------
 enum class AttrType : uint8_t { Int, Float, Bool, String, Ints, Floats, DType };
@@ -143,8 +177,6 @@ struct OpSample {
 };
 using SampleFn = std::vector<OpSample> (*)(Generator& gen);
 
-struct CpuLowering;   // defined by the CPU compiler
-struct CudaLowering;  // defined by the CUDA backend (wave 2)
 struct GradientRule;  // defined by autodiff (wave 3)
 
 struct OpDef {
@@ -156,15 +188,18 @@ struct OpDef {
   std::vector<InputSpec> inputs;
   std::vector<AttrSpec> attrs;
   int num_outputs = 1;  // -1: decided by inference (e.g. split)
-  bool is_view = false;
+  OpTrait traits = trait::None;  // from ops.def
+  bool is_view = false;   // traits has View (set by the registry)
+  bool has(OpTrait t) const { return (uint32_t(traits) & uint32_t(t)) != 0; }
 
   InferFn infer = nullptr;
   KernelFn reference = nullptr;
   DecomposeFn decompose = nullptr;
   KernelFn eager_cpu = nullptr;
   KernelFn eager_cuda = nullptr;
-  const CpuLowering* cpu_lowering = nullptr;
-  const CudaLowering* cuda_lowering = nullptr;
+  // dtypes (of the primary input) eager_cuda takes; others get NotSupported from it. The op
+  // harness runs every op x dtype in this list on CUDA.
+  std::vector<DType> eager_cuda_dtypes;
   const GradientRule* gradient = nullptr;
   std::vector<std::string> onnx_ops;
   // ATen overloads ("aten.add.Tensor") that the Python frontend maps to this op; filled from its
@@ -193,6 +228,17 @@ std::vector<std::string> registry_problems();
 
 // Registration (used by the family files; see registry.cc).
 OpDef& define_op(OpId id);
+
+// Registry extensions: layers above ops/ attach what they own to op records (CUDA eager
+// kernels, a frontend's op mapping) from their own code, so that ops/ calls nothing above it:
+//   static const bool registered = register_op_extension("cuda-eager", &attach_cuda_kernels);
+// Extensions run after the op families, in registration order, when the registry is first used
+// — or at once when registered later (a library loaded afterwards; do not load one while other
+// threads run ops). They modify records through define_op(). Returns true (for the idiom).
+using OpExtensionFn = void (*)();
+bool register_op_extension(const char* name, OpExtensionFn fn);
+// Names of the registered extensions, in order (kiln ops --json, tests).
+std::vector<std::string> op_extension_names();
 
 // Common dtype sets.
 std::vector<DType> float_dtypes();      // f32 f64 f16 bf16

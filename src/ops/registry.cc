@@ -10,18 +10,29 @@ namespace kiln {
 // Each family file defines register_<family>_ops().
 #define KILN_OP_FAMILY(f) void register_##f##_ops();
 #include "ops/ops.def"
-// CUDA eager kernels (src/eager/cuda) attach themselves to op records after the families.
-void register_cuda_eager_kernels();
-void register_cpu_lowerings();  // src/codegen/cpu/lowering.cc
 
 namespace {
+
+struct Extension {
+  const char* name;
+  OpExtensionFn fn;
+};
+struct Extensions {
+  std::mutex mu;
+  std::vector<Extension> list;
+  bool built = false;  // the registry exists: a new extension runs at once
+};
+Extensions& extensions() {
+  static Extensions* e = new Extensions();  // never destroyed: static destruction order
+  return *e;
+}
 
 struct OpName {
   const char* name;
   const char* family;
 };
 constexpr OpName kOpNames[] = {
-#define KILN_OP(I, N, F) {N, #F},
+#define KILN_OP(I, N, F, T) {N, #F},
 #include "ops/ops.def"
 #undef KILN_OP
 };
@@ -40,12 +51,18 @@ void build_registry() {
     t[i].id = OpId(i);
     t[i].name = kOpNames[i].name;
     t[i].family = kOpNames[i].family;
+    t[i].traits = kOpTraits[i];
+    t[i].is_view = t[i].has(trait::View);
   }
   g_registering = true;
 #define KILN_OP_FAMILY(f) register_##f##_ops();
 #include "ops/ops.def"
-  register_cuda_eager_kernels();
-  register_cpu_lowerings();
+  for (int i = 0; i < kNumOps; ++i)
+    KILN_ASSERT(t[i].is_view == t[i].has(trait::View));  // a family set is_view against ops.def
+  Extensions& ext = extensions();
+  std::lock_guard<std::mutex> lock(ext.mu);
+  for (const Extension& e : ext.list) e.fn();
+  ext.built = true;
   g_registering = false;
 }
 
@@ -56,6 +73,38 @@ const std::array<OpDef, kNumOps>& registry() {
 }
 
 }  // namespace
+
+std::string op_traits_str(OpTrait t) {
+  using namespace trait;
+  static constexpr std::pair<OpTrait, const char*> kNames[] = {
+      {Pointwise, "pointwise"}, {Commutative, "commutative"}, {Reduction, "reduction"},
+      {RowNorm, "row_norm"},    {View, "view"},               {Contraction, "contraction"},
+      {Pooling, "pooling"},     {Spatial, "spatial"},         {Indexing, "indexing"}};
+  std::string s;
+  for (auto [bit, name] : kNames)
+    if (uint32_t(t) & uint32_t(bit)) s += (s.empty() ? "" : "|") + std::string(name);
+  return s.empty() ? "none" : s;
+}
+
+bool register_op_extension(const char* name, OpExtensionFn fn) {
+  Extensions& ext = extensions();
+  std::lock_guard<std::mutex> lock(ext.mu);
+  ext.list.push_back({name, fn});
+  if (ext.built) {
+    g_registering = true;
+    fn();
+    g_registering = false;
+  }
+  return true;
+}
+
+std::vector<std::string> op_extension_names() {
+  Extensions& ext = extensions();
+  std::lock_guard<std::mutex> lock(ext.mu);
+  std::vector<std::string> out;
+  for (const Extension& e : ext.list) out.push_back(e.name);
+  return out;
+}
 
 std::vector<std::string> registry_problems() {
   // Every op listed in ops.def must have a full record: inference, a reference kernel or a

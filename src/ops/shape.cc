@@ -21,7 +21,7 @@
 #include <cstring>
 #include <optional>
 
-#include "eager/dispatch.h"
+#include "ops/dispatch.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {
@@ -859,7 +859,10 @@ OpDef& define_shape_op(OpId id, const char* doc, InferFn infer, KernelFn kernel,
   d.reference = kernel;
   d.is_view = is_view;
   // Views only move metadata, so the same kernel is right on every device.
-  if (is_view) d.eager_cuda = kernel;
+  if (is_view) {
+    d.eager_cuda = kernel;
+    d.eager_cuda_dtypes = all_dtypes();
+  }
   d.dtypes = all_dtypes();
   d.samples = samples;
   d.onnx_ops = std::move(onnx);

@@ -5,6 +5,11 @@
 // kernels add a float32 contiguous fast path; everything else falls back to the reference.
 #include <cmath>
 
+#include <cstdint>
+#include <cstring>
+#include <math.h>
+
+#include "ops/scalar_math.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {
@@ -96,25 +101,23 @@ void eager_unary(const KernelContext& ctx) {
   Tensor& out = ctx.outputs[0];
   if (x.dtype() != DType::Float32 || !x.is_contiguous()) return ref_unary(ctx);
   switch (ctx.op.id) {
-    case OpId::Neg: return map_f32(x, out, [](float v) { return -v; });
-    case OpId::Abs: return map_f32(x, out, [](float v) { return std::fabs(v); });
-    case OpId::Exp: return map_f32(x, out, [](float v) { return std::exp(v); });
-    case OpId::Log: return map_f32(x, out, [](float v) { return std::log(v); });
-    case OpId::Sqrt: return map_f32(x, out, [](float v) { return std::sqrt(v); });
-    case OpId::Rsqrt: return map_f32(x, out, [](float v) { return 1.0f / std::sqrt(v); });
-    case OpId::Reciprocal: return map_f32(x, out, [](float v) { return 1.0f / v; });
-    case OpId::Sigmoid: return map_f32(x, out, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
-    case OpId::Tanh: return map_f32(x, out, [](float v) { return std::tanh(v); });
-    case OpId::Relu: return map_f32(x, out, [](float v) { return v > 0.0f ? v : (v != v ? v : 0.0f); });
-    case OpId::Silu: return map_f32(x, out, [](float v) { return v / (1.0f + std::exp(-v)); });
-    case OpId::Erf: return map_f32(x, out, [](float v) { return std::erf(v); });
+    // The scalar math every float path shares (ops/scalar_math.h, Note [Scalar math]).
+    case OpId::Neg: return map_f32(x, out, [](float v) { return kn_neg(v); });
+    case OpId::Abs: return map_f32(x, out, [](float v) { return kn_abs(v); });
+    case OpId::Exp: return map_f32(x, out, [](float v) { return kn_exp(v); });
+    case OpId::Log: return map_f32(x, out, [](float v) { return kn_log(v); });
+    case OpId::Sqrt: return map_f32(x, out, [](float v) { return kn_sqrt(v); });
+    case OpId::Rsqrt: return map_f32(x, out, [](float v) { return kn_rsqrt(v); });
+    case OpId::Reciprocal: return map_f32(x, out, [](float v) { return kn_recip(v); });
+    case OpId::Sigmoid: return map_f32(x, out, [](float v) { return kn_sigmoid(v); });
+    case OpId::Tanh: return map_f32(x, out, [](float v) { return kn_tanh(v); });
+    case OpId::Relu: return map_f32(x, out, [](float v) { return kn_relu(v); });
+    case OpId::Silu: return map_f32(x, out, [](float v) { return kn_silu(v); });
+    case OpId::Erf: return map_f32(x, out, [](float v) { return kn_erf(v); });
     case OpId::Gelu:
       if (ctx.attrs.get_string("approximate") == "tanh")
-        return map_f32(x, out, [](float v) {
-          const float c = 0.7978845608028654f;
-          return 0.5f * v * (1.0f + std::tanh(c * (v + 0.044715f * v * v * v)));
-        });
-      return map_f32(x, out, [](float v) { return 0.5f * v * (1.0f + std::erf(v * 0.7071067811865476f)); });
+        return map_f32(x, out, [](float v) { return kn_gelu_tanh(v); });
+      return map_f32(x, out, [](float v) { return kn_gelu(v); });
     default: return ref_unary(ctx);
   }
 }

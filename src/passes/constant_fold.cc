@@ -1,6 +1,6 @@
 #include "passes/constant_fold.h"
 
-#include "eager/dispatch.h"
+#include "ops/dispatch.h"
 #include "passes/graph_rewrite.h"
 
 namespace kiln {

@@ -8,15 +8,6 @@
 namespace kiln {
 namespace {
 
-bool commutative(OpId op) {
-  switch (op) {
-    case OpId::Add: case OpId::Mul: case OpId::Maximum: case OpId::Minimum:
-    case OpId::Eq: case OpId::Ne: case OpId::And: case OpId::Or:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // Consts larger than this are not compared (hashing them costs more than a duplicate is worth).
 constexpr int64_t kMaxConstCompareElements = 1 << 16;
@@ -35,7 +26,7 @@ std::string const_key(const Value& v) {
 std::string node_key(const Node& n, std::vector<ValueId> inputs) {
   // linear(%x, %w, _) and linear(%x, %w) are the same computation.
   while (!inputs.empty() && inputs.back() == kNoValue) inputs.pop_back();
-  if (commutative(n.op)) std::sort(inputs.begin(), inputs.end());
+  if (op_has(n.op, trait::Commutative)) std::sort(inputs.begin(), inputs.end());
   std::string key = op_def(n.op).name;
   key += '(';
   for (ValueId v : inputs) key += std::to_string(v) + ',';

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "eager/dispatch.h"
+#include "ops/dispatch.h"
 #include "passes/graph_rewrite.h"
 
 namespace kiln {

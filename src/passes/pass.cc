@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "ir/printer.h"
+#include "support/files.h"
 #include "ir/verifier.h"
 
 namespace kiln {
@@ -41,40 +42,9 @@ bool verify_enabled() {
   return !(v && std::string_view(v) == "0");
 }
 
-// Writes `text` to `path` through a temp file in the same directory and a rename, so that a
-// reader never sees a half-written file.
-void write_file_atomic(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::path tmp = path;
-  tmp += fmt::format(".tmp.{}", ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f)
-    fail_kind(ErrorKind::Runtime, "cannot write '{}': {}", tmp.string(), std::strerror(errno));
-  size_t n = std::fwrite(text.data(), 1, text.size(), f);
-  bool ok = n == text.size();
-  ok &= std::fflush(f) == 0;
-  ok &= std::fclose(f) == 0;
-  if (!ok) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    fail_kind(ErrorKind::Runtime, "cannot write '{}' (disk full?)", tmp.string());
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    fail_kind(ErrorKind::Runtime, "cannot rename '{}' to '{}': {}", tmp.string(), path.string(),
-              ec.message());
-  }
-}
-
 void dump_ir(const char* dir, int index, std::string_view pass_name, const Graph& g) {
-  std::filesystem::path d(dir);
-  std::error_code ec;
-  std::filesystem::create_directories(d, ec);
-  if (ec)
-    fail_kind(ErrorKind::Runtime, "KILN_DUMP_IR: cannot create directory '{}': {}", dir,
-              ec.message());
-  write_file_atomic(d / fmt::format("{:02d}-{}.kir", index, pass_name),
+  make_dirs(dir, "KILN_DUMP_IR");
+  write_file_atomic((std::filesystem::path(dir) / fmt::format("{:02d}-{}.kir", index, pass_name)).string(),
                     print_graph(g, PrintOptions{}));
 }
 

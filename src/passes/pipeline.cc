@@ -1,5 +1,6 @@
 // The one table of graph passes, in pipeline order. Adding a pass: its file pair under
 // src/passes/ (declaring make_<name>_pass in its header) and one line here.
+#include "passes/pipeline.h"
 #include "passes/pass.h"
 #include "passes/algebraic_simplify.h"
 #include "passes/constant_fold.h"
@@ -28,5 +29,17 @@ constexpr PassEntry kPasses[] = {
 }  // namespace
 
 std::span<const PassEntry> registered_passes() { return kPasses; }
+
+std::vector<std::unique_ptr<Pass>> compiler_pipeline(const std::vector<OpId>& decompose) {
+  std::vector<std::unique_ptr<Pass>> passes;
+  for (const std::string& name : default_pipeline()) passes.push_back(find_pass(name));
+  if (!decompose.empty()) {
+    DecomposeOptions o;
+    o.ops = decompose;
+    passes.push_back(make_decompose_pass(o));
+    for (const char* cleanup : {"constant-fold", "cse", "dce"}) passes.push_back(find_pass(cleanup));
+  }
+  return passes;
+}
 
 }  // namespace kiln

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "support/files.h"
 
 namespace kiln {
 namespace {
@@ -143,26 +144,14 @@ void write_npy(const std::string& path, const Tensor& t0) {
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) fail("cannot open '{}' for writing", path);
-    f.write("\x93NUMPY\x01\x00", 8);
-    uint16_t hl = uint16_t(header.size());
-    char hb[2] = {char(hl & 0xff), char(hl >> 8)};
-    f.write(hb, 2);
-    f.write(header.data(), std::streamsize(header.size()));
-    f.write(static_cast<const char*>(t.raw_data()), std::streamsize(t.nbytes()));
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      fail_kind(ErrorKind::Runtime, "failed writing '{}' (disk full?)", path);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail_kind(ErrorKind::Runtime, "cannot rename temporary file to '{}'", path);
-  }
+  AtomicFile f(path, "write_npy");
+  f.write("\x93NUMPY\x01\x00", 8);
+  uint16_t hl = uint16_t(header.size());
+  char hb[2] = {char(hl & 0xff), char(hl >> 8)};
+  f.write(hb, 2);
+  f.write(header);
+  f.write(t.raw_data(), size_t(t.nbytes()));
+  f.commit();
 }
 
 }  // namespace kiln

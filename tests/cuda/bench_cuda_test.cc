@@ -2,8 +2,9 @@
 // of pointwise ops, reductions and decomposed ops (softmax, layer_norm) is benchmarked on the
 // device with the eager CUDA kernels; its JSON must carry sane host and device times and a
 // device peak, and one CUDA call must match the CPU eager call (and the float64 CPU run of the
-// same model) on random inputs. Models that need ops without CUDA kernels (conv, linear) must
-// fail before running, naming the node. No timing thresholds.
+// same model) on random inputs. Models that need ops without CUDA eager kernels (conv, linear)
+// must fail before running, naming the node. --backend compiled runs the CUDA target: its
+// results must match the CPU too. No timing thresholds.
 //
 // Part of kiln_cuda_tests: without a CUDA device its main() exits 77 (not run).
 #include <gtest/gtest.h>
@@ -17,8 +18,8 @@
 #include "../onnx/onnx_builder.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
-#include "eager/api.h"
-#include "runtime/bench.h"
+#include "ops/api.h"
+#include "bench/bench.h"
 
 namespace kiln {
 namespace {
@@ -193,13 +194,6 @@ TEST(BenchCuda, OneCudaCallMatchesTheCpu) {
     expect_close(want[k], want64[k], 1e-4, 1e-6,
                  "output " + std::to_string(k) + ": CPU vs float64 CPU");
   }
-  // The compiled form does not exist on CUDA yet.
-  try {
-    gpu.compile(CompileOptions{});
-    ADD_FAILURE() << "compile of a CUDA target did not throw";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::NotSupported) << e.what();
-  }
 }
 
 TEST(BenchCuda, ConvModelNamesTheNodeWithoutACudaKernel) {
@@ -232,18 +226,75 @@ TEST(BenchCuda, ZooModelNamesTheNodeWithoutACudaKernel) {
   EXPECT_NE(m.find("(op linear) has no CUDA kernel yet"), std::string::npos) << m;
 }
 
-TEST(BenchCuda, CompiledBackendIsNotSupported) {
+// --backend compiled --device cuda: the CUDA target compiles the ONNX model (captured from the
+// device graph); one compiled call matches the CPU eager call and the float64 CPU reference,
+// and the bench JSON names the compiled backend with sane host and device times.
+TEST(BenchCuda, CompiledOnnxModelMatchesTheCpuAndBenches) {
   TempDir dir;
   Weights w = random_weights(43);
-  BenchOptions o;
-  o.target = dir.write("m.onnx", pointwise_model(DType::Float32, w.b, w.scale, w.bias));
-  o.device = "cuda";
-  o.backend = "compiled";
-  ErrorKind kind{};
-  std::string m = error_of(o, &kind);
-  EXPECT_EQ(kind, ErrorKind::NotSupported) << m;
-  EXPECT_NE(m.find("--backend compiled --device cuda is not supported yet"), std::string::npos)
-      << m;
+  std::string p32 = dir.write("m32.onnx", pointwise_model(DType::Float32, w.b, w.scale, w.bias));
+  std::string p64 = dir.write("m64.onnx", pointwise_model(DType::Float64, w.b, w.scale, w.bias));
+  const int64_t batch = 29;
+  BenchTarget cpu = load_bench_target(p32, batch, 77);
+  BenchTarget gpu = load_bench_target(p32, batch, 77, kCuda);
+  CompileOptions copts;
+  copts.backend = "inductor";
+  copts.strict = true;  // a failure in the CUDA compiler must not fall back to eager silently
+  CompiledFunction f = gpu.compile(copts);
+  TensorList got = f(gpu.inputs);
+  TensorList want = cpu.eager(cpu.inputs);
+  BenchTarget ref = load_bench_target(p64, batch, 77);
+  TensorList want64 = ref.eager({cpu.inputs[0].to(DType::Float64)});
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].device(), kCuda) << "output " << k << " stays on the device";
+    expect_close(got[k], want[k], 5e-5, 1e-6, "compiled output " + std::to_string(k) + " vs CPU");
+    expect_close(got[k], want64[k], 1e-4, 1e-6,
+                 "compiled output " + std::to_string(k) + " vs float64 CPU");
+  }
+
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    BenchOptions o;
+    o.target = p32;
+    o.device = "cuda";
+    o.backend = "compiled";
+    o.mode = mode;
+    o.batch = 8;
+    o.warmup = 2;
+    o.iters = 20;
+    BenchResult r = run_bench(o);
+    json j = json::parse(r.json());
+    EXPECT_EQ(j["device"], "cuda") << mode;
+    EXPECT_EQ(j["backend"], "compiled(inductor)") << mode;
+    EXPECT_EQ(j["mode"], mode);
+    EXPECT_GT(j["compile_s"].get<double>(), 0) << mode;
+    std::vector<double> s = j["samples_ms"].get<std::vector<double>>();
+    ASSERT_EQ(s.size(), 20u) << mode;
+    for (double x : s) EXPECT_TRUE(std::isfinite(x) && x > 0) << mode;
+    ASSERT_TRUE(j["device_p50_ms"].is_number()) << mode;
+    EXPECT_LE(j["device_p50_ms"].get<double>(), j["p50_ms"].get<double>() + 0.005) << mode;
+    std::printf("[bench cuda] compiled %s m32.onnx batch 8: host p50 %.4f ms, device p50 %.4f ms\n",
+                mode, j["p50_ms"].get<double>(), j["device_p50_ms"].get<double>());
+  }
+}
+
+// A zoo model on CUDA: Module::to moves its weights, capture records a CUDA graph, and the
+// compiled call matches the CPU eager module on the same inputs.
+TEST(BenchCuda, CompiledZooModelMatchesTheCpu) {
+  BenchTarget cpu = load_bench_target("mlp", 4, 9);
+  BenchTarget gpu = load_bench_target("mlp", 4, 9, kCuda);
+  CompileOptions copts;
+  copts.backend = "inductor";
+  copts.strict = true;
+  CompiledFunction f = gpu.compile(copts);
+  TensorList got = f(gpu.inputs);
+  TensorList want = cpu.eager(cpu.inputs);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    EXPECT_EQ(got[k].device(), kCuda);
+    // cuBLASLt and oneDNN may order the float32 sums (10 and 50 terms) differently.
+    expect_close(got[k], want[k], 1e-4, 1e-5, "mlp output " + std::to_string(k));
+  }
 }
 
 // The allocator's peak restarts at the bytes held now; the event timer measures device work.

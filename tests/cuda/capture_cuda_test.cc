@@ -2,7 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "capture/compile.h"
-#include "eager/api.h"
+#include "nn/compile.h"
+#include "ops/api.h"
 
 using namespace kiln;
 

@@ -15,7 +15,7 @@
 
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
-#include "eager/api.h"
+#include "ops/api.h"
 #include "ops/op.h"
 
 namespace kiln {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "capture/compile.h"
+#include "nn/compile.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -18,6 +19,7 @@ TEST_P(CaptureZoo, CapturedGraphEqualsEager) {
   nn::ZooModel m = nn::make_zoo_model(GetParam(), 1, 7);
   TensorList eager = m.module->call(m.inputs);
   CompileOptions opts;
+  opts.backend = "eager";  // the interpreter (the default backend is the compiler since #11)
   CompiledFunction f = compile(m.module, opts);
   TensorList captured = f(m.inputs);
   ASSERT_EQ(captured.size(), eager.size());

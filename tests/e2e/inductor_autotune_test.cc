@@ -12,9 +12,10 @@
 #include <cstring>
 #include <string>
 
-#include "capture/backend.h"
+#include "compiler/backend.h"
 #include "capture/compile.h"
-#include "codegen/cpu/inductor.h"
+#include "nn/compile.h"
+#include "compiler/compile.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 #include "nn/models/zoo.h"
@@ -46,17 +47,17 @@ class FreshCacheDir {
 };
 
 // The options the test backend compiles with, and the report of its last compile.
-codegen::InductorOptions g_options;
+compiler::Options g_options;
 std::string g_last_autotune;
 
 // Registers the test backend, compiling in max-autotune with `tolerance` (no progress bar).
 void use_max_autotune_backend(double tolerance = 1e-4) {
-  register_backend("inductor-autotune-test", [](const Graph& g, const CompileOptions&) {
-    auto compiled = codegen::compile_inductor(g, g_options);
+  register_backend("inductor-autotune-test", [](const Graph& g, const BackendOptions&) {
+    auto compiled = compiler::compile(g, Device::cpu(), g_options);
     g_last_autotune = compiled->report().autotune;
     return std::unique_ptr<CompiledGraph>(std::move(compiled));
   });
-  g_options = codegen::InductorOptions{};
+  g_options = compiler::Options{};
   g_options.mode = "max-autotune";
   g_options.progress = false;
   g_options.autotune_tolerance = tolerance;
@@ -172,7 +173,7 @@ TEST(InductorAutotune, KernelThreadCountsAreTunedAndPersisted) {
   ValueId t = g.add_node1(OpId::Transpose, {sm}, {{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}, "t");
   ValueId r = g.add_node1(OpId::Relu, {t}, {}, "relu");
   g.outputs = {sm, r};
-  codegen::InductorOptions o;
+  compiler::Options o;
   o.mode = "max-autotune";
   o.progress = false;
   Generator gen(21);
@@ -180,7 +181,7 @@ TEST(InductorAutotune, KernelThreadCountsAreTunedAndPersisted) {
                    Tensor::randn({64, 1024}, gen, DType::Float32)};
   TensorList want = run(g, in);
   for (int compile_no = 0; compile_no < 2; ++compile_no) {
-    auto c = codegen::compile_inductor(g, o);
+    auto c = compiler::compile(g, Device::cpu(), o);
     const std::string& rep = c->report().autotune;
     if (compile_no == 0) {
       EXPECT_EQ(rep.rfind("chose default", 0), 0u) << rep;
@@ -220,10 +221,10 @@ TEST(InductorAutotune, ConvolutionPoliciesSkippedWhereConvolutionsAreNegligible)
   ValueId lw = g.add_param("lw", Tensor::randn({2048, 144}, gen, DType::Float32));
   ValueId y = g.add_node1(OpId::Linear, {f, lw}, {}, "fc");  // 295K MACs
   g.outputs = {y};
-  codegen::InductorOptions o;
+  compiler::Options o;
   o.mode = "max-autotune";
   o.progress = false;
-  auto compiled = codegen::compile_inductor(g, o);
+  auto compiled = compiler::compile(g, Device::cpu(), o);
   const std::string& rep = compiled->report().autotune;
   EXPECT_NE(rep.find("convolution policies not tried (convolutions are 1.3% of the multiply-adds)"),
             std::string::npos)
@@ -260,7 +261,7 @@ Graph reductions_graph() {
 
 }  // namespace
 
-// reduce_unroll = 4 (four vector accumulators per reduction) and 256-bit vectors compute every
+// unroll=4 (four vector accumulators per reduction) and 256-bit vectors compute every
 // reduction kind as the eager kernels do, up to summation order.
 TEST(InductorCodegenVariants, UnrolledReductionsMatchEager) {
   Graph g = reductions_graph();
@@ -268,10 +269,10 @@ TEST(InductorCodegenVariants, UnrolledReductionsMatchEager) {
   TensorList in = {Tensor::randn({6, 9, 301}, gen, DType::Float32)};
   TensorList want = run(g, in);
   for (int bits : {0, 256}) {
-    codegen::InductorOptions o;
-    o.reduce_unroll = 4;
-    o.vector_bits = bits;
-    auto c = codegen::compile_inductor(g, o);
+    compiler::Options o;
+    o.knobs.set("unroll", "4");
+    if (bits == 256) o.knobs.set("vec", "256");
+    auto c = compiler::compile(g, Device::cpu(), o);
     int simd_reduces = 0;
     for (const std::string& k : c->report().kernels) simd_reduces += k.find("[reduce, SIMD]") != std::string::npos;
     EXPECT_GE(simd_reduces, 3) << c->summary();
@@ -291,10 +292,10 @@ TEST(InductorCodegenVariants, UnrolledReductionsMatchEager) {
 // accumulators; on AVX-512 also 256-bit vectors) and reports each one's time.
 TEST(InductorAutotune, TimesCodegenVariantsOfReductions) {
   FreshCacheDir cache;
-  codegen::InductorOptions o;
+  compiler::Options o;
   o.mode = "max-autotune";
   o.progress = false;
-  auto c = codegen::compile_inductor(reductions_graph(), o);
+  auto c = compiler::compile(reductions_graph(), Device::cpu(), o);
   const std::string& rep = c->report().autotune;
   EXPECT_NE(rep.find("; variants: 512-bit "), std::string::npos) << rep;
   EXPECT_NE(rep.find(", unroll=4 "), std::string::npos) << rep;
@@ -325,8 +326,8 @@ TEST(InductorStridedMatmul, PermutedOperandsAreNotCopied) {
     ValueId p = g.add_node1(OpId::Softmax, {s}, {{"dim", int64_t(-1)}}, "softmax");
     ValueId o = g.add_node1(OpId::Matmul, {p, vh}, {}, "context");
     g.outputs = {o};
-    codegen::InductorOptions opt;
-    auto c = codegen::compile_inductor(g, opt);
+    compiler::Options opt;
+    auto c = compiler::compile(g, Device::cpu(), opt);
     int strided = 0, copies = 0;
     for (const std::string& line : c->report().kernels) {
       strided += line.find("matmul") != std::string::npos &&

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "codegen/cpu/inductor.h"
-#include "eager/onednn.h"
+#include "compiler/compile.h"
+#include "ops/onednn.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 
@@ -60,7 +60,7 @@ void expect_close(const Tensor& got, const Tensor& want, double rtol, const std:
 
 TEST(InductorBf16, ConvNetMatchesFloat32Reference) {
   Graph g16 = net(DType::BFloat16, 5), g32 = net(DType::Float32, 5);
-  auto compiled = codegen::compile_inductor(g16, {});
+  auto compiled = compiler::compile(g16, Device::cpu(), {});
   Generator gen(77);
   Tensor x32 = Tensor::randn({1, 8, 12, 12}, gen, DType::Float32);
   Tensor x16 = x32.to(DType::BFloat16);
@@ -74,7 +74,7 @@ TEST(InductorBf16, ConvNetMatchesFloat32Reference) {
   EXPECT_EQ(got[0].dtype(), DType::BFloat16);
   expect_close(got[0], want[0], 2e-2, "conv output");
   expect_close(got[1], want[1], 5e-2, "softmax output");
-  const codegen::InductorReport& r = compiled->report();
+  const compiler::CompileReport& r = compiled->report();
   std::printf("bf16 net (oneDNN bf16: %s): %s\n",
               onednn::supports_dtype(DType::BFloat16) ? "yes" : "no", r.str().c_str());
   EXPECT_GE(r.loop_kernels, 1);

@@ -7,9 +7,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "capture/backend.h"
+#include "compiler/backend.h"
 #include "capture/compile.h"
-#include "codegen/cpu/inductor.h"
+#include "nn/compile.h"
+#include "compiler/compile.h"
 #include "ir/graph.h"
 #include "nn/models/zoo.h"
 
@@ -84,10 +85,10 @@ INSTANTIATE_TEST_SUITE_P(Zoo, InductorZoo, testing::ValuesIn(zoo_names()),
 // capture (strict=false) the graph falls back to eager, says so once, and the results stay
 // right.
 TEST(InductorErrors, CompileErrorNamesKernelAndFallsBack) {
-  register_backend("inductor-broken", [](const Graph& g, const CompileOptions&) {
-    codegen::InductorOptions o;
+  register_backend("inductor-broken", [](const Graph& g, const BackendOptions&) {
+    compiler::Options o;
     o.inject_error_into = "k0_";  // the first kernel: mlp's fused Linear+ReLU
-    return std::unique_ptr<CompiledGraph>(codegen::compile_inductor(g, o));
+    return std::unique_ptr<CompiledGraph>(compiler::compile(g, Device::cpu(), o));
   });
   nn::ZooModel m = nn::make_zoo_model("mlp", 1, 3);
   {

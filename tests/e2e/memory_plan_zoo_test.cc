@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "capture/compile.h"
+#include "nn/compile.h"
 #include "ir/parser.h"
 #include "lower/memory_planner.h"
 #include "nn/models/zoo.h"

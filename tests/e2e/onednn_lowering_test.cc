@@ -22,21 +22,21 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "eager/dispatch.h"
-#include "eager/onednn.h"
+#include "ops/dispatch.h"
+#include "ops/onednn.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
-#include "lower/onednn_lowering.h"
+#include "targets/cpu/onednn_lowering.h"
 #include "ops/kernel_util.h"
 #include "passes/pass.h"
 
 namespace kiln {
 namespace {
 
-using lower::ConvPolicy;
-using lower::LinearImpl;
-using lower::OnednnLowering;
-using lower::OnednnOptions;
+using cpu::ConvPolicy;
+using cpu::LinearImpl;
+using cpu::OnednnLowering;
+using cpu::OnednnOptions;
 
 constexpr uint64_t kSeed = 20240917;
 

@@ -13,8 +13,9 @@
 
 #include <fmt/format.h>
 
-#include "capture/backend.h"
+#include "compiler/backend.h"
 #include "capture/compile.h"
+#include "nn/compile.h"
 #include "ir/interpreter.h"
 #include "ir/printer.h"
 #include "nn/models/zoo.h"
@@ -56,7 +57,7 @@ class PipelineGraph final : public CompiledGraph {
 
 // A backend: the default pipeline, one pass at a time (so that the report can say what each
 // did), then the interpreter.
-std::unique_ptr<CompiledGraph> compile_with_pipeline(const Graph& captured, const CompileOptions&) {
+std::unique_ptr<CompiledGraph> compile_with_pipeline(const Graph& captured, const BackendOptions&) {
   Graph g = captured;
   GraphReport report;
   report.ops_before = op_histogram(g);

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <map>
 
-#include "eager/api.h"
+#include "ops/api.h"
 #include "nn/models/bert.h"
 #include "nn/models/zoo.h"
 

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "eager/api.h"
+#include "ops/api.h"
 #include "ir/graph.h"
 #include "ir/parser.h"
 #include "ir/printer.h"

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "filecheck.h"
+#include "compiler/compile.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "lower/scheduler.h"
@@ -167,12 +168,12 @@ TEST_P(KirTest, Case) {
 
   std::string printed;
   // `// SCHEDULE:` cases check the CPU compiler's schedule, loop kernels and memory plan
-  // (lower::describe_schedule) instead of the printed graph.
+  // (compiler::describe_schedule) instead of the printed graph.
   bool schedule = !directive_values(c.text, "SCHEDULE").empty();
   try {
     Graph g = parse_graph(c.text, c.file);
     run_passes(g, passes);
-    printed = schedule ? lower::describe_schedule(g) : print_graph(g);
+    printed = schedule ? compiler::describe_schedule(g, compiler::target_for(Device::cpu())) : print_graph(g);
   } catch (const Error& e) {
     FAIL() << "unexpected error: " << e.what();
   }

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "eager/dispatch.h"
+#include "ops/dispatch.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "ir/printer.h"

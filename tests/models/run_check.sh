@@ -3,7 +3,7 @@
 # exports it), else ~/.cache/kiln/venv/bin/python. A missing venv is a failure, not a skip.
 PY="${KILN_PYTHON:-$HOME/.cache/kiln/venv/bin/python}"
 if [ ! -x "$PY" ]; then
-  echo "models: no Python venv at $PY: run scripts/setup.sh (or set KILN_PYTHON)" >&2
+  echo "models: no Python venv at $PY: run scripts/setup_python.sh (or set KILN_PYTHON)" >&2
   exit 1
 fi
 exec "$PY" "$(dirname "$0")/check_models.py" "$@"

@@ -10,8 +10,9 @@
 #include <map>
 
 #include "capture/compile.h"
+#include "nn/compile.h"
 #include "ir/interpreter.h"
-#include "runtime/bench.h"
+#include "bench/bench.h"
 
 namespace kiln {
 namespace {

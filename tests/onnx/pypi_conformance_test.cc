@@ -79,6 +79,20 @@ const std::map<std::string, std::string>& known_failures() {
   return k;
 }
 
+// May pass or fail, by the order in which the CPU's kernels sum (Note in conformance_check.h).
+const std::map<std::string, std::string>& unstable_cases() {
+  static const std::map<std::string, std::string> k = {
+      // Constant weights make all 1000 logits of light_squeezenet mathematically equal, at
+      // 9.5e9 in float32 (one ulp = 1024). Each is computed within one ulp; but where the
+      // convolution kernels sum channel blocks in more than one order (oneDNN's AVX2 kernels;
+      // measured 2026-12-01: 2 distinct logit values, 4 of them one ulp larger), softmax puts
+      // 0.25 on each of the 4 instead of 0.001 on all: e^1024 of a one-ulp difference. ONNX
+      // Runtime's (and oneDNN's AVX-512) kernels happen to sum every channel alike.
+      {"light/test_squeezenet", "values differ"},
+  };
+  return k;
+}
+
 // The suite directories (generated once per machine by pypi_testdata.py).
 std::vector<std::string> pypi_suites(std::string* error) {
   fs::path script = tests_dir() / "onnx" / "pypi_testdata.py";
@@ -88,7 +102,7 @@ std::vector<std::string> pypi_suites(std::string* error) {
   }
   std::string py = python();
   if (access(py.c_str(), X_OK) != 0) {
-    *error = "no Python venv at " + py + ": run scripts/setup.sh (or set KILN_PYTHON)";
+    *error = "no Python venv at " + py + ": run scripts/setup_python.sh (or set KILN_PYTHON)";
     return {};
   }
   std::string cmd = "'" + py + "' '" + script.string() + "' 2>&1";
@@ -103,7 +117,7 @@ std::vector<std::string> pypi_suites(std::string* error) {
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   int status = pclose(p);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    *error = cmd + " failed (run scripts/setup.sh to install the venv):\n" + out;
+    *error = cmd + " failed (run scripts/setup_python.sh to install the venv):\n" + out;
     return {};
   }
   std::vector<std::string> dirs;
@@ -126,7 +140,7 @@ TEST(OnnxConformance, PyPiSuitesPassWhereMapped) {
   for (const ConformanceCase& c : r.cases) ++cases_per_suite[c.suite];
   for (const char* suite : {"node", "simple", "pytorch-converted", "pytorch-operator", "light"})
     EXPECT_GT(cases_per_suite[suite], 0) << "suite " << suite << " has no cases";
-  test::expect_known_outcomes(r, known_failures());
+  test::expect_known_outcomes(r, known_failures(), unstable_cases());
   // The suites of onnx 1.23.2 (docs/onnx.md): a lower count means cases went missing.
   EXPECT_GT(r.passed, 1500);
   std::printf("[conformance] %d passed, %d failed, %d skipped (%zu cases)\n", r.passed, r.failed,

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "harness_util.h"
-#include "eager/api.h"
-#include "eager/dispatch.h"
+#include "ops/api.h"
+#include "ops/dispatch.h"
 #include "ops/op.h"
 
 namespace kiln {

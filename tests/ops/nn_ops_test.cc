@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "harness_util.h"
-#include "eager/api.h"
-#include "eager/dispatch.h"
-#include "eager/onednn.h"
+#include "ops/api.h"
+#include "ops/dispatch.h"
+#include "ops/onednn.h"
 #include "ops/op.h"
 
 namespace kiln {

@@ -7,8 +7,8 @@
 
 #include "harness_util.h"
 #include "core/cuda_runtime.h"
-#include "eager/api.h"
-#include "eager/dispatch.h"
+#include "ops/api.h"
+#include "ops/dispatch.h"
 #include "ops/op.h"
 
 namespace kiln {

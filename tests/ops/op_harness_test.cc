@@ -3,7 +3,13 @@
 // registered; nothing here names an op except the symbolic-inference allow-list.
 //
 // Note [Op harness]
-// Cases are (op x dtype), named like `add_float16`. For every sample of the op:
+// Cases are (op x dtype x device), named like `add_float16` (CPU) or `add_float16_cuda`: every
+// device the process sees (harness_devices: the CPU, and CUDA device 0 when there is one) with
+// every (op, dtype) it has an eager kernel for (the CPU: all; CUDA: OpDef::eager_cuda_dtypes),
+// and, for the compiled harness, every device a compiler target is registered for. A device
+// gets its tests by registering kernels and a target; nothing here names a device's ops. Inputs
+// are made on the host and moved to the device keeping their layout; results come back to the
+// host for the comparison. For every sample of the op:
 //   Values   - floating sample inputs are cast to the tested dtype (integer and bool inputs,
 //              i.e. indices and masks, are passed unchanged; see Note [Integer cases] in
 //              harness_util.cc for integer/bool test dtypes). The expected result ("oracle")
@@ -37,8 +43,10 @@
 
 #include <fmt/format.h>
 
-#include "codegen/cpu/inductor.h"
-#include "eager/dispatch.h"
+#include "compiler/compile.h"
+#include "compiler/target.h"
+#include "core/cuda_runtime.h"
+#include "ops/dispatch.h"
 #include "harness_util.h"
 #include "ir/graph.h"
 #include "ops/op.h"
@@ -79,21 +87,61 @@ const SymbolicException* symbolic_exception(std::string_view op) {
 struct OpCase {
   const OpDef* op;
   DType dtype;
+  Device device = Device::cpu();
 };
 
-void PrintTo(const OpCase& c, std::ostream* os) { *os << c.op->name << " " << dtype_name(c.dtype); }
+void PrintTo(const OpCase& c, std::ostream* os) {
+  *os << c.op->name << " " << dtype_name(c.dtype) << " on " << c.device.str();
+}
+
+// The devices this process can run ops on.
+std::vector<Device> harness_devices() {
+  std::vector<Device> d = {Device::cpu()};
+  if (cuda_device_count() > 0) d.push_back(Device::cuda(0));
+  return d;
+}
+
+// Whether `device` has an eager kernel for (op, dtype).
+bool eager_supported(const OpDef& op, DType dtype, Device device) {
+  if (device.is_cpu()) return true;
+  if (!op.eager_cuda) return false;
+  for (DType d : op.eager_cuda_dtypes)
+    if (d == dtype) return true;
+  return false;
+}
 
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
-  for (const OpDef& op : all_ops()) {
-    if (!op.samples) continue;  // registry_test reports ops without samples
-    for (DType d : op.dtypes) cases.push_back({&op, d});
-  }
+  for (Device dev : harness_devices())
+    for (const OpDef& op : all_ops()) {
+      if (!op.samples) continue;  // registry_test reports ops without samples
+      for (DType d : op.dtypes)
+        if (eager_supported(op, d, dev)) cases.push_back({&op, d, dev});
+    }
   return cases;
 }
 
+// "" for the CPU (the names cases had before devices), "_cuda" for CUDA device 0.
+std::string device_suffix(Device d) {
+  if (d.is_cpu()) return "";
+  return d.index == 0 ? "_cuda" : fmt::format("_cuda{}", d.index);
+}
+
 std::string case_name(const testing::TestParamInfo<OpCase>& info) {
-  return std::string(info.param.op->name) + "_" + dtype_name(info.param.dtype);
+  return std::string(info.param.op->name) + "_" + dtype_name(info.param.dtype) +
+         device_suffix(info.param.device);
+}
+
+// `t` on `device` with the same sizes, strides and offset (a view stays a view): the storage
+// span it addresses is copied and the view rebuilt over the copy.
+Tensor to_device_keep_layout(const Tensor& t, Device device) {
+  if (!t.defined() || t.device() == device) return t;
+  if (t.numel() == 0 || (t.is_contiguous() && t.offset() == 0)) return t.to(device);
+  int64_t last = t.offset();
+  for (int i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+  char* base = static_cast<char*>(t.raw_data()) - t.offset() * t.element_size();
+  Tensor span = Tensor::from_blob(base, Dims{last + 1}, t.dtype(), t.device());
+  return span.to(device).as_strided(t.sizes(), t.strides(), t.offset());
 }
 
 uint64_t case_seed(const OpDef& op) {
@@ -117,10 +165,11 @@ struct SampleRun {
   DType dtype;
   const OpSample& sample;
   size_t index;
+  Device device = Device::cpu();
 
   std::string label() const {
-    return fmt::format("op '{}' dtype {} sample {} \"{}\"", op.name, dtype_name(dtype), index,
-                       sample.note);
+    return fmt::format("op '{}' dtype {}{} sample {} \"{}\"", op.name, dtype_name(dtype),
+                       device.is_cpu() ? "" : " on " + device.str(), index, sample.note);
   }
   Attrs canonical() const { return op.canonicalize(sample.attrs, kWhere); }
 
@@ -163,8 +212,18 @@ struct SampleRun {
     return out;
   }
 
+  // Eager dispatch on the case's device; the results come back to the host.
   TensorList eager(const TensorList& inputs) const {
-    return call_op(op.id, inputs, sample.attrs);
+    if (device.is_cpu()) return call_op(op.id, inputs, sample.attrs);
+    TensorList on_device;
+    for (const Tensor& t : inputs) on_device.push_back(to_device_keep_layout(t, device));
+    TensorList out = call_op(op.id, on_device, sample.attrs);
+    for (Tensor& t : out) {
+      if (t.device() != device)
+        ADD_FAILURE() << label() << ": an output is on " << t.device().str();
+      t = t.to(Device::cpu());
+    }
+    return out;
   }
 
   void expect_unchanged(const TensorList& now, const TensorList& before, const char* who) const {
@@ -199,7 +258,7 @@ void for_each_sample(const OpCase& c, F&& f) {
   std::vector<OpSample> samples = samples_of(*c.op);
   ASSERT_FALSE(samples.empty()) << c.op->name << ": samples() returned no samples";
   for (size_t i = 0; i < samples.size(); ++i) {
-    SampleRun run{*c.op, c.dtype, samples[i], i};
+    SampleRun run{*c.op, c.dtype, samples[i], i, c.device};
     std::string stage = "start";
     try {
       f(run, stage);
@@ -451,14 +510,22 @@ INSTANTIATE_TEST_SUITE_P(Registry, OpHarness, testing::ValuesIn(all_cases()), ca
 
 // ---- the CPU compiler ---------------------------------------------------------------------------
 // Note [Compiled op harness]
-// Every op, every dtype it lists, every sample: one graph per op holds a node per (dtype,
-// sample) with its inputs as graph inputs, compiled once by the CPU compiler ("inductor": loop
-// code where the op has it, oneDNN or the op's eager kernel otherwise) and compared with the
-// float64 oracle at the dtype's tolerance. One graph per op keeps it to one C++ compile per op.
-class CompiledOpHarness : public testing::TestWithParam<const OpDef*> {};
+// Every op, every dtype it lists, every sample, on every device with a compiler target: one
+// graph per op holds a node per (dtype, sample) with its inputs as graph inputs, compiled once
+// by the compiler for that device's target (CPU: loop code where the op has it, oneDNN or the
+// op's eager kernel otherwise) and compared with the float64 oracle at the dtype's tolerance.
+// One graph per op keeps it to one toolchain run per op and device.
+struct CompiledCase {
+  const OpDef* op;
+  Device device;
+};
+void PrintTo(const CompiledCase& c, std::ostream* os) { *os << c.op->name << " on " << c.device.str(); }
+
+class CompiledOpHarness : public testing::TestWithParam<CompiledCase> {};
 
 TEST_P(CompiledOpHarness, MatchesReference) {
-  const OpDef& op = *GetParam();
+  const OpDef& op = *GetParam().op;
+  const Device device = GetParam().device;
   Graph g;
   g.name = std::string("harness_") + op.name;
   struct Entry {
@@ -469,12 +536,50 @@ TEST_P(CompiledOpHarness, MatchesReference) {
   std::vector<Entry> entries;
   std::vector<std::vector<OpSample>> samples_per_dtype;
   TensorList graph_inputs;
+  const compiler::Target* target = nullptr;
+  for (const compiler::Target* t : compiler::registered_targets())
+    if (t->device().type == device.type) target = t;
+  ASSERT_NE(target, nullptr);
   for (DType d : op.dtypes) {
+    // A dtype the target declares it cannot run (Target::unsupported_reason) is left out of the
+    // graph; compiling it alone must then fail, naming the node and giving that reason.
+    {
+      std::vector<OpSample> probe = samples_of(op);
+      if (!probe.empty()) {
+        SampleRun run{op, d, probe[0], 0, device};
+        TensorList in = run.inputs();
+        Graph one;
+        std::vector<ValueId> ids;
+        for (const Tensor& t : in) {
+          if (!t.defined()) {
+            ids.push_back(kNoValue);
+            continue;
+          }
+          ids.push_back(one.add_input("", t.contiguous().to(device).type()));
+        }
+        one.outputs = one.add_node(op.id, ids, probe[0].attrs, "declared_gap");
+        std::string why = target->unsupported_reason(one, one.nodes.back());
+        if (!why.empty()) {
+          try {
+            compiler::compile(one, device, compiler::Options{});
+            ADD_FAILURE() << run.label() << ": the " << target->name()
+                          << " target declares it unsupported (" << why << ") but it compiled";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::NotSupported) << e.what();
+            EXPECT_NE(std::string(e.what()).find("declared_gap"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+          }
+          std::printf("%s %s on %s: not supported by the %s target (checked): %s\n", op.name,
+                      dtype_name(d), device.str().c_str(), target->name(), why.c_str());
+          continue;
+        }
+      }
+    }
     samples_per_dtype.push_back(samples_of(op));
     const std::vector<OpSample>& samples = samples_per_dtype.back();
     for (size_t i = 0; i < samples.size(); ++i) {
       Entry e;
-      e.run = std::make_unique<SampleRun>(SampleRun{op, d, samples[i], i});
+      e.run = std::make_unique<SampleRun>(SampleRun{op, d, samples[i], i, device});
       e.inputs = e.run->inputs();
       std::vector<ValueId> ids;
       for (size_t k = 0; k < e.inputs.size(); ++k) {
@@ -482,7 +587,7 @@ TEST_P(CompiledOpHarness, MatchesReference) {
           ids.push_back(kNoValue);
           continue;
         }
-        Tensor c = e.inputs[k].contiguous();
+        Tensor c = e.inputs[k].contiguous().to(device);
         ids.push_back(g.add_input("", c.type()));
         graph_inputs.push_back(c);
       }
@@ -494,35 +599,54 @@ TEST_P(CompiledOpHarness, MatchesReference) {
       entries.push_back(std::move(e));
     }
   }
-  std::unique_ptr<codegen::InductorGraph> compiled;
+  std::unique_ptr<compiler::CompiledExecutable> compiled;
   try {
-    compiled = codegen::compile_inductor(g, codegen::InductorOptions{});
+    compiled = compiler::compile(g, device, compiler::Options{});
   } catch (const std::exception& e) {
-    FAIL() << "op '" << op.name << "': compiling failed: " << e.what();
+    FAIL() << "op '" << op.name << "' on " << device.str() << ": compiling failed: " << e.what();
   }
   TensorList actual = compiled->run(graph_inputs);
+  for (Tensor& t : actual) t = t.to(Device::cpu());
   for (Entry& e : entries) {
     TensorList expected = e.run->oracle(e.inputs);
     TensorList got;
     for (size_t o : e.outputs) got.push_back(actual[o]);
-    e.run->expect_close(expected, got, "compiled (inductor)");
+    e.run->expect_close(expected, got, "compiled");
   }
   // The report says what ran how (printed for the record, checked for sanity).
-  const codegen::InductorReport& r = compiled->report();
-  EXPECT_EQ(r.loop_kernels + r.onednn_launches + r.eager_launches > 0, true);
+  const compiler::CompileReport& r = compiled->report();
+  EXPECT_EQ(r.loop_kernels + r.library_launches + r.eager_launches > 0, true);
   std::printf("%s: %s\n", op.name, r.str().c_str());
 }
 
-std::vector<const OpDef*> ops_with_samples() {
-  std::vector<const OpDef*> out;
-  for (const OpDef& op : all_ops())
-    if (op.samples) out.push_back(&op);
+// Every op with samples on every device this process sees that a compiler target compiles for.
+std::vector<CompiledCase> compiled_cases() {
+  std::vector<CompiledCase> out;
+  for (Device dev : harness_devices()) {
+    bool has_target = false;
+    for (const compiler::Target* t : compiler::registered_targets())
+      has_target = has_target || t->device().type == dev.type;
+    if (!has_target) continue;
+    for (const OpDef& op : all_ops())
+      if (op.samples) out.push_back({&op, dev});
+  }
   return out;
 }
-INSTANTIATE_TEST_SUITE_P(Registry, CompiledOpHarness, testing::ValuesIn(ops_with_samples()),
-                         [](const testing::TestParamInfo<const OpDef*>& i) {
-                           return std::string(i.param->name);
+INSTANTIATE_TEST_SUITE_P(Registry, CompiledOpHarness, testing::ValuesIn(compiled_cases()),
+                         [](const testing::TestParamInfo<CompiledCase>& i) {
+                           return std::string(i.param.op->name) + device_suffix(i.param.device);
                          });
+
+TEST(OpHarnessSelf, EveryDeviceWithATargetHasCompiledCases) {
+  // The CPU always has a target and cases; a registered target for a device the process sees
+  // must get cases for every op with samples.
+  size_t with_samples = 0;
+  for (const OpDef& op : all_ops()) with_samples += op.samples != nullptr;
+  std::map<int, size_t> per_device;
+  for (const CompiledCase& c : compiled_cases()) ++per_device[int(c.device.type)];
+  EXPECT_EQ(per_device[int(DeviceType::CPU)], with_samples);
+  for (auto [type, n] : per_device) EXPECT_EQ(n, with_samples) << "device type " << type;
+}
 
 // ---- the harness itself -------------------------------------------------------------------------
 TEST(OpHarnessSelf, SymbolicAllowListNamesRealOps) {

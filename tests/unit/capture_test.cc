@@ -4,10 +4,11 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "capture/backend.h"
+#include "compiler/backend.h"
 #include "capture/compile.h"
+#include "nn/compile.h"
 #include "capture/guards.h"
-#include "eager/api.h"
+#include "ops/api.h"
 #include "ir/graph.h"
 #include "nn/layers.h"
 
@@ -208,7 +209,7 @@ struct FailingGraph final : CompiledGraph {
 }  // namespace
 
 TEST(Capture, CompileFailureFallsBackToEager) {
-  register_backend("test_compile_fails", [](const Graph&, const CompileOptions&)
+  register_backend("test_compile_fails", [](const Graph&, const BackendOptions&)
                                              -> std::unique_ptr<CompiledGraph> {
     throw Error(ErrorKind::NotSupported, "injected compile failure");
   });
@@ -232,7 +233,7 @@ TEST(Capture, CompileFailureFallsBackToEager) {
 }
 
 TEST(Capture, RuntimeFailureFallsBackToEager) {
-  register_backend("test_run_fails", [](const Graph&, const CompileOptions&) {
+  register_backend("test_run_fails", [](const Graph&, const BackendOptions&) {
     return std::unique_ptr<CompiledGraph>(new FailingGraph());
   });
   CompileOptions opts;

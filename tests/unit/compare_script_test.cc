@@ -149,7 +149,7 @@ class CompareScript : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fs::exists(python())) << "Python venv missing at " << python()
-                                      << ": run scripts/setup.sh";
+                                      << ": run scripts/setup_python.sh";
     ASSERT_FALSE(repo_root().empty())
         << "cannot find the repository: set KILN_TEST_DATA=<repo>/tests";
     ASSERT_TRUE(fs::exists(repo_root() / "bench" / "compare.py"));

@@ -208,7 +208,7 @@ TEST(Npy, CorruptFilesAreErrors) {
 TEST(Npy, InteroperatesWithNumPy) {
   std::string py = python();
   ASSERT_TRUE(std::filesystem::exists(py)) << "Python venv missing at " << py
-                                           << ": run scripts/setup.sh";
+                                           << ": run scripts/setup_python.sh";
   std::string dir = temp_dir();
   Generator g(6);
   Tensor t = Tensor::randn({3, 4}, g);

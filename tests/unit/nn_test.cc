@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "eager/api.h"
+#include "ops/api.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/safetensors.h"

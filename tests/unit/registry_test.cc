@@ -40,7 +40,7 @@ TEST(Registry, EveryOpHasAWholeRecord) {
 TEST(Registry, OpsMatchOpsDefInOrder) {
   ASSERT_EQ(all_ops().size(), size_t(kNumOps));
   const char* names[] = {
-#define KILN_OP(I, N, F) N,
+#define KILN_OP(I, N, F, T) N,
 #include "ops/ops.def"
 #undef KILN_OP
   };

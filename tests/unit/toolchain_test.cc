@@ -19,11 +19,13 @@
 
 #include <fmt/format.h>
 
-#include "codegen/cpu/toolchain.h"
+#include "support/hash.h"
+#include "support/tuning_store.h"
+#include "targets/cpu/toolchain.h"
 #include "core/error.h"
 
 using namespace kiln;
-using namespace kiln::codegen;
+using namespace kiln::cpu;
 namespace fs = std::filesystem;
 using namespace std::string_literals;
 

@@ -17,6 +17,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "ops/scalar_math.h"
+
 namespace kiln::cuda_eager {
 namespace {
 
@@ -183,55 +185,32 @@ convert_kernel(ElementwiseShape s, const S* __restrict__ src, D* __restrict__ ds
   KILN_GRID_STRIDE_LOOP(i, s.numel) { dst[i] = convert_elem<S, D>(src[input_offset(s, 0, i)]); }
 }
 
-// Unary functions in the compute type (float, double or int64).
+// Unary functions in the compute type (float, double or int64): the scalar math every path
+// shares (ops/scalar_math.h, Note [Scalar math]).
 template <UnaryOp OP, typename C>
 __device__ __forceinline__ C unary_fn(C x) {
-  if constexpr (OP == UnaryOp::Neg) {
-    if constexpr (std::is_integral_v<C>) return C(0ull - uint64_t(x));  // wraps
-    else return -x;
-  } else if constexpr (OP == UnaryOp::Abs) {
-    if constexpr (std::is_integral_v<C>) return x < 0 ? C(0ull - uint64_t(x)) : x;
-    else return fabs(x);
-  } else if constexpr (OP == UnaryOp::Relu) {
-    if constexpr (std::is_integral_v<C>) return x > 0 ? x : C(0);
-    else return x > C(0) ? x : (x != x ? x : C(0));  // NaN propagates
-  } else if constexpr (OP == UnaryOp::Sign) {
-    if constexpr (std::is_integral_v<C>) return C((x > 0) - (x < 0));
-    else return x != x ? x : C((x > C(0)) - (x < C(0)));
-  } else if constexpr (OP == UnaryOp::Exp) {
-    return exp(x);
-  } else if constexpr (OP == UnaryOp::Log) {
-    return log(x);
-  } else if constexpr (OP == UnaryOp::Sqrt) {
-    return sqrt(x);
-  } else if constexpr (OP == UnaryOp::Rsqrt) {
-    return C(1) / sqrt(x);  // not rsqrtf: that one is only accurate to 2 ulp
-  } else if constexpr (OP == UnaryOp::Reciprocal) {
-    return C(1) / x;
-  } else if constexpr (OP == UnaryOp::Sigmoid) {
-    return C(1) / (C(1) + exp(-x));
-  } else if constexpr (OP == UnaryOp::Tanh) {
-    return tanh(x);
-  } else if constexpr (OP == UnaryOp::Silu) {
-    return x / (C(1) + exp(-x));
-  } else if constexpr (OP == UnaryOp::GeluErf) {
-    return C(0.5) * x * (C(1) + erf(x * C(0.70710678118654752440)));
-  } else if constexpr (OP == UnaryOp::GeluTanh) {
-    const C c = C(0.79788456080286535588);  // sqrt(2 / pi)
-    return C(0.5) * x * (C(1) + tanh(c * (x + C(0.044715) * x * x * x)));
-  } else if constexpr (OP == UnaryOp::Erf) {
-    return erf(x);
-  } else if constexpr (OP == UnaryOp::Sin) {
-    return sin(x);
-  } else if constexpr (OP == UnaryOp::Cos) {
-    return cos(x);
-  } else if constexpr (OP == UnaryOp::Floor) {
-    return floor(x);
-  } else if constexpr (OP == UnaryOp::Ceil) {
-    return ceil(x);
-  } else {
+  if constexpr (OP == UnaryOp::Neg) return kn_neg(x);
+  else if constexpr (OP == UnaryOp::Abs) return kn_abs(x);
+  else if constexpr (OP == UnaryOp::Relu) return kn_relu(x);
+  else if constexpr (OP == UnaryOp::Sign) return kn_sign(x);
+  else if constexpr (OP == UnaryOp::Exp) return kn_exp(x);
+  else if constexpr (OP == UnaryOp::Log) return kn_log(x);
+  else if constexpr (OP == UnaryOp::Sqrt) return kn_sqrt(x);
+  else if constexpr (OP == UnaryOp::Rsqrt) return kn_rsqrt(x);  // 1/sqrt: rsqrtf is 2 ulp
+  else if constexpr (OP == UnaryOp::Reciprocal) return kn_recip(x);
+  else if constexpr (OP == UnaryOp::Sigmoid) return kn_sigmoid(x);
+  else if constexpr (OP == UnaryOp::Tanh) return kn_tanh(x);
+  else if constexpr (OP == UnaryOp::Silu) return kn_silu(x);
+  else if constexpr (OP == UnaryOp::GeluErf) return kn_gelu(x);
+  else if constexpr (OP == UnaryOp::GeluTanh) return kn_gelu_tanh(x);
+  else if constexpr (OP == UnaryOp::Erf) return kn_erf(x);
+  else if constexpr (OP == UnaryOp::Sin) return kn_sin(x);
+  else if constexpr (OP == UnaryOp::Cos) return kn_cos(x);
+  else if constexpr (OP == UnaryOp::Floor) return kn_floor(x);
+  else if constexpr (OP == UnaryOp::Ceil) return kn_ceil(x);
+  else {
     static_assert(OP == UnaryOp::Round);
-    return rint(x);  // half to even, like std::nearbyint on the CPU
+    return kn_round(x);  // half to even
   }
 }
 
@@ -249,23 +228,16 @@ unary_kernel(ElementwiseShape s, const T* __restrict__ x, T* __restrict__ out) {
 
 template <BinaryOp OP, typename C>
 __device__ __forceinline__ C binary_fn(C a, C b) {
-  if constexpr (std::is_integral_v<C>) {
-    // Unsigned arithmetic wraps like the CPU's int64 reference instead of being undefined.
-    if constexpr (OP == BinaryOp::Add) return C(uint64_t(a) + uint64_t(b));
-    else if constexpr (OP == BinaryOp::Sub) return C(uint64_t(a) - uint64_t(b));
-    else if constexpr (OP == BinaryOp::Mul) return C(uint64_t(a) * uint64_t(b));
-    else if constexpr (OP == BinaryOp::Maximum) return a > b ? a : b;
-    else if constexpr (OP == BinaryOp::Minimum) return a < b ? a : b;
-    else return C(0);  // Div: rejected before launch (kernel never instantiated for it)
-  } else {
-    if constexpr (OP == BinaryOp::Add) return a + b;
-    else if constexpr (OP == BinaryOp::Sub) return a - b;
-    else if constexpr (OP == BinaryOp::Mul) return a * b;
-    else if constexpr (OP == BinaryOp::Div) return a / b;
-    // NaN in either operand propagates (fmax/fmin would drop it).
-    else if constexpr (OP == BinaryOp::Maximum) return (a != a || b != b) ? a + b : (a > b ? a : b);
-    else return (a != a || b != b) ? a + b : (a < b ? a : b);
-  }
+  // ops/scalar_math.h: integers wrap, max/min propagate NaN. Integer Div is rejected before
+  // launch (the kernel is never instantiated for it).
+  if constexpr (OP == BinaryOp::Add) return kn_add(a, b);
+  else if constexpr (OP == BinaryOp::Sub) return kn_sub(a, b);
+  else if constexpr (OP == BinaryOp::Mul) return kn_mul(a, b);
+  else if constexpr (OP == BinaryOp::Div) {
+    if constexpr (std::is_integral_v<C>) return C(0);
+    else return kn_div(a, b);
+  } else if constexpr (OP == BinaryOp::Maximum) return kn_max(a, b);
+  else return kn_min(a, b);
 }
 
 template <typename T, BinaryOp OP>

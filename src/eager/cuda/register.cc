@@ -1,6 +1,7 @@
-// CUDA eager kernels attached to the op registry (OpDef::eager_cuda). registry.cc calls
-// register_cuda_eager_kernels() after every family has defined its ops, so the schema,
-// inference and CPU kernels are already in place; this file only adds the CUDA entry points.
+// CUDA eager kernels attached to the op registry (OpDef::eager_cuda) through a registry
+// extension (register_op_extension, ops/op.h): it runs after every family has defined its ops,
+// so the schema, inference and CPU kernels are already in place; this file only adds the CUDA
+// entry points.
 //
 // Each entry point turns a KernelContext into the plain shapes of kernels.h (dropping size-1
 // dims and merging dims that are contiguous in every operand), rejects dtypes the kernels lack
@@ -17,7 +18,7 @@
 #include <fmt/format.h>
 
 #include "core/cuda_runtime.h"
-#include "eager/api.h"
+#include "ops/api.h"
 #include "eager/cuda/kernels.h"
 #include "ops/kernel_util.h"
 
@@ -316,21 +317,33 @@ void cuda_var(const KernelContext& ctx) {
   cuda_memcpy(out.raw_data(), v.raw_data(), out.nbytes(), CopyKind::DeviceToDevice);
 }
 
-}  // namespace
-
-void register_cuda_eager_kernels() {
-  define_op(OpId::Copy).eager_cuda = cuda_convert;
-  define_op(OpId::Cast).eager_cuda = cuda_convert;
-  for (OpId id : {OpId::Neg, OpId::Abs, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt,
-                  OpId::Reciprocal, OpId::Sigmoid, OpId::Tanh, OpId::Relu, OpId::Silu,
-                  OpId::Gelu, OpId::Erf, OpId::Sin, OpId::Cos, OpId::Floor, OpId::Ceil,
-                  OpId::Round, OpId::Sign})
-    define_op(id).eager_cuda = cuda_unary;
-  for (OpId id : {OpId::Add, OpId::Sub, OpId::Mul, OpId::Div, OpId::Maximum, OpId::Minimum})
-    define_op(id).eager_cuda = cuda_binary;
-  for (OpId id : {OpId::Sum, OpId::Mean, OpId::Max, OpId::Min})
-    define_op(id).eager_cuda = cuda_reduce;
-  define_op(OpId::Var).eager_cuda = cuda_var;
+void attach_cuda_eager_kernels() {
+  const std::vector<DType> floats = {DType::Float32, DType::Float16, DType::BFloat16, DType::Float64};
+  const std::vector<DType> signed_numeric = {DType::Float32, DType::Float16, DType::BFloat16,
+                                             DType::Float64, DType::Int32,   DType::Int64};
+  auto attach = [](OpId id, KernelFn fn, const std::vector<DType>& dtypes) {
+    OpDef& d = define_op(id);
+    d.eager_cuda = fn;
+    d.eager_cuda_dtypes.clear();
+    for (DType t : dtypes)  // the intersection with what the op itself takes
+      if (d.supports_dtype(t)) d.eager_cuda_dtypes.push_back(t);
+  };
+  attach(OpId::Copy, cuda_convert, all_dtypes());
+  attach(OpId::Cast, cuda_convert, all_dtypes());
+  for (OpId id : {OpId::Neg, OpId::Abs, OpId::Relu, OpId::Sign}) attach(id, cuda_unary, signed_numeric);
+  for (OpId id : {OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Reciprocal, OpId::Sigmoid,
+                  OpId::Tanh, OpId::Silu, OpId::Gelu, OpId::Erf, OpId::Sin, OpId::Cos,
+                  OpId::Floor, OpId::Ceil, OpId::Round})
+    attach(id, cuda_unary, floats);
+  for (OpId id : {OpId::Add, OpId::Sub, OpId::Mul, OpId::Maximum, OpId::Minimum})
+    attach(id, cuda_binary, signed_numeric);
+  attach(OpId::Div, cuda_binary, floats);
+  for (OpId id : {OpId::Sum, OpId::Mean, OpId::Max, OpId::Min}) attach(id, cuda_reduce, floats);
+  attach(OpId::Var, cuda_var, floats);
 }
+
+const bool g_registered = register_op_extension("cuda-eager-kernels", &attach_cuda_eager_kernels);
+
+}  // namespace
 
 }  // namespace kiln

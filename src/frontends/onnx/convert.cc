@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "eager/dispatch.h"
+#include "ops/dispatch.h"
 
 namespace kiln::onnx {
 

@@ -42,21 +42,25 @@ const OnnxOpEntry* find_onnx_op(std::string_view op_type) {
   return it != t.end() && it->op_type == op_type ? &*it : nullptr;
 }
 
+namespace {
+// The ONNX mapping is attached to the op records by the frontend, through a registry extension
+// (the op layer does not know about ONNX). The table is the one source of truth, so it replaces
+// whatever a family file declared.
+void attach_onnx_mapping() {
+  std::vector<std::vector<std::string>> mapping(static_cast<size_t>(kNumOps));
+  for (const OnnxOpEntry& e : table())
+    for (OpId id : e.kiln_ops) {
+      auto& v = mapping[size_t(id)];
+      if (std::find(v.begin(), v.end(), e.op_type) == v.end()) v.emplace_back(e.op_type);
+    }
+  for (int i = 0; i < kNumOps; ++i) define_op(OpId(i)).onnx_ops = std::move(mapping[size_t(i)]);
+}
+const bool g_registered = register_op_extension("onnx-mapping", &attach_onnx_mapping);
+}  // namespace
+
 void register_onnx_mappings() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // The registry is built before any OpDef is handed out; the ONNX mapping is attached
-    // afterwards by the frontend (the op layer does not know about ONNX). The table is the one
-    // source of truth, so it replaces whatever a family file declared.
-    std::vector<std::vector<std::string>> mapping(static_cast<size_t>(kNumOps));
-    for (const OnnxOpEntry& e : table())
-      for (OpId id : e.kiln_ops) {
-        auto& v = mapping[size_t(id)];
-        if (std::find(v.begin(), v.end(), e.op_type) == v.end()) v.emplace_back(e.op_type);
-      }
-    for (int i = 0; i < kNumOps; ++i)
-      const_cast<OpDef&>(op_def(OpId(i))).onnx_ops = std::move(mapping[size_t(i)]);
-  });
+  (void)g_registered;
+  (void)op_def(OpId(0));  // the registry (and with it the extension) is built on first use
 }
 
 }  // namespace kiln::onnx

@@ -2,8 +2,9 @@
 // One ONNX op may become several Kiln ops (Gemm -> permute/matmul/mul/add); ops that Kiln has no
 // kernel for are composed from existing ones at import time (LeakyRelu = where(x < 0, a*x, x)).
 // Each entry declares every Kiln op its converter may emit: the importer checks each emission
-// against that list (an undeclared op is an internal error), and register_onnx_mappings()
-// copies the lists into OpDef::onnx_ops, so `kiln ops --json` reports the mapping.
+// against that list (an undeclared op is an internal error), and a registry extension
+// (register_op_extension) copies the lists into OpDef::onnx_ops, so `kiln ops --json` reports
+// the mapping.
 #pragma once
 #include <span>
 #include <string_view>
@@ -27,7 +28,8 @@ struct OnnxOpEntry {
 std::span<const OnnxOpEntry> onnx_op_table();
 const OnnxOpEntry* find_onnx_op(std::string_view op_type);
 
-// Fills OpDef::onnx_ops of every Kiln op from the table (once; idempotent, thread-safe).
+// Makes sure OpDef::onnx_ops is filled from the table (the extension runs when the registry is
+// built; this only forces that; idempotent, thread-safe).
 void register_onnx_mappings();
 
 // Converter families (one per file), called once to build the table.

@@ -3,7 +3,7 @@
 
 #include <limits>
 
-#include "eager/api.h"
+#include "ops/api.h"
 
 namespace kiln::nn::models {
 

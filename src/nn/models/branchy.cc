@@ -1,6 +1,6 @@
 #include "nn/models/branchy.h"
 
-#include "eager/api.h"
+#include "ops/api.h"
 
 namespace kiln::nn::models {
 

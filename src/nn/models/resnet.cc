@@ -1,7 +1,7 @@
 // ResNet-18 / ResNet-50, following torchvision.models.resnet.
 #include "nn/models/resnet.h"
 
-#include "eager/api.h"
+#include "ops/api.h"
 
 namespace kiln::nn::models {
 

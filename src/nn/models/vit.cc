@@ -1,7 +1,7 @@
 // ViT-B/16, following torchvision.models.vision_transformer.
 #include "nn/models/vit.h"
 
-#include "eager/api.h"
+#include "ops/api.h"
 
 namespace kiln::nn::models {
 

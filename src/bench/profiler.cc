@@ -1,0 +1,235 @@
+#include "bench/profiler.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "capture/compile.h"
+#include "nn/compile.h"
+#include "core/error.h"
+#include "support/files.h"
+#include "nn/models/zoo.h"
+#include "bench/bench.h"
+
+namespace kiln {
+
+namespace {
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+// A small stable id per thread for trace "tid" fields.
+int thread_index() {
+  static std::atomic<int> next{1};
+  thread_local int id = next++;
+  return id;
+}
+std::string site_str(const char* file, uint32_t line) {
+  std::string_view f = file ? file : "?";
+  size_t slash = f.rfind('/');
+  if (slash != std::string_view::npos) f = f.substr(slash + 1);
+  return fmt::format("{}:{}", f, line);
+}
+}  // namespace
+
+Profiler::Profiler() : origin_ns_(steady_ns()) {}
+Profiler::~Profiler() {
+  if (active_) stop();
+}
+
+int64_t Profiler::now_ns() const { return steady_ns() - origin_ns_; }
+
+void Profiler::start() {
+  if (active_) return;
+  prev_ = set_op_observer(this);
+  prev_timer_ = Executable::set_launch_timer(this);
+  active_ = true;
+}
+void Profiler::stop() {
+  if (!active_) return;
+  set_op_observer(prev_);
+  Executable::set_launch_timer(prev_timer_);
+  active_ = false;
+}
+
+void Profiler::begin_span(const std::string& name) {
+  stack_.push_back({name, nullptr, 0, false, now_ns(), 0, {}});
+}
+void Profiler::end_span() {
+  KILN_CHECK(!stack_.empty() && !stack_.back().is_op,
+             "Profiler::end_span: no open span (found {})",
+             stack_.empty() ? "nothing open" : "an open op");
+  close(false);
+}
+
+void Profiler::op_begin(OpId op, const std::source_location& loc) {
+  // The name is looked up at begin so a throwing op still closes a labelled event.
+  stack_.push_back({op_def(op).name, loc.file_name(), loc.line(), true, now_ns(), 0, {}});
+}
+void Profiler::op_end(OpId) {
+  if (!stack_.empty() && stack_.back().is_op) close(true);
+}
+void Profiler::launch_begin(const Executable::Launch& l) {
+  stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes});
+}
+void Profiler::launch_end(const Executable::Launch&) {
+  if (!stack_.empty() && stack_.back().is_op) close(true);
+}
+
+void Profiler::close(bool is_op) {
+  int64_t end = now_ns();
+  Open o = std::move(stack_.back());
+  stack_.pop_back();
+  int depth = 0;
+  for (const Open& s : stack_) depth += s.is_op ? 1 : 0;
+  ProfileEvent e;
+  e.name = std::move(o.name);
+  e.cat = is_op ? "op" : "span";
+  if (is_op) e.site = o.file ? site_str(o.file, o.line) : o.site_text;
+  e.start_ns = o.start_ns;
+  e.dur_ns = end - o.start_ns;
+  e.self_ns = e.dur_ns - o.child_ns;
+  e.depth = depth;
+  e.tid = thread_index();
+  // Only ops subtract from an enclosing op's self time; spans are just markers.
+  if (is_op && !stack_.empty() && stack_.back().is_op) stack_.back().child_ns += e.dur_ns;
+  events_.push_back(std::move(e));
+}
+
+std::vector<OpStat> Profiler::aggregate(int64_t since_ns) const {
+  struct Acc {
+    int64_t calls = 0, self_ns = 0;
+    std::map<std::string, int64_t> sites;
+  };
+  std::map<std::string, Acc> by_name;
+  int64_t total_ns = 0;
+  for (const ProfileEvent& e : events_) {
+    if (e.cat != "op" || e.start_ns < since_ns) continue;
+    Acc& a = by_name[e.name];
+    a.calls++;
+    a.self_ns += e.self_ns;
+    a.sites[e.site]++;
+    total_ns += e.self_ns;
+  }
+  std::vector<OpStat> out;
+  for (auto& [name, a] : by_name) {
+    OpStat s;
+    s.name = name;
+    s.calls = a.calls;
+    s.total_ms = double(a.self_ns) / 1e6;
+    s.mean_ms = s.total_ms / double(a.calls);
+    s.share = total_ns > 0 ? 100.0 * double(a.self_ns) / double(total_ns) : 0.0;
+    std::vector<std::pair<std::string, int64_t>> sites(a.sites.begin(), a.sites.end());
+    std::stable_sort(sites.begin(), sites.end(),
+                     [](const auto& x, const auto& y) { return x.second > y.second; });
+    if (sites.size() > 3) sites.resize(3);
+    s.top_sites = std::move(sites);
+    out.push_back(std::move(s));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const OpStat& x, const OpStat& y) { return x.total_ms > y.total_ms; });
+  return out;
+}
+
+std::string Profiler::chrome_trace() const {
+  std::vector<const ProfileEvent*> sorted;
+  for (const ProfileEvent& e : events_) sorted.push_back(&e);
+  // By start; an enclosing event (longer) before the ones it contains when starts tie.
+  std::stable_sort(sorted.begin(), sorted.end(), [](const ProfileEvent* a, const ProfileEvent* b) {
+    return a->start_ns != b->start_ns ? a->start_ns < b->start_ns : a->dur_ns > b->dur_ns;
+  });
+  nlohmann::json events = nlohmann::json::array();
+  int pid = int(getpid());
+  for (const ProfileEvent* e : sorted) {
+    nlohmann::json j = {{"name", e->name}, {"cat", e->cat},  {"ph", "X"},
+                        {"ts", double(e->start_ns) / 1e3}, {"dur", double(e->dur_ns) / 1e3},
+                        {"pid", pid},      {"tid", e->tid}};
+    if (e->cat == "op") j["args"] = {{"site", e->site}, {"depth", e->depth}};
+    events.push_back(std::move(j));
+  }
+  nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  return doc.dump();
+}
+
+void Profiler::write_trace(const std::string& path) const {
+  std::string text = chrome_trace();
+  // Readers never see a partial file.
+  AtomicFile f(path, "profile: cannot write trace file");
+  f.write(text);
+  f.commit();
+}
+
+ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
+  if (o.target.empty()) fail("profile: a target (zoo model name or MODEL.onnx) is required");
+  if (o.backend != "eager" && o.backend != "compiled")
+    fail("profile: --backend expected eager or compiled, found '{}'", o.backend);
+  if (o.mode != "default" && o.mode != "reduce-overhead" && o.mode != "max-autotune")
+    fail("profile: --mode expected default, reduce-overhead or max-autotune, found '{}'", o.mode);
+  if (o.iters < 1) fail("profile: --iters expected >= 1, found {}", o.iters);
+  if (o.warmup < 0) fail("profile: --warmup expected >= 0, found {}", o.warmup);
+  if (o.batch < 1) fail("profile: --batch expected >= 1, found {}", o.batch);
+  if (o.threads < 0) fail("profile: --threads expected >= 0, found {}", o.threads);
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  BenchTarget m = load_bench_target(o.target, o.batch, o.seed);
+
+  ProfileRun run;
+  run.model = m.name;
+  run.iters = o.iters;
+  CompiledFunction compiled;
+  std::function<void()> call;
+  prof.start();
+  struct Stop {  // the observer must not outlive this call on error
+    Profiler& p;
+    ~Stop() { p.stop(); }
+  } stop{prof};
+  if (o.backend == "compiled") {
+    CompileOptions copts;
+    copts.backend = best_compile_backend();
+    copts.mode = o.mode;
+    run.backend = "compiled(" + copts.backend + ")";
+    prof.begin_span("capture/compile");
+    compiled = m.compile(copts);
+    compiled(m.inputs);  // capture is lazy: the first call traces and compiles
+    prof.end_span();
+    int64_t n = 0;
+    for (const ExplainGraph& g : compiled.report().graphs) n += int64_t(g.ops.size());
+    run.graph_ops = n;
+    call = [&] { compiled(m.inputs); };
+  } else {
+    run.backend = "eager";
+    call = [&] { m.eager(m.inputs); };
+  }
+  for (int i = 0; i < o.warmup; ++i) {
+    prof.begin_span("warmup");
+    call();
+    prof.end_span();
+  }
+  size_t first_timed = prof.events().size();
+  int64_t since = INT64_MAX;
+  for (int i = 0; i < o.iters; ++i) {
+    prof.begin_span("iteration");
+    call();
+    prof.end_span();
+    if (i == 0) since = prof.events().back().start_ns;
+  }
+  int64_t top = 0;
+  for (size_t i = first_timed; i < prof.events().size(); ++i) {
+    const ProfileEvent& e = prof.events()[i];
+    if (e.cat == "op" && e.depth == 0) ++top;
+  }
+  run.ops_per_iteration = top / o.iters;
+  run.table = prof.aggregate(since);
+  return run;
+}
+
+}  // namespace kiln

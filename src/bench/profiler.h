@@ -1,0 +1,110 @@
+// Per-op profiling: an OpObserver (eager/dispatch.h) that timestamps every op call_op runs on
+// this thread, plus named spans ("capture/compile", "iteration"), aggregated into a table and
+// written as Chrome trace-event JSON. Used by `kiln profile` (tools/cmd_profile.cc).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/dispatch.h"
+#include "runtime/executable.h"
+
+namespace kiln {
+
+struct ProfileEvent {
+  std::string name;  // op name or span name
+  std::string cat;   // "op" or "span"
+  std::string site;  // call site ("layers.cc:88") for ops; empty for spans
+  int64_t start_ns = 0;  // since the profiler was created
+  int64_t dur_ns = 0;
+  int64_t self_ns = 0;   // dur minus nested ops (decompositions calling back into call_op)
+  int depth = 0;         // op nesting depth (0 = called by model/interpreter code)
+  int tid = 0;
+};
+
+struct OpStat {
+  std::string name;
+  int64_t calls = 0;
+  double total_ms = 0;  // self time: nested ops are counted under their own name
+  double mean_ms = 0;
+  double share = 0;     // of all op self time, in percent
+  std::vector<std::pair<std::string, int64_t>> top_sites;  // up to 3 (site, calls), most first
+};
+
+// Also times every launch of compiled graphs (Executable::LaunchTimer): a launch is an event
+// named after its kernel ("k3_add_relu", "conv2d:layers.cc:88") whose site lists its graph nodes.
+class Profiler : public OpObserver, public Executable::LaunchTimer {
+ public:
+  Profiler();
+  ~Profiler() override;
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  // Starts/stops observing ops on the calling thread.
+  void start();
+  void stop();
+  // A named span on the calling thread (spans may nest; end closes the innermost).
+  void begin_span(const std::string& name);
+  void end_span();
+
+  void op_begin(OpId op, const std::source_location& loc) override;
+  void op_end(OpId op) override;
+  void launch_begin(const Executable::Launch& l) override;
+  void launch_end(const Executable::Launch& l) override;
+
+  // Completed events, in completion order.
+  const std::vector<ProfileEvent>& events() const { return events_; }
+  // Ops that started at or after `since_ns`, aggregated by name, sorted by total self time
+  // (largest first).
+  std::vector<OpStat> aggregate(int64_t since_ns = 0) const;
+  // {"traceEvents":[...], "displayTimeUnit":"ms"}: one "X" event per op and span, ts/dur in us,
+  // sorted by start time.
+  std::string chrome_trace() const;
+  // Writes chrome_trace() to `path` atomically (a temporary file renamed over it).
+  void write_trace(const std::string& path) const;
+
+ private:
+  struct Open {
+    std::string name;
+    const char* file;
+    uint32_t line;
+    bool is_op;
+    int64_t start_ns;
+    int64_t child_ns;
+    std::string site_text;  // launches: the graph nodes
+  };
+  int64_t now_ns() const;
+  void close(bool is_op);
+  int64_t origin_ns_;
+  std::vector<Open> stack_;
+  std::vector<ProfileEvent> events_;
+  OpObserver* prev_ = nullptr;
+  Executable::LaunchTimer* prev_timer_ = nullptr;
+  bool active_ = false;
+};
+
+struct ProfileOptions {
+  std::string target;              // zoo model name
+  std::string backend = "compiled";  // eager | compiled
+  std::string mode = "default";      // compile mode: default | reduce-overhead | max-autotune
+  int64_t batch = 1;
+  int iters = 10;
+  int warmup = 1;
+  int threads = 0;
+  uint64_t seed = 0;
+};
+
+struct ProfileRun {
+  std::string model, backend;  // backend as in bench: "eager" or "compiled(<name>)"
+  int iters = 0;
+  int64_t ops_per_iteration = 0;  // top-level (depth 0) op launches per timed iteration
+  int64_t graph_ops = -1;         // ops in the captured graphs (compiled backend), else -1
+  std::vector<OpStat> table;      // from the timed iterations only
+};
+
+// Profiles `iters` iterations of a zoo model (after warm-up) with `profiler` observing. The
+// profiler records a "capture/compile" span (compiled backend: compile + first call) and one
+// "iteration" span per timed iteration. Throws kiln::Error for bad options.
+ProfileRun run_profile(const ProfileOptions& options, Profiler& profiler);
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+#include "compiler/assign_memory.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace kiln::compiler {
+
+MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
+                               const std::vector<bool>& view_is_copy, const LibraryKernels& lib,
+                               const Target& target) {
+  MemoryAssignment m;
+  PlanOptions po;
+  po.node_step = s.node_step;
+  po.unstored = s.unstored;
+  po.in_place_nodes = lower::in_place_safe_nodes(g, s);
+  po.bytes_override.assign(g.values.size(), -1);
+  for (size_t v = 0; v < g.values.size(); ++v) po.bytes_override[v] = lib.value_bytes(ValueId(v));
+  m.plan = plan_memory(g, po);
+  verify_memory_plan(g, m.plan, po);
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if ((m.plan.values[v].kind == PlanKind::Copy) != view_is_copy[v])
+      throw_error(ErrorKind::Internal,
+                  fmt::format("compiler: the memory plan changed its view decision for '%{}'",
+                              g.values[v].name));
+
+  m.mem.assign(g.values.size(), MemRef{});
+  int slot = 1;
+  for (size_t i = 0; i < g.inputs.size(); ++i) m.mem[size_t(g.inputs[i])] = {slot++, 0};
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    Value& val = g.values[v];
+    if (val.kind != ValueKind::Param && val.kind != ValueKind::Const) continue;
+    if (!val.data.defined())
+      throw_error(ErrorKind::InvalidArgument,
+                  fmt::format("compiler: parameter '%{}' has no data (IR text declares weights by "
+                              "type only; load them before compiling)", val.name));
+    val.data = target.place_constant(val.data);
+    m.constants.emplace_back(slot, val.data);
+    m.mem[v] = {slot++, 0};
+  }
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const ValuePlan& p = m.plan.values[v];
+    if (g.values[v].kind != ValueKind::NodeOutput) continue;
+    if (p.buffer >= 0 && !s.virtual_view[v]) m.mem[v] = {0, p.offset};
+  }
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (s.virtual_view[v]) m.mem[v] = m.mem[size_t(s.views[v].base)];
+  m.num_slots = slot;
+  return m;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,35 @@
+// Phase 5 of the compiler (Note [The compiler]): memory for every value.
+//
+// Plans the arena over the schedule's steps (lower/memory_planner.h: liveness, in-place where
+// the fused kernel reads exactly what it writes, fused intermediates never stored, library
+// layouts at their own sizes), verifies the plan, and gives each value a MemRef: slot 0 is the
+// arena, then one slot per graph input, then one per parameter/constant, placed where the
+// target's kernels read them (Target::place_constant: contiguous, on its device). Virtual views
+// share their base's memory (kernels add the view offset themselves).
+//
+// Expects: the schedule of `g` and the view decisions it was made with. Guarantees: every value
+// a kernel reads or writes has a slot; parameter data in `g` is replaced by the placed tensors
+// (eager launches bind them); throws Internal if the planner disagrees with the view decisions.
+#pragma once
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "compiler/target.h"
+#include "lower/memory_planner.h"
+#include "lower/scheduler.h"
+
+namespace kiln::compiler {
+
+struct MemoryAssignment {
+  MemoryPlan plan;
+  std::vector<MemRef> mem;  // per value (slot -1: never read or written by a kernel)
+  int num_slots = 1;
+  std::vector<std::pair<int, Tensor>> constants;  // slot -> placed tensor
+};
+
+MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
+                               const std::vector<bool>& view_is_copy, const LibraryKernels& lib,
+                               const Target& target);
+
+}  // namespace kiln::compiler

@@ -1,0 +1,221 @@
+#include "compiler/bind.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "compiler/insert_copies.h"
+#include "core/error.h"
+#include "ops/op.h"
+
+namespace kiln::compiler {
+
+namespace {
+
+// An eager kernel bound at compile time to tensors over the arena (Note [The compiler]).
+struct EagerLaunch {
+  const OpDef* def = nullptr;
+  KernelFn fn = nullptr;
+  Attrs attrs;
+  TensorList inputs;
+  TensorList outputs;
+  std::vector<TensorType> out_types;
+  std::vector<int> from_input;  // per input: graph input index, or -1
+  // Per input taken from a graph input through a view: its geometry (sizes empty: direct).
+  std::vector<lower::ViewGeometry> input_view;
+};
+
+void run_eager(void* s, const Executable::RunContext& c) {
+  auto* f = static_cast<EagerLaunch*>(s);
+  const Tensor* call_inputs = c.inputs;
+  for (size_t k = 0; k < f->from_input.size(); ++k) {
+    if (f->from_input[k] < 0) continue;
+    const lower::ViewGeometry& v = f->input_view[k];
+    const Tensor& t = call_inputs[f->from_input[k]];
+    // A view of a graph input is rebuilt per call (one small allocation; rare: copies are
+    // inserted for the common cases).
+    f->inputs[k] = v.sizes.empty() ? t : t.as_strided(v.sizes, v.strides, t.offset() + v.offset);
+  }
+  KernelContext ctx{*f->def, f->inputs, f->outputs, f->attrs, f->out_types};
+  f->fn(ctx);
+}
+
+std::string node_list(const Graph& g, const std::vector<int32_t>& nodes) {
+  std::string s;
+  for (int32_t n : nodes)
+    s += (s.empty() ? "" : ", ") + std::string(op_def(g.nodes[size_t(n)].op).name) + " '" +
+         g.nodes[size_t(n)].name + "'";
+  return s;
+}
+
+}  // namespace
+
+BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
+                                const MemoryAssignment& m, std::shared_ptr<LibraryKernels> lib,
+                                LoopBuild loops, const Target& target) {
+  BoundExecutable out;
+  auto exe = std::make_shared<Executable>();
+  out.exe = exe;
+  exe->init(target.allocate(m.plan.arena_bytes), m.plan.arena_bytes, m.num_slots, target.device());
+  for (const auto& [slot, t] : m.constants) {
+    exe->keep_alive.push_back(std::make_shared<Tensor>(t));
+    exe->set_slot(slot, static_cast<char*>(t.raw_data()));
+  }
+  exe->keep_alive.push_back(lib);
+  if (loops.keep_alive) exe->keep_alive.push_back(loops.keep_alive);
+  std::shared_ptr<char> scratch;
+  if (lib->scratch_bytes() > 0) {
+    scratch = target.allocate(lib->scratch_bytes());
+    exe->keep_alive.push_back(scratch);
+  }
+
+  // A tensor over the memory of value v (arena values and views of them, parameters).
+  auto tensor_of = [&](ValueId v) -> Tensor {
+    const Value& val = g.value(v);
+    if (val.kind == ValueKind::Param || val.kind == ValueKind::Const) return val.data;
+    lower::ViewGeometry geo;
+    if (s.virtual_view[size_t(v)]) {
+      geo = s.views[size_t(v)];
+    } else {
+      geo.base = v;
+      geo.sizes = Dims();
+      for (size_t i = 0; i < val.type.shape.size(); ++i) geo.sizes.push_back(val.type.shape[i].value());
+      geo.strides = contiguous_strides(geo.sizes);
+    }
+    const Value& base = g.value(geo.base);
+    if (base.kind == ValueKind::Param || base.kind == ValueKind::Const)
+      return base.data.as_strided(geo.sizes, geo.strides, geo.offset);
+    const MemRef& r = m.mem[size_t(geo.base)];
+    KILN_ASSERT(r.slot == 0);
+    Dims bs;
+    for (size_t i = 0; i < base.type.shape.size(); ++i) bs.push_back(base.type.shape[i].value());
+    Tensor t = Tensor::from_blob(exe->arena() + r.byte_offset, bs, base.type.dtype, target.device());
+    return t.as_strided(geo.sizes, geo.strides, geo.offset);
+  };
+
+  for (size_t si = 0; si < s.steps.size(); ++si) {
+    const lower::Step& st = s.steps[si];
+    Executable::Launch l;
+    if (st.kind == lower::StepKind::Loop) {
+      const lower::LoopKernel& k = s.loops[size_t(st.loop)];
+      l = std::move(loops.launches[size_t(st.loop)]);
+      l.nodes = node_list(g, k.nodes);
+      bool vec = loops.vectorized[size_t(st.loop)];
+      out.loop_kernels++;
+      if (vec) out.vectorized_kernels++;
+      out.kernels.push_back(fmt::format("{} [{}{}]: {}", k.name, lower::loop_kind_name(k.kind),
+                                        vec ? ", SIMD" : "", l.nodes));
+      for (TunableLaunch& t : loops.tunable)
+        if (t.launch == size_t(st.loop)) {
+          out.tunable.push_back(t);
+          out.tunable.back().launch = exe->launches.size();
+        }
+    } else if (st.kind == lower::StepKind::Extern) {
+      const Node& n = g.nodes[size_t(st.node)];
+      std::vector<MemRef> in(n.inputs.size());
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        ValueId v = n.inputs[k];
+        if (v == kNoValue) continue;
+        const Value& val = g.value(v);
+        MemRef r = m.mem[size_t(v)];  // activations, parameters and constants alike
+        if (s.virtual_view[size_t(v)]) r.byte_offset += s.views[size_t(v)].offset * dtype_size(val.type.dtype);
+        in[k] = r;
+      }
+      std::vector<MemRef> outs;
+      for (ValueId o : n.outputs) outs.push_back(m.mem[size_t(o)]);
+      l = lib->bind(st.node, in, outs, scratch.get());
+      l.name = fmt::format("{}:{}", op_def(n.op).name, n.name);
+      l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
+      out.library_launches++;
+      out.kernels.push_back(fmt::format("{} [{}]: {}", l.name, target.library_name(), lib->describe(st.node)));
+    } else {
+      const Node& n = g.nodes[size_t(st.node)];
+      const OpDef& d = op_def(n.op);
+      auto state = std::make_shared<EagerLaunch>();
+      state->def = &d;
+      state->fn = target.device().is_cpu() ? (d.eager_cpu ? d.eager_cpu : d.reference) : d.eager_cuda;
+      // A CUDA eager kernel covers the dtypes it lists (OpDef::eager_cuda_dtypes), judged by the
+      // node's first input (its output for ops without inputs).
+      if (state->fn && target.device().is_cuda()) {
+        ValueId probe = !n.inputs.empty() && n.inputs[0] != kNoValue ? n.inputs[0] : n.outputs[0];
+        DType dt = g.type(probe).dtype;
+        if (std::find(d.eager_cuda_dtypes.begin(), d.eager_cuda_dtypes.end(), dt) ==
+            d.eager_cuda_dtypes.end())
+          state->fn = nullptr;
+      }
+      if (!state->fn) {
+        std::string why = target.unsupported_reason(g, n);
+        DType dt = g.type(n.outputs[0]).dtype;
+        throw_error(ErrorKind::NotSupported,
+                    fmt::format("compiler: op '{}' (node '{}', {}) has no {} kernel{}{}", d.name,
+                                n.name, dtype_name(dt), target.name(), why.empty() ? "" : ": ",
+                                why));
+      }
+      state->attrs = n.attrs;
+      size_t ni = std::max(n.inputs.size(), d.inputs.size());
+      state->inputs.resize(ni);
+      state->from_input.assign(ni, -1);
+      state->input_view.resize(ni);
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        ValueId v = n.inputs[k];
+        if (v == kNoValue) continue;
+        ValueId root = s.virtual_view[size_t(v)] ? s.views[size_t(v)].base : v;
+        if (g.value(root).kind == ValueKind::Input) {
+          state->from_input[k] = int(std::find(g.inputs.begin(), g.inputs.end(), root) - g.inputs.begin());
+          if (root != v) state->input_view[k] = s.views[size_t(v)];
+          continue;
+        }
+        state->inputs[k] = tensor_of(v);
+      }
+      for (ValueId o : n.outputs) {
+        state->out_types.push_back(g.type(o));
+        state->outputs.push_back(tensor_of(o));
+      }
+      l.fn = run_eager;
+      l.state = state.get();
+      l.owner = state;
+      l.name = fmt::format("{}:{}", d.name, n.name);
+      l.kind = "eager";
+      l.nodes = std::string(d.name) + " '" + n.name + "'";
+      out.eager_launches++;
+      out.kernels.push_back(fmt::format("{} [eager kernel]", l.name));
+    }
+    exe->launches.push_back(std::move(l));
+  }
+
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    Executable::InputSpec in;
+    const Value& v = g.value(g.inputs[i]);
+    in.name = v.name;
+    in.dtype = v.type.dtype;
+    for (size_t d = 0; d < v.type.shape.size(); ++d) in.sizes.push_back(v.type.shape[d].value());
+    in.slot = m.mem[size_t(g.inputs[i])].slot;
+    exe->inputs.push_back(std::move(in));
+  }
+  for (ValueId o : g.outputs) {
+    Executable::OutputSpec os;
+    const Value& v = g.value(o);
+    os.dtype = v.type.dtype;
+    for (size_t d = 0; d < v.type.shape.size(); ++d) os.sizes.push_back(v.type.shape[d].value());
+    MemRef r = m.mem[size_t(o)];
+    if (s.virtual_view[size_t(o)]) {
+      const lower::ViewGeometry& geo = s.views[size_t(o)];
+      if (contiguous_geometry(geo)) {
+        r.byte_offset += geo.offset * dtype_size(v.type.dtype);
+      } else {  // a strided view of a buffer: copied out element by element
+        os.strides = geo.strides;
+        os.view_offset = geo.offset;
+        const TensorType& bt = g.type(geo.base);
+        for (size_t d = 0; d < bt.shape.size(); ++d) os.base_sizes.push_back(bt.shape[d].value());
+      }
+    }
+    if (r.slot < 0)
+      throw_error(ErrorKind::Internal, fmt::format("compiler: graph output '%{}' has no memory", v.name));
+    os.slot = r.slot;
+    os.byte_offset = r.byte_offset;
+    exe->outputs.push_back(std::move(os));
+  }
+  return out;
+}
+
+}  // namespace kiln::compiler

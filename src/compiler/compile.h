@@ -1,0 +1,99 @@
+// The device-generic compiler: compile(graph, target, options) turns a graph into an
+// Executable for one target. See Note [The compiler] in compile.cc, which reads top to bottom
+// as the pipeline. Registered as the "inductor" backend (compiler/backend.h), the default of
+// kiln::compile.
+//
+//   const compiler::Target& cpu = compiler::target_for(Device::cpu());
+//   auto exe = compiler::compile(graph, cpu, {.mode = "max-autotune"});
+//   TensorList y = exe->run({x});
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/backend.h"
+#include "compiler/target.h"
+#include "core/tensor.h"
+
+namespace kiln {
+class Executable;
+}
+
+namespace kiln::compiler {
+
+struct Options {
+  std::string mode = "default";  // default | reduce-overhead | max-autotune
+  // Target choices (the target's defaults where absent): max-autotune searches them; a fixed
+  // configuration can be given here ("conv=nChw16c", "vec=256").
+  Knobs knobs;
+  bool fuse = true;       // fuse loop kernels (false: one kernel per node)
+  bool vectorize = true;  // vector main loops where the emitter has them
+  bool progress = true;   // max-autotune: a progress bar on a terminal
+  // max-autotune: a candidate that computes differently from the default configuration
+  // (Winograd) must agree with the default candidate's outputs within this relative error
+  // (max |diff| / max |reference|); the tolerance Kiln's model tests use against ONNX Runtime.
+  double autotune_tolerance = 1e-4;
+  // Tests only: a kernel whose name contains this gets a compile error (checks that errors in
+  // generated code name the kernel and that capture falls back to eager).
+  std::string inject_error_into;
+};
+
+// What the compiler made of a graph (explain, bench, tests).
+struct CompileReport {
+  std::string target;          // "cpu"
+  std::string library;         // "oneDNN"
+  int nodes = 0;               // after the passes
+  int loop_kernels = 0;
+  int fused_nodes = 0;         // nodes sharing a loop kernel with another node
+  int library_launches = 0;
+  int eager_launches = 0;
+  int vectorized_kernels = 0;
+  int64_t arena_bytes = 0;
+  int64_t naive_bytes = 0;     // every intermediate in its own buffer
+  double compile_s = 0;        // the whole compile
+  double build_s = 0;          // the toolchain (0 on a cache hit)
+  // Phases: passes, library kernels, scheduling + planning, code generation + cache lookup
+  // (+ the toolchain on a miss), binding the launches.
+  double passes_s = 0, library_s = 0, schedule_s = 0, codegen_s = 0, bind_s = 0;
+  bool cache_hit = false;
+  std::string autotune;        // max-autotune: the choice and the timings
+  std::string mode_note;       // reduce-overhead on CUDA: graph replay, or why not
+  std::vector<std::string> kernels;  // "k3_add_relu [loop, SIMD]: relu 'layer1.0.relu', ..."
+  std::string str() const;
+};
+
+class CompiledExecutable : public CompiledGraph {
+ public:
+  CompiledExecutable(std::shared_ptr<Executable> exe, CompileReport report);
+  TensorList run(const TensorList& inputs) override;
+  // Runs into preallocated outputs: no heap allocation in steady state.
+  void run_into(const TensorList& inputs, TensorList& outputs) override;
+  std::string summary() const override;
+  int64_t arena_bytes() const override { return report_.arena_bytes; }
+  bool cache_hit() const override { return report_.cache_hit; }
+  const CompileReport& report() const { return report_; }
+  Executable& executable() { return *exe_; }
+
+ private:
+  std::shared_ptr<Executable> exe_;
+  CompileReport report_;
+};
+
+// "conv=nChw16c,vec=256" as Knobs; throws naming `where` on a malformed list.
+Knobs parse_knobs(std::string_view text, const char* where);
+
+// Compiles `graph` (not modified) for `target`. Throws kiln::Error on failure, naming the node
+// where one is to blame (capture then falls back to eager).
+std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& target,
+                                            const Options& options = {});
+// The same for the target of `device`.
+std::unique_ptr<CompiledExecutable> compile(const Graph& graph, Device device,
+                                            const Options& options = {});
+
+// For `kiln opt --schedule` and IR-text tests: schedules `g` as the compiler would for
+// `target` (library candidates as extern steps without building library kernels), plans memory
+// over the schedule, and prints the steps, every loop kernel and the memory plan.
+std::string describe_schedule(const Graph& g, const Target& target, bool fuse = true);
+
+}  // namespace kiln::compiler

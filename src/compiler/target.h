@@ -1,0 +1,218 @@
+// The Target interface: what the device-generic compiler (compiler/compile.h) asks of a device.
+// See Note [Targets].
+//
+// Note [Targets]
+// The driver runs the same phases for every device; a Target answers the device questions:
+//   - what it does with each op: a table of OpSupport indexed by OpId (support()), built with
+//     make_support_table so that a new op in ops.def fails to compile until every target has a
+//     row for it, and per-node rules (generates: dtypes the emitter handles);
+//   - which ops the passes decompose before scheduling (decompositions(): their parts fuse);
+//   - its library kernels (oneDNN on the CPU; cuBLASLt and cuDNN on CUDA): lower_library builds
+//     them for the nodes the driver chose, at compile time;
+//   - its scheduling policy as data (policy(): which linears become generated GEMVs, ...);
+//   - its code: build_loops emits source for the schedule's loop kernels, compiles it through
+//     its toolchain and kernel cache, and returns one launch per loop kernel;
+//   - memory: the arena and device-resident constants (allocate, place_constant);
+//   - autotuning: the candidate configurations (Knobs) max-autotune times, and the key of the
+//     machine its tuning records are valid for.
+// Targets register themselves from their own layer (register_target); the driver finds one by
+// device. None of these calls happens on the run path: an Executable is a flat launch list.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/device.h"
+#include "ir/graph.h"
+#include "runtime/executable.h"
+
+namespace kiln::lower {
+struct Schedule;
+struct ViewGeometry;
+}  // namespace kiln::lower
+
+namespace kiln::compiler {
+
+// ---- what a target does with each op -----------------------------------------------------------
+struct OpSupport {
+  bool generated = false;    // loop code, where Target::generates accepts the node
+  bool library = false;      // a library kernel, where the library lowering takes the node
+  bool vector_body = false;  // the emitter has a vector (SIMD) form of the op's loop body
+  const char* how = "";      // one line for `kiln ops`: how the target runs it
+};
+using OpSupportTable = std::array<OpSupport, size_t(kNumOps)>;
+using OpSupportRow = std::pair<OpId, OpSupport>;
+
+// A table from one row per op, checked at compile time: every op of ops.def exactly once.
+//   constexpr OpSupportTable kCpu = make_support_table({{OpId::Neg, kPointwise}, ...});
+template <size_t N>
+consteval OpSupportTable make_support_table(const OpSupportRow (&rows)[N]) {
+  static_assert(N == size_t(kNumOps), "a target's support table needs one row per op of ops.def");
+  OpSupportTable t{};
+  std::array<bool, size_t(kNumOps)> seen{};
+  for (const OpSupportRow& r : rows) {
+    if (seen[size_t(r.first)]) throw "an op has two rows in a target's support table";
+    seen[size_t(r.first)] = true;
+    t[size_t(r.first)] = r.second;
+  }
+  return t;
+}
+
+// ---- configurations ---------------------------------------------------------------------------
+// A target's compile-time choices as ordered name=value pairs ("conv=nChw16c,vec=256"): the
+// form autotuning candidates, reports and tuning records use. Targets document their knobs.
+struct Knobs {
+  std::vector<std::pair<std::string, std::string>> items;
+  const std::string* find(std::string_view name) const;
+  std::string get(std::string_view name, std::string_view fallback) const;
+  Knobs& set(std::string name, std::string value);  // replaces, or appends in order
+  std::string str() const;                          // "conv=auto,gemv=generated"; "default" if none
+};
+
+// Scheduling policy as data: what the driver's phases read from a target.
+struct SchedulePolicy {
+  // linear / fused_linear with at most this many multiply-adds become a generated reduction
+  // (GEMV) instead of a library call; 0: never.
+  int64_t small_linear_macs = 0;
+};
+
+// ---- library kernels ----------------------------------------------------------------------------
+// Where a materialized value lives at run time: b[slot] is a base pointer of the Executable's
+// slot table (slot 0: the arena; then graph inputs, then constants), the value starts
+// `byte_offset` bytes after it.
+struct MemRef {
+  int32_t slot = -1;
+  int64_t byte_offset = 0;
+};
+
+// A strided view a library kernel reads in place (a permuted matmul operand): `strides` in
+// elements, one per dim of the operand's type.
+struct StridedOperand {
+  int32_t node = -1;
+  int input = 0;
+  std::vector<int64_t> strides;
+};
+
+// The library kernels of one compiled graph (built by Target::lower_library; one object per
+// graph, kept alive by the Executable).
+class LibraryKernels {
+ public:
+  virtual ~LibraryKernels() = default;
+  // False for nodes the library has no implementation for: the driver runs them another way.
+  virtual bool lowered(int32_t node) const = 0;
+  // Storage bytes of a value kept in a library layout (blocked, padded), -1 for plain.
+  virtual int64_t value_bytes(ValueId v) const = 0;
+  // Bytes of scratch memory the launches share (one region, used by one launch at a time).
+  virtual int64_t scratch_bytes() const = 0;
+  // One line for explain: the kernel and its layouts.
+  virtual std::string describe(int32_t node) const = 0;
+  // The launch of lowered node `node`: the memory of each input (activations, parameters and
+  // constants alike; slot -1 for an absent optional input), of each output, and the scratch
+  // region (scratch_bytes(), from Target::allocate). A target that prepared a weight at
+  // lowering time (oneDNN's reordered weights) may ignore its MemRef.
+  virtual Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
+                                  const std::vector<MemRef>& outputs, char* scratch) const = 0;
+};
+
+// What the driver passes to the library lowering besides the nodes.
+struct LibraryRequest {
+  std::vector<StridedOperand> strided_operands;  // views read in place (library_reads_strided)
+};
+
+// ---- loop kernels -----------------------------------------------------------------------------
+// A launch with an integer parameter read on every call (a CPU loop kernel's thread count:
+// 0 = all threads, 1 = the calling thread) that max-autotune may set per launch.
+struct TunableLaunch {
+  size_t launch = 0;      // index into Executable::launches (the driver fixes it up)
+  int* value = nullptr;   // owned by the launch's state
+  std::vector<int> choices;
+  int default_value = 0;
+};
+
+// The result of Target::build_loops.
+struct LoopBuild {
+  std::vector<Executable::Launch> launches;  // one per Schedule::loops entry, in order
+  std::vector<bool> vectorized;              // per loop kernel: has a vector main loop
+  std::vector<TunableLaunch> tunable;        // per-launch runtime parameters (thread counts)
+  std::shared_ptr<void> keep_alive;          // the loaded module
+  bool cache_hit = false;                    // the module came from the kernel cache
+  double build_s = 0;                        // the toolchain's wall time (0 on a hit)
+};
+
+struct Options;
+struct CompileReport;
+
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual const char* name() const = 0;          // "cpu"
+  virtual Device device() const = 0;
+  virtual const char* library_name() const = 0;  // "oneDNN": reports and explain
+  virtual const OpSupportTable& support() const = 0;
+
+  // Ops the compiler pipeline decomposes (passes/pipeline.h: compiler_pipeline).
+  virtual std::vector<OpId> decompositions() const = 0;
+  // Whether node n of g gets generated loop code (support() and the emitter's dtype rules).
+  virtual bool generates(const Graph& g, const Node& n) const = 0;
+  // Why node n cannot run on this target at all, in words for the error ("" when nothing
+  // special is known): said when it is neither generated, nor a library kernel, nor has an
+  // eager kernel for its dtype.
+  virtual std::string unsupported_reason(const Graph& g, const Node& n) const { return ""; }
+  virtual SchedulePolicy policy(const Knobs& knobs) const = 0;
+  // Whether the library reads input k of node n in place as a strided view of this geometry.
+  virtual bool library_reads_strided(const Graph& g, const Node& n, int k,
+                                     const lower::ViewGeometry& geo) const = 0;
+  // Library kernels for `nodes` (node indices of g), built now. Keeps no reference to g.
+  virtual std::unique_ptr<LibraryKernels> lower_library(const Graph& g,
+                                                        const std::vector<int32_t>& nodes,
+                                                        LibraryRequest request,
+                                                        const Knobs& knobs) const = 0;
+  // Emits, compiles (through the kernel cache) and loads the schedule's loop kernels.
+  virtual LoopBuild build_loops(const Graph& g, const lower::Schedule& s,
+                                const std::vector<MemRef>& mem, const Options& options,
+                                const Knobs& knobs) const = 0;
+
+  // Memory: `bytes` of zeroed arena memory (64-byte aligned, owned by the result), and a
+  // constant placed where kernels read it (contiguous, on the target's device).
+  virtual std::shared_ptr<char> allocate(int64_t bytes) const = 0;
+  virtual Tensor place_constant(const Tensor& t) const = 0;
+
+  // max-autotune: whole-graph candidates (the first is the default configuration), and
+  // code-generation variants of the chosen one given its report's kernel lines.
+  struct Candidate {
+    Knobs knobs;
+    bool exact = true;  // computes what the default configuration computes (same algorithms)
+  };
+  // The candidates' names are Knobs::str() of their knobs; `note` may explain what was left
+  // out ("convolution policies not tried ...").
+  virtual std::vector<Candidate> autotune_candidates(const Graph& g, const Options& o,
+                                                     std::string* note) const = 0;
+  struct Variants {
+    std::string current_label;         // how the log names the chosen candidate ("512-bit")
+    std::vector<Candidate> variants;   // knobs added to the chosen candidate's (all inexact)
+  };
+  // Code-generation variants of the chosen candidate, given what its build produced.
+  virtual Variants autotune_variants(const CompileReport& chosen) const = 0;
+  // Per-launch runtime parameters of the chosen build (CPU: loop-kernel thread counts), timed
+  // on `in` over `rounds`; returns the record to persist ("" for none) and appends to *log.
+  virtual std::string tune_launches(Executable& exe, const std::vector<TunableLaunch>& tunable,
+                                    const TensorList& in, int rounds, std::string* log) const = 0;
+  // Applies a record of tune_launches; false when it does not fit `tunable`. Appends to *log.
+  virtual bool apply_launch_record(const std::vector<TunableLaunch>& tunable,
+                                   const std::string& record, std::string* log) const = 0;
+  // What tuning records are valid for (CPU: "<isa>\n<threads>"): part of their key.
+  virtual std::string tuning_context() const = 0;
+};
+
+// Registers a target (from the target's own layer, at static initialization); the first one
+// registered for a device type is the one the driver uses for it.
+void register_target(const Target* target);
+// The target for `device`; throws kiln::Error naming the device and the registered targets.
+const Target& target_for(Device device);
+std::vector<const Target*> registered_targets();
+
+}  // namespace kiln::compiler

@@ -1,0 +1,603 @@
+// Note [CPU code generation]
+// Each LoopKernel (src/lower/loop_ir.h) becomes `extern "C" void NAME(char* const* b)`, where
+// b[slot] are the base pointers of the argument table (arena, inputs, parameters); every offset
+// and stride is a compile-time constant, so a call does no index arithmetic beyond the loops.
+//   Pointwise: nested loops over the space; the innermost dim runs a SIMD main loop (VF, KN_W
+//     lanes) and a scalar tail; big kernels parallelize the outer loops (and, for long 1-D
+//     spaces, chunks of the innermost dim) with `omp parallel for collapse`.
+//   Reduce: parallel over the kept dims; per kept point, vector + scalar accumulators over the
+//     reduce dims (var: a second pass for the sum of squared deviations), then the epilogue.
+//   Norm: parallel over the kept dims; pass 1 computes statistics (softmax: running max and
+//     rescaled sum per lane; layer_norm: Welford per lane, lanes merged with Chan's formula),
+//     pass 2 recomputes the prologue, normalizes, runs the epilogue and stores.
+// Values are computed in float for f32/bf16/f16 (rounded to bf16/f16 after every op that
+// produces one, as eager does), in double for f64, in int64 for integers, and in bool. The SIMD
+// path is used only when every value is f32/bf16 (bool results of comparisons travel as 1.0/0.0
+// lanes); other kernels are scalar. Each function is preceded by `// kiln-kernel: NAME` and the
+// graph nodes it computes, so a compile error or a dumped source points back at the graph.
+#include "targets/cpu/emitter.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "targets/cpu/prelude.h"
+#include "targets/cpu/support.h"
+#include "core/error.h"
+#include "lower/scalar_code.h"
+
+namespace kiln::cpu {
+
+using lower::Access;
+using lower::Level;
+using lower::LoopExpr;
+using lower::LoopKernel;
+using lower::LoopKind;
+
+namespace {
+
+using lower::compute_type;
+using lower::storage_type;
+std::string num(double v) { return lower::literal(v, lower::kHostDialect); }
+
+// Ops the vector path implements (the support table's vector_body column).
+bool op_vectorizable(OpId op) { return cpu_support()[size_t(op)].vector_body; }
+
+bool vec_dtype(DType d) { return d == DType::Float32 || d == DType::BFloat16 || d == DType::Bool; }
+
+class KernelEmitter {
+ public:
+  KernelEmitter(const Graph& g, const LoopKernel& k, const std::vector<MemRef>& mem,
+                const CpuCodegenOptions& o)
+      : g_(g), k_(k), mem_(mem), opt_(o) {}
+  std::string emit(bool* vectorized);
+
+ private:
+  int n() const { return int(k_.sizes.size()); }
+  std::string index(const std::vector<int64_t>& st, bool skip_inner = false) const;
+  std::string cvt(int e, DType to, bool vec) const;
+  std::string expr_code(int e, bool vec) const;
+  // Emits exprs of `level` in `want` (by index) into out.
+  void emit_exprs(std::string& out, const std::vector<bool>& want, Level level, bool vec,
+                  const std::string& ind) const;
+  void emit_stores(std::string& out, Level level, bool vec, const std::string& ind) const;
+  std::vector<bool> closure(int root) const;  // exprs `root` depends on (Full level)
+  std::string vload(int load) const;
+  std::string sload(int load) const;
+  void emit_pointwise(std::string& out, bool vec);
+  void emit_reduce(std::string& out, bool vec);
+  void emit_norm(std::string& out, bool vec);
+  std::string pointers() const;
+  bool par() const;
+
+  const Graph& g_;
+  const LoopKernel& k_;
+  const std::vector<MemRef>& mem_;
+  const CpuCodegenOptions& opt_;
+};
+
+// Note [kernel threads]
+// Every kernel is `extern "C" void NAME(char* const* b, int kt)`. A kernel with at least
+// min_parallel elements has parallel outer loops whose team size is kt (0: all of OpenMP's
+// threads at call time; 1: no parallel region at all, through the `if` clause), so the
+// executable decides per kernel, without recompiling, whether a kernel forks: by default from
+// parallel_threshold up (a fork/join costs microseconds, which a small kernel does not win
+// back), and max-autotune times both for each such kernel. Smaller kernels ignore kt.
+bool KernelEmitter::par() const {
+  return k_.numel() >= opt_.min_parallel;
+}
+
+std::string KernelEmitter::pointers() const {
+  std::string s;
+  auto ref = [&](ValueId v) {
+    const MemRef& m = mem_[size_t(v)];
+    if (m.slot < 0)
+      throw_error(ErrorKind::Internal,
+                  fmt::format("codegen: kernel {} reads or writes '%{}', which has no memory",
+                              k_.name, g_.value(v).name));
+    return m;
+  };
+  for (size_t i = 0; i < k_.loads.size(); ++i) {
+    const Access& a = k_.loads[i];
+    MemRef m = ref(a.value);
+    s += fmt::format("  const {0}* __restrict L{1} = (const {0}*)(b[{2}] + {3}) + {4};  // %{5}\n",
+                     storage_type(a.dtype), i, m.slot, m.byte_offset, a.offset,
+                     g_.value(a.value).name);
+  }
+  for (size_t i = 0; i < k_.stores.size(); ++i) {
+    const Access& a = k_.stores[i].access;
+    MemRef m = ref(a.value);
+    s += fmt::format("  {0}* __restrict S{1} = ({0}*)(b[{2}] + {3}) + {4};  // %{5}\n",
+                     storage_type(a.dtype), i, m.slot, m.byte_offset, a.offset,
+                     g_.value(a.value).name);
+  }
+  return s;
+}
+
+std::string KernelEmitter::index(const std::vector<int64_t>& st, bool skip_inner) const {
+  return lower::index_expr(st, skip_inner);
+}
+
+std::string KernelEmitter::sload(int li) const { return lower::load_expr(k_, li); }
+
+std::string KernelEmitter::vload(int li) const {
+  const Access& a = k_.loads[size_t(li)];
+  int64_t inner = a.strides[size_t(n() - 1)];
+  if (inner == 0) {
+    std::string p = fmt::format("L{}[{}]", li, index(a.strides));
+    if (a.dtype == DType::BFloat16) p = "kn_bf16_f32(" + p + ")";
+    if (a.dtype == DType::Bool) p = "(" + p + " != 0 ? 1.0f : 0.0f)";
+    return "vset(" + p + ")";
+  }
+  std::string p = fmt::format("L{} + {}", li, index(a.strides));
+  return a.dtype == DType::BFloat16 ? "vld_bf16(" + p + ")" : "vld(" + p + ")";
+}
+
+// Expression e converted to the compute type of `to` (all vector values are float lanes).
+std::string KernelEmitter::cvt(int e, DType to, bool vec) const {
+  return vec ? fmt::format("v{}", e) : lower::convert_expr(k_, e, to);
+}
+
+// The scalar form is shared with every target (lower/scalar_code.h); the SIMD form is the CPU's.
+std::string KernelEmitter::expr_code(int ei, bool vec) const {
+  if (!vec) return lower::scalar_expr(k_, ei, lower::kHostDialect);
+  const LoopExpr& e = k_.exprs[size_t(ei)];
+  DType od = e.dtype;
+  auto arg = [&](int i, DType to) { return cvt(e.args[size_t(i)], to, true); };
+  std::string r;
+  switch (e.kind) {
+    case LoopExpr::Kind::Load: return vload(e.load);
+    case LoopExpr::Kind::Scalar: return fmt::format("vset((float){})", num(e.scalar));
+    default: break;
+  }
+  const Attrs& at = *e.attrs;
+  auto un = [&](const char* vname) { return fmt::format("{}({})", vname, arg(0, od)); };
+  switch (e.op) {
+    case OpId::Neg: r = un("vneg"); break;
+    case OpId::Abs: r = un("vabs"); break;
+    case OpId::Exp: r = un("vexp"); break;
+    case OpId::Log: r = un("vlog"); break;
+    case OpId::Sqrt: r = un("vsqrt"); break;
+    case OpId::Rsqrt: r = un("vrsqrt"); break;
+    case OpId::Reciprocal: r = un("vrecip"); break;
+    case OpId::Sigmoid: r = un("vsigmoid"); break;
+    case OpId::Tanh: r = un("vtanh"); break;
+    case OpId::Relu: r = un("vrelu"); break;
+    case OpId::Gelu: r = un(at.get_string("approximate") == "tanh" ? "vgelu_tanh" : "vgelu"); break;
+    case OpId::Silu: r = un("vsilu"); break;
+    case OpId::Erf: r = un("verf"); break;
+    case OpId::Sin: r = un("vsin"); break;
+    case OpId::Cos: r = un("vcos"); break;
+    case OpId::Floor: r = un("vfloor"); break;
+    case OpId::Ceil: r = un("vceil"); break;
+    case OpId::Round: r = un("vround"); break;
+    case OpId::Sign: r = un("vsign"); break;
+    case OpId::Not: r = fmt::format("vnot({})", arg(0, DType::Bool)); break;
+    case OpId::Copy: r = arg(0, od); break;
+    case OpId::Clamp: {
+      bool lo = at.has("min"), hi = at.has("max");
+      double vlo = lo ? at.get_float("min") : 0, vhi = hi ? at.get_float("max") : 0;
+      r = fmt::format("vclamp({}, {}, (float){}, {}, (float){})", arg(0, od), lo, num(vlo), hi, num(vhi));
+      break;
+    }
+    case OpId::Cast: {
+      std::string x = fmt::format("v{}", e.args[0]);
+      r = od == DType::Bool ? fmt::format("vne({}, vset(0.0f))", x) : x;
+      break;
+    }
+    case OpId::Add: case OpId::Sub: case OpId::Mul: case OpId::Div: case OpId::Pow:
+    case OpId::Maximum: case OpId::Minimum: {
+      const char* f = e.op == OpId::Add ? "+" : e.op == OpId::Sub ? "-" : e.op == OpId::Mul ? "*" : e.op == OpId::Div ? "/" : nullptr;
+      if (f) r = fmt::format("({} {} {})", arg(0, od), f, arg(1, od));
+      else r = fmt::format("{}({}, {})", e.op == OpId::Pow ? "vpow" : e.op == OpId::Maximum ? "vmax" : "vmin", arg(0, od), arg(1, od));
+      break;
+    }
+    case OpId::Eq: case OpId::Ne: case OpId::Lt: case OpId::Le: case OpId::Gt: case OpId::Ge: {
+      DType ct = promote_types(k_.exprs[size_t(e.args[0])].dtype, k_.exprs[size_t(e.args[1])].dtype);
+      const char* f = e.op == OpId::Eq ? "veq" : e.op == OpId::Ne ? "vne" : e.op == OpId::Lt ? "vlt"
+                    : e.op == OpId::Le ? "vle" : e.op == OpId::Gt ? "vgt" : "vge";
+      r = fmt::format("{}({}, {})", f, arg(0, ct), arg(1, ct));
+      break;
+    }
+    case OpId::And: case OpId::Or:
+      r = fmt::format("{}({}, {})", e.op == OpId::And ? "vand" : "vor", arg(0, DType::Bool), arg(1, DType::Bool));
+      break;
+    case OpId::Where:
+      r = fmt::format("vsel({}, {}, {})", arg(0, DType::Bool), arg(1, od), arg(2, od));
+      break;
+    default:
+      throw_error(ErrorKind::Internal, fmt::format("codegen: kernel {}: op '{}' has no loop code",
+                                                   k_.name, op_def(e.op).name));
+  }
+  // Values of 16-bit float dtypes are rounded after every op, as the eager kernels store them
+  // (float16 never reaches the vector path).
+  if (od == DType::BFloat16) r = "vrbf16(" + r + ")";
+  return r;
+}
+
+std::vector<bool> KernelEmitter::closure(int root) const {
+  std::vector<bool> want(k_.exprs.size(), false);
+  std::vector<int> stack = {root};
+  while (!stack.empty()) {
+    int e = stack.back();
+    stack.pop_back();
+    if (e < 0 || want[size_t(e)]) continue;
+    want[size_t(e)] = true;
+    for (int a : k_.exprs[size_t(e)].args) stack.push_back(a);
+  }
+  return want;
+}
+
+void KernelEmitter::emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
+                               bool vec, const std::string& ind) const {
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    const LoopExpr& e = k_.exprs[i];
+    if (!want[i] || e.level != level) continue;
+    if (e.kind == LoopExpr::Kind::Reduce || e.kind == LoopExpr::Kind::Norm) continue;
+    std::string comment;
+    if (e.node >= 0 && e.kind == LoopExpr::Kind::Op) {
+      const Node& nd = g_.nodes[size_t(e.node)];
+      comment = fmt::format("  // {} {}", op_def(nd.op).name, nd.name);
+    }
+    out += fmt::format("{}const {} v{} = {};{}\n", ind, vec ? "VF" : compute_type(e.dtype), i,
+                       expr_code(int(i), vec), comment);
+  }
+}
+
+void KernelEmitter::emit_stores(std::string& out, Level level, bool vec, const std::string& ind) const {
+  for (size_t i = 0; i < k_.stores.size(); ++i) {
+    const lower::LoopStore& st = k_.stores[i];
+    if (k_.exprs[size_t(st.expr)].level != level) continue;
+    DType d = st.access.dtype;
+    std::string v = fmt::format("v{}", st.expr);
+    if (vec) {
+      std::string p = fmt::format("S{} + {}", i, index(st.access.strides));
+      out += ind + (d == DType::BFloat16 ? fmt::format("vst_bf16({}, {});\n", p, v)
+                                         : fmt::format("vst({}, {});\n", p, v));
+      continue;
+    }
+    std::string p = fmt::format("S{}[{}]", i, index(st.access.strides));
+    out += fmt::format("{}{} = {};\n", ind, p, lower::store_value(d, v));
+  }
+}
+
+}  // namespace
+
+bool loop_vectorizable(const LoopKernel& k) {
+  const size_t inner = k.sizes.size() - 1;
+  for (const Access& a : k.loads) {
+    if (!vec_dtype(a.dtype)) return false;
+    if (a.strides[inner] != 0 && a.strides[inner] != 1) return false;
+    if (a.dtype == DType::Bool && a.strides[inner] != 0) return false;
+  }
+  for (const lower::LoopStore& s : k.stores) {
+    if (k.exprs[size_t(s.expr)].level == Level::Kept) continue;
+    if (s.access.dtype != DType::Float32 && s.access.dtype != DType::BFloat16) return false;
+    if (s.access.strides[inner] != 1) return false;
+  }
+  for (const LoopExpr& e : k.exprs) {
+    if (e.level == Level::Kept) continue;
+    if (!vec_dtype(e.dtype)) return false;
+    if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
+    if (e.kind == LoopExpr::Kind::Norm && e.dtype == DType::Bool) return false;
+  }
+  if (k.kind != LoopKind::Pointwise && k.anchor >= 0) {
+    const LoopExpr& a = k.exprs[size_t(k.anchor)];
+    if (a.kind == LoopExpr::Kind::Reduce && a.op == OpId::Var) return true;
+  }
+  return true;
+}
+
+namespace {
+
+void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
+  const int r = n();
+  const int64_t N = k_.sizes[size_t(r - 1)];
+  int64_t outer = 1;
+  for (int t = 0; t + 1 < r; ++t) outer *= k_.sizes[size_t(t)];
+  int64_t CH = N;
+  if (par() && outer < 64 && N > 8192) CH = 4096;
+  int64_t NC = (N + CH - 1) / CH;
+  int collapse = (r - 1) + (NC > 1 ? 1 : 0);
+  if (par() && collapse > 0)
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", collapse);
+  for (int t = 0; t + 1 < r; ++t)
+    out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
+  if (NC > 1) out += fmt::format("  for (i64 c = 0; c < {}; ++c)\n", NC);
+  out += "  {\n";
+  const std::string in = "    ";
+  if (NC > 1)
+    out += fmt::format("{0}const i64 j0 = c * {1}, j1 = j0 + {1} < {2} ? j0 + {1} : {2};\n", in, CH, N);
+  else
+    out += fmt::format("{}const i64 j0 = 0, j1 = {};\n", in, N);
+  out += fmt::format("{}i64 i{} = j0;\n", in, r - 1);
+  std::vector<bool> all(k_.exprs.size(), true);
+  if (vec) {
+    out += fmt::format("#ifdef KN_W\n{0}for (; i{1} + KN_W <= j1; i{1} += KN_W) {{\n", in, r - 1);
+    emit_exprs(out, all, Level::Full, true, in + "  ");
+    emit_stores(out, Level::Full, true, in + "  ");
+    out += in + "}\n#endif\n";
+  }
+  out += fmt::format("{0}for (; i{1} < j1; ++i{1}) {{\n", in, r - 1);
+  emit_exprs(out, all, Level::Full, false, in + "  ");
+  emit_stores(out, Level::Full, false, in + "  ");
+  out += in + "}\n  }\n";
+}
+
+// Opens the kept loops (parallel when big) and returns the indentation inside them.
+static std::string open_kept(std::string& out, const LoopKernel& k, bool par) {
+  int kept = k.kept_dims();
+  if (par && kept > 0)
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", kept);
+  for (int t = 0; t < kept; ++t)
+    out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k.sizes[size_t(t)]);
+  out += "  {\n";
+  return "    ";
+}
+
+// Emits the reduce loops around `body_vec` / `body_scalar` (which see i<inner> as the index).
+// `body_unrolled` (optional): the body of a loop stepping `unroll` vectors at a time, emitted
+// before the one-vector loop.
+static void reduce_loops(std::string& out, const LoopKernel& k, const std::string& ind, bool vec,
+                         const std::string& body_vec, const std::string& body_scalar,
+                         const std::string& body_unrolled = "", int unroll = 1) {
+  const int r = int(k.sizes.size());
+  out += ind + "{\n";
+  std::string in = ind;
+  for (int t = k.kept_dims(); t + 1 < r; ++t) {
+    out += fmt::format("{0}for (i64 i{1} = 0; i{1} < {2}; ++i{1}) {{\n", in, t, k.sizes[size_t(t)]);
+    in += "  ";
+  }
+  out += fmt::format("{}i64 i{} = 0;\n", in, r - 1);
+  if (vec && !body_unrolled.empty() && unroll > 1)
+    out += fmt::format("#ifdef KN_W\n{0}for (; i{1} + {4} * KN_W <= {2}; i{1} += {4} * KN_W) {{\n{3}{0}}}\n#endif\n",
+                       in, r - 1, k.sizes.back(), body_unrolled, unroll);
+  if (vec && !body_vec.empty())
+    out += fmt::format("#ifdef KN_W\n{0}for (; i{1} + KN_W <= {2}; i{1} += KN_W) {{\n{3}{0}}}\n#endif\n",
+                       in, r - 1, k.sizes.back(), body_vec);
+  out += fmt::format("{0}for (; i{1} < {2}; ++i{1}) {{\n{3}{0}}}\n", in, r - 1, k.sizes.back(), body_scalar);
+  for (int t = k.kept_dims(); t + 1 < r; ++t) {
+    in.resize(in.size() - 2);
+    out += in + "}\n";
+  }
+  out += ind + "}\n";
+}
+
+void KernelEmitter::emit_reduce(std::string& out, bool vec) {
+  const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
+  const int x = red.args[0];
+  const bool dbl = k_.exprs[size_t(x)].dtype == DType::Float64 || red.dtype == DType::Float64;
+  const char* at = dbl ? "double" : "float";
+  std::string ind = open_kept(out, k_, par());
+  // Full-level work: what the reduction reads, plus values stored at full level.
+  std::vector<bool> want = closure(x);
+  for (const lower::LoopStore& st : k_.stores)
+    if (k_.exprs[size_t(st.expr)].level == Level::Full) {
+      std::vector<bool> c = closure(st.expr);
+      for (size_t i = 0; i < c.size(); ++i) want[i] = want[i] || c[i];
+    }
+  OpId op = red.op;
+  const char* init = op == OpId::Max ? "-INFINITY" : op == OpId::Min ? "INFINITY" : op == OpId::Prod ? "1" : "0";
+  auto combine = [&](const std::string& a, const std::string& v, bool vv) -> std::string {
+    switch (op) {
+      case OpId::Max: return vv ? fmt::format("{0} = vmax({0}, {1});", a, v) : fmt::format("{0} = kn_max({0}, ({2}){1});", a, v, at);
+      case OpId::Min: return vv ? fmt::format("{0} = vmin({0}, {1});", a, v) : fmt::format("{0} = kn_min({0}, ({2}){1});", a, v, at);
+      case OpId::Prod: return vv ? fmt::format("{0} = {0} * {1};", a, v) : fmt::format("{0} *= ({2}){1};", a, v, at);
+      default: return vv ? fmt::format("{0} = {0} + {1};", a, v) : fmt::format("{0} += ({2}){1};", a, v, at);
+    }
+  };
+  out += fmt::format("{}{} acc = {};\n", ind, at, init);
+  if (vec) out += fmt::format("#ifdef KN_W\n{}VF vacc = vset({});\n#endif\n", ind, init);
+  std::string bi = ind + "  ";
+  for (int t = k_.kept_dims(); t + 1 < n(); ++t) bi += "  ";
+  std::string bv, bs, bu;
+  if (vec) {
+    emit_exprs(bv, want, Level::Full, true, bi + "  ");
+    bv += bi + "  " + combine("vacc", fmt::format("v{}", x), true) + "\n";
+    emit_stores(bv, Level::Full, true, bi + "  ");
+  }
+  // Several accumulators (CpuCodegenOptions::reduce_unroll): copy u of the body sees the index
+  // advanced by u vectors (a shadowing block) and adds into vacc<u>.
+  const int unroll = vec ? std::max(1, opt_.reduce_unroll) : 1;
+  const std::string iv = fmt::format("i{}", n() - 1);
+  for (int u = 1; u < unroll; ++u)
+    out += fmt::format("#ifdef KN_W\n{}VF vacc{} = vset({});\n#endif\n", ind, u, init);
+  for (int u = 0; unroll > 1 && u < unroll; ++u) {
+    std::string acc = u == 0 ? "vacc" : fmt::format("vacc{}", u);
+    std::string body;
+    emit_exprs(body, want, Level::Full, true, bi + "    ");
+    body += bi + "    " + combine(acc, fmt::format("v{}", x), true) + "\n";
+    emit_stores(body, Level::Full, true, bi + "    ");
+    if (u == 0)
+      bu += bi + "  {\n" + body + bi + "  }\n";
+    else
+      bu += fmt::format("{0}  {{ const i64 {1}_next = {1} + {2} * KN_W; {{ const i64 {1} = {1}_next;\n{3}{0}  }} }}\n",
+                        bi, iv, u, body);
+  }
+  emit_exprs(bs, want, Level::Full, false, bi + "  ");
+  bs += bi + "  " + combine("acc", fmt::format("v{}", x), false) + "\n";
+  emit_stores(bs, Level::Full, false, bi + "  ");
+  reduce_loops(out, k_, ind, vec, bv, bs, bu, unroll);
+  for (int u = 1; u < unroll; ++u)
+    out += fmt::format("#ifdef KN_W\n{}{}\n#endif\n", ind, combine("vacc", fmt::format("vacc{}", u), true));
+  if (vec) {
+    const char* h = op == OpId::Max ? "vmax_all" : op == OpId::Min ? "vmin_all" : op == OpId::Prod ? "vprod_all" : "vsum";
+    out += fmt::format("#ifdef KN_W\n{}{}\n#endif\n", ind, combine("acc", fmt::format("{}(vacc)", h), false));
+  }
+  std::string result = "acc";
+  if (op == OpId::Mean) result = fmt::format("acc / ({}){}", at, red.count);
+  if (op == OpId::Var) {
+    // Second pass: sum of squared deviations from the mean (no stores).
+    out += fmt::format("{0}const double mean = double(acc) / {1};\n{0}double ss = 0;\n", ind, red.count);
+    std::vector<bool> wx = closure(x);
+    std::string sv, ss;
+    if (vec) {
+      out += fmt::format("#ifdef KN_W\n{}VF vss = vset(0.0f);\n#endif\n", ind);
+      emit_exprs(sv, wx, Level::Full, true, bi + "  ");
+      sv += fmt::format("{0}  {{ const VF d = v{1} - vset((float)mean); vss = vss + d * d; }}\n", bi, x);
+    }
+    emit_exprs(ss, wx, Level::Full, false, bi + "  ");
+    ss += fmt::format("{0}  {{ const double d = double(v{1}) - mean; ss += d * d; }}\n", bi, x);
+    reduce_loops(out, k_, ind, vec, sv, ss);
+    if (vec) out += fmt::format("#ifdef KN_W\n{}ss += double(vsum(vss));\n#endif\n", ind);
+    int64_t corr = red.attrs->get_int("correction");
+    int64_t div = std::max<int64_t>(red.count - corr, 0);
+    result = fmt::format("({})(ss / {}.0)", at, div);
+  }
+  std::string rv = fmt::format("({})({})", compute_type(red.dtype), result);
+  if (red.dtype == DType::BFloat16) rv = "kn_rbf16(" + rv + ")";
+  if (red.dtype == DType::Float16) rv = "kn_rf16(" + rv + ")";
+  out += fmt::format("{}const {} v{} = {};\n", ind, compute_type(red.dtype), k_.anchor, rv);
+  std::vector<bool> all(k_.exprs.size(), true);
+  emit_exprs(out, all, Level::Kept, false, ind);
+  emit_stores(out, Level::Kept, false, ind);
+  out += "  }\n";
+}
+
+void KernelEmitter::emit_norm(std::string& out, bool vec) {
+  const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
+  const int x = nm.args[0];
+  const bool ln = nm.op == OpId::LayerNorm;
+  std::string ind = open_kept(out, k_, par());
+  std::string bi = ind + "  ";
+  for (int t = k_.kept_dims(); t + 1 < n(); ++t) bi += "  ";
+  std::vector<bool> wx = closure(x);
+  std::string bv, bs;
+  // Pass 1: statistics.
+  if (ln) {
+    out += fmt::format("{}double mean_s = 0, m2_s = 0; i64 n_s = 0;\n", ind);
+    if (vec) out += fmt::format("#ifdef KN_W\n{}VF vmean = vset(0.0f), vm2 = vset(0.0f); i64 vn = 0;\n#endif\n", ind);
+    if (vec) {
+      emit_exprs(bv, wx, Level::Full, true, bi + "  ");
+      bv += fmt::format("{0}  {{ ++vn; const VF d = v{1} - vmean; vmean = vmean + d * vset(1.0f / float(vn)); vm2 = vm2 + d * (v{1} - vmean); }}\n", bi, x);
+    }
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  {{ ++n_s; const double d = double(v{1}) - mean_s; mean_s += d / double(n_s); m2_s += d * (double(v{1}) - mean_s); }}\n", bi, x);
+    reduce_loops(out, k_, ind, vec, bv, bs);
+    if (vec)
+      out += fmt::format(
+          "#ifdef KN_W\n{0}if (vn > 0) {{\n{0}  float lm[KN_W], l2[KN_W];\n{0}  std::memcpy(lm, &vmean, sizeof(lm)); std::memcpy(l2, &vm2, sizeof(l2));\n"
+          "{0}  for (int l = 0; l < KN_W; ++l) {{\n{0}    const double nb = double(vn), na = double(n_s), nn = na + nb, d = double(lm[l]) - mean_s;\n"
+          "{0}    mean_s += d * nb / nn; m2_s += double(l2[l]) + d * d * na * nb / nn; n_s += vn;\n{0}  }}\n{0}}}\n#endif\n", ind);
+    double eps = nm.attrs->get_float("eps");
+    out += fmt::format("{0}const float mean = float(mean_s);\n{0}const float rstd = float(1.0 / std::sqrt(m2_s / {1}.0 + {2}));\n",
+                       ind, nm.count, num(eps));
+  } else {
+    out += fmt::format("{}float m_s = -INFINITY, s_s = 0;\n", ind);
+    if (vec) out += fmt::format("#ifdef KN_W\n{}VF vm = vset(-INFINITY), vs = vset(0.0f);\n#endif\n", ind);
+    if (vec) {
+      emit_exprs(bv, wx, Level::Full, true, bi + "  ");
+      bv += fmt::format("{0}  {{ const VF mn = vmax(vm, v{1}); vs = vs * vexp(vm - mn) + vexp(v{1} - mn); vm = mn; }}\n", bi, x);
+    }
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  {{ const float xv = (float)v{1}; const float mn = kn_max(m_s, xv); s_s = (m_s == -INFINITY ? 0.0f : s_s * std::exp(m_s - mn)) + std::exp(xv - mn); m_s = mn; }}\n", bi, x);
+    reduce_loops(out, k_, ind, vec, bv, bs);
+    if (vec)
+      out += fmt::format(
+          "#ifdef KN_W\n{0}{{\n{0}  float lm[KN_W], ls[KN_W];\n{0}  std::memcpy(lm, &vm, sizeof(lm)); std::memcpy(ls, &vs, sizeof(ls));\n"
+          "{0}  for (int l = 0; l < KN_W; ++l) {{\n{0}    if (lm[l] == -INFINITY) continue;\n{0}    const float mn = kn_max(m_s, lm[l]);\n"
+          "{0}    s_s = (m_s == -INFINITY ? 0.0f : s_s * std::exp(m_s - mn)) + ls[l] * std::exp(lm[l] - mn); m_s = mn;\n{0}  }}\n{0}}}\n#endif\n", ind);
+    if (nm.op == OpId::Softmax) out += fmt::format("{}const float inv_s = 1.0f / s_s;\n", ind);
+    else out += fmt::format("{}const float log_s = std::log(s_s);\n", ind);
+  }
+  // Pass 2: normalize, epilogue, stores.
+  std::vector<bool> all(k_.exprs.size(), true);
+  auto norm_value = [&](bool v) -> std::string {
+    std::string xs = fmt::format("v{}", x);
+    std::string r;
+    if (ln) {
+      r = v ? fmt::format("({} - vset(mean)) * vset(rstd)", xs) : fmt::format("((float){} - mean) * rstd", xs);
+      if (nm.args[1] >= 0) r = v ? fmt::format("{} * v{}", r, nm.args[1]) : fmt::format("{} * (float)v{}", r, nm.args[1]);
+      if (nm.args[2] >= 0) r = v ? fmt::format("{} + v{}", r, nm.args[2]) : fmt::format("{} + (float)v{}", r, nm.args[2]);
+    } else if (nm.op == OpId::Softmax) {
+      r = v ? fmt::format("vexp({} - vset(m_s)) * vset(inv_s)", xs) : fmt::format("std::exp((float){} - m_s) * inv_s", xs);
+    } else {
+      r = v ? fmt::format("{} - vset(m_s + log_s)", xs) : fmt::format("(float){} - (m_s + log_s)", xs);
+    }
+    if (nm.dtype == DType::BFloat16) r = v ? "vrbf16(" + r + ")" : "kn_rbf16(" + r + ")";
+    if (nm.dtype == DType::Float16 && !v) r = "kn_rf16(" + r + ")";
+    if (nm.dtype == DType::Float64 && !v) r = "(double)(" + r + ")";
+    return r;
+  };
+  auto pass2 = [&](bool v) {
+    std::string b;
+    std::string in = bi + "  ";
+    // Everything before the anchor, the anchor, everything after.
+    std::vector<bool> pre(k_.exprs.size(), false), post(k_.exprs.size(), false);
+    for (size_t i = 0; i < k_.exprs.size(); ++i) (int(i) < k_.anchor ? pre : post)[i] = int(i) != k_.anchor;
+    emit_exprs(b, pre, Level::Full, v, in);
+    b += fmt::format("{}const {} v{} = {};\n", in, v ? "VF" : compute_type(nm.dtype), k_.anchor, norm_value(v));
+    emit_exprs(b, post, Level::Full, v, in);
+    emit_stores(b, Level::Full, v, in);
+    return b;
+  };
+  reduce_loops(out, k_, ind, vec, vec ? pass2(true) : "", pass2(false));
+  (void)all;
+  out += "  }\n";
+}
+
+std::string KernelEmitter::emit(bool* vectorized) {
+  bool vec = opt_.vectorize && loop_vectorizable(k_);
+  if (k_.kind == LoopKind::Norm && k_.exprs[size_t(k_.anchor)].dtype == DType::Float64) vec = false;
+  if (k_.kind == LoopKind::Reduce) {
+    const LoopExpr& a = k_.exprs[size_t(k_.anchor)];
+    if (a.dtype == DType::Float64 || k_.exprs[size_t(a.args[0])].dtype == DType::Float64) vec = false;
+  }
+  *vectorized = vec;
+  std::string out = fmt::format("// kiln-kernel: {}\n// {} over [{}]", k_.name, lower::loop_kind_name(k_.kind),
+                                fmt::join(k_.sizes, ", "));
+  if (k_.reduce_dims) out += fmt::format(", last {} reduced", k_.reduce_dims);
+  out += vec ? ", SIMD\n" : ", scalar\n";
+  for (int32_t ni : k_.nodes) {
+    const Node& nd = g_.nodes[size_t(ni)];
+    out += fmt::format("//   node '{}': {} -> %{}\n", nd.name, op_def(nd.op).name,
+                       g_.value(nd.outputs[0]).name);
+  }
+  out += fmt::format("extern \"C\" void {}(char* const* b, int kt) {{\n", k_.name);
+  if (par())
+    out += "  const int nt = kt > 0 ? kt : omp_get_max_threads();\n  (void)nt;\n";
+  else
+    out += "  (void)kt;\n";
+  if (!opt_.inject_error_into.empty() && k_.name.find(opt_.inject_error_into) != std::string::npos)
+    out += "  this_is_an_injected_error;  // CpuCodegenOptions::inject_error_into (tests)\n";
+  out += pointers();
+  if (k_.numel() == 0 && k_.kind == LoopKind::Pointwise) {
+    out += "  (void)b;  // no elements\n}\n\n";
+    return out;
+  }
+  switch (k_.kind) {
+    case LoopKind::Pointwise: emit_pointwise(out, vec); break;
+    case LoopKind::Reduce: emit_reduce(out, vec); break;
+    case LoopKind::Norm: emit_norm(out, vec); break;
+  }
+  out += "}\n\n";
+  return out;
+}
+
+}  // namespace
+
+CpuUnit generate_cpu(const Graph& g, const lower::Schedule& s, const std::vector<MemRef>& mem,
+                     const std::string& unit_name, const CpuCodegenOptions& options) {
+  CpuUnit u;
+  u.source = fmt::format("// Kiln CPU kernels for graph '{}' ({} kernels). Generated; do not edit.\n",
+                         unit_name, s.loops.size());
+  if (options.vector_bits == 256) u.source += "#define KN_VEC256 1\n";
+  if (options.reduce_unroll > 1)  // changes the code; a comment keeps the cache key distinct too
+    u.source += fmt::format("// reduce_unroll {}\n", options.reduce_unroll);
+  u.source += cpu_prelude();
+  u.source += "\n";
+  for (const LoopKernel& k : s.loops) {
+    KernelEmitter e(g, k, mem, options);
+    bool v = false;
+    u.source += e.emit(&v);
+    u.symbols.push_back(k.name);
+    u.vectorized.push_back(v);
+    u.default_threads.push_back(k.numel() < options.min_parallel        ? -1
+                                : k.numel() >= options.parallel_threshold ? 0
+                                                                          : 1);
+  }
+  return u;
+}
+
+}  // namespace kiln::cpu

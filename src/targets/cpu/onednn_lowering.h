@@ -1,0 +1,99 @@
+// The oneDNN extern-kernel lowering of the CPU compiler: convolution, deconvolution, pooling,
+// linear and matmul nodes become oneDNN primitives built once at compile time. See Note [oneDNN
+// lowering] and Note [layout choice] in onednn_lowering.cc.
+//
+// Expects: a Graph with concrete shapes whose weights (and biases) are Param/Const values with
+// data (a node whose weight is an activation, or whose shapes are symbolic, is not lowered).
+// Guarantees: every lowered node runs through run() with no heap allocation in Kiln's code
+// (oneDNN's own execute() allocates a few small objects; see the Note), into the value layouts
+// that blocked() / value_bytes() report. dnnl.hpp stays inside the .cc file.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "compiler/target.h"
+#include "ir/graph.h"
+
+namespace kiln::cpu {
+
+// How a linear / fused_linear node is computed: oneDNN inner_product (weights [out, in]) or
+// matmul (x @ W^T with W^T prepacked). Auto picks per problem (see Note [linear choice]).
+enum class LinearImpl : uint8_t { Auto, InnerProduct, Matmul };
+
+// How convolutions pick their activation layout and algorithm (see Note [convolution policy]).
+//   Auto:      dst format_tag::any and the direct algorithm: oneDNN's own preference (brgconv
+//              on nhwc on AVX-512 CPUs). Numerically the direct convolution.
+//   Blocked16: blocked activations are nChw16c (the jit direct kernels). Numerically direct.
+//   Winograd:  as Blocked16, and 3x3 stride-1 undilated ungrouped f32 convolutions use oneDNN's
+//              Winograd algorithm where it has an implementation. Fewer multiplications, a
+//              different rounding: results differ from direct by ~1e-6..1e-5 relative, so only
+//              max-autotune offers it, behind an accuracy check.
+enum class ConvPolicy : uint8_t { Auto, Blocked16, Winograd };
+
+// A matmul operand that is a strided view rather than a contiguous buffer (a permuted or
+// transposed activation; input 0 = a or 1 = b): run() then gets the view's first element as
+// that input's pointer. See Note [strided matmul operands].
+using compiler::StridedOperand;
+
+struct OnednnOptions {
+  bool allow_blocked = true;  // false: every activation stays plain NCHW (for autotuning/compare)
+  LinearImpl linear = LinearImpl::Auto;
+  ConvPolicy conv = ConvPolicy::Auto;
+  std::vector<StridedOperand> matmul_strides;
+};
+
+class OnednnLowering {
+ public:
+  // `extern_nodes`: node indices to run as oneDNN primitives, among conv2d, fused_conv2d,
+  // conv_transpose2d, linear, fused_linear, matmul, max_pool2d and avg_pool2d (another op or an
+  // index out of range is an InvalidArgument error). Primitives are created for the current
+  // OpenMP thread count (omp_set_num_threads before constructing and before running). Keeps
+  // no reference to `g`.
+  OnednnLowering(const Graph& g, const std::vector<int32_t>& extern_nodes,
+                 const OnednnOptions& options = {});
+  ~OnednnLowering();
+  OnednnLowering(const OnednnLowering&) = delete;
+  OnednnLowering& operator=(const OnednnLowering&) = delete;
+
+  // False for nodes not in extern_nodes and for those oneDNN has no implementation for (dtype,
+  // non-constant weight, symbolic shape, a pooling divisor oneDNN cannot express): the caller
+  // runs them another way. Their inputs and outputs are then plain.
+  bool lowered(int32_t node) const;
+  // Why a requested node was not lowered ("" when it was, or was not requested).
+  std::string why_not_lowered(int32_t node) const;
+
+  // Whether v is stored in a oneDNN blocked layout (e.g. nChw16c) rather than the plain
+  // contiguous layout of its type. Only values between lowered conv/pool nodes can be.
+  bool blocked(ValueId v) const;
+  // Storage bytes of a blocked value (may exceed the plain size by channel padding); -1 for a
+  // plain value (its size is the type's contiguous size).
+  int64_t value_bytes(ValueId v) const;
+  // Bytes of the one scratch region run() needs (the max over lowered nodes: it is reused by
+  // each node in turn). Reorder temporaries and oneDNN scratchpads live there.
+  int64_t scratchpad_bytes() const;
+
+  // Runs lowered node `node`. inputs[i]: data of the node's input i where it is an activation
+  // (input 0; the residual, input 3, of fused_conv2d / fused_linear; both inputs of matmul);
+  // entries for params, consts and absent inputs are ignored and may be null. output: the
+  // node's output 0, in the layout blocked()/value_bytes() give. scratch: scratchpad_bytes()
+  // bytes, 64-byte aligned. The residual may share the output buffer where
+  // residual_may_alias_output(node). Not reentrant for one node (the prebuilt memory objects
+  // hold the last pointers); distinct nodes run serially.
+  void run(int32_t node, const void* const* inputs, void* output, void* scratch) const;
+  // Whether run() accepts the residual's buffer as the output buffer for this node (it has a
+  // residual input in the output's layout). A planner that puts the output in place of a
+  // residual dying here saves the copy of the residual into the output.
+  bool residual_may_alias_output(int32_t node) const;
+
+  // One line: "conv2d 7x7/2 jit:avx512_core src nchw -> dst nChw16c, post-ops: sum(1),relu".
+  std::string describe(int32_t node) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::cpu

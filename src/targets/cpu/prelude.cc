@@ -1,0 +1,169 @@
+// The text every generated CPU translation unit starts with: the includes, the shared scalar
+// math of every op (src/ops/scalar_math.h, embedded as text: NaN-propagating max/min/relu/clamp,
+// wrapping integer arithmetic, saturating casts, bf16/f16 rounding to nearest even), and a
+// small vector type VF over AVX-512
+// (16 lanes) or AVX2 (8 lanes) whose transcendental functions call SLEEF. Generated kernels are
+// written against these names only, so the same kernel source compiles for either ISA (the ISA
+// is part of the code cache key).
+#include "targets/cpu/prelude.h"
+
+#include <string>
+
+#include "ops/scalar_math_text.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+const char* const kHead = R"KILN(// ---- Kiln generated code: prelude ----
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <limits>
+#include <omp.h>
+// KN_VEC256 (defined before the prelude by CpuCodegenOptions::vector_bits = 256) keeps the
+// kernels at 8-lane AVX2 vectors on an AVX-512 machine; max-autotune times both widths.
+#if defined(__AVX512F__) && !defined(KN_VEC256)
+#define KN_AVX512 1
+#endif
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+// The SLEEF functions used below, declared here rather than through <sleef.h> (which costs
+// ~0.1 s of parsing in every generated unit); they link against libsleef (-lsleef).
+extern "C" {
+#if defined(KN_AVX512)
+__m512 Sleef_expf16_u10(__m512); __m512 Sleef_logf16_u10(__m512); __m512 Sleef_tanhf16_u10(__m512);
+__m512 Sleef_erff16_u10(__m512); __m512 Sleef_sinf16_u10(__m512); __m512 Sleef_cosf16_u10(__m512);
+__m512 Sleef_powf16_u10(__m512, __m512);
+#else
+__m256 Sleef_expf8_u10(__m256); __m256 Sleef_logf8_u10(__m256); __m256 Sleef_tanhf8_u10(__m256);
+__m256 Sleef_erff8_u10(__m256); __m256 Sleef_sinf8_u10(__m256); __m256 Sleef_cosf8_u10(__m256);
+__m256 Sleef_powf8_u10(__m256, __m256);
+#endif
+}
+#endif
+)KILN";
+
+const char* const kVectors = R"KILN(// ---- vectors ----
+#if defined(KN_AVX512)
+#define KN_W 16
+struct VF { __m512 v; };
+static inline VF vset(float x) { return {_mm512_set1_ps(x)}; }
+static inline VF vld(const float* p) { return {_mm512_loadu_ps(p)}; }
+static inline void vst(float* p, VF a) { _mm512_storeu_ps(p, a.v); }
+static inline VF vld_bf16(const u16* p) {
+  __m256i h = _mm256_loadu_si256((const __m256i*)p);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+}
+static inline __m512i kn_bf16_bits(VF a) {
+  __m512i u = _mm512_castps_si512(a.v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+  __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_blend_epi32(nan, r, q);
+}
+static inline void vst_bf16(u16* p, VF a) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(kn_bf16_bits(a))); }
+static inline VF vrbf16(VF a) { return {_mm512_castsi512_ps(_mm512_slli_epi32(kn_bf16_bits(a), 16))}; }
+static inline VF operator+(VF a, VF b) { return {_mm512_add_ps(a.v, b.v)}; }
+static inline VF operator-(VF a, VF b) { return {_mm512_sub_ps(a.v, b.v)}; }
+static inline VF operator*(VF a, VF b) { return {_mm512_mul_ps(a.v, b.v)}; }
+static inline VF operator/(VF a, VF b) { return {_mm512_div_ps(a.v, b.v)}; }
+#define KN_CMP(name, pred) static inline VF name(VF a, VF b) { return {_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a.v, b.v, pred), _mm512_set1_ps(1.0f))}; }
+static inline VF vsel(VF c, VF a, VF b) { return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(c.v, _mm512_setzero_ps(), _CMP_NEQ_UQ), b.v, a.v)}; }
+static inline VF vexp(VF a) { return {Sleef_expf16_u10(a.v)}; }
+static inline VF vlog(VF a) { return {Sleef_logf16_u10(a.v)}; }
+static inline VF vtanh(VF a) { return {Sleef_tanhf16_u10(a.v)}; }
+static inline VF verf(VF a) { return {Sleef_erff16_u10(a.v)}; }
+static inline VF vsin(VF a) { return {Sleef_sinf16_u10(a.v)}; }
+static inline VF vcos(VF a) { return {Sleef_cosf16_u10(a.v)}; }
+static inline VF vpow(VF a, VF b) { return {Sleef_powf16_u10(a.v, b.v)}; }
+static inline VF vsqrt(VF a) { return {_mm512_sqrt_ps(a.v)}; }
+static inline VF vfloor(VF a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
+static inline VF vceil(VF a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)}; }
+static inline VF vround(VF a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+static inline float vsum(VF a) { return _mm512_reduce_add_ps(a.v); }
+#elif defined(__AVX2__)
+#define KN_W 8
+struct VF { __m256 v; };
+static inline VF vset(float x) { return {_mm256_set1_ps(x)}; }
+static inline VF vld(const float* p) { return {_mm256_loadu_ps(p)}; }
+static inline void vst(float* p, VF a) { _mm256_storeu_ps(p, a.v); }
+static inline VF vld_bf16(const u16* p) {
+  __m128i h = _mm_loadu_si128((const __m128i*)p);
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))};
+}
+static inline __m256i kn_bf16_bits(VF a) {
+  __m256i u = _mm256_castps_si256(a.v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  __m256 nan = _mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q);
+  __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
+}
+static inline void vst_bf16(u16* p, VF a) {
+  __m256i b = kn_bf16_bits(a);
+  __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+  _mm_storeu_si128((__m128i*)p, _mm_packus_epi32(lo, hi));
+}
+static inline VF vrbf16(VF a) { return {_mm256_castsi256_ps(_mm256_slli_epi32(kn_bf16_bits(a), 16))}; }
+static inline VF operator+(VF a, VF b) { return {_mm256_add_ps(a.v, b.v)}; }
+static inline VF operator-(VF a, VF b) { return {_mm256_sub_ps(a.v, b.v)}; }
+static inline VF operator*(VF a, VF b) { return {_mm256_mul_ps(a.v, b.v)}; }
+static inline VF operator/(VF a, VF b) { return {_mm256_div_ps(a.v, b.v)}; }
+#define KN_CMP(name, pred) static inline VF name(VF a, VF b) { return {_mm256_and_ps(_mm256_cmp_ps(a.v, b.v, pred), _mm256_set1_ps(1.0f))}; }
+static inline VF vsel(VF c, VF a, VF b) { return {_mm256_blendv_ps(b.v, a.v, _mm256_cmp_ps(c.v, _mm256_setzero_ps(), _CMP_NEQ_UQ))}; }
+static inline VF vexp(VF a) { return {Sleef_expf8_u10(a.v)}; }
+static inline VF vlog(VF a) { return {Sleef_logf8_u10(a.v)}; }
+static inline VF vtanh(VF a) { return {Sleef_tanhf8_u10(a.v)}; }
+static inline VF verf(VF a) { return {Sleef_erff8_u10(a.v)}; }
+static inline VF vsin(VF a) { return {Sleef_sinf8_u10(a.v)}; }
+static inline VF vcos(VF a) { return {Sleef_cosf8_u10(a.v)}; }
+static inline VF vpow(VF a, VF b) { return {Sleef_powf8_u10(a.v, b.v)}; }
+static inline VF vsqrt(VF a) { return {_mm256_sqrt_ps(a.v)}; }
+static inline VF vfloor(VF a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)}; }
+static inline VF vceil(VF a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)}; }
+static inline VF vround(VF a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+static inline float vsum(VF a) { float t[8]; _mm256_storeu_ps(t, a.v); float s = 0; for (int i = 0; i < 8; ++i) s += t[i]; return s; }
+#endif
+#ifdef KN_W
+KN_CMP(veq, _CMP_EQ_OQ) KN_CMP(vne, _CMP_NEQ_UQ) KN_CMP(vlt, _CMP_LT_OQ) KN_CMP(vle, _CMP_LE_OQ)
+KN_CMP(vgt, _CMP_GT_OQ) KN_CMP(vge, _CMP_GE_OQ) KN_CMP(vunord, _CMP_UNORD_Q)
+#undef KN_CMP
+static inline VF vor(VF a, VF b) { return vsel(a, vset(1.0f), vsel(b, vset(1.0f), vset(0.0f))); }
+static inline VF vand(VF a, VF b) { return vsel(a, vsel(b, vset(1.0f), vset(0.0f)), vset(0.0f)); }
+static inline VF vnot(VF a) { return vsel(a, vset(0.0f), vset(1.0f)); }
+static inline VF vmax(VF a, VF b) { return vsel(vor(vgt(a, b), vunord(a, a)), a, b); }
+static inline VF vmin(VF a, VF b) { return vsel(vor(vlt(a, b), vunord(a, a)), a, b); }
+static inline VF vneg(VF a) { return vset(0.0f) - a; }
+static inline VF vabs(VF a) { return vmax(a, vneg(a)); }
+static inline VF vrelu(VF a) { return vsel(vgt(a, vset(0.0f)), a, vsel(vunord(a, a), a, vset(0.0f))); }
+static inline VF vsigmoid(VF a) { return vset(1.0f) / (vset(1.0f) + vexp(vneg(a))); }
+static inline VF vsilu(VF a) { return a / (vset(1.0f) + vexp(vneg(a))); }
+static inline VF vgelu(VF a) { return vset(0.5f) * a * (vset(1.0f) + verf(a * vset(0.70710678118654752f))); }
+static inline VF vgelu_tanh(VF a) { return vset(0.5f) * a * (vset(1.0f) + vtanh(vset(0.7978845608028654f) * (a + vset(0.044715f) * a * a * a))); }
+static inline VF vrsqrt(VF a) { return vset(1.0f) / vsqrt(a); }
+static inline VF vrecip(VF a) { return vset(1.0f) / a; }
+static inline VF vsign(VF a) { return vsel(vunord(a, a), a, vgt(a, vset(0.0f)) - vlt(a, vset(0.0f))); }
+static inline VF vclamp(VF a, bool has_lo, float lo, bool has_hi, float hi) {
+  VF r = a;
+  if (has_lo) r = vsel(vlt(r, vset(lo)), vset(lo), r);
+  if (has_hi) r = vsel(vgt(r, vset(hi)), vset(hi), r);
+  return r;  // NaN compares false: stays NaN
+}
+static inline float vmax_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m = kn_max(m, t[i]); return m; }
+static inline float vmin_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m = kn_min(m, t[i]); return m; }
+static inline float vprod_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m *= t[i]; return m; }
+#endif
+// ---- end of prelude ----
+)KILN";
+
+}  // namespace
+
+const std::string& cpu_prelude() {
+  static const std::string text = std::string(kHead) + "// ---- scalar math (src/ops/scalar_math.h) ----\n" +
+                                  scalar_math_text() + kVectors;
+  return text;
+}
+
+}  // namespace kiln::cpu

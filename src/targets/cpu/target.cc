@@ -1,0 +1,414 @@
+// The CPU target (compiler/target.h): oneDNN library kernels, C++/SIMD/OpenMP loop kernels
+// compiled by the host C++ compiler, one host arena. See Note [CPU target knobs].
+//
+// Note [CPU target knobs]
+//   conv=auto|nChw16c|nChw16c+winograd|plain  convolution layout policy (Note [convolution
+//        policy] in onednn_lowering.cc); plain keeps every activation NCHW. Default auto.
+//   gemv=generated|onednn  small linears (<= 2^15 multiply-adds) as generated GEMV reductions
+//        or oneDNN calls. Default generated.
+//   vec=256    8-lane AVX2 vectors on an AVX-512 machine (default: the widest the ISA has).
+//   unroll=4   4 vector accumulators per SIMD reduction (default 1).
+// max-autotune times conv and gemv as whole-graph candidates, then vec and unroll as
+// code-generation variants, then every parallel loop kernel's thread count (Note [autotuning]
+// in compiler/autotune.cc).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "compiler/autotune.h"
+#include "compiler/compile.h"
+#include "compiler/insert_copies.h"
+#include "compiler/target.h"
+#include "core/error.h"
+#include "lower/scheduler.h"
+#include "targets/cpu/emitter.h"
+#include "targets/cpu/onednn_lowering.h"
+#include "targets/cpu/support.h"
+#include "targets/cpu/toolchain.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+using compiler::Knobs;
+using compiler::MemRef;
+
+constexpr int64_t kSmallLinearMacs = 1 << 15;
+
+bool is_float(DType d) {
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
+}
+
+// ---- library kernels: oneDNN -------------------------------------------------------------------
+
+struct OnednnLaunch {
+  const OnednnLowering* lowering = nullptr;
+  int32_t node = -1;
+  int n_in = 0;
+  MemRef in[4];
+  MemRef out;
+  char* scratch = nullptr;
+};
+
+void run_onednn(void* s, const Executable::RunContext& c) {
+  auto* e = static_cast<OnednnLaunch*>(s);
+  char* const* b = c.slots;
+  const void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
+  for (int i = 0; i < e->n_in; ++i)
+    if (e->in[i].slot >= 0) ptrs[i] = b[e->in[i].slot] + e->in[i].byte_offset;
+  e->lowering->run(e->node, ptrs, b[e->out.slot] + e->out.byte_offset, e->scratch);
+}
+
+class OnednnKernels final : public compiler::LibraryKernels {
+ public:
+  OnednnKernels(const Graph& g, const std::vector<int32_t>& nodes, const OnednnOptions& o)
+      : lowering_(std::make_shared<OnednnLowering>(g, nodes, o)) {}
+  bool lowered(int32_t node) const override { return lowering_->lowered(node); }
+  int64_t value_bytes(ValueId v) const override {
+    return lowering_->blocked(v) ? lowering_->value_bytes(v) : -1;
+  }
+  int64_t scratch_bytes() const override {
+    int64_t b = lowering_->scratchpad_bytes();
+    return b > 0 ? (b + 63) / 64 * 64 : 0;
+  }
+  std::string describe(int32_t node) const override { return lowering_->describe(node); }
+  Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
+                          const std::vector<MemRef>& outputs, char* scratch) const override {
+    auto state = std::make_shared<OnednnLaunch>();
+    state->lowering = lowering_.get();
+    state->node = node;
+    state->n_in = int(std::min<size_t>(inputs.size(), 4));
+    for (int k = 0; k < state->n_in; ++k) state->in[k] = inputs[size_t(k)];
+    state->out = outputs[0];
+    state->scratch = scratch;
+    Executable::Launch l;
+    l.fn = run_onednn;
+    l.state = state.get();
+    l.owner = std::move(state);
+    l.kind = "onednn";
+    return l;
+  }
+
+ private:
+  std::shared_ptr<OnednnLowering> lowering_;
+};
+
+// ---- loop kernels ----------------------------------------------------------------------------
+
+struct LoopLaunch {
+  void (*fn)(char* const*, int);
+  int threads = 0;  // see Note [kernel threads] in emitter.cc
+};
+void run_loop(void* s, const Executable::RunContext& c) {
+  auto* l = static_cast<LoopLaunch*>(s);
+  l->fn(c.slots, l->threads);
+}
+
+// ---- the target ------------------------------------------------------------------------------
+
+class CpuTarget final : public compiler::Target {
+ public:
+  const char* name() const override { return "cpu"; }
+  Device device() const override { return Device::cpu(); }
+  const char* library_name() const override { return "oneDNN"; }
+  const compiler::OpSupportTable& support() const override { return cpu_support(); }
+
+  std::vector<OpId> decompositions() const override {
+    return {OpId::BatchNorm, OpId::GroupNorm, OpId::ScaledDotProductAttention};
+  }
+
+  bool generates(const Graph& g, const Node& n) const override {
+    if (!cpu_support()[size_t(n.op)].generated || !lower::loop_expressible(g, n)) return false;
+    DType od = g.type(n.outputs[0]).dtype;
+    const OpDef& d = op_def(n.op);
+    if (d.has(trait::Pointwise)) {
+      // Integer division and power raise errors on bad values (division by zero, negative
+      // exponents): the eager kernels report those.
+      return !((n.op == OpId::Div || n.op == OpId::Pow) && !is_float(od));
+    }
+    // Norm kernels compute in float: float64 norms run their eager kernel.
+    if (d.has(trait::RowNorm)) return is_float(od) && od != DType::Float64;
+    return is_float(od);  // reductions and the global average pool
+  }
+
+  compiler::SchedulePolicy policy(const Knobs& knobs) const override {
+    compiler::SchedulePolicy p;
+    p.small_linear_macs = knobs.get("gemv", "generated") == "onednn" ? 0 : kSmallLinearMacs;
+    return p;
+  }
+
+  // A matmul operand view oneDNN can read in place: rank >= 2, non-negative strides, and one of
+  // the two matrix dims contiguous (row- or column-major matrices, any batch strides). See Note
+  // [strided matmul operands] in onednn_lowering.cc.
+  bool library_reads_strided(const Graph&, const Node& n, int k,
+                             const lower::ViewGeometry& geo) const override {
+    if (n.op != OpId::Matmul || k >= 2) return false;
+    size_t r = geo.sizes.size();
+    if (r < 2 || geo.strides.size() != r) return false;
+    Dims st = compiler::normalized_strides(geo);
+    for (int64_t x : st)
+      if (x < 0) return false;
+    return st[r - 1] == 1 || st[r - 2] == 1;
+  }
+
+  std::unique_ptr<compiler::LibraryKernels> lower_library(const Graph& g,
+                                                          const std::vector<int32_t>& nodes,
+                                                          compiler::LibraryRequest request,
+                                                          const Knobs& knobs) const override {
+    OnednnOptions o;
+    std::string conv = knobs.get("conv", "auto");
+    if (conv == "auto" || conv == "plain") o.conv = ConvPolicy::Auto;
+    else if (conv == "nChw16c") o.conv = ConvPolicy::Blocked16;
+    else if (conv == "nChw16c+winograd") o.conv = ConvPolicy::Winograd;
+    else fail("cpu target: knob conv expected auto | nChw16c | nChw16c+winograd | plain, found '{}'", conv);
+    o.allow_blocked = conv != "plain";
+    o.matmul_strides = std::move(request.strided_operands);
+    return std::make_unique<OnednnKernels>(g, nodes, o);
+  }
+
+  compiler::LoopBuild build_loops(const Graph& g, const lower::Schedule& s,
+                                  const std::vector<MemRef>& mem, const compiler::Options& options,
+                                  const Knobs& knobs) const override {
+    CpuCodegenOptions co;
+    co.vectorize = options.vectorize;
+    std::string vec = knobs.get("vec", "");
+    if (!vec.empty() && vec != "256" && vec != "512")
+      fail("cpu target: knob vec expected 256 or 512, found '{}'", vec);
+    co.vector_bits = vec == "256" ? 256 : 0;
+    std::string unroll = knobs.get("unroll", "1");
+    co.reduce_unroll = std::atoi(unroll.c_str());
+    if (co.reduce_unroll < 1 || co.reduce_unroll > 16)
+      fail("cpu target: knob unroll expected 1..16, found '{}'", unroll);
+    co.inject_error_into = options.inject_error_into;
+    CpuUnit unit = generate_cpu(g, s, mem, g.name, co);
+
+    compiler::LoopBuild out;
+    std::shared_ptr<LoadedLibrary> lib;
+    if (!s.loops.empty()) {
+      lib = compile_cxx({unit.source, g.name.empty() ? "graph" : g.name, {}});
+      out.keep_alive = lib;
+      out.build_s = lib->compile_seconds();
+      out.cache_hit = lib->cache_hit();
+    } else {
+      out.cache_hit = true;
+    }
+    for (size_t i = 0; i < s.loops.size(); ++i) {
+      auto state = std::make_shared<LoopLaunch>();
+      state->fn = reinterpret_cast<void (*)(char* const*, int)>(lib->symbol(unit.symbols[i].c_str()));
+      int dt = unit.default_threads[i];
+      state->threads = std::max(dt, 0);
+      if (dt >= 0) {
+        compiler::TunableLaunch t;
+        t.launch = i;  // the loop index; bind maps it to the launch index
+        t.value = &state->threads;
+        t.choices = {1, 0};
+        t.default_value = dt;
+        out.tunable.push_back(std::move(t));
+      }
+      Executable::Launch l;
+      l.fn = run_loop;
+      l.state = state.get();
+      l.owner = std::move(state);
+      l.name = s.loops[i].name;
+      l.kind = "loop";
+      out.launches.push_back(std::move(l));
+      out.vectorized.push_back(unit.vectorized[i]);
+    }
+    return out;
+  }
+
+  std::shared_ptr<char> allocate(int64_t bytes) const override { return allocate_host_arena(bytes); }
+  Tensor place_constant(const Tensor& t) const override {
+    return t.is_contiguous() && t.device().is_cpu() ? t : t.to(Device::cpu()).contiguous();
+  }
+
+  std::vector<Candidate> autotune_candidates(const Graph& graph, const compiler::Options& options,
+                                             std::string* note) const override;
+  Variants autotune_variants(const compiler::CompileReport& chosen) const override;
+  std::string tune_launches(Executable& exe, const std::vector<compiler::TunableLaunch>& tunable,
+                            const TensorList& in, int rounds, std::string* log) const override;
+  bool apply_launch_record(const std::vector<compiler::TunableLaunch>& tunable,
+                           const std::string& record, std::string* log) const override;
+  std::string tuning_context() const override {
+    return toolchain().isa + "\n" + std::to_string(omp_get_max_threads());
+  }
+};
+
+// Whole-graph candidates: the convolution policies where convolutions are a real part of the
+// work (Winograd only when some convolution is 3x3 f32), and the GEMV choice where there are
+// small linears. ViT's patch embedding is <1% of its multiply-adds, and three extra whole-graph
+// candidates would cost ~10 s of compile time there for nothing measurable: policies are
+// skipped below 5% of the MACs of convolutions + linears + matmuls (counted from the types;
+// unknown with symbolic shapes).
+std::vector<compiler::Target::Candidate> CpuTarget::autotune_candidates(
+    const Graph& graph, const compiler::Options& options, std::string* note) const {
+  bool has_conv = false, has_wino = false, has_small_linear = false;
+  for (const Node& n : graph.nodes) {
+    bool conv = n.op == OpId::Conv2d || n.op == OpId::ConvTranspose2d || n.op == OpId::FusedConv2d;
+    has_conv = has_conv || conv;
+    if (n.op == OpId::Conv2d || n.op == OpId::FusedConv2d) {
+      const TensorType& w = graph.type(n.inputs[1]);
+      has_wino = has_wino || (w.dtype == DType::Float32 && w.shape.size() == 4 &&
+                              w.shape[2] == SymInt(3) && w.shape[3] == SymInt(3));
+    }
+    has_small_linear = has_small_linear || lower::small_linear(graph, n, kSmallLinearMacs);
+  }
+  if (has_conv) {
+    double conv_macs = 0, gemm_macs = 0;
+    bool known = true;
+    auto numel_of = [&](const TensorType& t) {
+      double e = 1;
+      for (const SymInt& d : t.shape) {
+        if (d.is_symbolic()) known = false;
+        else e *= double(d.value());
+      }
+      return e;
+    };
+    for (const Node& n : graph.nodes) {
+      if (n.outputs.empty() || n.inputs.size() < 2) continue;
+      const TensorType& out = graph.type(n.outputs[0]);
+      const TensorType& w = graph.type(n.inputs[1]);
+      if (n.op == OpId::Conv2d || n.op == OpId::FusedConv2d || n.op == OpId::ConvTranspose2d) {
+        if (w.shape.size() != 4) continue;
+        // conv: out numel x (C/g x kh x kw); deconv: in numel x (O/g x kh x kw), the same count.
+        const TensorType& in = graph.type(n.inputs[0]);
+        double per = numel_of(w) / (w.shape[0].is_symbolic() ? 1.0 : double(w.shape[0].value()));
+        conv_macs += (n.op == OpId::ConvTranspose2d ? numel_of(in) : numel_of(out)) * per;
+      } else if (n.op == OpId::Linear || n.op == OpId::FusedLinear || n.op == OpId::Matmul) {
+        const TensorType& x = graph.type(n.inputs[0]);
+        if (x.shape.empty() || x.shape.back().is_symbolic()) {
+          known = false;
+          continue;
+        }
+        gemm_macs += numel_of(out) * double(x.shape.back().value());
+      }
+    }
+    if (known && conv_macs < 0.05 * (conv_macs + gemm_macs)) {
+      has_conv = false;
+      *note = fmt::format("; convolution policies not tried (convolutions are {:.1f}% of the "
+                          "multiply-adds)", 100.0 * conv_macs / (conv_macs + gemm_macs));
+    }
+  }
+  std::vector<Candidate> cands;
+  for (const char* layout : {"auto", "nChw16c", "nChw16c+winograd", "plain"}) {
+    bool is_auto = std::strcmp(layout, "auto") == 0;
+    bool wino = std::strcmp(layout, "nChw16c+winograd") == 0;
+    if (!is_auto && !has_conv) continue;
+    if (wino && !has_wino) continue;
+    for (const char* gemv : {"generated", "onednn"}) {
+      if (std::strcmp(gemv, "onednn") == 0 && !has_small_linear) continue;
+      Candidate c;
+      c.exact = !wino;
+      // Names say only what varies for this graph.
+      if (has_conv) c.knobs.set("conv", layout);
+      if (has_small_linear) c.knobs.set("gemv", gemv);
+      cands.push_back(std::move(c));
+    }
+  }
+  (void)options;
+  return cands;
+}
+
+// 256-bit vectors on AVX-512 (Zen 4 executes 512-bit operations as two 256-bit halves, and
+// memory-bound kernels may prefer the narrower loop) and, where there are SIMD reduce kernels, 4
+// accumulators per reduction instead of 1.
+compiler::Target::Variants CpuTarget::autotune_variants(const compiler::CompileReport& chosen) const {
+  Variants v;
+  v.current_label = "512-bit";
+  bool wide = chosen.vectorized_kernels > 0 && toolchain().isa.find("avx512") != std::string::npos;
+  bool reduces = false;
+  for (const std::string& k : chosen.kernels) reduces = reduces || k.find("[reduce, SIMD]") != std::string::npos;
+  for (int bits : {0, 256})
+    for (int unroll : {1, 4}) {
+      if (bits == 0 && unroll == 1) continue;  // the current one
+      if ((bits == 256 && !wide) || (unroll > 1 && !reduces)) continue;
+      Candidate c;
+      c.exact = false;
+      if (bits == 256) c.knobs.set("vec", "256");
+      if (unroll > 1) c.knobs.set("unroll", "4");
+      v.variants.push_back(std::move(c));
+    }
+  return v;
+}
+
+// Chooses the thread count of every tunable loop kernel (1 or all of OpenMP's threads) by timing
+// each kernel alone in both settings, alternating their order, after a full run of the graph on
+// `in` before each round (so buffers hold realistic data); median of `rounds`. A setting
+// replaces the default only when it is at least 5% faster. Returns the counts in launch order
+// ("0" = all) and appends what changed to *log.
+std::string CpuTarget::tune_launches(Executable& exe,
+                                     const std::vector<compiler::TunableLaunch>& tunable,
+                                     const TensorList& in, int rounds, std::string* log) const {
+  int maxt = omp_get_max_threads();
+  size_t nk = tunable.size();
+  if (maxt <= 1 || nk == 0) return "";
+  TensorList out;
+  for (const Executable::OutputSpec& o : exe.outputs) out.push_back(Tensor::empty(o.sizes, o.dtype));
+  std::vector<std::vector<double>> t1(nk), tn(nk);
+  for (int r = 0; r < rounds; ++r) {
+    exe.run(in.data(), in.size(), out.data(), out.size());
+    for (size_t k = 0; k < nk; ++k) {
+      for (int pass = 0; pass < 2; ++pass) {
+        bool one = (pass == 0) == (r % 2 == 0);
+        *tunable[k].value = one ? 1 : 0;
+        auto a = std::chrono::steady_clock::now();
+        exe.run_launch(tunable[k].launch, in.data());
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+        (one ? t1 : tn)[k].push_back(s);
+      }
+    }
+  }
+  std::string counts, changed;
+  int nchanged = 0;
+  for (size_t k = 0; k < nk; ++k) {
+    double m1 = compiler::median(t1[k]), mn = compiler::median(tn[k]);
+    bool dflt_all = tunable[k].default_value == 0;
+    double dflt = dflt_all ? mn : m1, other = dflt_all ? m1 : mn;
+    bool use_all = other < 0.95 * dflt ? !dflt_all : dflt_all;
+    *tunable[k].value = use_all ? 0 : 1;
+    counts += (k ? "," : "") + std::to_string(*tunable[k].value);
+    if (use_all != dflt_all) {
+      ++nchanged;
+      changed += fmt::format("{}{} {} ({:.1f} vs {:.1f} us)", changed.empty() ? "" : ", ",
+                             exe.launches[tunable[k].launch].name, use_all ? "all threads" : "1 thread",
+                             (use_all ? mn : m1) * 1e6, (use_all ? m1 : mn) * 1e6);
+    }
+  }
+  *log += fmt::format("; kernel threads: {} of {} tunable loop kernels changed from the default{}{}",
+                      nchanged, nk, changed.empty() ? "" : ": ", changed);
+  return counts;
+}
+
+bool CpuTarget::apply_launch_record(const std::vector<compiler::TunableLaunch>& tunable,
+                                    const std::string& record, std::string* log) const {
+  std::vector<int> v;
+  size_t at = 0;
+  while (at < record.size()) {
+    size_t end = record.find(',', at);
+    if (end == std::string::npos) end = record.size();
+    std::string item = record.substr(at, end - at);
+    if (item != "0" && item != "1") return false;
+    v.push_back(item == "1" ? 1 : 0);
+    at = end + 1;
+  }
+  if (v.size() != tunable.size()) return false;
+  for (size_t k = 0; k < v.size(); ++k) *tunable[k].value = v[k];
+  *log += fmt::format("; cached kernel threads ({} loop kernels, {} on one thread)", tunable.size(),
+                      std::count(v.begin(), v.end(), 1));
+  return true;
+}
+
+const CpuTarget g_cpu_target;
+const bool g_registered = [] {
+  compiler::register_target(&g_cpu_target);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace kiln::cpu

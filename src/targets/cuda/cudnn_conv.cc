@@ -1,0 +1,305 @@
+// Convolution graphs on cuDNN's backend API (Note [cuDNN backend API] in cudnn_backend.cc).
+//
+// The graph: conv (forward, or backward-data for conv_transpose2d) -> [add bias] -> [add
+// residual] -> [relu], every intermediate a virtual float32 tensor, the last op writing y in
+// the I/O dtype. Tensors are described with logical NCHW dims and the strides of the chosen
+// layout; filters likewise (KCRS or KRSC). Groups are implicit: cuDNN derives them from the
+// filter's channel count (c_in / groups for forward, c_out / groups for transpose).
+//
+// conv_transpose2d = the gradient of a convolution with respect to its input: with filter
+// [c_in, c_out/g, kh, kw], "dy" = x [n, c_in, h, w] and "dx" = y [n, c_out, oh, ow], where
+// oh = (h - 1) * stride - pad_pre - pad_post + dilation * (kh - 1) + 1 + output_padding. The
+// forward relation oh -> h rounds down, so output_padding (< stride) needs no extra attribute.
+#include "targets/cuda/cudnn_conv.h"
+
+#include <cudnn_graph.h>
+
+#include <deque>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "targets/cuda/cudnn_backend.h"
+
+namespace kiln::cuda {
+
+using cudnn::Descriptor;
+
+namespace {
+
+enum Uid : int64_t { kX = 1, kW = 2, kY = 3, kBias = 4, kResidual = 5, kVirtual = 100 };
+
+// Strides of a logical [d0, d1, d2, d3] = [N, C, H, W] tensor stored in `layout`.
+std::vector<int64_t> strides_of(const std::array<int64_t, 4>& d, ConvLayout layout) {
+  if (layout == ConvLayout::NCHW) return {d[1] * d[2] * d[3], d[2] * d[3], d[3], 1};
+  return {d[2] * d[3] * d[1], 1, d[3] * d[1], d[1]};  // NHWC
+}
+
+Descriptor tensor(const std::string& what, int64_t uid, int type,
+                  const std::array<int64_t, 4>& dims, const std::vector<int64_t>& strides,
+                  int64_t alignment, bool is_virtual) {
+  return cudnn::make_tensor(what, uid, type, {dims.begin(), dims.end()}, strides, alignment,
+                            is_virtual);
+}
+
+Descriptor pointwise_op(const std::string& what, cudnnPointwiseMode_t mode, const Descriptor& x,
+                        const Descriptor* b, const Descriptor& y) {
+  return cudnn::make_pointwise(what, mode, CUDNN_DATA_FLOAT, x, b, y);
+}
+
+void validate(const ConvDesc& d, const std::string& what) {
+  if (d.dtype != DType::Float32 && d.dtype != DType::Float16 && d.dtype != DType::BFloat16)
+    fail_kind(ErrorKind::NotSupported,
+              "{}: dtype {} is not supported by the cuDNN path (float32, float16, bfloat16)", what,
+              dtype_name(d.dtype));
+  if (d.n <= 0 || d.c_in <= 0 || d.h <= 0 || d.w <= 0 || d.c_out <= 0 || d.kh <= 0 || d.kw <= 0)
+    fail("{}: every size must be positive", what);
+  if (d.groups <= 0 || d.c_in % d.groups != 0 || d.c_out % d.groups != 0)
+    fail("{}: groups {} must divide both c_in {} and c_out {}", what, d.groups, d.c_in, d.c_out);
+  for (int i = 0; i < 2; ++i) {
+    if (d.stride[i] <= 0 || d.dilation[i] <= 0)
+      fail("{}: stride and dilation must be positive", what);
+    if (d.pad_pre[i] < 0 || d.pad_post[i] < 0) fail("{}: padding must be non-negative", what);
+    if (d.output_padding[i] < 0 ||
+        (d.output_padding[i] > 0 && d.kind != ConvKind::Transpose) ||
+        (d.output_padding[i] >= d.stride[i] && d.output_padding[i] >= d.dilation[i]))
+      fail("{}: output_padding {} must be smaller than the stride or the dilation (transpose "
+           "only)",
+           what, d.output_padding[i]);
+  }
+  if (d.allow_tf32 && d.dtype != DType::Float32)
+    fail("{}: allow_tf32 applies to float32 only", what);
+  const int64_t elem = dtype_size(d.dtype);
+  if (d.alignment_bytes < elem || (d.alignment_bytes & (d.alignment_bytes - 1)) != 0)
+    fail("{}: alignment_bytes must be a power of two of at least the element size ({}), got {}",
+         what, elem, d.alignment_bytes);
+}
+
+}  // namespace
+
+std::string describe(const ConvDesc& d) {
+  return fmt::format("{} {} {} {}x{}x{}x{} -> {} k{}x{} s{}x{} p{},{}/{},{} d{}x{} g{}{}{}{}",
+                     d.kind == ConvKind::Forward ? "conv2d" : "conv_transpose2d",
+                     info(d.dtype).short_name, d.layout == ConvLayout::NCHW ? "NCHW" : "NHWC",
+                     d.n, d.c_in, d.h, d.w, d.c_out, d.kh, d.kw, d.stride[0], d.stride[1],
+                     d.pad_pre[0], d.pad_pre[1], d.pad_post[0], d.pad_post[1], d.dilation[0],
+                     d.dilation[1], d.groups, d.bias ? " +bias" : "",
+                     d.residual ? " +residual" : "", d.relu ? " +relu" : "");
+}
+
+std::array<int64_t, 4> conv_output_dims(const ConvDesc& d) {
+  const std::string what = describe(d);
+  validate(d, what);
+  std::array<int64_t, 4> out = {d.n, d.c_out, 0, 0};
+  const int64_t in[2] = {d.h, d.w}, k[2] = {d.kh, d.kw};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t extent = d.dilation[i] * (k[i] - 1) + 1;
+    if (d.kind == ConvKind::Forward) {
+      const int64_t padded = in[i] + d.pad_pre[i] + d.pad_post[i];
+      if (padded < extent)
+        fail("{}: the kernel extent {} is larger than the padded input {}", what, extent, padded);
+      out[2 + i] = (padded - extent) / d.stride[i] + 1;
+    } else {
+      out[2 + i] = (in[i] - 1) * d.stride[i] - d.pad_pre[i] - d.pad_post[i] + extent +
+                   d.output_padding[i];
+      if (out[2 + i] <= 0) fail("{}: the padding leaves an empty output", what);
+    }
+  }
+  return out;
+}
+
+struct ConvPlan::Impl {
+  std::deque<Descriptor> tensors;  // kept alive with the graph; references stay valid
+  std::deque<Descriptor> ops;
+  cudnn::GraphPlans graph;
+};
+
+std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string* why_not) {
+  const std::string what = describe(desc);
+  std::unique_ptr<ConvPlan> plan(new ConvPlan());
+  plan->desc_ = desc;
+  plan->out_ = conv_output_dims(desc);  // validates
+  const ConvDesc& d = plan->desc_;
+  cudnn::version();  // NotSupported with the install hint when cuDNN is missing
+  plan->impl_ = std::make_unique<Impl>();
+  Impl& im = *plan->impl_;
+
+  const int io = cudnn::data_type(d.dtype);
+  const int64_t align = d.alignment_bytes;
+  const bool transpose = d.kind == ConvKind::Transpose;
+  const std::array<int64_t, 4> x_dims = {d.n, d.c_in, d.h, d.w};
+  const std::array<int64_t, 4>& y_dims = plan->out_;
+  // Filter dims [K, C/g, R, S]: forward K = c_out; backward-data K = c_in ("dy"'s channels).
+  const std::array<int64_t, 4> w_dims =
+      transpose ? std::array<int64_t, 4>{d.c_in, d.c_out / d.groups, d.kh, d.kw}
+                : std::array<int64_t, 4>{d.c_out, d.c_in / d.groups, d.kh, d.kw};
+  const Descriptor& x = im.tensors.emplace_back(
+      tensor(what, kX, io, x_dims, strides_of(x_dims, d.layout), align, false));
+  const Descriptor& w = im.tensors.emplace_back(
+      tensor(what, kW, io, w_dims, strides_of(w_dims, d.layout), align, false));
+  const Descriptor& y = im.tensors.emplace_back(
+      tensor(what, kY, io, y_dims, strides_of(y_dims, d.layout), align, false));
+  int64_t next_virtual = kVirtual;
+  const bool has_epilogue = d.bias || d.residual || d.relu;
+  auto virtual_out = [&]() -> const Descriptor& {
+    return im.tensors.emplace_back(tensor(what, next_virtual++, CUDNN_DATA_FLOAT, y_dims,
+                                          strides_of(y_dims, d.layout), align, true));
+  };
+  const Descriptor* last = has_epilogue ? &virtual_out() : &y;
+
+  Descriptor conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, what);
+  conv.set_enum(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT)
+      .set_enum(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE,
+                CUDNN_CROSS_CORRELATION)
+      .set_int64(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, 2)
+      .set_int64s(CUDNN_ATTR_CONVOLUTION_DILATIONS, {d.dilation[0], d.dilation[1]})
+      .set_int64s(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, {d.stride[0], d.stride[1]})
+      .set_int64s(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, {d.pad_pre[0], d.pad_pre[1]})
+      .set_int64s(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, {d.pad_post[0], d.pad_post[1]});
+  conv.finalize();
+  {
+    Descriptor op(transpose ? CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR
+                            : CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                  what);
+    // Double: with float alpha/beta, cuDNN 9.14 on the H200 produced +-0 for every element of
+    // a plain convolution (the 4-byte 1.0f read as a denormal double; measured 2026-12-01),
+    // while runtime-fusion engines ignored it.
+    const double alpha = 1.0, beta = 0.0;
+    if (transpose) {
+      op.set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, alpha)
+          .set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, beta)
+          .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
+          .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
+          .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, x)
+          .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, *last);
+    } else {
+      op.set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, alpha)
+          .set_double(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, beta)
+          .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
+          .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
+          .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x)
+          .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, *last);
+    }
+    if (const int s = op.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
+      *why_not = fmt::format("cuDNN {} rejects the convolution: {}", cudnn::version(),
+                             cudnn::status_text(s));
+      return nullptr;
+    }
+    im.ops.push_back(std::move(op));
+  }
+  // Epilogue: each step reads `last` and writes a new virtual tensor, the final one y.
+  const int steps = int(d.bias) + int(d.residual) + int(d.relu);
+  int done = 0;
+  auto step_out = [&]() -> const Descriptor& { return ++done == steps ? y : virtual_out(); };
+  if (d.bias) {
+    const std::array<int64_t, 4> b_dims = {1, d.c_out, 1, 1};
+    const Descriptor& b = im.tensors.emplace_back(
+        tensor(what, kBias, io, b_dims, {d.c_out, 1, 1, 1}, align, false));
+    const Descriptor& out = step_out();
+    im.ops.push_back(pointwise_op(what, CUDNN_POINTWISE_ADD, *last, &b, out));
+    last = &out;
+  }
+  if (d.residual) {
+    const Descriptor& r = im.tensors.emplace_back(
+        tensor(what, kResidual, io, y_dims, strides_of(y_dims, d.layout), align, false));
+    const Descriptor& out = step_out();
+    im.ops.push_back(pointwise_op(what, CUDNN_POINTWISE_ADD, *last, &r, out));
+    last = &out;
+  }
+  if (d.relu) {
+    const Descriptor& out = step_out();
+    im.ops.push_back(pointwise_op(what, CUDNN_POINTWISE_RELU_FWD, *last, nullptr, out));
+    last = &out;
+  }
+
+  std::vector<const Descriptor*> ops;
+  for (const Descriptor& op : im.ops) ops.push_back(&op);
+  cudnn::EngineFilter filter;
+  filter.allow_tensor_cores = d.dtype != DType::Float32 || d.allow_tf32;
+  if (!im.graph.build(d.device, ops, filter, what, why_not)) return nullptr;
+  const cudnn::PlanCandidate& first = im.graph.first();
+  plan->selected_ = {first.tag, first.workspace_bytes, first.tensor_cores, 0};
+  return plan;
+}
+
+std::unique_ptr<ConvPlan> ConvPlan::create(const ConvDesc& desc) {
+  std::string why;
+  auto plan = try_create(desc, &why);
+  if (!plan)
+    fail_kind(ErrorKind::NotSupported,
+              "{}: {}; run the convolution without the fused epilogue and a separate epilogue "
+              "kernel, or on the CPU",
+              describe(desc), why);
+  return plan;
+}
+
+ConvPlan::~ConvPlan() = default;
+
+std::vector<ConvEngine> ConvPlan::candidates() const {
+  std::vector<ConvEngine> out;
+  for (const cudnn::PlanCandidate& c : impl_->graph.candidates())
+    out.push_back({c.tag, c.workspace_bytes, c.tensor_cores, int(out.size())});
+  return out;
+}
+
+void ConvPlan::select(int index) {
+  const auto& cs = impl_->graph.candidates();
+  if (index < 0 || size_t(index) >= cs.size())
+    fail("{}: engine index {} out of range ({} candidates)", describe(desc_), index, cs.size());
+  const cudnn::PlanCandidate& c = cs[size_t(index)];
+  selected_ = {c.tag, c.workspace_bytes, c.tensor_cores, index};
+}
+
+bool ConvPlan::select_tag(const std::string& tag) {
+  const auto& cs = impl_->graph.candidates();
+  for (size_t i = 0; i < cs.size(); ++i)
+    if (cs[i].tag == tag) {
+      select(int(i));
+      return true;
+    }
+  return false;
+}
+
+void ConvPlan::run(const ConvArgs& a) const {
+  const ConvDesc& d = desc_;
+  auto check_ptr = [&](const void* p, const char* name) {
+    if (!p) fail("{}: the {} pointer is null", describe(d), name);
+    if (reinterpret_cast<uintptr_t>(p) % uintptr_t(d.alignment_bytes) != 0)
+      fail("{}: the {} pointer {} is not {}-byte aligned as the plan was built for", describe(d),
+           name, p, d.alignment_bytes);
+  };
+  check_ptr(a.x, "x");
+  check_ptr(a.w, "w");
+  check_ptr(a.y, "y");
+  // Fixed arrays: a steady-state run allocates nothing (GraphPlans reuses its variant pack).
+  std::array<int64_t, 5> uids = {kX, kW, kY};
+  std::array<void*, 5> ptrs = {const_cast<void*>(a.x), const_cast<void*>(a.w), a.y};
+  size_t n = 3;
+  if (d.bias) {
+    check_ptr(a.bias, "bias");
+    uids[n] = kBias;
+    ptrs[n++] = const_cast<void*>(a.bias);
+  }
+  if (d.residual) {
+    check_ptr(a.residual, "residual");
+    uids[n] = kResidual;
+    ptrs[n++] = const_cast<void*>(a.residual);
+  }
+  impl_->graph.execute(size_t(selected_.index), uids.data(), ptrs.data(), n, a.workspace,
+                       a.workspace_bytes, a.stream);
+}
+
+bool conv_fused_supported(const ConvDesc& desc, std::string* why_not) {
+  std::string why;
+  bool ok = false;
+  try {
+    ok = ConvPlan::try_create(desc, &why) != nullptr;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::NotSupported) throw;
+    why = e.message();  // no GPU, no cuDNN: the caller falls back all the same
+  }
+  if (why_not) *why_not = why;
+  return ok;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,429 @@
+// Note [CUDA code generation]
+// Each LoopKernel (lower/loop_ir.h) becomes `extern "C" __global__ void NAME(char* p0, ...)`,
+// whose parameters are the base pointers of the slots it reads or writes (the arena, graph
+// inputs, constants); every offset and stride is a literal. Expressions are the shared scalar
+// forms (lower/scalar_code.h over ops/scalar_math.h), so a fused kernel computes exactly what
+// the CPU's scalar path computes, element by element.
+//   Pointwise: one thread per element in a grid-stride loop over the linear index, the index of
+//     each dim recovered by division by literal sizes.
+//   Reduce: one block per kept point (a grid-stride loop over rows); the block's threads stride
+//     over the reduced elements with one accumulator each (the Full-level prologue evaluated on
+//     the way, Full-level stores made there), then a block reduction: warp shuffles in a fixed
+//     xor-tree order and one shared-memory round across warps — no atomics, so a result depends
+//     only on the shape and the block size: bitwise reproducible. mean divides by the count; var
+//     makes a second pass for the squared deviations from the mean. Every thread evaluates the
+//     Kept-level epilogue, thread 0 stores it.
+//   Norm: one block per row. softmax / log_softmax: a pass for the row maximum, a pass for the
+//     sum of exp(x - max), a pass that writes; layer_norm: a pass for the mean, one for the
+//     variance (two-pass, in float), one that normalizes, applies weight and bias, runs the
+//     epilogue and stores. The prologue is recomputed in each pass (the row is in cache).
+// Statistics are computed in float (double for float64 inputs, int64 for integer reductions), as
+// on the CPU.
+// Each kernel is preceded by `// kiln-kernel: NAME` and the graph nodes it computes, so an NVRTC
+// error or a dumped program (KILN_DUMP_CODE) points back at the graph.
+#include "targets/cuda/emitter.h"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "lower/scalar_code.h"
+#include "ops/scalar_math_text.h"
+
+namespace kiln::cuda {
+
+using lower::Access;
+using lower::Level;
+using lower::LoopExpr;
+using lower::LoopKernel;
+using lower::LoopKind;
+using lower::compute_type;
+using lower::storage_type;
+
+namespace {
+
+const char* const kPreludeHead = R"KILN(// ---- Kiln generated CUDA code: prelude ----
+// NVRTC programs have no standard headers: the fixed-width types and INFINITY come from here.
+typedef long long int64_t;
+typedef int int32_t;
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+)KILN";
+
+const char* const kPreludeTail = R"KILN(
+// ---- block reductions (Note [CUDA code generation]) ----
+struct KnSum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct KnProd { template <typename T> __device__ T operator()(T a, T b) const { return a * b; } };
+struct KnMax { template <typename T> __device__ T operator()(T a, T b) const { return kn_max(a, b); } };
+struct KnMin { template <typename T> __device__ T operator()(T a, T b) const { return kn_min(a, b); } };
+// Combines every thread's v with op in a fixed order (xor-tree within warps, then across the
+// block's warps); every thread gets the result. All threads of the block must call it.
+template <typename T, typename Op>
+static __device__ __forceinline__ T kn_block_reduce(T v, Op op, T init) {
+  __shared__ T kn_shared[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // kn_shared may still be read by a previous call
+  if (lane == 0) kn_shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? kn_shared[lane] : init;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+)KILN";
+
+int pow2_at_least(int64_t n, int lo, int hi) {
+  int t = lo;
+  while (t < hi && t < n) t *= 2;
+  return t;
+}
+
+class KernelEmitter {
+ public:
+  KernelEmitter(const Graph& g, const LoopKernel& k, const std::vector<MemRef>& mem,
+                const CudaCodegenOptions& o, int64_t max_blocks)
+      : g_(g), k_(k), mem_(mem), opt_(o), max_blocks_(max_blocks) {}
+  std::string emit(CudaKernelInfo* info);
+
+ private:
+  int n() const { return int(k_.sizes.size()); }
+  int64_t kept_numel() const {
+    int64_t p = 1;
+    for (int t = 0; t < k_.kept_dims(); ++t) p *= k_.sizes[size_t(t)];
+    return p;
+  }
+  int64_t reduce_numel() const {
+    int64_t p = 1;
+    for (int t = k_.kept_dims(); t < n(); ++t) p *= k_.sizes[size_t(t)];
+    return p;
+  }
+  std::string expr(int e) const { return lower::scalar_expr(k_, e, lower::kCudaDialect); }
+  void emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
+                  const std::string& ind) const;
+  void emit_stores(std::string& out, Level level, const std::string& ind,
+                   const char* guard = nullptr) const;
+  std::vector<bool> closure(int root) const;
+  std::string pointers(CudaKernelInfo* info) const;
+  // `i<first>..i<last-1>` from the linear index `lin` over those dims.
+  std::string unflatten(int first, int last, const std::string& lin, const std::string& ind) const;
+  void emit_pointwise(std::string& out, CudaKernelInfo* info);
+  void emit_reduce(std::string& out, CudaKernelInfo* info);
+  void emit_norm(std::string& out, CudaKernelInfo* info);
+  // Opens `for (row ...) { i<kept> from row; ` and returns the indentation inside.
+  std::string open_rows(std::string& out) const;
+  // A loop over the row's reduced elements around `body` (i<kept..> set from r).
+  std::string row_loop(const std::string& ind, const std::string& body) const;
+
+  const Graph& g_;
+  const LoopKernel& k_;
+  const std::vector<MemRef>& mem_;
+  const CudaCodegenOptions& opt_;
+  int64_t max_blocks_;
+};
+
+std::vector<bool> KernelEmitter::closure(int root) const {
+  std::vector<bool> want(k_.exprs.size(), false);
+  std::vector<int> stack = {root};
+  while (!stack.empty()) {
+    int e = stack.back();
+    stack.pop_back();
+    if (e < 0 || want[size_t(e)]) continue;
+    want[size_t(e)] = true;
+    for (int a : k_.exprs[size_t(e)].args) stack.push_back(a);
+  }
+  return want;
+}
+
+void KernelEmitter::emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
+                               const std::string& ind) const {
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    const LoopExpr& e = k_.exprs[i];
+    if (!want[i] || e.level != level) continue;
+    if (e.kind == LoopExpr::Kind::Reduce || e.kind == LoopExpr::Kind::Norm) continue;
+    std::string comment;
+    if (e.node >= 0 && e.kind == LoopExpr::Kind::Op) {
+      const Node& nd = g_.nodes[size_t(e.node)];
+      comment = fmt::format("  // {} {}", op_def(nd.op).name, nd.name);
+    }
+    out += fmt::format("{}const {} v{} = {};{}\n", ind, compute_type(e.dtype), i, expr(int(i)), comment);
+  }
+}
+
+void KernelEmitter::emit_stores(std::string& out, Level level, const std::string& ind,
+                                const char* guard) const {
+  for (size_t i = 0; i < k_.stores.size(); ++i) {
+    const lower::LoopStore& st = k_.stores[i];
+    if (k_.exprs[size_t(st.expr)].level != level) continue;
+    out += fmt::format("{}{}S{}[{}] = {};\n", ind, guard ? guard : "", i,
+                       lower::index_expr(st.access.strides),
+                       lower::store_value(st.access.dtype, fmt::format("v{}", st.expr)));
+  }
+}
+
+std::string KernelEmitter::pointers(CudaKernelInfo* info) const {
+  std::string s;
+  std::map<int32_t, int> param;  // slot -> parameter index
+  auto ref = [&](ValueId v) {
+    const MemRef& m = mem_[size_t(v)];
+    if (m.slot < 0)
+      throw_error(ErrorKind::Internal,
+                  fmt::format("cuda codegen: kernel {} reads or writes '%{}', which has no memory",
+                              k_.name, g_.value(v).name));
+    auto [it, added] = param.emplace(m.slot, int(info->slots.size()));
+    if (added) info->slots.push_back(m.slot);
+    return std::make_pair(it->second, m.byte_offset);
+  };
+  for (size_t i = 0; i < k_.loads.size(); ++i) {
+    const Access& a = k_.loads[i];
+    auto [p, off] = ref(a.value);
+    s += fmt::format("  const {0}* __restrict__ L{1} = (const {0}*)(p{2} + {3}) + {4};  // %{5}\n",
+                     storage_type(a.dtype), i, p, off, a.offset, g_.value(a.value).name);
+  }
+  for (size_t i = 0; i < k_.stores.size(); ++i) {
+    const Access& a = k_.stores[i].access;
+    auto [p, off] = ref(a.value);
+    s += fmt::format("  {0}* __restrict__ S{1} = ({0}*)(p{2} + {3}) + {4};  // %{5}\n",
+                     storage_type(a.dtype), i, p, off, a.offset, g_.value(a.value).name);
+  }
+  return s;
+}
+
+std::string KernelEmitter::unflatten(int first, int last, const std::string& lin,
+                                     const std::string& ind) const {
+  std::string s;
+  if (first >= last) return s;
+  s += fmt::format("{}i64 rest_ = {};\n", ind, lin);
+  for (int t = last - 1; t >= first; --t) {
+    int64_t size = k_.sizes[size_t(t)];
+    if (t == first) {
+      s += fmt::format("{}const i64 i{} = rest_;\n", ind, t);
+    } else {
+      s += fmt::format("{}const i64 i{} = rest_ % {};\n", ind, t, size);
+      s += fmt::format("{}rest_ /= {};\n", ind, size);
+    }
+  }
+  s += fmt::format("{}(void)rest_;\n", ind);
+  return s;
+}
+
+void KernelEmitter::emit_pointwise(std::string& out, CudaKernelInfo* info) {
+  const int64_t N = k_.numel();
+  info->threads = opt_.threads_per_block;
+  info->blocks = std::min<int64_t>((N + info->threads - 1) / info->threads, max_blocks_);
+  out += fmt::format("  for (i64 lin = i64(blockIdx.x) * blockDim.x + threadIdx.x; lin < {}; "
+                     "lin += i64(gridDim.x) * blockDim.x) {{\n", N);
+  out += "  {\n" + unflatten(0, n(), "lin", "    ");
+  std::vector<bool> all(k_.exprs.size(), true);
+  emit_exprs(out, all, Level::Full, "    ");
+  emit_stores(out, Level::Full, "    ");
+  out += "  }\n  }\n";
+}
+
+std::string KernelEmitter::open_rows(std::string& out) const {
+  out += fmt::format("  for (i64 row = blockIdx.x; row < {}; row += gridDim.x) {{\n", kept_numel());
+  out += unflatten(0, k_.kept_dims(), "row", "    ");
+  return "    ";
+}
+
+std::string KernelEmitter::row_loop(const std::string& ind, const std::string& body) const {
+  std::string s = fmt::format("{}for (i64 r = threadIdx.x; r < {}; r += blockDim.x) {{\n", ind, reduce_numel());
+  s += "{\n";  // a scope for rest_
+  s += unflatten(k_.kept_dims(), n(), "r", ind + "  ");
+  s += body;
+  s += "}\n";
+  s += ind + "}\n";
+  return s;
+}
+
+void KernelEmitter::emit_reduce(std::string& out, CudaKernelInfo* info) {
+  const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
+  const int x = red.args[0];
+  const bool dbl = k_.exprs[size_t(x)].dtype == DType::Float64 || red.dtype == DType::Float64;
+  // Accumulators: float (double for float64), int64 for integer and bool inputs (sum and prod
+  // give int64; max and min of the input dtype, exact in int64).
+  const bool integral = !is_floating(k_.exprs[size_t(x)].dtype) && !is_floating(red.dtype);
+  const char* at = dbl ? "double" : integral ? "i64" : "float";
+  info->threads = pow2_at_least(reduce_numel(), 32, opt_.threads_per_block);
+  info->blocks = std::min<int64_t>(kept_numel(), max_blocks_);
+  std::string ind = open_rows(out);
+  std::vector<bool> want = closure(x);
+  for (const lower::LoopStore& st : k_.stores)
+    if (k_.exprs[size_t(st.expr)].level == Level::Full) {
+      std::vector<bool> c = closure(st.expr);
+      for (size_t i = 0; i < c.size(); ++i) want[i] = want[i] || c[i];
+    }
+  OpId op = red.op;
+  const char* init = op == OpId::Max   ? (integral ? "(-9223372036854775807LL - 1)" : "-INFINITY")
+                     : op == OpId::Min   ? (integral ? "9223372036854775807LL" : "INFINITY")
+                     : op == OpId::Prod ? "1"
+                                        : "0";
+  const char* functor = op == OpId::Max ? "KnMax()" : op == OpId::Min ? "KnMin()" : op == OpId::Prod ? "KnProd()" : "KnSum()";
+  auto combine = [&](const std::string& a, const std::string& v) -> std::string {
+    switch (op) {
+      case OpId::Max: return fmt::format("{0} = kn_max({0}, ({2}){1});", a, v, at);
+      case OpId::Min: return fmt::format("{0} = kn_min({0}, ({2}){1});", a, v, at);
+      case OpId::Prod: return fmt::format("{0} *= ({2}){1};", a, v, at);
+      default: return fmt::format("{0} += ({2}){1};", a, v, at);
+    }
+  };
+  out += fmt::format("{}{} acc = {};\n", ind, at, init);
+  std::string body;
+  emit_exprs(body, want, Level::Full, ind + "  ");
+  body += ind + "  " + combine("acc", fmt::format("v{}", x)) + "\n";
+  emit_stores(body, Level::Full, ind + "  ");
+  out += row_loop(ind, body);
+  out += fmt::format("{0}acc = kn_block_reduce(acc, {1}, ({2}){3});\n", ind, functor, at, init);
+  std::string result = "acc";
+  if (op == OpId::Mean) result = fmt::format("acc / ({}){}", at, red.count);
+  if (op == OpId::Var) {
+    out += fmt::format("{0}const {1} mean_ = acc / ({1}){2};\n{0}{1} ss = 0;\n", ind, at, red.count);
+    std::string b2;
+    emit_exprs(b2, closure(x), Level::Full, ind + "  ");
+    b2 += fmt::format("{0}  {{ const {2} d = ({2})v{1} - mean_; ss += d * d; }}\n", ind, x, at);
+    out += row_loop(ind, b2);
+    out += fmt::format("{0}ss = kn_block_reduce(ss, KnSum(), ({1})0);\n", ind, at);
+    int64_t corr = red.attrs->get_int("correction");
+    int64_t div = std::max<int64_t>(red.count - corr, 0);
+    result = fmt::format("ss / ({}){}", at, div);
+  }
+  std::string rv = fmt::format("({})({})", compute_type(red.dtype), result);
+  if (red.dtype == DType::BFloat16) rv = "kn_rbf16(" + rv + ")";
+  if (red.dtype == DType::Float16) rv = "kn_rf16(" + rv + ")";
+  out += fmt::format("{}const {} v{} = {};\n", ind, compute_type(red.dtype), k_.anchor, rv);
+  std::vector<bool> all(k_.exprs.size(), true);
+  emit_exprs(out, all, Level::Kept, ind);
+  emit_stores(out, Level::Kept, ind, "if (threadIdx.x == 0) ");
+  out += "  }\n";
+}
+
+void KernelEmitter::emit_norm(std::string& out, CudaKernelInfo* info) {
+  const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
+  const int x = nm.args[0];
+  const bool ln = nm.op == OpId::LayerNorm;
+  // Statistics in float, in double for float64 rows (as the CPU's eager kernels).
+  const bool dbl = nm.dtype == DType::Float64;
+  const std::string at = dbl ? "double" : "float";
+  info->threads = pow2_at_least(reduce_numel(), 32, opt_.threads_per_block);
+  info->blocks = std::min<int64_t>(kept_numel(), max_blocks_);
+  std::string ind = open_rows(out);
+  std::vector<bool> wx = closure(x);
+  auto pass = [&](const std::string& stat) {
+    std::string b;
+    emit_exprs(b, wx, Level::Full, ind + "  ");
+    b += ind + "  " + stat + "\n";
+    return b;
+  };
+  if (ln) {
+    out += fmt::format("{}{} sum_ = 0;\n", ind, at);
+    out += row_loop(ind, pass(fmt::format("sum_ += ({})v{};", at, x)));
+    out += fmt::format("{0}const {1} mean = kn_block_reduce(sum_, KnSum(), ({1})0) / ({1}){2};\n{0}{1} ss_ = 0;\n",
+                       ind, at, nm.count);
+    out += row_loop(ind, pass(fmt::format("{{ const {0} d = ({0})v{1} - mean; ss_ += d * d; }}", at, x)));
+    double eps = nm.attrs->get_float("eps");
+    out += fmt::format("{0}const {1} rstd = ({1})1 / {4}(kn_block_reduce(ss_, KnSum(), ({1})0) / ({1}){2} + ({1}){3});\n",
+                       ind, at, nm.count, lower::literal(eps, lower::kCudaDialect), dbl ? "sqrt" : "sqrtf");
+  } else {
+    out += fmt::format("{}{} m_ = -INFINITY;\n", ind, at);
+    out += row_loop(ind, pass(fmt::format("m_ = kn_max(m_, ({})v{});", at, x)));
+    out += fmt::format("{0}const {1} m_s = kn_block_reduce(m_, KnMax(), ({1})-INFINITY);\n{0}{1} s_ = 0;\n", ind, at);
+    out += row_loop(ind, pass(fmt::format("s_ += kn_exp(({})v{} - m_s);", at, x)));
+    out += fmt::format("{0}const {1} s_s = kn_block_reduce(s_, KnSum(), ({1})0);\n", ind, at);
+    if (nm.op == OpId::Softmax) out += fmt::format("{0}const {1} inv_s = ({1})1 / s_s;\n", ind, at);
+    else out += fmt::format("{}const {} log_s = kn_log(s_s);\n", ind, at);
+  }
+    // The writing pass: everything before the anchor, the anchor, everything after, stores.
+  std::string xs = fmt::format("v{}", x);
+  std::string r;
+  if (ln) {
+    r = fmt::format("(({}){} - mean) * rstd", at, xs);
+    if (nm.args[1] >= 0) r = fmt::format("{} * ({})v{}", r, at, nm.args[1]);
+    if (nm.args[2] >= 0) r = fmt::format("{} + ({})v{}", r, at, nm.args[2]);
+  } else if (nm.op == OpId::Softmax) {
+    r = fmt::format("kn_exp(({}){} - m_s) * inv_s", at, xs);
+  } else {
+    r = fmt::format("({}){} - (m_s + log_s)", at, xs);
+  }
+  if (nm.dtype == DType::BFloat16) r = "kn_rbf16(" + r + ")";
+  if (nm.dtype == DType::Float16) r = "kn_rf16(" + r + ")";
+  std::string b;
+  std::vector<bool> pre(k_.exprs.size(), false), post(k_.exprs.size(), false);
+  for (size_t i = 0; i < k_.exprs.size(); ++i) (int(i) < k_.anchor ? pre : post)[i] = int(i) != k_.anchor;
+  emit_exprs(b, pre, Level::Full, ind + "  ");
+  b += fmt::format("{}  const {} v{} = {};\n", ind, compute_type(nm.dtype), k_.anchor, r);
+  emit_exprs(b, post, Level::Full, ind + "  ");
+  emit_stores(b, Level::Full, ind + "  ");
+  out += row_loop(ind, b);
+  out += "  }\n";
+}
+
+std::string KernelEmitter::emit(CudaKernelInfo* info) {
+  info->name = k_.name;
+  std::string out = fmt::format("// kiln-kernel: {}\n// {} over [{}]", k_.name,
+                                lower::loop_kind_name(k_.kind), fmt::join(k_.sizes, ", "));
+  if (k_.reduce_dims) out += fmt::format(", last {} reduced", k_.reduce_dims);
+  out += "\n";
+  for (int32_t ni : k_.nodes) {
+    const Node& nd = g_.nodes[size_t(ni)];
+    out += fmt::format("//   node '{}': {} -> %{}\n", nd.name, op_def(nd.op).name,
+                       g_.value(nd.outputs[0]).name);
+  }
+  std::string body = pointers(info);
+  if (!opt_.inject_error_into.empty() && k_.name.find(opt_.inject_error_into) != std::string::npos)
+    body += "  this_is_an_injected_error;  // CudaCodegenOptions::inject_error_into (tests)\n";
+  bool empty = k_.numel() == 0 && k_.kind == LoopKind::Pointwise;
+  if (k_.kind != LoopKind::Pointwise && kept_numel() == 0) empty = true;
+  if (empty) {
+    info->blocks = 0;
+    info->threads = 1;
+  } else {
+    switch (k_.kind) {
+      case LoopKind::Pointwise: emit_pointwise(body, info); break;
+      case LoopKind::Reduce: emit_reduce(body, info); break;
+      case LoopKind::Norm: emit_norm(body, info); break;
+    }
+  }
+  std::string params;
+  for (size_t i = 0; i < info->slots.size(); ++i)
+    params += fmt::format("{}char* p{}", i ? ", " : "", i);
+  out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n",
+                     std::max(info->threads, 1), k_.name, params);
+  out += body;
+  out += "}\n\n";
+  return out;
+}
+
+}  // namespace
+
+const std::string& cuda_prelude() {
+  static const std::string text = std::string(kPreludeHead) +
+                                  "// ---- scalar math (src/ops/scalar_math.h) ----\n" +
+                                  scalar_math_text() + kPreludeTail;
+  return text;
+}
+
+CudaProgram generate_cuda(const Graph& g, const lower::Schedule& s, const std::vector<MemRef>& mem,
+                          const std::string& program_name, int64_t max_blocks,
+                          const CudaCodegenOptions& options) {
+  CudaProgram p;
+  p.source = fmt::format("// Kiln CUDA kernels for graph '{}' ({} kernels). Generated; do not edit.\n",
+                         program_name, s.loops.size());
+  p.source += cuda_prelude();
+  p.source += "\n";
+  for (const LoopKernel& k : s.loops) {
+    KernelEmitter e(g, k, mem, options, std::max<int64_t>(max_blocks, 1));
+    CudaKernelInfo info;
+    p.source += e.emit(&info);
+    p.kernels.push_back(std::move(info));
+  }
+  return p;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,45 @@
+// The CUDA target's kernel emitter: one readable CUDA C program per graph (compiled by NVRTC),
+// one extern "C" __global__ function per fused loop kernel. See Note [CUDA code generation] in
+// emitter.cc.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/target.h"
+#include "lower/scheduler.h"
+
+namespace kiln::cuda {
+
+using compiler::MemRef;
+
+struct CudaCodegenOptions {
+  int threads_per_block = 256;  // pointwise kernels; the upper bound for row kernels
+  // Tests only: a kernel whose name contains this gets a compile error.
+  std::string inject_error_into;
+};
+
+// How a kernel is launched: `blocks` x `threads`, arguments = the slot-table entries `slots`
+// (device pointers), in order.
+struct CudaKernelInfo {
+  std::string name;
+  std::vector<int32_t> slots;
+  int64_t blocks = 0;   // 0: nothing to compute (empty space): the launch is skipped
+  int threads = 0;
+};
+
+struct CudaProgram {
+  std::string source;
+  std::vector<CudaKernelInfo> kernels;  // per Schedule::loops entry
+};
+
+// `max_blocks`: the grid-size cap (a few waves of the device's multiprocessors); kernels loop
+// over whatever the grid does not cover.
+CudaProgram generate_cuda(const Graph& g, const lower::Schedule& s, const std::vector<MemRef>& mem,
+                          const std::string& program_name, int64_t max_blocks,
+                          const CudaCodegenOptions& options = {});
+
+// The text every generated program starts with (types, the shared scalar math, block reductions).
+const std::string& cuda_prelude();
+
+}  // namespace kiln::cuda

@@ -1,0 +1,703 @@
+// The CUDA target (compiler/target.h): loop kernels emitted as CUDA C and compiled by NVRTC for
+// the device's architecture (cached as cubins), cuBLASLt GEMMs, cuDNN convolutions, a few
+// direct kernels for what neither covers (pooling, concat, split, embedding), one device arena,
+// and the executable's own stream (CUDA-graph replay in reduce-overhead). See Note [CUDA
+// target].
+//
+// Note [CUDA target]
+// Library kernels:
+//   matmul (batched, B or A broadcast over the batch), linear (bias as the cuBLASLt BIAS
+//   epilogue): cuBLASLt, f32 without TF32, f16/bf16 with f32 accumulation.
+//   conv2d / conv_transpose2d (NCHW, groups, dilation, asymmetric padding; bias fused in the
+//   cuDNN graph where an engine takes it, else a bias kernel after the convolution): cuDNN.
+//   max_pool2d / avg_pool2d, concat, split, embedding / index_select: direct kernels with every
+//   size a literal, generated per graph into one NVRTC program of their own.
+// fused_conv2d and fused_linear are decomposed by the compiler pipeline on this target: the
+// convolution or GEMM runs in the library and the residual add and activation become generated
+// pointwise code (the GPU-speed issue fuses them back into epilogues). Everything pointwise,
+// reductions, softmax / log_softmax / layer_norm and global average pooling are generated
+// (targets/cuda/emitter.cc). An op that is neither fails to compile on CUDA naming the node
+// (capture then runs the graph eagerly).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "compiler/compile.h"
+#include "compiler/target.h"
+#include "core/cuda_runtime.h"
+#include "core/error.h"
+#include "lower/scheduler.h"
+#include "targets/cuda/cublaslt_gemm.h"
+#include "targets/cuda/cuda_driver.h"
+#include "targets/cuda/cudnn_conv.h"
+#include "targets/cuda/emitter.h"
+#include "targets/cuda/nvrtc.h"
+#include "targets/cuda/support.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+using compiler::Knobs;
+using compiler::MemRef;
+
+constexpr int kDevice = 0;
+
+bool is_float(DType d) {
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
+}
+bool library_dtype(DType d) {
+  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16;
+}
+Dims dims_of(const TensorType& t) {
+  Dims d;
+  for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
+  return d;
+}
+bool concrete(const TensorType& t) {
+  for (size_t i = 0; i < t.shape.size(); ++i)
+    if (!t.shape[i].is_concrete()) return false;
+  return true;
+}
+
+int multiprocessors() {
+  static int n = [] {
+    CudaDeviceInfo i = cuda_device_info(kDevice);
+    return i.error.empty() ? i.multiprocessors : 0;
+  }();
+  return n;
+}
+
+char* ptr(char* const* b, const MemRef& m) { return m.slot >= 0 ? b[m.slot] + m.byte_offset : nullptr; }
+
+// ---- library kernels --------------------------------------------------------------------------
+
+struct LibNode {
+  enum class Kind { None, Gemm, Conv, Direct } kind = Kind::None;
+  std::string why_not;
+  std::string describe;
+  // Gemm
+  std::unique_ptr<GemmPlan> gemm;
+  int gemm_a = 0, gemm_b = 1, gemm_bias = -1;  // input indices
+  // Conv
+  std::unique_ptr<ConvPlan> conv;
+  bool conv_bias_kernel = false;  // the bias is added by a direct kernel after the convolution
+  // Direct kernels (and the conv bias kernel): a kernel of the library program, with its
+  // arguments as (input index | output index) lists.
+  std::string kernel_name;
+  int64_t blocks = 0;
+  int threads = 256;
+  std::vector<int> arg_inputs;   // node input indices, first
+  std::vector<int> arg_outputs;  // then node output indices
+  CudaKernel kernel;
+};
+
+struct LibLaunch {
+  const LibNode* node = nullptr;
+  std::vector<MemRef> in, out;
+  char* scratch = nullptr;
+  size_t scratch_bytes = 0;
+};
+
+void launch_direct(const LibNode& n, const LibLaunch& s, const Executable::RunContext& c) {
+  if (n.blocks == 0) return;
+  void* argv[16];
+  char* ptrs[16];
+  size_t k = 0;
+  for (int i : n.arg_inputs) ptrs[k++] = ptr(c.slots, s.in[size_t(i)]);
+  for (int o : n.arg_outputs) ptrs[k++] = ptr(c.slots, s.out[size_t(o)]);
+  for (size_t i = 0; i < k; ++i) argv[i] = &ptrs[i];
+  LaunchConfig cfg;
+  cfg.grid.x = unsigned(n.blocks);
+  cfg.block.x = unsigned(n.threads);
+  cfg.stream = c.stream;
+  n.kernel.launch(cfg, argv);
+}
+
+void run_library(void* state, const Executable::RunContext& c) {
+  const auto* s = static_cast<const LibLaunch*>(state);
+  const LibNode& n = *s->node;
+  switch (n.kind) {
+    case LibNode::Kind::Gemm: {
+      GemmArgs a;
+      a.a = ptr(c.slots, s->in[size_t(n.gemm_a)]);
+      a.b = ptr(c.slots, s->in[size_t(n.gemm_b)]);
+      a.d = ptr(c.slots, s->out[0]);
+      if (n.gemm_bias >= 0) a.bias = ptr(c.slots, s->in[size_t(n.gemm_bias)]);
+      a.workspace = s->scratch;
+      a.workspace_bytes = s->scratch_bytes;
+      a.stream = c.stream;
+      n.gemm->run(a);
+      break;
+    }
+    case LibNode::Kind::Conv: {
+      ConvArgs a;
+      a.x = ptr(c.slots, s->in[0]);
+      a.w = ptr(c.slots, s->in[1]);
+      a.y = ptr(c.slots, s->out[0]);
+      if (n.conv->desc().bias) a.bias = ptr(c.slots, s->in[2]);
+      a.workspace = s->scratch;
+      a.workspace_bytes = s->scratch_bytes;
+      a.stream = c.stream;
+      n.conv->run(a);
+      if (n.conv_bias_kernel) launch_direct(n, *s, c);
+      break;
+    }
+    case LibNode::Kind::Direct: launch_direct(n, *s, c); break;
+    case LibNode::Kind::None: KILN_ASSERT(false);
+  }
+}
+
+const char* cuda_storage(DType d) {
+  switch (d) {
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+    case DType::Float16: case DType::BFloat16: return "unsigned short";
+    case DType::Int64: return "long long";
+    case DType::Int32: return "int";
+    case DType::Int8: return "signed char";
+    case DType::UInt8: case DType::Bool: return "unsigned char";
+  }
+  return "?";
+}
+// Load / store of a floating value as float (for pooling and the bias kernel).
+std::string to_float(DType d, const std::string& v) {
+  if (d == DType::BFloat16) return "kn_bf16_f32(" + v + ")";
+  if (d == DType::Float16) return "kn_f16_f32(" + v + ")";
+  return "(float)(" + v + ")";
+}
+std::string from_float(DType d, const std::string& v) {
+  if (d == DType::BFloat16) return "kn_f32_bf16(" + v + ")";
+  if (d == DType::Float16) return "kn_f32_f16(" + v + ")";
+  return "(" + std::string(cuda_storage(d)) + ")(" + v + ")";
+}
+
+class CudaLibraryKernels final : public compiler::LibraryKernels {
+ public:
+  CudaLibraryKernels(const Graph& g, const std::vector<int32_t>& nodes) {
+    nodes_.resize(g.nodes.size());
+    std::string source;
+    for (int32_t i : nodes) {
+      LibNode& ln = nodes_[size_t(i)];
+      const Node& n = g.nodes[size_t(i)];
+      try {
+        plan(g, n, i, ln, source);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::NotSupported && e.kind() != ErrorKind::InvalidArgument) throw;
+        ln.kind = LibNode::Kind::None;
+        ln.why_not = e.message();
+      }
+      if (ln.gemm) scratch_ = std::max(scratch_, ln.gemm->workspace_bytes());
+      if (ln.conv) scratch_ = std::max(scratch_, ln.conv->workspace_bytes());
+    }
+    if (!source.empty()) {
+      CudaCompileRequest req;
+      req.source = cuda_prelude() + source;
+      req.program_name = (g.name.empty() ? std::string("graph") : g.name) + "_lib";
+      req.arch = device_arch(kDevice);
+      program_ = compile_cuda(req);
+      module_ = CudaModule::load(program_->cubin, kDevice, req.program_name);
+      for (LibNode& ln : nodes_)
+        if (!ln.kernel_name.empty()) ln.kernel = module_->kernel(ln.kernel_name);
+    }
+  }
+
+  bool lowered(int32_t node) const override {
+    return size_t(node) < nodes_.size() && nodes_[size_t(node)].kind != LibNode::Kind::None;
+  }
+  int64_t value_bytes(ValueId) const override { return -1; }
+  int64_t scratch_bytes() const override { return int64_t((scratch_ + 255) / 256 * 256); }
+  std::string describe(int32_t node) const override { return nodes_[size_t(node)].describe; }
+  Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
+                          const std::vector<MemRef>& outputs, char* scratch) const override {
+    auto st = std::make_shared<LibLaunch>();
+    st->node = &nodes_[size_t(node)];
+    st->in = inputs;
+    st->out = outputs;
+    st->scratch = scratch;
+    st->scratch_bytes = size_t(scratch_bytes());
+    Executable::Launch l;
+    l.fn = run_library;
+    l.state = st.get();
+    l.owner = std::move(st);
+    const LibNode& ln = nodes_[size_t(node)];
+    l.kind = ln.kind == LibNode::Kind::Gemm ? "cublaslt" : ln.kind == LibNode::Kind::Conv ? "cudnn" : "cuda";
+    return l;
+  }
+
+ private:
+  void plan(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
+  void plan_gemm(const Graph& g, const Node& n, LibNode& ln);
+  void plan_conv(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
+  void plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
+
+  std::vector<LibNode> nodes_;
+  size_t scratch_ = 0;
+  std::shared_ptr<const CompiledCubin> program_;
+  std::shared_ptr<CudaModule> module_;
+};
+
+void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibNode& ln,
+                              std::string& source) {
+  for (ValueId o : n.outputs)
+    if (!concrete(g.type(o))) fail_kind(ErrorKind::NotSupported, "symbolic shapes");
+  switch (n.op) {
+    case OpId::Matmul: case OpId::Linear: plan_gemm(g, n, ln); break;
+    case OpId::Conv2d: case OpId::ConvTranspose2d: plan_conv(g, n, index, ln, source); break;
+    default: plan_direct(g, n, index, ln, source); break;
+  }
+}
+
+void CudaLibraryKernels::plan_gemm(const Graph& g, const Node& n, LibNode& ln) {
+  const TensorType& at = g.type(n.inputs[0]);
+  const TensorType& bt = g.type(n.inputs[1]);
+  DType dt = at.dtype;
+  if (!library_dtype(dt) || bt.dtype != dt)
+    fail_kind(ErrorKind::NotSupported, "cuBLASLt takes float32, float16 or bfloat16, not {}", dtype_name(dt));
+  GemmDesc d;
+  d.dtype = dt;
+  d.device = kDevice;
+  Dims a = dims_of(at), b = dims_of(bt), out = dims_of(g.type(n.outputs[0]));
+  if (n.op == OpId::Linear) {
+    int64_t k = a.back();
+    d.k = k;
+    d.n = b[0];
+    d.m = numel(a) / std::max<int64_t>(k, 1);
+    d.trans_b = true;  // weight [N, K]
+    if (n.inputs.size() > 2 && n.inputs[2] != kNoValue) {
+      d.epilogue = GemmEpilogue::Bias;
+      ln.gemm_bias = 2;
+      if (g.type(n.inputs[2]).dtype != dt) fail_kind(ErrorKind::NotSupported, "bias dtype");
+    }
+  } else {
+    // 1-D operands are promoted: a [K] -> [1, K], b [K] -> [K, 1].
+    if (a.size() == 1) a = Dims{1, a[0]};
+    if (b.size() == 1) b = Dims{b[0], 1};
+    d.m = a[a.size() - 2];
+    d.k = a[a.size() - 1];
+    d.n = b[b.size() - 1];
+    int64_t ab = numel(a) / std::max<int64_t>(d.m * d.k, 1);
+    int64_t bb = numel(b) / std::max<int64_t>(d.k * d.n, 1);
+    int64_t ob = std::max(ab, bb);
+    if (d.m * d.k == 0 || d.k * d.n == 0) ob = numel(out) / std::max<int64_t>(d.m * d.n, 1);
+    // Only uniform batches: an operand either has the output's whole batch (then its batch dims
+    // equal the output's) or is one matrix broadcast over it (stride 0).
+    if ((ab != ob && ab != 1) || (bb != ob && bb != 1))
+      fail_kind(ErrorKind::NotSupported, "batch dims that broadcast partially");
+    d.batch = ob;
+    d.stride_a = ab == 1 ? 0 : d.m * d.k;
+    d.stride_b = bb == 1 ? 0 : d.k * d.n;
+    d.stride_d = d.m * d.n;
+  }
+  if (d.m == 0 || d.n == 0) fail_kind(ErrorKind::NotSupported, "an empty output");
+  if (d.k == 0) fail_kind(ErrorKind::NotSupported, "K = 0 (the output is the bias or zeros)");
+  ln.gemm = GemmPlan::create(d);
+  ln.kind = LibNode::Kind::Gemm;
+  ln.describe = ln.gemm->describe();
+}
+
+void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index, LibNode& ln,
+                                   std::string& source) {
+  const TensorType& xt = g.type(n.inputs[0]);
+  const TensorType& wt = g.type(n.inputs[1]);
+  DType dt = xt.dtype;
+  if (!library_dtype(dt) || wt.dtype != dt)
+    fail_kind(ErrorKind::NotSupported, "cuDNN convolutions here take float32, float16 or bfloat16");
+  bool transposed = n.op == OpId::ConvTranspose2d;
+  Dims x = dims_of(xt), w = dims_of(wt), y = dims_of(g.type(n.outputs[0]));
+  ConvDesc d;
+  d.kind = transposed ? ConvKind::Transpose : ConvKind::Forward;
+  d.dtype = dt;
+  d.layout = ConvLayout::NCHW;
+  d.device = kDevice;
+  d.n = x[0];
+  d.c_in = x[1];
+  d.h = x[2];
+  d.w = x[3];
+  d.groups = n.attrs.get_int("groups");
+  d.c_out = transposed ? w[1] * d.groups : w[0];
+  d.kh = w[2];
+  d.kw = w[3];
+  const Ints& s = n.attrs.get_ints("stride");
+  const Ints& p = n.attrs.get_ints("padding");
+  const Ints& dl = n.attrs.get_ints("dilation");
+  for (int i = 0; i < 2; ++i) {
+    d.stride[size_t(i)] = s[size_t(i)];
+    d.dilation[size_t(i)] = dl[size_t(i)];
+    d.pad_pre[size_t(i)] = p[size_t(i)];
+    d.pad_post[size_t(i)] = p.size() == 4 ? p[size_t(i + 2)] : p[size_t(i)];
+  }
+  if (transposed) {
+    const Ints& op = n.attrs.get_ints("output_padding");
+    d.output_padding = {op[0], op[1]};
+  }
+  bool bias = n.inputs.size() > 2 && n.inputs[2] != kNoValue;
+  std::string why;
+  if (bias) {
+    d.bias = true;
+    ln.conv = ConvPlan::try_create(d, &why);
+    if (!ln.conv) {  // no engine fuses the bias: the convolution, then a bias kernel
+      d.bias = false;
+      ln.conv_bias_kernel = true;
+    }
+  }
+  if (!ln.conv) ln.conv = ConvPlan::create(d);
+  if (ln.conv->output_dims() != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
+    fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
+  ln.kind = LibNode::Kind::Conv;
+  ln.describe = ::kiln::cuda::describe(d) + " engine " + ln.conv->engine().tag +
+                (ln.conv_bias_kernel ? " + bias kernel" : "");
+  if (ln.conv_bias_kernel) {
+    ln.kernel_name = fmt::format("kn_bias_{}", index);
+    int64_t total = numel(y), plane = y[2] * y[3], c = y[1];
+    ln.threads = 256;
+    ln.blocks = std::min<int64_t>((total + 255) / 256, int64_t(multiprocessors()) * 16);
+    ln.arg_inputs = {2};
+    ln.arg_outputs = {0};
+    source += fmt::format(
+        "// kiln-kernel: {0}\n// the bias of {1} '{2}'\nextern \"C\" __global__ void {0}(char* bias_, char* y_) {{\n"
+        "  const {3}* bias = (const {3}*)bias_; {3}* y = ({3}*)y_;\n"
+        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {4}LL; i += (long long)gridDim.x * blockDim.x) {{\n"
+        "    const long long ch = (i / {5}LL) % {6}LL;\n"
+        "    y[i] = {7};\n  }}\n}}\n\n",
+        ln.kernel_name, op_def(n.op).name, n.name, cuda_storage(dt), total, plane, c,
+        from_float(dt, to_float(dt, "y[i]") + " + " + to_float(dt, "bias[ch]")));
+  }
+}
+
+void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln,
+                                     std::string& source) {
+  const std::string name = fmt::format("kn_{}_{}", op_def(n.op).name, index);
+  const TensorType& xt = g.type(n.inputs[0]);
+  DType dt = g.type(n.outputs[0]).dtype;
+  const char* T = cuda_storage(dt);
+  auto grid_for = [&](int64_t total) {
+    return std::min<int64_t>((total + 255) / 256, int64_t(std::max(multiprocessors(), 1)) * 16);
+  };
+  std::string body;
+  std::string params;
+  ln.kernel_name = name;
+  ln.threads = 256;
+  switch (n.op) {
+    case OpId::MaxPool2d: case OpId::AvgPool2d: {
+      if (!is_float(dt) || dt == DType::Float64) fail_kind(ErrorKind::NotSupported, "pooling dtype");
+      Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
+      const Ints& k = n.attrs.get_ints("kernel_size");
+      Ints s = n.attrs.get_ints("stride");
+      if (s.empty()) s = k;
+      const Ints& p = n.attrs.get_ints("padding");
+      bool is_max = n.op == OpId::MaxPool2d;
+      Ints dl = is_max ? n.attrs.get_ints("dilation") : Ints{1, 1};
+      bool include_pad = !is_max && n.attrs.get_bool("count_include_pad");
+      int64_t total = numel(y);
+      ln.blocks = grid_for(total);
+      ln.arg_inputs = {0};
+      ln.arg_outputs = {0};
+      params = "char* x_, char* y_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; {0}* y = ({0}*)y_;\n", T);
+      body += fmt::format("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; i += (long long)gridDim.x * blockDim.x) {{\n", total);
+      body += fmt::format("    const long long ow = i % {0}LL, oh = (i / {0}LL) % {1}LL, plane = i / ({0}LL * {1}LL);\n", y[3], y[2]);
+      body += fmt::format("    const {0}* xp = x + plane * {1}LL;\n", T, x[2] * x[3]);
+      if (is_max) {
+        body += "    float m = -INFINITY;\n";
+        body += fmt::format("    for (int a = 0; a < {}; ++a) {{\n      const long long ih = oh * {} - {} + a * {};\n      if (ih < 0 || ih >= {}) continue;\n",
+                            k[0], s[0], p[0], dl[0], x[2]);
+        body += fmt::format("      for (int b = 0; b < {}; ++b) {{\n        const long long iw = ow * {} - {} + b * {};\n        if (iw < 0 || iw >= {}) continue;\n",
+                            k[1], s[1], p[1], dl[1], x[3]);
+        body += fmt::format("        const float v = {};\n        if (v > m || v != v) m = v;  // NaN propagates\n      }}\n    }}\n",
+                            to_float(dt, fmt::format("xp[ih * {}LL + iw]", x[3])));
+        body += fmt::format("    y[i] = {};\n", from_float(dt, "m"));
+      } else {
+        body += fmt::format("    long long h0 = oh * {0} - {1}, w0 = ow * {2} - {3};\n", s[0], p[0], s[1], p[1]);
+        body += fmt::format("    long long h1 = min(h0 + {0}LL, {1}LL), w1 = min(w0 + {2}LL, {3}LL);\n",
+                            k[0], x[2] + p[0], k[1], x[3] + p[1]);
+        body += "    const long long padded = (h1 - h0) * (w1 - w0);\n";
+        body += fmt::format("    h0 = max(h0, 0LL); w0 = max(w0, 0LL); h1 = min(h1, {}LL); w1 = min(w1, {}LL);\n", x[2], x[3]);
+        body += "    float acc = 0;\n    for (long long ih = h0; ih < h1; ++ih)\n      for (long long iw = w0; iw < w1; ++iw) acc += ";
+        body += to_float(dt, fmt::format("xp[ih * {}LL + iw]", x[3])) + ";\n";
+        body += fmt::format("    y[i] = {};\n", from_float(dt, fmt::format("acc / (float)({})", include_pad ? "padded" : "((h1 - h0) * (w1 - w0))")));
+      }
+      body += "  }\n";
+      ln.describe = fmt::format("{} direct kernel", op_def(n.op).name);
+      break;
+    }
+    case OpId::Concat: case OpId::Split: {
+      // Both are copies along one dim: outer x [piece extent] x inner, for each piece.
+      bool concat = n.op == OpId::Concat;
+      const TensorType& whole = concat ? g.type(n.outputs[0]) : xt;
+      int64_t rank = int64_t(whole.rank());
+      int64_t dim = n.attrs.get_int("dim");
+      if (dim < 0) dim += rank;
+      Dims wd = dims_of(whole);
+      int64_t outer = 1, inner = 1;
+      for (int64_t i = 0; i < dim; ++i) outer *= wd[size_t(i)];
+      for (int64_t i = dim + 1; i < rank; ++i) inner *= wd[size_t(i)];
+      size_t pieces = concat ? n.inputs.size() : n.outputs.size();
+      if (pieces > 12) fail_kind(ErrorKind::NotSupported, "more than 12 pieces");
+      int64_t total = numel(wd);
+      ln.blocks = grid_for(total);
+      std::vector<std::string> ps;
+      if (concat) {
+        for (size_t i = 0; i < pieces; ++i) {
+          ln.arg_inputs.push_back(int(i));
+          ps.push_back(fmt::format("char* in{}", i));
+          if (g.type(n.inputs[i]).dtype != dt) fail_kind(ErrorKind::NotSupported, "mixed dtypes");
+        }
+        ln.arg_outputs = {0};
+        ps.push_back("char* out_");
+      } else {
+        ln.arg_inputs = {0};
+        ps.push_back("char* in_");
+        for (size_t i = 0; i < pieces; ++i) {
+          ln.arg_outputs.push_back(int(i));
+          ps.push_back(fmt::format("char* out{}", i));
+        }
+      }
+      params = fmt::format("{}", fmt::join(ps, ", "));
+      body += fmt::format("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; i += (long long)gridDim.x * blockDim.x) {{\n", total);
+      body += fmt::format("    const long long o = i / ({}LL * {}LL), j = (i / {}LL) % {}LL, r = i % {}LL;\n",
+                          wd[size_t(dim)], inner, inner, wd[size_t(dim)], inner);
+      int64_t start = 0;
+      for (size_t i = 0; i < pieces; ++i) {
+        const TensorType& pt = g.type(concat ? n.inputs[i] : n.outputs[i]);
+        int64_t ext = pt.shape[size_t(dim)].value();
+        std::string piece = concat ? fmt::format("in{}", i) : fmt::format("out{}", i);
+        std::string piece_idx = fmt::format("(o * {}LL + (j - {}LL)) * {}LL + r", ext, start, inner);
+        std::string copy = concat ? fmt::format("(({0}*)out_)[i] = ((const {0}*){1})[{2}];", T, piece, piece_idx)
+                                  : fmt::format("(({0}*){1})[{2}] = ((const {0}*)in_)[i];", T, piece, piece_idx);
+        body += fmt::format("    {}if (j < {}LL) {{ {} }}\n", i ? "else " : "", start + ext, copy);
+        start += ext;
+      }
+      body += "  }\n";
+      ln.describe = fmt::format("{} direct kernel ({} pieces)", op_def(n.op).name, pieces);
+      break;
+    }
+    case OpId::Embedding: case OpId::IndexSelect: {
+      // Rows of a table selected by int64/int32 indices (embedding: table [V, D], ids any shape).
+      bool emb = n.op == OpId::Embedding;
+      ValueId table_v = emb ? n.inputs[0] : n.inputs[0];
+      ValueId ids_v = n.inputs[1];
+      const TensorType& tt = g.type(table_v);
+      const TensorType& it = g.type(ids_v);
+      if (it.dtype != DType::Int64 && it.dtype != DType::Int32) fail_kind(ErrorKind::NotSupported, "index dtype");
+      Dims td = dims_of(tt);
+      int64_t dim = emb ? 0 : n.attrs.get_int("dim");
+      if (dim < 0) dim += int64_t(td.size());
+      int64_t outer = 1, inner = 1;
+      for (int64_t i = 0; i < dim; ++i) outer *= td[size_t(i)];
+      for (int64_t i = dim + 1; i < int64_t(td.size()); ++i) inner *= td[size_t(i)];
+      int64_t rows = td[size_t(dim)], count = numel(dims_of(it));
+      int64_t total = outer * count * inner;
+      ln.blocks = grid_for(total);
+      ln.arg_inputs = {0, 1};
+      ln.arg_outputs = {0};
+      params = "char* table_, char* ids_, char* out_";
+      const char* I = it.dtype == DType::Int64 ? "long long" : "int";
+      body += fmt::format("  const {0}* table = (const {0}*)table_; const {1}* ids = (const {1}*)ids_; {0}* out = ({0}*)out_;\n", T, I);
+      body += fmt::format("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; i += (long long)gridDim.x * blockDim.x) {{\n", total);
+      body += fmt::format("    const long long o = i / ({0}LL * {1}LL), c = (i / {1}LL) % {0}LL, r = i % {1}LL;\n", count, inner);
+      // Out-of-range ids read nothing: the output is NaN (float) so a bad id cannot pass silently.
+      body += fmt::format("    long long id = (long long)ids[c]; if (id < 0) id += {0}LL;\n"
+                          "    if (id < 0 || id >= {0}LL) {{ out[i] = {1}; continue; }}\n", rows,
+                          is_float(dt) ? from_float(dt, "__int_as_float(0x7fc00000)") : std::string("0"));
+      body += fmt::format("    out[i] = table[(o * {}LL + id) * {}LL + r];\n  }}\n", rows, inner);
+      ln.describe = fmt::format("{} direct kernel ({} rows of {})", op_def(n.op).name, count, rows);
+      break;
+    }
+    case OpId::Argmax: case OpId::Argmin: {
+      // One thread per output point scans its candidates in increasing index order: the first
+      // of equal values wins, NaN beats everything and nothing beats NaN (the reference's rule).
+      Dims x = dims_of(xt);
+      int64_t outer = 1, extent = numel(x), inner = 1;
+      if (n.attrs.has("dim") && !x.empty()) {
+        int64_t dim = n.attrs.get_int("dim");
+        if (dim < 0) dim += int64_t(x.size());
+        extent = x[size_t(dim)];
+        outer = 1;
+        for (int64_t i = 0; i < dim; ++i) outer *= x[size_t(i)];
+        for (size_t i = size_t(dim) + 1; i < x.size(); ++i) inner *= x[i];
+      }
+      if (extent == 0) fail_kind(ErrorKind::InvalidArgument, "{} over an empty set", op_def(n.op).name);
+      const bool is_max = n.op == OpId::Argmax;
+      DType xd = xt.dtype;
+      const char* C = xd == DType::Float64 ? "double" : is_float(xd) ? "float" : "long long";
+      auto load = [&](const char* k) {
+        std::string e = fmt::format("x[base + {} * {}LL]", k, inner);
+        return xd == DType::Float16 || xd == DType::BFloat16 ? to_float(xd, e)
+                                                             : fmt::format("({}){}", C, e);
+      };
+      int64_t total = outer * inner;
+      ln.blocks = grid_for(total);
+      ln.arg_inputs = {0};
+      ln.arg_outputs = {0};
+      params = "char* x_, char* y_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; long long* y = (long long*)y_;\n", cuda_storage(xd));
+      body += fmt::format("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; i += (long long)gridDim.x * blockDim.x) {{\n", total);
+      body += fmt::format("    const long long base = (i / {0}LL) * {1}LL * {0}LL + i % {0}LL;\n", inner, extent);
+      body += fmt::format("    {0} best = {1}; long long at = 0;\n", C, load("0"));
+      body += fmt::format("    for (long long k = 1; k < {}LL; ++k) {{\n      const {} v = {};\n", extent, C, load("k"));
+      body += fmt::format("      if (!(best != best) && ((v != v) || v {} best)) {{ best = v; at = k; }}\n    }}\n", is_max ? ">" : "<");
+      body += "    y[i] = at;\n  }\n";
+      ln.describe = fmt::format("{} direct kernel ({} candidates per output)", op_def(n.op).name, extent);
+      break;
+    }
+    default:
+      fail_kind(ErrorKind::NotSupported, "op '{}' has no CUDA library kernel", op_def(n.op).name);
+  }
+  ln.kind = LibNode::Kind::Direct;
+  source += fmt::format("// kiln-kernel: {}\n// {} '{}'\nextern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n{}}}\n\n",
+                        name, op_def(n.op).name, n.name, name, params, body);
+}
+
+// ---- loop kernels -------------------------------------------------------------------------------
+
+struct LoopLaunch {
+  CudaKernel kernel;
+  LaunchConfig config;
+  std::vector<int32_t> slots;
+};
+
+void run_loop(void* state, const Executable::RunContext& c) {
+  auto* l = static_cast<LoopLaunch*>(state);
+  if (l->config.grid.x == 0) return;
+  void* argv[64];
+  for (size_t i = 0; i < l->slots.size(); ++i)
+    argv[i] = const_cast<char**>(&c.slots[l->slots[i]]);
+  LaunchConfig cfg = l->config;
+  cfg.stream = c.stream;
+  l->kernel.launch(cfg, argv);
+}
+
+// ---- the target ---------------------------------------------------------------------------------
+
+class CudaTarget final : public compiler::Target {
+ public:
+  const char* name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda(kDevice); }
+  const char* library_name() const override { return "cuBLASLt/cuDNN"; }
+  const compiler::OpSupportTable& support() const override { return cuda_support(); }
+
+  std::vector<OpId> decompositions() const override {
+    return {OpId::BatchNorm, OpId::GroupNorm, OpId::ScaledDotProductAttention,
+            OpId::FusedConv2d, OpId::FusedLinear};
+  }
+
+  bool generates(const Graph& g, const Node& n) const override {
+    if (!cuda_support()[size_t(n.op)].generated || !lower::loop_expressible(g, n)) return false;
+    DType od = g.type(n.outputs[0]).dtype;
+    const OpDef& d = op_def(n.op);
+    if (d.has(trait::Pointwise)) return !((n.op == OpId::Div || n.op == OpId::Pow) && !is_float(od));
+    if (d.has(trait::RowNorm)) return is_float(od);
+    if (n.op == OpId::Sum || n.op == OpId::Prod || n.op == OpId::Max || n.op == OpId::Min)
+      return true;  // integer and bool inputs accumulate in int64
+    return is_float(od);
+  }
+
+  std::string unsupported_reason(const Graph& g, const Node& n) const override {
+    DType od = g.type(n.outputs[0]).dtype;
+    if ((n.op == OpId::Div || n.op == OpId::Pow) && !is_float(od))
+      return "integer division and power report bad values (a zero divisor, a negative "
+             "exponent) as errors, which a CUDA kernel cannot raise; cast the operands to a "
+             "floating dtype, or run this op on the CPU";
+    return "";
+  }
+
+  compiler::SchedulePolicy policy(const Knobs&) const override { return {}; }
+
+  bool library_reads_strided(const Graph&, const Node&, int, const lower::ViewGeometry&) const override {
+    return false;
+  }
+
+  std::unique_ptr<compiler::LibraryKernels> lower_library(const Graph& g,
+                                                          const std::vector<int32_t>& nodes,
+                                                          compiler::LibraryRequest,
+                                                          const Knobs&) const override {
+    require_cuda_device(kDevice, "compiling for CUDA");
+    return std::make_unique<CudaLibraryKernels>(g, nodes);
+  }
+
+  compiler::LoopBuild build_loops(const Graph& g, const lower::Schedule& s,
+                                  const std::vector<MemRef>& mem, const compiler::Options& options,
+                                  const Knobs&) const override {
+    CudaCodegenOptions co;
+    co.inject_error_into = options.inject_error_into;
+    int64_t max_blocks = int64_t(std::max(multiprocessors(), 1)) * 32;
+    std::string name = g.name.empty() ? "graph" : g.name;
+    CudaProgram prog = generate_cuda(g, s, mem, name, max_blocks, co);
+    compiler::LoopBuild out;
+    if (s.loops.empty()) {
+      out.cache_hit = true;
+      return out;
+    }
+    CudaCompileRequest req;
+    req.source = prog.source;
+    req.program_name = name;
+    req.arch = device_arch(kDevice);
+    std::shared_ptr<const CompiledCubin> cubin = compile_cuda(req);
+    out.cache_hit = cubin->cache_hit;
+    out.build_s = cubin->compile_seconds;
+    std::shared_ptr<CudaModule> module = CudaModule::load(cubin->cubin, kDevice, name);
+    out.keep_alive = module;
+    for (const CudaKernelInfo& k : prog.kernels) {
+      auto st = std::make_shared<LoopLaunch>();
+      st->kernel = module->kernel(k.name);
+      st->config.grid.x = unsigned(k.blocks);
+      st->config.block.x = unsigned(std::max(k.threads, 1));
+      st->slots = k.slots;
+      if (st->slots.size() > 64)
+        fail_kind(ErrorKind::NotSupported, "cuda: kernel {} has {} pointer arguments (at most 64)",
+                  k.name, st->slots.size());
+      Executable::Launch l;
+      l.fn = run_loop;
+      l.state = st.get();
+      l.owner = std::move(st);
+      l.name = k.name;
+      l.kind = "loop";
+      out.launches.push_back(std::move(l));
+      out.vectorized.push_back(false);
+    }
+    return out;
+  }
+
+  std::shared_ptr<char> allocate(int64_t bytes) const override {
+    return allocate_device_arena(bytes, kDevice);
+  }
+  Tensor place_constant(const Tensor& t) const override {
+    Tensor c = t.contiguous();
+    return c.device() == device() ? c : c.to(device());
+  }
+
+  std::vector<Candidate> autotune_candidates(const Graph&, const compiler::Options&,
+                                             std::string* note) const override {
+    *note = "; the CUDA search space (cuBLASLt algorithms, cuDNN engines, block sizes) is not "
+            "timed yet: the default configuration";
+    return {Candidate{}};
+  }
+  Variants autotune_variants(const compiler::CompileReport&) const override { return {}; }
+  std::string tune_launches(Executable&, const std::vector<compiler::TunableLaunch>&,
+                            const TensorList&, int, std::string*) const override {
+    return "";
+  }
+  bool apply_launch_record(const std::vector<compiler::TunableLaunch>&, const std::string&,
+                           std::string*) const override {
+    return false;
+  }
+  std::string tuning_context() const override {
+    CudaDeviceInfo i = cuda_device_info(kDevice);
+    return fmt::format("{} sm_{}{}\n{}", i.name, i.sm_major, i.sm_minor, cuda_driver_version());
+  }
+};
+
+const CudaTarget g_cuda_target;
+const bool g_registered = [] {
+  compiler::register_target(&g_cuda_target);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace kiln::cuda
