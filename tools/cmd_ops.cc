@@ -1,12 +1,11 @@
 // kiln ops [--json] [--family F]: the op registry, generated from the op records (never a
 // hand-written table): schema and capabilities of every op.
 #include <cstdio>
-#include <mutex>
-#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "frontends/aten/aten_mapping.h"
 #include "frontends/onnx/op_table.h"
 #include "compiler/target.h"
 #include "ops/op.h"
@@ -65,22 +64,6 @@ nlohmann::json op_json(const OpDef& d) {
 
 const char* yn(bool b) { return b ? "yes" : "-"; }
 
-// OpDef::aten_ops from the Python frontend's ATen table (python/kiln/aten_table.py), which the
-// build turns into aten_ops.inc (python/tools/gen_aten_ops.py): one table, reported here.
-void register_aten_mappings() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    static const std::pair<const char*, const char*> kAtenOps[] = {
-#include "aten_ops.inc"
-    };
-    for (const auto& [kiln_op, aten_op] : kAtenOps) {
-      const OpDef* d = find_op(kiln_op);
-      KILN_ASSERT(d != nullptr);  // the table names an op that is not in ops.def
-      const_cast<OpDef*>(d)->aten_ops.emplace_back(aten_op);
-    }
-  });
-}
-
 }  // namespace
 
 void add_ops_command(CLI::App& app) {
@@ -91,7 +74,7 @@ void add_ops_command(CLI::App& app) {
   cmd->add_option("--family", family, "Only ops of this family (unary, binary, reduce, ...)");
   cmd->callback([] {
     onnx::register_onnx_mappings();  // OpDef::onnx_ops comes from the ONNX op table
-    register_aten_mappings();        // OpDef::aten_ops from the Python frontend's ATen table
+    aten::register_aten_mappings();  // OpDef::aten_ops from the Python frontend's ATen table
     auto ops = all_ops();
     bool found = family.empty();
     for (const OpDef& d : ops) found |= family == d.family;
