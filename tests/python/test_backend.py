@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kiln
+import kiln.report
 from conftest import assert_close, run_python
 from kiln.lowering import KilnFallbackWarning
 
@@ -58,6 +59,42 @@ def test_entry_point_needs_no_import():
         "assert kiln.report.GRAPHS and kiln.report.GRAPHS[0].aten[0].partitions\n"
         "print('kiln' in torch._dynamo.list_backends(), 'kiln' in sys.modules)\n")
     assert out.split()[-2:] == ["True", "True"], out
+
+
+_TORCH_COMPUTE = ("aten::addmm", "aten::mm", "aten::linear", "aten::relu", "aten::threshold",
+                  "aten::clamp_min")
+
+
+def _torch_compute_ops(fn):
+    """The compute ops torch itself ran during fn() (its profiler sees every ATen op it
+    dispatches; Kiln's compiled code is invisible to it)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sorted({e.key for e in prof.key_averages() if e.key in _TORCH_COMPUTE})
+
+
+def test_kiln_backends_are_registered_and_run():
+    """The extension loads Kiln's compiler and CPU target, which register themselves when their
+    libraries load: `inductor` is there, and a compiled graph runs in it, not in torch."""
+    names = kiln._kiln.backends()
+    assert "inductor" in names and "eager" in names, names
+    m = _mlp()
+    x = torch.randn(4, 10)
+    with torch.no_grad():
+        ref = m(x)
+        # The check sees torch's own compute (else "no ops" below would prove nothing).
+        assert "aten::addmm" in _torch_compute_ops(lambda: m(x))
+        f = torch.compile(m, backend="kiln", options={"strict": True})
+        assert_close(f(x), ref)  # compiles
+        out = []
+        assert _torch_compute_ops(lambda: out.append(f(x))) == []
+        assert_close(out[0], ref)
+    (rec,) = kiln.report.GRAPHS
+    (aten,) = rec.aten
+    assert aten.fallbacks == [], aten.fallbacks
+    (part,) = aten.partitions.values()
+    assert part.backend == "inductor" and part.failure is None and part.compiles == 1
+    assert part.kiln_ops and "linear" in part.kiln_ops, part.kiln_ops
 
 
 def test_backend_usable_directly():
