@@ -4,7 +4,7 @@
 #
 #   scripts/python_stage.sh          # build/ (via scripts/build.sh), stage into .carry/python/
 #
-# Staged (ignored by git): .carry/python/lib/ = libkiln_python.so (bridge.cc + libkiln; symbols
+# Staged (ignored by git): .carry/python/lib/ = libkiln_python.so (bridge.cc; symbols
 # and debug info stripped) and every shared library it loads that is not the C/C++ runtime
 # (oneDNN, fmt, libgomp, protobuf, onnx_proto, OpenCL, zlib). There, only python/src/module.cc is compiled, against that library, with the
 # machine's own Python and nanobind (Note [The bridge] in python/src/bridge.h); docs/python.md,
@@ -39,7 +39,10 @@ done | sort -u | while read -r lib; do
   name="$(basename "$lib")"
   if is_base_lib "$name"; then continue; fi
   case "$name" in libcuda.so*) echo "python_stage.sh: $name must not be linked" >&2; exit 1 ;; esac
-  cp -L "$lib" "$STAGE/lib/$name"
+  case "$name" in
+    libkiln_*) strip --strip-all -o "$STAGE/lib/$name" "$lib" ;;  # Kiln's layer libraries
+    *) cp -L "$lib" "$STAGE/lib/$name" ;;
+  esac
 done
 
 # pytest and its dependencies as wheels (pure Python), in case the GPU machine lacks pytest: it
@@ -62,7 +65,7 @@ first: python3 -m pip install --no-index --find-links .carry/python/wheels pytes
   cmake -S python -B /tmp/kiln-py -DKILN_PREBUILT=$PWD/.carry/python/lib \
         -DPython_EXECUTABLE=$(command -v python3) -DCMAKE_BUILD_TYPE=Release \
     && cmake --build /tmp/kiln-py -j 16 \
-    && PYTHONPATH=/tmp/kiln-py/pkg python3 -m pytest -v -p no:cacheprovider tests/python/test_cuda.py
+    && PYTHONPATH=/tmp/kiln-py/pkg LD_LIBRARY_PATH=/tmp/kiln-py/pkg/kiln python3 -m pytest -v -p no:cacheprovider tests/python/test_cuda.py
 (CUDA graphs use the interpreter backend, so no C++ code generation is needed there; the CPU
 suites need SLEEF and g++ for the CPU compiler's generated kernels and run on this machine.)
 TXT
