@@ -12,7 +12,7 @@ APT_PACKAGES=(
   libonnx-dev libprotobuf-dev protobuf-compiler
   libonnx-testdata
   libssl-dev
-  python3-venv
+  python3-venv python3-dev
 )
 
 missing=()

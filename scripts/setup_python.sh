@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Python venv outside the clone (reused across clones and CI runs on the same machine):
-# numpy, onnx, onnxruntime, torch, torchvision, transformers (scripts/requirements.txt) for the
-# tests that compare with ONNX Runtime and PyTorch and for the peer benchmarks. Kiln itself
-# needs none of it. Idempotent and quiet when the venv matches the requirements.
+# numpy, onnx, onnxruntime, torch, torchvision, transformers, nanobind, scikit-build-core, pytest
+# (scripts/requirements.txt) for the tests that compare with ONNX Runtime and PyTorch, the peer
+# benchmarks, and the Python extension (python/: built against this venv) with its pytest
+# suites. Kiln's C++ itself needs none of it. Idempotent and quiet when the venv matches the requirements.
 set -euo pipefail
 # Python venv: numpy is used by tests that cross-check .npy files with NumPy itself.
 KILN_CACHE_DIR="${KILN_CACHE_DIR:-$HOME/.cache/kiln}"

@@ -3,8 +3,9 @@
 # where a GPU exists and are reported as not run elsewhere).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-"$ROOT/scripts/build.sh"
+# The venv first: the build makes the Python extension against it (python/CMakeLists.txt).
 "$ROOT/scripts/setup_python.sh"
+"$ROOT/scripts/build.sh"
 BUILD="${KILN_BUILD_DIR:-$ROOT/build}"
 export KILN_PYTHON="${KILN_CACHE_DIR:-$HOME/.cache/kiln}/venv/bin/python"
 cd "$BUILD"

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "frontends/aten/aten_mapping.h"
 #include "frontends/onnx/op_table.h"
 #include "compiler/target.h"
 #include "ops/op.h"
@@ -45,6 +46,7 @@ nlohmann::json op_json(const OpDef& d) {
       {"cuda_eager_kernel", d.eager_cuda != nullptr},
       {"gradient", d.gradient != nullptr},
       {"onnx", d.onnx_ops},
+      {"aten", d.aten_ops},
       {"test_samples", d.samples != nullptr},
   };
   // How each compiler target runs the op (its support table, compiler/target.h).
@@ -72,6 +74,7 @@ void add_ops_command(CLI::App& app) {
   cmd->add_option("--family", family, "Only ops of this family (unary, binary, reduce, ...)");
   cmd->callback([] {
     onnx::register_onnx_mappings();  // OpDef::onnx_ops comes from the ONNX op table
+    aten::register_aten_mappings();  // OpDef::aten_ops from the Python frontend's ATen table
     auto ops = all_ops();
     bool found = family.empty();
     for (const OpDef& d : ops) found |= family == d.family;

@@ -202,6 +202,9 @@ struct OpDef {
   std::vector<DType> eager_cuda_dtypes;
   const GradientRule* gradient = nullptr;
   std::vector<std::string> onnx_ops;
+  // ATen overloads ("aten.add.Tensor") that the Python frontend maps to this op; filled from its
+  // ATen table (python/kiln/aten_table.py) by the tools that report it (`kiln ops --json`).
+  std::vector<std::string> aten_ops;
 
   // dtypes of the primary (first) input that the op supports; tests run each of them.
   std::vector<DType> dtypes;

@@ -1,0 +1,504 @@
+"""Core-ATen FX graphs -> Kiln graphs: conversion, support checks and partitioning.
+
+Note [Lowering]
+The Dynamo backend (kiln/dynamo.py) hands this module a functional core-ATen FX graph with
+concrete shapes (aot_autograd with the decompositions of ``decompositions()``). Each
+call_function node is looked up in the ATen table (kiln/aten_table.py). Whether Kiln takes a node
+is decided by converting it alone into a scratch Kiln graph (``node_support``): the table entry
+must exist, its converter must accept the arguments, every tensor must have a Kiln dtype and sit
+on the graph's device, Kiln's inference must agree with torch's metadata on the output types,
+and on CUDA every Kiln op emitted must have a CUDA kernel. A node that fails any of these keeps
+running in torch, with the reason recorded (kiln.explain).
+
+If every node is taken, the whole graph becomes one Kiln graph. Otherwise torch's
+CapabilityBasedPartitioner groups the supported nodes into partitions (each a connected,
+cycle-free subgraph), partitions that only move metadata (views, constants) are left to torch,
+and each remaining partition becomes a submodule run by Kiln inside the FX graph torch runs.
+
+The graph crosses into C++ through GraphBuilder (kiln._kiln, over kiln::Graph): one call per
+input, parameter and node, with types inferred by Kiln's registry as each node is added, so a
+converter bug surfaces at the node that caused it, named after the FX node.
+"""
+import operator
+import warnings
+
+import numpy as np
+import torch
+
+from . import _kiln
+from .aten_table import ATEN_TABLE, Unsupported
+
+TORCH_TO_KILN = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+    torch.int64: "i64", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "bool",
+}
+KILN_TO_TORCH = {v: k for k, v in TORCH_TO_KILN.items()}
+KILN_TO_NUMPY = {"f32": np.float32, "f16": np.float16, "f64": np.float64, "i64": np.int64,
+                 "i32": np.int32, "i8": np.int8, "u8": np.uint8, "bool": np.bool_}
+# Kiln ops that only move metadata: a partition made of these alone is not worth a call.
+VIEW_OPS = {"reshape", "permute", "transpose", "expand", "squeeze", "unsqueeze", "slice", "flatten"}
+
+_REGISTRY = None
+
+
+def registry():
+    """Kiln's op registry by name (kiln._kiln.ops())."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = {o["name"]: o for o in _kiln.ops()}
+    return _REGISTRY
+
+
+_DECOMPOSITIONS = None
+
+
+def decompositions():
+    """The decomposition table for aot_autograd: core ATen's, except ops the ATen table takes
+    whole (so a table entry is never decomposed away). Built once per process (~1 s)."""
+    global _DECOMPOSITIONS
+    if _DECOMPOSITIONS is None:
+        from torch._decomp import core_aten_decompositions
+
+        keep = set(ATEN_TABLE)
+        _DECOMPOSITIONS = {op: fn for op, fn in core_aten_decompositions().items()
+                           if str(op) not in keep}
+    return _DECOMPOSITIONS
+
+
+def aten_name(target):
+    """'aten.add.Tensor' for an OpOverload; None for anything else."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return None
+
+
+def kiln_dtype(torch_dtype, where):
+    d = TORCH_TO_KILN.get(torch_dtype)
+    if d is None:
+        raise Unsupported(f"{where}: dtype {torch_dtype} has no Kiln equivalent")
+    return d
+
+
+def _val(node):
+    """The FakeTensor (or tuple of them) torch recorded for an FX node's output."""
+    return node.meta.get("val", node.meta.get("example_value")) if hasattr(node, "meta") else None
+
+
+class V:
+    """A Kiln value while converting: its id in the builder, dtype (Kiln short name), shape,
+    the node that produced it (for patterns like linear) and torch's metadata when it came
+    from an FX node."""
+
+    __slots__ = ("id", "dtype", "shape", "origin", "val")
+
+    def __init__(self, id, dtype, shape, origin=None, val=None):
+        self.id, self.dtype, self.shape, self.origin, self.val = id, dtype, tuple(shape), origin, val
+
+    def __repr__(self):
+        return f"V(%{self.id}: {self.dtype}{list(self.shape)})"
+
+
+class ConvertContext:
+    """What converters see (Note [The ATen table]). One per Kiln graph being built."""
+
+    def __init__(self, builder, device, compute_dtype=None):
+        self.b = builder
+        self.device = device  # torch.device
+        self.kiln_device = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+        self.compute_dtype = compute_dtype  # Kiln dtype replacing f32 (the `dtype` option)
+        self.entry = None
+        self.node = None
+        self.emitted = []
+        self._consts = {}
+
+    # -- per node
+    def begin(self, node, entry):
+        self.node, self.entry = node, entry
+        val = _val(node)
+        first = val[0] if isinstance(val, (tuple, list)) and val else val
+        self._out = first if isinstance(first, torch.Tensor) else None
+
+    @property
+    def out_dtype(self):
+        if self._out is None:
+            raise Unsupported("the node's output type is unknown")
+        return self.kdtype(self._out.dtype)
+
+    @property
+    def out_shape(self):
+        if self._out is None:
+            raise Unsupported("the node's output shape is unknown")
+        return tuple(int(s) for s in self._out.shape)
+
+    def kdtype(self, torch_dtype):
+        d = kiln_dtype(torch_dtype, self.where())
+        return self.compute_dtype if (self.compute_dtype and d == "f32") else d
+
+    def where(self):
+        return f"{self.entry.name if self.entry else 'node'} '{self.node.name if self.node else ''}'"
+
+    # -- building
+    def _value(self, vid, origin=None):
+        return V(vid, self.b.dtype(vid), self.b.shape(vid), origin)
+
+    def ops(self, kiln_op, inputs, **attrs):
+        if self.entry is not None and kiln_op not in self.entry.emits:
+            raise AssertionError(f"internal error: the ATen entry {self.entry.name} emitted "
+                                 f"'{kiln_op}', which it does not declare")
+        ids = [-1 if v is None else v.id for v in inputs]
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        outs = self.b.add_node(kiln_op, ids, attrs, self.node.name if self.node else "")
+        self.emitted.append(kiln_op)
+        origin = (kiln_op, list(inputs), attrs)
+        return [self._value(o, origin) for o in outs]
+
+    def op(self, kiln_op, inputs, **attrs):
+        outs = self.ops(kiln_op, inputs, **attrs)
+        assert len(outs) == 1, f"{kiln_op} has {len(outs)} outputs"
+        return outs[0]
+
+    def cast(self, v, dtype):
+        if v.dtype == dtype:
+            return v
+        return self.op("cast", [v], dtype=_kiln.DType(dtype))
+
+    def operand(self, a, dtype):
+        """A tensor cast to `dtype`, or a Python scalar as a 0-d constant of `dtype`."""
+        if isinstance(a, V):
+            return self.cast(a, dtype)
+        return self.scalar(a, dtype)
+
+    def dtype_attr(self, dtype):
+        return _kiln.DType(dtype)
+
+    def scalar(self, value, dtype):
+        key = (repr(value), type(value).__name__, dtype)
+        if key not in self._consts:
+            arr = self._np_array(value, dtype, ())
+            self._consts[key] = self._value(self.b.add_const(arr, ""))
+        return self._consts[key]
+
+    def _np_array(self, value, dtype, shape):
+        if dtype == "bf16":
+            return torch.full(shape, value, dtype=torch.bfloat16)
+        return np.full(shape, value, dtype=KILN_TO_NUMPY[dtype])
+
+    def filled(self, value):
+        shape, dt = self.out_shape, self.out_dtype
+        if not shape:
+            return self.scalar(value, dt)
+        arr = self._np_array(value, dt, (1,) * len(shape))
+        c = self._value(self.b.add_const(arr, ""))
+        return self.op("expand", [c], shape=list(shape))
+
+    def arange(self, start, end, step):
+        if end is None:
+            start, end = 0, start
+        dt = self.out_dtype
+        if dt == "bf16":
+            arr = torch.arange(start, end, step, dtype=torch.bfloat16)
+        else:
+            arr = np.arange(start, end, step, dtype=KILN_TO_NUMPY[dt])
+        return self._value(self.b.add_const(arr, ""))
+
+    def result_type(self, a, b):
+        """torch's type promotion for a binary op's operands (tensors or Python scalars)."""
+        ta = a.val if isinstance(a, V) and a.val is not None else (
+            torch.empty((), dtype=KILN_TO_TORCH[a.dtype]) if isinstance(a, V) else a)
+        tb = b.val if isinstance(b, V) and b.val is not None else (
+            torch.empty((), dtype=KILN_TO_TORCH[b.dtype]) if isinstance(b, V) else b)
+        if not isinstance(ta, torch.Tensor) and not isinstance(tb, torch.Tensor):
+            raise Unsupported("a comparison of two Python scalars")
+        return self.kdtype(torch.result_type(ta, tb))
+
+    def transposed_source(self, v):
+        """w when v = transpose(w) of a 2-d w (the FX pattern of nn.Linear: addmm(b, x, w.t()))."""
+        o = v.origin
+        if o and len(v.shape) == 2 and o[1] and o[1][0] is not None and len(o[1][0].shape) == 2:
+            if o[0] == "transpose" or (o[0] == "permute" and list(o[2].get("dims", [])) == [1, 0]):
+                return o[1][0]
+        return None
+
+    def same_device(self, device):
+        return torch.device(device) == self.device or (
+            torch.device(device).type == self.device.type == "cpu")
+
+
+# ---- converting a graph --------------------------------------------------------------------------
+def _map_args(args, env):
+    if isinstance(args, torch.fx.Node):
+        return env[args]
+    if isinstance(args, (list, tuple)):
+        return type(args)(_map_args(a, env) for a in args)
+    if isinstance(args, dict):
+        return {k: _map_args(v, env) for k, v in args.items()}
+    if isinstance(args, torch.dtype) or isinstance(args, torch.device) or isinstance(
+            args, torch.layout) or isinstance(args, torch.memory_format):
+        return args
+    return args
+
+
+def convert_node(cx, node, env):
+    """Appends the Kiln nodes for one FX call_function node; returns its value(s)."""
+    if node.target is operator.getitem:
+        src, index = node.args
+        produced = env[src]
+        if not isinstance(produced, tuple) or produced[index] is None:
+            raise Unsupported(f"output {index} of '{src.name}' is not computed by Kiln")
+        return produced[index]
+    name = aten_name(node.target)
+    entry = ATEN_TABLE.get(name) if name else None
+    if entry is None:
+        raise Unsupported(f"{name or node.target} has no entry in Kiln's ATen table")
+    cx.begin(node, entry)
+    args = _map_args(node.args, env)
+    kwargs = _map_args(node.kwargs, env)
+    try:
+        out = entry.convert(cx, *args, **kwargs)
+    except _kiln.KilnError as e:
+        raise Unsupported(f"Kiln rejects it: {e}") from None
+    _check_types(cx, node, out)
+    return out
+
+
+def _check_types(cx, node, out):
+    """Kiln's inferred output types must be torch's (dtype under the `dtype` option, shape)."""
+    val = _val(node)
+    outs = out if isinstance(out, tuple) else (out,)
+    vals = val if isinstance(val, (tuple, list)) else (val,)
+    for o, v in zip(outs, vals):
+        if o is None or not isinstance(v, torch.Tensor):
+            continue
+        want_shape = tuple(int(s) for s in v.shape)
+        want_dtype = cx.kdtype(v.dtype)
+        if tuple(o.shape) != want_shape or o.dtype != want_dtype:
+            raise Unsupported(f"internal mismatch: Kiln computes {o.dtype}{list(o.shape)}, torch "
+                              f"{want_dtype}{list(want_shape)} (a Kiln converter bug; please report)")
+
+
+def _tensor_inputs(node):
+    for a in node.all_input_nodes:
+        yield a
+
+
+def node_support(node, device, compute_dtype=None):
+    """None when Kiln takes this node on `device`, else the reason it stays in torch."""
+    if node.op != "call_function":
+        return "not an op call"
+    if node.target is operator.getitem:
+        return None  # follows its producer (see is_node_supported in partition())
+    name = aten_name(node.target)
+    if name is None or name not in ATEN_TABLE:
+        return f"{name or node.target} has no entry in Kiln's ATen table"
+    b = _kiln.GraphBuilder("probe")
+    cx = ConvertContext(b, device, compute_dtype)
+    env = {}
+    try:
+        for a in _tensor_inputs(node):
+            v = _val(a)
+            if isinstance(v, torch.Tensor):
+                if v.device != device and not (v.device.type == device.type == "cpu"):
+                    return f"input '{a.name}' is on {v.device}, the graph runs on {device}"
+                dt = kiln_dtype(v.dtype, f"input '{a.name}'")
+                if compute_dtype and dt == "f32":
+                    dt = compute_dtype
+                vid = b.add_input(a.name, dt, [int(s) for s in v.shape], cx.kiln_device)
+                env[a] = V(vid, dt, v.shape, None, v)
+            elif isinstance(v, (tuple, list)) and a.target is not operator.getitem:
+                return f"input '{a.name}' is a tuple"
+            else:
+                return f"input '{a.name}' is not a tensor ({type(v).__name__})"
+        out = _val(node)
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor):
+                kiln_dtype(o.dtype, "output")
+        convert_node(cx, node, env)
+    except Unsupported as e:
+        return str(e)
+    if device.type == "cuda":
+        reg = registry()
+        missing = sorted({op for op in cx.emitted if not reg[op]["cuda_kernel"]})
+        if missing:
+            return f"Kiln has no CUDA kernel for {', '.join(missing)} yet"
+    return None
+
+
+class Frozen:
+    """A graph input frozen into the Kiln graph as a parameter (its real tensor)."""
+
+    __slots__ = ("index", "name", "tensor")
+
+    def __init__(self, index, name, tensor):
+        self.index, self.name, self.tensor = index, name, tensor
+
+
+def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None, graph_name="main"):
+    """A GraphBuilder for `gm` (every node supported). Placeholders at `frozen_indices` become
+    parameters with the data of `args[i]` (zero-copy views); the rest graph inputs.
+
+    Returns (builder, input_args, frozen, output_fix): input_args[i] is the argument index of
+    Kiln input i; frozen lists Frozen records; output_fix lists (torch dtype) to cast outputs
+    back to when the `dtype` option changed them (None: unchanged)."""
+    b = _kiln.GraphBuilder(graph_name)
+    cx = ConvertContext(b, device, compute_dtype)
+    env = {}
+    input_args, frozen = [], []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    taken = set()  # value names used by inputs and params
+    io_ids = set()
+    for i, ph in enumerate(placeholders):
+        a = args[i]
+        name = (names[i] if names and i < len(names) else None) or ph.name
+        if not isinstance(a, torch.Tensor):
+            env[ph] = a  # a Python scalar (a specialized SymInt): converters see the int
+            continue
+        dt = kiln_dtype(a.dtype, f"input '{name}'")
+        if i in frozen_indices:
+            t = a.detach()
+            if compute_dtype and dt == "f32":
+                t = t.to(KILN_TO_TORCH[compute_dtype])
+                dt = compute_dtype
+            pname = name
+            k = 1
+            while pname in taken:
+                pname, k = f"{name}_{k}", k + 1
+            taken.add(pname)
+            vid = b.add_param(pname, t)
+            frozen.append(Frozen(i, name, a))
+        else:
+            vid = b.add_input(name, dt, list(a.shape), cx.kiln_device)
+            taken.add(b.value_name(vid))
+            input_args.append(i)
+            if compute_dtype and dt == "f32":
+                cx.node = ph
+                v = V(vid, dt, a.shape, None, _val(ph))
+                env[ph] = cx.cast(v, compute_dtype)
+                env[ph].val = _val(ph)
+                continue
+        env[ph] = V(vid, dt, a.shape, None, _val(ph))
+        io_ids.add(vid)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            env[node] = convert_node(cx, node, env)
+            if isinstance(env[node], V):
+                env[node].val = _val(node)
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+            ids, fix = [], []
+            cx.node = node
+            cx.entry = None
+            for o in outs:
+                v = env[o] if isinstance(o, torch.fx.Node) else None
+                if not isinstance(v, V):
+                    raise Unsupported(f"graph output {o} is not a tensor Kiln computes")
+                want = _val(o)
+                # An output that is an input or parameter gets its own copy (never an alias).
+                if v.id in io_ids:
+                    v = cx.op("copy", [v])
+                if isinstance(want, torch.Tensor) and compute_dtype and want.dtype == torch.float32:
+                    v = cx.cast(v, "f32")
+                ids.append(v.id)
+                fix.append(None)
+            b.set_outputs(ids)
+            return b, input_args, frozen, fix
+    raise AssertionError("graph without output")
+
+
+# ---- partitioning --------------------------------------------------------------------------------
+class Fallback:
+    """A node left to torch and why (for kiln.explain and the warning)."""
+
+    __slots__ = ("node", "op", "reason")
+
+    def __init__(self, node, op, reason):
+        self.node, self.op, self.reason = node, op, reason
+
+    def __repr__(self):
+        return f"{self.op} ('{self.node}'): {self.reason}"
+
+
+def plan(gm, device, compute_dtype=None):
+    """Support of every op node: (supported node set, [Fallback])."""
+    supported, fallbacks = set(), []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            continue
+        reason = node_support(node, device, compute_dtype)
+        if reason is None:
+            supported.add(node)
+        else:
+            fallbacks.append(Fallback(node.name, aten_name(node.target) or str(node.target), reason))
+    # getitem follows its producer, when Kiln computes that output.
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is operator.getitem:
+            src, index = node.args
+            if src in supported:
+                if _getitem_computed(src, index, device, compute_dtype):
+                    supported.add(node)
+                else:
+                    fallbacks.append(Fallback(node.name, f"{aten_name(src.target)}[{index}]",
+                                              f"output {index} of '{src.name}' is not computed by Kiln"))
+    return supported, fallbacks
+
+
+def _getitem_computed(src, index, device, compute_dtype):
+    b = _kiln.GraphBuilder("probe")
+    cx = ConvertContext(b, device, compute_dtype)
+    env = {}
+    for a in src.all_input_nodes:
+        v = _val(a)
+        dt = kiln_dtype(v.dtype, a.name)
+        if compute_dtype and dt == "f32":
+            dt = compute_dtype
+        env[a] = V(b.add_input(a.name, dt, [int(s) for s in v.shape], cx.kiln_device), dt, v.shape, None, v)
+    out = convert_node(cx, src, env)
+    return isinstance(out, tuple) and index < len(out) and out[index] is not None
+
+
+def partition(gm, supported):
+    """Fuses the supported nodes of `gm` into submodules fused_0, fused_1, ... (in place);
+    returns the names of the submodules that Kiln should run and the partitions left to torch
+    because they only move metadata."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    class _Support(OperatorSupportBase):
+        def is_node_supported(self, submodules, node):
+            return node in supported
+
+    partitioner = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True)
+    parts = partitioner.propose_partitions()
+    kept, views_only = [], []
+    for p in parts:
+        nodes = list(p.nodes)
+        if all(_is_view_node(n) for n in nodes):
+            views_only.append(sorted(n.name for n in nodes))
+        else:
+            kept.append(p)
+    fused = partitioner.fuse_partitions(kept)
+    names = [n for n, _ in fused.named_children() if n.startswith("fused_")]
+    return fused, names, views_only
+
+
+def _is_view_node(n):
+    if n.target is operator.getitem:
+        return True
+    entry = ATEN_TABLE.get(aten_name(n.target) or "")
+    return entry is not None and all(op in VIEW_OPS for op in entry.emits)
+
+
+def warn_once(key, message):
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(message, KilnFallbackWarning, stacklevel=3)
+
+
+_WARNED = set()
+
+
+class KilnFallbackWarning(UserWarning):
+    """Part of a model runs in torch instead of Kiln (kiln.explain tells which and why)."""

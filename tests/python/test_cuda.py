@@ -1,0 +1,88 @@
+"""CUDA tensors through the Kiln backend (GPU machine; docs/python.md, "CUDA"). Without a
+usable CUDA device (torch's and Kiln's view both) the file exits 77, which CTest reports as
+not run — never as passed."""
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from conftest import assert_close, randomize_
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _needs_cuda():
+    # pytest.exit from a fixture (not at import) sets the exit code: 77 = CTest "not run".
+    if not torch.cuda.is_available() or kiln.cuda_status() != "":
+        pytest.exit(f"no CUDA device (torch: {torch.cuda.is_available()}, kiln: "
+                    f"{kiln.cuda_status() or 'ok'})", returncode=77)
+
+
+DEV = torch.device("cuda", 0)
+
+
+class Pointwise(torch.nn.Module):
+    """Only ops with Kiln CUDA kernels: the whole graph runs in Kiln on the device."""
+
+    def forward(self, x, y):
+        z = torch.exp(x * 0.5) + torch.sigmoid(y) - x.abs()
+        return z.sum(dim=1), torch.relu(z).mean()
+
+
+def test_whole_graph_on_cuda():
+    m = Pointwise()
+    compiled = torch.compile(m, backend="kiln")
+    with torch.no_grad():
+        for k in range(2):
+            x, y = torch.randn(8, 33, device=DEV), torch.randn(8, 33, device=DEV)
+            out = compiled(x, y)
+            assert all(o.device == DEV for o in out)
+            assert_close(out, m(x, y), f"call {k}")
+    parts = [p for g in kiln.report.GRAPHS for a in g.aten for p in a.partitions.values()]
+    assert not [f for g in kiln.report.GRAPHS for a in g.aten for f in a.fallbacks]
+    assert parts and all(p.failure is None for p in parts)
+
+
+def test_partitioned_models_on_cuda():
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(10, 50), torch.nn.ReLU(), torch.nn.Linear(50, 1))
+    cnn = torch.nn.Sequential(  # a small ResNet-like stem + head (no torchvision needed there)
+        torch.nn.Conv2d(3, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+    for m, shape in ((mlp, (4, 10)), (cnn, (2, 3, 32, 32))):
+        kiln.reset()
+        m = randomize_(m.eval().to(DEV))
+        compiled = torch.compile(m, backend="kiln")
+        with torch.no_grad():
+            for k in range(2):
+                x = torch.randn(*shape, device=DEV)
+                assert_close(compiled(x), m(x), f"{type(m).__name__} call {k}")
+        e = kiln.explain(m, torch.randn(*shape, device=DEV))
+        assert all(p.failure is None for g in e.graphs for a in g.aten for p in a.partitions.values()), str(e)
+
+
+def test_side_stream():
+    m = Pointwise()
+    compiled = torch.compile(m, backend="kiln")
+    s = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(s):
+        x, y = torch.randn(64, 1000, device=DEV), torch.randn(64, 1000, device=DEV)
+        out = compiled(x, y)
+        ref = m(x, y)
+    torch.cuda.synchronize()
+    assert_close(out, ref)
+
+
+def test_cuda_inputs_checked():
+    b = kiln.GraphBuilder("g")
+    x = b.add_input("x", "f32", [4], "cuda:0")
+    [y] = b.add_node("relu", [x], {}, "act")
+    b.set_outputs([y])
+    f = kiln.aot.Loaded(kiln.CompiledGraph.compile(b, "eager"))
+    t = torch.randn(4, device=DEV)
+    assert torch.equal(f(t), torch.relu(t))
+    with pytest.raises(kiln.InputError, match=r"input 0 \('x'\): expected f32\[4\] @cuda:0.*on cpu"):
+        f(torch.randn(4))
+    with pytest.raises(kiln.InputError, match="on cpu"):
+        f(t.cpu().numpy())  # a NumPy array cannot feed a CUDA graph
