@@ -25,7 +25,8 @@ step() {  # step NAME CMD...: runs CMD with its output in NAME.log, records the 
   echo "$name: exit $rc ($((SECONDS - t0)) s)" | tee -a "$summary"
 }
 step device ./kiln device
-step cuda_tests ./kiln_cuda_tests
+# KILN_CUDA_TEST_FILTER: a gtest filter for the CUDA suite (default: all of it).
+step cuda_tests ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
 step op_tests ./kiln_op_tests --gtest_filter='*cuda*'
 for m in "${models[@]}"; do
   for mode in default reduce-overhead; do
