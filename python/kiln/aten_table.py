@@ -310,9 +310,10 @@ def _var(cx, x, dim=None, correction=None, keepdim=False):
 
 
 # any/all reduce (x != 0) as float32 0/1 and compare the result with 0: the CPU compiler fuses
-# that into one loop-kernel reduction. (A max/min over bool runs as an eager kernel bound to the
-# arena instead, and in BERT's attention mask (_safe_softmax) that path corrupted a live buffer:
-# a Kiln compiler bug, reported with tests/python/test_models.py::test_bert as its repro.)
+# that into one loop-kernel reduction (a max/min over bool runs as an eager kernel). This form
+# once hid a CPU-compiler bug that BERT's attention mask (_safe_softmax) exposed: the SIMD
+# softmax turned a row with a lone -inf into NaN (fixed; tests/e2e/inductor_masked_softmax_test.cc
+# and softmax's "-inf entries" op sample hold it).
 def _any_all(kiln_op):
     def convert(cx, x, dim=None, keepdim=False):
         f = cx.cast(x if x.dtype == "bool" else cx.op("ne", [x, cx.scalar(0, x.dtype)]), "f32")

@@ -473,6 +473,20 @@ TensorList decompose_group_norm(std::span<const Tensor> in, const Attrs& attrs) 
 }
 
 // ---- samples ----------------------------------------------------------------------------------
+// [4, 20] with -inf entries as attention masks make them: leading ones (a vector lane that starts
+// at -inf and sees finite values later), a pair one vector width apart, a trailing one; no row is
+// all -inf (that row is NaN, see the doc).
+Tensor masked_rows(Generator& g) {
+  Tensor t = sample_randn(g, {4, 20}, 2.0);
+  double* p = t.data<double>();
+  const double ninf = -std::numeric_limits<double>::infinity();
+  for (int j : {0, 1, 2, 3, 4, 5, 6, 7}) p[j] = ninf;
+  for (int j : {3, 11}) p[20 + j] = ninf;
+  p[40 + 19] = ninf;
+  for (int j : {0, 8, 16}) p[60 + j] = ninf;
+  return t;
+}
+
 std::vector<OpSample> samples_softmax(Generator& g) {
   return {
       {{sample_randn(g, {3, 7}, 2.0)}, {{"dim", int64_t(-1)}}, "[3,7] last dim"},
@@ -481,6 +495,7 @@ std::vector<OpSample> samples_softmax(Generator& g) {
       {{sample_noncontiguous(g, {5, 6})}, {{"dim", int64_t(1)}}, "non-contiguous [5,6]"},
       {{sample_randn(g, {1, 9})}, {{"dim", int64_t(-1)}}, "single row"},
       {{sample_randn(g, {0, 4})}, {{"dim", int64_t(1)}}, "empty [0,4]"},
+      {{masked_rows(g)}, {{"dim", int64_t(-1)}}, "-inf entries (a masked attention row)"},
   };
 }
 

@@ -488,7 +488,9 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
     if (vec) out += fmt::format("#ifdef KN_W\n{}VF vm = vset(-INFINITY), vs = vset(0.0f);\n#endif\n", ind);
     if (vec) {
       emit_exprs(bv, wx, Level::Full, true, bi + "  ");
-      bv += fmt::format("{0}  {{ const VF mn = vmax(vm, v{1}); vs = vs * vexp(vm - mn) + vexp(v{1} - mn); vm = mn; }}\n", bi, x);
+      // A lane that has seen only -inf keeps sum 0: exp(-inf - -inf) would be NaN, and a NaN
+      // sum survives every later element of the lane (the scalar loop resets through m_s).
+      bv += fmt::format("{0}  {{ const VF mn = vmax(vm, v{1}); vs = vsel(veq(mn, vset(-INFINITY)), vset(0.0f), vs * vexp(vm - mn) + vexp(v{1} - mn)); vm = mn; }}\n", bi, x);
     }
     emit_exprs(bs, wx, Level::Full, false, bi + "  ");
     bs += fmt::format("{0}  {{ const float xv = (float)v{1}; const float mn = kn_max(m_s, xv); s_s = (m_s == -INFINITY ? 0.0f : s_s * std::exp(m_s - mn)) + std::exp(xv - mn); m_s = mn; }}\n", bi, x);
