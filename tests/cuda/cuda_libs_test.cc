@@ -33,6 +33,7 @@
 #include "targets/cuda/cudnn_conv.h"
 #include "targets/cuda/cudnn_sdpa.h"
 #include "targets/cuda/nvrtc.h"
+#include "../support/nan_safe.h"
 
 namespace kiln {
 namespace {
@@ -547,8 +548,8 @@ TEST(CublasLtGemm, GeluIsTheTanhForm) {
   const std::vector<double> d = download(*dd, size_t(n), DType::Float32);
   double err_tanh = 0, err_erf = 0;
   for (int64_t j = 0; j < n; ++j) {
-    err_tanh = std::max(err_tanh, std::fabs(d[size_t(j)] - gelu_tanh(b[size_t(j)])));
-    err_erf = std::max(err_erf, std::fabs(d[size_t(j)] - gelu_erf(b[size_t(j)])));
+    err_tanh = std::max(err_tanh, test::abs_diff(d[size_t(j)], gelu_tanh(b[size_t(j)])));
+    err_erf = std::max(err_erf, test::abs_diff(d[size_t(j)], gelu_erf(b[size_t(j)])));
   }
   std::printf("cuBLASLt GELU epilogue: max |d - gelu_tanh| = %.3g, max |d - gelu_erf| = %.3g\n",
               err_tanh, err_erf);

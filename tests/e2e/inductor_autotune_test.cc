@@ -19,6 +19,7 @@
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 #include "nn/models/zoo.h"
+#include "../support/nan_safe.h"
 
 using namespace kiln;
 
@@ -84,7 +85,7 @@ std::string compile_and_check(const nn::ZooModel& m) {
     EXPECT_EQ(got.size(), want.size());
     double scale = std::max(1.0, max_abs(want)), err = 0;
     for (size_t k = 0; k < std::min(got.size(), want.size()); ++k)
-      err = std::max(err, std::fabs(got[k] - want[k]));
+      err = std::max(err, test::abs_diff(got[k], want[k]));
     EXPECT_LE(err, 2e-4 * scale) << "seed " << seed << "; " << g_last_autotune;
   }
   return g_last_autotune;
@@ -208,7 +209,7 @@ TEST(InductorAutotune, KernelThreadCountsAreTunedAndPersisted) {
       auto a = got[i].to_vector<double>(), b = want[i].to_vector<double>();
       ASSERT_EQ(a.size(), b.size());
       double err = 0;
-      for (size_t k = 0; k < a.size(); ++k) err = std::max(err, std::fabs(a[k] - b[k]));
+      for (size_t k = 0; k < a.size(); ++k) err = std::max(err, test::abs_diff(a[k], b[k]));
       EXPECT_LE(err, 1e-5) << "output " << i << " (compile " << compile_no << ")";
     }
   }
@@ -242,7 +243,7 @@ TEST(InductorAutotune, ConvolutionPoliciesSkippedWhereConvolutionsAreNegligible)
   auto want = run(g, in)[0].to_vector<double>();
   ASSERT_EQ(got.size(), want.size());
   double scale = std::max(1.0, max_abs(want)), err = 0;
-  for (size_t k = 0; k < got.size(); ++k) err = std::max(err, std::fabs(got[k] - want[k]));
+  for (size_t k = 0; k < got.size(); ++k) err = std::max(err, test::abs_diff(got[k], want[k]));
   EXPECT_LE(err, 2e-4 * scale);
 }
 
@@ -289,7 +290,7 @@ TEST(InductorCodegenVariants, UnrolledReductionsMatchEager) {
       auto a = got[i].to_vector<double>(), b = want[i].to_vector<double>();
       ASSERT_EQ(a.size(), b.size()) << i;
       double scale = std::max(1.0, max_abs(b)), err = 0;
-      for (size_t k = 0; k < a.size(); ++k) err = std::max(err, std::fabs(a[k] - b[k]));
+      for (size_t k = 0; k < a.size(); ++k) err = std::max(err, test::abs_diff(a[k], b[k]));
       EXPECT_LE(err, 1e-5 * scale) << "output " << i << " bits " << bits;
     }
   }
@@ -350,7 +351,7 @@ TEST(InductorStridedMatmul, PermutedOperandsAreNotCopied) {
     auto want = run(g, in)[0].to_vector<double>();
     ASSERT_EQ(got.size(), want.size());
     double scale = std::max(1.0, max_abs(want)), err = 0;
-    for (size_t i = 0; i < got.size(); ++i) err = std::max(err, std::fabs(got[i] - want[i]));
+    for (size_t i = 0; i < got.size(); ++i) err = std::max(err, test::abs_diff(got[i], want[i]));
     EXPECT_LE(err, 1e-5 * scale) << c->summary();
   }
 }

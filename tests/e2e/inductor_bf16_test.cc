@@ -11,6 +11,7 @@
 #include "ops/onednn.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
+#include "../support/nan_safe.h"
 
 using namespace kiln;
 
@@ -52,7 +53,7 @@ void expect_close(const Tensor& got, const Tensor& want, double rtol, const std:
   ASSERT_EQ(a.size(), b.size());
   double scale = 0, err = 0;
   for (double v : b) scale = std::max(scale, std::fabs(v));
-  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, test::abs_diff(a[i], b[i]));
   EXPECT_LE(err, rtol * std::max(scale, 1e-3)) << what << ": max error " << err << ", scale " << scale;
 }
 

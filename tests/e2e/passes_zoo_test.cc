@@ -20,6 +20,7 @@
 #include "ir/printer.h"
 #include "nn/models/zoo.h"
 #include "passes/pass.h"
+#include "../support/nan_safe.h"
 
 using namespace kiln;
 
@@ -178,7 +179,7 @@ TEST_P(PassesZoo, DefaultPipelineKeepsEagerResults) {
     double worst = 0;
     size_t at = 0;
     for (size_t k = 0; k < e.size(); ++k)
-      if (std::fabs(a[k] - e[k]) > worst) worst = std::fabs(a[k] - e[k]), at = k;
+      if (test::abs_diff(a[k], e[k]) > worst) worst = test::abs_diff(a[k], e[k]), at = k;
     std::printf("[passes] %s output %zu: worst abs diff %.3g, max abs %.3g\n", want.model, i, worst, max_abs);
     EXPECT_LE(worst, tol) << want.model << " output " << i << ": worst |diff| " << worst
                           << " at " << at << " (eager " << e[at] << ", passes " << a[at]
