@@ -94,6 +94,11 @@ std::string compare(const Tensor& got, const Tensor& want, double rtol, double a
     return fmt::format("dtype {} (expected {})", dtype_name(got.dtype()), dtype_name(want.dtype()));
   if (got.sizes() != want.sizes())
     return fmt::format("shape {} (expected {})", to_string(got.sizes()), to_string(want.sizes()));
+  // Tolerances per dtype: integers and bool exactly; float64 at 1e-7 relative (its kernels
+  // compute in double); the given rtol/atol for float32 and the 16-bit floats.
+  const DType dt = want.dtype();
+  if (!is_floating(dt)) rtol = atol = 0;
+  else if (dt == DType::Float64) rtol = std::min(rtol, 1e-7), atol = std::min(atol, 1e-12);
   std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
   int64_t bad = 0, first = -1;
   double worst = 0;
