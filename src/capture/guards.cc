@@ -4,6 +4,17 @@
 
 namespace kiln {
 
+namespace {
+// The first input before i that is the same tensor as input i, or -1.
+int alias_of(const TensorList& inputs, size_t i) {
+  if (!inputs[i].defined()) return -1;
+  const TensorImpl* impl = inputs[i].impl();
+  for (size_t j = 0; j < i; ++j)
+    if (inputs[j].defined() && inputs[j].impl() == impl) return int(j);
+  return -1;
+}
+}  // namespace
+
 InputGuards::InputGuards(const TensorList& inputs) {
   inputs_.reserve(inputs.size());
   for (const Tensor& t : inputs) {
@@ -17,6 +28,7 @@ InputGuards::InputGuards(const TensorList& inputs) {
     }
     inputs_.push_back(g);
   }
+  for (size_t i = 0; i < inputs.size(); ++i) alias_.push_back(alias_of(inputs, i));
 }
 
 bool InputGuards::check(const TensorList& inputs) const {
@@ -30,6 +42,7 @@ bool InputGuards::check(const TensorList& inputs) const {
     if (impl->dtype != g.dtype || impl->device != g.device || impl->sizes != g.sizes ||
         impl->strides != g.strides)
       return false;
+    if (alias_of(inputs, i) != alias_[i]) return false;
   }
   return true;
 }
@@ -58,6 +71,13 @@ std::string InputGuards::failure_reason(const TensorList& inputs) const {
     if (t.strides() != g.strides)
       return fmt::format("input {}: strides expected {}, got {}{}", i, to_string(g.strides),
                          to_string(t.strides()), t.is_contiguous() ? "" : " (non-contiguous)");
+    int a = alias_of(inputs, i);
+    if (a != alias_[i]) {
+      if (alias_[i] >= 0)
+        return fmt::format("input {}: traced as the same tensor as input {}, got a distinct one", i,
+                           alias_[i]);
+      return fmt::format("input {}: the same tensor as input {}, traced with distinct tensors", i, a);
+    }
   }
   return "";
 }
@@ -74,6 +94,8 @@ std::vector<std::string> InputGuards::describe() const {
     out.push_back(fmt::format("input {}: dtype == {}, device == {}, shape == {}, strides == {}", i,
                               dtype_name(g.dtype), g.device.str(), to_string(g.sizes),
                               to_string(g.strides)));
+    out.push_back(alias_[i] >= 0 ? fmt::format("input {} is input {}", i, alias_[i])
+                                 : fmt::format("input {} is no earlier input", i));
   }
   return out;
 }

@@ -29,6 +29,10 @@ class InputGuards {
     Dims strides;
   };
   std::vector<InputGuard> inputs_;
+  // Aliasing: per input, the first earlier input that is the same tensor (-1: none). The
+  // tracer maps one tensor passed twice to one graph input, so an entry traced with f(x, x)
+  // must not serve f(a, b), nor the reverse.
+  std::vector<int> alias_;
 };
 
 // Parameter guards: the identity of every parameter/buffer tensor the graph froze and the

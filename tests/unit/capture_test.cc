@@ -79,6 +79,26 @@ TEST(Capture, ShapeChangeRecompilesWithReason) {
   EXPECT_EQ(f.stats().traces, 2);
 }
 
+// One tensor passed twice is one graph input; the entry must not serve distinct tensors (and
+// the reverse): f(x, x) then f(a, b) recompiles and returns a - b (#16).
+TEST(Capture, AliasedInputsAreGuarded) {
+  CompiledFunction f = compile([](const TensorList& in) { return TensorList{in[0] - in[1]}; });
+  Generator g(5);
+  Tensor x = Tensor::randn({3, 4}, g), a = Tensor::randn({3, 4}, g), b = Tensor::randn({3, 4}, g);
+  expect_close(f({x, x})[0], x - x);
+  expect_close(f({a, b})[0], a - b);
+  EXPECT_EQ(f.stats().recompiles, 1);
+  EXPECT_EQ(reason_of_last_recompile(f), "input 1: traced as the same tensor as input 0, got a distinct one");
+  expect_close(f({b, b})[0], b - b);  // the aliased entry again: cached, no trace
+  expect_close(f({b, a})[0], b - a);
+  EXPECT_EQ(f.stats().traces, 2);
+  // Traced with distinct tensors first, then called with one tensor twice.
+  CompiledFunction h = compile([](const TensorList& in) { return TensorList{in[0] * 2.0 - in[1]}; });
+  expect_close(h({a, b})[0], a * 2.0 - b);
+  expect_close(h({x, x})[0], x * 2.0 - x);
+  EXPECT_EQ(reason_of_last_recompile(h), "input 1: the same tensor as input 0, traced with distinct tensors");
+}
+
 TEST(Capture, DtypeChangeRecompiles) {
   Generator g(3);
   CompiledFunction f = compile([](const TensorList& in) { return TensorList{exp(in[0]) + 1.0}; });
