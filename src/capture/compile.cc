@@ -83,6 +83,8 @@ struct Entry {
   // Segmented: segments by structural key.
   std::unordered_map<std::string, std::shared_ptr<CompiledSegment>> segments;
   std::vector<std::string> value_guards;
+  std::string host_state;                 // HostStateGuard::fingerprint() when traced
+  uint64_t host_state_epoch = ~uint64_t(0);  // the epoch at which host_state last matched
   TensorList scratch_inputs;  // run_into: reused argument list (keeps its capacity)
 };
 
@@ -93,6 +95,7 @@ struct CompiledFunction::State {
   CompileOptions options;
   std::string backend;  // options.backend, or the default backend when that is empty
   std::unordered_map<const TensorImpl*, std::string> param_names;  // module parameter names
+  HostStateGuard host_state;
   std::mutex mu;
   std::vector<std::unique_ptr<Entry>> entries;
   CompileStats stats;
@@ -503,14 +506,35 @@ TensorList replay_segmented(CompiledFunction::State& st, Entry& e, const TensorL
 
 }  // namespace
 
+namespace {
+// Whether entry e's host state (HostStateGuard) holds: one comparison while the epoch stands
+// still; after it moved, the fingerprint (computed at most once per call, into `now`).
+bool host_state_holds(const CompiledFunction::State& st, Entry& e, std::string& now, bool& have_now) {
+  if (!st.host_state.epoch) return true;
+  const uint64_t epoch = st.host_state.epoch->load(std::memory_order_acquire);
+  if (epoch == e.host_state_epoch) return true;
+  if (!have_now) {
+    now = st.host_state.fingerprint();
+    have_now = true;
+  }
+  if (now != e.host_state) return false;
+  e.host_state_epoch = epoch;
+  return true;
+}
+}  // namespace
+
 // ---- CompiledFunction ---------------------------------------------------------------------------
 void CompiledFunction::run_into(const TensorList& inputs, TensorList& outputs) const {
   KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
   {
     State& st = *state_;
     std::unique_lock<std::mutex> lock(st.mu);
+    std::string host_now;
+    bool have_host_now = false;
     for (auto& e : st.entries) {
-      if (!(e->input_guards.check(inputs) && e->param_guards.check())) continue;
+      if (!(e->input_guards.check(inputs) && e->param_guards.check() &&
+            host_state_holds(st, *e, host_now, have_host_now)))
+        continue;
       bool direct = !e->segmented && e->whole && e->whole->compiled;
       for (size_t i = 0; direct && i < e->outputs.size(); ++i)
         direct = e->outputs[i].kind == OutputSource::GraphOutput && e->outputs[i].index == int(i);
@@ -534,13 +558,17 @@ void CompiledFunction::run_into(const TensorList& inputs, TensorList& outputs) c
   outputs = (*this)(inputs);
 }
 
+
 TensorList CompiledFunction::operator()(const TensorList& inputs) const {
   KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
   State& st = *state_;
   std::lock_guard<std::mutex> lock(st.mu);
   st.stats.calls++;
+  std::string host_now;
+  bool have_host_now = false;
   for (auto& e : st.entries) {
-    if (e->input_guards.check(inputs) && e->param_guards.check()) {
+    if (e->input_guards.check(inputs) && e->param_guards.check() &&
+        host_state_holds(st, *e, host_now, have_host_now)) {
       st.stats.compiled_calls++;
       if (!e->segmented) return run_whole(st, *e, inputs);
       return replay_segmented(st, *e, inputs);
@@ -556,6 +584,14 @@ TensorList CompiledFunction::operator()(const TensorList& inputs) const {
   }
   if (reason.empty() && !st.entries.empty())
     reason = st.entries.back()->input_guards.failure_reason(inputs);
+  if (st.host_state.epoch && !have_host_now) {
+    host_now = st.host_state.fingerprint();
+    have_host_now = true;
+  }
+  if (reason.empty() && !st.entries.empty() && st.host_state.epoch &&
+      host_now != st.entries.back()->host_state)
+    reason = st.host_state.describe ? st.host_state.describe(st.entries.back()->host_state, host_now)
+                                    : "host state changed";
   if (int(st.entries.size()) >= st.options.cache_size_limit) {
     st.stats.fallbacks_cache_limit++;
     if (!st.warned_cache_limit) {
@@ -577,6 +613,10 @@ TensorList CompiledFunction::operator()(const TensorList& inputs) const {
   }
   auto entry = std::make_unique<Entry>();
   entry->input_guards = InputGuards(inputs);
+  if (st.host_state.epoch) {
+    entry->host_state_epoch = st.host_state.epoch->load(std::memory_order_acquire);
+    entry->host_state = host_now;
+  }
   Tracer tracer(st, *entry, inputs);
   TensorList outs = tracer.run();
   st.last_graphs = tracer.graphs();
@@ -651,10 +691,14 @@ CompiledFunction compile(Callable fn, const CompileOptions& options) {
   return f;
 }
 
-CompiledFunction compile(Callable fn, const NamedState& state, const CompileOptions& options) {
+CompiledFunction compile(Callable fn, const NamedState& state, const CompileOptions& options,
+                         HostStateGuard host_state) {
+  KILN_CHECK(!host_state.epoch || host_state.fingerprint,
+             "kiln::compile: a host-state guard needs a fingerprint function");
   CompiledFunction f = compile(std::move(fn), options);
   for (const auto& [name, t] : state)
     if (t.defined()) f.state_->param_names[t.impl()] = name;
+  f.state_->host_state = std::move(host_state);
   return f;
 }
 

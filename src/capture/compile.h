@@ -1,6 +1,7 @@
 // kiln::compile: capture C++ model code into graphs, guarded and cached (Kiln's TorchDynamo).
 // See Note [Capture] in compile.cc.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -65,6 +66,15 @@ struct ExplainReport {
   std::string text() const;
 };
 
+// Host state the traced code reads that no tensor guard can see (a module's train/eval mode):
+// every entry records `fingerprint()` when it is traced and serves only calls where it is the
+// same. `epoch` must change whenever the state may have changed; while it does not, the check
+// is one comparison (the fingerprint is recomputed only after the epoch moved).
+struct HostStateGuard {
+  const std::atomic<uint64_t>* epoch = nullptr;
+  std::function<std::string()> fingerprint;  // compared exactly
+  std::function<std::string(const std::string& traced, const std::string& now)> describe;
+};
 class CompiledFunction {
  public:
   CompiledFunction() = default;
@@ -81,7 +91,7 @@ class CompiledFunction {
  private:
   friend CompiledFunction compile(Callable fn, const CompileOptions& options);
   friend CompiledFunction compile(Callable fn, const std::vector<std::pair<std::string, Tensor>>& state,
-                                  const CompileOptions& options);
+                                  const CompileOptions& options, HostStateGuard host_state);
   std::shared_ptr<State> state_;
 };
 
@@ -89,7 +99,8 @@ CompiledFunction compile(Callable fn, const CompileOptions& options = {});
 // A callable together with the named tensors it holds (a module's parameters and buffers):
 // graph parameters are named after them. nn/compile.h builds compile(module) on this.
 using NamedState = std::vector<std::pair<std::string, Tensor>>;
-CompiledFunction compile(Callable fn, const NamedState& state, const CompileOptions& options = {});
+CompiledFunction compile(Callable fn, const NamedState& state, const CompileOptions& options = {},
+                         HostStateGuard host_state = {});
 
 // Runs `fn` on `inputs` (compiling as needed) and reports what capture did.
 ExplainReport explain(const CompiledFunction& fn, const TensorList& inputs);

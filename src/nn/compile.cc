@@ -1,5 +1,7 @@
 #include "nn/compile.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "nn/module.h"
 
@@ -10,7 +12,22 @@ CompiledFunction compile(std::shared_ptr<nn::Module> module, const CompileOption
   NamedState state;
   for (auto& [name, t] : module->named_parameters()) state.emplace_back(name, t);
   for (auto& [name, t] : module->named_buffers()) state.emplace_back(name, t);
-  return compile([module](const TensorList& in) { return module->call(in); }, state, options);
+  // train()/eval() is read by the traced code (dropout, batch norm) and seen by no tensor
+  // guard: entries are guarded on every module's mode (one comparison while no module anywhere
+  // changed mode; see nn::module_mode_epoch()).
+  HostStateGuard mode;
+  mode.epoch = &nn::module_mode_epoch();
+  std::weak_ptr<nn::Module> weak = module;
+  mode.fingerprint = [weak] {
+    auto m = weak.lock();
+    return m ? nn::mode_fingerprint(*m) : std::string();
+  };
+  mode.describe = [](const std::string& traced, const std::string& now) {
+    return fmt::format("module mode changed: traced with {}, called with {}",
+                       nn::describe_mode_fingerprint(traced), nn::describe_mode_fingerprint(now));
+  };
+  return compile([module](const TensorList& in) { return module->call(in); }, state, options,
+                 std::move(mode));
 }
 
 }  // namespace kiln

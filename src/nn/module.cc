@@ -1,8 +1,11 @@
 // Module: registration, traversal, state dicts. See Note [Modules] in module.h.
 #include "nn/module.h"
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
+
+#include <fmt/format.h>
 
 namespace kiln::nn {
 
@@ -206,7 +209,34 @@ Tensor Module::buffer(const std::string& dotted) const {
   fail("{}: no buffer '{}'", type_name_, dotted);
 }
 
+std::atomic<uint64_t>& module_mode_epoch() {
+  static std::atomic<uint64_t> epoch{0};
+  return epoch;
+}
+
+namespace {
+void mode_flags(const Module& m, std::string& out) {
+  out += m.is_training() ? '1' : '0';
+  for (const auto& [name, child] : m.named_children()) mode_flags(*child, out);
+}
+}  // namespace
+
+std::string mode_fingerprint(const Module& m) {
+  std::string out;
+  mode_flags(m, out);
+  return out;
+}
+
+std::string describe_mode_fingerprint(const std::string& f) {
+  size_t on = size_t(std::count(f.begin(), f.end(), '1'));
+  if (f.empty()) return "no module";
+  if (on == 0) return "eval mode";
+  if (on == f.size()) return "training mode";
+  return fmt::format("mixed modes ({} of {} modules training)", on, f.size());
+}
+
 void Module::train(bool on) {
+  module_mode_epoch().fetch_add(1, std::memory_order_acq_rel);
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);
 }

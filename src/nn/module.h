@@ -13,6 +13,7 @@
 // capture and the compiler use it to run any module. Concrete modules also have a typed
 // forward(...) that call() delegates to. Modules are held by std::shared_ptr.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,7 +70,8 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor buffer(const std::string& dotted_name) const;
   ModulePtr submodule(const std::string& dotted_name) const;
 
-  // ---- mode (recursive). Modules start in training mode, as in PyTorch. ----
+  // ---- mode (recursive). Modules start in training mode, as in PyTorch. Every call moves
+  // module_mode_epoch(), which compiled modules use to guard on the mode. ----
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
@@ -121,6 +123,13 @@ class Module : public std::enable_shared_from_this<Module> {
   NamedModules children_;
   bool training_ = true;
 };
+
+// Moves whenever any module's train()/eval() runs (compiled modules guard on it).
+std::atomic<uint64_t>& module_mode_epoch();
+// The training flags of `m` and its submodules in pre-order, one '1' / '0' per module.
+std::string mode_fingerprint(const Module& m);
+// In words: "eval mode", "training mode", or "mixed modes (k of n modules training)".
+std::string describe_mode_fingerprint(const std::string& fingerprint);
 
 // A module with one input and one output: forward(x), and call() delegating to it.
 class UnaryModule : public Module {

@@ -99,6 +99,35 @@ TEST(Capture, AliasedInputsAreGuarded) {
   EXPECT_EQ(reason_of_last_recompile(h), "input 1: the same tensor as input 0, traced with distinct tensors");
 }
 
+// train()/eval() after compile: the mode is read by the traced code and guarded (#16).
+class ModeScaled : public nn::UnaryModule {
+ public:
+  ModeScaled() { inner = register_module("inner", std::make_shared<nn::Identity>()); }
+  Tensor forward(const Tensor& x) override { return x * (is_training() ? 2.0 : 3.0); }
+  std::shared_ptr<nn::Identity> inner;
+};
+
+TEST(Capture, ModuleModeIsGuarded) {
+  auto m = std::make_shared<ModeScaled>();
+  m->eval();
+  CompiledFunction f = compile(m);
+  Generator g(6);
+  Tensor x = Tensor::randn({2, 5}, g);
+  expect_close(f({x})[0], x * 3.0);
+  expect_close(f({x})[0], x * 3.0);
+  m->train();
+  expect_close(f({x})[0], x * 2.0);
+  EXPECT_EQ(f.stats().recompiles, 1);
+  EXPECT_EQ(reason_of_last_recompile(f), "module mode changed: traced with eval mode, called with training mode");
+  m->eval();
+  expect_close(f({x})[0], x * 3.0);  // the eval entry again, without a trace
+  m->inner->train();                  // a submodule alone: mixed modes
+  expect_close(f({x})[0], x * 3.0);
+  EXPECT_EQ(reason_of_last_recompile(f),
+            "module mode changed: traced with training mode, called with mixed modes (1 of 2 modules training)");
+  EXPECT_EQ(f.stats().traces, 3);
+}
+
 TEST(Capture, DtypeChangeRecompiles) {
   Generator g(3);
   CompiledFunction f = compile([](const TensorList& in) { return TensorList{exp(in[0]) + 1.0}; });
