@@ -184,6 +184,26 @@ std::string scalar_expr(const LoopKernel& k, int ei, const ScalarDialect& dialec
   return r;
 }
 
+std::vector<bool> expr_closure(const LoopKernel& k, int root) {
+  std::vector<bool> want(k.exprs.size(), false);
+  std::vector<int> stack = {root};
+  while (!stack.empty()) {
+    int e = stack.back();
+    stack.pop_back();
+    if (e < 0 || want[size_t(e)]) continue;
+    want[size_t(e)] = true;
+    for (int a : k.exprs[size_t(e)].args) stack.push_back(a);
+  }
+  return want;
+}
+
+std::string expr_comment(const Graph& g, const LoopKernel& k, int e) {
+  const LoopExpr& x = k.exprs[size_t(e)];
+  if (x.node < 0 || x.kind != LoopExpr::Kind::Op) return "";
+  const Node& nd = g.nodes[size_t(x.node)];
+  return fmt::format("  // {} {}", op_def(nd.op).name, nd.name);
+}
+
 std::string store_value(DType d, const std::string& v) {
   switch (d) {
     case DType::BFloat16: return fmt::format("kn_f32_bf16((float){})", v);

@@ -44,4 +44,10 @@ std::string scalar_expr(const LoopKernel& k, int e, const ScalarDialect& d);
 // The value written by store `si` of expression value `v`: "kn_f32_bf16((float)v3)", "(float)v3".
 std::string store_value(DType storage, const std::string& v);
 
+// The expressions `root` depends on, itself included (true at their index; -1 args skipped).
+std::vector<bool> expr_closure(const LoopKernel& k, int root);
+// The trailing comment of expression `e`'s line: "  // add fc1" for an Op expression that
+// comes from a node of `g`, "" otherwise.
+std::string expr_comment(const Graph& g, const LoopKernel& k, int e);
+
 }  // namespace kiln::lower

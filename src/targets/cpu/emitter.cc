@@ -62,7 +62,6 @@ class KernelEmitter {
   void emit_exprs(std::string& out, const std::vector<bool>& want, Level level, bool vec,
                   const std::string& ind) const;
   void emit_stores(std::string& out, Level level, bool vec, const std::string& ind) const;
-  std::vector<bool> closure(int root) const;  // exprs `root` depends on (Full level)
   std::string vload(int load) const;
   std::string sload(int load) const;
   void emit_pointwise(std::string& out, bool vec);
@@ -216,30 +215,13 @@ std::string KernelEmitter::expr_code(int ei, bool vec) const {
   return r;
 }
 
-std::vector<bool> KernelEmitter::closure(int root) const {
-  std::vector<bool> want(k_.exprs.size(), false);
-  std::vector<int> stack = {root};
-  while (!stack.empty()) {
-    int e = stack.back();
-    stack.pop_back();
-    if (e < 0 || want[size_t(e)]) continue;
-    want[size_t(e)] = true;
-    for (int a : k_.exprs[size_t(e)].args) stack.push_back(a);
-  }
-  return want;
-}
-
 void KernelEmitter::emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
                                bool vec, const std::string& ind) const {
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     const LoopExpr& e = k_.exprs[i];
     if (!want[i] || e.level != level) continue;
     if (e.kind == LoopExpr::Kind::Reduce || e.kind == LoopExpr::Kind::Norm) continue;
-    std::string comment;
-    if (e.node >= 0 && e.kind == LoopExpr::Kind::Op) {
-      const Node& nd = g_.nodes[size_t(e.node)];
-      comment = fmt::format("  // {} {}", op_def(nd.op).name, nd.name);
-    }
+    const std::string comment = lower::expr_comment(g_, k_, int(i));
     out += fmt::format("{}const {} v{} = {};{}\n", ind, vec ? "VF" : compute_type(e.dtype), i,
                        expr_code(int(i), vec), comment);
   }
@@ -371,10 +353,10 @@ void KernelEmitter::emit_reduce(std::string& out, bool vec) {
   const char* at = dbl ? "double" : "float";
   std::string ind = open_kept(out, k_, par());
   // Full-level work: what the reduction reads, plus values stored at full level.
-  std::vector<bool> want = closure(x);
+  std::vector<bool> want = lower::expr_closure(k_, x);
   for (const lower::LoopStore& st : k_.stores)
     if (k_.exprs[size_t(st.expr)].level == Level::Full) {
-      std::vector<bool> c = closure(st.expr);
+      std::vector<bool> c = lower::expr_closure(k_, st.expr);
       for (size_t i = 0; i < c.size(); ++i) want[i] = want[i] || c[i];
     }
   OpId op = red.op;
@@ -430,7 +412,7 @@ void KernelEmitter::emit_reduce(std::string& out, bool vec) {
   if (op == OpId::Var) {
     // Second pass: sum of squared deviations from the mean (no stores).
     out += fmt::format("{0}const double mean = double(acc) / {1};\n{0}double ss = 0;\n", ind, red.count);
-    std::vector<bool> wx = closure(x);
+    std::vector<bool> wx = lower::expr_closure(k_, x);
     std::string sv, ss;
     if (vec) {
       out += fmt::format("#ifdef KN_W\n{}VF vss = vset(0.0f);\n#endif\n", ind);
@@ -462,7 +444,7 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
   std::string ind = open_kept(out, k_, par());
   std::string bi = ind + "  ";
   for (int t = k_.kept_dims(); t + 1 < n(); ++t) bi += "  ";
-  std::vector<bool> wx = closure(x);
+  std::vector<bool> wx = lower::expr_closure(k_, x);
   std::string bv, bs;
   // Pass 1: statistics.
   if (ln) {

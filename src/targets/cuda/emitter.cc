@@ -110,7 +110,6 @@ class KernelEmitter {
                   const std::string& ind) const;
   void emit_stores(std::string& out, Level level, const std::string& ind,
                    const char* guard = nullptr) const;
-  std::vector<bool> closure(int root) const;
   std::string pointers(CudaKernelInfo* info) const;
   // `i<first>..i<last-1>` from the linear index `lin` over those dims.
   std::string unflatten(int first, int last, const std::string& lin, const std::string& ind) const;
@@ -129,30 +128,13 @@ class KernelEmitter {
   int64_t max_blocks_;
 };
 
-std::vector<bool> KernelEmitter::closure(int root) const {
-  std::vector<bool> want(k_.exprs.size(), false);
-  std::vector<int> stack = {root};
-  while (!stack.empty()) {
-    int e = stack.back();
-    stack.pop_back();
-    if (e < 0 || want[size_t(e)]) continue;
-    want[size_t(e)] = true;
-    for (int a : k_.exprs[size_t(e)].args) stack.push_back(a);
-  }
-  return want;
-}
-
 void KernelEmitter::emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
                                const std::string& ind) const {
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     const LoopExpr& e = k_.exprs[i];
     if (!want[i] || e.level != level) continue;
     if (e.kind == LoopExpr::Kind::Reduce || e.kind == LoopExpr::Kind::Norm) continue;
-    std::string comment;
-    if (e.node >= 0 && e.kind == LoopExpr::Kind::Op) {
-      const Node& nd = g_.nodes[size_t(e.node)];
-      comment = fmt::format("  // {} {}", op_def(nd.op).name, nd.name);
-    }
+    const std::string comment = lower::expr_comment(g_, k_, int(i));
     out += fmt::format("{}const {} v{} = {};{}\n", ind, compute_type(e.dtype), i, expr(int(i)), comment);
   }
 }
@@ -254,10 +236,10 @@ void KernelEmitter::emit_reduce(std::string& out, CudaKernelInfo* info) {
   info->threads = pow2_at_least(reduce_numel(), 32, opt_.threads_per_block);
   info->blocks = std::min<int64_t>(kept_numel(), max_blocks_);
   std::string ind = open_rows(out);
-  std::vector<bool> want = closure(x);
+  std::vector<bool> want = lower::expr_closure(k_, x);
   for (const lower::LoopStore& st : k_.stores)
     if (k_.exprs[size_t(st.expr)].level == Level::Full) {
-      std::vector<bool> c = closure(st.expr);
+      std::vector<bool> c = lower::expr_closure(k_, st.expr);
       for (size_t i = 0; i < c.size(); ++i) want[i] = want[i] || c[i];
     }
   OpId op = red.op;
@@ -286,7 +268,7 @@ void KernelEmitter::emit_reduce(std::string& out, CudaKernelInfo* info) {
   if (op == OpId::Var) {
     out += fmt::format("{0}const {1} mean_ = acc / ({1}){2};\n{0}{1} ss = 0;\n", ind, at, red.count);
     std::string b2;
-    emit_exprs(b2, closure(x), Level::Full, ind + "  ");
+    emit_exprs(b2, lower::expr_closure(k_, x), Level::Full, ind + "  ");
     b2 += fmt::format("{0}  {{ const {2} d = ({2})v{1} - mean_; ss += d * d; }}\n", ind, x, at);
     out += row_loop(ind, b2);
     out += fmt::format("{0}ss = kn_block_reduce(ss, KnSum(), ({1})0);\n", ind, at);
@@ -314,7 +296,7 @@ void KernelEmitter::emit_norm(std::string& out, CudaKernelInfo* info) {
   info->threads = pow2_at_least(reduce_numel(), 32, opt_.threads_per_block);
   info->blocks = std::min<int64_t>(kept_numel(), max_blocks_);
   std::string ind = open_rows(out);
-  std::vector<bool> wx = closure(x);
+  std::vector<bool> wx = lower::expr_closure(k_, x);
   auto pass = [&](const std::string& stat) {
     std::string b;
     emit_exprs(b, wx, Level::Full, ind + "  ");
