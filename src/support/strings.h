@@ -47,4 +47,28 @@ inline std::string kernel_at_line(const std::string& source, int line_number) {
   return kernel;
 }
 
+// Where a compile error at 1-based `line` of a generated `source` is, for the error message:
+// " in kernel 'k3_add' (line 12)", " at line 4, before the first kernel", or "" (line <= 0).
+inline std::string error_location(const std::string& source, int line) {
+  if (line <= 0) return "";
+  const std::string kernel = kernel_at_line(source, line);
+  const std::string n = std::to_string(line);
+  return kernel.empty() ? " at line " + n + ", before the first kernel"
+                        : " in kernel '" + kernel + "' (line " + n + ")";
+}
+
+// An excerpt of a compiler log for an error message: up to `max_lines` lines from two before
+// line `first` (from the start when `first` is past the end), each cut to 400 characters,
+// indented by two spaces, with `from` replaced by `to` (a temporary file's name by the kept
+// copy's); `if_empty` when there are no lines.
+inline std::string log_excerpt(const std::vector<std::string_view>& lines, size_t first,
+                               size_t max_lines, std::string_view from, std::string_view to,
+                               const std::string& if_empty) {
+  const size_t begin = first < lines.size() && first > 2 ? first - 2 : 0;
+  std::string excerpt;
+  for (size_t i = begin; i < lines.size() && i < begin + max_lines; ++i)
+    excerpt += "  " + replace_all(std::string(lines[i].substr(0, 400)), from, to) + "\n";
+  return excerpt.empty() ? if_empty : excerpt;
+}
+
 }  // namespace kiln

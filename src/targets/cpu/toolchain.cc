@@ -215,19 +215,9 @@ bool is_error_line(std::string_view line) {
     for (size_t j = i + 1; j-- > 0 && error_line == 0;) error_line = stdin_line_number(lines[j]);
     break;
   }
-  std::string where;
-  if (error_line > 0) {
-    const std::string kernel = kernel_at_line(req.source, error_line);
-    where = kernel.empty() ? fmt::format(" at line {}, before the first kernel", error_line)
-                           : fmt::format(" in kernel '{}' (line {})", kernel, error_line);
-  }
-  const size_t begin = first_error < lines.size() && first_error > 2 ? first_error - 2 : 0;
-  std::string excerpt;
-  for (size_t i = begin; i < lines.size() && i < begin + kMaxErrorLines; ++i) {
-    std::string line(lines[i].substr(0, 400));
-    excerpt += "  " + replace_all(std::move(line), "<stdin>", kept_source) + "\n";
-  }
-  if (excerpt.empty()) excerpt = "  (the compiler printed nothing)\n";
+  const std::string where = error_location(req.source, error_line);
+  const std::string excerpt = log_excerpt(lines, first_error, kMaxErrorLines, "<stdin>", kept_source,
+                                          "  (the compiler printed nothing)\n");
   std::string hint;
   if (output.find("sleef.h: No such file") != std::string::npos ||
       output.find("cannot find -lsleef") != std::string::npos)

@@ -233,17 +233,9 @@ bool is_error_line(std::string_view line) {
     error_line = log_line_number(lines[i], file);
     break;
   }
-  std::string where;
-  if (error_line > 0) {
-    const std::string kernel = kernel_at_line(req.source, error_line);
-    where = kernel.empty() ? fmt::format(" at line {}, before the first kernel", error_line)
-                           : fmt::format(" in kernel '{}' (line {})", kernel, error_line);
-  }
-  const size_t begin = first_error < lines.size() && first_error > 2 ? first_error - 2 : 0;
-  std::string excerpt;
-  for (size_t i = begin; i < lines.size() && i < begin + kMaxErrorLines; ++i)
-    excerpt += "  " + replace_all(std::string(lines[i].substr(0, 400)), file, kept_source) + "\n";
-  if (excerpt.empty()) excerpt = "  (NVRTC printed nothing)\n";
+  const std::string where = error_location(req.source, error_line);
+  const std::string excerpt =
+      log_excerpt(lines, first_error, kMaxErrorLines, file, kept_source, "  (NVRTC printed nothing)\n");
   std::string hint;
   if (log.find("could not open source file \"cuda_") != std::string::npos)
     hint = " The CUDA toolkit headers were not found: set CUDA_HOME to the toolkit's folder "
