@@ -12,22 +12,30 @@ CompiledFunction compile(std::shared_ptr<nn::Module> module, const CompileOption
   NamedState state;
   for (auto& [name, t] : module->named_parameters()) state.emplace_back(name, t);
   for (auto& [name, t] : module->named_buffers()) state.emplace_back(name, t);
-  // train()/eval() is read by the traced code (dropout, batch norm) and seen by no tensor
-  // guard: entries are guarded on every module's mode (one comparison while no module anywhere
-  // changed mode; see nn::module_mode_epoch()).
-  HostStateGuard mode;
-  mode.epoch = &nn::module_mode_epoch();
+  // Host state the traced code reads that no tensor guard sees: every module's train/eval mode
+  // (dropout, batch norm) and which tensor each registered parameter/buffer is (a ParamRef
+  // reassigned after compile, `fc->weight = other`). Both move nn::module_state_epoch(), so the
+  // guard is one comparison while no module anywhere changed; then the fingerprint decides.
+  HostStateGuard guard;
+  guard.epoch = &nn::module_state_epoch();
   std::weak_ptr<nn::Module> weak = module;
-  mode.fingerprint = [weak] {
+  guard.fingerprint = [weak] {
     auto m = weak.lock();
-    return m ? nn::mode_fingerprint(*m) : std::string();
+    return m ? nn::state_fingerprint(*m) : std::string();
   };
-  mode.describe = [](const std::string& traced, const std::string& now) {
-    return fmt::format("module mode changed: traced with {}, called with {}",
-                       nn::describe_mode_fingerprint(traced), nn::describe_mode_fingerprint(now));
+  guard.describe = [](const std::string& traced, const std::string& now) {
+    return nn::describe_state_change(traced, now);
+  };
+  guard.named_state = [weak] {
+    NamedState now;
+    if (auto m = weak.lock()) {
+      for (auto& [name, t] : m->named_parameters()) now.emplace_back(name, t);
+      for (auto& [name, t] : m->named_buffers()) now.emplace_back(name, t);
+    }
+    return now;
   };
   return compile([module](const TensorList& in) { return module->call(in); }, state, options,
-                 std::move(mode));
+                 std::move(guard));
 }
 
 }  // namespace kiln

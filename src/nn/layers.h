@@ -27,7 +27,7 @@ class Linear : public UnaryModule {
   Tensor forward(const Tensor& x) override;
 
   int64_t in_features, out_features;
-  Tensor weight, bias;  // bias undefined when disabled
+  ParamRef weight, bias;  // bias undefined when disabled
 
  protected:
   std::string extra_repr() const override;
@@ -50,7 +50,7 @@ class Conv2d : public UnaryModule {
   Tensor forward(const Tensor& x) override;
 
   Conv2dOptions options;
-  Tensor weight, bias;
+  ParamRef weight, bias;
 
  protected:
   std::string extra_repr() const override;
@@ -67,7 +67,7 @@ class BatchNorm2d : public UnaryModule {
 
   int64_t num_features;
   double eps;
-  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  ParamRef weight, bias, running_mean, running_var, num_batches_tracked;
 
  protected:
   std::string extra_repr() const override;
@@ -82,7 +82,7 @@ class LayerNorm : public UnaryModule {
 
   std::vector<int64_t> normalized_shape;
   double eps;
-  Tensor weight, bias;
+  ParamRef weight, bias;
 
  protected:
   std::string extra_repr() const override;
@@ -96,7 +96,7 @@ class GroupNorm : public UnaryModule {
 
   int64_t num_groups, num_channels;
   double eps;
-  Tensor weight, bias;
+  ParamRef weight, bias;
 
  protected:
   std::string extra_repr() const override;
@@ -203,7 +203,7 @@ class Embedding : public UnaryModule {
             double init_std = 1.0);
   Tensor forward(const Tensor& indices) override;
   int64_t num_embeddings, embedding_dim;
-  Tensor weight;
+  ParamRef weight;
 
  protected:
   std::string extra_repr() const override;
@@ -226,7 +226,7 @@ class MultiheadAttention : public Module {
   TensorList call(const TensorList& inputs) override;
 
   int64_t embed_dim, num_heads, head_dim;
-  Tensor in_proj_weight, in_proj_bias;
+  ParamRef in_proj_weight, in_proj_bias;
   std::shared_ptr<Linear> out_proj;
 
  protected:

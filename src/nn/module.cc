@@ -2,6 +2,7 @@
 #include "nn/module.h"
 
 #include <algorithm>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -33,19 +34,42 @@ void Module::check_new_name(const std::string& name, const char* what) const {
              name);
 }
 
-Tensor Module::register_parameter(const std::string& name, Tensor t) {
+Registration Module::register_parameter(const std::string& name, Tensor t) {
   check_new_name(name, "parameter");
   KILN_CHECK(t.defined(), "{}: register_parameter '{}': the tensor is undefined", type_name_,
              name);
   params_.push_back({name, t, true});
-  return t;
+  return {std::move(t), this, false, params_.size() - 1};
 }
 
-Tensor Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
+Registration Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
   check_new_name(name, "buffer");
   KILN_CHECK(t.defined(), "{}: register_buffer '{}': the tensor is undefined", type_name_, name);
   buffers_.push_back({name, t, persistent});
-  return t;
+  return {std::move(t), this, true, buffers_.size() - 1};
+}
+
+void Module::replace_registered(bool buffer, size_t index, const Tensor& t) {
+  std::vector<Slot>& slots = buffer ? buffers_ : params_;
+  KILN_ASSERT(index < slots.size());
+  slots[index].tensor = t;
+  // Compiled functions froze the old tensor: their state guard must look again.
+  module_state_epoch().fetch_add(1, std::memory_order_acq_rel);
+}
+
+ParamRef& ParamRef::operator=(const Registration& r) {
+  Tensor::operator=(r.tensor);
+  owner_ = r.owner;
+  buffer_ = r.buffer;
+  index_ = r.index;
+  return *this;
+}
+
+ParamRef& ParamRef::operator=(const Tensor& t) {
+  if (static_cast<const void*>(&t) == static_cast<const void*>(this)) return *this;
+  Tensor::operator=(t);
+  if (owner_) owner_->replace_registered(buffer_, index_, t);
+  return *this;
 }
 
 void Module::add_child(const std::string& name, ModulePtr m) {
@@ -59,10 +83,12 @@ void Module::add_child(const std::string& name, ModulePtr m) {
 void Module::collect(NamedTensors& out, const std::string& prefix, bool params, bool buffers,
                      bool persistent_only, bool recurse) const {
   if (params)
-    for (const auto& s : params_) out.emplace_back(prefix + s.name, s.tensor);
+    for (const auto& s : params_)
+      if (s.tensor.defined()) out.emplace_back(prefix + s.name, s.tensor);
   if (buffers)
     for (const auto& s : buffers_)
-      if (s.persistent || !persistent_only) out.emplace_back(prefix + s.name, s.tensor);
+      if (s.tensor.defined() && (s.persistent || !persistent_only))
+        out.emplace_back(prefix + s.name, s.tensor);
   if (recurse)
     for (const auto& [name, child] : children_)
       child->collect(out, prefix + name + ".", params, buffers, persistent_only, true);
@@ -209,7 +235,7 @@ Tensor Module::buffer(const std::string& dotted) const {
   fail("{}: no buffer '{}'", type_name_, dotted);
 }
 
-std::atomic<uint64_t>& module_mode_epoch() {
+std::atomic<uint64_t>& module_state_epoch() {
   static std::atomic<uint64_t> epoch{0};
   return epoch;
 }
@@ -219,15 +245,8 @@ void mode_flags(const Module& m, std::string& out) {
   out += m.is_training() ? '1' : '0';
   for (const auto& [name, child] : m.named_children()) mode_flags(*child, out);
 }
-}  // namespace
 
-std::string mode_fingerprint(const Module& m) {
-  std::string out;
-  mode_flags(m, out);
-  return out;
-}
-
-std::string describe_mode_fingerprint(const std::string& f) {
+std::string describe_modes(std::string_view f) {
   size_t on = size_t(std::count(f.begin(), f.end(), '1'));
   if (f.empty()) return "no module";
   if (on == 0) return "eval mode";
@@ -235,8 +254,59 @@ std::string describe_mode_fingerprint(const std::string& f) {
   return fmt::format("mixed modes ({} of {} modules training)", on, f.size());
 }
 
+// "name=address" entries of a fingerprint (after its '|').
+std::vector<std::pair<std::string, std::string>> identities(std::string_view f) {
+  std::vector<std::pair<std::string, std::string>> out;
+  size_t bar = f.find('|');
+  if (bar == std::string_view::npos) return out;
+  std::string_view rest = f.substr(bar + 1);
+  while (!rest.empty()) {
+    size_t end = rest.find('\n');
+    std::string_view item = rest.substr(0, end);
+    size_t eq = item.rfind('=');
+    if (eq != std::string_view::npos)
+      out.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    if (end == std::string_view::npos) break;
+    rest = rest.substr(end + 1);
+  }
+  return out;
+}
+}  // namespace
+
+std::string state_fingerprint(const Module& m) {
+  std::string out;
+  mode_flags(m, out);
+  out += '|';
+  auto add = [&](const NamedTensors& list) {
+    for (const auto& [name, t] : list)
+      out += fmt::format("{}={}\n", name, static_cast<const void*>(t.impl()));
+  };
+  add(m.named_parameters());
+  add(m.named_buffers());
+  return out;
+}
+
+std::string describe_state_change(const std::string& traced, const std::string& now) {
+  std::string_view a(traced), b(now);
+  std::string_view ma = a.substr(0, a.find('|')), mb = b.substr(0, b.find('|'));
+  if (ma != mb)
+    return fmt::format("module mode changed: traced with {}, called with {}", describe_modes(ma),
+                       describe_modes(mb));
+  auto ia = identities(a), ib = identities(b);
+  for (const auto& [name, addr] : ib) {
+    auto it = std::find_if(ia.begin(), ia.end(), [&](const auto& e) { return e.first == name; });
+    if (it == ia.end()) return fmt::format("parameter or buffer '{}' was added", name);
+    if (it->second != addr)
+      return fmt::format("parameter or buffer '{}' was reassigned (a different tensor)", name);
+  }
+  for (const auto& [name, addr] : ia)
+    if (std::none_of(ib.begin(), ib.end(), [&](const auto& e) { return e.first == name; }))
+      return fmt::format("parameter or buffer '{}' was removed", name);
+  return "module state changed";
+}
+
 void Module::train(bool on) {
-  module_mode_epoch().fetch_add(1, std::memory_order_acq_rel);
+  module_state_epoch().fetch_add(1, std::memory_order_acq_rel);
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);
 }

@@ -27,6 +27,40 @@ namespace kiln::nn {
 
 class Module;
 using ModulePtr = std::shared_ptr<Module>;
+
+// What register_parameter / register_buffer return: the registered tensor and where it is
+// registered. It converts to a Tensor; assigned to a ParamRef it binds the ParamRef to the
+// registration.
+struct Registration {
+  Tensor tensor;
+  Module* owner = nullptr;
+  bool buffer = false;
+  size_t index = 0;
+  operator Tensor() const { return tensor; }  // NOLINT(google-explicit-constructor)
+};
+
+// A module's own handle on one of its registered parameters or buffers: the type of the
+// layers' `weight`, `bias`, `running_mean`, ... members. It is the Tensor it holds (every
+// Tensor call works on it). Assigning a tensor to it (`fc->weight = other`) replaces the
+// registered tensor: state_dict() and named_parameters() follow, and compiled functions that
+// froze the old tensor recompile, because the assignment moves module_state_epoch(). A plain
+// `Tensor` member that host code reassigns is invisible to capture (docs/capture.md). A copy of
+// a ParamRef is unbound: assigning to the copy changes only the copy.
+class ParamRef : public Tensor {
+ public:
+  ParamRef() = default;
+  ParamRef(const ParamRef& other) : Tensor(other) {}
+  ParamRef& operator=(const ParamRef& other) { return *this = static_cast<const Tensor&>(other); }
+  // Binds this handle to a registration (the idiom `weight = register_parameter(...)`).
+  ParamRef& operator=(const Registration& r);
+  // Replaces the tensor (and, when bound, the registered one).
+  ParamRef& operator=(const Tensor& t);
+
+ private:
+  Module* owner_ = nullptr;
+  bool buffer_ = false;
+  size_t index_ = 0;
+};
 using NamedModules = std::vector<std::pair<std::string, ModulePtr>>;
 
 class Module : public std::enable_shared_from_this<Module> {
@@ -43,9 +77,9 @@ class Module : public std::enable_shared_from_this<Module> {
   const std::string& type_name() const { return type_name_; }
 
   // ---- registration (names: non-empty, no '.', unique within the module) ----
-  Tensor register_parameter(const std::string& name, Tensor t);
+  Registration register_parameter(const std::string& name, Tensor t);
   // Non-persistent buffers are not part of state_dict() (PyTorch's persistent=False).
-  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
+  Registration register_buffer(const std::string& name, Tensor t, bool persistent = true);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     add_child(name, m);
@@ -71,7 +105,7 @@ class Module : public std::enable_shared_from_this<Module> {
   ModulePtr submodule(const std::string& dotted_name) const;
 
   // ---- mode (recursive). Modules start in training mode, as in PyTorch. Every call moves
-  // module_mode_epoch(), which compiled modules use to guard on the mode. ----
+  // module_state_epoch(), which compiled modules use to guard on the mode. ----
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
@@ -111,6 +145,8 @@ class Module : public std::enable_shared_from_this<Module> {
     Tensor tensor;
     bool persistent = true;
   };
+  friend class ParamRef;
+  void replace_registered(bool buffer, size_t index, const Tensor& t);
   void add_child(const std::string& name, ModulePtr m);
   void check_new_name(const std::string& name, const char* what) const;
   void collect(NamedTensors& out, const std::string& prefix, bool params, bool buffers,
@@ -124,12 +160,17 @@ class Module : public std::enable_shared_from_this<Module> {
   bool training_ = true;
 };
 
-// Moves whenever any module's train()/eval() runs (compiled modules guard on it).
-std::atomic<uint64_t>& module_mode_epoch();
-// The training flags of `m` and its submodules in pre-order, one '1' / '0' per module.
-std::string mode_fingerprint(const Module& m);
-// In words: "eval mode", "training mode", or "mixed modes (k of n modules training)".
-std::string describe_mode_fingerprint(const std::string& fingerprint);
+// Moves whenever any module's train()/eval() runs or a ParamRef is reassigned (compiled
+// modules guard on it: while it stands still, nothing a module guard reads has changed).
+std::atomic<uint64_t>& module_state_epoch();
+// The host state of `m` that compiled modules guard on, as one string: the training flags of
+// `m` and its submodules in pre-order ('1' / '0' per module), then the identity of every
+// registered parameter and buffer by name.
+std::string state_fingerprint(const Module& m);
+// What changed between two fingerprints, in words: "module mode changed: traced with eval
+// mode, called with training mode" (modes: "eval mode", "training mode", "mixed modes (k of n
+// modules training)"), or "parameter 'fc.weight' was reassigned (a different tensor)".
+std::string describe_state_change(const std::string& traced, const std::string& now);
 
 // A module with one input and one output: forward(x), and call() delegating to it.
 class UnaryModule : public Module {

@@ -24,7 +24,7 @@ class BertEmbeddings : public Module {
   std::shared_ptr<Embedding> word_embeddings, position_embeddings, token_type_embeddings;
   std::shared_ptr<kiln::nn::LayerNorm> LayerNorm;  // named as in HF
   std::shared_ptr<Dropout> dropout;
-  Tensor position_ids, token_type_ids;  // non-persistent buffers [1, max_position_embeddings]
+  ParamRef position_ids, token_type_ids;  // non-persistent buffers [1, max_position_embeddings]
 };
 
 class BertSelfAttention : public Module {

@@ -30,7 +30,7 @@ class ViTEncoder : public UnaryModule {
   ViTEncoder(const ViTConfig& c, Generator& gen);
   Tensor forward(const Tensor& x) override;  // [B, seq, hidden] -> same
 
-  Tensor pos_embedding;  // [1, seq, hidden]
+  ParamRef pos_embedding;  // [1, seq, hidden]
   std::shared_ptr<Dropout> dropout;
   std::shared_ptr<Sequential> layers;  // encoder_layer_0 ...
   std::shared_ptr<LayerNorm> ln;
@@ -43,7 +43,7 @@ class VisionTransformer : public UnaryModule {
   Tensor forward(const Tensor& x) override;
 
   ViTConfig config;
-  Tensor class_token;  // [1, 1, hidden]
+  ParamRef class_token;  // [1, 1, hidden]
   std::shared_ptr<Conv2d> conv_proj;
   std::shared_ptr<ViTEncoder> encoder;
   std::shared_ptr<Sequential> heads;  // "head": Linear
