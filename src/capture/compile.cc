@@ -30,12 +30,21 @@
 // (<= kMaxConstElements; baked by value, part of the segment key), and frozen parameters
 // otherwise (held by identity, guarded by identity and version: mutating one recompiles).
 //
+// check_host_values (or KILN_CHECK_CAPTURE=1): a whole-graph entry also keeps the trace key of
+// its graph (ops, attributes, constants by value, frozen tensors by identity, host-made tensors
+// by content, where each output comes from). Before a replay, the host code runs under a dry
+// tracer that records the same key and computes nothing; a different key (or a read of tensor
+// data, which a whole-graph trace never did) means the host code would now build another
+// graph, and the call retraces with the difference as the reason. The dry key is computed once
+// per call and compared with every candidate entry.
+//
 // Failures: if the backend fails to compile a segment, or a compiled segment fails at run
 // time, the call completes by interpreting that segment with the eager kernels, the failure is
 // reported once and counted; with strict=true the error propagates instead.
 #include "capture/compile.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -83,6 +92,7 @@ struct Entry {
   // Segmented: segments by structural key.
   std::unordered_map<std::string, std::shared_ptr<CompiledSegment>> segments;
   std::vector<std::string> value_guards;
+  std::string whole_key;  // check_host_values: the trace key of the whole graph
   std::string host_state;                 // HostStateGuard::fingerprint() when traced
   uint64_t host_state_epoch = ~uint64_t(0);  // the epoch at which host_state last matched
   TensorList scratch_inputs;  // run_into: reused argument list (keeps its capacity)
@@ -96,6 +106,7 @@ struct CompiledFunction::State {
   std::string backend;  // options.backend, or the default backend when that is empty
   std::unordered_map<const TensorImpl*, std::string> param_names;  // module parameter names
   HostStateGuard host_state;
+  bool check_host_values = false;  // options.check_host_values or KILN_CHECK_CAPTURE=1
   std::mutex mu;
   std::vector<std::unique_ptr<Entry>> entries;
   CompileStats stats;
@@ -118,8 +129,42 @@ std::vector<std::weak_ptr<CompiledFunction::State>>& all_states() {
 
 void warn(const std::string& msg) { std::fprintf(stderr, "kiln: warning: %s\n", msg.c_str()); }
 
-ExplainGraph explain_graph(const CompiledSegment& seg) {
+// What a graph froze from the host, with the call site of the op that reads it.
+std::vector<std::string> baked_values(const Graph& graph,
+                                      const std::unordered_map<const TensorImpl*, std::string>& module_state) {
+  std::vector<std::string> out;
+  std::unordered_set<ValueId> listed;
+  for (const Node& n : graph.nodes) {
+    const char* op = op_def(n.op).name;
+    for (ValueId v : n.inputs) {
+      if (v == kNoValue || !listed.insert(v).second) continue;
+      const Value& val = graph.value(v);
+      if (val.kind == ValueKind::Const && val.data.defined()) {
+        const Tensor& c = val.data;
+        Tensor h = c.device().is_cpu() ? c : c.to(Device::cpu());
+        std::string what = c.numel() == 1
+                               ? fmt::format("scalar {}", h.to(DType::Float64).to_vector<double>()[0])
+                               : fmt::format("constant {} {}", dtype_name(c.dtype()), h.str(8));
+        out.push_back(fmt::format("{} at {}: {} is part of the graph", op, n.name, what));
+      } else if (val.kind == ValueKind::Param && val.data.defined() &&
+                 !module_state.count(val.data.impl())) {
+        out.push_back(fmt::format("{} at {}: tensor '{}' {} reached from host code is frozen "
+                                  "(guarded by identity and version, not by where it came from)",
+                                  op, n.name, val.name, val.type.str()));
+      }
+    }
+    for (auto& [name, a] : n.attrs.items())
+      if (std::holds_alternative<double>(a))
+        out.push_back(fmt::format("{} at {}: attribute {}={} is part of the graph", op, n.name,
+                                  name, attr_value_str(a)));
+  }
+  return out;
+}
+
+ExplainGraph explain_graph(const CompiledSegment& seg,
+                           const std::unordered_map<const TensorImpl*, std::string>& module_state) {
   ExplainGraph g;
+  g.baked = baked_values(seg.graph, module_state);
   for (const Node& n : seg.graph.nodes) g.ops.push_back(op_def(n.op).name);
   g.num_inputs = int(seg.graph.inputs.size());
   g.num_params = int(seg.graph.params().size());
@@ -141,17 +186,34 @@ uint64_t next_epoch() {
   return e.fetch_add(1);
 }
 
+// Thrown by a dry trace (check_host_values) when the host code reads tensor data: the entry
+// being checked is a whole graph, so the code now takes another path.
+struct HostCodeDiverged {
+  std::string why;
+};
+
+uint64_t fnv1a(const void* data, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
 class Tracer final : public DispatchHook {
  public:
-  Tracer(CompiledFunction::State& st, Entry& entry, const TensorList& call_inputs)
-      : st_(st), entry_(entry), call_inputs_(call_inputs) {
+  // dry: record the trace key only (check_host_values): no compile, no run, no guards added.
+  Tracer(CompiledFunction::State& st, Entry& entry, const TensorList& call_inputs, bool dry = false)
+      : st_(st), entry_(entry), call_inputs_(call_inputs), dry_(dry) {
     for (size_t i = 0; i < call_inputs.size(); ++i)
       if (call_inputs[i].defined()) call_index_.emplace(call_inputs[i].impl(), int(i));
   }
 
   // Runs fn under capture; returns its outputs (real tensors).
   TensorList run() {
-    st_.stats.traces++;
+    if (dry_)
+      st_.stats.host_value_checks++;
+    else
+      st_.stats.traces++;
     begin_segment();
     TensorList outs;
     {
@@ -169,6 +231,19 @@ class Tracer final : public DispatchHook {
   std::shared_ptr<CompiledSegment> last_segment() const { return last_segment_; }
   const std::vector<int>& last_input_from_call() const { return last_input_from_call_; }
   const std::vector<OutputSource>& output_sources() const { return output_sources_; }
+  // The whole trace's key (valid after run() of a whole-graph trace): the last segment's key
+  // and where each returned tensor comes from.
+  std::string trace_key() const {
+    std::string k = key_;
+    k += "\nret:";
+    for (const OutputSource& o : output_sources_) {
+      if (o.kind == OutputSource::Constant)
+        k += fmt::format("K{},", static_cast<const void*>(o.constant.defined() ? o.constant.impl() : nullptr));
+      else
+        k += fmt::format("{}{},", o.kind == OutputSource::GraphOutput ? 'G' : 'I', o.index);
+    }
+    return k;
+  }
 
   bool intercept(OpId op, std::span<const Tensor> inputs, const Attrs& attrs, TensorList& outputs,
                  const std::source_location& loc) override {
@@ -201,6 +276,10 @@ class Tracer final : public DispatchHook {
   static void materialize_hook(TensorImpl* impl, const char* what, const char* where) {
     Tracer* t = t_tracer;
     if (!t || impl->capture_epoch != t->epoch_) return;
+    if (t->dry_)
+      throw HostCodeDiverged{fmt::format("the host code now reads tensor data ({} at {}): it "
+                                         "takes another path than when it was traced",
+                                         what, where && *where ? where : "<unknown location>")};
     t->on_break(impl, what, where);
   }
 
@@ -257,9 +336,10 @@ class Tracer final : public DispatchHook {
       // Made by the host code during this trace (e.g. a scalar operand): a constant by value.
       // The constant keeps its device (a CUDA scalar operand stays a CUDA constant, so the
       // node's inputs share one device); the key holds its bytes, read on the host.
-      Tensor host = t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
-      Tensor c = t.device().is_cpu() ? host : host.to(t.device());
-      v = graph_.add_const(c);
+      // A dry trace keeps no graph: it needs the bytes for the key only.
+      Tensor host = t.device().is_cpu() ? (dry_ ? t.contiguous() : t.clone()) : t.to(Device::cpu());
+      Tensor c = t.device().is_cpu() || dry_ ? host : host.to(t.device());
+      v = graph_.add_const(dry_ ? t : c);
       key_ += "const:" + t.type().str() + ":";
       const char* p = static_cast<const char*>(host.raw_data());
       key_.append(p, host.nbytes());
@@ -268,11 +348,19 @@ class Tracer final : public DispatchHook {
       auto pn = st_.param_names.find(impl);
       std::string name = pn != st_.param_names.end() ? pn->second : fmt::format("tensor{}", known_.size());
       v = graph_.add_param(graph_.unique_name(name), t);
-      if (!entry_.guarded_params.count(impl)) {
+      if (!dry_ && !entry_.guarded_params.count(impl)) {
         entry_.guarded_params.insert(impl);
         entry_.param_guards.add(t, name);
       }
-      key_ += fmt::format("param:{}:{}\n", static_cast<const void*>(impl), name);
+      if (impl->storage && impl->storage->serial() >= trace_start_serial_) {
+        // Made by the host code during this trace but too large to bake by value: a new tensor
+        // on every call, so its key is its content (a cached segment froze equal bytes).
+        Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu());
+        key_ += fmt::format("fresh:{}:{}:{:016x}\n", t.type().str(), name,
+                            fnv1a(c.raw_data(), size_t(c.nbytes())));
+      } else {
+        key_ += fmt::format("param:{}:{}\n", static_cast<const void*>(impl), name);
+      }
     }
     known_.emplace(impl, v);
     // Keep the tensor alive for the whole trace: known_ and materialized_ key on addresses,
@@ -339,6 +427,11 @@ class Tracer final : public DispatchHook {
     graph_.outputs = outs;
     key_ += "out:";
     for (ValueId v : outs) key_ += std::to_string(v) + ",";
+    if (dry_) {
+      ++segments_run_;
+      finish_outputs(returned, &outs);
+      return;
+    }
 
     std::shared_ptr<CompiledSegment> seg;
     auto found = entry_.segments.find(key_);
@@ -364,7 +457,7 @@ class Tracer final : public DispatchHook {
       materialized_.insert(impl);
       keep_alive_.push_back(fakes_[size_t(outs[i])]);
     }
-    graphs_.push_back(explain_graph(*seg));
+    graphs_.push_back(explain_graph(*seg, st_.param_names));
     last_segment_ = seg;
     last_input_from_call_.clear();
     for (const Tensor& t : seg_inputs_) {
@@ -450,6 +543,7 @@ class Tracer final : public DispatchHook {
   CompiledFunction::State& st_;
   Entry& entry_;
   const TensorList& call_inputs_;
+  const bool dry_;
   std::unordered_map<const TensorImpl*, int> call_index_;
   std::unordered_set<const TensorImpl*> materialized_;
   std::vector<Ref<TensorImpl>> keep_alive_;
@@ -523,17 +617,83 @@ bool host_state_holds(const CompiledFunction::State& st, Entry& e, std::string& 
 }
 }  // namespace
 
+namespace {
+// check_host_values: the dry trace of this call, run at most once per call and compared with
+// every candidate entry.
+struct HostCheck {
+  bool done = false;
+  bool diverged = false;
+  std::string key;
+  std::string why;  // when diverged
+};
+
+std::string printable(std::string_view line) {
+  std::string out;
+  for (char c : line.substr(0, 160)) out += (c >= 32 && c < 127) ? c : '.';
+  return out;
+}
+
+// The first difference between two trace keys, in words.
+std::string describe_key_change(const std::string& traced, const std::string& now) {
+  size_t a = 0, b = 0;
+  while (true) {
+    size_t ea = traced.find('\n', a), eb = now.find('\n', b);
+    std::string_view la = std::string_view(traced).substr(a, ea == std::string::npos ? std::string::npos : ea - a);
+    std::string_view lb = std::string_view(now).substr(b, eb == std::string::npos ? std::string::npos : eb - b);
+    if (la != lb) {
+      auto starts = [](std::string_view l, std::string_view p) { return l.substr(0, p.size()) == p; };
+      if (starts(la, "param:") && starts(lb, "param:"))
+        return fmt::format("a tensor the host code reads is a different tensor now ('{}' -> '{}')",
+                           la.substr(la.find(':', 6) + 1), lb.substr(lb.find(':', 6) + 1));
+      if (starts(la, "const:") && starts(lb, "const:"))
+        return "a constant the host code passes to an op changed value";
+      if (starts(la, "fresh:") && starts(lb, "fresh:"))
+        return "a tensor the host code makes changed value";
+      return fmt::format("the host code now records different ops: traced '{}', now '{}'",
+                         printable(la), printable(lb));
+    }
+    if (ea == std::string::npos || eb == std::string::npos) break;
+    a = ea + 1;
+    b = eb + 1;
+  }
+  return "the host code now records a different graph";
+}
+
+// Whether entry e (whose tensor guards hold) still matches what the host code would record.
+bool host_values_hold(CompiledFunction::State& st, Entry& e, const TensorList& inputs,
+                      HostCheck& hc, std::string& reason) {
+  if (!st.check_host_values || e.segmented) return true;  // segmented entries re-run host code
+  if (!hc.done) {
+    hc.done = true;
+    Tracer dry(st, e, inputs, /*dry=*/true);
+    try {
+      dry.run();
+      hc.key = dry.trace_key();
+    } catch (const HostCodeDiverged& d) {
+      hc.diverged = true;
+      hc.why = d.why;
+    }
+  }
+  if (!hc.diverged && hc.key == e.whole_key) return true;
+  if (reason.empty())
+    reason = "check_host_values: " + (hc.diverged ? hc.why : describe_key_change(e.whole_key, hc.key));
+  return false;
+}
+}  // namespace
+
 // ---- CompiledFunction ---------------------------------------------------------------------------
 void CompiledFunction::run_into(const TensorList& inputs, TensorList& outputs) const {
   KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
   {
     State& st = *state_;
     std::unique_lock<std::mutex> lock(st.mu);
-    std::string host_now;
+    std::string host_now, host_values_reason;
     bool have_host_now = false;
+    HostCheck host_check;
     for (auto& e : st.entries) {
       if (!(e->input_guards.check(inputs) && e->param_guards.check() &&
-            host_state_holds(st, *e, host_now, have_host_now)))
+            host_state_holds(st, *e, host_now, have_host_now) &&
+            host_values_hold(st, *e, inputs, host_check, host_values_reason)))
         continue;
       bool direct = !e->segmented && e->whole && e->whole->compiled;
       for (size_t i = 0; direct && i < e->outputs.size(); ++i)
@@ -564,11 +724,13 @@ TensorList CompiledFunction::operator()(const TensorList& inputs) const {
   State& st = *state_;
   std::lock_guard<std::mutex> lock(st.mu);
   st.stats.calls++;
-  std::string host_now;
+  std::string host_now, host_values_reason;
   bool have_host_now = false;
+  HostCheck host_check;
   for (auto& e : st.entries) {
     if (e->input_guards.check(inputs) && e->param_guards.check() &&
-        host_state_holds(st, *e, host_now, have_host_now)) {
+        host_state_holds(st, *e, host_now, have_host_now) &&
+        host_values_hold(st, *e, inputs, host_check, host_values_reason)) {
       st.stats.compiled_calls++;
       if (!e->segmented) return run_whole(st, *e, inputs);
       return replay_segmented(st, *e, inputs);
@@ -582,6 +744,7 @@ TensorList CompiledFunction::operator()(const TensorList& inputs) const {
       st.entries.erase(st.entries.begin() + long(i));
     }
   }
+  if (reason.empty()) reason = host_values_reason;
   if (reason.empty() && !st.entries.empty())
     reason = st.entries.back()->input_guards.failure_reason(inputs);
   if (st.host_state.epoch && !have_host_now) {
@@ -592,6 +755,13 @@ TensorList CompiledFunction::operator()(const TensorList& inputs) const {
       host_now != st.entries.back()->host_state)
     reason = st.host_state.describe ? st.host_state.describe(st.entries.back()->host_state, host_now)
                                     : "host state changed";
+  // The host state moved (e.g. a module parameter reassigned): name graph parameters after the
+  // tensors registered now.
+  if (st.host_state.named_state && (st.entries.empty() || host_now != st.entries.back()->host_state)) {
+    st.param_names.clear();
+    for (const auto& [name, t] : st.host_state.named_state())
+      if (t.defined()) st.param_names[t.impl()] = name;
+  }
   if (int(st.entries.size()) >= st.options.cache_size_limit) {
     st.stats.fallbacks_cache_limit++;
     if (!st.warned_cache_limit) {
@@ -626,6 +796,7 @@ TensorList CompiledFunction::operator()(const TensorList& inputs) const {
     entry->whole = tracer.last_segment();
     entry->graph_input_from_call = tracer.last_input_from_call();
     entry->outputs = tracer.output_sources();
+    if (st.check_host_values) entry->whole_key = tracer.trace_key();
     entry->segments.clear();
     for (int i : entry->graph_input_from_call) KILN_ASSERT(i >= 0);
   }
@@ -684,6 +855,9 @@ CompiledFunction compile(Callable fn, const CompileOptions& options) {
   f.state_->fn = std::move(fn);
   f.state_->options = options;
   f.state_->backend = backend;
+  const char* check = std::getenv("KILN_CHECK_CAPTURE");
+  f.state_->check_host_values =
+      options.check_host_values || (check && *check && std::string(check) != "0");
   std::lock_guard<std::mutex> lock(g_states_mu);
   auto& states = all_states();
   std::erase_if(states, [](const auto& w) { return w.expired(); });

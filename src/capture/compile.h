@@ -24,6 +24,14 @@ struct CompileOptions {
   bool dynamic = false;           // accepted; shapes are specialized until dynamic shapes land
   int cache_size_limit = 8;       // guard sets per function before falling back to eager
   bool strict = false;            // no fallback to eager: compile/run failures throw
+  // Values the tracer cannot guard (a C++ closure's scalars, tensors reached through host
+  // pointers, small host tensors baked in as constants): with this set, every call of a
+  // whole-graph entry first re-runs the host code under a light trace (ops recorded, nothing
+  // computed) and compares what it records (ops, attributes, constants by value, which tensors
+  // are frozen) with the cached graph; a difference recompiles, with the difference as the
+  // reason. Costs one trace of the host code per call (docs/capture.md has the figures).
+  // KILN_CHECK_CAPTURE=1 in the environment turns it on for every compiled function.
+  bool check_host_values = false;
 };
 
 using Callable = std::function<TensorList(const TensorList&)>;
@@ -39,6 +47,7 @@ struct CompileStats {
   int64_t fallbacks_compile_error = 0;
   int64_t fallbacks_runtime_error = 0;
   int64_t entries = 0;
+  int64_t host_value_checks = 0;   // check_host_values: light traces run before replays
 };
 
 struct ExplainGraph {
@@ -50,6 +59,10 @@ struct ExplainGraph {
   std::string backend_summary;
   int64_t arena_bytes = -1;  // the backend's planned arena (-1: none)
   bool cache_hit = false;    // the backend's code came from its cache
+  // What the graph froze from the host, one line each, with the call site of the op that read
+  // it: "mul at model.cc:42: scalar 2.0 is part of the graph", "linear at model.cc:40: tensor
+  // 'tensor0' float32[8, 6] is frozen (guarded by identity and version)".
+  std::vector<std::string> baked;
 };
 struct ExplainBreak {
   std::string reason;    // "item() reads tensor data on the host"
@@ -66,6 +79,8 @@ struct ExplainReport {
   std::string text() const;
 };
 
+using NamedState = std::vector<std::pair<std::string, Tensor>>;
+
 // Host state the traced code reads that no tensor guard can see (a module's train/eval mode):
 // every entry records `fingerprint()` when it is traced and serves only calls where it is the
 // same. `epoch` must change whenever the state may have changed; while it does not, the check
@@ -74,6 +89,9 @@ struct HostStateGuard {
   const std::atomic<uint64_t>* epoch = nullptr;
   std::function<std::string()> fingerprint;  // compared exactly
   std::function<std::string(const std::string& traced, const std::string& now)> describe;
+  // The named tensors now (optional): after the fingerprint changed, graph parameters are named
+  // from this list rather than the one given to compile().
+  std::function<NamedState()> named_state;
 };
 class CompiledFunction {
  public:
@@ -98,7 +116,6 @@ class CompiledFunction {
 CompiledFunction compile(Callable fn, const CompileOptions& options = {});
 // A callable together with the named tensors it holds (a module's parameters and buffers):
 // graph parameters are named after them. nn/compile.h builds compile(module) on this.
-using NamedState = std::vector<std::pair<std::string, Tensor>>;
 CompiledFunction compile(Callable fn, const NamedState& state, const CompileOptions& options = {},
                          HostStateGuard host_state = {});
 

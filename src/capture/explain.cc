@@ -16,6 +16,7 @@ std::string ExplainReport::json() const {
                            {"params", g.num_params},
                            {"outputs", g.num_outputs},
                            {"backend", g.backend_summary},
+                           {"baked", g.baked},
                            {"ir", g.ir}});
   j["breaks"] = nlohmann::json::array();
   for (const ExplainBreak& b : breaks)
@@ -32,7 +33,8 @@ std::string ExplainReport::json() const {
                 {"fallbacks_cache_limit", stats.fallbacks_cache_limit},
                 {"fallbacks_compile_error", stats.fallbacks_compile_error},
                 {"fallbacks_runtime_error", stats.fallbacks_runtime_error},
-                {"entries", stats.entries}};
+                {"entries", stats.entries},
+                {"host_value_checks", stats.host_value_checks}};
   return j.dump(2);
 }
 
@@ -54,6 +56,11 @@ std::string ExplainReport::text() const {
     s += fmt::format("graph {}: {} ops, {} inputs, {} params, {} outputs [{}]\n  {}\n", i,
                      g.ops.size(), g.num_inputs, g.num_params, g.num_outputs, g.backend_summary,
                      ops);
+    // Everything the graph froze from the host (the JSON form lists all of it).
+    constexpr size_t kShown = 16;
+    for (size_t k = 0; k < g.baked.size() && k < kShown; ++k) s += "  baked: " + g.baked[k] + "\n";
+    if (g.baked.size() > kShown)
+      s += fmt::format("  baked: ... ({} more; --json lists all)\n", g.baked.size() - kShown);
   }
   for (size_t i = 0; i < breaks.size(); ++i)
     s += fmt::format("break {}: at {}: {}\n", i, breaks[i].location, breaks[i].reason);
