@@ -7,6 +7,7 @@
 
 #include "frontends/onnx/conformance.h"
 #include "capture/compile.h"
+#include "core/cuda_runtime.h"
 #include "ir/interpreter.h"
 #include "bench/bench.h"
 #include "tools/commands.h"
@@ -26,6 +27,11 @@ void add_conformance_command(CLI::App& app) {
   cmd->add_option("--atol", opts.atol, "Absolute tolerance (default 1e-7, as ONNX's runner)");
   cmd->add_option("--timeout", opts.case_timeout_s, "Seconds per case before it fails (default 120)");
   static std::string backend = "eager";
+  static std::string device = "cpu";
+  cmd->add_option("--device", device,
+                  "cpu (default) | cuda: every case's graph and inputs are copied to the device, "
+                  "run there (eager kernels or the CUDA compiler) and compared on the host; runs "
+                  "in-process (a CUDA context does not survive fork)");
   cmd->add_option("--backend", backend,
                   "eager (the graph interpreter, default) | compiled (kiln::compile with the best "
                   "backend, strict: a compile failure fails the case)");
@@ -36,17 +42,35 @@ void add_conformance_command(CLI::App& app) {
                 "Run cases in this process (faster; a crash ends the run) instead of one forked "
                 "child per case");
   cmd->callback([] {
-    opts.isolate = !in_process;
     if (backend != "eager" && backend != "compiled")
       fail("--backend expected eager or compiled, found '{}'", backend);
+    if (device != "cpu" && device != "cuda")
+      fail("--device expected cpu or cuda, found '{}'", device);
+    const bool cuda = device == "cuda";
+    if (cuda) require_cuda_device(0, "conformance: --device cuda");
+    opts.isolate = !in_process && !cuda;
     opts.backend = backend == "eager" ? "eager" : "compiled(" + best_compile_backend() + ")";
-    if (backend == "compiled")
-      opts.runner = [](const Graph& g, const TensorList& in) {
-        CompileOptions co;
-        co.backend = best_compile_backend();
-        co.strict = true;
-        CompiledFunction f = compile([&g](const TensorList& x) { return run(g, x); }, co);
-        return f(in);
+    if (cuda) opts.backend += " on cuda:0";
+    const bool compiled = backend == "compiled";
+    if (compiled || cuda)
+      opts.runner = [compiled, cuda](const Graph& cpu_graph, const TensorList& cpu_in) {
+        const Device dev = cuda ? Device::cuda(0) : Device::cpu();
+        Graph g = cuda ? graph_on_device(cpu_graph, dev) : cpu_graph;
+        TensorList in;
+        for (const Tensor& t : cpu_in) in.push_back(t.defined() && cuda ? t.to(dev) : t);
+        TensorList out;
+        if (compiled) {
+          CompileOptions co;
+          co.backend = best_compile_backend();
+          co.strict = true;
+          CompiledFunction f = compile([&g](const TensorList& x) { return run(g, x); }, co);
+          out = f(in);
+        } else {
+          out = run(g, in);
+        }
+        for (Tensor& t : out)
+          if (t.defined() && !t.device().is_cpu()) t = t.to(Device::cpu());
+        return out;
       };
     ConformanceReport r = run_conformance(opts, [](const ConformanceCase& c) {
       if (json || markdown) return;

@@ -3,6 +3,8 @@
 #include <cstdio>
 
 #include "capture/compile.h"
+#include "core/cuda_runtime.h"
+#include "core/error.h"
 #include "bench/bench.h"
 #include "tools/commands.h"
 
@@ -15,16 +17,20 @@ void add_explain_command(CLI::App& app) {
   static uint64_t seed = 0;
   static std::string backend = "eager";
   static std::string mode = "default";
+  static std::string device = "cpu";
   auto* cmd = app.add_subcommand("explain", "Show graphs, graph breaks, guards and fallbacks");
   cmd->add_option("model", model, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("--batch", batch, "Batch size (default 1)");
   cmd->add_option("--seed", seed, "Seed for weights and inputs (default 0)");
   cmd->add_option("--backend", backend, "Compile backend (default eager)");
+  cmd->add_option("--device", device, "cpu | cuda (default cpu)");
   cmd->add_option("--mode", mode, "default | reduce-overhead | max-autotune (compile mode)");
   cmd->add_flag("--fullgraph", fullgraph, "Treat a graph break as an error");
   cmd->add_flag("--json", json, "Print JSON: graphs, breaks, guards, recompiles, fallbacks");
   cmd->callback([] {
-    BenchTarget m = load_bench_target(model, batch, seed);
+    if (device != "cpu" && device != "cuda") fail("explain: --device expected cpu or cuda, found '{}'", device);
+    if (device == "cuda") require_cuda_device(0, "explain: --device cuda");
+    BenchTarget m = load_bench_target(model, batch, seed, device == "cuda" ? Device::cuda(0) : Device::cpu());
     CompileOptions opts;
     opts.backend = backend;
     opts.mode = mode;
@@ -34,7 +40,8 @@ void add_explain_command(CLI::App& app) {
     if (json) {
       std::printf("%s\n", r.json().c_str());
     } else {
-      std::printf("model %s (batch %lld)\n%s", m.name.c_str(), (long long)batch, r.text().c_str());
+      std::printf("model %s (batch %lld, %s)\n%s", m.name.c_str(), (long long)batch, device.c_str(),
+                  r.text().c_str());
     }
   });
 }

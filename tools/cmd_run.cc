@@ -14,6 +14,7 @@
 #include "capture/compile.h"
 #include "nn/compile.h"
 #include "nn/models/zoo.h"
+#include "core/cuda_runtime.h"
 #include "runtime/npy.h"
 #include "bench/bench.h"
 #include "tools/commands.h"
@@ -32,6 +33,7 @@ struct RunArgs {
   int threads = 0;
   std::vector<std::string> inputs;
   std::string output_dir;
+  std::string device = "cpu";  // cpu | cuda (zoo models)
   bool json = false;
 };
 
@@ -98,6 +100,11 @@ void run_command(const RunArgs& a) {
     o.backend = a.backend_given ? a.backend : "eager";
     o.seed = a.seed;
     o.json = a.json;
+    if (a.device != "cpu")
+      fail_kind(ErrorKind::NotSupported,
+                "run: --device {} for an ONNX file is not supported by `kiln run` yet; use `kiln "
+                "bench {} --device {}` (which runs ONNX files on CUDA) or --device cpu",
+                a.device, a.target, a.device);
     run_onnx_model(o);
     return;
   }
@@ -107,8 +114,24 @@ void run_command(const RunArgs& a) {
   if (a.batch < 1) fail("--batch must be >= 1, got {}", a.batch);
   if (a.threads < 0) fail("--threads must be >= 0, got {}", a.threads);
   if (a.threads > 0) omp_set_num_threads(a.threads);
+  if (a.device != "cpu" && a.device != "cuda")
+    fail("--device expected cpu or cuda, found '{}'", a.device);
+  const bool cuda = a.device == "cuda";
+  if (cuda) require_cuda_device(0, "run: --device cuda");
   nn::ZooModel m = nn::make_zoo_model(a.target, a.batch, a.seed);
   load_inputs(a, m);
+  // CUDA: the reference is the CPU eager run of the same weights and inputs; the module then
+  // moves to the device (in place) with its inputs. Eager CUDA calls are timed up to a device
+  // synchronization, as compiled calls are (they wait for the device before returning).
+  TensorList cpu_reference;
+  if (cuda) {
+    cpu_reference = m.module->call(m.inputs);
+    m.module->to(Device::cuda(0));
+    for (Tensor& x : m.inputs) x = x.to(Device::cuda(0));
+  }
+  auto sync = [&] {
+    if (cuda) cuda_synchronize(0);
+  };
 
   bool do_eager = a.backend != "compiled", do_capture = a.backend != "eager";
   TensorList eager_out, captured_out;
@@ -117,7 +140,7 @@ void run_command(const RunArgs& a) {
   CompiledFunction compiled;
   if (do_eager) {
     eager_out = m.module->call(m.inputs);
-    eager_lat = time_it([&] { m.module->call(m.inputs); }, a.warmup, a.iters);
+    eager_lat = time_it([&] { m.module->call(m.inputs); sync(); }, a.warmup, a.iters);
   }
   if (do_capture) {
     CompileOptions copts;
@@ -129,7 +152,11 @@ void run_command(const RunArgs& a) {
     capture_first_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     TensorList reused;
-    capture_lat = time_it([&] { compiled.run_into(m.inputs, reused); }, a.warmup, a.iters);
+    capture_lat = time_it([&] { compiled.run_into(m.inputs, reused); sync(); }, a.warmup, a.iters);
+  }
+  if (cuda) {
+    for (Tensor& t : eager_out) t = t.to(Device::cpu());
+    for (Tensor& t : captured_out) t = t.to(Device::cpu());
   }
   const TensorList& outs = do_eager ? eager_out : captured_out;
 
@@ -146,6 +173,7 @@ void run_command(const RunArgs& a) {
   j["model"] = m.name;
   j["batch"] = a.batch;
   j["threads"] = threads;
+  j["device"] = a.device;
   j["outputs"] = nlohmann::json::array();
   for (size_t i = 0; i < outs.size(); ++i) {
     auto v = outs[i].to_vector<double>();
@@ -157,6 +185,7 @@ void run_command(const RunArgs& a) {
                         {"sum", sum},
                         {"mean_abs", v.empty() ? 0.0 : asum / double(v.size())}};
     if (do_eager && do_capture) o["max_abs_diff_compiled_vs_eager"] = max_abs_diff(captured_out[i], eager_out[i]);
+    if (cuda) o["max_abs_diff_vs_cpu_eager"] = max_abs_diff(outs[i], cpu_reference[i]);
     j["outputs"].push_back(o);
   }
   auto lat_json = [](const Latency& l) {
@@ -174,7 +203,8 @@ void run_command(const RunArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("model %s  batch %lld  threads %d\n", m.name.c_str(), (long long)a.batch, threads);
+  std::printf("model %s  batch %lld  device %s  threads %d\n", m.name.c_str(), (long long)a.batch,
+              a.device.c_str(), threads);
   for (auto& o : j["outputs"]) {
     std::string shape = "[";
     for (size_t k = 0; k < o["shape"].size(); ++k) shape += (k ? ", " : "") + std::to_string(o["shape"][k].get<int64_t>());
@@ -184,6 +214,8 @@ void run_command(const RunArgs& a) {
                 o["mean_abs"].get<double>());
     if (o.contains("max_abs_diff_compiled_vs_eager"))
       std::printf("  max|compiled-eager| %.3g", o["max_abs_diff_compiled_vs_eager"].get<double>());
+    if (o.contains("max_abs_diff_vs_cpu_eager"))
+      std::printf("  max|cuda-cpu| %.3g", o["max_abs_diff_vs_cpu_eager"].get<double>());
     std::printf("\n");
   }
   std::string header = fmt::format("latency ({} iters)", a.iters);
@@ -214,6 +246,7 @@ void add_run_command(CLI::App& app) {
                   "compiled (kiln::compile, best backend) | both (default eager)")
       ->each([](const std::string&) { a.backend_given = true; });
   cmd->add_option("--batch", a.batch, "Batch size (default 1)");
+  cmd->add_option("--device", a.device, "cpu | cuda (zoo models; default cpu)");
   cmd->add_option("--seed", a.seed, "Seed for weights and random inputs (default 0)");
   cmd->add_option("--iters", a.iters, "Timed iterations (default 10)");
   cmd->add_option("--warmup", a.warmup, "Warm-up iterations (default 2)");

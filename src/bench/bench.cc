@@ -141,8 +141,9 @@ TensorList random_inputs(const Graph& g, int64_t batch, uint64_t seed) {
   return inputs;
 }
 
-// A copy of g whose values all live on `device`: every type says so, params and consts carry
-// device copies of their data.
+}  // namespace
+
+// Declared in bench.h.
 Graph graph_on_device(const Graph& g, Device device) {
   Graph out = g;
   for (Value& v : out.values) {
@@ -153,6 +154,8 @@ Graph graph_on_device(const Graph& g, Device device) {
   }
   return out;
 }
+
+namespace {
 
 [[noreturn]] void cuda_gap_error(const std::string& gap) {
   fail_kind(ErrorKind::NotSupported, "bench: --device cuda: {}; run it with --device cpu", gap);

@@ -51,6 +51,10 @@ struct BenchTarget {
 BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t seed,
                               Device device = Device::cpu());
 
+// A copy of g whose values all live on `device`: every type says so, params and consts carry
+// device copies of their data.
+Graph graph_on_device(const Graph& g, Device device);
+
 // Why `g` cannot run on a CUDA device through the eager kernels, or "" when every node can: a
 // node runs there when its op has a CUDA kernel, or a decomposition whose ops (recursively) all
 // have one. Decompositions are checked by tracing them on type-only CUDA tensors of the node's

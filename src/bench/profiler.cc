@@ -15,6 +15,7 @@
 
 #include "capture/compile.h"
 #include "nn/compile.h"
+#include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "support/files.h"
 #include "nn/models/zoo.h"
@@ -72,17 +73,25 @@ void Profiler::end_span() {
   close(false);
 }
 
+void Profiler::sync_device() {
+  if (sync_cuda_device_ >= 0) cuda_synchronize(sync_cuda_device_);
+}
+
 void Profiler::op_begin(OpId op, const std::source_location& loc) {
+  sync_device();
   // The name is looked up at begin so a throwing op still closes a labelled event.
   stack_.push_back({op_def(op).name, loc.file_name(), loc.line(), true, now_ns(), 0, {}});
 }
 void Profiler::op_end(OpId) {
+  sync_device();
   if (!stack_.empty() && stack_.back().is_op) close(true);
 }
 void Profiler::launch_begin(const Executable::Launch& l) {
+  sync_device();
   stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes});
 }
 void Profiler::launch_end(const Executable::Launch&) {
+  sync_device();
   if (!stack_.empty() && stack_.back().is_op) close(true);
 }
 
@@ -180,7 +189,17 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   if (o.batch < 1) fail("profile: --batch expected >= 1, found {}", o.batch);
   if (o.threads < 0) fail("profile: --threads expected >= 0, found {}", o.threads);
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  BenchTarget m = load_bench_target(o.target, o.batch, o.seed);
+  if (o.device != "cpu" && o.device != "cuda")
+    fail("profile: --device expected cpu or cuda, found '{}'", o.device);
+  const bool cuda = o.device == "cuda";
+  if (cuda) {
+    require_cuda_device(0, "profile: --device cuda");
+    // Kernels run asynchronously: each op and launch is bracketed by a device synchronization,
+    // so its time is the device time of that kernel (plus one synchronization, ~8 us on an
+    // H200), as CUDA_LAUNCH_BLOCKING profiles are.
+    prof.set_cuda_sync(0);
+  }
+  BenchTarget m = load_bench_target(o.target, o.batch, o.seed, cuda ? Device::cuda(0) : Device::cpu());
 
   ProfileRun run;
   run.model = m.name;

@@ -40,6 +40,10 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
 
+  // CUDA: synchronize device `index` before every op and launch begins and ends, so each
+  // event times that kernel on the device (-1: never, the default).
+  void set_cuda_sync(int index) { sync_cuda_device_ = index; }
+
   // Starts/stops observing ops on the calling thread.
   void start();
   void stop();
@@ -64,6 +68,7 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
   void write_trace(const std::string& path) const;
 
  private:
+  void sync_device();
   struct Open {
     std::string name;
     const char* file;
@@ -76,6 +81,7 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
   int64_t now_ns() const;
   void close(bool is_op);
   int64_t origin_ns_;
+  int sync_cuda_device_ = -1;
   std::vector<Open> stack_;
   std::vector<ProfileEvent> events_;
   OpObserver* prev_ = nullptr;
@@ -85,6 +91,7 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
 
 struct ProfileOptions {
   std::string target;              // zoo model name
+  std::string device = "cpu";      // cpu | cuda
   std::string backend = "compiled";  // eager | compiled
   std::string mode = "default";      // compile mode: default | reduce-overhead | max-autotune
   int64_t batch = 1;
