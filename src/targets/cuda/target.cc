@@ -1,23 +1,31 @@
 // The CUDA target (compiler/target.h): loop kernels emitted as CUDA C and compiled by NVRTC for
-// the device's architecture (cached as cubins), cuBLASLt GEMMs, cuDNN convolutions, a few
-// direct kernels for what neither covers (pooling, concat, split, embedding), one device arena,
-// and the executable's own stream (CUDA-graph replay in reduce-overhead). See Note [CUDA
-// target].
+// the device's architecture (cached as cubins), cuBLASLt GEMMs, cuDNN convolutions, direct
+// kernels for what neither covers (targets/cuda/direct_kernels.h), one device arena, and the
+// executable's own stream (CUDA-graph replay in reduce-overhead). See Note [CUDA target].
 //
 // Note [CUDA target]
 // Library kernels:
-//   matmul (batched, B or A broadcast over the batch), linear (bias as the cuBLASLt BIAS
-//   epilogue): cuBLASLt, f32 without TF32, f16/bf16 with f32 accumulation.
+//   matmul (batched, B or A broadcast over the whole batch), linear (bias as the cuBLASLt BIAS
+//   epilogue): cuBLASLt, f32 without TF32, f16/bf16 with f32 accumulation. What cuBLASLt does
+//   not take goes to the direct GEMM kernel (gemm_needs_direct_kernel): float64 and integer
+//   dtypes, batch dims that broadcast only partially ([2,1,M,K] x [3,K,N]: one strided batch
+//   cannot express it; attention's decomposition makes such products), K = 0 (the output is the
+//   bias or zeros) and empty outputs.
 //   conv2d / conv_transpose2d (NCHW, groups, dilation, asymmetric padding; bias fused in the
-//   cuDNN graph where an engine takes it, else a bias kernel after the convolution): cuDNN.
-//   max_pool2d / avg_pool2d, concat, split, embedding / index_select: direct kernels with every
-//   size a literal, generated per graph into one NVRTC program of their own.
+//   cuDNN graph where an engine takes it, else a bias kernel after the convolution): cuDNN in
+//   f32/f16/bf16; float64 runs the direct convolution kernels.
+//   max_pool2d / avg_pool2d, adaptive_avg_pool2d (not global), concat, split, embedding /
+//   index_select, gather, scatter_add, pad, upsample, grid_sample, argmax / argmin: direct
+//   kernels with every size a literal (Note [CUDA direct kernels] in direct_kernels.cc, which
+//   also says what a kernel does with an out-of-range index: the reference raises, a kernel
+//   writes NaN), generated per graph into one NVRTC program of their own (--fmad=false).
 // fused_conv2d and fused_linear are decomposed by the compiler pipeline on this target: the
 // convolution or GEMM runs in the library and the residual add and activation become generated
 // pointwise code (the GPU-speed issue fuses them back into epilogues). Everything pointwise,
 // reductions, softmax / log_softmax / layer_norm and global average pooling are generated
 // (targets/cuda/emitter.cc). An op that is neither fails to compile on CUDA naming the node
-// (capture then runs the graph eagerly).
+// (capture then runs the graph eagerly): today only integer div / pow, whose reference raises
+// on a zero divisor or a negative exponent.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
