@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "ir/graph.h"
 #include "ops/op.h"
 #include "ops/scalar_math_text.h"
@@ -171,57 +172,124 @@ std::string compare(const Tensor& expected, const Tensor& actual, double tol) {
   return "";
 }
 
+// The kernels as one host library, each with a launcher `<name>_launch(char** args, blocks)`.
+struct HostKernels {
+  void* lib = nullptr;
+  std::string cc, so;
+  std::string error;
+  HostKernels(const std::vector<const cuda::DirectKernel*>& ks, const std::string& name) {
+    std::string src = std::string(kShim) + scalar_math_text();
+    for (const cuda::DirectKernel* k : ks) {
+      src += k->source;
+      size_t nargs = k->arg_inputs.size() + k->arg_outputs.size();
+      std::string args;
+      for (size_t i = 0; i < nargs; ++i) args += fmt::format("{}a[{}]", i ? ", " : "", i);
+      bool sync = k->source.find("__syncthreads") != std::string::npos;
+      src += fmt::format("extern \"C\" void {0}_launch(char** a, int blocks) {{ kn_launch(blocks, {1}, [&] {{ {0}({2}); }}); }}\n",
+                         k->name, sync ? "true" : "false", args);
+    }
+    std::string base = testing::TempDir() + "kiln_cuda_emulated_" + name + "_" + std::to_string(::getpid());
+    cc = base + ".cc";
+    so = base + ".so";
+    std::ofstream(cc) << src;
+    std::string cmd = fmt::format("c++ -std=c++20 -O1 -ffp-contract=off -fPIC -shared -w -o {} {} -lpthread 2> {}.log", so, cc, base);
+    if (std::system(cmd.c_str()) != 0) {
+      error = "the shimmed kernels do not compile as C++: " + cmd;
+      return;
+    }
+    lib = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) error = dlerror();
+  }
+  ~HostKernels() {
+    if (lib) dlclose(lib);
+    std::remove(cc.c_str());
+    std::remove(so.c_str());
+  }
+  // Runs k over the node's inputs; returns its outputs (poisoned first, so that an element the
+  // kernel does not write shows up).
+  TensorList run(const cuda::DirectKernel& k, const Graph& g, const Node& n, const TensorList& inputs) const {
+    auto launch = reinterpret_cast<void (*)(char**, int)>(dlsym(lib, (k.name + "_launch").c_str()));
+    KILN_ASSERT(launch != nullptr);
+    TensorList outs;
+    for (ValueId o : n.outputs) {
+      Dims d;
+      for (size_t i = 0; i < g.type(o).shape.size(); ++i) d.push_back(g.type(o).shape[i].value());
+      outs.push_back(Tensor::empty(d, g.type(o).dtype));
+      std::memset(outs.back().raw_data(), 0x7f, size_t(outs.back().numel() * dtype_size(outs.back().dtype())));
+    }
+    std::vector<char*> argv;
+    for (int i : k.arg_inputs) argv.push_back(static_cast<char*>(inputs[size_t(i)].raw_data()));
+    for (int o : k.arg_outputs) argv.push_back(static_cast<char*>(outs[size_t(o)].raw_data()));
+    if (k.blocks > 0) launch(argv.data(), int(k.blocks));
+    return outs;
+  }
+};
+
 class CudaDirectEmulated : public testing::TestWithParam<OpId> {};
 
 TEST_P(CudaDirectEmulated, MatchesTheReferenceOnEverySample) {
   const OpDef& op = op_def(GetParam());
   std::vector<Case> cases = make_cases(GetParam());
   ASSERT_GT(cases.size(), 3u);
-  // One host library of the op's kernels, each with a launcher taking its pointer arguments.
-  std::string src = std::string(kShim) + scalar_math_text();
-  for (const Case& c : cases) {
-    src += c.k.source;
-    size_t nargs = c.k.arg_inputs.size() + c.k.arg_outputs.size();
-    std::string args;
-    for (size_t i = 0; i < nargs; ++i) args += fmt::format("{}a[{}]", i ? ", " : "", i);
-    bool sync = c.k.source.find("__syncthreads") != std::string::npos;
-    src += fmt::format("extern \"C\" void {0}_launch(char** a, int blocks) {{ kn_launch(blocks, {1}, [&] {{ {0}({2}); }}); }}\n",
-                       c.k.name, sync ? "true" : "false", args);
-  }
-  std::string dir = testing::TempDir() + "kiln_cuda_emulated_" + op.name + "_" + std::to_string(::getpid());
-  std::string cc = dir + ".cc", so = dir + ".so";
-  std::ofstream(cc) << src;
-  std::string cmd = fmt::format("c++ -std=c++20 -O1 -ffp-contract=off -fPIC -shared -w -o {} {} -lpthread 2> {}.log", so, cc, dir);
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the shimmed kernels do not compile as C++: " << cmd;
-  void* lib = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ASSERT_NE(lib, nullptr) << dlerror();
+  std::vector<const cuda::DirectKernel*> ks;
+  for (const Case& c : cases) ks.push_back(&c.k);
+  HostKernels host(ks, op.name);
+  ASSERT_EQ(host.error, "");
   int checked = 0;
   for (Case& c : cases) {
-    auto launch = reinterpret_cast<void (*)(char**, int)>(dlsym(lib, (c.k.name + "_launch").c_str()));
-    ASSERT_NE(launch, nullptr) << c.k.name;
-    const Node& n = c.g.nodes[0];
-    TensorList outs;
-    for (ValueId o : n.outputs) {
-      Dims d;
-      for (size_t i = 0; i < c.g.type(o).shape.size(); ++i) d.push_back(c.g.type(o).shape[i].value());
-      outs.push_back(Tensor::empty(d, c.g.type(o).dtype));
-      // a poisoned output: every element the kernel must write but does not shows up
-      std::memset(outs.back().raw_data(), 0x7f, size_t(outs.back().numel() * dtype_size(outs.back().dtype())));
-    }
-    std::vector<char*> argv;
-    for (int i : c.k.arg_inputs) argv.push_back(static_cast<char*>(c.inputs[size_t(i)].raw_data()));
-    for (int o : c.k.arg_outputs) argv.push_back(static_cast<char*>(outs[size_t(o)].raw_data()));
-    if (c.k.blocks > 0) launch(argv.data(), int(c.k.blocks));
+    TensorList outs = host.run(c.k, c.g, c.g.nodes[0], c.inputs);
     for (size_t o = 0; o < outs.size(); ++o) {
       std::string diff = compare(c.reference[o], outs[o], c.tol);
       EXPECT_EQ(diff, "") << c.label << " (" << c.k.describe << ")";
     }
     ++checked;
   }
-  dlclose(lib);
-  std::remove(cc.c_str());
-  std::remove(so.c_str());
   std::printf("%s: %d cases matched the reference\n", op.name, checked);
+}
+
+// Out-of-range indices (the reference raises; a kernel cannot): gather writes NaN for that
+// element (0 for integers), scatter_add NaN over the index column that held it, and neither
+// touches memory out of bounds (Note [CUDA direct kernels]).
+TEST(CudaDirectEmulatedIndices, OutOfRangeIndicesGiveNaNNeverStrayAccesses) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{3, 2}));
+  ValueId xi = g.add_input("xi", TensorType(DType::Int32, Shape{3, 2}));
+  ValueId idx = g.add_input("idx", TensorType(DType::Int64, Shape{2, 2}));
+  ValueId src = g.add_input("src", TensorType(DType::Float32, Shape{2, 2}));
+  g.add_node(OpId::Gather, {x, idx}, {{"dim", int64_t(0)}}, "gather_f32");
+  g.add_node(OpId::Gather, {xi, idx}, {{"dim", int64_t(0)}}, "gather_i32");
+  g.add_node(OpId::ScatterAdd, {x, idx, src}, {{"dim", int64_t(0)}}, "scatter_f32");
+  std::vector<cuda::DirectKernel> ks;
+  for (size_t i = 0; i < g.nodes.size(); ++i) ks.push_back(cuda::plan_direct_kernel(g, g.nodes[i], int32_t(i), 2));
+  HostKernels host({&ks[0], &ks[1], &ks[2]}, "bad_index");
+  ASSERT_EQ(host.error, "");
+  Tensor tx = Tensor::empty(Dims{3, 2}, DType::Float32), ti = Tensor::empty(Dims{3, 2}, DType::Int32);
+  for (int i = 0; i < 6; ++i) {
+    tx.data<float>()[i] = float(i + 1);
+    ti.data<int32_t>()[i] = i + 1;
+  }
+  // index [[0, 5], [-1, -4]]: column 1 holds 5 and -4, both out of range for size 3
+  Tensor tidx = Tensor::empty(Dims{2, 2}, DType::Int64);
+  int64_t iv[4] = {0, 5, -1, -4};
+  std::memcpy(tidx.raw_data(), iv, sizeof iv);
+  Tensor tsrc = Tensor::empty(Dims{2, 2}, DType::Float32);
+  for (int i = 0; i < 4; ++i) tsrc.data<float>()[i] = 10.0f * float(i + 1);
+  Tensor gf = host.run(ks[0], g, g.nodes[0], {tx, tidx})[0];
+  EXPECT_EQ(gf.data<float>()[0], 1.0f);                 // x[0][0]
+  EXPECT_TRUE(std::isnan(gf.data<float>()[1]));         // index 5
+  EXPECT_EQ(gf.data<float>()[2], 5.0f);                 // x[-1 -> 2][0]
+  EXPECT_TRUE(std::isnan(gf.data<float>()[3]));         // index -4
+  Tensor gi = host.run(ks[1], g, g.nodes[1], {ti, tidx})[0];
+  EXPECT_EQ(gi.data<int32_t>()[0], 1);
+  EXPECT_EQ(gi.data<int32_t>()[1], 0);
+  EXPECT_EQ(gi.data<int32_t>()[2], 5);
+  EXPECT_EQ(gi.data<int32_t>()[3], 0);
+  Tensor sf = host.run(ks[2], g, g.nodes[2], {tx, tidx, tsrc})[0];
+  // column 0: x + src[0][0] at row 0, + src[1][0] at row 2; column 1: bad indices -> NaN
+  EXPECT_EQ(sf.data<float>()[0], 11.0f);
+  EXPECT_EQ(sf.data<float>()[2], 3.0f);
+  EXPECT_EQ(sf.data<float>()[4], 35.0f);
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(std::isnan(sf.data<float>()[r * 2 + 1])) << r;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaDirectEmulated,
