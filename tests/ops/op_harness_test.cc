@@ -534,29 +534,9 @@ const std::map<DeviceType, std::set<std::string>>& known_gaps() {
       {DeviceType::CUDA,
        {
            // integer div / pow: a zero divisor or negative exponent must raise an error, which
-           // a CUDA kernel cannot; matmul / linear: cuBLASLt has no float64 or integer GEMM
-           // here, batch dims that broadcast partially are not mapped (attention's
-           // decomposition has such a sample), and K = 0 (the bias alone) is not lowered in
-           // half precision; convolutions: cuDNN float64; the rest have no
-           // CUDA kernel yet (adaptive_avg_pool2d: global pooling only).
+           // a CUDA kernel cannot.
            "div int64", "div int32", "div int8", "div uint8", "pow int64", "pow int32",
-           "pow int8", "pow uint8", "matmul float32", "matmul float64", "matmul float16",
-           "matmul bfloat16", "matmul int64", "matmul int32", "matmul int8", "matmul uint8",
-           "linear float64", "linear float16", "linear bfloat16", "linear int64", "linear int32", "linear int8", "linear uint8",
-           "conv2d float64", "conv_transpose2d float64", "fused_conv2d float64",
-           "fused_linear float64", "scaled_dot_product_attention float32",
-           "scaled_dot_product_attention float64", "scaled_dot_product_attention float16",
-           "scaled_dot_product_attention bfloat16", "adaptive_avg_pool2d float32",
-           "adaptive_avg_pool2d float64", "adaptive_avg_pool2d float16",
-           "adaptive_avg_pool2d bfloat16", "pad float32", "pad float64", "pad float16",
-           "pad bfloat16", "pad int64", "pad int32", "pad int8", "pad uint8", "pad bool",
-           "gather float32", "gather float64", "gather float16", "gather bfloat16",
-           "gather int64", "gather int32", "gather int8", "gather uint8", "gather bool",
-           "scatter_add float32", "scatter_add float64", "scatter_add float16",
-           "scatter_add bfloat16", "scatter_add int64", "scatter_add int32", "scatter_add int8",
-           "scatter_add uint8", "upsample float32", "upsample float64", "upsample float16",
-           "upsample bfloat16", "grid_sample float32", "grid_sample float64",
-           "grid_sample float16", "grid_sample bfloat16",
+           "pow int8", "pow uint8",
        }},
   };
   return gaps;

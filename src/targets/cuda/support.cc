@@ -8,16 +8,18 @@ using compiler::OpSupport;
 constexpr OpSupport kPointwise{true, false, false, "CUDA C pointwise kernel (NVRTC), fused with neighbouring pointwise ops"};
 constexpr OpSupport kReduce{true, false, false, "block-per-row reduction kernel with fused prologue and epilogue, warp shuffles, no atomics"};
 constexpr OpSupport kNorm{true, false, false, "block-per-row norm kernel (float statistics) with fused prologue and epilogue"};
-constexpr OpSupport kConv{false, true, false, "cuDNN graph (NCHW), bias fused where an engine takes it"};
-constexpr OpSupport kGemm{false, true, false, "cuBLASLt (bias epilogue; batched with broadcast operands)"};
+constexpr OpSupport kConv{false, true, false, "cuDNN graph (NCHW), bias fused where an engine takes it; float64: a direct CUDA kernel"};
+constexpr OpSupport kGemm{false, true, false, "cuBLASLt (f32/f16/bf16; bias epilogue; batched with broadcast operands); float64, integers, partial batch broadcast, K = 0: a direct tiled CUDA GEMM kernel"};
 constexpr OpSupport kPool{false, true, false, "direct CUDA kernel, sizes as literals"};
 constexpr OpSupport kCopy{false, true, false, "direct CUDA copy kernel, sizes as literals"};
 constexpr OpSupport kGather{false, true, false, "direct CUDA gather kernel (out-of-range ids give NaN)"};
-constexpr OpSupport kGlobalPool{true, false, false, "global average pooling as a reduction kernel; other sizes: not on CUDA yet"};
+constexpr OpSupport kAdaptivePool{true, true, false, "global average pooling as a reduction kernel; other sizes: a direct CUDA kernel"};
+constexpr OpSupport kIndex{false, true, false, "direct CUDA kernel, sizes as literals (out-of-range indices give NaN / 0: Note [CUDA direct kernels])"};
+constexpr OpSupport kScatter{false, true, false, "direct CUDA kernel, each output gathers its contributions in index order (deterministic, no atomics)"};
+constexpr OpSupport kResample{false, true, false, "direct CUDA kernel, the reference's coordinate tables as literals"};
 constexpr OpSupport kArg{false, true, false, "direct CUDA kernel, one thread per output (first index on ties, NaN wins)"};
 constexpr OpSupport kView{false, false, false, "a view: folded into the indexing of its readers"};
 constexpr OpSupport kDecomposed{false, false, false, "decomposed by the compiler pipeline into ops this target runs"};
-constexpr OpSupport kNone{false, false, false, "not compiled for CUDA yet: its eager CUDA kernel, if any"};
 
 constexpr compiler::OpSupportTable kCuda = compiler::make_support_table({
     {OpId::Neg, kPointwise},
@@ -77,7 +79,7 @@ constexpr compiler::OpSupportTable kCuda = compiler::make_support_table({
     {OpId::ConvTranspose2d, kConv},
     {OpId::MaxPool2d, kPool},
     {OpId::AvgPool2d, kPool},
-    {OpId::AdaptiveAvgPool2d, kGlobalPool},
+    {OpId::AdaptiveAvgPool2d, kAdaptivePool},
     {OpId::Reshape, kView},
     {OpId::Permute, kView},
     {OpId::Transpose, kView},
@@ -88,15 +90,15 @@ constexpr compiler::OpSupportTable kCuda = compiler::make_support_table({
     {OpId::Slice, kView},
     {OpId::Concat, kCopy},
     {OpId::Split, kCopy},
-    {OpId::Pad, kNone},
+    {OpId::Pad, kCopy},
     {OpId::Copy, kPointwise},
-    {OpId::Gather, kNone},
+    {OpId::Gather, kIndex},
     {OpId::IndexSelect, kGather},
     {OpId::Embedding, kGather},
-    {OpId::ScatterAdd, kNone},
+    {OpId::ScatterAdd, kScatter},
     {OpId::ScaledDotProductAttention, kDecomposed},
-    {OpId::Upsample, kNone},
-    {OpId::GridSample, kNone},
+    {OpId::Upsample, kResample},
+    {OpId::GridSample, kResample},
     {OpId::FusedConv2d, kDecomposed},
     {OpId::FusedLinear, kDecomposed}});
 }  // namespace

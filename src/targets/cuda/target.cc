@@ -1,23 +1,31 @@
 // The CUDA target (compiler/target.h): loop kernels emitted as CUDA C and compiled by NVRTC for
-// the device's architecture (cached as cubins), cuBLASLt GEMMs, cuDNN convolutions, a few
-// direct kernels for what neither covers (pooling, concat, split, embedding), one device arena,
-// and the executable's own stream (CUDA-graph replay in reduce-overhead). See Note [CUDA
-// target].
+// the device's architecture (cached as cubins), cuBLASLt GEMMs, cuDNN convolutions, direct
+// kernels for what neither covers (targets/cuda/direct_kernels.h), one device arena, and the
+// executable's own stream (CUDA-graph replay in reduce-overhead). See Note [CUDA target].
 //
 // Note [CUDA target]
 // Library kernels:
-//   matmul (batched, B or A broadcast over the batch), linear (bias as the cuBLASLt BIAS
-//   epilogue): cuBLASLt, f32 without TF32, f16/bf16 with f32 accumulation.
+//   matmul (batched, B or A broadcast over the whole batch), linear (bias as the cuBLASLt BIAS
+//   epilogue): cuBLASLt, f32 without TF32, f16/bf16 with f32 accumulation. What cuBLASLt does
+//   not take goes to the direct GEMM kernel (gemm_needs_direct_kernel): float64 and integer
+//   dtypes, batch dims that broadcast only partially ([2,1,M,K] x [3,K,N]: one strided batch
+//   cannot express it; attention's decomposition makes such products), K = 0 (the output is the
+//   bias or zeros) and empty outputs.
 //   conv2d / conv_transpose2d (NCHW, groups, dilation, asymmetric padding; bias fused in the
-//   cuDNN graph where an engine takes it, else a bias kernel after the convolution): cuDNN.
-//   max_pool2d / avg_pool2d, concat, split, embedding / index_select: direct kernels with every
-//   size a literal, generated per graph into one NVRTC program of their own.
+//   cuDNN graph where an engine takes it, else a bias kernel after the convolution): cuDNN in
+//   f32/f16/bf16; float64 runs the direct convolution kernels.
+//   max_pool2d / avg_pool2d, adaptive_avg_pool2d (not global), concat, split, embedding /
+//   index_select, gather, scatter_add, pad, upsample, grid_sample, argmax / argmin: direct
+//   kernels with every size a literal (Note [CUDA direct kernels] in direct_kernels.cc, which
+//   also says what a kernel does with an out-of-range index: the reference raises, a kernel
+//   writes NaN), generated per graph into one NVRTC program of their own (--fmad=false).
 // fused_conv2d and fused_linear are decomposed by the compiler pipeline on this target: the
 // convolution or GEMM runs in the library and the residual add and activation become generated
 // pointwise code (the GPU-speed issue fuses them back into epilogues). Everything pointwise,
 // reductions, softmax / log_softmax / layer_norm and global average pooling are generated
 // (targets/cuda/emitter.cc). An op that is neither fails to compile on CUDA naming the node
-// (capture then runs the graph eagerly).
+// (capture then runs the graph eagerly): today only integer div / pow, whose reference raises
+// on a zero divisor or a negative exponent.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -34,6 +42,7 @@
 #include "targets/cuda/cublaslt_gemm.h"
 #include "targets/cuda/cuda_driver.h"
 #include "targets/cuda/cudnn_conv.h"
+#include "targets/cuda/direct_kernels.h"
 #include "targets/cuda/emitter.h"
 #include "targets/cuda/nvrtc.h"
 #include "targets/cuda/support.h"
@@ -152,30 +161,6 @@ void run_library(void* state, const Executable::RunContext& c) {
   }
 }
 
-const char* cuda_storage(DType d) {
-  switch (d) {
-    case DType::Float32: return "float";
-    case DType::Float64: return "double";
-    case DType::Float16: case DType::BFloat16: return "unsigned short";
-    case DType::Int64: return "long long";
-    case DType::Int32: return "int";
-    case DType::Int8: return "signed char";
-    case DType::UInt8: case DType::Bool: return "unsigned char";
-  }
-  return "?";
-}
-// Load / store of a floating value as float (for pooling and the bias kernel).
-std::string to_float(DType d, const std::string& v) {
-  if (d == DType::BFloat16) return "kn_bf16_f32(" + v + ")";
-  if (d == DType::Float16) return "kn_f16_f32(" + v + ")";
-  return "(float)(" + v + ")";
-}
-std::string from_float(DType d, const std::string& v) {
-  if (d == DType::BFloat16) return "kn_f32_bf16(" + v + ")";
-  if (d == DType::Float16) return "kn_f32_f16(" + v + ")";
-  return "(" + std::string(cuda_storage(d)) + ")(" + v + ")";
-}
-
 class CudaLibraryKernels final : public compiler::LibraryKernels {
  public:
   CudaLibraryKernels(const Graph& g, const std::vector<int32_t>& nodes) {
@@ -196,10 +181,8 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       if (ln.conv) scratch_ = std::max(scratch_, ln.conv->workspace_bytes());
     }
     if (!source.empty()) {
-      CudaCompileRequest req;
-      req.source = cuda_prelude() + source;
-      req.program_name = (g.name.empty() ? std::string("graph") : g.name) + "_lib";
-      req.arch = device_arch(kDevice);
+      CudaCompileRequest req = direct_program(
+          source, (g.name.empty() ? std::string("graph") : g.name) + "_lib", device_arch(kDevice));
       program_ = compile_cuda(req);
       module_ = CudaModule::load(program_->cubin, kDevice, req.program_name);
       for (LibNode& ln : nodes_)
@@ -250,8 +233,22 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
   for (ValueId o : n.outputs)
     if (!concrete(g.type(o))) fail_kind(ErrorKind::NotSupported, "symbolic shapes");
   switch (n.op) {
-    case OpId::Matmul: case OpId::Linear: plan_gemm(g, n, ln); break;
-    case OpId::Conv2d: case OpId::ConvTranspose2d: plan_conv(g, n, index, ln, source); break;
+    case OpId::Matmul: case OpId::Linear:
+      // cuBLASLt where it takes the dtype and shape, else the direct GEMM kernel (float64,
+      // integers, partially broadcast batch dims, K = 0, empty outputs).
+      if (gemm_needs_direct_kernel(g, n).empty()) plan_gemm(g, n, ln);
+      else plan_direct(g, n, index, ln, source);
+      break;
+    case OpId::Conv2d: case OpId::ConvTranspose2d:
+      if (library_dtype(g.type(n.inputs[0]).dtype)) plan_conv(g, n, index, ln, source);
+      else plan_direct(g, n, index, ln, source);  // float64: the direct convolution kernel
+      break;
+    case OpId::AdaptiveAvgPool2d:
+      // Global pooling is a generated reduction (it fuses with its neighbours).
+      if (const Ints& os = n.attrs.get_ints("output_size"); os.size() == 2 && os[0] == 1 && os[1] == 1)
+        fail_kind(ErrorKind::NotSupported, "global average pooling is generated code");
+      plan_direct(g, n, index, ln, source);
+      break;
     default: plan_direct(g, n, index, ln, source); break;
   }
 }
@@ -375,190 +372,15 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
 
 void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                                      std::string& source) {
-  const std::string name = fmt::format("kn_{}_{}", op_def(n.op).name, index);
-  const TensorType& xt = g.type(n.inputs[0]);
-  DType dt = g.type(n.outputs[0]).dtype;
-  const char* T = cuda_storage(dt);
-  auto grid_for = [&](int64_t total) {
-    return std::min<int64_t>((total + 255) / 256, int64_t(std::max(multiprocessors(), 1)) * 16);
-  };
-  std::string body;
-  std::string params;
-  ln.kernel_name = name;
-  ln.threads = 256;
-  switch (n.op) {
-    case OpId::MaxPool2d: case OpId::AvgPool2d: {
-      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
-      // float32 arithmetic for the 16/32-bit dtypes, double for float64
-      const bool f64 = dt == DType::Float64;
-      const char* A = f64 ? "double" : "float";
-      auto load = [&](const std::string& v) { return f64 ? "(" + v + ")" : to_float(dt, v); };
-      Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
-      const Ints& k = n.attrs.get_ints("kernel_size");
-      Ints s = n.attrs.get_ints("stride");
-      if (s.empty()) s = k;
-      const Ints& p = n.attrs.get_ints("padding");
-      bool is_max = n.op == OpId::MaxPool2d;
-      Ints dl = is_max ? n.attrs.get_ints("dilation") : Ints{1, 1};
-      bool include_pad = !is_max && n.attrs.get_bool("count_include_pad");
-      int64_t total = numel(y);
-      ln.blocks = grid_for(total);
-      ln.arg_inputs = {0};
-      ln.arg_outputs = {0};
-      params = "char* x_, char* y_";
-      body += fmt::format("  const {0}* x = (const {0}*)x_; {0}* y = ({0}*)y_;\n", T);
-      body += fmt::format("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; i += (long long)gridDim.x * blockDim.x) {{\n", total);
-      body += fmt::format("    const long long ow = i % {0}LL, oh = (i / {0}LL) % {1}LL, plane = i / ({0}LL * {1}LL);\n", y[3], y[2]);
-      body += fmt::format("    const {0}* xp = x + plane * {1}LL;\n", T, x[2] * x[3]);
-      if (is_max) {
-        body += fmt::format("    {} m = -INFINITY;\n", A);
-        body += fmt::format("    for (int a = 0; a < {}; ++a) {{\n      const long long ih = oh * {} - {} + a * {};\n      if (ih < 0 || ih >= {}) continue;\n",
-                            k[0], s[0], p[0], dl[0], x[2]);
-        body += fmt::format("      for (int b = 0; b < {}; ++b) {{\n        const long long iw = ow * {} - {} + b * {};\n        if (iw < 0 || iw >= {}) continue;\n",
-                            k[1], s[1], p[1], dl[1], x[3]);
-        body += fmt::format("        const {} v = {};\n        if (v > m || v != v) m = v;  // NaN propagates\n      }}\n    }}\n",
-                            A, load(fmt::format("xp[ih * {}LL + iw]", x[3])));
-        body += fmt::format("    y[i] = {};\n", from_float(dt, "m"));
-      } else {
-        body += fmt::format("    long long h0 = oh * {0} - {1}, w0 = ow * {2} - {3};\n", s[0], p[0], s[1], p[1]);
-        body += fmt::format("    long long h1 = min(h0 + {0}LL, {1}LL), w1 = min(w0 + {2}LL, {3}LL);\n",
-                            k[0], x[2] + p[0], k[1], x[3] + p[1]);
-        body += "    const long long padded = (h1 - h0) * (w1 - w0);\n";
-        body += fmt::format("    h0 = max(h0, 0LL); w0 = max(w0, 0LL); h1 = min(h1, {}LL); w1 = min(w1, {}LL);\n", x[2], x[3]);
-        body += fmt::format("    {} acc = 0;\n    for (long long ih = h0; ih < h1; ++ih)\n      for (long long iw = w0; iw < w1; ++iw) acc += ", A);
-        body += load(fmt::format("xp[ih * {}LL + iw]", x[3])) + ";\n";
-        body += fmt::format("    y[i] = {};\n", from_float(dt, fmt::format("acc / ({})({})", A, include_pad ? "padded" : "((h1 - h0) * (w1 - w0))")));
-      }
-      body += "  }\n";
-      ln.describe = fmt::format("{} direct kernel", op_def(n.op).name);
-      break;
-    }
-    case OpId::Concat: case OpId::Split: {
-      // Both are copies along one dim: outer x [piece extent] x inner, for each piece.
-      bool concat = n.op == OpId::Concat;
-      const TensorType& whole = concat ? g.type(n.outputs[0]) : xt;
-      int64_t rank = int64_t(whole.rank());
-      int64_t dim = n.attrs.get_int("dim");
-      if (dim < 0) dim += rank;
-      Dims wd = dims_of(whole);
-      int64_t outer = 1, inner = 1;
-      for (int64_t i = 0; i < dim; ++i) outer *= wd[size_t(i)];
-      for (int64_t i = dim + 1; i < rank; ++i) inner *= wd[size_t(i)];
-      size_t pieces = concat ? n.inputs.size() : n.outputs.size();
-      if (pieces > 12) fail_kind(ErrorKind::NotSupported, "more than 12 pieces");
-      int64_t total = numel(wd);
-      ln.blocks = grid_for(total);
-      std::vector<std::string> ps;
-      if (concat) {
-        for (size_t i = 0; i < pieces; ++i) {
-          ln.arg_inputs.push_back(int(i));
-          ps.push_back(fmt::format("char* in{}", i));
-          if (g.type(n.inputs[i]).dtype != dt) fail_kind(ErrorKind::NotSupported, "mixed dtypes");
-        }
-        ln.arg_outputs = {0};
-        ps.push_back("char* out_");
-      } else {
-        ln.arg_inputs = {0};
-        ps.push_back("char* in_");
-        for (size_t i = 0; i < pieces; ++i) {
-          ln.arg_outputs.push_back(int(i));
-          ps.push_back(fmt::format("char* out{}", i));
-        }
-      }
-      params = fmt::format("{}", fmt::join(ps, ", "));
-      body += fmt::format("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; i += (long long)gridDim.x * blockDim.x) {{\n", total);
-      body += fmt::format("    const long long o = i / ({}LL * {}LL), j = (i / {}LL) % {}LL, r = i % {}LL;\n",
-                          wd[size_t(dim)], inner, inner, wd[size_t(dim)], inner);
-      int64_t start = 0;
-      for (size_t i = 0; i < pieces; ++i) {
-        const TensorType& pt = g.type(concat ? n.inputs[i] : n.outputs[i]);
-        int64_t ext = pt.shape[size_t(dim)].value();
-        std::string piece = concat ? fmt::format("in{}", i) : fmt::format("out{}", i);
-        std::string piece_idx = fmt::format("(o * {}LL + (j - {}LL)) * {}LL + r", ext, start, inner);
-        std::string copy = concat ? fmt::format("(({0}*)out_)[i] = ((const {0}*){1})[{2}];", T, piece, piece_idx)
-                                  : fmt::format("(({0}*){1})[{2}] = ((const {0}*)in_)[i];", T, piece, piece_idx);
-        body += fmt::format("    {}if (j < {}LL) {{ {} }}\n", i ? "else " : "", start + ext, copy);
-        start += ext;
-      }
-      body += "  }\n";
-      ln.describe = fmt::format("{} direct kernel ({} pieces)", op_def(n.op).name, pieces);
-      break;
-    }
-    case OpId::Embedding: case OpId::IndexSelect: {
-      // Rows of a table selected by int64/int32 indices (embedding: table [V, D], ids any shape).
-      bool emb = n.op == OpId::Embedding;
-      ValueId table_v = emb ? n.inputs[0] : n.inputs[0];
-      ValueId ids_v = n.inputs[1];
-      const TensorType& tt = g.type(table_v);
-      const TensorType& it = g.type(ids_v);
-      if (it.dtype != DType::Int64 && it.dtype != DType::Int32) fail_kind(ErrorKind::NotSupported, "index dtype");
-      Dims td = dims_of(tt);
-      int64_t dim = emb ? 0 : n.attrs.get_int("dim");
-      if (dim < 0) dim += int64_t(td.size());
-      int64_t outer = 1, inner = 1;
-      for (int64_t i = 0; i < dim; ++i) outer *= td[size_t(i)];
-      for (int64_t i = dim + 1; i < int64_t(td.size()); ++i) inner *= td[size_t(i)];
-      int64_t rows = td[size_t(dim)], count = numel(dims_of(it));
-      int64_t total = outer * count * inner;
-      ln.blocks = grid_for(total);
-      ln.arg_inputs = {0, 1};
-      ln.arg_outputs = {0};
-      params = "char* table_, char* ids_, char* out_";
-      const char* I = it.dtype == DType::Int64 ? "long long" : "int";
-      body += fmt::format("  const {0}* table = (const {0}*)table_; const {1}* ids = (const {1}*)ids_; {0}* out = ({0}*)out_;\n", T, I);
-      body += fmt::format("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; i += (long long)gridDim.x * blockDim.x) {{\n", total);
-      body += fmt::format("    const long long o = i / ({0}LL * {1}LL), c = (i / {1}LL) % {0}LL, r = i % {1}LL;\n", count, inner);
-      // Out-of-range ids read nothing: the output is NaN (float) so a bad id cannot pass silently.
-      body += fmt::format("    long long id = (long long)ids[c]; if (id < 0) id += {0}LL;\n"
-                          "    if (id < 0 || id >= {0}LL) {{ out[i] = {1}; continue; }}\n", rows,
-                          is_float(dt) ? from_float(dt, "__int_as_float(0x7fc00000)") : std::string("0"));
-      body += fmt::format("    out[i] = table[(o * {}LL + id) * {}LL + r];\n  }}\n", rows, inner);
-      ln.describe = fmt::format("{} direct kernel ({} rows of {})", op_def(n.op).name, count, rows);
-      break;
-    }
-    case OpId::Argmax: case OpId::Argmin: {
-      // One thread per output point scans its candidates in increasing index order: the first
-      // of equal values wins, NaN beats everything and nothing beats NaN (the reference's rule).
-      Dims x = dims_of(xt);
-      int64_t outer = 1, extent = numel(x), inner = 1;
-      if (n.attrs.has("dim") && !x.empty()) {
-        int64_t dim = n.attrs.get_int("dim");
-        if (dim < 0) dim += int64_t(x.size());
-        extent = x[size_t(dim)];
-        outer = 1;
-        for (int64_t i = 0; i < dim; ++i) outer *= x[size_t(i)];
-        for (size_t i = size_t(dim) + 1; i < x.size(); ++i) inner *= x[i];
-      }
-      if (extent == 0) fail_kind(ErrorKind::InvalidArgument, "{} over an empty set", op_def(n.op).name);
-      const bool is_max = n.op == OpId::Argmax;
-      DType xd = xt.dtype;
-      const char* C = xd == DType::Float64 ? "double" : is_float(xd) ? "float" : "long long";
-      auto load = [&](const char* k) {
-        std::string e = fmt::format("x[base + {} * {}LL]", k, inner);
-        return xd == DType::Float16 || xd == DType::BFloat16 ? to_float(xd, e)
-                                                             : fmt::format("({}){}", C, e);
-      };
-      int64_t total = outer * inner;
-      ln.blocks = grid_for(total);
-      ln.arg_inputs = {0};
-      ln.arg_outputs = {0};
-      params = "char* x_, char* y_";
-      body += fmt::format("  const {0}* x = (const {0}*)x_; long long* y = (long long*)y_;\n", cuda_storage(xd));
-      body += fmt::format("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; i += (long long)gridDim.x * blockDim.x) {{\n", total);
-      body += fmt::format("    const long long base = (i / {0}LL) * {1}LL * {0}LL + i % {0}LL;\n", inner, extent);
-      body += fmt::format("    {0} best = {1}; long long at = 0;\n", C, load("0"));
-      body += fmt::format("    for (long long k = 1; k < {}LL; ++k) {{\n      const {} v = {};\n", extent, C, load("k"));
-      body += fmt::format("      if (!(best != best) && ((v != v) || v {} best)) {{ best = v; at = k; }}\n    }}\n", is_max ? ">" : "<");
-      body += "    y[i] = at;\n  }\n";
-      ln.describe = fmt::format("{} direct kernel ({} candidates per output)", op_def(n.op).name, extent);
-      break;
-    }
-    default:
-      fail_kind(ErrorKind::NotSupported, "op '{}' has no CUDA library kernel", op_def(n.op).name);
-  }
+  DirectKernel k = plan_direct_kernel(g, n, index, int64_t(std::max(multiprocessors(), 1)) * 16);
+  ln.kernel_name = k.name;
+  ln.blocks = k.blocks;
+  ln.threads = k.threads;
+  ln.arg_inputs = k.arg_inputs;
+  ln.arg_outputs = k.arg_outputs;
+  ln.describe = k.describe;
   ln.kind = LibNode::Kind::Direct;
-  source += fmt::format("// kiln-kernel: {}\n// {} '{}'\nextern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n{}}}\n\n",
-                        name, op_def(n.op).name, n.name, name, params, body);
+  source += k.source;
 }
 
 // ---- loop kernels -------------------------------------------------------------------------------

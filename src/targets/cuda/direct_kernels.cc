@@ -1,0 +1,825 @@
+// Direct CUDA kernels (direct_kernels.h).
+//
+// Note [CUDA direct kernels]
+// One kernel per node, every size, stride and attribute a literal, a grid-stride loop over the
+// output (one thread per output element unless said otherwise), inputs contiguous (the compiler
+// inserts copies for views). The semantics are those of the op's float64 reference kernel in
+// src/ops/; what differs is said here.
+//   - arithmetic: float64 in double, float32/float16/bfloat16 in float, unless said otherwise;
+//     the program is compiled with --fmad=false (direct_program), so float64 results round like
+//     the reference's (same operations, same order, no contraction);
+//   - bad indices (gather, scatter_add, embedding, index_select): the reference raises an error,
+//     a kernel cannot. An out-of-range index never reads or writes out of bounds: gather /
+//     embedding / index_select write NaN for that element (integers and bool: 0); scatter_add
+//     skips it and, for floating dtypes, writes NaN to every output element of the index column
+//     that held it (integers: the bad index is skipped silently). Validate indices before the
+//     call where that matters;
+//   - pad: constant / reflect / replicate (Kiln's modes; no circular), negative pads crop; pure
+//     data movement on the elements' bits, the fill value converted on the host by store_f64;
+//   - gather: pure data movement on the elements' bits (every dtype);
+//   - scatter_add: deterministic without atomics: each output element scans its index column
+//     (index[..., k, ...] for k = 0, 1, ... along dim) and adds the src elements that target it,
+//     in index order — the order in which the reference adds them — in double (floating dtypes;
+//     one rounding at the end, as the reference) or wrapping int64 (integers). Bitwise equal to
+//     the reference; cost O(numel(out) x index.size(dim));
+//   - upsample: the reference's coordinate tables (nearest: float32 scale as PyTorch; bilinear:
+//     float64 taps) computed on the host by the same formulas and embedded as __device__ arrays;
+//     bilinear weights are rounded to float for the 16/32-bit dtypes (as the CPU eager float32
+//     path), kept double for float64;
+//   - grid_sample: bilinear, zeros padding, align_corners as the reference (coordinates clamped
+//     to [-2, size + 1] before floor, NaN coordinates give NaN);
+//   - adaptive_avg_pool2d: PyTorch's windows [floor(i*in/out), ceil((i+1)*in/out)), summed in
+//     window order and divided by the window size;
+//   - GEMM (matmul, linear): 16x16 output tiles, 256 threads, K in steps of 16 through shared
+//     memory; each output sums k = 0..K-1 in order, starting from the bias (linear) or zero.
+//     Integers accumulate in unsigned 64-bit (int64 wraparound, as the reference) and wrap on
+//     store. Batch dims broadcast in any pattern (a stride-0 dim per broadcast operand dim).
+//     K = 0 gives the bias or zeros;
+//   - conv2d: one thread per output, bias then (channel, kh, kw) in the reference's order;
+//     conv_transpose2d as a gather (the adjoint of conv2d): each output adds the contributions
+//     the reference scatters to it, in the reference's order (input channel, then input row and
+//     column ascending), so float64 matches the reference bit for bit.
+#include "targets/cuda/direct_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "targets/cuda/emitter.h"
+
+namespace kiln::cuda {
+
+const char* cuda_storage(DType d) {
+  switch (d) {
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+    case DType::Float16: case DType::BFloat16: return "unsigned short";
+    case DType::Int64: return "long long";
+    case DType::Int32: return "int";
+    case DType::Int8: return "signed char";
+    case DType::UInt8: case DType::Bool: return "unsigned char";
+  }
+  return "?";
+}
+std::string to_float(DType d, const std::string& v) {
+  if (d == DType::BFloat16) return "kn_bf16_f32(" + v + ")";
+  if (d == DType::Float16) return "kn_f16_f32(" + v + ")";
+  return "(float)(" + v + ")";
+}
+std::string from_float(DType d, const std::string& v) {
+  if (d == DType::BFloat16) return "kn_f32_bf16(" + v + ")";
+  if (d == DType::Float16) return "kn_f32_f16(" + v + ")";
+  return "(" + std::string(cuda_storage(d)) + ")(" + v + ")";
+}
+
+CudaCompileRequest direct_program(const std::string& kernels, const std::string& program_name,
+                                  const std::string& arch) {
+  CudaCompileRequest req;
+  req.source = cuda_prelude() + kernels;
+  req.program_name = program_name;
+  req.arch = arch;
+  req.extra_flags = {"--fmad=false"};
+  return req;
+}
+
+namespace {
+
+bool is_float(DType d) {
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
+}
+bool library_dtype(DType d) {
+  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16;
+}
+Dims dims_of(const TensorType& t) {
+  Dims d;
+  for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
+  return d;
+}
+bool has_input(const Node& n, size_t i) { return n.inputs.size() > i && n.inputs[i] != kNoValue; }
+
+// The unsigned type of an element's bits (pure data movement).
+const char* raw_storage(DType d) {
+  switch (dtype_size(d)) {
+    case 1: return "unsigned char";
+    case 2: return "unsigned short";
+    case 4: return "unsigned int";
+    default: return "unsigned long long";
+  }
+}
+// A value of dtype d converted on the host (store_f64: Kiln's conversion), as its bit pattern.
+std::string bits_literal(DType d, double v) {
+  alignas(8) unsigned char b[8] = {};
+  store_f64(b, d, v);
+  uint64_t u = 0;
+  std::memcpy(&u, b, size_t(dtype_size(d)));
+  return fmt::format("({})0x{:x}ULL", raw_storage(d), u);
+}
+// Bits of a quiet NaN in d (0 for integers and bool): what a bad index reads.
+std::string bad_read_bits(DType d) {
+  switch (d) {
+    case DType::Float32: return "(unsigned int)0x7fc00000u";
+    case DType::Float64: return "(unsigned long long)0x7ff8000000000000ULL";
+    case DType::Float16: return "(unsigned short)0x7e00u";
+    case DType::BFloat16: return "(unsigned short)0x7fc0u";
+    default: return fmt::format("({})0", raw_storage(d));
+  }
+}
+
+// The arithmetic type of a kernel over dtype d: double for float64, float for the other floats,
+// unsigned 64-bit (wrapping) for integers.
+const char* acc_type(DType d) {
+  if (d == DType::Float64) return "double";
+  if (is_float(d)) return "float";
+  return "unsigned long long";
+}
+std::string load_acc(DType d, const std::string& v) {
+  if (d == DType::Float64) return "(" + v + ")";
+  if (is_float(d)) return to_float(d, v);
+  return "(unsigned long long)(long long)(" + v + ")";
+}
+std::string store_acc(DType d, const std::string& v) {
+  if (d == DType::Float64) return "(" + v + ")";
+  if (is_float(d)) return from_float(d, v);
+  if (d == DType::Int64) return "(long long)(" + v + ")";
+  return fmt::format("({})(unsigned {})({})", cuda_storage(d),
+                     d == DType::Int32 ? "int" : "char", v);
+}
+
+std::string grid_loop(int64_t total) {
+  return fmt::format(
+      "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {}LL; "
+      "i += (long long)gridDim.x * blockDim.x) {{\n", total);
+}
+// Declares c<prefix>0 .. c<prefix>{r-1}: the row-major coordinates of `index` in `dims`.
+std::string coords(const Dims& dims, const std::string& index, const std::string& prefix) {
+  std::string s;
+  if (dims.empty()) return s;
+  s += fmt::format("    long long r{} = {};\n", prefix, index);
+  for (size_t k = dims.size(); k-- > 0;) {
+    s += fmt::format("    const long long {}{} = r{} % {}LL;", prefix, k, prefix, dims[k]);
+    if (k > 0) s += fmt::format(" r{} /= {}LL;", prefix, dims[k]);
+    s += "\n";
+  }
+  s += fmt::format("    (void)r{};\n", prefix);
+  return s;
+}
+Dims row_major_strides(const Dims& d) {
+  Dims s(d.size(), 1);
+  for (size_t k = d.size(); k-- > 1;) s[k - 1] = s[k] * d[k];
+  return s;
+}
+// A double literal that reads back exactly; a float one with `f` suffix.
+std::string dlit(double v) { return fmt::format("{:#.17g}", v); }
+std::string flit(float v) { return fmt::format("{:#.9g}f", v); }
+
+template <typename T, typename F>
+std::string table(const std::string& type, const std::string& name, const std::vector<T>& v, F fmt1) {
+  std::string s = fmt::format("__device__ const {} {}[{}] = {{", type, name, std::max<size_t>(v.size(), 1));
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + fmt1(v[i]);
+  if (v.empty()) s += "0";
+  return s + "};\n";
+}
+
+// ---- the reference's upsample tables (src/ops/resample.cc, Note [Resample coordinates]) ------
+std::vector<int64_t> nearest_table(int64_t in, int64_t out, const Floats& scales, int i) {
+  std::vector<int64_t> t(static_cast<size_t>(out));
+  const float s = scales.empty() ? float(in) / float(out) : float(1.0 / scales[size_t(i)]);
+  for (int64_t o = 0; o < out; ++o) {
+    if (out == in) t[size_t(o)] = o;
+    else if (out == 2 * in) t[size_t(o)] = o >> 1;
+    else t[size_t(o)] = std::min(int64_t(std::floor(float(o) * s)), in - 1);
+  }
+  return t;
+}
+struct LinearTap {
+  int64_t i0, i1;
+  double w1;
+};
+std::vector<LinearTap> linear_table(int64_t in, int64_t out, bool align_corners,
+                                    const Floats& scales, int i) {
+  std::vector<LinearTap> t(static_cast<size_t>(out));
+  double s;
+  if (align_corners) s = out > 1 ? double(in - 1) / double(out - 1) : 0.0;
+  else s = scales.empty() ? double(in) / double(out) : 1.0 / scales[size_t(i)];
+  for (int64_t o = 0; o < out; ++o) {
+    double src = align_corners ? s * double(o) : std::max(s * (double(o) + 0.5) - 0.5, 0.0);
+    int64_t i0 = std::min(int64_t(std::floor(src)), in - 1);
+    double w1 = std::min(std::max(src - double(i0), 0.0), 1.0);
+    t[size_t(o)] = {i0, i0 + (i0 < in - 1 ? 1 : 0), w1};
+  }
+  return t;
+}
+
+// ---- GEMM -------------------------------------------------------------------------------------
+// C[b] = A[b] x B[b] (+ bias) over contiguous operands; the batch coordinate maps to each
+// operand's offset through per-dim strides (0 on a broadcast dim).
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+  Dims batch;               // the output's batch dims
+  Dims a_stride, b_stride;  // per batch dim, in elements
+  bool b_is_weight = false; // linear: B[k][n] = W[n * K + k]
+  bool bias = false;
+};
+
+GemmShape gemm_shape(const Graph& g, const Node& n) {
+  GemmShape s;
+  Dims a = dims_of(g.type(n.inputs[0])), b = dims_of(g.type(n.inputs[1]));
+  if (n.op == OpId::Linear) {
+    s.k = a.back();
+    s.n = b[0];
+    Dims out = dims_of(g.type(n.outputs[0]));
+    s.m = s.n > 0 ? numel(out) / s.n : 0;
+    if (s.k > 0) s.m = numel(a) / s.k;
+    s.b_is_weight = true;
+    s.bias = has_input(n, 2);
+    return s;
+  }
+  if (a.size() == 1) a = Dims{1, a[0]};
+  if (b.size() == 1) b = Dims{b[0], 1};
+  size_t r = std::max(a.size(), b.size());
+  while (a.size() < r) a.insert(0, 1);
+  while (b.size() < r) b.insert(0, 1);
+  s.m = a[r - 2];
+  s.k = a[r - 1];
+  s.n = b[r - 1];
+  Dims as = row_major_strides(a), bs = row_major_strides(b);
+  for (size_t i = 0; i + 2 < r; ++i) {
+    s.batch.push_back(std::max(a[i], b[i]));
+    s.a_stride.push_back(a[i] == 1 ? 0 : as[i]);
+    s.b_stride.push_back(b[i] == 1 ? 0 : bs[i]);
+  }
+  return s;
+}
+
+void plan_gemm_kernel(const Graph& g, const Node& n, const std::string& name, int64_t max_blocks,
+                      DirectKernel& k, std::string& params, std::string& body) {
+  DType dt = g.type(n.outputs[0]).dtype;
+  if (dt == DType::Bool) fail_kind(ErrorKind::NotSupported, "GEMM of bool");
+  GemmShape s = gemm_shape(g, n);
+  const char* T = cuda_storage(dt);
+  const char* A = acc_type(dt);
+  int64_t batch = numel(s.batch);
+  int64_t tm = (s.m + 15) / 16, tn = (s.n + 15) / 16, tiles = batch * tm * tn;
+  k.blocks = std::min(tiles, max_blocks);
+  k.arg_inputs = {0, 1};
+  params = "char* a_, char* b_, ";
+  if (s.bias) {
+    k.arg_inputs.push_back(2);
+    params += "char* bias_, ";
+  }
+  params += "char* y_";
+  k.arg_outputs = {0};
+  body += fmt::format("  const {0}* a = (const {0}*)a_; const {0}* b = (const {0}*)b_; {0}* y = ({0}*)y_;\n", T);
+  if (s.bias) body += fmt::format("  const {0}* bias = (const {0}*)bias_;\n", T);
+  body += fmt::format("  __shared__ {0} As[16][17];\n  __shared__ {0} Bs[16][17];\n", A);
+  body += "  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;\n";
+  body += fmt::format("  for (long long t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", tiles);
+  body += fmt::format("    const long long bt = t / {0}LL, tm = (t / {1}LL) % {2}LL, tn = t % {1}LL;\n",
+                      tm * tn, tn, tm);
+  body += "    long long aoff = 0, boff = 0;\n";
+  if (!s.batch.empty()) {
+    body += coords(s.batch, "bt", "cb");
+    for (size_t i = 0; i < s.batch.size(); ++i) {
+      if (s.a_stride[i]) body += fmt::format("    aoff += cb{} * {}LL;\n", i, s.a_stride[i]);
+      if (s.b_stride[i]) body += fmt::format("    boff += cb{} * {}LL;\n", i, s.b_stride[i]);
+    }
+  }
+  body += "    const long long m = tm * 16 + ty, n = tn * 16 + tx;\n";
+  body += fmt::format("    {} acc = 0;\n", A);
+  if (s.bias)
+    body += fmt::format("    if (n < {}LL) acc = {};\n", s.n, load_acc(dt, "bias[n]"));
+  body += fmt::format("    for (long long k0 = 0; k0 < {}LL; k0 += 16) {{\n", s.k);
+  body += fmt::format("      {{ const long long c = k0 + tx; As[ty][tx] = (m < {0}LL && c < {1}LL) ? {2} : ({3})0; }}\n",
+                      s.m, s.k, load_acc(dt, fmt::format("a[aoff + m * {}LL + c]", s.k)), A);
+  std::string bload = s.b_is_weight ? fmt::format("b[nn * {}LL + r]", s.k)
+                                    : fmt::format("b[boff + r * {}LL + nn]", s.n);
+  body += fmt::format("      {{ const long long r = k0 + ty, nn = tn * 16 + tx; Bs[ty][tx] = (r < {0}LL && nn < {1}LL) ? {2} : ({3})0; }}\n",
+                      s.k, s.n, load_acc(dt, bload), A);
+  body += "      __syncthreads();\n";
+  body += fmt::format("      const int kn = {}LL - k0 < 16 ? (int)({}LL - k0) : 16;\n", s.k, s.k);
+  body += "      for (int kk = 0; kk < kn; ++kk) acc += As[ty][kk] * Bs[kk][tx];\n";
+  body += "      __syncthreads();\n    }\n";
+  body += fmt::format("    if (m < {0}LL && n < {1}LL) y[bt * {2}LL + m * {1}LL + n] = {3};\n  }}\n",
+                      s.m, s.n, s.m * s.n, store_acc(dt, "acc"));
+  k.describe = fmt::format("{} direct GEMM kernel ({}, batch {} x [{}x{}] x [{}x{}]{}, 16x16 tiles)",
+                           op_def(n.op).name, dtype_name(dt), batch, s.m, s.k, s.k, s.n,
+                           s.bias ? " + bias" : "");
+  (void)name;
+}
+
+// ---- convolutions -----------------------------------------------------------------------------
+void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectKernel& k,
+                      std::string& params, std::string& body) {
+  DType dt = g.type(n.outputs[0]).dtype;
+  if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "convolution of {}", dtype_name(dt));
+  const bool transposed = n.op == OpId::ConvTranspose2d;
+  Dims x = dims_of(g.type(n.inputs[0])), w = dims_of(g.type(n.inputs[1]));
+  Dims y = dims_of(g.type(n.outputs[0]));
+  const char* T = cuda_storage(dt);
+  const char* A = acc_type(dt);
+  int64_t groups = n.attrs.get_int("groups");
+  const Ints& st = n.attrs.get_ints("stride");
+  const Ints& pd = n.attrs.get_ints("padding");
+  const Ints& dl = n.attrs.get_ints("dilation");
+  const bool bias = has_input(n, 2);
+  int64_t total = numel(y);
+  k.blocks = std::min((total + 255) / 256, max_blocks);
+  k.arg_inputs = {0, 1};
+  params = "char* x_, char* w_, ";
+  if (bias) {
+    k.arg_inputs.push_back(2);
+    params += "char* bias_, ";
+  }
+  params += "char* y_";
+  k.arg_outputs = {0};
+  body += fmt::format("  const {0}* x = (const {0}*)x_; const {0}* w = (const {0}*)w_; {0}* y = ({0}*)y_;\n", T);
+  if (bias) body += fmt::format("  const {0}* bias = (const {0}*)bias_;\n", T);
+  body += grid_loop(total);
+  body += fmt::format("    const long long ow = i % {0}LL, oh = (i / {0}LL) % {1}LL, o = (i / ({0}LL * {1}LL)) % {2}LL, nb = i / ({0}LL * {1}LL * {2}LL);\n",
+                      y[3], y[2], y[1]);
+  body += fmt::format("    {} acc = {};\n", A, bias ? load_acc(dt, "bias[o]") : fmt::format("({})0", A));
+  auto xs = [&](const char* ic) {
+    return load_acc(dt, fmt::format("x[((nb * {}LL + {}) * {}LL + ih) * {}LL + iw]", x[1], ic, x[2], x[3]));
+  };
+  if (!transposed) {
+    int64_t cg = w[1], og = w[0] / groups;
+    body += fmt::format("    const long long grp = o / {}LL;\n", og);
+    body += fmt::format("    for (long long ci = 0; ci < {}LL; ++ci) {{\n      const long long ic = grp * {}LL + ci;\n", cg, cg);
+    body += fmt::format("      for (long long a = 0; a < {}LL; ++a) {{\n        const long long ih = oh * {}LL - {}LL + a * {}LL;\n        if (ih < 0 || ih >= {}LL) continue;\n",
+                        w[2], st[0], pd[0], dl[0], x[2]);
+    body += fmt::format("        for (long long b = 0; b < {}LL; ++b) {{\n          const long long iw = ow * {}LL - {}LL + b * {}LL;\n          if (iw < 0 || iw >= {}LL) continue;\n",
+                        w[3], st[1], pd[1], dl[1], x[3]);
+    body += fmt::format("          acc += {} * {};\n        }}\n      }}\n    }}\n", xs("ic"),
+                        load_acc(dt, fmt::format("w[((o * {}LL + ci) * {}LL + a) * {}LL + b]", cg, w[2], w[3])));
+    k.describe = fmt::format("conv2d direct kernel ({}, groups {})", dtype_name(dt), groups);
+  } else {
+    // oh = ih * stride - pad + a * dilation: for each kernel tap the one input row that maps
+    // here; taps in decreasing order visit input rows (and columns) in increasing order, the
+    // order in which the reference's scatter adds them.
+    int64_t og = w[1], cg = x[1] / groups;
+    body += fmt::format("    const long long grp = o / {}LL, oc = o % {}LL;\n", og, og);
+    body += fmt::format("    for (long long ci = 0; ci < {}LL; ++ci) {{\n      const long long ic = grp * {}LL + ci;\n", cg, cg);
+    body += fmt::format("      for (long long a = {}LL; a >= 0; --a) {{\n        const long long th = oh + {}LL - a * {}LL;\n"
+                        "        if (th < 0 || th % {}LL != 0) continue;\n        const long long ih = th / {}LL;\n        if (ih >= {}LL) continue;\n",
+                        w[2] - 1, pd[0], dl[0], st[0], st[0], x[2]);
+    body += fmt::format("        for (long long b = {}LL; b >= 0; --b) {{\n          const long long tw = ow + {}LL - b * {}LL;\n"
+                        "          if (tw < 0 || tw % {}LL != 0) continue;\n          const long long iw = tw / {}LL;\n          if (iw >= {}LL) continue;\n",
+                        w[3] - 1, pd[1], dl[1], st[1], st[1], x[3]);
+    body += fmt::format("          acc += {} * {};\n        }}\n      }}\n    }}\n", xs("ic"),
+                        load_acc(dt, fmt::format("w[((ic * {}LL + oc) * {}LL + a) * {}LL + b]", og, w[2], w[3])));
+    k.describe = fmt::format("conv_transpose2d direct kernel ({}, groups {})", dtype_name(dt), groups);
+  }
+  body += fmt::format("    y[i] = {};\n  }}\n", store_acc(dt, "acc"));
+}
+
+}  // namespace
+
+std::string gemm_needs_direct_kernel(const Graph& g, const Node& n) {
+  DType dt = g.type(n.inputs[0]).dtype;
+  if (!library_dtype(dt)) return fmt::format("cuBLASLt takes float32, float16 or bfloat16, not {}", dtype_name(dt));
+  GemmShape s = gemm_shape(g, n);
+  if (s.m == 0 || s.n == 0) return "an empty output";
+  if (s.k == 0) return "K = 0 (the output is the bias or zeros)";
+  // cuBLASLt's strided batch: each operand has the output's whole batch or is one matrix.
+  bool a_all = true, a_none = true, b_all = true, b_none = true;
+  for (size_t i = 0; i < s.batch.size(); ++i) {
+    if (s.batch[i] == 1) continue;
+    (s.a_stride[i] ? a_none : a_all) = false;
+    (s.b_stride[i] ? b_none : b_all) = false;
+  }
+  if (!(a_all || a_none) || !(b_all || b_none)) return "batch dims that broadcast partially";
+  return "";
+}
+
+DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks) {
+  max_blocks = std::max<int64_t>(max_blocks, 1);
+  for (ValueId o : n.outputs)
+    for (size_t i = 0; i < g.type(o).shape.size(); ++i)
+      if (!g.type(o).shape[i].is_concrete()) fail_kind(ErrorKind::NotSupported, "symbolic shapes");
+  for (ValueId v : n.inputs)
+    if (v != kNoValue)
+      for (size_t i = 0; i < g.type(v).shape.size(); ++i)
+        if (!g.type(v).shape[i].is_concrete()) fail_kind(ErrorKind::NotSupported, "symbolic shapes");
+  DirectKernel k;
+  k.name = fmt::format("kn_{}_{}", op_def(n.op).name, index);
+  const TensorType& xt = g.type(n.inputs[0]);
+  DType dt = g.type(n.outputs[0]).dtype;
+  const char* T = cuda_storage(dt);
+  auto grid_for = [&](int64_t total) { return std::min<int64_t>((total + 255) / 256, max_blocks); };
+  std::string body, params, tables;
+  k.threads = 256;
+  switch (n.op) {
+    case OpId::MaxPool2d: case OpId::AvgPool2d: {
+      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
+      // float32 arithmetic for the 16/32-bit dtypes, double for float64
+      const bool f64 = dt == DType::Float64;
+      const char* A = f64 ? "double" : "float";
+      auto load = [&](const std::string& v) { return f64 ? "(" + v + ")" : to_float(dt, v); };
+      Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
+      const Ints& kz = n.attrs.get_ints("kernel_size");
+      Ints s = n.attrs.get_ints("stride");
+      if (s.empty()) s = kz;
+      const Ints& p = n.attrs.get_ints("padding");
+      bool is_max = n.op == OpId::MaxPool2d;
+      Ints dl = is_max ? n.attrs.get_ints("dilation") : Ints{1, 1};
+      bool include_pad = !is_max && n.attrs.get_bool("count_include_pad");
+      int64_t total = numel(y);
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0};
+      k.arg_outputs = {0};
+      params = "char* x_, char* y_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; {0}* y = ({0}*)y_;\n", T);
+      body += grid_loop(total);
+      body += fmt::format("    const long long ow = i % {0}LL, oh = (i / {0}LL) % {1}LL, plane = i / ({0}LL * {1}LL);\n", y[3], y[2]);
+      body += fmt::format("    const {0}* xp = x + plane * {1}LL;\n", T, x[2] * x[3]);
+      if (is_max) {
+        body += fmt::format("    {} m = -INFINITY;\n", A);
+        body += fmt::format("    for (int a = 0; a < {}; ++a) {{\n      const long long ih = oh * {} - {} + a * {};\n      if (ih < 0 || ih >= {}) continue;\n",
+                            kz[0], s[0], p[0], dl[0], x[2]);
+        body += fmt::format("      for (int b = 0; b < {}; ++b) {{\n        const long long iw = ow * {} - {} + b * {};\n        if (iw < 0 || iw >= {}) continue;\n",
+                            kz[1], s[1], p[1], dl[1], x[3]);
+        body += fmt::format("        const {} v = {};\n        if (v > m || v != v) m = v;  // NaN propagates\n      }}\n    }}\n",
+                            A, load(fmt::format("xp[ih * {}LL + iw]", x[3])));
+        body += fmt::format("    y[i] = {};\n", from_float(dt, "m"));
+      } else {
+        body += fmt::format("    long long h0 = oh * {0} - {1}, w0 = ow * {2} - {3};\n", s[0], p[0], s[1], p[1]);
+        body += fmt::format("    long long h1 = min(h0 + {0}LL, {1}LL), w1 = min(w0 + {2}LL, {3}LL);\n",
+                            kz[0], x[2] + p[0], kz[1], x[3] + p[1]);
+        body += "    const long long padded = (h1 - h0) * (w1 - w0);\n";
+        body += fmt::format("    h0 = max(h0, 0LL); w0 = max(w0, 0LL); h1 = min(h1, {}LL); w1 = min(w1, {}LL);\n", x[2], x[3]);
+        body += fmt::format("    {} acc = 0;\n    for (long long ih = h0; ih < h1; ++ih)\n      for (long long iw = w0; iw < w1; ++iw) acc += ", A);
+        body += load(fmt::format("xp[ih * {}LL + iw]", x[3])) + ";\n";
+        body += fmt::format("    y[i] = {};\n", from_float(dt, fmt::format("acc / ({})({})", A, include_pad ? "padded" : "((h1 - h0) * (w1 - w0))")));
+      }
+      body += "  }\n";
+      k.describe = fmt::format("{} direct kernel", op_def(n.op).name);
+      break;
+    }
+    case OpId::AdaptiveAvgPool2d: {
+      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
+      const char* A = acc_type(dt);
+      Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
+      int64_t total = numel(y);
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0};
+      k.arg_outputs = {0};
+      params = "char* x_, char* y_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; {0}* y = ({0}*)y_;\n", T);
+      body += grid_loop(total);
+      body += fmt::format("    const long long ow = i % {0}LL, oh = (i / {0}LL) % {1}LL, plane = i / ({0}LL * {1}LL);\n", y[3], y[2]);
+      body += fmt::format("    const {0}* xp = x + plane * {1}LL;\n", T, x[2] * x[3]);
+      body += fmt::format("    const long long h0 = (oh * {0}LL) / {1}LL, h1 = ((oh + 1) * {0}LL + {1}LL - 1) / {1}LL;\n", x[2], y[2]);
+      body += fmt::format("    const long long w0 = (ow * {0}LL) / {1}LL, w1 = ((ow + 1) * {0}LL + {1}LL - 1) / {1}LL;\n", x[3], y[3]);
+      body += fmt::format("    {} acc = 0;\n    for (long long ih = h0; ih < h1; ++ih)\n      for (long long iw = w0; iw < w1; ++iw) acc += {};\n",
+                          A, load_acc(dt, fmt::format("xp[ih * {}LL + iw]", x[3])));
+      body += fmt::format("    y[i] = {};\n  }}\n", store_acc(dt, fmt::format("acc / ({})((h1 - h0) * (w1 - w0))", A)));
+      k.describe = fmt::format("adaptive_avg_pool2d direct kernel ({}x{} -> {}x{})", x[2], x[3], y[2], y[3]);
+      break;
+    }
+    case OpId::Concat: case OpId::Split: {
+      // Both are copies along one dim: outer x [piece extent] x inner, for each piece.
+      bool concat = n.op == OpId::Concat;
+      const TensorType& whole = concat ? g.type(n.outputs[0]) : xt;
+      int64_t rank = int64_t(whole.rank());
+      int64_t dim = n.attrs.get_int("dim");
+      if (dim < 0) dim += rank;
+      Dims wd = dims_of(whole);
+      int64_t inner = 1;
+      for (int64_t i = dim + 1; i < rank; ++i) inner *= wd[size_t(i)];
+      size_t pieces = concat ? n.inputs.size() : n.outputs.size();
+      if (pieces > 12) fail_kind(ErrorKind::NotSupported, "more than 12 pieces");
+      int64_t total = numel(wd);
+      k.blocks = grid_for(total);
+      std::vector<std::string> ps;
+      if (concat) {
+        for (size_t i = 0; i < pieces; ++i) {
+          k.arg_inputs.push_back(int(i));
+          ps.push_back(fmt::format("char* in{}", i));
+          if (g.type(n.inputs[i]).dtype != dt) fail_kind(ErrorKind::NotSupported, "mixed dtypes");
+        }
+        k.arg_outputs = {0};
+        ps.push_back("char* out_");
+      } else {
+        k.arg_inputs = {0};
+        ps.push_back("char* in_");
+        for (size_t i = 0; i < pieces; ++i) {
+          k.arg_outputs.push_back(int(i));
+          ps.push_back(fmt::format("char* out{}", i));
+        }
+      }
+      params = fmt::format("{}", fmt::join(ps, ", "));
+      body += grid_loop(total);
+      body += fmt::format("    const long long o = i / ({}LL * {}LL), j = (i / {}LL) % {}LL, r = i % {}LL;\n",
+                          wd[size_t(dim)], inner, inner, wd[size_t(dim)], inner);
+      int64_t start = 0;
+      for (size_t i = 0; i < pieces; ++i) {
+        const TensorType& pt = g.type(concat ? n.inputs[i] : n.outputs[i]);
+        int64_t ext = pt.shape[size_t(dim)].value();
+        std::string piece = concat ? fmt::format("in{}", i) : fmt::format("out{}", i);
+        std::string piece_idx = fmt::format("(o * {}LL + (j - {}LL)) * {}LL + r", ext, start, inner);
+        std::string copy = concat ? fmt::format("(({0}*)out_)[i] = ((const {0}*){1})[{2}];", T, piece, piece_idx)
+                                  : fmt::format("(({0}*){1})[{2}] = ((const {0}*)in_)[i];", T, piece, piece_idx);
+        body += fmt::format("    {}if (j < {}LL) {{ {} }}\n", i ? "else " : "", start + ext, copy);
+        start += ext;
+      }
+      body += "  }\n";
+      k.describe = fmt::format("{} direct kernel ({} pieces)", op_def(n.op).name, pieces);
+      break;
+    }
+    case OpId::Embedding: case OpId::IndexSelect: {
+      // Rows of a table selected by int64/int32 indices (embedding: table [V, D], ids any shape).
+      bool emb = n.op == OpId::Embedding;
+      const TensorType& tt = g.type(n.inputs[0]);
+      const TensorType& it = g.type(n.inputs[1]);
+      if (it.dtype != DType::Int64 && it.dtype != DType::Int32) fail_kind(ErrorKind::NotSupported, "index dtype");
+      Dims td = dims_of(tt);
+      int64_t dim = emb ? 0 : n.attrs.get_int("dim");
+      if (dim < 0) dim += int64_t(td.size());
+      int64_t outer = 1, inner = 1;
+      for (int64_t i = 0; i < dim; ++i) outer *= td[size_t(i)];
+      for (int64_t i = dim + 1; i < int64_t(td.size()); ++i) inner *= td[size_t(i)];
+      int64_t rows = td[size_t(dim)], count = numel(dims_of(it));
+      int64_t total = outer * count * inner;
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0, 1};
+      k.arg_outputs = {0};
+      params = "char* table_, char* ids_, char* out_";
+      const char* I = it.dtype == DType::Int64 ? "long long" : "int";
+      body += fmt::format("  const {0}* table = (const {0}*)table_; const {1}* ids = (const {1}*)ids_; {0}* out = ({0}*)out_;\n", T, I);
+      body += grid_loop(total);
+      body += fmt::format("    const long long o = i / ({0}LL * {1}LL), c = (i / {1}LL) % {0}LL, r = i % {1}LL;\n", count, inner);
+      // Out-of-range ids read nothing: the output is NaN (float) so a bad id cannot pass silently.
+      body += fmt::format("    long long id = (long long)ids[c]; if (id < 0) id += {0}LL;\n"
+                          "    if (id < 0 || id >= {0}LL) {{ out[i] = {1}; continue; }}\n", rows,
+                          is_float(dt) ? from_float(dt, "__int_as_float(0x7fc00000)") : std::string("0"));
+      body += fmt::format("    out[i] = table[(o * {}LL + id) * {}LL + r];\n  }}\n", rows, inner);
+      k.describe = fmt::format("{} direct kernel ({} rows of {})", op_def(n.op).name, count, rows);
+      break;
+    }
+    case OpId::Gather: {
+      // out[p] = x[p with p[dim] replaced by index[p]]: the elements' bits.
+      const TensorType& it = g.type(n.inputs[1]);
+      if (it.dtype != DType::Int64 && it.dtype != DType::Int32) fail_kind(ErrorKind::NotSupported, "index dtype");
+      Dims x = dims_of(xt), id = dims_of(it);
+      int64_t r = int64_t(x.size());
+      int64_t dim = n.attrs.get_int("dim");
+      if (dim < 0) dim += r;
+      Dims xs = row_major_strides(x);
+      const char* R = raw_storage(dt);
+      const char* I = it.dtype == DType::Int64 ? "long long" : "int";
+      int64_t total = numel(id);
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0, 1};
+      k.arg_outputs = {0};
+      params = "char* x_, char* index_, char* out_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; const {1}* index = (const {1}*)index_; {0}* out = ({0}*)out_;\n", R, I);
+      body += grid_loop(total);
+      body += coords(id, "i", "c");
+      body += fmt::format("    long long v = (long long)index[i]; if (v < 0) v += {0}LL;\n"
+                          "    if (v < 0 || v >= {0}LL) {{ out[i] = {1}; continue; }}  // a bad index: NaN (integers: 0)\n",
+                          x[size_t(dim)], bad_read_bits(dt));
+      std::string off = fmt::format("v * {}LL", xs[size_t(dim)]);
+      for (int64_t d = 0; d < r; ++d)
+        if (d != dim) off += fmt::format(" + c{} * {}LL", d, xs[size_t(d)]);
+      body += fmt::format("    out[i] = x[{}];\n  }}\n", off);
+      k.describe = fmt::format("gather direct kernel (dim {}, {} of {} along it)", dim, id[size_t(dim)], x[size_t(dim)]);
+      break;
+    }
+    case OpId::ScatterAdd: {
+      // Each output element gathers its contributions, in index order (Note [CUDA direct kernels]).
+      const TensorType& it = g.type(n.inputs[1]);
+      const TensorType& st = g.type(n.inputs[2]);
+      if (it.dtype != DType::Int64 && it.dtype != DType::Int32) fail_kind(ErrorKind::NotSupported, "index dtype");
+      if (dt == DType::Bool) fail_kind(ErrorKind::NotSupported, "scatter_add of bool");
+      Dims x = dims_of(xt), id = dims_of(it), sd = dims_of(st);
+      int64_t r = int64_t(x.size());
+      int64_t dim = n.attrs.get_int("dim");
+      if (dim < 0) dim += r;
+      Dims is = row_major_strides(id), ss = row_major_strides(sd);
+      const bool fl = is_float(dt);
+      const char* A = fl ? "double" : "unsigned long long";
+      auto load = [&](const std::string& v) {
+        if (!fl) return "(unsigned long long)(long long)(" + v + ")";
+        if (dt == DType::Float16 || dt == DType::BFloat16) return "(double)" + to_float(dt, v);
+        return "(double)(" + v + ")";
+      };
+      std::string store;
+      if (fl) store = dt == DType::Float64 ? "acc" : from_float(dt, "(float)acc");
+      else store = store_acc(dt, "acc");
+      const char* I = it.dtype == DType::Int64 ? "long long" : "int";
+      int64_t total = numel(x);
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0, 1, 2};
+      k.arg_outputs = {0};
+      params = "char* x_, char* index_, char* src_, char* out_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; const {1}* index = (const {1}*)index_; const {0}* src = (const {0}*)src_; {0}* out = ({0}*)out_;\n", T, I);
+      body += grid_loop(total);
+      body += coords(x, "i", "c");
+      body += fmt::format("    {} acc = {};\n", A, load("x[i]"));
+      std::string inside = "true";
+      std::string ibase = "0LL", sbase = "0LL";
+      for (int64_t d = 0; d < r; ++d) {
+        if (d == dim) continue;
+        inside += fmt::format(" && c{} < {}LL", d, id[size_t(d)]);
+        ibase += fmt::format(" + c{} * {}LL", d, is[size_t(d)]);
+        sbase += fmt::format(" + c{} * {}LL", d, ss[size_t(d)]);
+      }
+      body += "    bool bad = false;\n";
+      body += fmt::format("    if ({}) {{\n", inside);
+      body += fmt::format("      const long long ib = {}, sb = {};\n", ibase, sbase);
+      body += fmt::format("      for (long long k = 0; k < {}LL; ++k) {{\n", id[size_t(dim)]);
+      body += fmt::format("        long long v = (long long)index[ib + k * {0}LL]; if (v < 0) v += {1}LL;\n"
+                          "        if (v < 0 || v >= {1}LL) {{ bad = true; continue; }}\n"
+                          "        if (v == c{2}) acc += {3};\n      }}\n    }}\n",
+                          is[size_t(dim)], x[size_t(dim)], dim, load(fmt::format("src[sb + k * {}LL]", ss[size_t(dim)])));
+      if (fl) body += "    if (bad) acc = __longlong_as_double(0x7ff8000000000000LL);  // a bad index in this column\n";
+      else body += "    (void)bad;  // integers: a bad index is skipped\n";
+      body += fmt::format("    out[i] = {};\n  }}\n", store);
+      k.describe = fmt::format("scatter_add direct kernel (dim {}, {} candidates per output, no atomics)", dim, id[size_t(dim)]);
+      break;
+    }
+    case OpId::Pad: {
+      Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
+      const std::string& mode = n.attrs.get_string("mode");
+      if (mode != "constant" && mode != "reflect" && mode != "replicate")
+        fail_kind(ErrorKind::NotSupported, "pad mode '{}'", mode);
+      Shape pads = n.attrs.get_shape("pads");
+      int64_t r = int64_t(x.size()), np = int64_t(pads.size()) / 2;
+      Dims xs = row_major_strides(x);
+      const char* R = raw_storage(dt);
+      int64_t total = numel(y);
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0};
+      k.arg_outputs = {0};
+      params = "char* x_, char* y_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; {0}* y = ({0}*)y_;\n", R);
+      body += grid_loop(total);
+      body += coords(y, "i", "c");
+      body += "    long long off = 0; bool fill = false;\n";
+      for (int64_t d = 0; d < r; ++d) {
+        int64_t kk = d - (r - np);
+        int64_t before = kk >= 0 ? pads[size_t(kk)].value() : 0;
+        body += fmt::format("    {{ long long s = c{} - {}LL;\n", d, before);
+        if (before != 0 || y[size_t(d)] != x[size_t(d)]) {
+          std::string fix = mode == "constant" ? "fill = true;"
+                          : mode == "reflect" ? fmt::format("s = s < 0 ? -s : {}LL - s;", 2 * (x[size_t(d)] - 1))
+                                              : fmt::format("s = s < 0 ? 0 : {}LL;", x[size_t(d)] - 1);
+          body += fmt::format("      if (s < 0 || s >= {}LL) {{ {} }}\n", x[size_t(d)], fix);
+        }
+        body += fmt::format("      off += s * {}LL; }}\n", xs[size_t(d)]);
+      }
+      body += fmt::format("    y[i] = fill ? {} : x[off];\n  }}\n", bits_literal(dt, n.attrs.get_float("value")));
+      k.describe = fmt::format("pad direct kernel ({})", mode);
+      break;
+    }
+    case OpId::Upsample: {
+      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "upsample of {}", dtype_name(dt));
+      Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
+      const std::string& mode = n.attrs.get_string("mode");
+      Floats scales = n.attrs.get_floats("scales");
+      int64_t total = numel(y);
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0};
+      k.arg_outputs = {0};
+      params = "char* x_, char* y_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; {0}* y = ({0}*)y_;\n", T);
+      body += grid_loop(total);
+      body += fmt::format("    const long long ow = i % {0}LL, oh = (i / {0}LL) % {1}LL, plane = i / ({0}LL * {1}LL);\n", y[3], y[2]);
+      body += fmt::format("    const {0}* xp = x + plane * {1}LL;\n", T, x[2] * x[3]);
+      auto ifmt = [](int64_t v) { return fmt::format("{}", v); };
+      if (mode == "nearest") {
+        tables += table("int", k.name + "_h", nearest_table(x[2], y[2], scales, 0), ifmt);
+        tables += table("int", k.name + "_w", nearest_table(x[3], y[3], scales, 1), ifmt);
+        body += fmt::format("    y[i] = xp[(long long){0}_h[oh] * {1}LL + {0}_w[ow]];\n  }}\n", k.name, x[3]);
+      } else if (mode == "bilinear") {
+        bool ac = n.attrs.get_bool("align_corners");
+        const bool f64 = dt == DType::Float64;
+        const char* A = f64 ? "double" : "float";
+        for (int a = 0; a < 2; ++a) {
+          std::vector<LinearTap> t = linear_table(x[size_t(2 + a)], y[size_t(2 + a)], ac, scales, a);
+          std::string nm = k.name + (a == 0 ? "_h" : "_w");
+          std::vector<int64_t> i0, i1;
+          std::vector<double> w1;
+          for (const LinearTap& tp : t) {
+            i0.push_back(tp.i0);
+            i1.push_back(tp.i1);
+            w1.push_back(tp.w1);
+          }
+          tables += table("int", nm + "0", i0, ifmt) + table("int", nm + "1", i1, ifmt);
+          if (f64) tables += table("double", nm + "w", w1, [](double v) { return dlit(v); });
+          else tables += table("float", nm + "w", w1, [](double v) { return flit(float(v)); });
+        }
+        auto at = [&](const char* h, const char* w) {
+          std::string e = fmt::format("xp[(long long){}_h{}[oh] * {}LL + {}_w{}[ow]]", k.name, h, x[3], k.name, w);
+          return f64 ? "(" + e + ")" : to_float(dt, e);
+        };
+        body += fmt::format("    const {0} hw = {1}_hw[oh], ww = {1}_ww[ow];\n", A, k.name);
+        body += fmt::format("    const {} top = (1 - ww) * {} + ww * {};\n", A, at("0", "0"), at("0", "1"));
+        body += fmt::format("    const {} bottom = (1 - ww) * {} + ww * {};\n", A, at("1", "0"), at("1", "1"));
+        body += fmt::format("    y[i] = {};\n  }}\n", f64 ? std::string("(1 - hw) * top + hw * bottom")
+                                                         : from_float(dt, "(1 - hw) * top + hw * bottom"));
+      } else {
+        fail_kind(ErrorKind::NotSupported, "upsample mode '{}'", mode);
+      }
+      k.describe = fmt::format("upsample direct kernel ({}, {}x{} -> {}x{})", mode, x[2], x[3], y[2], y[3]);
+      break;
+    }
+    case OpId::GridSample: {
+      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "grid_sample of {}", dtype_name(dt));
+      Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
+      bool ac = n.attrs.get_bool("align_corners");
+      const bool f64 = dt == DType::Float64;
+      const char* A = f64 ? "double" : "float";
+      auto load = [&](const std::string& v) { return f64 ? "(" + v + ")" : to_float(dt, v); };
+      int64_t H = x[2], W = x[3];
+      int64_t total = numel(y);
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0, 1};
+      k.arg_outputs = {0};
+      params = "char* x_, char* grid_, char* y_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; const {0}* grid = (const {0}*)grid_; {0}* y = ({0}*)y_;\n", T);
+      body += grid_loop(total);
+      body += fmt::format("    const long long w = i % {0}LL, h = (i / {0}LL) % {1}LL, c = (i / ({0}LL * {1}LL)) % {2}LL, nb = i / ({0}LL * {1}LL * {2}LL);\n",
+                          y[3], y[2], y[1]);
+      body += fmt::format("    const long long gp = ((nb * {}LL + h) * {}LL + w) * 2;\n", y[2], y[3]);
+      auto unnorm = [&](const std::string& gv, int64_t size) {
+        return ac ? fmt::format("({} + 1) / 2 * ({})({}LL)", gv, A, size - 1)
+                  : fmt::format("(({} + 1) * ({})({}LL) - 1) / 2", gv, A, size);
+      };
+      body += fmt::format("    const {0} gx = {1}, gy = {2};\n", A, load("grid[gp]"), load("grid[gp + 1]"));
+      body += fmt::format("    {0} ix = {1}, iy = {2};\n", A, unnorm("gx", W), unnorm("gy", H));
+      body += "    const bool is_nan = ix != ix || iy != iy;\n";
+      body += fmt::format("    ix = ix < ({0})-2 ? ({0})-2 : ix; ix = ix > ({0}){1}LL ? ({0}){1}LL : ix;\n", A, W + 1);
+      body += fmt::format("    iy = iy < ({0})-2 ? ({0})-2 : iy; iy = iy > ({0}){1}LL ? ({0}){1}LL : iy;\n", A, H + 1);
+      body += fmt::format("    const long long x0 = is_nan ? 0 : (long long){0}(ix), y0 = is_nan ? 0 : (long long){0}(iy);\n",
+                          f64 ? "floor" : "floorf");
+      body += fmt::format("    const {0} wx1 = ix - ({0})x0, wy1 = iy - ({0})y0;\n", A);
+      body += fmt::format("    const {0}* xp = x + (nb * {1}LL + c) * {2}LL;\n", T, x[1], H * W);
+      body += fmt::format("    {} acc = 0;\n", A);
+      const char* taps[4][3] = {{"y0", "x0", "(1 - wy1) * (1 - wx1)"},
+                                {"y0", "x0 + 1", "(1 - wy1) * wx1"},
+                                {"y0 + 1", "x0", "wy1 * (1 - wx1)"},
+                                {"y0 + 1", "x0 + 1", "wy1 * wx1"}};
+      for (auto& t : taps)
+        body += fmt::format("    {{ const long long ty = {0}, tx = {1}; if (ty >= 0 && ty < {3}LL && tx >= 0 && tx < {4}LL) acc += ({2}) * {5}; }}\n",
+                            t[0], t[1], t[2], H, W, load(fmt::format("xp[ty * {}LL + tx]", W)));
+      body += fmt::format("    if (is_nan) acc = {};\n", f64 ? "__longlong_as_double(0x7ff8000000000000LL)" : "__int_as_float(0x7fc00000)");
+      body += fmt::format("    y[i] = {};\n  }}\n", f64 ? std::string("acc") : from_float(dt, "acc"));
+      k.describe = fmt::format("grid_sample direct kernel (bilinear, zeros, align_corners {})", ac);
+      break;
+    }
+    case OpId::Argmax: case OpId::Argmin: {
+      // One thread per output point scans its candidates in increasing index order: the first
+      // of equal values wins, NaN beats everything and nothing beats NaN (the reference's rule).
+      Dims x = dims_of(xt);
+      int64_t outer = 1, extent = numel(x), inner = 1;
+      if (n.attrs.has("dim") && !x.empty()) {
+        int64_t dim = n.attrs.get_int("dim");
+        if (dim < 0) dim += int64_t(x.size());
+        extent = x[size_t(dim)];
+        outer = 1;
+        for (int64_t i = 0; i < dim; ++i) outer *= x[size_t(i)];
+        for (size_t i = size_t(dim) + 1; i < x.size(); ++i) inner *= x[i];
+      }
+      if (extent == 0) fail_kind(ErrorKind::InvalidArgument, "{} over an empty set", op_def(n.op).name);
+      const bool is_max = n.op == OpId::Argmax;
+      DType xd = xt.dtype;
+      const char* C = xd == DType::Float64 ? "double" : is_float(xd) ? "float" : "long long";
+      auto load = [&](const char* kk) {
+        std::string e = fmt::format("x[base + {} * {}LL]", kk, inner);
+        return xd == DType::Float16 || xd == DType::BFloat16 ? to_float(xd, e)
+                                                             : fmt::format("({}){}", C, e);
+      };
+      int64_t total = outer * inner;
+      k.blocks = grid_for(total);
+      k.arg_inputs = {0};
+      k.arg_outputs = {0};
+      params = "char* x_, char* y_";
+      body += fmt::format("  const {0}* x = (const {0}*)x_; long long* y = (long long*)y_;\n", cuda_storage(xd));
+      body += grid_loop(total);
+      body += fmt::format("    const long long base = (i / {0}LL) * {1}LL * {0}LL + i % {0}LL;\n", inner, extent);
+      body += fmt::format("    {0} best = {1}; long long at = 0;\n", C, load("0"));
+      body += fmt::format("    for (long long k = 1; k < {}LL; ++k) {{\n      const {} v = {};\n", extent, C, load("k"));
+      body += fmt::format("      if (!(best != best) && ((v != v) || v {} best)) {{ best = v; at = k; }}\n    }}\n", is_max ? ">" : "<");
+      body += "    y[i] = at;\n  }\n";
+      k.describe = fmt::format("{} direct kernel ({} candidates per output)", op_def(n.op).name, extent);
+      break;
+    }
+    case OpId::Matmul: case OpId::Linear:
+      plan_gemm_kernel(g, n, k.name, max_blocks, k, params, body);
+      break;
+    case OpId::Conv2d: case OpId::ConvTranspose2d:
+      plan_conv_kernel(g, n, max_blocks, k, params, body);
+      break;
+    default:
+      fail_kind(ErrorKind::NotSupported, "op '{}' has no CUDA direct kernel", op_def(n.op).name);
+  }
+  k.source = fmt::format("// kiln-kernel: {}\n// {} '{}'\n{}extern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n{}}}\n\n",
+                         k.name, op_def(n.op).name, n.name, tables, k.name, params, body);
+  return k;
+}
+
+}  // namespace kiln::cuda
