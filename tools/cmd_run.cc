@@ -133,7 +133,10 @@ void run_command(const RunArgs& a) {
     if (cuda) cuda_synchronize(0);
   };
 
-  bool do_eager = a.backend != "compiled", do_capture = a.backend != "eager";
+  // CUDA: "both" (the default) compares the compiled run on the device with the CPU eager run
+  // (most ops have no CUDA eager kernel); --backend eager runs the CUDA eager kernels.
+  bool do_eager = a.backend == "eager" || (a.backend == "both" && !cuda);
+  bool do_capture = a.backend != "eager";
   TensorList eager_out, captured_out;
   Latency eager_lat, capture_lat;
   double capture_first_s = 0;

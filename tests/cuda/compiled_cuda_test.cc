@@ -172,16 +172,18 @@ TEST(CudaCompile, KilnCompileOnCudaInputsUsesTheCudaTarget) {
 }
 
 TEST(CudaCompile, ANodeTheTargetCannotTakeIsNamed) {
-  // grid_sample has no CUDA kernel of any kind yet: the compile error names the node.
+  // Integer division has no CUDA kernel by design (a zero divisor must raise, which a kernel
+  // cannot): the compile error names the node and says what to do.
   Graph g;
-  ValueId x = g.add_input("x", TensorType{DType::Float32, to_shape(Dims{1, 2, 4, 4})});
-  ValueId grid = g.add_input("grid", TensorType{DType::Float32, to_shape(Dims{1, 3, 3, 2})});
-  g.outputs = g.add_node(OpId::GridSample, {x, grid}, {}, "sampler.grid_sample");
+  ValueId a = g.add_input("a", TensorType{DType::Int32, to_shape(Dims{4, 4})});
+  ValueId b = g.add_input("b", TensorType{DType::Int32, to_shape(Dims{4, 4})});
+  g.outputs = g.add_node(OpId::Div, {a, b}, {}, "ratio.div");
   try {
     compiler::compile(g, Device::cuda(0), {});
-    FAIL() << "grid_sample compiled for CUDA";
+    FAIL() << "integer div compiled for CUDA";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sampler.grid_sample"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ratio.div"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cast the operands"), std::string::npos) << e.what();
   }
 }
 
