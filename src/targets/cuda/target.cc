@@ -1,7 +1,7 @@
 // The CUDA target (compiler/target.h): loop kernels emitted as CUDA C and compiled by NVRTC for
 // the device's architecture (cached as cubins), cuBLASLt GEMMs, cuDNN convolutions, a few
-// direct kernels for what neither covers (pooling, concat, split, embedding), one device arena,
-// and the executable's own stream (CUDA-graph replay in reduce-overhead). See Note [CUDA
+// direct kernels for what neither covers (pooling, concat, split, embedding), a device arena and
+// a stream per execution context (CUDA-graph replay in reduce-overhead). See Note [CUDA
 // target].
 //
 // Note [CUDA target]
