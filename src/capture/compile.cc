@@ -41,11 +41,30 @@
 // Failures: if the backend fails to compile a segment, or a compiled segment fails at run
 // time, the call completes by interpreting that segment with the eager kernels, the failure is
 // reported once and counted; with strict=true the error propagates instead.
+//
+// Note [Concurrent calls]
+// One compiled function may be called from several threads at once. Two locks, neither held
+// while a compiled graph runs:
+//   - State::mu (a reader-writer lock) guards the entry list, the guards of published entries
+//     and the report logs. A call holds it shared only to check guards and pick an entry (it
+//     takes a reference to the entry, so reset() or a dropped entry cannot free it mid-run);
+//     writers (a new entry, dropped entries, a log line, a guard a segmented replay adds) hold
+//     it exclusively for a moment.
+//   - State::trace_mu serializes what runs the host code under the hook: first traces (and the
+//     compiles they trigger) and replays of segmented entries. A call that finds no entry takes
+//     it and looks again (another thread may have traced the same signature meanwhile).
+// A whole-graph replay therefore takes the shared lock, checks guards, drops the lock and runs
+// the backend's graph, which must be reentrant (the compiler's Executable runs each call on an
+// execution context of its own: Note [Execution contexts] in runtime/executable.cc). Counters
+// are atomic. A function called from inside its own trace (the traced code calls it again)
+// would deadlock on trace_mu, or replay with the trace's fake tensors: it is an error instead,
+// detected by a thread-local list of the functions this thread is tracing.
 #include "capture/compile.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -71,7 +90,7 @@ namespace {
 struct CompiledSegment {
   Graph graph;
   std::unique_ptr<CompiledGraph> compiled;  // null: compile failed, interpret instead
-  bool runtime_failure_reported = false;
+  std::atomic<bool> runtime_failure_reported{false};
 };
 
 struct OutputSource {
@@ -94,8 +113,29 @@ struct Entry {
   std::vector<std::string> value_guards;
   std::string whole_key;  // check_host_values: the trace key of the whole graph
   std::string host_state;                 // HostStateGuard::fingerprint() when traced
-  uint64_t host_state_epoch = ~uint64_t(0);  // the epoch at which host_state last matched
-  TensorList scratch_inputs;  // run_into: reused argument list (keeps its capacity)
+  // The epoch at which host_state last matched (written by concurrent guard checks).
+  std::atomic<uint64_t> host_state_epoch{~uint64_t(0)};
+};
+
+// CompileStats as atomics (Note [Concurrent calls]); `entries` is the entry list's size.
+struct Counters {
+  std::atomic<int64_t> calls{0}, compiled_calls{0}, traces{0}, graphs_compiled{0}, recompiles{0},
+      graph_breaks{0}, fallbacks_cache_limit{0}, fallbacks_compile_error{0},
+      fallbacks_runtime_error{0}, host_value_checks{0};
+  CompileStats snapshot() const {
+    CompileStats s;
+    s.calls = calls.load();
+    s.compiled_calls = compiled_calls.load();
+    s.traces = traces.load();
+    s.graphs_compiled = graphs_compiled.load();
+    s.recompiles = recompiles.load();
+    s.graph_breaks = graph_breaks.load();
+    s.fallbacks_cache_limit = fallbacks_cache_limit.load();
+    s.fallbacks_compile_error = fallbacks_compile_error.load();
+    s.fallbacks_runtime_error = fallbacks_runtime_error.load();
+    s.host_value_checks = host_value_checks.load();
+    return s;
+  }
 };
 
 }  // namespace
@@ -107,9 +147,12 @@ struct CompiledFunction::State {
   std::unordered_map<const TensorImpl*, std::string> param_names;  // module parameter names
   HostStateGuard host_state;
   bool check_host_values = false;  // options.check_host_values or KILN_CHECK_CAPTURE=1
-  std::mutex mu;
-  std::vector<std::unique_ptr<Entry>> entries;
-  CompileStats stats;
+  // Note [Concurrent calls]: `mu` guards entries (and their guards once published) and the
+  // logs below; `trace_mu` serializes traces and segmented replays.
+  std::shared_mutex mu;
+  std::mutex trace_mu;
+  std::vector<std::shared_ptr<Entry>> entries;
+  Counters stats;
   // Report of the most recent trace, and the running logs.
   std::vector<ExplainGraph> last_graphs;
   std::vector<ExplainBreak> last_breaks;
@@ -349,6 +392,8 @@ class Tracer final : public DispatchHook {
       std::string name = pn != st_.param_names.end() ? pn->second : fmt::format("tensor{}", known_.size());
       v = graph_.add_param(graph_.unique_name(name), t);
       if (!dry_ && !entry_.guarded_params.count(impl)) {
+        // A segmented replay adds to a published entry, whose guards other calls check.
+        std::unique_lock<std::shared_mutex> lock(st_.mu);
         entry_.guarded_params.insert(impl);
         entry_.param_guards.add(t, name);
       }
@@ -398,9 +443,12 @@ class Tracer final : public DispatchHook {
       value = t.type().str();
     }
     std::string guard = fmt::format("value read by {} at {} == {}", what, loc, value);
-    if (std::find(entry_.value_guards.begin(), entry_.value_guards.end(), guard) ==
-        entry_.value_guards.end())
-      entry_.value_guards.push_back(guard);
+    {
+      std::unique_lock<std::shared_mutex> lock(st_.mu);  // report() reads them
+      if (std::find(entry_.value_guards.begin(), entry_.value_guards.end(), guard) ==
+          entry_.value_guards.end())
+        entry_.value_guards.push_back(guard);
+    }
     begin_segment();
   }
 
@@ -501,7 +549,10 @@ class Tracer final : public DispatchHook {
       std::string msg = fmt::format("graph '{}' ({} ops) failed to compile with backend '{}': "
                                     "{}; running it eagerly", seg.graph.name,
                                     seg.graph.nodes.size(), st_.backend, e.what());
-      st_.fallbacks.push_back(msg);
+      {
+        std::unique_lock<std::shared_mutex> lock(st_.mu);
+        st_.fallbacks.push_back(msg);
+      }
       warn(msg);
     }
   }
@@ -515,12 +566,14 @@ class Tracer final : public DispatchHook {
       } catch (const Error& e) {
         if (st.options.strict) throw;
         st.stats.fallbacks_runtime_error++;
-        if (!seg.runtime_failure_reported) {
-          seg.runtime_failure_reported = true;
+        if (!seg.runtime_failure_reported.exchange(true)) {
           std::string msg = fmt::format("graph '{}' ({} ops) failed at run time: {}; this call "
                                         "completes eagerly", seg.graph.name,
                                         seg.graph.nodes.size(), e.what());
-          st.fallbacks.push_back(msg);
+          {
+            std::unique_lock<std::shared_mutex> lock(st.mu);
+            st.fallbacks.push_back(msg);
+          }
           warn(msg);
         }
       }
@@ -590,6 +643,7 @@ TensorList replay_segmented(CompiledFunction::State& st, Entry& e, const TensorL
                                   "compiled for this guard set", e.segments.size() - known);
     if (!tracer.breaks().empty())
       msg += fmt::format(" (after the read at {})", tracer.breaks().back().location);
+    std::unique_lock<std::shared_mutex> lock(st.mu);
     st.recompiles.push_back(msg);
     st.stats.recompiles++;
     st.last_graphs = tracer.graphs();
@@ -606,18 +660,43 @@ namespace {
 bool host_state_holds(const CompiledFunction::State& st, Entry& e, std::string& now, bool& have_now) {
   if (!st.host_state.epoch) return true;
   const uint64_t epoch = st.host_state.epoch->load(std::memory_order_acquire);
-  if (epoch == e.host_state_epoch) return true;
+  if (epoch == e.host_state_epoch.load(std::memory_order_relaxed)) return true;
   if (!have_now) {
     now = st.host_state.fingerprint();
     have_now = true;
   }
   if (now != e.host_state) return false;
-  e.host_state_epoch = epoch;
+  e.host_state_epoch.store(epoch, std::memory_order_relaxed);
   return true;
 }
 }  // namespace
 
 namespace {
+
+// ---- concurrent calls and recursion -------------------------------------------------------------
+// The functions this thread is tracing (or replaying with breaks), innermost first: a call of
+// one of them from inside its own trace is an error (Note [Concurrent calls]).
+struct TracingScope {
+  explicit TracingScope(const CompiledFunction::State& s) : st(&s), prev(current) { current = this; }
+  ~TracingScope() { current = prev; }
+  TracingScope(const TracingScope&) = delete;
+  TracingScope& operator=(const TracingScope&) = delete;
+
+  static void check_not_tracing(const CompiledFunction::State& s) {
+    for (const TracingScope* t = current; t; t = t->prev)
+      if (t->st == &s)
+        fail("kiln::compile: a compiled function was called from inside its own trace (the code "
+             "being compiled calls the compiled function again, directly or through other "
+             "code); tracing cannot re-enter itself. Call the original, uncompiled function "
+             "there, or compile the inner part as a function of its own");
+  }
+
+  const CompiledFunction::State* st;
+  const TracingScope* prev;
+  static thread_local const TracingScope* current;
+};
+thread_local const TracingScope* TracingScope::current = nullptr;
+
 // check_host_values: the dry trace of this call, run at most once per call and compared with
 // every candidate entry.
 struct HostCheck {
@@ -660,11 +739,17 @@ std::string describe_key_change(const std::string& traced, const std::string& no
 }
 
 // Whether entry e (whose tensor guards hold) still matches what the host code would record.
+// The dry trace runs the host code: inside a TracingScope (a call of the function from there is
+// the recursion error) and under trace_mu (it reads the names the tracer keeps), which the
+// caller may hold already.
 bool host_values_hold(CompiledFunction::State& st, Entry& e, const TensorList& inputs,
-                      HostCheck& hc, std::string& reason) {
+                      HostCheck& hc, std::string& reason, bool trace_locked) {
   if (!st.check_host_values || e.segmented) return true;  // segmented entries re-run host code
   if (!hc.done) {
     hc.done = true;
+    std::unique_lock<std::mutex> trace_lock(st.trace_mu, std::defer_lock);
+    if (!trace_locked) trace_lock.lock();
+    TracingScope tracing(st);
     Tracer dry(st, e, inputs, /*dry=*/true);
     try {
       dry.run();
@@ -679,118 +764,110 @@ bool host_values_hold(CompiledFunction::State& st, Entry& e, const TensorList& i
     reason = "check_host_values: " + (hc.diverged ? hc.why : describe_key_change(e.whole_key, hc.key));
   return false;
 }
-}  // namespace
 
-// ---- CompiledFunction ---------------------------------------------------------------------------
-void CompiledFunction::run_into(const TensorList& inputs, TensorList& outputs) const {
-  KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
+
+// The first entry whose guards hold for `inputs`, or null. Holds `mu` shared for the checks only;
+// the returned reference keeps the entry alive while it runs, even if it is dropped meanwhile.
+// With check_host_values, the entries whose guards hold are then checked outside the lock
+// against one dry trace of the call (hc); the first difference goes to hv_reason.
+std::shared_ptr<Entry> find_entry(CompiledFunction::State& st, const TensorList& inputs,
+                                  std::string& host_now, bool& have_host_now, HostCheck& hc,
+                                  std::string& hv_reason, bool trace_locked = false) {
+  std::vector<std::shared_ptr<Entry>> to_check;  // check_host_values only (no allocation else)
   {
-    State& st = *state_;
-    std::unique_lock<std::mutex> lock(st.mu);
-    std::string host_now, host_values_reason;
-    bool have_host_now = false;
-    HostCheck host_check;
-    for (auto& e : st.entries) {
-      if (!(e->input_guards.check(inputs) && e->param_guards.check() &&
-            host_state_holds(st, *e, host_now, have_host_now) &&
-            host_values_hold(st, *e, inputs, host_check, host_values_reason)))
-        continue;
-      bool direct = !e->segmented && e->whole && e->whole->compiled;
-      for (size_t i = 0; direct && i < e->outputs.size(); ++i)
-        direct = e->outputs[i].kind == OutputSource::GraphOutput && e->outputs[i].index == int(i);
-      if (!direct) break;
-      st.stats.calls++;
-      st.stats.compiled_calls++;
-      e->scratch_inputs.clear();
-      for (int i : e->graph_input_from_call) e->scratch_inputs.push_back(inputs[size_t(i)]);
-      try {
-        e->whole->compiled->run_into(e->scratch_inputs, outputs);
-        e->scratch_inputs.clear();
-        return;
-      } catch (const Error&) {
-        e->scratch_inputs.clear();
-        st.stats.calls--;
-        st.stats.compiled_calls--;
-        break;  // the general path reports and falls back
+    std::shared_lock<std::shared_mutex> lock(st.mu);
+    for (const std::shared_ptr<Entry>& e : st.entries)
+      if (e->input_guards.check(inputs) && e->param_guards.check() &&
+          host_state_holds(st, *e, host_now, have_host_now)) {
+        if (!st.check_host_values || e->segmented) return e;
+        to_check.push_back(e);
       }
-    }
   }
-  outputs = (*this)(inputs);
+  for (const std::shared_ptr<Entry>& e : to_check)
+    if (host_values_hold(st, *e, inputs, hc, hv_reason, trace_locked)) return e;
+  return nullptr;
 }
 
-
-TensorList CompiledFunction::operator()(const TensorList& inputs) const {
-  KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
-  State& st = *state_;
-  std::lock_guard<std::mutex> lock(st.mu);
-  st.stats.calls++;
-  std::string host_now, host_values_reason;
-  bool have_host_now = false;
-  HostCheck host_check;
-  for (auto& e : st.entries) {
-    if (e->input_guards.check(inputs) && e->param_guards.check() &&
-        host_state_holds(st, *e, host_now, have_host_now) &&
-        host_values_hold(st, *e, inputs, host_check, host_values_reason)) {
-      st.stats.compiled_calls++;
-      if (!e->segmented) return run_whole(st, *e, inputs);
-      return replay_segmented(st, *e, inputs);
+// A call that found no entry, or a segmented one: under trace_mu (one trace at a time).
+TensorList trace_call(CompiledFunction::State& st, const TensorList& inputs,
+                      std::shared_ptr<Entry> hit, std::string& host_now, bool& have_host_now,
+                      HostCheck& hc, std::string& hv_reason) {
+  std::unique_lock<std::mutex> trace_lock(st.trace_mu);
+  // Another thread may have traced this signature while this one waited.
+  if (!hit) hit = find_entry(st, inputs, host_now, have_host_now, hc, hv_reason, /*trace_locked=*/true);
+  if (hit) {
+    st.stats.compiled_calls++;
+    if (!hit->segmented) {
+      trace_lock.unlock();
+      return run_whole(st, *hit, inputs);
     }
+    TracingScope tracing(st);
+    return replay_segmented(st, *hit, inputs);
   }
   // No entry applies. Drop entries whose parameters changed: they can never match again.
   std::string reason;
-  for (size_t i = st.entries.size(); i-- > 0;) {
-    if (!st.entries[i]->param_guards.check()) {
-      reason = st.entries[i]->param_guards.failure_reason();
-      st.entries.erase(st.entries.begin() + long(i));
+  bool cache_full = false;
+  {
+    std::unique_lock<std::shared_mutex> lock(st.mu);
+    for (size_t i = st.entries.size(); i-- > 0;) {
+      if (!st.entries[i]->param_guards.check()) {
+        reason = st.entries[i]->param_guards.failure_reason();
+        st.entries.erase(st.entries.begin() + long(i));
+      }
+    }
+    if (reason.empty()) reason = hv_reason;
+    if (reason.empty() && !st.entries.empty())
+      reason = st.entries.back()->input_guards.failure_reason(inputs);
+    if (st.host_state.epoch && !have_host_now) {
+      host_now = st.host_state.fingerprint();
+      have_host_now = true;
+    }
+    if (reason.empty() && !st.entries.empty() && st.host_state.epoch &&
+        host_now != st.entries.back()->host_state)
+      reason = st.host_state.describe
+                   ? st.host_state.describe(st.entries.back()->host_state, host_now)
+                   : "host state changed";
+    // The host state moved (e.g. a module parameter reassigned): name graph parameters after
+    // the tensors registered now (param_names is read by tracers, all under trace_mu).
+    if (st.host_state.named_state &&
+        (st.entries.empty() || host_now != st.entries.back()->host_state)) {
+      st.param_names.clear();
+      for (const auto& [name, t] : st.host_state.named_state())
+        if (t.defined()) st.param_names[t.impl()] = name;
+    }
+    if (int(st.entries.size()) >= st.options.cache_size_limit) {
+      cache_full = true;
+      st.stats.fallbacks_cache_limit++;
+      if (!st.warned_cache_limit) {
+        st.warned_cache_limit = true;
+        std::string msg = fmt::format(
+            "cache_size_limit ({}) reached: {} compiled entries exist and none accepts this call "
+            "({}); new input signatures now run in eager mode. Raise cache_size_limit, or keep "
+            "input shapes/dtypes stable",
+            st.options.cache_size_limit, st.entries.size(), reason);
+        st.fallbacks.push_back(msg);
+        warn(msg);
+      }
     }
   }
-  if (reason.empty()) reason = host_values_reason;
-  if (reason.empty() && !st.entries.empty())
-    reason = st.entries.back()->input_guards.failure_reason(inputs);
-  if (st.host_state.epoch && !have_host_now) {
-    host_now = st.host_state.fingerprint();
-    have_host_now = true;
-  }
-  if (reason.empty() && !st.entries.empty() && st.host_state.epoch &&
-      host_now != st.entries.back()->host_state)
-    reason = st.host_state.describe ? st.host_state.describe(st.entries.back()->host_state, host_now)
-                                    : "host state changed";
-  // The host state moved (e.g. a module parameter reassigned): name graph parameters after the
-  // tensors registered now.
-  if (st.host_state.named_state && (st.entries.empty() || host_now != st.entries.back()->host_state)) {
-    st.param_names.clear();
-    for (const auto& [name, t] : st.host_state.named_state())
-      if (t.defined()) st.param_names[t.impl()] = name;
-  }
-  if (int(st.entries.size()) >= st.options.cache_size_limit) {
-    st.stats.fallbacks_cache_limit++;
-    if (!st.warned_cache_limit) {
-      st.warned_cache_limit = true;
-      std::string msg = fmt::format(
-          "cache_size_limit ({}) reached: {} compiled entries exist and none accepts this call "
-          "({}); new input signatures now run in eager mode. Raise cache_size_limit, or keep "
-          "input shapes/dtypes stable",
-          st.options.cache_size_limit, st.entries.size(), reason);
-      st.fallbacks.push_back(msg);
-      warn(msg);
-    }
+  if (cache_full) {
+    trace_lock.unlock();  // an eager call runs alongside others (and may call the function)
     return st.fn(inputs);
   }
   if (st.options.dynamic && !st.warned_dynamic) {
-    st.warned_dynamic = true;
+    st.warned_dynamic = true;  // under trace_mu
     warn("dynamic=true: symbolic shapes are not supported yet; shapes are specialized and a new "
          "shape recompiles");
   }
-  auto entry = std::make_unique<Entry>();
+  auto entry = std::make_shared<Entry>();
   entry->input_guards = InputGuards(inputs);
   if (st.host_state.epoch) {
     entry->host_state_epoch = st.host_state.epoch->load(std::memory_order_acquire);
     entry->host_state = host_now;
   }
+  TracingScope tracing(st);
   Tracer tracer(st, *entry, inputs);
   TensorList outs = tracer.run();
-  st.last_graphs = tracer.graphs();
-  st.last_breaks = tracer.breaks();
   entry->segmented = tracer.num_segments() != 1 || !tracer.breaks().empty();
   if (!entry->segmented) {
     entry->whole = tracer.last_segment();
@@ -800,19 +877,79 @@ TensorList CompiledFunction::operator()(const TensorList& inputs) const {
     entry->segments.clear();
     for (int i : entry->graph_input_from_call) KILN_ASSERT(i >= 0);
   }
+  std::unique_lock<std::shared_mutex> lock(st.mu);
+  st.last_graphs = tracer.graphs();
+  st.last_breaks = tracer.breaks();
   if (!st.entries.empty() || !reason.empty()) {
     st.stats.recompiles++;
     st.recompiles.push_back(reason.empty() ? "guards failed" : reason);
   }
   st.entries.push_back(std::move(entry));
-  st.stats.entries = int64_t(st.entries.size());
   return outs;
+}
+
+}  // namespace
+
+// ---- CompiledFunction ---------------------------------------------------------------------------
+void CompiledFunction::run_into(const TensorList& inputs, TensorList& outputs) const {
+  KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
+  State& st = *state_;
+  TracingScope::check_not_tracing(st);
+  std::string host_now, hv_reason;
+  bool have_host_now = false;
+  HostCheck hc;
+  if (std::shared_ptr<Entry> e = find_entry(st, inputs, host_now, have_host_now, hc, hv_reason)) {
+    bool direct = !e->segmented && e->whole && e->whole->compiled;
+    for (size_t i = 0; direct && i < e->outputs.size(); ++i)
+      direct = e->outputs[i].kind == OutputSource::GraphOutput && e->outputs[i].index == int(i);
+    if (direct) {
+      st.stats.calls.fetch_add(1, std::memory_order_relaxed);
+      st.stats.compiled_calls.fetch_add(1, std::memory_order_relaxed);
+      // The graph's inputs: the call's own list when they are the call's inputs in order, else
+      // a per-thread list that keeps its capacity (concurrent calls each have their own).
+      bool in_order = e->graph_input_from_call.size() == inputs.size();
+      for (size_t i = 0; in_order && i < inputs.size(); ++i)
+        in_order = e->graph_input_from_call[i] == int(i);
+      thread_local TensorList t_graph_inputs;
+      if (!in_order) {
+        t_graph_inputs.clear();
+        for (int i : e->graph_input_from_call) t_graph_inputs.push_back(inputs[size_t(i)]);
+      }
+      try {
+        e->whole->compiled->run_into(in_order ? inputs : t_graph_inputs, outputs);
+        t_graph_inputs.clear();
+        return;
+      } catch (const Error&) {
+        t_graph_inputs.clear();
+        st.stats.calls.fetch_sub(1, std::memory_order_relaxed);
+        st.stats.compiled_calls.fetch_sub(1, std::memory_order_relaxed);
+        // the general path reports and falls back
+      }
+    }
+  }
+  outputs = (*this)(inputs);
+}
+
+TensorList CompiledFunction::operator()(const TensorList& inputs) const {
+  KILN_CHECK(state_, "calling an empty CompiledFunction; create it with kiln::compile");
+  State& st = *state_;
+  TracingScope::check_not_tracing(st);
+  st.stats.calls.fetch_add(1, std::memory_order_relaxed);
+  std::string host_now, hv_reason;
+  bool have_host_now = false;
+  HostCheck hc;
+  std::shared_ptr<Entry> e = find_entry(st, inputs, host_now, have_host_now, hc, hv_reason);
+  if (e && !e->segmented) {
+    st.stats.compiled_calls.fetch_add(1, std::memory_order_relaxed);
+    return run_whole(st, *e, inputs);
+  }
+  return trace_call(st, inputs, std::move(e), host_now, have_host_now, hc, hv_reason);
 }
 
 CompileStats CompiledFunction::stats() const {
   KILN_CHECK(state_, "empty CompiledFunction");
-  std::lock_guard<std::mutex> lock(state_->mu);
-  CompileStats s = state_->stats;
+  std::shared_lock<std::shared_mutex> lock(state_->mu);
+  CompileStats s = state_->stats.snapshot();
   s.entries = int64_t(state_->entries.size());
   return s;
 }
@@ -820,7 +957,7 @@ CompileStats CompiledFunction::stats() const {
 ExplainReport CompiledFunction::report() const {
   KILN_CHECK(state_, "empty CompiledFunction");
   State& st = *state_;
-  std::lock_guard<std::mutex> lock(st.mu);
+  std::shared_lock<std::shared_mutex> lock(st.mu);
   ExplainReport r;
   r.graphs = st.last_graphs;
   r.breaks = st.last_breaks;
@@ -835,7 +972,7 @@ ExplainReport CompiledFunction::report() const {
   }
   r.recompiles = st.recompiles;
   r.fallbacks = st.fallbacks;
-  r.stats = st.stats;
+  r.stats = st.stats.snapshot();
   r.stats.entries = int64_t(st.entries.size());
   return r;
 }
@@ -885,7 +1022,7 @@ void reset() {
   std::lock_guard<std::mutex> lock(g_states_mu);
   for (auto& w : all_states()) {
     if (auto s = w.lock()) {
-      std::lock_guard<std::mutex> l(s->mu);
+      std::unique_lock<std::shared_mutex> l(s->mu);
       s->entries.clear();
       s->last_graphs.clear();
       s->last_breaks.clear();

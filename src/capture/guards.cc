@@ -102,15 +102,15 @@ std::vector<std::string> InputGuards::describe() const {
 
 void ParamGuards::add(const Tensor& t, std::string name) {
   params_.push_back({t, t.version(), std::move(name)});
-  checked_epoch_ = ~uint64_t(0);
+  checked_epoch_.store(~uint64_t(0), std::memory_order_relaxed);
 }
 
 bool ParamGuards::check() const {
   uint64_t epoch = global_mutation_epoch();
-  if (epoch == checked_epoch_) [[likely]] return true;
+  if (epoch == checked_epoch_.load(std::memory_order_relaxed)) [[likely]] return true;
   for (const ParamGuard& p : params_)
     if (p.tensor.version() != p.version) return false;
-  checked_epoch_ = epoch;
+  checked_epoch_.store(epoch, std::memory_order_relaxed);
   return true;
 }
 

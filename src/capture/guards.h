@@ -1,5 +1,6 @@
 // Guards: the conditions under which a compiled entry may replay without re-tracing.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -53,7 +54,9 @@ class ParamGuards {
     std::string name;
   };
   std::vector<ParamGuard> params_;
-  mutable uint64_t checked_epoch_ = ~uint64_t(0);
+  // Written by check() on whichever thread calls it (concurrent calls check at once): atomic,
+  // relaxed — a plain load and store.
+  mutable std::atomic<uint64_t> checked_epoch_{~uint64_t(0)};
 };
 
 }  // namespace kiln

@@ -28,7 +28,9 @@ struct BackendOptions {
 class CompiledGraph {
  public:
   virtual ~CompiledGraph() = default;
-  // Inputs in graph-input order; returns the graph outputs.
+  // Inputs in graph-input order; returns the graph outputs. run and run_into may be called from
+  // several threads at once (capture does for concurrent calls: Note [Concurrent calls] in
+  // capture/compile.cc), so a backend keeps per-call state per call.
   virtual TensorList run(const TensorList& inputs) = 0;
   // Runs into `outputs`, reusing its tensors when they have the output shapes and dtypes (else
   // they are replaced). Backends that can run without allocating override it.

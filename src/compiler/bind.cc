@@ -12,32 +12,67 @@ namespace kiln::compiler {
 
 namespace {
 
-// An eager kernel bound at compile time to tensors over the arena (Note [The compiler]).
-struct EagerLaunch {
+// Where an eager kernel's tensor that is not a graph input lives: a parameter or constant
+// (shared by every execution context), or a view of a value in the arena, rebuilt over each
+// context's arena (Note [Execution contexts] in runtime/executable.cc).
+struct BoundTensor {
+  Tensor fixed;               // defined: a parameter or constant (or a view of one)
+  int64_t arena_offset = -1;  // else: bytes from the arena's start to the base value
+  Dims base_sizes;
+  DType dtype = DType::Float32;
+  lower::ViewGeometry view;   // the tensor as a view of the base value
+};
+
+// An eager kernel bound at compile time (Note [The compiler]): what every context shares.
+struct EagerKernel {
   const OpDef* def = nullptr;
   KernelFn fn = nullptr;
+  Device device;
   Attrs attrs;
-  TensorList inputs;
-  TensorList outputs;
+  std::vector<BoundTensor> inputs;  // per input not taken from the call (absent: undefined)
+  std::vector<BoundTensor> outputs;
   std::vector<TensorType> out_types;
   std::vector<int> from_input;  // per input: graph input index, or -1
   // Per input taken from a graph input through a view: its geometry (sizes empty: direct).
   std::vector<lower::ViewGeometry> input_view;
 };
 
+// One context's launch of it: the tensors over that context's arena.
+struct EagerLaunch {
+  const EagerKernel* k = nullptr;
+  TensorList inputs;
+  TensorList outputs;
+};
+
+Tensor materialize(const BoundTensor& b, char* arena, Device device) {
+  if (b.fixed.defined()) return b.fixed;
+  if (b.arena_offset < 0) return Tensor();
+  Tensor t = Tensor::from_blob(arena + b.arena_offset, b.base_sizes, b.dtype, device);
+  return t.as_strided(b.view.sizes, b.view.strides, b.view.offset);
+}
+
+std::shared_ptr<void> make_eager_launch(const std::shared_ptr<EagerKernel>& k, char* const* slots) {
+  auto l = std::make_shared<EagerLaunch>();
+  l->k = k.get();
+  for (const BoundTensor& b : k->inputs) l->inputs.push_back(materialize(b, slots[0], k->device));
+  for (const BoundTensor& b : k->outputs) l->outputs.push_back(materialize(b, slots[0], k->device));
+  return l;
+}
+
 void run_eager(void* s, const Executable::RunContext& c) {
-  auto* f = static_cast<EagerLaunch*>(s);
+  auto* l = static_cast<EagerLaunch*>(s);
+  const EagerKernel& f = *l->k;
   const Tensor* call_inputs = c.inputs;
-  for (size_t k = 0; k < f->from_input.size(); ++k) {
-    if (f->from_input[k] < 0) continue;
-    const lower::ViewGeometry& v = f->input_view[k];
-    const Tensor& t = call_inputs[f->from_input[k]];
+  for (size_t k = 0; k < f.from_input.size(); ++k) {
+    if (f.from_input[k] < 0) continue;
+    const lower::ViewGeometry& v = f.input_view[k];
+    const Tensor& t = call_inputs[f.from_input[k]];
     // A view of a graph input is rebuilt per call (one small allocation; rare: copies are
     // inserted for the common cases).
-    f->inputs[k] = v.sizes.empty() ? t : t.as_strided(v.sizes, v.strides, t.offset() + v.offset);
+    l->inputs[k] = v.sizes.empty() ? t : t.as_strided(v.sizes, v.strides, t.offset() + v.offset);
   }
-  KernelContext ctx{*f->def, f->inputs, f->outputs, f->attrs, f->out_types};
-  f->fn(ctx);
+  KernelContext ctx{*f.def, l->inputs, l->outputs, f.attrs, f.out_types};
+  f.fn(ctx);
 }
 
 std::string node_list(const Graph& g, const std::vector<int32_t>& nodes) {
@@ -56,23 +91,27 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   BoundExecutable out;
   auto exe = std::make_shared<Executable>();
   out.exe = exe;
-  exe->init(target.allocate(m.plan.arena_bytes), m.plan.arena_bytes, m.num_slots, target.device());
+  // Every execution context's arena: the planned values, then the library kernels' scratch.
+  const int64_t scratch_offset = (m.plan.arena_bytes + 255) / 256 * 256;
+  const int64_t scratch_bytes = lib->scratch_bytes();
+  exe->init(scratch_bytes > 0 ? scratch_offset + scratch_bytes : m.plan.arena_bytes, m.num_slots,
+            target.device());
   for (const auto& [slot, t] : m.constants) {
     exe->keep_alive.push_back(std::make_shared<Tensor>(t));
     exe->set_slot(slot, static_cast<char*>(t.raw_data()));
   }
   exe->keep_alive.push_back(lib);
   if (loops.keep_alive) exe->keep_alive.push_back(loops.keep_alive);
-  std::shared_ptr<char> scratch;
-  if (lib->scratch_bytes() > 0) {
-    scratch = target.allocate(lib->scratch_bytes());
-    exe->keep_alive.push_back(scratch);
-  }
+  const MemRef scratch{0, scratch_offset};
 
-  // A tensor over the memory of value v (arena values and views of them, parameters).
-  auto tensor_of = [&](ValueId v) -> Tensor {
+  // Where the memory of value v is (arena values and views of them, parameters).
+  auto bound_tensor = [&](ValueId v) -> BoundTensor {
+    BoundTensor b;
     const Value& val = g.value(v);
-    if (val.kind == ValueKind::Param || val.kind == ValueKind::Const) return val.data;
+    if (val.kind == ValueKind::Param || val.kind == ValueKind::Const) {
+      b.fixed = val.data;
+      return b;
+    }
     lower::ViewGeometry geo;
     if (s.virtual_view[size_t(v)]) {
       geo = s.views[size_t(v)];
@@ -83,14 +122,17 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       geo.strides = contiguous_strides(geo.sizes);
     }
     const Value& base = g.value(geo.base);
-    if (base.kind == ValueKind::Param || base.kind == ValueKind::Const)
-      return base.data.as_strided(geo.sizes, geo.strides, geo.offset);
+    if (base.kind == ValueKind::Param || base.kind == ValueKind::Const) {
+      b.fixed = base.data.as_strided(geo.sizes, geo.strides, geo.offset);
+      return b;
+    }
     const MemRef& r = m.mem[size_t(geo.base)];
     KILN_ASSERT(r.slot == 0);
-    Dims bs;
-    for (size_t i = 0; i < base.type.shape.size(); ++i) bs.push_back(base.type.shape[i].value());
-    Tensor t = Tensor::from_blob(exe->arena() + r.byte_offset, bs, base.type.dtype, target.device());
-    return t.as_strided(geo.sizes, geo.strides, geo.offset);
+    b.arena_offset = r.byte_offset;
+    for (size_t i = 0; i < base.type.shape.size(); ++i) b.base_sizes.push_back(base.type.shape[i].value());
+    b.dtype = base.type.dtype;
+    b.view = geo;
+    return b;
   };
 
   for (size_t si = 0; si < s.steps.size(); ++si) {
@@ -123,7 +165,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       }
       std::vector<MemRef> outs;
       for (ValueId o : n.outputs) outs.push_back(m.mem[size_t(o)]);
-      l = lib->bind(st.node, in, outs, scratch.get());
+      l = lib->bind(st.node, in, outs, scratch);
       l.name = fmt::format("{}:{}", op_def(n.op).name, n.name);
       l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
       out.library_launches++;
@@ -131,7 +173,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
     } else {
       const Node& n = g.nodes[size_t(st.node)];
       const OpDef& d = op_def(n.op);
-      auto state = std::make_shared<EagerLaunch>();
+      auto state = std::make_shared<EagerKernel>();
       state->def = &d;
       state->fn = target.device().is_cpu() ? (d.eager_cpu ? d.eager_cpu : d.reference) : d.eager_cuda;
       // A CUDA eager kernel covers the dtypes it lists (OpDef::eager_cuda_dtypes), judged by the
@@ -152,6 +194,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
                                 n.name, dtype_name(dt), target.name(), why.empty() ? "" : ": ",
                                 why));
       }
+      state->device = target.device();
       state->attrs = n.attrs;
       size_t ni = std::max(n.inputs.size(), d.inputs.size());
       state->inputs.resize(ni);
@@ -166,15 +209,17 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
           if (root != v) state->input_view[k] = s.views[size_t(v)];
           continue;
         }
-        state->inputs[k] = tensor_of(v);
+        state->inputs[k] = bound_tensor(v);
       }
       for (ValueId o : n.outputs) {
         state->out_types.push_back(g.type(o));
-        state->outputs.push_back(tensor_of(o));
+        state->outputs.push_back(bound_tensor(o));
       }
       l.fn = run_eager;
       l.state = state.get();
       l.owner = state;
+      // Its tensors over the arena and the argument list it rewrites per call: per context.
+      l.make_local = [state](char* const* slots) { return make_eager_launch(state, slots); };
       l.name = fmt::format("{}:{}", d.name, n.name);
       l.kind = "eager";
       l.nodes = std::string(d.name) + " '" + n.name + "'";
@@ -216,6 +261,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
     os.byte_offset = r.byte_offset;
     exe->outputs.push_back(std::move(os));
   }
+  exe->prepare();
   return out;
 }
 

@@ -106,7 +106,8 @@ class LibraryKernels {
   virtual bool lowered(int32_t node) const = 0;
   // Storage bytes of a value kept in a library layout (blocked, padded), -1 for plain.
   virtual int64_t value_bytes(ValueId v) const = 0;
-  // Bytes of scratch memory the launches share (one region, used by one launch at a time).
+  // Bytes of scratch memory the launches share (one region per execution context, used by one
+  // launch at a time).
   virtual int64_t scratch_bytes() const = 0;
   // One line for explain: the kernel and its layouts.
   virtual std::string describe(int32_t node) const = 0;
@@ -114,11 +115,14 @@ class LibraryKernels {
   // part of the error when nothing else runs the node either.
   virtual std::string why_not(int32_t node) const { return ""; }
   // The launch of lowered node `node`: the memory of each input (activations, parameters and
-  // constants alike; slot -1 for an absent optional input), of each output, and the scratch
-  // region (scratch_bytes(), from Target::allocate). A target that prepared a weight at
-  // lowering time (oneDNN's reordered weights) may ignore its MemRef.
+  // constants alike; slot -1 for an absent optional input), of each output, and of the scratch
+  // region (scratch_bytes(); in the arena, so each execution context has its own). A target
+  // that prepared a weight at lowering time (oneDNN's reordered weights) may ignore its MemRef.
+  // Launches of different execution contexts run at the same time (Note [Execution contexts]
+  // in runtime/executable.cc): state the launch changes while it runs must be per context
+  // (Executable::Launch::make_local).
   virtual Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
-                                  const std::vector<MemRef>& outputs, char* scratch) const = 0;
+                                  const std::vector<MemRef>& outputs, MemRef scratch) const = 0;
 };
 
 // What the driver passes to the library lowering besides the nodes.

@@ -3,26 +3,46 @@
 // order, copy the outputs out. Everything else — kernel addresses, arena offsets, library
 // kernels with their prepacked weights, the eager kernels' prebuilt argument lists — was
 // resolved at compile time, so a steady-state call does no heap allocation, no hash lookup and
-// no dispatch beyond one indirect call per launch. The arena is owned by the executable: calls
-// on one executable must not overlap (capture serializes them).
+// no dispatch beyond one indirect call per launch.
 //
-// CUDA. The arena lives on the device; the executable has its own (blocking) stream, so its
-// work is ordered with the legacy default stream that eager CUDA kernels use. Inputs already on
-// the device are bound in place; host inputs are copied into a staging buffer of their own (one
-// async copy each). Launches enqueue on the stream; outputs are copied (asynchronously, on the
-// stream) into the tensors the caller gives — on the device or the host — and the call waits
-// for the stream before it returns, so the outputs are the caller's, complete, and nothing of a
-// later call can overwrite them (the rule torch's CUDA-graph outputs lack).
-// reduce-overhead (use_cuda_graph): the first run captures the launch list into a CUDA graph,
-// with every input copied into its staging buffer (fixed addresses); later runs copy the inputs
-// in, replay the graph and copy the outputs out: one graph launch instead of one launch per
-// kernel.
+// Note [Execution contexts]
+// What a call writes lives in an execution context, never in the Executable: the arena (every
+// activation, and the library kernels' scratch at its end), the slot table, the per-context
+// state of launches that have some (Launch::make_local: oneDNN's memory objects, which hold the
+// pointers last bound; an eager kernel's tensors over the arena), and on CUDA the stream, the
+// input staging buffers and the captured CUDA graph. What the Executable holds — the launch
+// list, kernel code, prepacked weights, constants — is read-only once prepare() ran, and shared.
+// A call takes a free context from a small pool, runs on it and gives it back, so calls from
+// several threads run at the same time, each on its own memory. Contexts are created when a call
+// finds none free (the first by prepare(), at compile time), up to max_contexts() (default 8;
+// a call past that waits for one), and live as long as the executable. The pool is a
+// mutex-guarded LIFO free list reserved to its bound: taking and returning a context is a short
+// critical section that allocates nothing, and a caller without competition always gets the
+// context it used last (the one run_launch and autotuning see). The launch loop itself reads
+// the context's state array: one indirect call per launch, as before.
+//
+// CUDA. The arena lives on the device; every context has its own (blocking) stream, so its work
+// is ordered with the legacy default stream that eager CUDA kernels use. Inputs already on the
+// device are bound in place; host inputs are copied into the context's staging buffer for that
+// input (one async copy each). Launches enqueue on the context's stream; outputs are copied
+// (asynchronously, on the stream) into the tensors the caller gives — on the device or the host
+// — and the call waits for the stream before it returns, so the outputs are the caller's,
+// complete, and nothing of a later call can overwrite them (the rule torch's CUDA-graph outputs
+// lack). reduce-overhead (use_cuda_graph): a context's first run captures the launch list into a
+// CUDA graph over that context's arena and staging buffers (fixed addresses), with every input
+// copied into its staging buffer; later runs on the context copy the inputs in, replay its graph
+// and copy the outputs out: one graph launch instead of one launch per kernel. Creating a
+// context (cudaMalloc, cudaMemset on the legacy stream) and capturing a graph take one mutex of
+// the executable, so that no context of it is set up while another is being captured.
 #include "runtime/executable.h"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -84,31 +104,193 @@ std::shared_ptr<char> allocate_device_arena(int64_t arena_bytes, int index) {
   return std::shared_ptr<char>(static_cast<char*>(p), [a, bytes](char* q) { a->deallocate(q, bytes); });
 }
 
-Executable::~Executable() {
-  if (graph_exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
-  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
-  if (stream_) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
-    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+// ---- execution contexts --------------------------------------------------------------------
+
+struct Executable::Context {
+  std::shared_ptr<char> arena;
+  std::vector<char*> slots;
+  std::vector<void*> states;                  // per launch: its own state or the shared one
+  std::vector<std::shared_ptr<void>> locals;  // owners of the per-context states
+  // CUDA: the stream, staging buffers for inputs (one per input, in one device block), and the
+  // captured graph.
+  void* stream = nullptr;
+  std::shared_ptr<char> staging_owner;
+  std::vector<char*> staging;
+  void* graph = nullptr;       // cudaGraph_t
+  void* graph_exec = nullptr;  // cudaGraphExec_t
+
+  ~Context() {
+    if (graph_exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec));
+    if (graph) cudaGraphDestroy(static_cast<cudaGraph_t>(graph));
+    if (stream) {
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+      cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+    }
   }
+};
+
+struct Executable::Pool {
+  std::mutex mu;
+  std::condition_variable freed;
+  std::vector<std::unique_ptr<Context>> all;  // capacity >= max: creating one never moves them
+  std::vector<Context*> free;                 // LIFO; capacity >= max: returning never allocates
+  int creating = 0;                           // being made outside the lock
+  int max = kDefaultMaxContexts;
+  std::mutex cuda_setup;                      // CUDA: context creation and graph capture
+};
+
+// The context of one call: taken in the constructor, given back in the destructor (also when
+// a launch throws).
+class Executable::Lease {
+ public:
+  explicit Lease(Executable& e) : e_(e), c_(e.acquire()) {}
+  ~Lease() { e_.release(c_); }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  Context& context() const { return c_; }
+
+ private:
+  Executable& e_;
+  Context& c_;
+};
+
+Executable::Executable() : pool_(std::make_unique<Pool>()) {
+  pool_->all.reserve(size_t(pool_->max));
+  pool_->free.reserve(size_t(pool_->max));
 }
 
-void Executable::init(std::shared_ptr<char> arena, int64_t arena_bytes, int num_slots,
-                      Device device) {
-  KILN_ASSERT(arena);
+// The pool (every context, with its stream and graph) goes first: members are destroyed in
+// reverse order, and the contexts' local states point into the launches' shared state.
+Executable::~Executable() = default;
+
+void Executable::init(int64_t arena_bytes, int num_slots, Device device) {
+  KILN_ASSERT(num_slots >= 1 && pool_->all.empty());
   arena_bytes_ = arena_bytes;
-  arena_owner_ = std::move(arena);
-  arena_ = arena_owner_.get();
-  slots_.assign(size_t(num_slots), nullptr);
-  slots_[0] = arena_;
+  initial_slots_.assign(size_t(num_slots), nullptr);
   device_ = device;
-  if (device.is_cuda()) {
-    check(cudaSetDevice(device.index), "cudaSetDevice");
+}
+
+void Executable::set_slot(int slot, char* base) {
+  KILN_ASSERT(slot > 0 && size_t(slot) < initial_slots_.size() && pool_->all.empty());
+  initial_slots_[size_t(slot)] = base;
+}
+
+void Executable::set_max_contexts(int n) {
+  KILN_CHECK(n >= 1, "executable: max_contexts must be >= 1, got {}", n);
+  {
+    std::lock_guard<std::mutex> lock(pool_->mu);
+    pool_->max = n;
+    size_t cap = std::max(size_t(n), pool_->all.size());
+    pool_->all.reserve(cap);
+    pool_->free.reserve(cap);
+  }
+  pool_->freed.notify_all();
+}
+
+int Executable::max_contexts() const {
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  return pool_->max;
+}
+
+int Executable::num_contexts() const {
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  return int(pool_->all.size());
+}
+
+std::unique_ptr<Executable::Context> Executable::make_context() {
+  KILN_ASSERT(!initial_slots_.empty());
+  auto c = std::make_unique<Context>();
+  std::unique_lock<std::mutex> cuda_lock;
+  if (device_.is_cuda()) {
+    cuda_lock = std::unique_lock<std::mutex>(pool_->cuda_setup);
+    c->arena = allocate_device_arena(arena_bytes_, device_.index);
+    check(cudaSetDevice(device_.index), "cudaSetDevice");
     cudaStream_t s = nullptr;
     check(cudaStreamCreate(&s), "cudaStreamCreate");
-    stream_ = s;
+    c->stream = s;
+    if (!inputs.empty()) {
+      // One device block for all inputs that may need staging (host inputs, every input in
+      // graph mode), 256-byte aligned each.
+      std::vector<int64_t> off(inputs.size());
+      int64_t total = 0;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        off[i] = total;
+        total += (int64_t(numel(inputs[i].sizes)) * dtype_size(inputs[i].dtype) + 255) / 256 * 256;
+      }
+      c->staging_owner = allocate_device_arena(total, device_.index);
+      for (size_t i = 0; i < inputs.size(); ++i) c->staging.push_back(c->staging_owner.get() + off[i]);
+    }
+  } else {
+    c->arena = allocate_host_arena(arena_bytes_);
   }
+  c->slots = initial_slots_;
+  c->slots[0] = c->arena.get();
+  c->states.resize(launches.size());
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const Launch& l = launches[i];
+    if (!l.make_local) {
+      c->states[i] = l.state;
+      continue;
+    }
+    std::shared_ptr<void> local = l.make_local(c->slots.data());
+    KILN_ASSERT(local);
+    c->states[i] = local.get();
+    c->locals.push_back(std::move(local));
+  }
+  return c;
 }
+
+void Executable::prepare() {
+  {
+    std::lock_guard<std::mutex> lock(pool_->mu);
+    if (!pool_->all.empty()) return;
+  }
+  std::unique_ptr<Context> c = make_context();
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  if (!pool_->all.empty()) return;  // a call made one meanwhile
+  pool_->free.push_back(c.get());
+  pool_->all.push_back(std::move(c));
+}
+
+Executable::Context& Executable::acquire() {
+  Pool& p = *pool_;
+  std::unique_lock<std::mutex> lock(p.mu);
+  while (p.free.empty()) {
+    if (int(p.all.size()) + p.creating < p.max) {
+      ++p.creating;
+      lock.unlock();
+      std::unique_ptr<Context> c;
+      try {
+        c = make_context();
+      } catch (...) {
+        lock.lock();
+        --p.creating;
+        lock.unlock();
+        p.freed.notify_one();  // a waiter may create one instead
+        throw;
+      }
+      lock.lock();
+      --p.creating;
+      Context& made = *c;
+      p.all.push_back(std::move(c));
+      return made;
+    }
+    p.freed.wait(lock);
+  }
+  Context* c = p.free.back();
+  p.free.pop_back();
+  return *c;
+}
+
+void Executable::release(Context& c) {
+  {
+    std::lock_guard<std::mutex> lock(pool_->mu);
+    pool_->free.push_back(&c);
+  }
+  pool_->freed.notify_one();
+}
+
+// ---- running ----------------------------------------------------------------------------------
 
 void Executable::check_inputs(const Tensor* in, size_t num_inputs, size_t num_outputs) const {
   if (num_inputs != inputs.size())
@@ -129,33 +311,41 @@ void Executable::check_inputs(const Tensor* in, size_t num_inputs, size_t num_ou
   }
 }
 
-void Executable::run_launches(const Tensor* args) {
-  RunContext ctx{slots_.data(), args, stream_};
+void Executable::run_launches(Context& c, const Tensor* args) {
+  RunContext ctx{c.slots.data(), args, c.stream};
+  void* const* states = c.states.data();
+  const size_t n = launches.size();
   if (t_timer) {
-    for (const Launch& l : launches) {
+    for (size_t i = 0; i < n; ++i) {
+      const Launch& l = launches[i];
       t_timer->launch_begin(l);
-      l.fn(l.state, ctx);
+      l.fn(states[i], ctx);
       t_timer->launch_end(l);
     }
   } else {
-    for (const Launch& l : launches) l.fn(l.state, ctx);
+    for (size_t i = 0; i < n; ++i) launches[i].fn(states[i], ctx);
   }
 }
 
 void Executable::run_launch(size_t i, const Tensor* inputs) {
-  RunContext ctx{slots_.data(), inputs, stream_};
-  launches[i].fn(launches[i].state, ctx);
+  KILN_ASSERT(i < launches.size());
+  Lease lease(*this);
+  Context& c = lease.context();
+  RunContext ctx{c.slots.data(), inputs, c.stream};
+  launches[i].fn(c.states[i], ctx);
 }
 
 void Executable::run(const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs) {
   check_inputs(in, num_inputs, num_outputs);
+  Lease lease(*this);
   if (device_.is_cuda())
-    run_cuda(in, num_inputs, out, num_outputs);
+    run_cuda(lease.context(), in, num_inputs, out, num_outputs);
   else
-    run_cpu(in, num_inputs, out, num_outputs);
+    run_cpu(lease.context(), in, num_inputs, out, num_outputs);
 }
 
-void Executable::run_cpu(const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs) {
+void Executable::run_cpu(Context& c, const Tensor* in, size_t num_inputs, Tensor* out,
+                         size_t num_outputs) {
   // Non-contiguous inputs are copied (kept alive for the call by this array's scope).
   Tensor staged[8];
   Tensor* heap_staged = nullptr;
@@ -175,15 +365,15 @@ void Executable::run_cpu(const Tensor* in, size_t num_inputs, Tensor* out, size_
       use = &st[i];
       args = st;  // eager launches see the staged copies
     }
-    slots_[size_t(s.slot)] = static_cast<char*>(use->raw_data());
+    c.slots[size_t(s.slot)] = static_cast<char*>(use->raw_data());
   }
   if (args != in)
     for (size_t i = 0; i < num_inputs; ++i) {
       Tensor* st = heap_staged ? heap_staged : staged;
       if (!st[i].defined()) st[i] = in[i];
     }
-  run_launches(args);
-  char* const* b = slots_.data();
+  run_launches(c, args);
+  char* const* b = c.slots.data();
   for (size_t i = 0; i < num_outputs; ++i) {
     const OutputSpec& o = outputs[i];
     Tensor& t = out[i];
@@ -219,44 +409,35 @@ bool Executable::use_cuda_graph(std::string* why) {
   return true;
 }
 
-void Executable::run_cuda(const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs) {
-  cudaStream_t s = static_cast<cudaStream_t>(stream_);
+void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tensor* out,
+                          size_t num_outputs) {
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream);
   check(cudaSetDevice(device_.index), "cudaSetDevice");
-  if (staging_.empty() && num_inputs > 0) {
-    // One device block for all inputs that may need staging (host inputs, every input in graph
-    // mode), 256-byte aligned each.
-    std::vector<int64_t> off(num_inputs);
-    int64_t total = 0;
-    for (size_t i = 0; i < num_inputs; ++i) {
-      off[i] = total;
-      total += (int64_t(numel(inputs[i].sizes)) * dtype_size(inputs[i].dtype) + 255) / 256 * 256;
-    }
-    staging_owner_ = allocate_device_arena(total, device_.index);
-    for (size_t i = 0; i < num_inputs; ++i) staging_.push_back(staging_owner_.get() + off[i]);
-  }
   // Inputs: in place when on the device and contiguous (not in graph mode), else one async copy
   // into the input's staging buffer.
   for (size_t i = 0; i < num_inputs; ++i) {
     const InputSpec& sp = inputs[i];
     const Tensor& t = in[i];
     if (t.device() == device_ && t.is_contiguous() && !graph_requested_) {
-      slots_[size_t(sp.slot)] = static_cast<char*>(t.raw_data());
+      c.slots[size_t(sp.slot)] = static_cast<char*>(t.raw_data());
       continue;
     }
     Tensor src = t.is_contiguous() ? t : t.contiguous();
-    check(cudaMemcpyAsync(staging_[i], src.raw_data(), src.nbytes(),
+    check(cudaMemcpyAsync(c.staging[i], src.raw_data(), src.nbytes(),
                           src.device().is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, s),
           "cudaMemcpyAsync of an input");
-    slots_[size_t(sp.slot)] = staging_[i];
+    c.slots[size_t(sp.slot)] = c.staging[i];
     // A temporary (a non-contiguous input made contiguous) must live until its copy ran.
     if (!same_tensor(src, t)) check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
   if (graph_requested_) {
-    if (!graph_exec_) {
+    if (!c.graph_exec) {
+      // This context's graph, over its arena and staging buffers (Note [Execution contexts]).
+      std::lock_guard<std::mutex> setup(pool_->cuda_setup);
       cudaGraph_t graph = nullptr;
       check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
       try {
-        run_launches(in);
+        run_launches(c, in);
       } catch (...) {
         cudaStreamEndCapture(s, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -264,16 +445,16 @@ void Executable::run_cuda(const Tensor* in, size_t num_inputs, Tensor* out, size
         throw;
       }
       check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
-      graph_ = graph;
+      c.graph = graph;
       cudaGraphExec_t exec = nullptr;
       check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-      graph_exec_ = exec;
+      c.graph_exec = exec;
     }
-    check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec_), s), "cudaGraphLaunch");
+    check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(c.graph_exec), s), "cudaGraphLaunch");
   } else {
-    run_launches(in);
+    run_launches(c, in);
   }
-  char* const* b = slots_.data();
+  char* const* b = c.slots.data();
   bool strided_outputs = false;
   for (size_t i = 0; i < num_outputs; ++i) {
     const OutputSpec& o = outputs[i];

@@ -1,7 +1,9 @@
-// Executable: what a compiled graph is at run time — an arena, a table of base pointers and a
-// flat list of launches. See Note [Executable] in executable.cc.
+// Executable: what a compiled graph is at run time — a flat list of launches, run over an
+// execution context (an arena and a table of base pointers) of the call's own. See Note
+// [Executable] and Note [Execution contexts] in executable.cc.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,8 +15,9 @@ namespace kiln {
 
 class Executable {
  public:
-  // What a launch sees: the base-pointer table (slot 0 = arena), the call's input tensors (for
-  // eager launches) and the executable's stream (a cudaStream_t on CUDA, null on the CPU).
+  // What a launch sees: the base-pointer table of the call's execution context (slot 0 = its
+  // arena), the call's input tensors (for eager launches) and the context's stream (a
+  // cudaStream_t on CUDA, null on the CPU).
   struct RunContext {
     char* const* slots = nullptr;
     const Tensor* inputs = nullptr;
@@ -22,6 +25,12 @@ class Executable {
   };
   // One launch: a generated kernel, a library kernel or an eager kernel, bound at compile time.
   using LaunchFn = void (*)(void* state, const RunContext& ctx);
+  // A launch whose state changes while it runs (memory objects that hold the last pointers, an
+  // eager kernel's tensors over the arena) gives every execution context a state of its own:
+  // called once when a context is created (never on the run path) with that context's slot
+  // table (arena and constants bound, input slots not yet), its result replaces `state` for
+  // launches on that context. Null: `state` is read-only and shared by every context.
+  using LocalStateFn = std::function<std::shared_ptr<void>(char* const* slots)>;
   struct Launch {
     LaunchFn fn = nullptr;
     void* state = nullptr;
@@ -29,6 +38,7 @@ class Executable {
     std::string kind;   // "loop" | the library ("onednn", "cublaslt", "cudnn", ...) | "eager"
     std::string nodes;  // the graph nodes it computes, for profiles and explain
     std::shared_ptr<void> owner;  // keeps `state` alive
+    LocalStateFn make_local;      // see LocalStateFn
   };
   struct InputSpec {
     std::string name;
@@ -48,20 +58,22 @@ class Executable {
     Dims base_sizes;
   };
 
-  Executable() = default;
+  Executable();
   ~Executable();
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
 
-  // Sets up the arena (`arena`: at least arena_bytes, 64-byte aligned, zeroed, on `device`;
-  // owned from now on) and the slot table. On CUDA the executable gets a stream of its own.
-  void init(std::shared_ptr<char> arena, int64_t arena_bytes, int num_slots,
-            Device device = Device::cpu());
-  char* arena() const { return arena_; }
+  // Sets the size of every execution context's arena (`arena_bytes`, zeroed, 64-byte aligned on
+  // the host, 256 on a device) and of the slot table. Nothing is allocated until prepare() or
+  // the first run.
+  void init(int64_t arena_bytes, int num_slots, Device device = Device::cpu());
   int64_t arena_bytes() const { return arena_bytes_; }
   Device device() const { return device_; }
-  void* stream() const { return stream_; }
-  void set_slot(int slot, char* base) { slots_[size_t(slot)] = base; }
+  // A slot every execution context starts with (a constant's data). Before prepare().
+  void set_slot(int slot, char* base);
+  // Launches, inputs and outputs are final: creates the first execution context now, so that a
+  // failing arena allocation fails the compile rather than the first call.
+  void prepare();
 
   std::vector<Launch> launches;
   std::vector<InputSpec> inputs;
@@ -71,19 +83,29 @@ class Executable {
   // Checks inputs (count, dtype, shape; a CUDA executable takes host or device inputs) and
   // runs every launch, then copies the outputs into `outputs` (defined tensors of the output
   // shapes and dtypes, any strides, on the host or — CUDA — the device). On CUDA the call waits
-  // for the device before it returns. Allocates nothing when the inputs are contiguous.
+  // for the device before it returns. Allocates nothing when the inputs are contiguous (after
+  // the call's execution context exists). Safe to call from several threads at once: each call
+  // runs on an execution context of its own (Note [Execution contexts]).
   void run(const Tensor* inputs, size_t num_inputs, Tensor* outputs, size_t num_outputs);
   // Allocates fresh output tensors (on the executable's device) and runs.
   TensorList run(const TensorList& inputs);
-  // Runs launch i alone over the slots as the last run() left them (`inputs`: that run's
-  // inputs, for eager launches). For timing single kernels (autotuning): the kernel reads
+  // Runs launch i alone over the slots of the execution context the last run() released (the
+  // one a run without concurrent calls uses); `inputs`: that run's inputs, for eager launches.
+  // For timing single kernels (autotuning), with no other call in flight: the kernel reads
   // whatever its buffers hold by then; the next run() recomputes everything.
   void run_launch(size_t i, const Tensor* inputs);
 
-  // CUDA, reduce-overhead: from the next run on, the launch list is captured once into a CUDA
-  // graph and replayed (Note [Executable]). Inputs are then always copied into fixed staging
-  // buffers. Returns false (and says why in *why) when the launches cannot be captured (an eager
-  // launch runs on the legacy default stream).
+  // At most this many execution contexts (default kDefaultMaxContexts); a call that finds them
+  // all busy waits for one. Calls in flight are not affected.
+  static constexpr int kDefaultMaxContexts = 8;
+  void set_max_contexts(int n);
+  int max_contexts() const;
+  int num_contexts() const;  // created so far
+
+  // CUDA, reduce-overhead: from the next run on, the launch list is captured into a CUDA graph
+  // once per execution context and replayed (Note [Executable]). Inputs are then always copied
+  // into the context's fixed staging buffers. Returns false (and says why in *why) when the
+  // launches cannot be captured (an eager launch runs on the legacy default stream).
   bool use_cuda_graph(std::string* why);
   bool graph_mode() const { return graph_requested_; }
 
@@ -98,24 +120,22 @@ class Executable {
   static LaunchTimer* set_launch_timer(LaunchTimer* t);
 
  private:
-  void run_cpu(const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs);
-  void run_cuda(const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs);
-  void run_launches(const Tensor* args);
+  struct Context;
+  struct Pool;
+  class Lease;
+  std::unique_ptr<Context> make_context();
+  Context& acquire();
+  void release(Context& c);
+  void run_cpu(Context& c, const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs);
+  void run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs);
+  void run_launches(Context& c, const Tensor* args);
   void check_inputs(const Tensor* in, size_t num_inputs, size_t num_outputs) const;
 
-  std::shared_ptr<char> arena_owner_;
-  char* arena_ = nullptr;
   int64_t arena_bytes_ = 0;
-  std::vector<char*> slots_;
+  std::vector<char*> initial_slots_;  // what every context's slot table starts as (slot 0 null)
   Device device_ = Device::cpu();
-  // CUDA: the executable's stream, staging buffers for inputs (one per input, in one device
-  // block), and the captured graph.
-  void* stream_ = nullptr;
-  std::shared_ptr<char> staging_owner_;
-  std::vector<char*> staging_;
   bool graph_requested_ = false;
-  void* graph_ = nullptr;       // cudaGraph_t
-  void* graph_exec_ = nullptr;  // cudaGraphExec_t
+  std::unique_ptr<Pool> pool_;
 };
 
 // Zeroed, 64-byte aligned host memory for an arena (at least 64 bytes); throws naming the size.

@@ -19,6 +19,12 @@
 // execute() itself builds a small argument map inside the library: a handful of small heap
 // allocations per primitive execution, which the report on this module measures.
 //
+// Concurrency: the prebuilt memory objects hold the pointers last bound, so they are per call
+// state: a NodeInstance has its own for every bound buffer (and the argument arrays over them),
+// one per execution context (Note [Execution contexts] in runtime/executable.cc); primitives,
+// prepacked weights and constants are shared, and oneDNN executes one primitive from several
+// threads at once on distinct memory. Streams are per thread.
+//
 // Scratch: each node lays out [reorder temporaries | one scratchpad area] in the caller's
 // scratch region; all primitives use scratchpad_mode::user and the scratchpad area is sized
 // for the largest of the node's steps (they run one after another on one in-order stream).
@@ -135,8 +141,10 @@ dnnl::engine& cpu_engine() {
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
   return e;
 }
+// One stream per thread (as the eager kernels have): runs of a graph on several threads at once
+// share no stream.
 dnnl::stream& cpu_stream() {
-  static dnnl::stream s(cpu_engine());
+  thread_local dnnl::stream s(cpu_engine());
   return s;
 }
 
@@ -352,6 +360,12 @@ struct Step {
   bool residual_copy = false;  // skipped when the residual already is the output buffer
 };
 
+// Per call state: see OnednnLowering::NodeInstance in the header.
+struct OnednnLowering::NodeInstance {
+  std::vector<memory> memories;                    // per binding of the node's plan
+  std::vector<std::vector<dnnl_exec_arg_t>> args;  // per step, over `memories` for bound ones
+};
+
 struct NodePlan {
   bool requested = false;
   bool lowered = false;
@@ -368,6 +382,8 @@ struct NodePlan {
   //   Unsafe: the output's layout differs from the residual's: an error.
   enum class Alias : uint8_t { SkipCopy, Safe, Unsafe } residual_alias = Alias::Unsafe;
   std::string description;
+  // The instance run(node, inputs, output, scratch) uses: the plan's own memory objects.
+  std::shared_ptr<OnednnLowering::NodeInstance> own;
 };
 
 namespace {
@@ -1092,6 +1108,13 @@ OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& exter
     if (p.requested && !p.lowered)
       p.description = fmt::format("{} not lowered: {}", op_def(g.nodes[n].op).name, p.why_not);
     im.scratch_bytes = std::max(im.scratch_bytes, p.scratch_bytes);
+    if (p.lowered) {
+      // The plan's own memory objects, as an instance (not owned twice: weak handles).
+      auto own = std::make_shared<NodeInstance>();
+      for (const Binding& b : p.bindings) own->memories.emplace_back(b.mem, /*weak=*/true);
+      for (const Step& st : p.steps) own->args.push_back(st.args);
+      p.own = std::move(own);
+    }
   }
 }
 
@@ -1127,8 +1150,41 @@ std::string OnednnLowering::describe(int32_t node) const {
   return impl_->plans[size_t(node)].description;
 }
 
+std::shared_ptr<OnednnLowering::NodeInstance> OnednnLowering::instance(int32_t node) const {
+  if (!lowered(node)) [[unlikely]]
+    fail_kind(ErrorKind::Internal, "oneDNN lowering: instance() of node {}, which is not lowered",
+              node);
+  const NodePlan& p = impl_->plans[size_t(node)];
+  auto inst = std::make_shared<NodeInstance>();
+  inst->memories.reserve(p.bindings.size());
+  for (const Binding& b : p.bindings) {
+    const dnnl_memory_desc_t* md = nullptr;
+    dnnl_status_t st = dnnl_memory_get_memory_desc(b.mem, &md);
+    if (st != dnnl_success || !md)
+      fail_kind(ErrorKind::Runtime, "oneDNN lowering: reading a memory descriptor of node {} "
+                "failed (status {})", node, int(st));
+    inst->memories.push_back(memory(memory::desc(*md), cpu_engine(), DNNL_MEMORY_NONE));
+  }
+  for (const Step& step : p.steps) {
+    std::vector<dnnl_exec_arg_t> args = step.args;
+    for (dnnl_exec_arg_t& a : args)
+      for (size_t i = 0; i < p.bindings.size(); ++i)
+        if (a.memory == p.bindings[i].mem) a.memory = inst->memories[i].get();
+    inst->args.push_back(std::move(args));
+  }
+  return inst;
+}
+
 void OnednnLowering::run(int32_t node, const void* const* inputs, void* output,
                          void* scratch) const {
+  if (!lowered(node)) [[unlikely]]
+    fail_kind(ErrorKind::Internal, "oneDNN lowering: run() on node {}, which is not lowered",
+              node);
+  run(node, *impl_->plans[size_t(node)].own, inputs, output, scratch);
+}
+
+void OnednnLowering::run(int32_t node, NodeInstance& inst, const void* const* inputs,
+                         void* output, void* scratch) const {
   if (!lowered(node)) [[unlikely]]
     fail_kind(ErrorKind::Internal, "oneDNN lowering: run() on node {}, which is not lowered",
               node);
@@ -1142,22 +1198,25 @@ void OnednnLowering::run(int32_t node, const void* const* inputs, void* output,
               "oneDNN lowering: node {} got its residual in the output buffer, but they differ "
               "in layout ({}); give the output its own buffer",
               node, p.description);
-  for (const Binding& b : p.bindings) {
+  for (size_t i = 0; i < p.bindings.size(); ++i) {
+    const Binding& b = p.bindings[i];
+    dnnl_memory_t mem = inst.memories[i].get();
     void* want = b.source == Source::Input  ? const_cast<void*>(inputs[b.index])
                  : b.source == Source::Output ? output
                                               : scratch_base + b.offset;
     void* have = nullptr;
-    dnnl_memory_get_data_handle(b.mem, &have);
+    dnnl_memory_get_data_handle(mem, &have);
     if (have == want) continue;
-    dnnl_status_t st = dnnl_memory_set_data_handle_v2(b.mem, want, strm);
+    dnnl_status_t st = dnnl_memory_set_data_handle_v2(mem, want, strm);
     if (st != dnnl_success) [[unlikely]]
       fail_kind(ErrorKind::Runtime, "oneDNN lowering: binding a buffer of node {} failed "
                 "(status {})", node, int(st));
   }
-  for (const Step& s : p.steps) {
+  for (size_t k = 0; k < p.steps.size(); ++k) {
+    const Step& s = p.steps[k];
     if (s.residual_copy && skip_residual_copy) continue;
-    dnnl_status_t st =
-        dnnl_primitive_execute(s.prim.get(), strm, int(s.args.size()), s.args.data());
+    const std::vector<dnnl_exec_arg_t>& args = inst.args[k];
+    dnnl_status_t st = dnnl_primitive_execute(s.prim.get(), strm, int(args.size()), args.data());
     if (st != dnnl_success) [[unlikely]]
       fail_kind(ErrorKind::Runtime, "oneDNN lowering: executing node {} ({}) failed (status {})",
                 node, p.description, int(st));

@@ -81,13 +81,24 @@ class OnednnLowering {
   // each node in turn). Reorder temporaries and oneDNN scratchpads live there.
   int64_t scratchpad_bytes() const;
 
-  // Runs lowered node `node`. inputs[i]: data of the node's input i where it is an activation
-  // (input 0; the residual, input 3, of fused_conv2d / fused_linear; both inputs of matmul);
-  // entries for params, consts and absent inputs are ignored and may be null. output: the
-  // node's output 0, in the layout blocked()/value_bytes() give. scratch: scratchpad_bytes()
-  // bytes, 64-byte aligned. The residual may share the output buffer where
-  // residual_may_alias_output(node). Not reentrant for one node (the prebuilt memory objects
-  // hold the last pointers); distinct nodes run serially.
+  // The per-call state of one lowered node: memory objects of its own for every buffer run()
+  // binds (they hold the last pointers), and the steps' argument arrays over them. The
+  // primitives, prepacked weights and constants stay shared: runs of one node on distinct
+  // instances (and distinct buffers) may happen at the same time, from different threads.
+  struct NodeInstance;
+  std::shared_ptr<NodeInstance> instance(int32_t node) const;
+
+  // Runs lowered node `node` on `inst` (from instance(node)). inputs[i]: data of the node's
+  // input i where it is an activation (input 0; the residual, input 3, of fused_conv2d /
+  // fused_linear; both inputs of matmul); entries for params, consts and absent inputs are
+  // ignored and may be null. output: the node's output 0, in the layout blocked()/value_bytes()
+  // give. scratch: scratchpad_bytes() bytes, 64-byte aligned, not used by another run at the
+  // same time. The residual may share the output buffer where residual_may_alias_output(node).
+  // One instance runs one call at a time; steps run on the calling thread's oneDNN stream.
+  void run(int32_t node, NodeInstance& inst, const void* const* inputs, void* output,
+           void* scratch) const;
+  // The same on an instance of the lowering's own: not reentrant for one node (tests, and
+  // callers that run one graph at a time).
   void run(int32_t node, const void* const* inputs, void* output, void* scratch) const;
   // Whether run() accepts the residual's buffer as the output buffer for this node (it has a
   // residual input in the output's layout). A planner that puts the output in place of a

@@ -47,13 +47,17 @@ bool is_float(DType d) {
 
 // ---- library kernels: oneDNN -------------------------------------------------------------------
 
+// One oneDNN node's launch. The state bound at compile time is a template: every execution
+// context runs a copy with a NodeInstance of its own (the memory objects hold the pointers last
+// bound, so two contexts must not share them).
 struct OnednnLaunch {
   const OnednnLowering* lowering = nullptr;
   int32_t node = -1;
   int n_in = 0;
   MemRef in[4];
   MemRef out;
-  char* scratch = nullptr;
+  MemRef scratch;
+  std::shared_ptr<OnednnLowering::NodeInstance> instance;  // per context
 };
 
 void run_onednn(void* s, const Executable::RunContext& c) {
@@ -62,7 +66,8 @@ void run_onednn(void* s, const Executable::RunContext& c) {
   const void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
   for (int i = 0; i < e->n_in; ++i)
     if (e->in[i].slot >= 0) ptrs[i] = b[e->in[i].slot] + e->in[i].byte_offset;
-  e->lowering->run(e->node, ptrs, b[e->out.slot] + e->out.byte_offset, e->scratch);
+  e->lowering->run(e->node, *e->instance, ptrs, b[e->out.slot] + e->out.byte_offset,
+                   b[e->scratch.slot] + e->scratch.byte_offset);
 }
 
 class OnednnKernels final : public compiler::LibraryKernels {
@@ -79,7 +84,7 @@ class OnednnKernels final : public compiler::LibraryKernels {
   }
   std::string describe(int32_t node) const override { return lowering_->describe(node); }
   Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
-                          const std::vector<MemRef>& outputs, char* scratch) const override {
+                          const std::vector<MemRef>& outputs, MemRef scratch) const override {
     auto state = std::make_shared<OnednnLaunch>();
     state->lowering = lowering_.get();
     state->node = node;
@@ -90,7 +95,12 @@ class OnednnKernels final : public compiler::LibraryKernels {
     Executable::Launch l;
     l.fn = run_onednn;
     l.state = state.get();
-    l.owner = std::move(state);
+    l.owner = state;
+    l.make_local = [state](char* const*) -> std::shared_ptr<void> {
+      auto local = std::make_shared<OnednnLaunch>(*state);
+      local->instance = state->lowering->instance(state->node);
+      return local;
+    };
     l.kind = "onednn";
     return l;
   }

@@ -1,7 +1,7 @@
 // The CUDA target (compiler/target.h): loop kernels emitted as CUDA C and compiled by NVRTC for
 // the device's architecture (cached as cubins), cuBLASLt GEMMs, cuDNN convolutions, direct
-// kernels for what neither covers (targets/cuda/direct_kernels.h), one device arena, and the
-// executable's own stream (CUDA-graph replay in reduce-overhead). See Note [CUDA target].
+// kernels for what neither covers (targets/cuda/direct_kernels.h), a device arena and a stream
+// per execution context (CUDA-graph replay in reduce-overhead). See Note [CUDA target].
 //
 // Note [CUDA target]
 // Library kernels:
@@ -105,10 +105,13 @@ struct LibNode {
   CudaKernel kernel;
 };
 
+// Read-only while it runs (pointers come from the context's slots, the workspace from its
+// arena), so every execution context shares it; the cuBLASLt and cuDNN plans guard the little
+// state they change per call (a bias pointer, a variant pack) themselves.
 struct LibLaunch {
   const LibNode* node = nullptr;
   std::vector<MemRef> in, out;
-  char* scratch = nullptr;
+  MemRef scratch;
   size_t scratch_bytes = 0;
 };
 
@@ -137,7 +140,7 @@ void run_library(void* state, const Executable::RunContext& c) {
       a.b = ptr(c.slots, s->in[size_t(n.gemm_b)]);
       a.d = ptr(c.slots, s->out[0]);
       if (n.gemm_bias >= 0) a.bias = ptr(c.slots, s->in[size_t(n.gemm_bias)]);
-      a.workspace = s->scratch;
+      a.workspace = s->scratch_bytes ? ptr(c.slots, s->scratch) : nullptr;
       a.workspace_bytes = s->scratch_bytes;
       a.stream = c.stream;
       n.gemm->run(a);
@@ -149,7 +152,7 @@ void run_library(void* state, const Executable::RunContext& c) {
       a.w = ptr(c.slots, s->in[1]);
       a.y = ptr(c.slots, s->out[0]);
       if (n.conv->desc().bias) a.bias = ptr(c.slots, s->in[2]);
-      a.workspace = s->scratch;
+      a.workspace = s->scratch_bytes ? ptr(c.slots, s->scratch) : nullptr;
       a.workspace_bytes = s->scratch_bytes;
       a.stream = c.stream;
       n.conv->run(a);
@@ -200,7 +203,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     return size_t(node) < nodes_.size() ? nodes_[size_t(node)].why_not : "";
   }
   Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
-                          const std::vector<MemRef>& outputs, char* scratch) const override {
+                          const std::vector<MemRef>& outputs, MemRef scratch) const override {
     auto st = std::make_shared<LibLaunch>();
     st->node = &nodes_[size_t(node)];
     st->in = inputs;
