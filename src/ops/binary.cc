@@ -21,6 +21,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "ops/kernel_path.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {
@@ -296,7 +297,8 @@ void eager_binary(const KernelContext& ctx) {
   const Tensor& b = ctx.inputs[1];
   Tensor& out = ctx.outputs[0];
   F32Layout layout = f32_layout(a, b, out);
-  if (layout == F32Layout::None) return ref_binary(ctx);
+  if (layout == F32Layout::None) return note_kernel_path("reference"), ref_binary(ctx);
+  note_kernel_path("f32");
   int64_t n = out.numel();
   if (n == 0) return;
   visit_binary(ctx.op.id, [&]<typename Op>() {

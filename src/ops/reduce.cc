@@ -24,6 +24,7 @@
 #include <limits>
 #include <optional>
 
+#include "ops/kernel_path.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {
@@ -522,11 +523,12 @@ void eager_reduce(const KernelContext& ctx) {
   Tensor& out = ctx.outputs[0];
   if (x.dtype() != DType::Float32 || !x.is_contiguous() || x.numel() == 0 ||
       !out.is_contiguous())
-    return is_arg_op(ctx.op.id) ? ref_arg(ctx) : ref_reduce(ctx);
+    return note_kernel_path("reference"), is_arg_op(ctx.op.id) ? ref_arg(ctx) : ref_reduce(ctx);
   Geometry g = geometry(ctx);
   int64_t outer, r, inner;
   if (!split_outer_reduced_inner(x, g.axes, &outer, &r, &inner))
-    return is_arg_op(ctx.op.id) ? ref_arg(ctx) : ref_reduce(ctx);
+    return note_kernel_path("reference"), is_arg_op(ctx.op.id) ? ref_arg(ctx) : ref_reduce(ctx);
+  note_kernel_path("f32");
   int64_t correction = ctx.op.id == OpId::Var ? ctx.attrs.get_int("correction") : 0;
   const float* xp = x.data<float>();
   if (inner == 1)

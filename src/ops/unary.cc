@@ -9,6 +9,7 @@
 #include <cstring>
 #include <math.h>
 
+#include "ops/kernel_path.h"
 #include "ops/scalar_math.h"
 #include "ops/kernel_util.h"
 
@@ -99,7 +100,9 @@ void map_f32(const Tensor& x, Tensor& out, F f) {
 void eager_unary(const KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   Tensor& out = ctx.outputs[0];
-  if (x.dtype() != DType::Float32 || !x.is_contiguous()) return ref_unary(ctx);
+  if (x.dtype() != DType::Float32 || !x.is_contiguous())
+    return note_kernel_path("reference"), ref_unary(ctx);
+  note_kernel_path("f32");
   switch (ctx.op.id) {
     // The scalar math every float path shares (ops/scalar_math.h, Note [Scalar math]).
     case OpId::Neg: return map_f32(x, out, [](float v) { return kn_neg(v); });
@@ -118,7 +121,7 @@ void eager_unary(const KernelContext& ctx) {
       if (ctx.attrs.get_string("approximate") == "tanh")
         return map_f32(x, out, [](float v) { return kn_gelu_tanh(v); });
       return map_f32(x, out, [](float v) { return kn_gelu(v); });
-    default: return ref_unary(ctx);
+    default: return note_kernel_path("reference"), ref_unary(ctx);
   }
 }
 
