@@ -26,10 +26,22 @@
 //   Layouts  - every input is made non-contiguous (same values): the reference result must be
 //              bitwise identical to the contiguous run, the eager result within tolerance of
 //              the oracle.
-// Tolerances (|actual - expected| <= atol + rtol*|expected|, both scaled by the op's
-// tolerance_scale): f64 1e-10, f32 1e-5, f16 1e-2, bf16 2e-2 (rtol = atol); integer and bool
-// outputs exact. NaN must appear exactly where the oracle has NaN, +-inf exactly where it has
-// the same infinity (or where the oracle value overflows the output dtype).
+//   Paths    - every result names the path that produced it (Note [Kernel paths]): eager:f32,
+//              eager:onednn, eager:reference, ...; compiled:loop(pointwise, SIMD),
+//              compiled:oneDNN, compiled:eager:<eager path>, compiled:no launch. Each case
+//              prints its paths ("[ paths ] ..."). Where the path is the reference kernel
+//              itself, and for every float64 case, the oracle would be the very computation
+//              under test: the result is compared with the independent long-double evaluation
+//              (Note [Independent oracle] in independent.h) instead, and the float64 reference
+//              is checked against it too. Ops it does not cover whose only eager path is the
+//              reference are listed by OpHarnessSelf.ReferenceOnlyOps (and docs/ops.md).
+// Comparisons go through tests/support/compare.h (Note [Honest comparisons]): |actual -
+// expected| <= atol + rtol*|expected|, both scaled by the op's tolerance_scale, with the
+// per-dtype defaults f64 1e-10, f32 1e-5, f16 1e-2, bf16 2e-2 (rtol = atol; a case takes the
+// looser of its dtype's and its output dtype's); integer and bool outputs exact. NaN must appear
+// exactly where the oracle has NaN, +-inf exactly where it has the same infinity (or where the
+// oracle value overflows the output dtype). The samples hold NaN, +-inf, -0 and denormals for
+// every pointwise op and reduction (docs/ops.md, "Special values").
 // Samples come from a generator seeded by the op name (reproducible); KILN_HARNESS_SEED=<n>
 // mixes in another seed for fresh inputs.
 #include <gtest/gtest.h>
@@ -913,6 +925,46 @@ TEST(OpHarnessSelf, ReferenceOnlyOps) {
   for (const std::string& op : reference_only_ops())
     EXPECT_TRUE(found.count(op)) << op << " now has another eager path: remove it from "
                                  << "reference_only_ops() and docs/ops.md";
+}
+
+// The independent evaluation states the semantics itself (it is what the reference paths are
+// checked against), so check it on values whose results are known.
+TEST(OpHarnessSelf, IndependentEvaluationFollowsTheDocumentedSemantics) {
+  const double nan = std::nan(""), inf = INFINITY;
+  auto eval = [](OpId id, TensorList in, Attrs attrs = {}) {
+    const OpDef& op = op_def(id);
+    Attrs a = op.canonicalize(attrs, "test");
+    std::vector<TensorType> types = infer_types(op, in, a, "test");
+    std::optional<TensorList> out = harness::independent(op, in, a, types);
+    EXPECT_TRUE(out.has_value()) << op.name;
+    return out ? (*out)[0] : Tensor();
+  };
+  auto f64 = [](std::vector<double> v) { return Tensor::from_vector(v, {int64_t(v.size())}); };
+  auto same = [](const Tensor& got, std::vector<double> want) {  // values, any shape
+    return test::close(got.to_vector<double>(), want, test::Tolerance::rel(1e-15, 0));
+  };
+  Tensor x = f64({1, nan, -inf, 3});
+  EXPECT_TRUE(same(eval(OpId::Max, {x}), {nan}));  // NaN propagates through max / min
+  EXPECT_TRUE(same(eval(OpId::Min, {x}), {nan}));
+  EXPECT_TRUE(same(eval(OpId::Max, {f64({1, -inf, 3})}), {3}));
+  EXPECT_EQ(eval(OpId::Argmax, {x}).to_vector<int64_t>(), std::vector<int64_t>{1});  // first NaN
+  EXPECT_EQ(eval(OpId::Argmin, {f64({2, -inf, -inf})}).to_vector<int64_t>(), std::vector<int64_t>{1});
+  EXPECT_TRUE(same(eval(OpId::Relu, {x}), {1, nan, 0, 3}));
+  EXPECT_TRUE(same(eval(OpId::Clamp, {x}, {{"min", 0.0}, {"max", 2.0}}), {1, nan, 0, 2}));
+  EXPECT_TRUE(same(eval(OpId::Maximum, {x, f64({nan, 0, 0, 5})}), {nan, nan, 0, 5}));
+  EXPECT_TRUE(same(eval(OpId::Sum, {f64({inf, -inf, 1})}), {nan}));
+  EXPECT_TRUE(same(eval(OpId::Sign, {x}), {1, nan, -1, 1}));
+  // Casts: float -> int saturates with NaN -> 0; int -> int wraps.
+  EXPECT_EQ(eval(OpId::Cast, {f64({nan, inf, -inf, -2.7})}, {{"dtype", DType::Int8}})
+                .to_vector<int8_t>(),
+            (std::vector<int8_t>{0, 127, -128, -2}));
+  EXPECT_EQ(eval(OpId::Cast, {Tensor::from_vector<int32_t>({300, -129}, {2})},
+                 {{"dtype", DType::Int8}}).to_vector<int8_t>(),
+            (std::vector<int8_t>{44, 127}));
+  // Integer arithmetic wraps at the stored type.
+  EXPECT_EQ(eval(OpId::Add, {Tensor::from_vector<int8_t>({127}, {1}),
+                             Tensor::from_vector<int8_t>({1}, {1})}).to_vector<int8_t>(),
+            std::vector<int8_t>{-128});
 }
 
 TEST(OpHarnessSelf, SymbolicAllowListNamesRealOps) {
