@@ -211,9 +211,9 @@ TEST(Bert, PaddedTokensDoNotLeakIntoRealOnes) {
   // Unmasked, the same change is visible at the real positions.
   std::vector<double> u1 = real(bert->forward(ids).last_hidden_state),
                       u2 = real(bert->forward(ids2).last_hidden_state);
-  double diff = 0;
-  for (size_t i = 0; i < u1.size(); ++i) diff = std::max(diff, std::fabs(u1[i] - u2[i]));
-  EXPECT_GT(diff, 1e-3);
+  test::Comparison d = test::compare(u2, u1, test::Tolerance::exact());
+  EXPECT_EQ(d.nan_got_only + d.nan_ref_only + d.inf_mismatches, 0) << d.str();
+  EXPECT_GT(d.worst_diff, 1e-3) << d.str();
 
   EXPECT_THROW(bert->forward(Tensor::randint({1, 41}, gen, 1, 500)), Error);  // > max positions
   EXPECT_THROW(bert->forward(ids, Tensor::ones({B, L + 1}, DType::Int64)), Error);

@@ -142,7 +142,10 @@ class Checker {
       }
       ++c_.mismatches;
     }
-    if (ratio > worst_ratio_ || c_.worst_flat < 0) {
+    // Ties (several mismatches under a zero bound are all infinitely over it) go to the
+    // larger difference, so worst_diff is the largest error there too.
+    if (ratio > worst_ratio_ || c_.worst_flat < 0 ||
+        (ratio == worst_ratio_ && diff > c_.worst_diff)) {
       worst_ratio_ = ratio;
       c_.worst_ratio = ratio;
       c_.worst_flat = flat;

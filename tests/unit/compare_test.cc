@@ -104,6 +104,15 @@ TEST(Compare, IntegersAndBoolAreExact) {
   EXPECT_LT(Tolerance::for_dtype(DType::Float64).rtol, Tolerance::for_dtype(DType::Float32).rtol);
 }
 
+TEST(Compare, WorstUnderAZeroBoundIsTheLargestDifference) {
+  Comparison c = compare(std::vector<double>{1.5, 3.0, 2.25}, std::vector<double>{1, 1, 2},
+                         Tolerance::exact());
+  EXPECT_EQ(c.mismatches, 3);
+  EXPECT_EQ(c.worst_flat, 1);
+  EXPECT_EQ(c.worst_diff, 2.0);
+  EXPECT_EQ(c.first_flat, 0);
+}
+
 TEST(Compare, SignedZerosOnlyWhenAsked) {
   EXPECT_TRUE(close(-0.0, 0.0, Tolerance::exact()));
   EXPECT_FALSE(close(-0.0, 0.0, Tolerance::exact().with_signed_zeros()));
