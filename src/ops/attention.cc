@@ -18,6 +18,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/kernel_path.h"
 #include "ops/api.h"
 #include "ops/kernel_util.h"
 
@@ -205,6 +206,7 @@ TensorList decompose_sdpa(std::span<const Tensor> in, const Attrs& attrs) {
 void eager_sdpa(const KernelContext& ctx) {
   TensorList out = decompose_sdpa(ctx.inputs, ctx.attrs);
   ctx.outputs[0].copy_(out[0]);
+  note_kernel_path("decomposition");
 }
 
 // ---- samples ---------------------------------------------------------------------------------

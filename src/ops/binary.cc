@@ -21,6 +21,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "ops/kernel_path.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {
@@ -296,7 +297,8 @@ void eager_binary(const KernelContext& ctx) {
   const Tensor& b = ctx.inputs[1];
   Tensor& out = ctx.outputs[0];
   F32Layout layout = f32_layout(a, b, out);
-  if (layout == F32Layout::None) return ref_binary(ctx);
+  if (layout == F32Layout::None) return note_kernel_path("reference"), ref_binary(ctx);
+  note_kernel_path("f32");
   int64_t n = out.numel();
   if (n == 0) return;
   visit_binary(ctx.op.id, [&]<typename Op>() {
@@ -407,6 +409,11 @@ std::vector<OpSample> samples_arith(Generator& g) {
                "non-contiguous b [4,3]"});
   v.push_back({{sample_randn(g, {3, 4}), ints(g, {3, 4}, -3, 4)}, {}, "mixed: b int32"});
   v.push_back({{sample_randn(g, {2, 3}), bools(g, {2, 3})}, {}, "mixed: b bool"});
+  // inf - inf, 0 * inf, NaN against numbers and infinities, -0 + 0, denormals, float16 overflow.
+  v.push_back({{sample_special(g, {4, 6}), sample_special(g, {4, 6})}, {},
+               "special values, same shape"});
+  v.push_back({{sample_special(g, {3, 12}), sample_special(g, {12})}, {},
+               "special values, row broadcast [3,12] x [12]"});
   return v;
 }
 
@@ -420,6 +427,13 @@ std::vector<OpSample> samples_div(Generator& g) {
                "non-contiguous numerator"});
   v.push_back({{sample_randn(g, {3, 4}, 3.0), ints(g, {3, 4}, 1, 5)}, {},
                "mixed: int32 denominators"});
+  // Special numerators; denominators of both signs, some beyond float16's range (x / inf = 0
+  // there) but never zero in any dtype (integer division by zero is an error).
+  Tensor divisors = sample_uniform(g, {4, 6}, 1.0, 4.0);
+  double* d = divisors.data<double>();
+  for (int64_t i = 0; i < divisors.numel(); ++i)
+    d[i] *= (i % 3 == 0 ? -1.0 : 1.0) * (i % 5 == 0 ? 1e5 : 1.0);
+  v.push_back({{sample_special(g, {4, 6}), divisors}, {}, "special numerators"});
   return v;
 }
 
@@ -436,6 +450,13 @@ std::vector<OpSample> samples_pow(Generator& g) {
                "mixed: int32 exponents"});
   v.push_back({{sample_uniform(g, {6}, 0.5, 2.0), Tensor::scalar(2.0, DType::Float64)}, {},
                "square"});
+  // Special bases with non-negative exponents (0, 1/2, 1, 2, NaN, +inf: pow(x, 0) = 1 even for
+  // NaN, pow(1, NaN) = 1; NaN and inf become 0 in integer dtypes, Note [Integer cases]).
+  Tensor ex = Tensor::empty({4, 6}, DType::Float64);
+  const double kinds[] = {0.0, 0.5, 1.0, 2.0, std::numeric_limits<double>::quiet_NaN(),
+                          std::numeric_limits<double>::infinity()};
+  for (int64_t i = 0; i < 24; ++i) ex.data<double>()[i] = kinds[(i * 5 + i / 6) % 6];
+  v.push_back({{sample_special(g, {4, 6}), ex}, {}, "special bases"});
   return v;
 }
 
@@ -446,6 +467,8 @@ std::vector<OpSample> samples_compare(Generator& g) {
   v.push_back({{halves(sample_noncontiguous(g, {3, 5})), halves_t(g, {3, 5})}, {},
                "non-contiguous a [3,5]"});
   v.push_back({{halves_t(g, {3, 4}), ints(g, {3, 4}, -2, 3)}, {}, "mixed: b int32"});
+  // NaN compares false (and != true), infinities order, -0 == 0.
+  v.push_back({{sample_special(g, {4, 6}), sample_special(g, {4, 6})}, {}, "special values"});
   return v;
 }
 
@@ -468,6 +491,8 @@ std::vector<OpSample> samples_where(Generator& g) {
       {{bools(g, {3, 4}), sample_randn(g, {3, 4}), ints(g, {3, 4}, -3, 4)}, {},
        "mixed: b int32"},
       {{bools(g, {0, 4}), sample_randn(g, {0, 4}), sample_randn(g, {4})}, {}, "size-0"},
+      {{bools(g, {4, 6}), sample_special(g, {4, 6}), sample_special(g, {4, 6})}, {},
+       "special values"},
   };
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/kernel_path.h"
 #include "ops/onednn.h"
 #include "ops/kernel_util.h"
 
@@ -431,8 +432,10 @@ void eager_conv2d(const KernelContext& ctx) {
       p.dilation[i] = g.dilation[i];
     }
     p.groups = g.groups;
-    if (onednn::conv2d(ctx.inputs[0], ctx.inputs[1], ctx.inputs[2], p, ctx.outputs[0])) return;
+    if (onednn::conv2d(ctx.inputs[0], ctx.inputs[1], ctx.inputs[2], p, ctx.outputs[0]))
+      return note_kernel_path("onednn");
   }
+  note_kernel_path("reference");
   ref_conv2d(ctx);
 }
 
@@ -450,8 +453,9 @@ void eager_conv_transpose2d(const KernelContext& ctx) {
     p.groups = g.groups;
     if (onednn::conv_transpose2d(ctx.inputs[0], ctx.inputs[1], ctx.inputs[2], p,
                                  ctx.outputs[0]))
-      return;
+      return note_kernel_path("onednn");
   }
+  note_kernel_path("reference");
   ref_conv_transpose2d(ctx);
 }
 
@@ -492,8 +496,9 @@ void eager_pool2d(const KernelContext& ctx) {
       p.kind = onednn::PoolKind::AvgIncludePad;
       exact = !extra_end_pad;
     }
-    if (exact && onednn::pool2d(x, p, y)) return;
+    if (exact && onednn::pool2d(x, p, y)) return note_kernel_path("onednn");
   }
+  note_kernel_path("reference");
   if (is_max)
     ref_max_pool2d(ctx);
   else
@@ -502,7 +507,8 @@ void eager_pool2d(const KernelContext& ctx) {
 
 void eager_adaptive_avg_pool2d(const KernelContext& ctx) {
   const Tensor& x0 = ctx.inputs[0];
-  if (x0.dtype() != DType::Float32) return ref_adaptive_avg_pool2d(ctx);
+  if (x0.dtype() != DType::Float32) return note_kernel_path("reference"), ref_adaptive_avg_pool2d(ctx);
+  note_kernel_path("f32");
   Tensor x = x0.contiguous();
   Tensor& y = ctx.outputs[0];
   int64_t planes = x.size(0) * x.size(1), h = x.size(2), wd = x.size(3);

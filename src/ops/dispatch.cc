@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ops/kernel_path.h"
+
 #include <fmt/format.h>
 
 namespace kiln {
@@ -9,7 +11,21 @@ namespace kiln {
 namespace {
 thread_local DispatchHook* t_hook = nullptr;
 thread_local OpObserver* t_observer = nullptr;
+// Note [Kernel paths]: the note of the kernel now running, and the path of the last call.
+thread_local const char* t_path_note = nullptr;
+thread_local const char* t_last_path = "";
+
+// Gives the kernel of one call a fresh note and restores the caller's (a kernel calling ops).
+struct PathScope {
+  const char* saved = t_path_note;
+  PathScope() { t_path_note = nullptr; }
+  ~PathScope() { t_path_note = saved; }
+  void done(const char* fallback) { t_last_path = t_path_note ? t_path_note : fallback; }
+};
 }
+
+void note_kernel_path(const char* path) { t_path_note = path; }
+const char* last_kernel_path() { return t_last_path; }
 
 OpObserver* set_op_observer(OpObserver* observer) {
   OpObserver* prev = t_observer;
@@ -163,14 +179,18 @@ TensorList run_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
   } else {
     kernel = def.eager_cpu ? def.eager_cpu : def.reference;
   }
+  PathScope path;
   if (!kernel) {
     if (!def.decompose)
       fail_kind(ErrorKind::NotSupported, "{}: op '{}' has no CPU kernel", where, def.name);
     TensorList out = def.decompose(inputs, canonical);
     KILN_ASSERT(out.size() == out_types.size());
+    path.done("decomposition");
     return out;
   }
-  return run_kernel(def, kernel, inputs, canonical, out_types);
+  TensorList out = run_kernel(def, kernel, inputs, canonical, out_types);
+  path.done(kernel == def.reference ? "reference" : dev.is_cuda() ? "eager_cuda" : "eager_cpu");
+  return out;
 }
 }  // namespace
 

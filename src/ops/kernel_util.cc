@@ -1,6 +1,8 @@
 #include "ops/kernel_util.h"
 
 #include <algorithm>
+#include <limits>
+#include <vector>
 
 namespace kiln {
 
@@ -83,6 +85,25 @@ Tensor sample_randn(Generator& g, const Dims& sizes, double scale) {
     double* p = t.data<double>();
     for (int64_t i = 0; i < t.numel(); ++i) p[i] *= scale;
   }
+  return t;
+}
+
+Tensor sample_special(Generator& g, const Dims& sizes, bool large, double scale) {
+  Tensor t = sample_randn(g, sizes, scale);
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> special = {std::numeric_limits<double>::quiet_NaN(), inf, -inf, -0.0, 0.0,
+                                 1e-310, -1e-40, 3e-6, -inf, std::numeric_limits<double>::quiet_NaN()};
+  if (large) special.insert(special.end(), {1e5, -7e4});
+  const int64_t n = t.numel();
+  KILN_CHECK(n >= int64_t(special.size()), "sample_special: {} elements for {} special values", n,
+             special.size());
+  // A random permutation's first positions receive the special values.
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) pos[size_t(i)] = i;
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(pos[size_t(i)], pos[size_t(g.next_u64() % uint64_t(i + 1))]);
+  double* p = t.data<double>();
+  for (size_t k = 0; k < special.size(); ++k) p[pos[k]] = special[k];
   return t;
 }
 

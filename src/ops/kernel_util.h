@@ -57,5 +57,10 @@ std::vector<int> reduction_axes(const Attrs& attrs, int rank);
 Tensor sample_randn(Generator& g, const Dims& sizes, double scale = 1.0);          // float64
 Tensor sample_uniform(Generator& g, const Dims& sizes, double lo, double hi);      // float64
 Tensor sample_noncontiguous(Generator& g, const Dims& sizes);  // float64, transposed view
+// randn values (times `scale`) with special values at random positions: NaN, +-inf, -0, +0,
+// denormals of float64 (1e-310), float32 (-1e-40) and float16 (3e-6), and, when `large`,
+// values beyond float16's range (1e5, -7e4). Needs numel >= 10 (12 with `large`). See docs/ops.md
+// "Special values".
+Tensor sample_special(Generator& g, const Dims& sizes, bool large = true, double scale = 1.0);
 
 }  // namespace kiln

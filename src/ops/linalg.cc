@@ -5,6 +5,7 @@
 // accumulates in float64 (int64 for integer dtypes, which wrap on store like PyTorch). The eager
 // kernel hands float32/bfloat16 to oneDNN's matmul (bias fused for linear) and everything else
 // to the reference.
+#include "ops/kernel_path.h"
 #include "ops/onednn.h"
 #include "ops/kernel_util.h"
 
@@ -203,16 +204,20 @@ bool onednn_eligible(DType d) {
 }
 
 void eager_matmul(const KernelContext& ctx) {
-  if (!onednn_eligible(ctx.inputs[0].dtype())) return ref_matmul(ctx);
+  if (!onednn_eligible(ctx.inputs[0].dtype())) return note_kernel_path("reference"), ref_matmul(ctx);
   MatmulViews v = matmul_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
-  if (!onednn::matmul(v.a, v.b, Tensor(), v.y)) ref_matmul_views(v, Tensor());
+  if (onednn::matmul(v.a, v.b, Tensor(), v.y)) return note_kernel_path("onednn");
+  note_kernel_path("reference");
+  ref_matmul_views(v, Tensor());
 }
 
 void eager_linear(const KernelContext& ctx) {
-  if (!onednn_eligible(ctx.inputs[0].dtype())) return ref_linear(ctx);
+  if (!onednn_eligible(ctx.inputs[0].dtype())) return note_kernel_path("reference"), ref_linear(ctx);
   MatmulViews v = linear_views(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
   const Tensor& bias = ctx.inputs[2];
-  if (!onednn::matmul(v.a, v.b, bias, v.y)) ref_matmul_views(v, bias);
+  if (onednn::matmul(v.a, v.b, bias, v.y)) return note_kernel_path("onednn");
+  note_kernel_path("reference");
+  ref_matmul_views(v, bias);
 }
 
 // ---- samples ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/kernel_path.h"
 #include "ops/api.h"
 #include "ops/kernel_util.h"
 
@@ -137,7 +138,8 @@ void softmax_row_f32(const float* x, float* y, int64_t n, int64_t stride, bool l
 
 void eager_softmax(const KernelContext& ctx) {
   const Tensor& x0 = ctx.inputs[0];
-  if (x0.dtype() != DType::Float32) return ref_softmax(ctx);
+  if (x0.dtype() != DType::Float32) return note_kernel_path("reference"), ref_softmax(ctx);
+  note_kernel_path("f32");
   Tensor x = x0.contiguous();
   bool log_form = ctx.op.id == OpId::LogSoftmax;
   RowGeometry g = row_geometry(x.sizes(), softmax_axis(ctx.attrs.get_int("dim"), x.dim()));
@@ -245,7 +247,8 @@ std::vector<float> read_f32_param(const Tensor& t) {
 
 void eager_layer_norm(const KernelContext& ctx) {
   const Tensor& x0 = ctx.inputs[0];
-  if (x0.dtype() != DType::Float32) return ref_layer_norm(ctx);
+  if (x0.dtype() != DType::Float32) return note_kernel_path("reference"), ref_layer_norm(ctx);
+  note_kernel_path("f32");
   Tensor x = x0.contiguous();
   int k = int(ctx.attrs.get_ints("normalized_shape").size());
   int64_t n = prod(x.sizes(), x.dim() - k, x.dim());
@@ -352,7 +355,8 @@ void ref_batch_norm(const KernelContext& ctx) {
 
 void eager_batch_norm(const KernelContext& ctx) {
   const Tensor& x0 = ctx.inputs[0];
-  if (x0.dtype() != DType::Float32) return ref_batch_norm(ctx);
+  if (x0.dtype() != DType::Float32) return note_kernel_path("reference"), ref_batch_norm(ctx);
+  note_kernel_path("f32");
   Tensor x = x0.contiguous();
   int64_t n = x.size(0), c = x.size(1), inner = prod(x.sizes(), 2, x.dim());
   ChannelAffine a = batch_norm_affine(ctx, c);
@@ -432,7 +436,8 @@ void ref_group_norm(const KernelContext& ctx) {
 
 void eager_group_norm(const KernelContext& ctx) {
   const Tensor& x0 = ctx.inputs[0];
-  if (x0.dtype() != DType::Float32) return ref_group_norm(ctx);
+  if (x0.dtype() != DType::Float32) return note_kernel_path("reference"), ref_group_norm(ctx);
+  note_kernel_path("f32");
   Tensor x = x0.contiguous();
   int64_t n = x.size(0), c = x.size(1), inner = prod(x.sizes(), 2, x.dim());
   int64_t g = ctx.attrs.get_int("num_groups"), cg = c / g, block = cg * inner;

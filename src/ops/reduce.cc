@@ -24,6 +24,7 @@
 #include <limits>
 #include <optional>
 
+#include "ops/kernel_path.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {
@@ -522,11 +523,12 @@ void eager_reduce(const KernelContext& ctx) {
   Tensor& out = ctx.outputs[0];
   if (x.dtype() != DType::Float32 || !x.is_contiguous() || x.numel() == 0 ||
       !out.is_contiguous())
-    return is_arg_op(ctx.op.id) ? ref_arg(ctx) : ref_reduce(ctx);
+    return note_kernel_path("reference"), is_arg_op(ctx.op.id) ? ref_arg(ctx) : ref_reduce(ctx);
   Geometry g = geometry(ctx);
   int64_t outer, r, inner;
   if (!split_outer_reduced_inner(x, g.axes, &outer, &r, &inner))
-    return is_arg_op(ctx.op.id) ? ref_arg(ctx) : ref_reduce(ctx);
+    return note_kernel_path("reference"), is_arg_op(ctx.op.id) ? ref_arg(ctx) : ref_reduce(ctx);
+  note_kernel_path("f32");
   int64_t correction = ctx.op.id == OpId::Var ? ctx.attrs.get_int("correction") : 0;
   const float* xp = x.data<float>();
   if (inner == 1)
@@ -563,10 +565,23 @@ Tensor randn_t(Generator& g, const Dims& s) { return sample_randn(g, s); }
 Tensor noncontig(Generator& g, const Dims& s) { return sample_noncontiguous(g, s); }
 
 // mean and var (whose empty reductions are NaN: tested in tests/ops, not here).
+// Special values (NaN, +-inf: inf + -inf is NaN, -0, denormals) along rows (dim 1), columns
+// (dim 0) and everything; and a NaN-free row next to NaN ones (rows are independent).
+void add_special_samples(Generator& g, std::vector<OpSample>& v, bool large) {
+  v.push_back({{sample_special(g, {4, 6}, large)}, reduce_attrs({1}, false), "special values, dim 1"});
+  v.push_back({{sample_special(g, {6, 4}, large)}, reduce_attrs({0}, false), "special values, dim 0"});
+  v.push_back({{sample_special(g, {3, 5}, large)}, reduce_attrs({}, false), "special values, all dims"});
+  Tensor t = sample_randn(g, {3, 7});
+  t.data<double>()[2] = std::numeric_limits<double>::quiet_NaN();
+  t.data<double>()[20] = -std::numeric_limits<double>::infinity();
+  v.push_back({{t}, reduce_attrs({1}, false), "one NaN row, one -inf row, one plain row"});
+}
+
 std::vector<OpSample> samples_mean(Generator& g) {
   auto v = dims_samples(g, randn_t);
   v.push_back({{noncontig(g, {4, 6})}, reduce_attrs({0}, false), "non-contiguous, dim 0"});
   v.push_back({{noncontig(g, {3, 4, 5})}, reduce_attrs({2}, true), "non-contiguous, dim 2"});
+  add_special_samples(g, v, true);
   return v;
 }
 
@@ -600,6 +615,8 @@ std::vector<OpSample> samples_prod(Generator& g) {
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = (p[i] < 0 ? -1.0 : 1.0) * (1 + (i % 2));
   v.push_back({{t}, reduce_attrs({1}, false), "small integers"});
   v.push_back({{sample_randn(g, {0, 3})}, reduce_attrs({0}, false), "empty groups: 1"});
+  // 0 * inf is NaN; no values beyond float16's range (products of them overflow int64).
+  add_special_samples(g, v, false);
   return v;
 }
 
@@ -616,6 +633,7 @@ std::vector<OpSample> samples_max_like(Generator& g) {
   auto v = dims_samples(g, [](Generator& g, const Dims& s) { return halves(sample_randn(g, s, 2.0)); });
   v.push_back({{halves(noncontig(g, {4, 6}))}, reduce_attrs({0}, false), "non-contiguous, dim 0"});
   v.push_back({{halves(noncontig(g, {3, 4, 5}))}, reduce_attrs({1}, true), "non-contiguous, dim 1"});
+  add_special_samples(g, v, true);  // NaN propagates; -inf / +inf are ordinary extremes
   return v;
 }
 
@@ -639,6 +657,10 @@ std::vector<OpSample> samples_arg(Generator& g) {
       {{halves(noncontig(g, {5, 4}))}, arg_attrs(1, false), "non-contiguous, dim 1"},
       {{halves(noncontig(g, {3, 4, 5}))}, arg_attrs(0, false), "non-contiguous, dim 0"},
       {{h({3, 50})}, arg_attrs(1, false), "long rows"},
+      // The first NaN wins; +-inf are ordinary extremes; ties (-0 == 0) go to the first.
+      {{sample_special(g, {4, 6})}, arg_attrs(1, false), "special values, dim 1"},
+      {{sample_special(g, {6, 4})}, arg_attrs(0, false), "special values, dim 0"},
+      {{sample_special(g, {3, 5})}, arg_attrs(std::nullopt, false), "special values, flattened"},
   };
 }
 

@@ -22,6 +22,7 @@
 #include <limits>
 #include <optional>
 
+#include "ops/kernel_path.h"
 #include "ops/kernel_util.h"
 
 namespace kiln {
@@ -218,7 +219,8 @@ void eager_upsample(const KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   if (*parse_up_mode(ctx.attrs.get_string("mode")) == UpMode::Bilinear &&
       x.dtype() == DType::Float32 && x.is_contiguous())
-    return upsample_bilinear_f32(ctx);
+    return note_kernel_path("f32"), upsample_bilinear_f32(ctx);
+  note_kernel_path("reference");
   ref_upsample(ctx);
 }
 

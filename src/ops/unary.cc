@@ -9,6 +9,7 @@
 #include <cstring>
 #include <math.h>
 
+#include "ops/kernel_path.h"
 #include "ops/scalar_math.h"
 #include "ops/kernel_util.h"
 
@@ -99,7 +100,9 @@ void map_f32(const Tensor& x, Tensor& out, F f) {
 void eager_unary(const KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   Tensor& out = ctx.outputs[0];
-  if (x.dtype() != DType::Float32 || !x.is_contiguous()) return ref_unary(ctx);
+  if (x.dtype() != DType::Float32 || !x.is_contiguous())
+    return note_kernel_path("reference"), ref_unary(ctx);
+  note_kernel_path("f32");
   switch (ctx.op.id) {
     // The scalar math every float path shares (ops/scalar_math.h, Note [Scalar math]).
     case OpId::Neg: return map_f32(x, out, [](float v) { return kn_neg(v); });
@@ -118,7 +121,7 @@ void eager_unary(const KernelContext& ctx) {
       if (ctx.attrs.get_string("approximate") == "tanh")
         return map_f32(x, out, [](float v) { return kn_gelu_tanh(v); });
       return map_f32(x, out, [](float v) { return kn_gelu(v); });
-    default: return ref_unary(ctx);
+    default: return note_kernel_path("reference"), ref_unary(ctx);
   }
 }
 
@@ -202,6 +205,7 @@ std::vector<OpSample> samples_general(Generator& g) {
       {{sample_randn(g, {0, 3})}, {}, "empty [0,3]"},
       {{sample_noncontiguous(g, {3, 5})}, {}, "non-contiguous [3,5]"},
       {{sample_randn(g, {1, 1, 33})}, {}, "size-1 dims"},
+      {{sample_special(g, {4, 6})}, {}, "special values (NaN, +-inf, -0, denormals, large)"},
   };
 }
 // Inputs kept in the op's domain (positive for log/sqrt/rsqrt; away from 0 for reciprocal).
@@ -211,6 +215,8 @@ std::vector<OpSample> samples_positive(Generator& g) {
       {{sample_uniform(g, {17}, 0.5, 2.0)}, {}, "[17]"},
       {{sample_uniform(g, {}, 0.5, 2.0)}, {}, "scalar"},
       {{sample_uniform(g, {0, 2}, 0.5, 2.0)}, {}, "empty"},
+      // Outside the domain too: log(-1) is NaN, log(0) = log(-0) = -inf, 1/-0 = -inf.
+      {{sample_special(g, {4, 6})}, {}, "special values (NaN, +-inf, -0, denormals, large)"},
   };
 }
 // Away from half-integers, where rounding of low-precision dtypes could flip the result.
@@ -221,15 +227,26 @@ std::vector<OpSample> samples_rounding(Generator& g) {
   Tensor nc = sample_noncontiguous(g, {5, 3});
   double* q = static_cast<double*>(nc.raw_data());  // fill the underlying storage
   for (int64_t i = 0; i < 15; ++i) q[i] = std::floor(q[i] * 3.0) + 0.25 + 0.5 * (i % 2);
+  // Special values: the randn part away from half-integers as above.
+  Tensor sp = sample_special(g, {4, 6}, true, 3.0);
+  double* r = sp.data<double>();
+  for (int64_t i = 0; i < sp.numel(); ++i)
+    if (std::isfinite(r[i]) && std::fabs(r[i]) > 1e-3 && std::fabs(r[i]) < 1e4)
+      r[i] = std::floor(r[i]) + 0.25 + 0.5 * (i % 2);
   return {{{t}, {}, "[4,9] quarter values"},
           {{nc}, {}, "non-contiguous [5,3] quarter values"},
-          {{sample_randn(g, {0})}, {}, "empty"}};
+          {{sample_randn(g, {0})}, {}, "empty"},
+          {{sp}, {}, "special values (NaN, +-inf, -0, denormals, large)"}};
 }
 std::vector<OpSample> samples_gelu(Generator& g) {
   return {
       {{sample_randn(g, {3, 8})}, {{"approximate", std::string("none")}}, "erf form"},
       {{sample_randn(g, {3, 8})}, {{"approximate", std::string("tanh")}}, "tanh form"},
       {{sample_noncontiguous(g, {4, 6})}, {}, "non-contiguous"},
+      {{sample_special(g, {4, 6})}, {{"approximate", std::string("none")}},
+       "erf form, special values"},
+      {{sample_special(g, {4, 6})}, {{"approximate", std::string("tanh")}},
+       "tanh form, special values"},
   };
 }
 std::vector<OpSample> samples_clamp(Generator& g) {
@@ -237,6 +254,8 @@ std::vector<OpSample> samples_clamp(Generator& g) {
       {{sample_randn(g, {4, 5}, 2.0)}, {{"min", -0.5}, {"max", 0.75}}, "both bounds"},
       {{sample_randn(g, {9}, 2.0)}, {{"min", 0.25}}, "min only"},
       {{sample_randn(g, {2, 3}, 2.0)}, {{"max", -0.25}}, "max only"},
+      {{sample_special(g, {4, 6})}, {{"min", -0.5}, {"max", 0.75}}, "special values, both bounds"},
+      {{sample_special(g, {4, 6})}, {{"min", 0.0}}, "special values, min 0 (relu-like)"},
   };
 }
 std::vector<OpSample> samples_cast(Generator& g) {
@@ -244,6 +263,9 @@ std::vector<OpSample> samples_cast(Generator& g) {
   for (DType d : all_dtypes())
     v.push_back({{sample_randn(g, {3, 4}, 3.0)}, {{"dtype", d}},
                  std::string("to ") + dtype_name(d)});
+  for (DType d : all_dtypes())
+    v.push_back({{sample_special(g, {3, 4})}, {{"dtype", d}},
+                 std::string("special values to ") + dtype_name(d)});
   return v;
 }
 

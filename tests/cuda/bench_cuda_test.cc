@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../support/compare.h"
 #include "../onnx/onnx_builder.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
@@ -144,21 +145,11 @@ TEST(BenchCuda, OnnxPointwiseModelJsonIsSane) {
               j["first_call_s"].get<double>(), (long long)j["peak_device_bytes"].get<int64_t>());
 }
 
-// Elementwise |got - want| <= atol + rtol * |want| for every element.
+// Elementwise |got - want| <= atol + rtol * |want| for every element (tests/support/compare.h).
 void expect_close(const Tensor& got_any, const Tensor& want_any, double rtol, double atol,
                   const std::string& what) {
   Tensor got = got_any.to(Device::cpu()), want = want_any.to(Device::cpu());
-  ASSERT_EQ(to_string(got.sizes()), to_string(want.sizes())) << what;
-  std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  int64_t bad = 0;
-  double worst = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    double err = std::fabs(g[i] - w[i]);
-    if (!(err <= atol + rtol * std::fabs(w[i]))) ++bad;
-    if (std::isfinite(err)) worst = std::max(worst, err);
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << g.size()
-                    << " elements out of tolerance; max |diff| " << worst;
+  EXPECT_TRUE(test::close(got, want, test::Tolerance::rel(rtol, atol))) << what;
 }
 
 TEST(BenchCuda, OneCudaCallMatchesTheCpu) {

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "../support/compare.h"
 #include "capture/compile.h"
 #include "compiler/backend.h"
 #include "compiler/compile.h"
@@ -40,19 +41,11 @@ void register_grabber() {
   });
 }
 
-// max |a - b| / max(max |b|, 1e-30) over float outputs; infinity when NaN appears on one side.
-double rel_error(const Tensor& got, const Tensor& want) {
-  std::vector<double> a = got.to(Device::cpu()).to(DType::Float64).to_vector<double>();
-  std::vector<double> b = want.to(Device::cpu()).to(DType::Float64).to_vector<double>();
-  if (a.size() != b.size()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
-    if (std::isnan(a[i])) continue;
-    diff = std::max(diff, std::fabs(a[i] - b[i]));
-    scale = std::max(scale, std::fabs(b[i]));
-  }
-  return diff / std::max(scale, 1e-30);
+// |a - b| <= tol * max(max |b|, 1e-30) everywhere (tests/support/compare.h: NaN on one side,
+// or unmatched infinities, fail).
+::testing::AssertionResult close_rel(const Tensor& got, const Tensor& want, double tol) {
+  Tensor a = got.to(Device::cpu()), b = want.to(Device::cpu());
+  return test::close(a, b, test::Tolerance::of_scale(std::max(test::max_abs(b), 1e-30), tol));
 }
 
 std::string bits_differ(const Tensor& a, const Tensor& b) {
@@ -116,8 +109,7 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
     for (size_t i = 0; i < ref.size(); ++i) {
       EXPECT_EQ(got[i].device(), Device::cuda(0));
       if (!is_floating(ref[i].dtype())) continue;
-      double err = rel_error(got[i], ref[i]);
-      EXPECT_LE(err, 1e-4) << name << " graph " << gi << " output " << i << "\n" << exe->summary();
+      EXPECT_TRUE(close_rel(got[i], ref[i], 1e-4)) << name << " graph " << gi << " output " << i << "\n" << exe->summary();
       EXPECT_EQ(bits_differ(got[i], got_dev[i]), "") << name << ": host vs device inputs";
     }
     // Fresh inputs a second time (the compiled code is not specialized to the first values).
@@ -128,7 +120,7 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
     TensorList got2 = exe->run(gin2);
     for (size_t i = 0; i < ref2.size(); ++i)
       if (is_floating(ref2[i].dtype()))
-        EXPECT_LE(rel_error(got2[i], ref2[i]), 1e-4) << name << " second inputs, output " << i;
+        EXPECT_TRUE(close_rel(got2[i], ref2[i], 1e-4)) << name << " second inputs, output " << i;
     // reduce-overhead: CUDA-graph replay, bitwise equal to default (same kernels, same order).
     compiler::Options ro;
     ro.mode = "reduce-overhead";
@@ -162,8 +154,8 @@ TEST(CudaCompile, KilnCompileOnCudaInputsUsesTheCudaTarget) {
   TensorList cpu = fn({a, b});  // the CPU eager kernels (the GPU machine has no SLEEF to link CPU code)
   TensorList gpu = f({a.to(Device::cuda(0)), b.to(Device::cuda(0))});
   ASSERT_EQ(gpu.size(), 2u);
-  EXPECT_LE(rel_error(gpu[0], cpu[0]), 1e-5);
-  EXPECT_LE(rel_error(gpu[1], cpu[1]), 1e-5);
+  EXPECT_TRUE(close_rel(gpu[0], cpu[0], 1e-5));
+  EXPECT_TRUE(close_rel(gpu[1], cpu[1], 1e-5));
   ExplainReport r = f.report();
   bool saw_cuda = false;
   for (const ExplainGraph& eg : r.graphs) saw_cuda |= eg.backend_summary.find("cuBLASLt/cuDNN") != std::string::npos;

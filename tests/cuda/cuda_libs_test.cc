@@ -33,7 +33,7 @@
 #include "targets/cuda/cudnn_conv.h"
 #include "targets/cuda/cudnn_sdpa.h"
 #include "targets/cuda/nvrtc.h"
-#include "../support/nan_safe.h"
+#include "../support/compare.h"
 
 namespace kiln {
 namespace {
@@ -139,36 +139,14 @@ std::unique_ptr<DeviceBuffer> nan_buffer(size_t n, DType d) {
   return upload(std::vector<double>(n, kNaN), d);
 }
 
+// |got - ref| <= tol * max|ref| everywhere (tests/support/compare.h).
 ::testing::AssertionResult close_to(const std::vector<double>& got,
                                     const std::vector<double>& ref, double tol,
                                     const std::string& what) {
-  if (got.size() != ref.size())
-    return ::testing::AssertionFailure()
-           << what << ": " << got.size() << " elements, expected " << ref.size();
-  double max_ref = 0;
-  for (double r : ref)
-    if (std::isfinite(r)) max_ref = std::max(max_ref, std::fabs(r));
-  const double bound = tol * std::max(max_ref, 1e-30);
-  double max_err = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i]) != std::isnan(ref[i]))
-      return ::testing::AssertionFailure()
-             << what << ": element " << i << " is " << got[i] << ", expected " << ref[i]
-             << " (NaN mismatch)";
-    if (std::isnan(ref[i])) continue;
-    const double err = std::fabs(got[i] - ref[i]);
-    if (!(err <= max_err)) {
-      max_err = err;
-      worst = i;
-    }
-  }
-  if (max_err > bound)
-    return ::testing::AssertionFailure()
-           << what << ": max error " << max_err << " at element " << worst << " (got "
-           << got[worst] << ", expected " << ref[worst] << ") exceeds " << tol << " * max|ref| "
-           << max_ref;
-  return ::testing::AssertionSuccess();
+  ::testing::AssertionResult r = test::close(
+      got, ref, test::Tolerance::of_scale(std::max(test::max_abs(ref), 1e-30), tol));
+  if (!r) return ::testing::AssertionFailure() << what << ": " << r.message();
+  return r;
 }
 
 template <typename F>
@@ -546,11 +524,14 @@ TEST(CublasLtGemm, GeluIsTheTanhForm) {
   plan->run({.a = da->get(), .b = db->get(), .d = dd->get(), .workspace = ws.get(),
              .workspace_bytes = ws.bytes()});
   const std::vector<double> d = download(*dd, size_t(n), DType::Float32);
-  double err_tanh = 0, err_erf = 0;
+  std::vector<double> want_tanh(static_cast<size_t>(n)), want_erf(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) {
-    err_tanh = std::max(err_tanh, test::abs_diff(d[size_t(j)], gelu_tanh(b[size_t(j)])));
-    err_erf = std::max(err_erf, test::abs_diff(d[size_t(j)], gelu_erf(b[size_t(j)])));
+    want_tanh[size_t(j)] = gelu_tanh(b[size_t(j)]);
+    want_erf[size_t(j)] = gelu_erf(b[size_t(j)]);
   }
+  // The largest |diff| of each (infinite for a NaN on one side).
+  const double err_tanh = test::compare(d, want_tanh, test::Tolerance::exact()).worst_diff;
+  const double err_erf = test::compare(d, want_erf, test::Tolerance::exact()).worst_diff;
   std::printf("cuBLASLt GELU epilogue: max |d - gelu_tanh| = %.3g, max |d - gelu_erf| = %.3g\n",
               err_tanh, err_erf);
   EXPECT_LT(err_tanh, err_erf);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/compare.h"
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
 #include "ops/api.h"
@@ -54,34 +55,14 @@ struct Tol {
 };
 
 // got (any device) must have want's dtype and shape and match it element by element within
-// atol + rtol * |want| (floats; NaN matches NaN, inf matches inf) or exactly (integers, bool).
+// atol + rtol * |want| (tests/support/compare.h: NaN matches NaN only, an infinity the same
+// infinity only; integers and bool exactly).
 void expect_close(const Tensor& got_any, const Tensor& want_any, Tol tol, const std::string& what) {
   ASSERT_TRUE(got_any.defined()) << what;
-  Tensor got = to_host(got_any).contiguous(), want = to_host(want_any).contiguous();
+  Tensor got = to_host(got_any), want = to_host(want_any);
   ASSERT_EQ(dtype_name(got.dtype()), std::string(dtype_name(want.dtype()))) << what;
-  ASSERT_EQ(to_string(got.sizes()), to_string(want.sizes())) << what;
-  const char* gp = static_cast<const char*>(got.raw_data());
-  const char* wp = static_cast<const char*>(want.raw_data());
-  int64_t es = got.element_size(), bad = 0, first = -1;
-  double first_got = 0, first_want = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    bool ok;
-    double a, b;
-    if (is_floating(got.dtype())) {
-      a = load_f64(gp + i * es, got.dtype());
-      b = load_f64(wp + i * es, want.dtype());
-      if (std::isnan(a) || std::isnan(b)) ok = std::isnan(a) && std::isnan(b);
-      else if (std::isinf(a) || std::isinf(b)) ok = a == b;
-      else ok = std::fabs(a - b) <= tol.atol + tol.rtol * std::fabs(b);
-    } else {
-      int64_t x = load_i64(gp + i * es, got.dtype()), y = load_i64(wp + i * es, want.dtype());
-      ok = x == y;
-      a = double(x), b = double(y);
-    }
-    if (!ok && bad++ == 0) first = i, first_got = a, first_want = b;
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.numel() << " elements differ; first at "
-                    << first << ": CUDA " << first_got << ", CPU " << first_want;
+  EXPECT_TRUE(test::close(got, want, test::Tolerance::rel(tol.rtol, tol.atol)))
+      << what << " (CUDA vs CPU)";
 }
 
 // Both tensors' bytes must be identical, except that any NaN matches any NaN (payloads differ
@@ -346,23 +327,15 @@ void expect_sum_close(const Tensor& got_dev, const Tensor& x, std::vector<int64_
   Tensor got = to_host(got_dev);
   ASSERT_EQ(dtype_name(got.dtype()), std::string(dtype_name(x.dtype()))) << what;
   ASSERT_EQ(to_string(got.sizes()), to_string(want.sizes())) << what;
-  got = got.to(DType::Float64);
-  const double* gp = got.data<double>();
-  const double* wp = want.data<double>();
-  const double* mp = mag.data<double>();
   double acc_eps = x.dtype() == DType::Float64 ? 1e-15 : 2e-6;
   double out_eps = x.dtype() == DType::Float16    ? 1.0 / 2048
                    : x.dtype() == DType::BFloat16 ? 1.0 / 256
                                                   : 0.0;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    double bound = acc_eps * mp[i] + out_eps * std::fabs(wp[i]) + 1e-30;
-    bool ok = std::isnan(wp[i]) ? std::isnan(gp[i]) : std::fabs(gp[i] - wp[i]) <= bound;
-    if (!ok && bad++ < 3)
-      ADD_FAILURE() << what << ": output " << i << ": CUDA " << gp[i] << ", CPU float64 " << wp[i]
-                    << ", bound " << bound;
-  }
-  EXPECT_EQ(bad, 0) << what;
+  // acc_eps * sum|x| (per output) + out_eps * |want| + 1e-30 (tests/support/compare.h).
+  EXPECT_TRUE(test::close(got, want,
+                          test::Tolerance::of_scales(mag.contiguous().to_vector<double>(), acc_eps,
+                                                     1e-30).plus_rel(out_eps)))
+      << what << " (CUDA vs CPU float64)";
 }
 
 TEST(CudaSum, AnyDimsKeepdimEveryFloatDtype) {

@@ -19,7 +19,7 @@
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 #include "nn/models/zoo.h"
-#include "../support/nan_safe.h"
+#include "../support/compare.h"
 
 using namespace kiln;
 
@@ -64,10 +64,12 @@ void use_max_autotune_backend(double tolerance = 1e-4) {
   g_options.autotune_tolerance = tolerance;
 }
 
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
+// |got - want| <= rtol * max(1, max|want|) everywhere (tests/support/compare.h): the error of
+// reordered float32 arithmetic follows the output's scale.
+::testing::AssertionResult near_scale(const std::vector<double>& got,
+                                      const std::vector<double>& want, double rtol) {
+  double max_abs = test::max_abs(want);
+  return test::close(got, want, test::Tolerance::of_scale(std::max(1.0, max_abs), rtol));
 }
 
 // Compiles resnet18 through the test backend and checks two fresh input sets against eager
@@ -82,11 +84,7 @@ std::string compile_and_check(const nn::ZooModel& m) {
     TensorList in = {Tensor::randn(m.inputs[0].sizes(), gen, DType::Float32)};
     auto got = f(in)[0].to_vector<double>();
     auto want = m.module->call(in)[0].to_vector<double>();
-    EXPECT_EQ(got.size(), want.size());
-    double scale = std::max(1.0, max_abs(want)), err = 0;
-    for (size_t k = 0; k < std::min(got.size(), want.size()); ++k)
-      err = std::max(err, test::abs_diff(got[k], want[k]));
-    EXPECT_LE(err, 2e-4 * scale) << "seed " << seed << "; " << g_last_autotune;
+    EXPECT_TRUE(near_scale(got, want, 2e-4)) << "seed " << seed << "; " << g_last_autotune;
   }
   return g_last_autotune;
 }
@@ -207,10 +205,8 @@ TEST(InductorAutotune, KernelThreadCountsAreTunedAndPersisted) {
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
       auto a = got[i].to_vector<double>(), b = want[i].to_vector<double>();
-      ASSERT_EQ(a.size(), b.size());
-      double err = 0;
-      for (size_t k = 0; k < a.size(); ++k) err = std::max(err, test::abs_diff(a[k], b[k]));
-      EXPECT_LE(err, 1e-5) << "output " << i << " (compile " << compile_no << ")";
+      EXPECT_TRUE(test::close(a, b, test::Tolerance::rel(0, 1e-5)))
+          << "output " << i << " (compile " << compile_no << ")";
     }
   }
 }
@@ -241,10 +237,7 @@ TEST(InductorAutotune, ConvolutionPoliciesSkippedWhereConvolutionsAreNegligible)
   TensorList in = {Tensor::randn({1, 3, 8, 8}, gen, DType::Float32)};
   auto got = compiled->run(in)[0].to_vector<double>();
   auto want = run(g, in)[0].to_vector<double>();
-  ASSERT_EQ(got.size(), want.size());
-  double scale = std::max(1.0, max_abs(want)), err = 0;
-  for (size_t k = 0; k < got.size(); ++k) err = std::max(err, test::abs_diff(got[k], want[k]));
-  EXPECT_LE(err, 2e-4 * scale);
+  EXPECT_TRUE(near_scale(got, want, 2e-4));
 }
 
 namespace {
@@ -288,10 +281,7 @@ TEST(InductorCodegenVariants, UnrolledReductionsMatchEager) {
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
       auto a = got[i].to_vector<double>(), b = want[i].to_vector<double>();
-      ASSERT_EQ(a.size(), b.size()) << i;
-      double scale = std::max(1.0, max_abs(b)), err = 0;
-      for (size_t k = 0; k < a.size(); ++k) err = std::max(err, test::abs_diff(a[k], b[k]));
-      EXPECT_LE(err, 1e-5 * scale) << "output " << i << " bits " << bits;
+      EXPECT_TRUE(near_scale(a, b, 1e-5)) << "output " << i << " bits " << bits;
     }
   }
 }
@@ -349,9 +339,6 @@ TEST(InductorStridedMatmul, PermutedOperandsAreNotCopied) {
     for (int i = 0; i < 3; ++i) in.push_back(Tensor::randn({1, seq, H * D}, gen, DType::Float32));
     auto got = c->run(in)[0].to_vector<double>();
     auto want = run(g, in)[0].to_vector<double>();
-    ASSERT_EQ(got.size(), want.size());
-    double scale = std::max(1.0, max_abs(want)), err = 0;
-    for (size_t i = 0; i < got.size(); ++i) err = std::max(err, test::abs_diff(got[i], want[i]));
-    EXPECT_LE(err, 1e-5 * scale) << c->summary();
+    EXPECT_TRUE(near_scale(got, want, 1e-5)) << c->summary();
   }
 }

@@ -11,7 +11,7 @@
 #include "ops/onednn.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
-#include "../support/nan_safe.h"
+#include "../support/compare.h"
 
 using namespace kiln;
 
@@ -48,13 +48,11 @@ Graph net(DType d, uint64_t seed) {
   return G;
 }
 
+// |got - want| <= rtol * max(max|want|, 1e-3) (tests/support/compare.h).
 void expect_close(const Tensor& got, const Tensor& want, double rtol, const std::string& what) {
-  auto a = got.to(DType::Float64).to_vector<double>(), b = want.to(DType::Float64).to_vector<double>();
-  ASSERT_EQ(a.size(), b.size());
-  double scale = 0, err = 0;
-  for (double v : b) scale = std::max(scale, std::fabs(v));
-  for (size_t i = 0; i < a.size(); ++i) err = std::max(err, test::abs_diff(a[i], b[i]));
-  EXPECT_LE(err, rtol * std::max(scale, 1e-3)) << what << ": max error " << err << ", scale " << scale;
+  double max_abs = test::max_abs(want);
+  EXPECT_TRUE(test::close(got, want, test::Tolerance::of_scale(std::max(max_abs, 1e-3), rtol)))
+      << what;
 }
 
 }  // namespace

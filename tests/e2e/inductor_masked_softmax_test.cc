@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 
+#include "../support/compare.h"
 #include "compiler/compile.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
@@ -56,17 +57,9 @@ TensorList inputs(uint64_t seed) {
   return {x, r};
 }
 
+// Within 1e-5 * (1 + |interpreter|), NaN where NaN (tests/support/compare.h).
 void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
-  std::vector<float> a = got.to_vector<float>(), b = want.to_vector<float>();
-  ASSERT_EQ(a.size(), b.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    bool ok = std::isnan(b[i]) ? std::isnan(a[i])
-                               : !std::isnan(a[i]) && std::fabs(a[i] - b[i]) <= 1e-5f * (1 + std::fabs(b[i]));
-    if (!ok && bad++ < 5)
-      ADD_FAILURE() << what << ": element " << i << " is " << a[i] << ", interpreter " << b[i];
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << a.size() << " elements differ";
+  EXPECT_TRUE(test::close(got, want, test::Tolerance::rel(1e-5, 1e-5))) << what << " vs the interpreter";
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "../support/compare.h"
 #include "compiler/backend.h"
 #include "capture/compile.h"
 #include "nn/compile.h"
@@ -21,19 +22,10 @@ namespace {
 // max |a - b| <= rtol * max(1, max |b|): a dense layer's float32 rounding grows with the
 // magnitude of its outputs; 2e-4 leaves room for oneDNN's blocked summation order.
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
   ASSERT_EQ(got.dtype(), want.dtype()) << what;
-  auto g = got.to_vector<double>(), w = want.to_vector<double>();
-  double scale = 1.0, err = 0.0;
-  size_t at = 0;
-  for (size_t k = 0; k < w.size(); ++k) scale = std::max(scale, std::fabs(w[k]));
-  for (size_t k = 0; k < w.size(); ++k) {
-    ASSERT_FALSE(std::isnan(g[k]) && !std::isnan(w[k])) << what << ": NaN at " << k;
-    double e = std::fabs(g[k] - w[k]);
-    if (e > err) err = e, at = k;
-  }
-  EXPECT_LE(err, 2e-4 * scale) << what << ": max |compiled - eager| " << err << " at " << at
-                               << " (expected " << w[at] << ", got " << g[at] << ")";
+  double max_abs = test::max_abs(want);
+  EXPECT_TRUE(test::close(got, want, test::Tolerance::of_scale(std::max(1.0, max_abs), 2e-4)))
+      << what << " (compiled vs eager)";
 }
 
 TensorList fresh_inputs(const TensorList& like, uint64_t seed) {

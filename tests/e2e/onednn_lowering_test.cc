@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "../support/compare.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
 #include "ops/onednn.h"
@@ -136,27 +137,11 @@ TensorList oracle(const Graph& g, const TensorList& inputs) {
   return run(as_float64(g), in64);
 }
 
-// "" when every element is within tolerance; else the worst element.
+// "" when every element is within tolerance (tests/support/compare.h); else the report.
 std::string compare(const Tensor& want, const Tensor& got, DType dt, double k) {
-  if (want.sizes() != got.sizes())
-    return fmt::format("shape {} vs {}", to_string(want.sizes()), to_string(got.sizes()));
-  Tensor w = want.to(DType::Float64).contiguous(), a = got.to(DType::Float64).contiguous();
-  const double *wp = w.data<double>(), *ap = a.data<double>();
   double scale = dt == DType::BFloat16 ? 2e-2 : 1e-5 * std::sqrt(std::max(1.0, k));
-  double worst = 0;
-  int64_t worst_i = -1;
-  for (int64_t i = 0; i < w.numel(); ++i) {
-    double err = std::abs(ap[i] - wp[i]);
-    double ratio = err / (scale * (1.0 + std::abs(wp[i])));
-    if (!(ratio <= 1.0) && (worst_i < 0 || !(ratio <= worst))) {
-      worst = ratio;
-      worst_i = i;
-      if (std::isnan(ratio)) break;
-    }
-  }
-  if (worst_i < 0) return "";
-  return fmt::format("element {} of {}: got {}, want {} ({:.3g}x the tolerance)", worst_i,
-                     w.numel(), ap[worst_i], wp[worst_i], worst);
+  test::Comparison c = test::compare(got, want, test::Tolerance::rel(scale, scale));
+  return c.ok() ? "" : c.str();
 }
 
 // Lowers every lowerable node of g, asserts they all lowered (unless `expect_all` is false),

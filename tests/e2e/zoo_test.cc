@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 
+#include "../support/compare.h"
 #include "ops/api.h"
 #include "nn/models/bert.h"
 #include "nn/models/zoo.h"
@@ -204,15 +205,15 @@ TEST(Bert, PaddedTokensDoNotLeakIntoRealOnes) {
   auto real = [&](const Tensor& h) { return slice(h, 1, 0, len).to_vector<double>(); };
   auto o1 = bert->forward(ids, mask), o2 = bert->forward(ids2, mask);
   std::vector<double> r1 = real(o1.last_hidden_state), r2 = real(o2.last_hidden_state);
-  for (size_t i = 0; i < r1.size(); ++i) ASSERT_NEAR(r1[i], r2[i], 1e-6) << i;
+  ASSERT_TRUE(test::close(r2, r1, test::Tolerance::rel(0, 1e-6)));
   std::vector<double> p1 = o1.pooler_output.to_vector<double>(), p2 = o2.pooler_output.to_vector<double>();
-  for (size_t i = 0; i < p1.size(); ++i) ASSERT_NEAR(p1[i], p2[i], 1e-6) << i;
+  ASSERT_TRUE(test::close(p2, p1, test::Tolerance::rel(0, 1e-6)));
   // Unmasked, the same change is visible at the real positions.
   std::vector<double> u1 = real(bert->forward(ids).last_hidden_state),
                       u2 = real(bert->forward(ids2).last_hidden_state);
-  double diff = 0;
-  for (size_t i = 0; i < u1.size(); ++i) diff = std::max(diff, std::fabs(u1[i] - u2[i]));
-  EXPECT_GT(diff, 1e-3);
+  test::Comparison d = test::compare(u2, u1, test::Tolerance::exact());
+  EXPECT_EQ(d.nan_got_only + d.nan_ref_only + d.inf_mismatches, 0) << d.str();
+  EXPECT_GT(d.worst_diff, 1e-3) << d.str();
 
   EXPECT_THROW(bert->forward(Tensor::randint({1, 41}, gen, 1, 500)), Error);  // > max positions
   EXPECT_THROW(bert->forward(ids, Tensor::ones({B, L + 1}, DType::Int64)), Error);

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "../support/compare.h"
 #include "core/error.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
@@ -48,30 +49,15 @@ Tol tolerance(DType d) {
   }
 }
 
-// "" when `actual` matches `expected`; otherwise the first mismatch.
+// "" when `actual` matches `expected` (tests/support/compare.h at the dtype's tolerance times
+// `scale`; integers exact); otherwise the report of the worst element.
 std::string compare(const Tensor& expected, const Tensor& actual, double scale = 1.0) {
   if (expected.dtype() != actual.dtype())
     return fmt::format("dtype {} vs {}", dtype_name(expected.dtype()), dtype_name(actual.dtype()));
-  if (expected.sizes() != actual.sizes())
-    return fmt::format("shape {} vs {}", to_string(expected.sizes()), to_string(actual.sizes()));
-  Tensor e = expected.to(DType::Float64).contiguous(), a = actual.to(DType::Float64).contiguous();
   Tol tol = tolerance(expected.dtype());
-  const double *ep = e.data<double>(), *ap = a.data<double>();
-  for (int64_t i = 0; i < e.numel(); ++i) {
-    double x = ep[i], y = ap[i];
-    if (std::isnan(x) || std::isnan(y)) {
-      if (std::isnan(x) != std::isnan(y)) return fmt::format("element {}: {} vs {}", i, x, y);
-      continue;
-    }
-    if (std::isinf(x) || std::isinf(y)) {
-      if (x != y) return fmt::format("element {}: {} vs {}", i, x, y);
-      continue;
-    }
-    if (std::fabs(x - y) > scale * (tol.atol + tol.rtol * std::fabs(x)))
-      return fmt::format("element {} of {}: expected {}, got {} (|diff| {:.3g})", i, e.numel(), x,
-                         y, std::fabs(x - y));
-  }
-  return "";
+  test::Comparison c =
+      test::compare(actual, expected, test::Tolerance::rel(tol.rtol, tol.atol).scaled(scale));
+  return c.ok() ? "" : c.str();
 }
 
 Tensor random_tensor(const TensorType& t, Generator& gen, const std::string& name) {

@@ -4,12 +4,38 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
+#include "../support/compare.h"
 #include "frontends/onnx/conformance.h"
 
 namespace kiln::test {
+
+// The conformance runner's per-dtype rule (Note [Conformance]) on the tests' comparison helper
+// (tests/support/compare.h): the same dtype, integers and bool exact, float64 within rtol
+// min(rtol, 1e-7) and atol min(atol, 1e-12), the other floating dtypes within rtol / atol; the
+// report names the worst element.
+inline std::string compare_output(const Tensor& got, const Tensor& want, double rtol, double atol) {
+  if (got.dtype() != want.dtype())
+    return std::string("dtype ") + dtype_name(got.dtype()) + " (expected " +
+           dtype_name(want.dtype()) + ")";
+  const DType dt = want.dtype();
+  Tolerance tol = !is_floating(dt)        ? Tolerance::exact()
+                  : dt == DType::Float64 ? Tolerance::rel(std::min(rtol, 1e-7), std::min(atol, 1e-12))
+                                         : Tolerance::rel(rtol, atol);
+  Comparison c = compare(got, want, tol);
+  if (c.ok()) return "";
+  return c.problem.empty() ? "values differ: " + c.str() : c.str();
+}
+
+// Conformance options whose comparison is compare_output.
+inline ConformanceOptions honest_conformance_options() {
+  ConformanceOptions opts;
+  opts.compare = compare_output;
+  return opts;
+}
 
 // known: case ("suite/name") -> a substring its failure message must contain.
 // unstable: cases whose expected data cannot be matched by any summation order but one (each

@@ -49,7 +49,7 @@ TensorList run_compiled(const Graph& g, const TensorList& in) {
 class OnnxConformanceBackend : public testing::TestWithParam<std::string> {};
 
 TEST_P(OnnxConformanceBackend, DebianSuitesPassWhereMapped) {
-  ConformanceOptions opts;
+  ConformanceOptions opts = test::honest_conformance_options();
   if (GetParam() == "compiled") opts.runner = run_compiled;
   ASSERT_FALSE(default_conformance_dirs().empty())
       << "libonnx-testdata is not installed: run scripts/setup.sh";
@@ -68,7 +68,7 @@ TEST(OnnxConformance, RunnerReportsWrongResultsAsFailures) {
   // the default tolerances and fails when no difference is tolerated (atol < 0).
   std::vector<std::string> dirs = default_conformance_dirs();
   ASSERT_FALSE(dirs.empty()) << "libonnx-testdata is not installed: run scripts/setup.sh";
-  ConformanceOptions opts;
+  ConformanceOptions opts = test::honest_conformance_options();
   opts.data_dirs = {dirs[0]};
   opts.filter = "node/test_relu";
   ConformanceReport r = run_conformance(opts);

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../support/compare.h"
 #include "core/tensor.h"
 #include "frontends/onnx/importer.h"
 
@@ -193,13 +194,11 @@ void expect_error(F&& f, ErrorKind kind, std::initializer_list<std::string_view>
 // Values of t as doubles (any dtype, any strides).
 inline std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
 
+// |got - want| <= tol * (1 + |want|) element by element (tests/support/compare.h).
 inline void expect_close(const Tensor& got, const std::vector<double>& want, const Dims& shape,
                          double tol = 1e-5) {
   ASSERT_EQ(to_string(got.sizes()), to_string(shape));
-  std::vector<double> g = values(got);
-  ASSERT_EQ(g.size(), want.size());
-  for (size_t i = 0; i < g.size(); ++i)
-    ASSERT_NEAR(g[i], want[i], tol * (1 + std::fabs(want[i]))) << "at flat index " << i;
+  ASSERT_TRUE(test::close(values(got), want, test::Tolerance::rel(tol, tol), shape));
 }
 
 }  // namespace kiln::onnx_test

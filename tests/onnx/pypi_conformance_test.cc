@@ -132,7 +132,7 @@ TEST(OnnxConformance, PyPiSuitesPassWhereMapped) {
   std::string error;
   std::vector<std::string> dirs = pypi_suites(&error);
   ASSERT_FALSE(dirs.empty()) << error;
-  ConformanceOptions opts;
+  ConformanceOptions opts = test::honest_conformance_options();
   opts.data_dirs = dirs;
   ConformanceReport r = run_conformance(opts);
 

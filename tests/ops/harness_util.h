@@ -6,23 +6,17 @@
 #include <string>
 #include <vector>
 
+#include "../support/compare.h"
 #include "core/tensor.h"
 #include "ops/op.h"
 
 namespace kiln::harness {
 
-// |actual - expected| <= atol + rtol * |expected|, or exact equality when `exact`.
-struct Tolerance {
-  double rtol = 0;
-  double atol = 0;
-  bool exact = true;
-  std::string str() const;
-};
+using test::Tolerance;
 
-// The base tolerance of one dtype (exact for integers and bool). See Note [Op harness].
-Tolerance dtype_tolerance(DType d);
 // Tolerance for an output of dtype `out` computed by a case run in `test_dtype`: exact for
-// integer/bool outputs, else the looser of the two floating dtypes, scaled by `scale`.
+// integer/bool outputs, else the looser of the two floating dtypes' defaults
+// (Tolerance::for_dtype), scaled by `scale`.
 Tolerance compare_tolerance(DType test_dtype, DType out, double scale);
 
 // A sample input converted to the tested dtype `d`, keeping its layout (a view stays a view
@@ -41,9 +35,9 @@ Tensor make_noncontiguous(const Tensor& x);
 Tensor snapshot(const Tensor& x);
 TensorList snapshot(const TensorList& xs);
 
-// "" when `actual` matches `expected` (same shape; values within `tol`, NaN where NaN, equal
-// infinities); otherwise a report: first mismatching index, expected vs actual, number of
-// mismatches, max error and where, the tolerance.
+// "" when `actual` matches `expected` under test::compare (Note [Honest comparisons]);
+// otherwise its report (the worst element and where, the first, NaN / infinity mismatches)
+// with both types.
 std::string compare_values(const Tensor& expected, const Tensor& actual, const Tolerance& tol);
 // "" when both have the same shape, dtype and bytes element by element (any strides).
 std::string compare_bitwise(const Tensor& a, const Tensor& b);

@@ -42,33 +42,10 @@ Tensor abs_copy(const Tensor& t) {
   return c.to(t.dtype());
 }
 
-// Expects |actual - expected| <= bound[i] element-wise; reports the worst element.
-void expect_within(const Tensor& expected, const Tensor& actual, const std::vector<double>& bound,
-                   const std::string& what) {
-  ASSERT_EQ(to_string(expected.sizes()), to_string(actual.sizes())) << what;
-  std::vector<double> e = values(expected), a = values(actual);
-  int64_t bad = 0, worst = -1;
-  double worst_ratio = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    double err = std::fabs(a[i] - e[i]);
-    if (!(err <= bound[i])) ++bad;
-    double ratio = bound[i] > 0 ? err / bound[i] : (err > 0 ? INFINITY : 0);
-    if (!(ratio <= worst_ratio)) {
-      worst_ratio = ratio;
-      worst = int64_t(i);
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << e.size() << " elements out of bound; "
-                    << "worst at flat index " << worst << ": expected " << e[size_t(worst)]
-                    << ", got " << a[size_t(worst)] << ", bound " << bound[size_t(worst)];
-}
-
-// |actual - expected| <= atol + rtol * |expected|.
+// |actual - expected| <= atol + rtol * |expected| (tests/support/compare.h).
 void expect_close(const Tensor& expected, const Tensor& actual, double rtol, double atol,
                   const std::string& what) {
-  std::vector<double> e = values(expected), bound(e.size());
-  for (size_t i = 0; i < e.size(); ++i) bound[i] = atol + rtol * std::fabs(e[i]);
-  expect_within(expected, actual, bound, what);
+  EXPECT_TRUE(test::close(actual, expected, test::Tolerance::rel(rtol, atol))) << what;
 }
 
 // Note [Convolution tolerance]
@@ -81,16 +58,14 @@ void expect_close(const Tensor& expected, const Tensor& actual, double rtol, dou
 // implementation that oneDNN picks, while a dropped or doubled term (|x w| ~ 0.6 on average)
 // still fails. A second, statistical check keeps the bound honest: the RMS error must stay
 // below 1e-6 of the output RMS.
-std::vector<double> dot_product_bound(const Tensor& abs_ref, const Tensor& expected, int64_t k,
-                                      DType dtype) {
+test::Tolerance dot_product_bound(const Tensor& abs_ref, int64_t k, DType dtype) {
   double u = dtype == DType::BFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -24);
   // bf16: inputs are exact bf16 values, oneDNN accumulates in f32; only the output rounds to
   // bf16 (relative 2^-8 on top of the f32 accumulation bound).
   double acc_u = std::ldexp(1.0, -24);
   double gamma = double(k + 1) * acc_u / (1.0 - double(k + 1) * acc_u);
-  std::vector<double> s = values(abs_ref), e = values(expected), bound(s.size());
-  for (size_t i = 0; i < s.size(); ++i) bound[i] = gamma * s[i] + u * std::fabs(e[i]) + 1e-30;
-  return bound;
+  // gamma * sum|x w| (the per-element error scale) + u * |expected| + 1e-30.
+  return test::Tolerance::of_scales(values(abs_ref), gamma, 1e-30).plus_rel(u);
 }
 
 void expect_rms_error_below(const Tensor& expected, const Tensor& actual, double rel,
@@ -139,7 +114,7 @@ class NnOps : public testing::Test {
     std::string what = std::string(c.note) + " (" + dtype_name(dtype) + ", " +
                        onednn::last_impl_name() + ")";
     EXPECT_EQ(y.dtype(), dtype);
-    expect_within(ref, y, dot_product_bound(abs_ref, ref, k, dtype), what);
+    EXPECT_TRUE(test::close(y, ref, dot_product_bound(abs_ref, k, dtype))) << what;
     if (dtype == DType::Float32) expect_rms_error_below(ref, y, 1e-6, what);
   }
 };
@@ -321,12 +296,12 @@ TEST_F(NnOps, AvgPoolDivisorFollowsPyTorch) {
   Tensor ones = Tensor::full({1, 1, 4, 4}, 1.0);
   Tensor y = avg_pool2d(ones, {3, 3}, {2, 2}, {1, 1}, true, true);
   ASSERT_EQ(to_string(y.sizes()), "[1, 1, 3, 3]");
-  std::vector<float> v = y.contiguous().to_vector<float>();
-  const double e[9] = {4.0 / 9, 6.0 / 9, 2.0 / 6, 6.0 / 9, 1.0, 3.0 / 6, 2.0 / 6, 3.0 / 6, 0.25};
-  for (int i = 0; i < 9; ++i) EXPECT_NEAR(v[size_t(i)], e[i], 1e-6) << "element " << i;
+  const std::vector<double> e = {4.0 / 9, 6.0 / 9, 2.0 / 6, 6.0 / 9, 1.0,
+                                 3.0 / 6, 2.0 / 6, 3.0 / 6, 0.25};
+  EXPECT_TRUE(test::close(y.to_vector<double>(), e, test::Tolerance::rel(0, 1e-6), Dims{3, 3}));
   // Excluding padding, every window averages ones.
-  std::vector<float> ex = avg_pool2d(ones, {3, 3}, {2, 2}, {1, 1}, true, false).to_vector<float>();
-  for (float f : ex) EXPECT_NEAR(f, 1.0, 1e-6);
+  std::vector<double> ex = avg_pool2d(ones, {3, 3}, {2, 2}, {1, 1}, true, false).to_vector<double>();
+  EXPECT_TRUE(test::close(ex, std::vector<double>(ex.size(), 1.0), test::Tolerance::rel(0, 1e-6)));
 }
 
 TEST_F(NnOps, AdaptiveAvgPoolWindows) {

@@ -26,10 +26,22 @@
 //   Layouts  - every input is made non-contiguous (same values): the reference result must be
 //              bitwise identical to the contiguous run, the eager result within tolerance of
 //              the oracle.
-// Tolerances (|actual - expected| <= atol + rtol*|expected|, both scaled by the op's
-// tolerance_scale): f64 1e-10, f32 1e-5, f16 1e-2, bf16 2e-2 (rtol = atol); integer and bool
-// outputs exact. NaN must appear exactly where the oracle has NaN, +-inf exactly where it has
-// the same infinity (or where the oracle value overflows the output dtype).
+//   Paths    - every result names the path that produced it (Note [Kernel paths]): eager:f32,
+//              eager:onednn, eager:reference, ...; compiled:loop(pointwise, SIMD),
+//              compiled:oneDNN, compiled:eager:<eager path>, compiled:no launch. Each case
+//              prints its paths ("[ paths ] ..."). Where the path is the reference kernel
+//              itself, and for every float64 case, the oracle would be the very computation
+//              under test: the result is compared with the independent long-double evaluation
+//              (Note [Independent oracle] in independent.h) instead, and the float64 reference
+//              is checked against it too. Ops it does not cover whose only eager path is the
+//              reference are listed by OpHarnessSelf.ReferenceOnlyOps (and docs/ops.md).
+// Comparisons go through tests/support/compare.h (Note [Honest comparisons]): |actual -
+// expected| <= atol + rtol*|expected|, both scaled by the op's tolerance_scale, with the
+// per-dtype defaults f64 1e-10, f32 1e-5, f16 1e-2, bf16 2e-2 (rtol = atol; a case takes the
+// looser of its dtype's and its output dtype's); integer and bool outputs exact. NaN must appear
+// exactly where the oracle has NaN, +-inf exactly where it has the same infinity (or where the
+// oracle value overflows the output dtype). The samples hold NaN, +-inf, -0 and denormals for
+// every pointwise op and reduction (docs/ops.md, "Special values").
 // Samples come from a generator seeded by the op name (reproducible); KILN_HARNESS_SEED=<n>
 // mixes in another seed for fresh inputs.
 #include <gtest/gtest.h>
@@ -49,7 +61,9 @@
 #include "core/cuda_runtime.h"
 #include "ops/dispatch.h"
 #include "harness_util.h"
+#include "independent.h"
 #include "ir/graph.h"
+#include "ops/kernel_path.h"
 #include "ops/op.h"
 
 namespace kiln {
@@ -213,12 +227,42 @@ struct SampleRun {
     return out;
   }
 
-  // Eager dispatch on the case's device; the results come back to the host.
-  TensorList eager(const TensorList& inputs) const {
-    if (device.is_cpu()) return call_op(op.id, inputs, sample.attrs);
+  // The independent evaluation (Note [Independent oracle]) on the oracle's inputs; nothing
+  // where it does not cover the op (or an integer result leaves int64).
+  std::optional<TensorList> independent(const TensorList& inputs) const {
+    TensorList in = oracle_inputs(inputs);
+    Attrs attrs = canonical();
+    std::vector<TensorType> types = infer_types(op, in, attrs, kWhere);
+    return harness::independent(op, in, attrs, types);
+  }
+
+  // Whether comparing `path`'s result with the oracle would compare the reference kernel
+  // with itself: the reference ran, eagerly or as a compiled graph's eager launch (or, for an
+  // op without one, the decomposition that is its oracle).
+  bool compares_with_itself(const std::string& path) const {
+    auto is = [&](const char* p) { return path == std::string("eager:") + p ||
+                                          path == std::string("compiled:eager:") + p; };
+    return is("reference") || (!op.reference && is("decomposition"));
+  }
+  // Where the independent evaluation is preferred to the oracle: the paths above, and every
+  // float64 case (its oracle is the reference on the very inputs under test, and long double
+  // is the more accurate of the two).
+  bool prefers_independent(const std::string& path) const {
+    return dtype == DType::Float64 || compares_with_itself(path);
+  }
+
+  // Eager dispatch on the case's device; the results come back to the host. `path` (when
+  // given) receives the kernel path that ran (Note [Kernel paths]): "eager:<path>".
+  TensorList eager(const TensorList& inputs, std::string* path = nullptr) const {
+    if (device.is_cpu()) {
+      TensorList out = call_op(op.id, inputs, sample.attrs);
+      if (path) *path = std::string("eager:") + last_kernel_path();
+      return out;
+    }
     TensorList on_device;
     for (const Tensor& t : inputs) on_device.push_back(to_device_keep_layout(t, device));
     TensorList out = call_op(op.id, on_device, sample.attrs);
+    if (path) *path = std::string("eager:") + last_kernel_path();
     for (Tensor& t : out) {
       if (t.device() != device)
         ADD_FAILURE() << label() << ": an output is on " << t.device().str();
@@ -236,7 +280,8 @@ struct SampleRun {
   }
 
   // Compares every output with the oracle; `what` names the path under test.
-  void expect_close(const TensorList& expected, const TensorList& actual, const char* what) const {
+  void expect_close(const TensorList& expected, const TensorList& actual, const std::string& what,
+                    const char* against = nullptr) const {
     if (expected.size() != actual.size()) {
       ADD_FAILURE() << label() << ": " << what << " returned " << actual.size()
                     << " outputs, the reference " << expected.size();
@@ -248,10 +293,69 @@ struct SampleRun {
       std::string diff = compare_values(expected[i], actual[i], tol);
       if (!diff.empty())
         ADD_FAILURE() << label() << ": " << what << " output " << i << " vs "
-                      << (oracle_in_f64() ? "float64 oracle" : "reference") << ": " << diff;
+                      << (against ? against : oracle_in_f64() ? "float64 oracle" : "reference")
+                      << ": " << diff;
     }
   }
 };
+
+// What a case checked, per path (Note [Op harness]: "Paths").
+struct PathLog {
+  std::map<std::string, int> samples;  // "eager:f32" -> samples that ran it
+  int independent = 0;                 // results checked against the independent evaluation
+  int self_only = 0;                   // results only comparable with the reference itself
+
+  // "[ paths ] add float32: eager:f32 x13, eager:reference x2; ..." (one line per case).
+  void print(const OpCase& c) const {
+    std::string s;
+    for (const auto& [path, n] : samples) s += fmt::format("{}{} x{}", s.empty() ? "" : ", ", path, n);
+    std::string line = fmt::format(
+        "[ paths ] {} {}{}: {}; {} results checked against the independent evaluation", c.op->name,
+        dtype_name(c.dtype), c.device.is_cpu() ? "" : " on " + c.device.str(), s, independent);
+    if (self_only)
+      line += fmt::format(", {} only against the reference itself (no independent evaluation "
+                          "of this op)", self_only);
+    std::printf("%s\n", line.c_str());
+  }
+};
+
+// Checks the result of `path` (see SampleRun::compares_with_itself): against the independent
+// evaluation where comparing with the oracle would compare the reference with itself, else
+// against the oracle.
+void check_path(const SampleRun& run, const std::string& path, const TensorList& oracle,
+                const std::optional<TensorList>& indep, const TensorList& actual,
+                const std::string& what, PathLog& log) {
+  ++log.samples[path];
+  if (run.prefers_independent(path) && indep) {
+    ++log.independent;
+    run.expect_close(*indep, actual, what + " [" + path + "]", "independent long-double evaluation");
+    return;
+  }
+  if (run.compares_with_itself(path)) ++log.self_only;
+  run.expect_close(oracle, actual, what + " [" + path + "]");
+}
+
+// The float64 oracle itself against the independent evaluation, at float64's tolerance.
+void check_oracle(const SampleRun& run, const TensorList& oracle,
+                  const std::optional<TensorList>& indep) {
+  if (!indep) return;
+  if (indep->size() != oracle.size()) {
+    ADD_FAILURE() << run.label() << ": the independent evaluation gave " << indep->size()
+                  << " outputs, the reference " << oracle.size();
+    return;
+  }
+  for (size_t i = 0; i < oracle.size(); ++i) {
+    DType od = oracle[i].dtype();
+    harness::Tolerance tol = is_floating(od)
+                                 ? harness::compare_tolerance(DType::Float64, DType::Float64,
+                                                              run.op.tolerance_scale)
+                                 : harness::Tolerance::exact();
+    std::string diff = compare_values((*indep)[i], oracle[i], tol);
+    if (!diff.empty())
+      ADD_FAILURE() << run.label() << ": the reference kernel (" << (run.oracle_in_f64() ? "float64" : dtype_name(run.dtype))
+                    << ") output " << i << " vs the independent long-double evaluation: " << diff;
+  }
+}
 
 // Runs `f` for every sample of the case, turning exceptions into failures that name the stage.
 template <typename F>
@@ -273,22 +377,32 @@ class OpHarness : public testing::TestWithParam<OpCase> {};
 
 // ---- values -------------------------------------------------------------------------------------
 TEST_P(OpHarness, Values) {
-  for_each_sample(GetParam(), [](const SampleRun& run, std::string& stage) {
+  PathLog log;
+  for_each_sample(GetParam(), [&](const SampleRun& run, std::string& stage) {
     TensorList inputs = run.inputs();
     TensorList before = harness::snapshot(inputs);
     stage = "the reference (oracle)";
     TensorList expected = run.oracle(inputs);
+    stage = "the independent evaluation";
+    std::optional<TensorList> indep = run.independent(inputs);
+    check_oracle(run, expected, indep);
     stage = "eager dispatch";
-    TensorList actual = run.eager(inputs);
+    std::string path;
+    TensorList actual = run.eager(inputs, &path);
     run.expect_unchanged(inputs, before, "eager dispatch");
-    run.expect_close(expected, actual, "eager");
+    check_path(run, path, expected, indep, actual, "eager", log);
     if (run.op.decompose) {
       stage = "the decomposition";
       TensorList dec = run.op.decompose(inputs, run.canonical());
       run.expect_unchanged(inputs, before, "the decomposition");
-      run.expect_close(expected, dec, "decomposition");
+      // The decomposition is a second formulation, independent of the reference kernel; for
+      // an op without one it is the oracle itself, so it is checked against the independent
+      // evaluation instead.
+      check_path(run, run.op.reference ? "decomposition" : "eager:decomposition", expected,
+                 indep, dec, "decomposition", log);
     }
   });
+  log.print(GetParam());
 }
 
 // ---- types: concrete and symbolic inference -----------------------------------------------------
@@ -475,7 +589,8 @@ TEST_P(OpHarness, Types) {
 
 // ---- layouts: non-contiguous inputs -------------------------------------------------------------
 TEST_P(OpHarness, Layouts) {
-  for_each_sample(GetParam(), [](const SampleRun& run, std::string& stage) {
+  PathLog log;
+  for_each_sample(GetParam(), [&](const SampleRun& run, std::string& stage) {
     TensorList inputs = run.inputs();
     TensorList strided;
     for (const Tensor& t : inputs) strided.push_back(harness::make_noncontiguous(t));
@@ -501,10 +616,15 @@ TEST_P(OpHarness, Layouts) {
                       << ": " << diff;
     }
     stage = "eager dispatch on non-contiguous inputs";
-    TensorList eager_strided = run.eager(strided);
+    std::string path;
+    TensorList eager_strided = run.eager(strided, &path);
     run.expect_unchanged(strided, strided_before, "eager dispatch (non-contiguous)");
-    run.expect_close(expected, eager_strided, "eager (non-contiguous inputs)");
+    stage = "the independent evaluation";
+    std::optional<TensorList> indep =
+        run.prefers_independent(path) ? run.independent(inputs) : std::nullopt;
+    check_path(run, path, expected, indep, eager_strided, "eager (non-contiguous inputs)", log);
   });
+  log.print(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, OpHarness, testing::ValuesIn(all_cases()), case_name);
@@ -523,6 +643,32 @@ struct CompiledCase {
 void PrintTo(const CompiledCase& c, std::ostream* os) { *os << c.op->name << " on " << c.device.str(); }
 
 class CompiledOpHarness : public testing::TestWithParam<CompiledCase> {};
+
+// The path a compiled graph took for the node named `label`, from the report's kernel lines
+// (compiler/bind.cc): "compiled:loop(pointwise, SIMD)" for generated loop code,
+// "compiled:oneDNN" (the target's library), "compiled:eager" for an eager launch, joined
+// with "+" when the node became several kernels (a decomposition), "compiled:no launch" when
+// the passes removed it (a view, an identity).
+std::string compiled_path(const compiler::CompileReport& r, const std::string& label) {
+  std::set<std::string> kinds;
+  for (const std::string& line : r.kernels) {
+    size_t at = line.find(label);
+    if (at == std::string::npos) continue;
+    // Library and eager lines are "op:<node> [kind]..."; loop lines "kname [kind]: nodes".
+    size_t open = line.compare(at + label.size(), 2, " [") == 0 ? at + label.size() + 1
+                                                                : line.find('[');
+    size_t close = line.find(']', open);
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::string kind = line.substr(open + 1, close - open - 1);
+    if (kind == "eager kernel") kinds.insert("eager");
+    else if (kind == r.library) kinds.insert(kind);
+    else kinds.insert("loop(" + kind + ")");
+  }
+  if (kinds.empty()) return "compiled:no launch";
+  std::string s = "compiled:";
+  for (const std::string& k : kinds) s += (s.back() == ':' ? "" : "+") + k;
+  return s;
+}
 
 // Known gaps of a target: "op dtype" pairs with at least one sample that the target cannot
 // compile (a NotSupported error naming the node). The list is a ratchet: a new gap fails the
@@ -545,6 +691,7 @@ const std::map<DeviceType, std::set<std::string>>& known_gaps() {
 TEST_P(CompiledOpHarness, MatchesReference) {
   const OpDef& op = *GetParam().op;
   const Device device = GetParam().device;
+  std::map<DType, PathLog> logs;  // per dtype, printed at the end
   const std::vector<OpSample> samples = samples_of(op);  // SampleRun refers to its elements
   struct Entry {
     std::unique_ptr<SampleRun> run;
@@ -589,14 +736,23 @@ TEST_P(CompiledOpHarness, MatchesReference) {
     }
     TensorList actual = compiled->run(graph_inputs);
     for (Tensor& t : actual) t = t.to(Device::cpu());
+    // The report says what ran how (printed for the record, checked for sanity).
+    const compiler::CompileReport& r = compiled->report();
     for (Entry& e : entries) {
       TensorList expected = e.run->oracle(e.inputs);
       TensorList got;
       for (size_t o : e.outputs) got.push_back(actual[o]);
-      e.run->expect_close(expected, got, "compiled");
+      std::string path = compiled_path(r, e.run->label());
+      if (path == "compiled:eager") {
+        // Which kernel the eager launch is: the one eager dispatch picks for these inputs.
+        std::string eager_path;
+        e.run->eager(e.inputs, &eager_path);
+        path = "compiled:" + eager_path;
+      }
+      std::optional<TensorList> indep =
+          e.run->prefers_independent(path) ? e.run->independent(e.inputs) : std::nullopt;
+      check_path(*e.run, path, expected, indep, got, "compiled", logs[e.run->dtype]);
     }
-    // The report says what ran how (printed for the record, checked for sanity).
-    const compiler::CompileReport& r = compiled->report();
     // (a graph the passes emptied, an identity pad, launches nothing)
     EXPECT_EQ(r.nodes == 0 || r.loop_kernels + r.library_launches + r.eager_launches > 0, true)
         << r.str();
@@ -631,6 +787,7 @@ TEST_P(CompiledOpHarness, MatchesReference) {
       }
     }
   }
+  for (const auto& [d, log] : logs) log.print(OpCase{&op, d, device});
   // The ratchet: exactly the listed gaps of this op on this device.
   std::set<std::string> listed;
   auto it = known_gaps().find(device.type);
@@ -690,6 +847,106 @@ TEST(OpHarnessSelf, KnownGapsNameRealOpsAndDtypes) {
     }
 }
 
+// Ops whose only CPU eager path is the reference kernel (no dtype and no sample takes another
+// path; see Note [Kernel paths]), with whether the independent evaluation (Note [Independent
+// oracle]) covers them. For those it does not cover, the eager results are compared with the
+// reference itself: their checks come from the compiled harness (loop code, oneDNN), the
+// decomposition where there is one, and the per-family semantics tests. docs/ops.md lists
+// them; a change either way updates both.
+const std::set<std::string>& reference_only_ops() {
+  static const std::set<std::string> ops = {
+      // covered by the independent evaluation
+      "not", "clamp", "cast", "where", "sign", "floor", "ceil", "round", "sin", "cos",
+      // not covered: data movement and indexing (each output element is a copy of an input
+      // element or a pad value), and the arithmetic of scatter_add and grid_sample
+      "reshape", "permute", "transpose", "expand", "squeeze", "unsqueeze", "flatten", "slice",
+      "concat", "split", "pad", "copy", "gather", "index_select", "embedding", "scatter_add",
+      "grid_sample",
+  };
+  return ops;
+}
+
+TEST(OpHarnessSelf, ReferenceOnlyOps) {
+  std::set<std::string> found;
+  std::string report;
+  for (const OpDef& op : all_ops()) {
+    if (!op.samples) continue;
+    std::map<std::string, int> paths;
+    std::vector<OpSample> samples = samples_of(op);
+    for (DType d : op.dtypes)
+      for (size_t i = 0; i < samples.size(); ++i) {
+        SampleRun run{op, d, samples[i], i};
+        std::string path;
+        try {
+          run.eager(run.inputs(), &path);
+        } catch (const Error&) {
+          continue;  // reported by the harness cases
+        }
+        EXPECT_NE(path, "eager:eager_cpu")
+            << run.label() << ": the eager kernel does not say which path it took (call "
+            << "note_kernel_path, Note [Kernel paths])";
+        ++paths[path];
+      }
+    bool reference_only = !paths.empty();
+    for (const auto& [p, n] : paths)
+      reference_only = reference_only && (p == "eager:reference" ||
+                                          (!op.reference && p == "eager:decomposition"));
+    if (!reference_only) continue;
+    found.insert(op.name);
+    report += fmt::format("  {}{}\n", op.name,
+                          harness::has_independent(op.id) ? " (independent evaluation)"
+                                                          : " (no independent evaluation)");
+  }
+  std::printf("[ reference only ] %zu ops have only the reference path on the CPU:\n%s",
+              found.size(), report.c_str());
+  for (const std::string& op : found)
+    EXPECT_TRUE(reference_only_ops().count(op))
+        << op << " has only the reference path: add it to reference_only_ops() and docs/ops.md";
+  for (const std::string& op : reference_only_ops())
+    EXPECT_TRUE(found.count(op)) << op << " now has another eager path: remove it from "
+                                 << "reference_only_ops() and docs/ops.md";
+}
+
+// The independent evaluation states the semantics itself (it is what the reference paths are
+// checked against), so check it on values whose results are known.
+TEST(OpHarnessSelf, IndependentEvaluationFollowsTheDocumentedSemantics) {
+  const double nan = std::nan(""), inf = INFINITY;
+  auto eval = [](OpId id, TensorList in, Attrs attrs = {}) {
+    const OpDef& op = op_def(id);
+    Attrs a = op.canonicalize(attrs, "test");
+    std::vector<TensorType> types = infer_types(op, in, a, "test");
+    std::optional<TensorList> out = harness::independent(op, in, a, types);
+    EXPECT_TRUE(out.has_value()) << op.name;
+    return out ? (*out)[0] : Tensor();
+  };
+  auto f64 = [](std::vector<double> v) { return Tensor::from_vector(v, {int64_t(v.size())}); };
+  auto same = [](const Tensor& got, std::vector<double> want) {  // values, any shape
+    return test::close(got.to_vector<double>(), want, test::Tolerance::rel(1e-15, 0));
+  };
+  Tensor x = f64({1, nan, -inf, 3});
+  EXPECT_TRUE(same(eval(OpId::Max, {x}), {nan}));  // NaN propagates through max / min
+  EXPECT_TRUE(same(eval(OpId::Min, {x}), {nan}));
+  EXPECT_TRUE(same(eval(OpId::Max, {f64({1, -inf, 3})}), {3}));
+  EXPECT_EQ(eval(OpId::Argmax, {x}).to_vector<int64_t>(), std::vector<int64_t>{1});  // first NaN
+  EXPECT_EQ(eval(OpId::Argmin, {f64({2, -inf, -inf})}).to_vector<int64_t>(), std::vector<int64_t>{1});
+  EXPECT_TRUE(same(eval(OpId::Relu, {x}), {1, nan, 0, 3}));
+  EXPECT_TRUE(same(eval(OpId::Clamp, {x}, {{"min", 0.0}, {"max", 2.0}}), {1, nan, 0, 2}));
+  EXPECT_TRUE(same(eval(OpId::Maximum, {x, f64({nan, 0, 0, 5})}), {nan, nan, 0, 5}));
+  EXPECT_TRUE(same(eval(OpId::Sum, {f64({inf, -inf, 1})}), {nan}));
+  EXPECT_TRUE(same(eval(OpId::Sign, {x}), {1, nan, -1, 1}));
+  // Casts: float -> int saturates with NaN -> 0; int -> int wraps.
+  EXPECT_EQ(eval(OpId::Cast, {f64({nan, inf, -inf, -2.7})}, {{"dtype", DType::Int8}})
+                .to_vector<int8_t>(),
+            (std::vector<int8_t>{0, 127, -128, -2}));
+  EXPECT_EQ(eval(OpId::Cast, {Tensor::from_vector<int32_t>({300, -129}, {2})},
+                 {{"dtype", DType::Int8}}).to_vector<int8_t>(),
+            (std::vector<int8_t>{44, 127}));
+  // Integer arithmetic wraps at the stored type.
+  EXPECT_EQ(eval(OpId::Add, {Tensor::from_vector<int8_t>({127}, {1}),
+                             Tensor::from_vector<int8_t>({1}, {1})}).to_vector<int8_t>(),
+            std::vector<int8_t>{-128});
+}
+
 TEST(OpHarnessSelf, SymbolicAllowListNamesRealOps) {
   for (const auto& e : kSymbolicAllowList) {
     EXPECT_NE(find_op(e.op), nullptr) << "kSymbolicAllowList names unknown op '" << e.op << "'";
@@ -743,7 +1000,7 @@ TEST(OpHarnessSelf, CompareDetectsMismatches) {
   Tensor b = a.clone();
   b.data<float>()[5] += 1e-3f;
   std::string report = compare_values(e, b, f32);
-  EXPECT_NE(report.find("first at [1, 1]"), std::string::npos) << report;
+  EXPECT_NE(report.find("worst at [1, 1] (flat 5)"), std::string::npos) << report;
   EXPECT_NE(report.find("1 of 12"), std::string::npos) << report;
   EXPECT_EQ(compare_values(e, b, compare_tolerance(DType::Float16, DType::Float16, 1.0)), "");
   // tolerance_scale widens the band.
@@ -768,7 +1025,7 @@ TEST(OpHarnessSelf, CompareDetectsMismatches) {
   Tensor i2 = i1.clone();
   i2.data<int64_t>()[4] += 1;
   harness::Tolerance exact = compare_tolerance(DType::Int64, DType::Int64, 1.0);
-  EXPECT_TRUE(exact.exact);
+  EXPECT_TRUE(exact.is_exact());
   EXPECT_EQ(compare_values(i1, i1.clone(), exact), "");
   EXPECT_NE(compare_values(i1, i2, exact), "");
 }

@@ -355,9 +355,8 @@ std::vector<double> attention_by_hand(const Tensor& q, const Tensor& k, const Te
 
 void expect_near_all(const std::vector<double>& expected, const Tensor& actual, double tol,
                      const std::string& what) {
-  auto a = actual.to_vector<double>();
-  ASSERT_EQ(a.size(), expected.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], expected[i], tol) << what << " at " << i;
+  EXPECT_TRUE(test::close(actual.to_vector<double>(), expected, test::Tolerance::rel(0, tol)))
+      << what;
 }
 
 TEST(AttentionOps, CausalMatchesHandBuiltMaskedComputation) {
@@ -432,7 +431,7 @@ TEST(ResampleOps, CoordinatesMatchPyTorchConventions) {
   EXPECT_EQ(upsample(row, {1, 4}, {}, "bilinear").to_vector<float>(), (V{0, 0.25f, 0.75f, 1}));
   // align_corners=true: src = dst * (2-1)/(4-1).
   auto ac = upsample(row, {1, 4}, {}, "bilinear", true).to_vector<float>();
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(ac[i], i / 3.0f, 1e-6f);
+  EXPECT_TRUE(test::close(ac, V{0, 1 / 3.0f, 2 / 3.0f, 1}, test::Tolerance::rel(0, 1e-6)));
   // nearest: src = floor(dst * 3/5) -> 0 0 1 1 2.
   Tensor three = Tensor::from_vector<float>({10, 20, 30}, {1, 1, 1, 3});
   EXPECT_EQ(upsample(three, {1, 5}).to_vector<float>(), (V{10, 10, 20, 20, 30}));
@@ -460,7 +459,7 @@ TEST(ResampleOps, GridSampleAtPixelCentersIsIdentity) {
         }
     auto out = grid_sample(x, grid, ac).to_vector<float>();
     auto in = x.to_vector<float>();
-    for (size_t i = 0; i < in.size(); ++i) EXPECT_NEAR(out[i], in[i], 1e-5f) << ac << " " << i;
+    EXPECT_TRUE(test::close(out, in, test::Tolerance::rel(0, 1e-5))) << "align_corners " << ac;
   }
   // Far outside the image: zeros padding.
   Tensor far = Tensor::full({2, 1, 1, 2}, 5.0);

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "../support/compare.h"
 #include "ops/api.h"
 #include "nn/layers.h"
 #include "nn/module.h"
@@ -50,20 +51,13 @@ struct TempDir {
 
 std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
 
-// Elementwise |a - b| <= atol + rtol * |b|, reporting the worst element.
+// Elementwise |a - b| <= atol + rtol * |b| (tests/support/compare.h).
 void expect_close(const Tensor& actual, const std::vector<double>& expected, double rtol,
                   double atol, const std::string& what) {
   std::vector<double> a = values(actual);
-  ASSERT_EQ(a.size(), expected.size()) << what;
-  size_t worst = 0;
-  double worst_excess = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double excess = std::fabs(a[i] - expected[i]) - (atol + rtol * std::fabs(expected[i]));
-    if (std::isnan(a[i]) != std::isnan(expected[i])) excess = 1e300;
-    if (excess > worst_excess) worst_excess = excess, worst = i;
-  }
-  EXPECT_LE(worst_excess, 0.0) << what << ": element " << worst << " is " << a[worst]
-                               << ", expected " << expected[worst];
+  EXPECT_TRUE(test::close(a, expected, test::Tolerance::rel(rtol, atol),
+                          actual.dim() > 0 ? actual.sizes() : Dims{}))
+      << what;
 }
 void expect_close(const Tensor& actual, const Tensor& expected, double rtol, double atol,
                   const std::string& what) {

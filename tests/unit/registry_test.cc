@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "../support/compare.h"
 #include "ops/op.h"
 
 namespace kiln {
@@ -217,8 +218,9 @@ std::vector<std::string> sample_problems(const OpDef& op) {
       if (is_floating(t.dtype()) && t.dtype() != DType::Float64)
         add(fmt::format("{}: floating input {} is {}; samples hold float64 (the harness casts)",
                         where, i, dtype_name(t.dtype())));
+      // (values compared exactly, NaN equal to NaN: the special-value samples hold NaN)
       if (!b[s].inputs[i].defined() || b[s].inputs[i].sizes() != t.sizes() ||
-          b[s].inputs[i].to_vector<double>() != t.to_vector<double>())
+          !test::close(b[s].inputs[i], t, test::Tolerance::exact().with_signed_zeros()))
         add(fmt::format("{}: input {} differs between two runs with the same seed", where, i));
       if (is_floating(t.dtype()) && t.numel() > 0) {
         has_float_input = true;

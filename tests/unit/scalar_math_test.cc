@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "../support/compare.h"
 #include "ops/dispatch.h"
 #include "ops/op.h"
 #include "ops/scalar_math.h"
@@ -57,27 +58,22 @@ std::vector<double> reference(OpId op, const std::vector<double>& a, const std::
 // every path computes, so the bound documents it rather than hiding it).
 bool close(double got, double want, bool is_float, double ulps, std::string* why,
            double x = 0, double x_ulps = 0) {
-  if (std::isnan(got) || std::isnan(want)) {
-    if (std::isnan(got) && std::isnan(want)) return true;
-    *why = "NaN on one side only";
-    return false;
-  }
-  if (is_float) want = double(float(want));  // the reference rounded to the stored dtype
-  if (std::isinf(got) || std::isinf(want)) {
-    if (got == want) return true;
-    *why = "infinity mismatch";
-    return false;
-  }
+  if (is_float && !std::isnan(want)) want = double(float(want));  // rounded to the stored dtype
   double eps = is_float ? double(std::numeric_limits<float>::epsilon())
                         : std::numeric_limits<double>::epsilon();
   // Results in the denormal range may flush (sigmoid(-100) is 3.7e-44 in float, computed as
   // 1 / (1 + inf) = 0): an absolute floor of 4 x the smallest normal number.
   double tiny = is_float ? double(std::numeric_limits<float>::min())
                          : std::numeric_limits<double>::min();
-  // (x_ulps * |x| only where asked: 0 * inf would make the bound NaN, and no value passes it)
-  double bound = ulps * eps * std::fabs(want) + 4 * tiny + (x_ulps > 0 ? x_ulps * eps * std::fabs(x) : 0.0);
-  if (std::fabs(got - want) <= bound) return true;
-  *why = fmt::format("|got - want| = {:.3e} > {:.3e}", std::fabs(got - want), bound);
+  // ulps * eps * |want| + 4 tiny (+ x_ulps * eps * |x| only where asked: 0 * inf would make
+  // the bound NaN, and no value passes it). NaN and infinities: tests/support/compare.h.
+  test::Tolerance tol = x_ulps > 0 ? test::Tolerance::of_scale(std::fabs(x), x_ulps * eps, 4 * tiny)
+                                   : test::Tolerance::rel(0, 4 * tiny);
+  tol.plus_rel(ulps * eps);
+  test::Comparison c = test::compare(std::span<const double>(&got, 1),
+                                     std::span<const double>(&want, 1), tol);
+  if (c.ok()) return true;
+  *why = c.str();
   return false;
 }
 

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "../support/compare.h"
 #include "support/hash.h"
 #include "support/tuning_store.h"
 #include "targets/cpu/toolchain.h"
@@ -80,8 +81,9 @@ CxxCompileRequest exp_unit(int tag = 0, std::string name = "main") {
   return {exp_unit_source(tag), std::move(name), {}};
 }
 
-// Runs exp_axpy on random data and returns the largest relative error against float64.
-double exp_axpy_max_rel_error(const LoadedLibrary& lib, uint32_t seed) {
+// Runs exp_axpy on random data and compares it with float64 (|y - ref| <= 1e-6 |ref| per
+// element, tests/support/compare.h: a NaN result fails).
+::testing::AssertionResult exp_axpy_matches(const LoadedLibrary& lib, uint32_t seed) {
   using Fn = void (*)(int64_t, float, const float*, float*);
   auto fn = reinterpret_cast<Fn>(lib.symbol("exp_axpy"));
   std::mt19937 rng(seed);
@@ -95,16 +97,13 @@ double exp_axpy_max_rel_error(const LoadedLibrary& lib, uint32_t seed) {
   }
   const std::vector<float> y0 = y;
   fn(n, a, x.data(), y.data());
-  double max_rel = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double ref = double(a) * std::exp(double(x[i])) + double(y0[i]);
-    max_rel = std::max(max_rel, std::abs(double(y[i]) - ref) / std::abs(ref));
-  }
-  return max_rel;
+  std::vector<double> got(y.begin(), y.end()), ref(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ref[size_t(i)] = double(a) * std::exp(double(x[i])) + double(y0[i]);
+  return kiln::test::close(got, ref, kiln::test::Tolerance::rel(1e-6, 0));
 }
 
 void expect_unit_works(const LoadedLibrary& lib, int tag = 0) {
-  EXPECT_LT(exp_axpy_max_rel_error(lib, 1234 + tag), 1e-6);
+  EXPECT_TRUE(exp_axpy_matches(lib, 1234 + tag));
   auto scale = reinterpret_cast<void (*)(int64_t, int64_t, const float*, const float*, float*)>(
       lib.symbol("scale_rows"));
   std::mt19937 rng(99);
@@ -511,7 +510,7 @@ TEST_F(ToolchainTest, TwoProcessesCompilingOneKeyBothLoad) {
     int code = 0;
     try {
       auto lib = compile_cxx(exp_unit(40));
-      code = exp_axpy_max_rel_error(*lib, 5) < 1e-6 ? 0 : 2;
+      code = exp_axpy_matches(*lib, 5) ? 0 : 2;
     } catch (...) {
       code = 3;
     }

@@ -218,7 +218,8 @@ void run_case_inline(ConformanceCase& c, const ConformanceOptions& opt) {
              g.outputs.size());
       TensorList got = opt.runner ? opt.runner(g, args) : run(g, args);
       for (size_t k = 0; k < got.size(); ++k) {
-        std::string diff = compare(got[k], expected[k], opt.rtol, opt.atol);
+        std::string diff = opt.compare ? opt.compare(got[k], expected[k], opt.rtol, opt.atol)
+                                       : compare(got[k], expected[k], opt.rtol, opt.atol);
         if (!diff.empty())
           fail("{}: output {} ('{}'): {}", where, k, g.value(g.outputs[k]).name, diff);
       }

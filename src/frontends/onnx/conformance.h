@@ -44,6 +44,12 @@ struct ConformanceOptions {
   // How a case's imported graph runs (null: the graph interpreter, i.e. eager). The CLI's
   // `--backend compiled` passes the CPU compiler through capture here.
   std::function<TensorList(const Graph& g, const TensorList& inputs)> runner;
+  // How an output is compared with the expected one: "" when it matches, else what differs
+  // (its message should say "values differ" for wrong values). Null: the built-in comparison
+  // (the rules above, at rtol / atol). Kiln's tests pass their one comparison helper
+  // (tests/onnx/conformance_check.h over tests/support/compare.h) with the same tolerances.
+  std::function<std::string(const Tensor& got, const Tensor& want, double rtol, double atol)>
+      compare;
   std::string backend = "eager";  // for reports
 };
 
