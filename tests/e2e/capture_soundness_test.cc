@@ -14,23 +14,16 @@
 #include "nn/compile.h"
 #include "nn/layers.h"
 #include "ops/api.h"
-#include "../support/nan_safe.h"
+#include "../support/compare.h"
 
 using namespace kiln;
 
 namespace {
 
-// Max |a - b| relative to 1 + |b| per element; +inf on a NaN on either side or a shape/dtype
-// difference, so no comparison here can pass on NaN.
-double rel_err(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return INFINITY;
-  auto av = a.to_vector<double>(), bv = b.to_vector<double>();
-  double worst = 0;
-  for (size_t i = 0; i < av.size(); ++i)
-    worst = std::max(worst, test::abs_diff(av[i], bv[i]) / (1 + std::fabs(bv[i])));
-  return worst;
-}
-#define EXPECT_SAME(a, b) EXPECT_LE(rel_err(a, b), 1e-5)
+// |got - want| <= 1e-5 * (1 + |want|) per element; a NaN or infinity on one side only, or a
+// shape or dtype difference, fails (tests/support/compare.h).
+const test::Tolerance kTol = test::Tolerance::rel(1e-5, 1e-5);
+#define EXPECT_SAME(a, b) EXPECT_TRUE(test::close(a, b, kTol))
 
 std::string last_reason(const CompiledFunction& f) {
   auto r = f.report();
@@ -267,7 +260,7 @@ TEST_P(Soundness, RandomMutationsAlwaysMatchEager) {
     Tensor a = xs[shape], b = aliased ? xs[shape] : ys[shape];
     Tensor expected = host({a, b})[0];
     Tensor got = f({a, b})[0];
-    ASSERT_LE(rel_err(got, expected), 1e-5) << "round " << i << ": " << f.report().text();
+    ASSERT_TRUE(test::close(got, expected, kTol)) << "round " << i << ": " << f.report().text();
   }
   EXPECT_EQ(f.stats().fallbacks_cache_limit, 0);
   EXPECT_EQ(f.stats().fallbacks_compile_error + f.stats().fallbacks_runtime_error, 0);
