@@ -212,7 +212,9 @@ NamedTensors host_tensors(const NamedTensors& tensors, const std::string& target
   NamedTensors out;
   out.reserve(tensors.size());
   std::set<std::string> names;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.first;  // not a structured binding: clang 14 cannot capture one
+    const Tensor& t = entry.second;
     auto bad = [&](const std::string& what) {
       fail("save_safetensors '{}': tensor '{}': {}", target, name, what);
     };
