@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -203,6 +204,17 @@ TEST(Npy, CorruptFilesAreErrors) {
   EXPECT_THROW(read_npy(dir + "/huge.npy"), Error);
   EXPECT_THROW(read_npy(dir + "/missing.npy"), Error);
   std::filesystem::remove_all(dir);
+}
+
+// A size-0 tensor whose other sizes' product overflows int64 (an ONNX initializer of dims
+// [63, 2^63 - 2^41, 0] made contiguous_strides and is_contiguous overflow: UBSan, found by
+// tests/fuzz/onnx_import_fuzz.cc), and a non-empty one whose byte size does, are errors.
+TEST(Tensor, SizesWhoseProductOverflowsAreErrors) {
+  const int64_t huge = std::numeric_limits<int64_t>::max() / 2;
+  EXPECT_THROW(Tensor::empty(Dims({63, huge, 0}), DType::Int8), Error);
+  EXPECT_THROW(Tensor::fake(Dims({0, huge, huge}), DType::Float32), Error);
+  EXPECT_THROW(Tensor::empty(Dims({int64_t(1) << 31, int64_t(1) << 31}), DType::Float64), Error);
+  EXPECT_EQ(Tensor::empty(Dims({huge / 8, 0}), DType::Float32).numel(), 0);
 }
 
 // A version 1.0 .npy file whose header is exactly `header` (no padding), then `data_bytes`
