@@ -12,6 +12,7 @@ APT_PACKAGES=(
   libonnx-dev libprotobuf-dev protobuf-compiler
   libonnx-testdata
   libssl-dev
+  clang-14 libclang-rt-14-dev libomp-14-dev  # the fuzz build (scripts/fuzz.sh, docs/testing.md)
   python3-venv python3-dev
 )
 

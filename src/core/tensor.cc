@@ -43,7 +43,18 @@ std::string TensorType::str() const {
 
 // ---- factories --------------------------------------------------------------------------------
 static Tensor make(const Dims& sizes, DType dtype, Device dev, bool with_storage) {
-  for (int64_t s : sizes) KILN_CHECK(s >= 0, "negative dimension in shape {}", to_string(sizes));
+  // Every size is >= 0, and the sizes' product (a size-0 dimension counted as 1) in bytes fits
+  // int64: strides, numel and byte counts are then computed without overflow. A size-0 tensor
+  // whose other sizes overflowed (an ONNX initializer of dims [63, 2^63 - 2^41, 0]) made
+  // contiguous_strides and is_contiguous overflow, which is undefined (UBSan,
+  // tests/fuzz/onnx_import_fuzz.cc).
+  int64_t span = dtype_size(dtype);
+  for (int64_t s : sizes) {
+    KILN_CHECK(s >= 0, "negative dimension in shape {}", to_string(sizes));
+    KILN_CHECK(!__builtin_mul_overflow(span, s > 0 ? s : 1, &span),
+               "shape {} of {} is too large: its byte size overflows int64", to_string(sizes),
+               dtype_name(dtype));
+  }
   auto impl = Ref<TensorImpl>::make();
   impl->sizes = sizes;
   impl->strides = contiguous_strides(sizes);

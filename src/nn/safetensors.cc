@@ -117,6 +117,9 @@ std::vector<Entry> parse_header(const char* text, size_t n, uint64_t data_bytes,
       }
       continue;
     }
+    // save_safetensors refuses an empty name, so reading one would give contents that cannot
+    // be written back (found by tests/fuzz/safetensors_fuzz.cc).
+    if (name.empty()) parse_fail(source, "a tensor has an empty name");
     auto bad = [&](const std::string& what) {
       parse_fail(source, fmt::format("tensor '{}': {}", clip(name), what));
     };
@@ -212,7 +215,9 @@ NamedTensors host_tensors(const NamedTensors& tensors, const std::string& target
   NamedTensors out;
   out.reserve(tensors.size());
   std::set<std::string> names;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.first;  // not a structured binding: clang 14 cannot capture one
+    const Tensor& t = entry.second;
     auto bad = [&](const std::string& what) {
       fail("save_safetensors '{}': tensor '{}': {}", target, name, what);
     };

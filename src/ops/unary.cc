@@ -35,8 +35,11 @@ int64_t sign_i(int64_t x) { return (x > 0) - (x < 0); }
 
 UnaryFns unary_fns(OpId id) {
   switch (id) {
-    case OpId::Neg: return {[](double x) { return -x; }, [](int64_t x) { return -x; }};
-    case OpId::Abs: return {[](double x) { return std::fabs(x); }, [](int64_t x) { return x < 0 ? -x : x; }};
+    // Integers wrap (Note [Scalar math]): -INT64_MIN is INT64_MIN, negated as unsigned, since
+    // signed overflow is undefined (UBSan found `-x` here).
+    case OpId::Neg: return {[](double x) { return -x; }, [](int64_t x) { return int64_t(0 - uint64_t(x)); }};
+    case OpId::Abs: return {[](double x) { return std::fabs(x); },
+                            [](int64_t x) { return x < 0 ? int64_t(0 - uint64_t(x)) : x; }};
     case OpId::Exp: return {[](double x) { return std::exp(x); }, nullptr};
     case OpId::Log: return {[](double x) { return std::log(x); }, nullptr};
     case OpId::Sqrt: return {[](double x) { return std::sqrt(x); }, nullptr};

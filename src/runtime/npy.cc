@@ -1,11 +1,11 @@
 #include "runtime/npy.h"
 
-#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
-#include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "support/files.h"
@@ -28,7 +28,7 @@ const char* npy_descr(DType d) {
   return nullptr;
 }
 
-bool parse_descr(const std::string& s, DType* out) {
+bool parse_descr(std::string_view s, DType* out) {
   static const std::pair<const char*, DType> table[] = {
       {"<f4", DType::Float32}, {"<f2", DType::Float16}, {"<f8", DType::Float64},
       {"<i8", DType::Int64},   {"<i4", DType::Int32},   {"|i1", DType::Int8},
@@ -42,95 +42,183 @@ bool parse_descr(const std::string& s, DType* out) {
   return false;
 }
 
-// Extracts the value text of 'key' from the header dict.
-std::string dict_value(const std::string& header, const std::string& key, const std::string& path) {
-  size_t k = header.find("'" + key + "'");
-  if (k == std::string::npos) fail_kind(ErrorKind::ParseError, "{}: .npy header has no '{}'", path, key);
-  size_t colon = header.find(':', k);
-  if (colon == std::string::npos) fail_kind(ErrorKind::ParseError, "{}: malformed .npy header", path);
+[[noreturn]] void npy_fail(const std::string& source, const std::string& what) {
+  fail_kind(ErrorKind::ParseError, "'{}': {}", source, what);
+}
+
+// The magic string, the version and the header length: 10 bytes (version 1) or 12 (2 and 3).
+constexpr size_t kPreambleBytes = 12;
+
+// Where the header dict starts and ends, from the file's first bytes (`head`, at least
+// min(file size, kPreambleBytes) of them).
+struct HeaderSpan {
+  size_t begin = 0, end = 0;
+};
+HeaderSpan header_span(std::string_view head, uint64_t file_size, const std::string& source) {
+  if (head.size() < 8 || head.substr(0, 6) != "\x93NUMPY")
+    fail_kind(ErrorKind::ParseError, "'{}' is not a .npy file (bad magic)", source);
+  int major = uint8_t(head[6]);
+  auto byte = [&](size_t i) { return uint32_t(uint8_t(head[i])); };
+  HeaderSpan span;
+  uint64_t hlen = 0;
+  if (major == 1) {
+    if (head.size() < 10) npy_fail(source, "truncated header");
+    hlen = byte(8) | (byte(9) << 8);
+    span.begin = 10;
+  } else if (major == 2 || major == 3) {
+    if (head.size() < 12) npy_fail(source, "truncated header");
+    hlen = byte(8) | (byte(9) << 8) | (byte(10) << 16) | (byte(11) << 24);
+    span.begin = 12;
+  } else {
+    npy_fail(source, fmt::format("unsupported .npy version {}", major));
+  }
+  if (hlen > file_size - span.begin)
+    npy_fail(source, fmt::format("header length {} exceeds the {} bytes after the preamble",
+                                 hlen, file_size - span.begin));
+  span.end = span.begin + size_t(hlen);
+  return span;
+}
+
+// The value text of `key` in the header dict: the quoted string's contents, the parenthesized
+// tuple with its parentheses, or the bare word up to the next ',' or '}'.
+std::string_view dict_value(std::string_view header, std::string_view key,
+                            const std::string& source) {
+  std::string quoted = fmt::format("'{}'", key);
+  size_t k = header.find(quoted);
+  if (k == std::string_view::npos) npy_fail(source, fmt::format(".npy header has no '{}'", key));
+  size_t colon = header.find_first_not_of(' ', k + quoted.size());
+  if (colon == std::string_view::npos || header[colon] != ':')
+    npy_fail(source, fmt::format("malformed .npy header: no ':' after '{}'", key));
   size_t b = header.find_first_not_of(' ', colon + 1);
-  size_t e;
+  if (b == std::string_view::npos)
+    npy_fail(source, fmt::format("malformed .npy header: no value for '{}'", key));
   if (header[b] == '(') {
-    e = header.find(')', b);
-    if (e == std::string::npos) fail_kind(ErrorKind::ParseError, "{}: malformed shape in .npy header", path);
+    size_t e = header.find(')', b);
+    if (e == std::string_view::npos)
+      npy_fail(source, fmt::format("malformed .npy header: unclosed tuple for '{}'", key));
     return header.substr(b, e - b + 1);
   }
   if (header[b] == '\'') {
-    e = header.find('\'', b + 1);
-    if (e == std::string::npos) fail_kind(ErrorKind::ParseError, "{}: malformed .npy header", path);
+    size_t e = header.find('\'', b + 1);
+    if (e == std::string_view::npos)
+      npy_fail(source, fmt::format("malformed .npy header: unclosed string for '{}'", key));
     return header.substr(b + 1, e - b - 1);
   }
-  e = header.find_first_of(",}", b);
-  return header.substr(b, e - b);
+  size_t e = header.find_first_of(",}", b);
+  if (e == std::string_view::npos)
+    npy_fail(source, fmt::format("malformed .npy header: unterminated value for '{}'", key));
+  if (e == b) return {};
+  size_t last = header.find_last_not_of(' ', e - 1);  // >= b: header[b] is not a blank
+  return header.substr(b, last + 1 - b);
+}
+
+// "(2, 3)", "(4,)", "()": the sizes, each a non-negative decimal.
+Dims parse_shape(std::string_view shape, const std::string& source) {
+  auto bad = [&](std::string_view why) {
+    npy_fail(source, fmt::format("bad shape {} in .npy header ({})", shape, why));
+  };
+  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') bad("not a tuple");
+  std::string_view inner = shape.substr(1, shape.size() - 2);
+  Dims sizes;
+  size_t i = 0;
+  auto skip_blanks = [&] {
+    while (i < inner.size() && inner[i] == ' ') ++i;
+  };
+  skip_blanks();
+  while (i < inner.size()) {
+    if (inner[i] < '0' || inner[i] > '9') bad("expected a size");
+    int64_t v = 0;
+    for (; i < inner.size() && inner[i] >= '0' && inner[i] <= '9'; ++i) {
+      if (v > (INT64_MAX - 9) / 10) bad("size too large");
+      v = v * 10 + (inner[i] - '0');
+    }
+    if (sizes.size() == kMaxRank)
+      bad(fmt::format("more than {} dimensions", kMaxRank));
+    sizes.push_back(v);
+    skip_blanks();
+    if (i == inner.size()) break;
+    if (inner[i] != ',') bad("expected ',' between sizes");
+    ++i;
+    skip_blanks();
+  }
+  return sizes;
+}
+
+struct NpyLayout {
+  DType dtype = DType::Float32;
+  Dims sizes;
+  uint64_t data_offset = 0;
+  uint64_t data_bytes = 0;
+};
+
+// Checks the header dict (`header`: the bytes of the span) against the file size.
+NpyLayout parse_header(std::string_view header, HeaderSpan span, uint64_t file_size,
+                       const std::string& source) {
+  NpyLayout layout;
+  std::string_view descr = dict_value(header, "descr", source);
+  if (!parse_descr(descr, &layout.dtype))
+    fail_kind(ErrorKind::NotSupported, "'{}': dtype '{}' is not supported (use float32/16/64, "
+              "int64/32/8, uint8 or bool, little-endian)", source, descr);
+  if (dict_value(header, "fortran_order", source) != "False")
+    fail_kind(ErrorKind::NotSupported, "'{}': Fortran-order arrays are not supported; save with "
+              "np.ascontiguousarray", source);
+  std::string_view shape = dict_value(header, "shape", source);
+  layout.sizes = parse_shape(shape, source);
+  layout.data_offset = span.end;
+  uint64_t payload = file_size - span.end;
+  // numel * itemsize must equal the payload; checked without overflow (payload bounds it).
+  uint64_t bytes = uint64_t(dtype_size(layout.dtype));
+  bool empty = false;
+  for (int64_t s : layout.sizes) empty |= s == 0;
+  if (empty) bytes = 0;
+  for (int64_t s : layout.sizes) {
+    if (empty) break;
+    if (uint64_t(s) > payload / bytes)
+      npy_fail(source, fmt::format("shape {} is larger than the file", shape));
+    bytes *= uint64_t(s);
+  }
+  if (bytes != payload)
+    npy_fail(source, fmt::format("shape {} of {} needs {} bytes of data but the file has {}",
+                                 shape, dtype_name(layout.dtype), bytes, payload));
+  layout.data_bytes = bytes;
+  return layout;
 }
 
 }  // namespace
+
+Tensor parse_npy(std::span<const uint8_t> bytes, const std::string& source) {
+  std::string_view all(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  HeaderSpan span = header_span(all.substr(0, kPreambleBytes), all.size(), source);
+  NpyLayout layout = parse_header(all.substr(span.begin, span.end - span.begin), span,
+                                  all.size(), source);
+  Tensor t = Tensor::empty(layout.sizes, layout.dtype);
+  if (layout.data_bytes) std::memcpy(t.raw_data(), bytes.data() + layout.data_offset, layout.data_bytes);
+  return t;
+}
 
 Tensor read_npy(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("cannot open '{}' for reading", path);
   f.seekg(0, std::ios::end);
-  int64_t file_size = f.tellg();
+  std::streamoff end = f.tellg();
+  if (end < 0) fail("cannot read '{}' (not a regular file?)", path);
+  uint64_t file_size = uint64_t(end);
   f.seekg(0);
-  char magic[8];
-  if (!f.read(magic, 8) || std::string(magic, 6) != "\x93NUMPY")
-    fail_kind(ErrorKind::ParseError, "'{}' is not a .npy file (bad magic)", path);
-  int major = uint8_t(magic[6]);
-  uint32_t hlen = 0;
-  if (major == 1) {
-    unsigned char b[2];
-    if (!f.read(reinterpret_cast<char*>(b), 2)) fail_kind(ErrorKind::ParseError, "'{}': truncated header", path);
-    hlen = b[0] | (b[1] << 8);
-  } else if (major == 2 || major == 3) {
-    unsigned char b[4];
-    if (!f.read(reinterpret_cast<char*>(b), 4)) fail_kind(ErrorKind::ParseError, "'{}': truncated header", path);
-    hlen = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
-  } else {
-    fail_kind(ErrorKind::ParseError, "'{}': unsupported .npy version {}", path, major);
-  }
-  if (int64_t(hlen) > file_size) fail_kind(ErrorKind::ParseError, "'{}': header length {} exceeds file size", path, hlen);
-  std::string header(hlen, '\0');
-  if (!f.read(header.data(), hlen)) fail_kind(ErrorKind::ParseError, "'{}': truncated header", path);
-  std::string descr = dict_value(header, "descr", path);
-  DType dtype;
-  if (!parse_descr(descr, &dtype))
-    fail_kind(ErrorKind::NotSupported, "'{}': dtype '{}' is not supported (use float32/16/64, "
-              "int64/32/8, uint8 or bool, little-endian)", path, descr);
-  if (dict_value(header, "fortran_order", path) != "False")
-    fail_kind(ErrorKind::NotSupported, "'{}': Fortran-order arrays are not supported; save with "
-              "np.ascontiguousarray", path);
-  std::string shape_s = dict_value(header, "shape", path);
-  Dims sizes;
-  {
-    std::string inner = shape_s.substr(1, shape_s.size() - 2);
-    std::stringstream ss(inner);
-    std::string tok;
-    while (std::getline(ss, tok, ',')) {
-      size_t b = tok.find_first_not_of(' ');
-      if (b == std::string::npos) continue;
-      char* end = nullptr;
-      long long v = std::strtoll(tok.c_str() + b, &end, 10);
-      if (v < 0 || end == tok.c_str() + b) fail_kind(ErrorKind::ParseError, "'{}': bad shape {}", path, shape_s);
-      sizes.push_back(v);
-    }
-  }
-  int64_t payload = file_size - int64_t(f.tellg());
-  int64_t n = 1;
-  for (int64_t s : sizes) {
-    if (s != 0 && n > payload / s) fail_kind(ErrorKind::ParseError, "'{}': shape {} is larger than the file", path, shape_s);
-    n *= s;
-  }
-  int64_t bytes = n * dtype_size(dtype);
-  if (bytes != payload)
-    fail_kind(ErrorKind::ParseError, "'{}': shape {} of {} needs {} bytes of data but the file has {}",
-              path, shape_s, dtype_name(dtype), bytes, payload);
-  Tensor t = Tensor::empty(sizes, dtype);
-  if (bytes && !f.read(static_cast<char*>(t.raw_data()), bytes))
-    fail_kind(ErrorKind::ParseError, "'{}': truncated data", path);
+  std::string head(size_t(std::min<uint64_t>(file_size, kPreambleBytes)), '\0');
+  if (!f.read(head.data(), std::streamsize(head.size()))) npy_fail(path, "truncated header");
+  HeaderSpan span = header_span(head, file_size, path);
+  std::string header(span.end - span.begin, '\0');
+  f.seekg(std::streamoff(span.begin));
+  if (!f.read(header.data(), std::streamsize(header.size()))) npy_fail(path, "truncated header");
+  NpyLayout layout = parse_header(header, span, file_size, path);
+  Tensor t = Tensor::empty(layout.sizes, layout.dtype);
+  if (layout.data_bytes &&
+      !f.read(static_cast<char*>(t.raw_data()), std::streamsize(layout.data_bytes)))
+    npy_fail(path, "truncated data");
   return t;
 }
 
-void write_npy(const std::string& path, const Tensor& t0) {
+std::vector<uint8_t> npy_bytes(const Tensor& t0) {
   Tensor t = t0.device().is_cpu() ? t0 : t0.to(Device::cpu());
   if (t.dtype() == DType::BFloat16) t = t.to(DType::Float32);  // NumPy has no bfloat16
   t = t.contiguous();
@@ -144,13 +232,22 @@ void write_npy(const std::string& path, const Tensor& t0) {
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
+  std::vector<uint8_t> out;
+  out.reserve(10 + header.size() + size_t(t.nbytes()));
+  const char magic[] = "\x93NUMPY\x01\x00";
+  out.insert(out.end(), magic, magic + 8);
+  out.push_back(uint8_t(header.size() & 0xff));
+  out.push_back(uint8_t(header.size() >> 8));
+  out.insert(out.end(), header.begin(), header.end());
+  const auto* data = static_cast<const uint8_t*>(t.raw_data());
+  out.insert(out.end(), data, data + t.nbytes());
+  return out;
+}
+
+void write_npy(const std::string& path, const Tensor& t) {
+  std::vector<uint8_t> bytes = npy_bytes(t);
   AtomicFile f(path, "write_npy");
-  f.write("\x93NUMPY\x01\x00", 8);
-  uint16_t hl = uint16_t(header.size());
-  char hb[2] = {char(hl & 0xff), char(hl >> 8)};
-  f.write(hb, 2);
-  f.write(header);
-  f.write(t.raw_data(), size_t(t.nbytes()));
+  f.write(bytes.data(), bytes.size());
   f.commit();
 }
 

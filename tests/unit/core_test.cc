@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -203,6 +204,84 @@ TEST(Npy, CorruptFilesAreErrors) {
   EXPECT_THROW(read_npy(dir + "/huge.npy"), Error);
   EXPECT_THROW(read_npy(dir + "/missing.npy"), Error);
   std::filesystem::remove_all(dir);
+}
+
+// A size-0 tensor whose other sizes' product overflows int64 (an ONNX initializer of dims
+// [63, 2^63 - 2^41, 0] made contiguous_strides and is_contiguous overflow: UBSan, found by
+// tests/fuzz/onnx_import_fuzz.cc), and a non-empty one whose byte size does, are errors.
+TEST(Tensor, SizesWhoseProductOverflowsAreErrors) {
+  const int64_t huge = std::numeric_limits<int64_t>::max() / 2;
+  EXPECT_THROW(Tensor::empty(Dims({63, huge, 0}), DType::Int8), Error);
+  EXPECT_THROW(Tensor::fake(Dims({0, huge, huge}), DType::Float32), Error);
+  EXPECT_THROW(Tensor::empty(Dims({int64_t(1) << 31, int64_t(1) << 31}), DType::Float64), Error);
+  EXPECT_EQ(Tensor::empty(Dims({huge / 8, 0}), DType::Float32).numel(), 0);
+}
+
+// A version 1.0 .npy file whose header is exactly `header` (no padding), then `data_bytes`
+// zero bytes.
+static std::vector<uint8_t> npy_with_header(const std::string& header, size_t data_bytes) {
+  std::vector<uint8_t> b = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, uint8_t(header.size() & 0xff),
+                            uint8_t(header.size() >> 8)};
+  b.insert(b.end(), header.begin(), header.end());
+  b.resize(b.size() + data_bytes);
+  return b;
+}
+
+TEST(Npy, InMemoryRoundTripMatchesTheFile) {
+  Generator g(7);
+  Tensor t = Tensor::randn({3, 1, 2}, g);
+  std::vector<uint8_t> bytes = npy_bytes(t);
+  std::string dir = temp_dir();
+  write_npy(dir + "/m.npy", t);
+  std::ifstream in(dir + "/m.npy", std::ios::binary);
+  std::vector<char> file((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(std::vector<uint8_t>(file.begin(), file.end()), bytes);
+  Tensor r = parse_npy(bytes);
+  EXPECT_EQ(r.sizes(), t.sizes());
+  EXPECT_EQ(std::memcmp(r.raw_data(), t.raw_data(), t.nbytes()), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Malformed header dicts that once read past the header (a key with no value after it: the
+// value's first character was read at std::string::npos), threw std::out_of_range (an empty
+// shape), or were silently accepted ("(3x, 2)" as (3, 2)). Each is now a kiln::Error naming
+// the file. Found while adding the .npy fuzz harness (tests/fuzz/npy_fuzz.cc).
+TEST(Npy, MalformedHeadersAreParseErrors) {
+  struct Case {
+    std::string dict;
+    size_t data_bytes;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {"{'descr': '<f4', 'fortran_order': False, 'shape':", 0, "no value for 'shape'"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape'", 0, "no ':' after 'shape'"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': , }", 0, "not a tuple"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': 6, }", 24, "not a tuple"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (3x, 2), }", 24, "expected ','"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (-3,), }", 0, "expected a size"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1), }", 4,
+       "more than 8 dimensions"},
+      {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", 4,
+       "size too large"},
+      {"{'descr': '<f4, 'fortran_order': False, 'shape': (1,), }", 4, "not supported"},
+      {"{'descr': '<f4', 'fortran_order': False", 0, "unterminated value"},
+  };
+  for (const Case& c : cases) {
+    std::vector<uint8_t> bytes = npy_with_header(c.dict, c.data_bytes);
+    try {
+      parse_npy(bytes, "case.npy");
+      ADD_FAILURE() << "accepted: " << c.dict;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("case.npy"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.expected), std::string::npos)
+          << c.dict << " -> " << e.what();
+    }
+  }
+  // The well-formed variants of the same header parse.
+  Tensor t = parse_npy(npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }", 24));
+  EXPECT_EQ(t.sizes(), Dims({3, 2}));
+  Tensor s = parse_npy(npy_with_header("{'descr':'<i8','fortran_order':False,'shape':()}", 8));
+  EXPECT_EQ(s.sizes().size(), 0u);
 }
 
 TEST(Npy, InteroperatesWithNumPy) {
