@@ -228,10 +228,14 @@ std::string KernelEmitter::row_loop(const std::string& ind, const std::string& b
 void KernelEmitter::emit_reduce(std::string& out, CudaKernelInfo* info) {
   const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
   const int x = red.args[0];
-  const bool dbl = k_.exprs[size_t(x)].dtype == DType::Float64 || red.dtype == DType::Float64;
-  // Accumulators: float (double for float64), int64 for integer and bool inputs (sum and prod
-  // give int64; max and min of the input dtype, exact in int64).
+  // Accumulators: float (double for float64, and for every floating prod: a product of float32
+  // values underflows or overflows in float where the float64 reference does not, and the
+  // block's tree order then turns inf * (a product that underflowed to 0) into NaN), int64 for
+  // integer and bool inputs (sum and prod give int64; max and min of the input dtype, exact in
+  // int64).
   const bool integral = !is_floating(k_.exprs[size_t(x)].dtype) && !is_floating(red.dtype);
+  const bool dbl = k_.exprs[size_t(x)].dtype == DType::Float64 || red.dtype == DType::Float64 ||
+                   (red.op == OpId::Prod && !integral);
   const char* at = dbl ? "double" : integral ? "i64" : "float";
   info->threads = pow2_at_least(reduce_numel(), 32, opt_.threads_per_block);
   info->blocks = std::min<int64_t>(kept_numel(), max_blocks_);
