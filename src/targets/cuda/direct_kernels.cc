@@ -87,17 +87,6 @@ CudaCompileRequest direct_program(const std::string& kernels, const std::string&
 
 namespace {
 
-bool is_float(DType d) {
-  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
-}
-bool library_dtype(DType d) {
-  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16;
-}
-Dims dims_of(const TensorType& t) {
-  Dims d;
-  for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
-  return d;
-}
 bool has_input(const Node& n, size_t i) { return n.inputs.size() > i && n.inputs[i] != kNoValue; }
 
 // The unsigned type of an element's bits (pure data movement).
@@ -132,17 +121,17 @@ std::string bad_read_bits(DType d) {
 // unsigned 64-bit (wrapping) for integers.
 const char* acc_type(DType d) {
   if (d == DType::Float64) return "double";
-  if (is_float(d)) return "float";
+  if (is_floating(d)) return "float";
   return "unsigned long long";
 }
 std::string load_acc(DType d, const std::string& v) {
   if (d == DType::Float64) return "(" + v + ")";
-  if (is_float(d)) return to_float(d, v);
+  if (is_floating(d)) return to_float(d, v);
   return "(unsigned long long)(long long)(" + v + ")";
 }
 std::string store_acc(DType d, const std::string& v) {
   if (d == DType::Float64) return "(" + v + ")";
-  if (is_float(d)) return from_float(d, v);
+  if (is_floating(d)) return from_float(d, v);
   if (d == DType::Int64) return "(long long)(" + v + ")";
   return fmt::format("({})(unsigned {})({})", cuda_storage(d),
                      d == DType::Int32 ? "int" : "char", v);
@@ -314,7 +303,7 @@ void plan_gemm_kernel(const Graph& g, const Node& n, const std::string& name, in
 void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectKernel& k,
                       std::string& params, std::string& body) {
   DType dt = g.type(n.outputs[0]).dtype;
-  if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "convolution of {}", dtype_name(dt));
+  if (!is_floating(dt)) fail_kind(ErrorKind::NotSupported, "convolution of {}", dtype_name(dt));
   const bool transposed = n.op == OpId::ConvTranspose2d;
   Dims x = dims_of(g.type(n.inputs[0])), w = dims_of(g.type(n.inputs[1]));
   Dims y = dims_of(g.type(n.outputs[0]));
@@ -413,7 +402,7 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
   k.threads = 256;
   switch (n.op) {
     case OpId::MaxPool2d: case OpId::AvgPool2d: {
-      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
+      if (!is_floating(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
       // float32 arithmetic for the 16/32-bit dtypes, double for float64
       const bool f64 = dt == DType::Float64;
       const char* A = f64 ? "double" : "float";
@@ -459,7 +448,7 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       break;
     }
     case OpId::AdaptiveAvgPool2d: {
-      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
+      if (!is_floating(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
       const char* A = acc_type(dt);
       Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
       int64_t total = numel(y);
@@ -554,7 +543,7 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       // Out-of-range ids read nothing: the output is NaN (float) so a bad id cannot pass silently.
       body += fmt::format("    long long id = (long long)ids[c]; if (id < 0) id += {0}LL;\n"
                           "    if (id < 0 || id >= {0}LL) {{ out[i] = {1}; continue; }}\n", rows,
-                          is_float(dt) ? from_float(dt, "__int_as_float(0x7fc00000)") : std::string("0"));
+                          is_floating(dt) ? from_float(dt, "__int_as_float(0x7fc00000)") : std::string("0"));
       body += fmt::format("    out[i] = table[(o * {}LL + id) * {}LL + r];\n  }}\n", rows, inner);
       k.describe = fmt::format("{} direct kernel ({} rows of {})", op_def(n.op).name, count, rows);
       break;
@@ -599,7 +588,7 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       int64_t dim = n.attrs.get_int("dim");
       if (dim < 0) dim += r;
       Dims is = row_major_strides(id), ss = row_major_strides(sd);
-      const bool fl = is_float(dt);
+      const bool fl = is_floating(dt);
       const char* A = fl ? "double" : "unsigned long long";
       auto load = [&](const std::string& v) {
         if (!fl) return "(unsigned long long)(long long)(" + v + ")";
@@ -676,7 +665,7 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       break;
     }
     case OpId::Upsample: {
-      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "upsample of {}", dtype_name(dt));
+      if (!is_floating(dt)) fail_kind(ErrorKind::NotSupported, "upsample of {}", dtype_name(dt));
       Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
       const std::string& mode = n.attrs.get_string("mode");
       Floats scales = n.attrs.get_floats("scales");
@@ -728,7 +717,7 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       break;
     }
     case OpId::GridSample: {
-      if (!is_float(dt)) fail_kind(ErrorKind::NotSupported, "grid_sample of {}", dtype_name(dt));
+      if (!is_floating(dt)) fail_kind(ErrorKind::NotSupported, "grid_sample of {}", dtype_name(dt));
       Dims x = dims_of(xt), y = dims_of(g.type(n.outputs[0]));
       bool ac = n.attrs.get_bool("align_corners");
       const bool f64 = dt == DType::Float64;
@@ -787,7 +776,7 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       if (extent == 0) fail_kind(ErrorKind::InvalidArgument, "{} over an empty set", op_def(n.op).name);
       const bool is_max = n.op == OpId::Argmax;
       DType xd = xt.dtype;
-      const char* C = xd == DType::Float64 ? "double" : is_float(xd) ? "float" : "long long";
+      const char* C = xd == DType::Float64 ? "double" : is_floating(xd) ? "float" : "long long";
       auto load = [&](const char* kk) {
         std::string e = fmt::format("x[base + {} * {}LL]", kk, inner);
         return xd == DType::Float16 || xd == DType::BFloat16 ? to_float(xd, e)
@@ -820,6 +809,15 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
   k.source = fmt::format("// kiln-kernel: {}\n// {} '{}'\n{}extern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n{}}}\n\n",
                          k.name, op_def(n.op).name, n.name, tables, k.name, params, body);
   return k;
+}
+
+bool library_dtype(DType d) {
+  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16;
+}
+Dims dims_of(const TensorType& t) {
+  Dims d;
+  for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
+  return d;
 }
 
 }  // namespace kiln::cuda

@@ -47,5 +47,9 @@ CudaCompileRequest direct_program(const std::string& kernels, const std::string&
 const char* cuda_storage(DType d);
 std::string to_float(DType d, const std::string& v);
 std::string from_float(DType d, const std::string& v);
+// The dtypes cuBLASLt and cuDNN take here (float32, float16, bfloat16).
+bool library_dtype(DType d);
+// The concrete sizes of a type (every dim a value).
+Dims dims_of(const TensorType& t);
 
 }  // namespace kiln::cuda

@@ -56,17 +56,6 @@ using compiler::MemRef;
 
 constexpr int kDevice = 0;
 
-bool is_float(DType d) {
-  return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
-}
-bool library_dtype(DType d) {
-  return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16;
-}
-Dims dims_of(const TensorType& t) {
-  Dims d;
-  for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
-  return d;
-}
 bool concrete(const TensorType& t) {
   for (size_t i = 0; i < t.shape.size(); ++i)
     if (!t.shape[i].is_concrete()) return false;
@@ -423,16 +412,16 @@ class CudaTarget final : public compiler::Target {
     if (!cuda_support()[size_t(n.op)].generated || !lower::loop_expressible(g, n)) return false;
     DType od = g.type(n.outputs[0]).dtype;
     const OpDef& d = op_def(n.op);
-    if (d.has(trait::Pointwise)) return !((n.op == OpId::Div || n.op == OpId::Pow) && !is_float(od));
-    if (d.has(trait::RowNorm)) return is_float(od);
+    if (d.has(trait::Pointwise)) return !((n.op == OpId::Div || n.op == OpId::Pow) && !is_floating(od));
+    if (d.has(trait::RowNorm)) return is_floating(od);
     if (n.op == OpId::Sum || n.op == OpId::Prod || n.op == OpId::Max || n.op == OpId::Min)
       return true;  // integer and bool inputs accumulate in int64
-    return is_float(od);
+    return is_floating(od);
   }
 
   std::string unsupported_reason(const Graph& g, const Node& n) const override {
     DType od = g.type(n.outputs[0]).dtype;
-    if ((n.op == OpId::Div || n.op == OpId::Pow) && !is_float(od))
+    if ((n.op == OpId::Div || n.op == OpId::Pow) && !is_floating(od))
       return "integer division and power report bad values (a zero divisor, a negative "
              "exponent) as errors, which a CUDA kernel cannot raise; cast the operands to a "
              "floating dtype, or run this op on the CPU";
