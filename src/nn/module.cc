@@ -293,15 +293,19 @@ std::string describe_state_change(const std::string& traced, const std::string& 
     return fmt::format("module mode changed: traced with {}, called with {}", describe_modes(ma),
                        describe_modes(mb));
   auto ia = identities(a), ib = identities(b);
-  for (const auto& [name, addr] : ib) {
+  // (pairs by name, not structured bindings: clang 14 cannot capture those in a lambda)
+  for (const auto& now_entry : ib) {
+    const auto& name = now_entry.first;
     auto it = std::find_if(ia.begin(), ia.end(), [&](const auto& e) { return e.first == name; });
     if (it == ia.end()) return fmt::format("parameter or buffer '{}' was added", name);
-    if (it->second != addr)
+    if (it->second != now_entry.second)
       return fmt::format("parameter or buffer '{}' was reassigned (a different tensor)", name);
   }
-  for (const auto& [name, addr] : ia)
+  for (const auto& traced_entry : ia) {
+    const auto& name = traced_entry.first;
     if (std::none_of(ib.begin(), ib.end(), [&](const auto& e) { return e.first == name; }))
       return fmt::format("parameter or buffer '{}' was removed", name);
+  }
   return "module state changed";
 }
 

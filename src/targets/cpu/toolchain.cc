@@ -397,8 +397,20 @@ std::string host_isa() {
 #elif defined(__x86_64__)
   __builtin_cpu_init();
   std::string isa = "x86-64";
-  for (const char* f : {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"})
-    if (__builtin_cpu_supports(f)) isa += std::string("+") + f;
+  // clang's __builtin_cpu_supports takes only a string literal, so no loop over names.
+#define KILN_ISA_FEATURE(name)                    \
+  if (__builtin_cpu_supports(name)) {             \
+    isa += "+";                                   \
+    isa += name;                                  \
+  }
+  KILN_ISA_FEATURE("avx")
+  KILN_ISA_FEATURE("avx2")
+  KILN_ISA_FEATURE("fma")
+  KILN_ISA_FEATURE("avx512f")
+  KILN_ISA_FEATURE("avx512bw")
+  KILN_ISA_FEATURE("avx512vl")
+  KILN_ISA_FEATURE("avx512dq")
+#undef KILN_ISA_FEATURE
   return isa;
 #elif defined(__aarch64__)
   return "aarch64";
