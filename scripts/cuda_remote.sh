@@ -5,6 +5,9 @@
 # $OUT, packed as one archive (the device tool brings back only a few files per call).
 #
 #   cd /tmp/k/cuda && ./run.sh [MODEL...]       # models default: mlp resnet18 bert_base
+#   KILN_REMOTE_STEPS=suite,ops,bench,conformance,cpu (the default: all of them) picks steps, so
+#   that a long run can be split over two device calls. KILN_STEP_TIMEOUT (s, default 900)
+#   bounds each step, so that one hung step still leaves the others' logs.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${OUT:-/tmp/kiln-out}"
@@ -20,14 +23,48 @@ summary="$LOGS/summary.txt"
 step() {  # step NAME CMD...: runs CMD with its output in NAME.log, records the exit status
   local name="$1"; shift
   local t0=$SECONDS
-  "$@" > "$LOGS/$name.log" 2>&1
+  timeout "${KILN_STEP_TIMEOUT:-900}" "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   echo "$name: exit $rc ($((SECONDS - t0)) s)" | tee -a "$summary"
 }
+steps=",${KILN_REMOTE_STEPS:-suite,ops,bench,conformance,cpu},"
+want() { [[ "$steps" == *",$1,"* ]]; }
 step device ./kiln device
 # KILN_CUDA_TEST_FILTER: a gtest filter for the CUDA suite (default: all of it).
-step cuda_tests ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
-step op_tests ./kiln_op_tests --gtest_filter='*cuda*'
+want suite && step cuda_tests ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
+# The op harness's CUDA cases in KILN_OP_SHARDS processes at once (gtest sharding; default 8:
+# the GPU machine has 16 cores, and the eager cases compile one NVRTC program per signature).
+shards="${KILN_OP_SHARDS:-8}"
+if want ops; then
+t0=$SECONDS
+for ((i = 0; i < shards; ++i)); do
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KILN_STEP_TIMEOUT:-900}" \
+    ./kiln_op_tests --gtest_filter='*cuda*' \
+    > "$LOGS/op_tests_$i.log" 2>&1 &
+done
+op_rc=0
+for job in $(jobs -p); do wait "$job" || op_rc=1; done
+echo "op_tests ($shards shards): exit $op_rc ($((SECONDS - t0)) s)" | tee -a "$summary"
+grep -h "^\[  PASSED  \]\|^\[  FAILED  \] [0-9]" "$LOGS"/op_tests_*.log | tee -a "$summary"
+fi
+# ONNX conformance on the device (eager and compiled) where the test data was carried along:
+# KILN_ONNX_DATA=folder holding node/ simple/ pytorch-converted/ pytorch-operator/.
+if want conformance && [[ -n "${KILN_ONNX_DATA:-}" ]]; then
+  step conformance_eager ./kiln conformance --device cuda --data "$KILN_ONNX_DATA"
+  step conformance_compiled ./kiln conformance --device cuda --backend compiled --data "$KILN_ONNX_DATA"
+  tail -3 "$LOGS/conformance_eager.log" "$LOGS/conformance_compiled.log" | tee -a "$summary"
+fi
+# CPU throughput of one compiled model at 1, 2 and 4 caller threads (issue #16), on this
+# machine's idle cores.
+if want cpu && [[ -x ./kiln_concurrent_bench ]]; then
+  step concurrent_bench env OMP_NUM_THREADS=1 ./kiln_concurrent_bench --benchmark_repetitions=5 \
+    --benchmark_report_aggregates_only=true
+fi
+if want cpu && [[ -x ./kiln_capture_bench ]]; then
+  step capture_bench env OMP_NUM_THREADS=1 ./kiln_capture_bench --benchmark_filter=CompiledZoo \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+fi
+want bench || models=()
 for m in "${models[@]}"; do
   for mode in default reduce-overhead; do
     t0=$SECONDS

@@ -28,12 +28,16 @@ if [[ "$BUILD_DIR" == "$ROOT/build" && -x "$ROOT/scripts/build.sh" ]]; then
 elif [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja
 fi
-ninja -C "$BUILD_DIR" -j"$JOBS" kiln_cuda_tests kiln_op_tests kiln_cli
+ninja -C "$BUILD_DIR" -j"$JOBS" kiln_cuda_tests kiln_op_tests kiln_cli kiln_concurrent_bench kiln_capture_bench
 
 TESTS="$BUILD_DIR/tests/kiln_cuda_tests"
 OPS="$BUILD_DIR/tests/kiln_op_tests"
 CLI="$BUILD_DIR/kiln"
-for f in "$TESTS" "$OPS" "$CLI"; do
+# CPU benchmarks of issue #16 (the GPU machine's 16 idle cores): throughput at 1/2/4 callers,
+# the per-call cost of check_host_values.
+CONC="$BUILD_DIR/bench/kiln_concurrent_bench"
+CAPB="$BUILD_DIR/bench/kiln_capture_bench"
+for f in "$TESTS" "$OPS" "$CLI" "$CONC" "$CAPB"; do
   [[ -x "$f" ]] || { echo "cuda_tests.sh: $f was not built" >&2; exit 1; }
 done
 
@@ -43,6 +47,8 @@ mkdir -p "$STAGE"
 strip --strip-debug -o "$STAGE/kiln_cuda_tests" "$TESTS"
 strip --strip-debug -o "$STAGE/kiln_op_tests" "$OPS"
 strip --strip-debug -o "$STAGE/kiln" "$CLI"
+strip --strip-debug -o "$STAGE/kiln_concurrent_bench" "$CONC"
+strip --strip-debug -o "$STAGE/kiln_capture_bench" "$CAPB"
 cp "$ROOT/scripts/cuda_remote.sh" "$STAGE/run.sh"
 
 # Every library the two binaries load (ldd lists indirect ones too), minus the C/C++ runtime
@@ -66,7 +72,7 @@ is_cuda_toolkit_lib() {
   esac
   return 1
 }
-for bin in "$TESTS" "$OPS" "$CLI"; do
+for bin in "$TESTS" "$OPS" "$CLI" "$CONC" "$CAPB"; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
 done | sort -u | while read -r lib; do
   name="$(basename "$lib")"

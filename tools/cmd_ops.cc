@@ -19,6 +19,22 @@ nlohmann::json attr_default_json(const AttrValue& v) {
   return attr_value_str(v);
 }
 
+const char* cuda_eager_path(const OpDef& d) {
+  if (d.eager_cuda && d.eager_cuda_compiled) return "kernel+compiled";
+  if (d.eager_cuda) return "kernel";
+  if (d.eager_cuda_compiled) return "compiled";
+  return d.decompose ? "decomposition" : "none";
+}
+
+// The dtypes an eager CUDA call may take: every dtype of the op where the compiled path is
+// attached (a signature the target cannot take still fails, naming the op), else the kernel's.
+nlohmann::json cuda_dtypes_json(const OpDef& d) {
+  nlohmann::json a = nlohmann::json::array();
+  const std::vector<DType>& list = d.eager_cuda_compiled ? d.dtypes : d.eager_cuda_dtypes;
+  for (DType t : list) a.push_back(dtype_name(t));
+  return a;
+}
+
 nlohmann::json op_json(const OpDef& d) {
   nlohmann::json j;
   j["name"] = d.name;
@@ -44,6 +60,11 @@ nlohmann::json op_json(const OpDef& d) {
       {"decomposition", d.decompose != nullptr},
       {"eager_cpu_kernel", d.eager_cpu != nullptr},
       {"cuda_eager_kernel", d.eager_cuda != nullptr},
+      // How an eager call on CUDA tensors runs (Note [Dispatch]): "kernel" (hand-written, for
+      // eager_cuda_dtypes), "kernel+compiled" (the others through the CUDA compiler),
+      // "compiled" (the op compiled alone by the CUDA target), "decomposition" or "none".
+      {"cuda_eager", cuda_eager_path(d)},
+      {"cuda_eager_dtypes", cuda_dtypes_json(d)},
       {"gradient", d.gradient != nullptr},
       {"onnx", d.onnx_ops},
       {"aten", d.aten_ops},
@@ -91,7 +112,7 @@ void add_ops_command(CLI::App& app) {
       std::printf("%s\n", out.dump(2).c_str());
       return;
     }
-    std::printf("%-30s %-10s %-5s %-5s %-6s %-6s %-6s %-6s %-5s %s\n", "op", "family", "infer",
+    std::printf("%-30s %-10s %-5s %-5s %-6s %-6s %-6s %-15s %-5s %s\n", "op", "family", "infer",
                 "ref", "decomp", "eager", "cpu", "cuda", "grad", "schema");
     for (const OpDef& d : ops) {
       if (!family.empty() && family != d.family) continue;
@@ -113,9 +134,9 @@ void add_ops_command(CLI::App& app) {
         const compiler::OpSupport& s = t->support()[size_t(d.id)];
         cpu = s.generated ? "gen" : s.library ? "lib" : "-";
       }
-      std::printf("%-30s %-10s %-5s %-5s %-6s %-6s %-6s %-6s %-5s %s\n", d.name, d.family,
+      std::printf("%-30s %-10s %-5s %-5s %-6s %-6s %-6s %-15s %-5s %s\n", d.name, d.family,
                   yn(d.infer), yn(d.reference), yn(d.decompose), yn(d.eager_cpu), cpu,
-                  yn(d.eager_cuda), yn(d.gradient), schema.c_str());
+                  cuda_eager_path(d), yn(d.gradient), schema.c_str());
     }
     std::printf("%zu ops\n", ops.size());
   });

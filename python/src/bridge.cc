@@ -491,7 +491,7 @@ std::vector<OpInfo> ops() {
     for (const kiln::AttrSpec& a : d.attrs) o.attrs.push_back(a.name + ": " + kiln::attr_type_name(a.type));
     o.num_outputs = d.num_outputs;
     o.is_view = d.is_view;
-    o.cuda_kernel = d.eager_cuda != nullptr;
+    o.cuda_kernel = d.eager_cuda != nullptr || d.eager_cuda_compiled != nullptr;
     out.push_back(std::move(o));
   }
   return out;

@@ -235,11 +235,12 @@ class CudaKernelProbe final : public DispatchHook {
         problem = fmt::format("its decomposition gives op '{}' input {} on {} (dispatch needs "
                               "every input on {})", def.name, i, in[i].device().str(),
                               device_.str());
-    if (!def.eager_cuda && def.decompose) {
+    const bool kernel = def.eager_cuda || def.eager_cuda_compiled;
+    if (!kernel && def.decompose) {
       outputs = def.decompose(in, canonical);
       return true;
     }
-    if (!def.eager_cuda && problem.empty())
+    if (!kernel && problem.empty())
       problem = fmt::format("its decomposition uses op '{}', which has no CUDA kernel", def.name);
     outputs.clear();
     for (const TensorType& ty : infer_types(def, in, canonical, "cuda check"))
@@ -288,7 +289,7 @@ std::string cuda_eager_gap(const Graph& g, const SymbolBindings& bindings) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const OpDef& def = op_def(n.op);
-    if (def.eager_cuda) continue;
+    if (def.eager_cuda || def.eager_cuda_compiled) continue;
     std::string why = def.decompose ? decomposition_gap(g, n, bindings) : "";
     if (def.decompose && why.empty()) continue;
     ++bad;

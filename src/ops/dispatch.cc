@@ -116,6 +116,17 @@ TensorList run_kernel(const OpDef& def, KernelFn kernel, std::span<const Tensor>
 }
 
 namespace {
+// The dtype a CUDA eager kernel's dtype list is judged by: the first defined input's, else
+// the first output's (as compiler/bind.cc judges it).
+DType primary_dtype(std::span<const Tensor> inputs, std::span<const TensorType> out_types) {
+  for (const Tensor& t : inputs)
+    if (t.defined()) return t.dtype();
+  return out_types.empty() ? DType::Float32 : out_types[0].dtype;
+}
+bool lists_dtype(const std::vector<DType>& list, DType d) {
+  return std::find(list.begin(), list.end(), d) != list.end();
+}
+
 TensorList run_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
                   const std::source_location& loc);
 }
@@ -173,8 +184,11 @@ TensorList run_op(OpId op, std::span<const Tensor> inputs, const Attrs& attrs,
   KernelFn kernel = nullptr;
   if (dev.is_cuda()) {
     kernel = def.eager_cuda;
+    if (def.eager_cuda_compiled && (!kernel || !lists_dtype(def.eager_cuda_dtypes,
+                                                            primary_dtype(inputs, out_types))))
+      kernel = def.eager_cuda_compiled;
     if (!kernel && !def.decompose)
-      fail_kind(ErrorKind::NotSupported, "{}: op '{}' has no CUDA eager kernel yet; run it on "
+      fail_kind(ErrorKind::NotSupported, "{}: op '{}' has no CUDA eager kernel; run it on "
                 "the CPU (tensor.to(kiln::Device::cpu()))", where, def.name);
   } else {
     kernel = def.eager_cpu ? def.eager_cpu : def.reference;

@@ -4,8 +4,10 @@
 // call_op(op, inputs, attrs):
 //   1. if a DispatchHook is installed on this thread (capture), it may take the call;
 //   2. attributes are canonicalized against the schema and types inferred (the validator);
-//   3. the kernel is chosen: CUDA inputs -> eager_cuda; CPU -> eager_cpu, else reference,
-//      else the decomposition (which calls back into call_op);
+//   3. the kernel is chosen: CUDA inputs -> eager_cuda where it lists the call's dtype, else
+//      eager_cuda_compiled (the op compiled alone by the CUDA target, Note [Compiled eager
+//      kernels on CUDA]); CPU -> eager_cpu, else reference; else the decomposition (which
+//      calls back into call_op);
 //   4. non-view ops get preallocated contiguous outputs of the inferred types.
 #pragma once
 #include <source_location>

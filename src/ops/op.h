@@ -200,6 +200,11 @@ struct OpDef {
   // dtypes (of the primary input) eager_cuda takes; others get NotSupported from it. The op
   // harness runs every op x dtype in this list on CUDA.
   std::vector<DType> eager_cuda_dtypes;
+  // Eager CUDA for everything else: the op compiled alone by the CUDA target (attached by
+  // src/targets/cuda/eager_compiled.cc, Note [Compiled eager kernels on CUDA]). Dispatch calls
+  // it when eager_cuda is absent or does not list the call's dtype; a compiled graph never
+  // binds it (a node the target cannot take fails at compile time).
+  KernelFn eager_cuda_compiled = nullptr;
   const GradientRule* gradient = nullptr;
   std::vector<std::string> onnx_ops;
   // ATen overloads ("aten.add.Tensor") that the Python frontend maps to this op; filled from its

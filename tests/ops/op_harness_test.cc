@@ -5,7 +5,8 @@
 // Note [Op harness]
 // Cases are (op x dtype x device), named like `add_float16` (CPU) or `add_float16_cuda`: every
 // device the process sees (harness_devices: the CPU, and CUDA device 0 when there is one) with
-// every (op, dtype) it has an eager kernel for (the CPU: all; CUDA: OpDef::eager_cuda_dtypes),
+// every (op, dtype) it has an eager kernel for (the CPU: all; CUDA: OpDef::eager_cuda_dtypes,
+// and every dtype of an op compiled alone by the CUDA target, less the known gaps),
 // and, for the compiled harness, every device a compiler target is registered for. A device
 // gets its tests by registering kernels and a target; nothing here names a device's ops. Inputs
 // are made on the host and moved to the device keeping their layout; results come back to the
@@ -116,13 +117,19 @@ std::vector<Device> harness_devices() {
   return d;
 }
 
-// Whether `device` has an eager kernel for (op, dtype).
+const std::map<DeviceType, std::set<std::string>>& known_gaps();
+
+// Whether `device` has an eager kernel for (op, dtype): on CUDA a hand-written kernel that lists
+// the dtype, or the op compiled alone by the CUDA target (Note [Compiled eager kernels on
+// CUDA]), which has the compiled harness's known gaps.
 bool eager_supported(const OpDef& op, DType dtype, Device device) {
   if (device.is_cpu()) return true;
-  if (!op.eager_cuda) return false;
-  for (DType d : op.eager_cuda_dtypes)
-    if (d == dtype) return true;
-  return false;
+  if (op.eager_cuda)
+    for (DType d : op.eager_cuda_dtypes)
+      if (d == dtype) return true;
+  if (!op.eager_cuda_compiled) return false;
+  const std::set<std::string>& gaps = known_gaps().at(device.type);
+  return !gaps.count(fmt::format("{} {}", op.name, dtype_name(dtype)));
 }
 
 std::vector<OpCase> all_cases() {
