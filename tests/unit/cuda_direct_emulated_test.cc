@@ -292,12 +292,53 @@ TEST(CudaDirectEmulatedIndices, OutOfRangeIndicesGiveNaNNeverStrayAccesses) {
   for (int r = 0; r < 3; ++r) EXPECT_TRUE(std::isnan(sf.data<float>()[r * 2 + 1])) << r;
 }
 
+// A concat of many pieces (above the comparison chain's 12: the binary search over the pieces'
+// starts), with empty pieces among them, in several dims, and a split of the result into 8
+// pieces (split's sizes are a shape: at most 8); exact against the reference.
+TEST(CudaDirectEmulatedPieces, ManyPiecesConcatAndSplitMatchTheReference) {
+  Generator gen(11);
+  for (int64_t dim : {0, 1, 2}) {
+    Graph g;
+    std::vector<ValueId> ins;
+    TensorList xs;
+    Ints sizes;
+    for (int i = 0; i < 40; ++i) {
+      int64_t ext = i % 7 == 3 ? 0 : 1 + i % 4;  // some empty pieces
+      sizes.push_back(ext);
+      Dims d{3, 2, 5};
+      d[size_t(dim)] = ext;
+      xs.push_back(Tensor::randn(d, gen));
+      ins.push_back(g.add_input(fmt::format("x{}", i), xs.back().type()));
+    }
+    g.add_node(OpId::Concat, ins, {{"dim", dim}}, "cat40");
+    ValueId cat = g.nodes[0].outputs[0];
+    Ints eight(8, 0);
+    for (size_t i = 0; i < sizes.size(); ++i) eight[i % 8] += sizes[i];
+    g.add_node(OpId::Split, {cat}, {{"sizes", eight}, {"dim", dim}}, "split8");
+    cuda::DirectKernel kc = cuda::plan_direct_kernel(g, g.nodes[0], 0, 2);
+    cuda::DirectKernel ks = cuda::plan_direct_kernel(g, g.nodes[1], 1, 2);
+    EXPECT_NE(kc.source.find("_start["), std::string::npos) << "40 pieces take the binary search";
+    HostKernels host({&kc, &ks}, fmt::format("pieces{}", dim));
+    ASSERT_EQ(host.error, "");
+    Tensor joined = host.run(kc, g, g.nodes[0], xs)[0];
+    TensorList xs64;  // the reference computes in float64, as the op harness's oracle
+    for (const Tensor& x : xs) xs64.push_back(x.to(DType::Float64));
+    Tensor expected = run_reference(op_def(OpId::Concat), g, g.nodes[0], xs64)[0];
+    EXPECT_EQ(compare(expected, joined, 0), "") << "concat along dim " << dim;
+    TensorList parts = host.run(ks, g, g.nodes[1], {joined});
+    TensorList want = run_reference(op_def(OpId::Split), g, g.nodes[1], {joined.to(DType::Float64)});
+    ASSERT_EQ(parts.size(), want.size());
+    for (size_t i = 0; i < parts.size(); ++i)
+      EXPECT_EQ(compare(want[i], parts[i], 0), "") << "split piece " << i << " along dim " << dim;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, CudaDirectEmulated,
                          testing::Values(OpId::Pad, OpId::Gather, OpId::ScatterAdd, OpId::Upsample,
                                          OpId::GridSample, OpId::AdaptiveAvgPool2d, OpId::Matmul,
                                          OpId::Linear, OpId::Conv2d, OpId::ConvTranspose2d,
                                          OpId::MaxPool2d, OpId::AvgPool2d, OpId::Embedding,
-                                         OpId::IndexSelect),
+                                         OpId::IndexSelect, OpId::Concat, OpId::Split),
                          [](const testing::TestParamInfo<OpId>& i) { return std::string(op_def(i.param).name); });
 
 }  // namespace

@@ -30,6 +30,12 @@ struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 
+// The most pointer parameters a generated kernel takes (loop kernels: one per buffer they
+// touch; direct kernels: one per input and output). 256 pointers are 2 KiB of parameters, half
+// of the 4 KiB every CUDA architecture accepts; launchers keep their argument arrays on the
+// stack at this size.
+inline constexpr int kMaxKernelPointerArgs = 256;
+
 struct LaunchConfig {
   Dim3 grid;
   Dim3 block;

@@ -48,6 +48,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "targets/cuda/cuda_driver.h"
 #include "targets/cuda/emitter.h"
 
 namespace kiln::cuda {
@@ -479,7 +480,9 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       int64_t inner = 1;
       for (int64_t i = dim + 1; i < rank; ++i) inner *= wd[size_t(i)];
       size_t pieces = concat ? n.inputs.size() : n.outputs.size();
-      if (pieces > 12) fail_kind(ErrorKind::NotSupported, "more than 12 pieces");
+      if (pieces + 1 > size_t(kMaxKernelPointerArgs))
+        fail_kind(ErrorKind::NotSupported, "{} pieces (a kernel takes at most {} pointers)", pieces,
+                  kMaxKernelPointerArgs);
       int64_t total = numel(wd);
       k.blocks = grid_for(total);
       std::vector<std::string> ps;
@@ -503,17 +506,33 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       body += grid_loop(total);
       body += fmt::format("    const long long o = i / ({}LL * {}LL), j = (i / {}LL) % {}LL, r = i % {}LL;\n",
                           wd[size_t(dim)], inner, inner, wd[size_t(dim)], inner);
+      // The piece that holds position j along `dim`: a chain of comparisons for a few pieces;
+      // beyond kLinearPieces a binary search over a table of the pieces' starts, then a switch
+      // (one comparison chain per element would grow with the number of pieces).
+      constexpr size_t kLinearPieces = 12;
+      const bool search = pieces > kLinearPieces;
+      std::vector<int64_t> starts;
       int64_t start = 0;
       for (size_t i = 0; i < pieces; ++i) {
-        const TensorType& pt = g.type(concat ? n.inputs[i] : n.outputs[i]);
-        int64_t ext = pt.shape[size_t(dim)].value();
+        starts.push_back(start);
+        start += g.type(concat ? n.inputs[i] : n.outputs[i]).shape[size_t(dim)].value();
+      }
+      if (search) {
+        tables += table("long long", k.name + "_start", starts, [](int64_t v) { return fmt::format("{}LL", v); });
+        body += fmt::format("    int lo = 0, hi = {};\n"
+                            "    while (hi - lo > 1) {{ const int mid = (lo + hi) / 2; if (j >= {}_start[mid]) lo = mid; else hi = mid; }}\n"
+                            "    switch (lo) {{\n", pieces, k.name);
+      }
+      for (size_t i = 0; i < pieces; ++i) {
+        int64_t ext = (i + 1 < pieces ? starts[i + 1] : wd[size_t(dim)]) - starts[i];
         std::string piece = concat ? fmt::format("in{}", i) : fmt::format("out{}", i);
-        std::string piece_idx = fmt::format("(o * {}LL + (j - {}LL)) * {}LL + r", ext, start, inner);
+        std::string piece_idx = fmt::format("(o * {}LL + (j - {}LL)) * {}LL + r", ext, starts[i], inner);
         std::string copy = concat ? fmt::format("(({0}*)out_)[i] = ((const {0}*){1})[{2}];", T, piece, piece_idx)
                                   : fmt::format("(({0}*){1})[{2}] = ((const {0}*)in_)[i];", T, piece, piece_idx);
-        body += fmt::format("    {}if (j < {}LL) {{ {} }}\n", i ? "else " : "", start + ext, copy);
-        start += ext;
+        if (search) body += fmt::format("      case {}: {{ {} }} break;\n", i, copy);
+        else body += fmt::format("    {}if (j < {}LL) {{ {} }}\n", i ? "else " : "", starts[i] + ext, copy);
       }
+      if (search) body += "    }\n";
       body += "  }\n";
       k.describe = fmt::format("{} direct kernel ({} pieces)", op_def(n.op).name, pieces);
       break;
