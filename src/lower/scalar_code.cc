@@ -61,9 +61,11 @@ std::string convert_expr(const LoopKernel& k, int e, DType to) {
   return fmt::format("({})({})", compute_type(to), v);
 }
 
-std::string load_expr(const LoopKernel& k, int li) {
+std::string load_expr(const LoopKernel& k, int li, const ScalarDialect& d) {
   const Access& a = k.loads[size_t(li)];
-  std::string p = fmt::format("L{}[{}]", li, index_expr(a.strides));
+  std::string p = d.load_text && !(*d.load_text)[size_t(li)].empty()
+                      ? (*d.load_text)[size_t(li)]
+                      : fmt::format("L{}[{}]", li, index_expr(a.strides));
   switch (a.dtype) {
     case DType::BFloat16: return "kn_bf16_f32(" + p + ")";
     case DType::Float16: return "kn_f16_f32(" + p + ")";
@@ -81,7 +83,7 @@ std::string scalar_expr(const LoopKernel& k, int ei, const ScalarDialect& dialec
   auto num = [&](double v) { return literal(v, dialect); };
   std::string r;
   switch (e.kind) {
-    case LoopExpr::Kind::Load: return load_expr(k, e.load);
+    case LoopExpr::Kind::Load: return load_expr(k, e.load, dialect);
     case LoopExpr::Kind::Scalar:
       if (od == DType::Bool) return e.scalar != 0 ? "true" : "false";
       if (floating_compute(od)) return fmt::format("(float){}", num(e.scalar));

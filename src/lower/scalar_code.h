@@ -19,6 +19,9 @@ namespace kiln::lower {
 // How a dialect spells what differs between host C++ and CUDA C.
 struct ScalarDialect {
   const char* nan = "std::numeric_limits<double>::quiet_NaN()";  // a double NaN literal
+  // Per load, the text that replaces `L<i>[index]` where not empty (a vector path that staged
+  // the element in a register array: "kL0[j_]"); null: every load reads its pointer.
+  const std::vector<std::string>* load_text = nullptr;
 };
 inline constexpr ScalarDialect kHostDialect{};
 inline constexpr ScalarDialect kCudaDialect{"__longlong_as_double(0x7ff8000000000000LL)"};
@@ -36,7 +39,7 @@ std::string index_expr(const std::vector<int64_t>& strides, bool skip_inner = fa
 // Expression `e` of kernel `k` converted to the compute type of `to` ("v3", "(float)(v3)").
 std::string convert_expr(const LoopKernel& k, int e, DType to);
 // Load `li` as a value of its compute type: "L0[i0 * 4 + i1]", "kn_bf16_f32(L1[i1])", ...
-std::string load_expr(const LoopKernel& k, int li);
+std::string load_expr(const LoopKernel& k, int li, const ScalarDialect& d = kHostDialect);
 // The right-hand side of `const compute_type v<e> = ...;` for a Load, Scalar or Op expression
 // (Reduce and Norm expressions are the emitter's). Throws Internal naming the kernel for an op
 // without loop code.

@@ -5,6 +5,12 @@
 // are checked on the GPU (tests/cuda/compiled_cuda_test.cc).
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <functional>
 #include <memory>
 
 #include <fmt/format.h>
@@ -14,6 +20,7 @@
 #include "compiler/choose_kernels.h"
 #include "compiler/insert_copies.h"
 #include "compiler/target.h"
+#include "ir/interpreter.h"
 #include "lower/memory_planner.h"
 #include "lower/scheduler.h"
 #include "nn/compile.h"
@@ -23,6 +30,7 @@
 #include "targets/cuda/direct_kernels.h"
 #include "targets/cuda/emitter.h"
 #include "targets/cuda/nvrtc.h"
+#include "../support/compare.h"
 
 using namespace kiln;
 
@@ -49,9 +57,16 @@ std::vector<Graph> capture_graphs(const std::string& model) {
   return out;
 }
 
+struct Emitted {
+  cuda::CudaProgram program;
+  Graph graph;                        // after the compiler's passes
+  std::vector<compiler::MemRef> mem;  // per value of `graph`
+  int64_t arena_bytes = 0;
+};
+
 // The compiler's phases for `target` up to emission, with the library nodes as extern steps
 // and every value in slot 0 (inputs and constants in slots of their own).
-cuda::CudaProgram emit(Graph g, const compiler::Target& target) {
+Emitted emit_all(Graph g, const compiler::Target& target, const cuda::CudaCodegenOptions& co = {}) {
   std::vector<std::unique_ptr<Pass>> pipeline = compiler_pipeline(target.decompositions());
   std::vector<Pass*> passes;
   for (auto& p : pipeline) passes.push_back(p.get());
@@ -79,7 +94,16 @@ cuda::CudaProgram emit(Graph g, const compiler::Target& target) {
   }
   for (size_t v = 0; v < g.values.size(); ++v)
     if (s.virtual_view[v]) mem[v] = mem[size_t(s.views[v].base)];
-  return cuda::generate_cuda(g, s, mem, g.name, 1024);
+  Emitted e;
+  e.program = cuda::generate_cuda(g, s, mem, g.name, 1024, co);
+  e.mem = std::move(mem);
+  e.arena_bytes = plan.arena_bytes;
+  e.graph = std::move(g);
+  return e;
+}
+
+cuda::CudaProgram emit(Graph g, const compiler::Target& target) {
+  return emit_all(std::move(g), target).program;
 }
 
 class CudaCodegen : public testing::TestWithParam<std::string> {};
@@ -301,6 +325,198 @@ TEST(CudaDirectKernels, SupportTableTakesTheDirectOps) {
     EXPECT_TRUE(target.support()[size_t(id)].library) << op_def(id).name;
   // global pooling stays generated code (a reduction that fuses)
   EXPECT_TRUE(target.support()[size_t(OpId::AdaptiveAvgPool2d)].generated);
+}
+
+// ---- pointwise loop kernels run on the host (Note [CUDA vector accesses]) -------------------
+// The generated CUDA program compiled as host C++ under a small shim (blocks and threads run one
+// after another; pointwise kernels have no barriers or shuffles) and run over a host arena, so
+// that the vector form's chunked loads and stores, its tail and its misaligned fallback are
+// checked against the interpreter here, without a GPU. The device's own rounding is the op
+// harness's on the GPU; these graphs use only correctly rounded ops (add, mul, relu, casts).
+const char* const kLoopShim = R"SHIM(// host shim for Kiln's generated CUDA pointwise kernels
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#define __CUDACC_RTC__ 1
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __align__(n) alignas(n)
+#define __shared__ static
+struct kn_dim3 { unsigned x = 0, y = 0, z = 0; };
+static kn_dim3 threadIdx, blockIdx, blockDim{256, 1, 1}, gridDim{1, 1, 1};
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+static inline unsigned __float_as_uint(float f) { unsigned u; __builtin_memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(unsigned u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline float __int_as_float(int v) { float f; __builtin_memcpy(&f, &v, 4); return f; }
+static inline double __longlong_as_double(long long v) { double d; __builtin_memcpy(&d, &v, 8); return d; }
+static inline void __syncthreads() { abort(); }
+template <typename T> static inline T __shfl_xor_sync(unsigned, T, int) { abort(); }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+)SHIM";
+
+struct HostProgram {
+  void* lib = nullptr;
+  std::string base, error;
+  HostProgram(const cuda::CudaProgram& p, const std::string& name) {
+    // The prelude's fixed-width typedefs are NVRTC's (it has no <cstdint>); the host has its own.
+    std::string program = p.source;
+    for (const char* t : {"typedef long long int64_t;\n", "typedef int int32_t;\n",
+                          "typedef signed char int8_t;\n", "typedef unsigned char uint8_t;\n",
+                          "typedef unsigned short uint16_t;\n", "typedef unsigned int uint32_t;\n",
+                          "typedef unsigned long long uint64_t;\n"}) {
+      size_t at = program.find(t);
+      if (at != std::string::npos) program.erase(at, std::string(t).size());
+    }
+    std::string src = std::string(kLoopShim) + program;
+    for (const cuda::CudaKernelInfo& k : p.kernels) {
+      std::string args;
+      for (size_t i = 0; i < k.slots.size(); ++i) args += fmt::format("{}a[{}]", i ? ", " : "", i);
+      src += fmt::format(
+          "extern \"C\" void {0}_launch(char** a, int blocks, int threads) {{\n"
+          "  gridDim.x = unsigned(blocks); blockDim.x = unsigned(threads);\n"
+          "  for (int b = 0; b < blocks; ++b) for (int t = 0; t < threads; ++t) {{\n"
+          "    blockIdx.x = unsigned(b); threadIdx.x = unsigned(t); {0}({1});\n  }}\n}}\n",
+          k.name, args);
+    }
+    base = testing::TempDir() + "kiln_cuda_loops_" + name + "_" + std::to_string(::getpid());
+    std::ofstream(base + ".cc") << src;
+    std::string cmd = fmt::format("c++ -std=c++20 -O1 -ffp-contract=off -fPIC -shared -w -o {0}.so {0}.cc 2> {0}.log", base);
+    if (std::system(cmd.c_str()) != 0) {
+      std::ifstream log(base + ".log");
+      error = "the program does not compile as host C++: " +
+              std::string(std::istreambuf_iterator<char>(log), {}).substr(0, 3000);
+      return;
+    }
+    lib = dlopen((base + ".so").c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) error = dlerror();
+  }
+  ~HostProgram() {
+    if (lib) dlclose(lib);
+    for (const char* ext : {".cc", ".so", ".log"}) std::remove((base + ext).c_str());
+  }
+  void launch(const cuda::CudaKernelInfo& k, char** args) const {
+    auto fn = reinterpret_cast<void (*)(char**, int, int)>(dlsym(lib, (k.name + "_launch").c_str()));
+    ASSERT_NE(fn, nullptr) << k.name;
+    if (k.blocks > 0) fn(args, int(k.blocks), k.threads);
+  }
+};
+
+// Runs every kernel of `e` over a host arena with the inputs placed `misalign` elements after a
+// 64-byte boundary (their slots), returns the graph outputs read from the arena.
+TensorList run_on_host(const Emitted& e, const HostProgram& hp, const TensorList& inputs, int misalign) {
+  std::vector<std::vector<char>> buffers;
+  std::vector<char*> slots(1 + inputs.size(), nullptr);
+  std::vector<char> arena(size_t(e.arena_bytes) + 128);
+  char* arena_base = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
+  slots[0] = arena_base;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    size_t bytes = size_t(inputs[i].numel()) * size_t(dtype_size(inputs[i].dtype()));
+    buffers.emplace_back(bytes + 64 + 64);
+    char* b = buffers.back().data();
+    b += (64 - reinterpret_cast<uintptr_t>(b) % 64) % 64 + size_t(misalign) * size_t(dtype_size(inputs[i].dtype()));
+    std::memcpy(b, inputs[i].contiguous().raw_data(), bytes);
+    slots[1 + i] = b;
+  }
+  for (const cuda::CudaKernelInfo& k : e.program.kernels) {
+    std::vector<char*> args;
+    for (int32_t s : k.slots) args.push_back(slots[size_t(s)]);
+    hp.launch(k, args.data());
+  }
+  TensorList outs;
+  for (ValueId v : e.graph.outputs) {
+    const TensorType& t = e.graph.type(v);
+    Dims d;
+    for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
+    Tensor o = Tensor::empty(d, t.dtype);
+    const compiler::MemRef& m = e.mem[size_t(v)];
+    std::memcpy(o.raw_data(), slots[size_t(m.slot)] + m.byte_offset, size_t(o.numel()) * size_t(dtype_size(t.dtype)));
+    outs.push_back(o);
+  }
+  return outs;
+}
+
+TEST(CudaLoopKernelsOnHost, VectorAccessesMatchTheInterpreterAlignedAndNot) {
+  const compiler::Target& target = compiler::target_for(Device::cuda(0));
+  struct Case {
+    std::string name;
+    std::function<void(Graph&)> build;
+    int vector_width;  // of the first kernel; 0: scalar form only
+  };
+  const DType f32 = DType::Float32, bf16 = DType::BFloat16;
+  std::vector<Case> cases = {
+      // 555 elements: 138 chunks of 4 and a tail of 3
+      {"add_relu", [&](Graph& g) {
+         ValueId x = g.add_input("x", TensorType(f32, Shape{3, 37, 5}));
+         ValueId y = g.add_input("y", TensorType(f32, Shape{3, 37, 5}));
+         ValueId s = g.add_node(OpId::Add, {x, y})[0];
+         g.outputs.push_back(g.add_node(OpId::Relu, {s})[0]);
+       }, 4},
+      // a broadcast bias: x and the output chunked, the bias read by index
+      {"bias", [&](Graph& g) {
+         ValueId x = g.add_input("x", TensorType(f32, Shape{9, 33}));
+         ValueId b = g.add_input("b", TensorType(f32, Shape{33}));
+         g.outputs.push_back(g.add_node(OpId::Mul, {g.add_node(OpId::Add, {x, b})[0], x})[0]);
+       }, 4},
+      // bf16 in, f32 math, bf16 out: 8 elements of 2 bytes per chunk
+      {"bf16", [&](Graph& g) {
+         ValueId x = g.add_input("x", TensorType(bf16, Shape{4, 77}));
+         ValueId y = g.add_input("y", TensorType(bf16, Shape{4, 77}));
+         g.outputs.push_back(g.add_node(OpId::Relu, {g.add_node(OpId::Mul, {x, y})[0]})[0]);
+       }, 8},
+      // a transposed operand: read by index, the other input and the output chunked
+      {"transposed", [&](Graph& g) {
+         ValueId x = g.add_input("x", TensorType(f32, Shape{12, 10}));
+         ValueId y = g.add_input("y", TensorType(f32, Shape{10, 12}));
+         ValueId yt = g.add_node(OpId::Transpose, {y}, {{"dim0", int64_t(0)}, {"dim1", int64_t(1)}})[0];
+         g.outputs.push_back(g.add_node(OpId::Sub, {x, yt})[0]);
+       }, 4},
+  };
+  Generator gen(21);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Graph g;
+    g.name = c.name;
+    c.build(g);
+    TensorList inputs;
+    for (ValueId v : g.inputs) {
+      const TensorType& t = g.type(v);
+      Dims d;
+      for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
+      inputs.push_back(Tensor::randn(d, gen, DType::Float32).to(t.dtype));
+    }
+    TensorList expected = run(g, inputs);
+    Emitted e = emit_all(g, target);
+    ASSERT_FALSE(e.program.kernels.empty());
+    const std::string marker = fmt::format("vector form: {} elements per thread", c.vector_width);
+    EXPECT_NE(e.program.source.find(marker), std::string::npos) << e.program.source;
+    // Aligned inputs must take the vector form: every arena value the kernels touch sits on a
+    // 16-byte boundary (the planner's alignment), as do the inputs run_on_host places.
+    for (ValueId v = 0; v < ValueId(e.graph.values.size()); ++v)
+      if (e.mem[size_t(v)].slot == 0) EXPECT_EQ(e.mem[size_t(v)].byte_offset % 16, 0) << "value " << v;
+    HostProgram hp(e.program, c.name);
+    ASSERT_EQ(hp.error, "");
+    for (int misalign : {0, 1}) {  // 1: every input off its chunk alignment -> the scalar loop
+      TensorList got = run_on_host(e, hp, inputs, misalign);
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(test::close(got[i], expected[i], test::Tolerance::exact()))
+            << "output " << i << ", inputs misaligned by " << misalign;
+    }
+    // The scalar form (vectorize off) computes the same bits.
+    cuda::CudaCodegenOptions scalar;
+    scalar.vectorize = false;
+    Emitted es = emit_all(g, target, scalar);
+    EXPECT_EQ(es.program.source.find("vector form"), std::string::npos);
+    HostProgram hs(es.program, c.name + "_scalar");
+    ASSERT_EQ(hs.error, "");
+    TensorList got = run_on_host(es, hs, inputs, 0);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(test::close(got[i], expected[i], test::Tolerance::exact())) << "scalar form, output " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, CudaCodegen,

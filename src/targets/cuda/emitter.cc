@@ -5,7 +5,9 @@
 // forms (lower/scalar_code.h over ops/scalar_math.h), so a fused kernel computes exactly what
 // the CPU's scalar path computes, element by element.
 //   Pointwise: one thread per element in a grid-stride loop over the linear index, the index of
-//     each dim recovered by division by literal sizes.
+//     each dim recovered by division by literal sizes. Where some accesses are linear (the
+//     access's index is the linear index: contiguous over the iteration space) each thread
+//     takes V consecutive elements instead (Note [CUDA vector accesses]).
 //   Reduce: one block per kept point (a grid-stride loop over rows); the block's threads stride
 //     over the reduced elements with one accumulator each (the Full-level prologue evaluated on
 //     the way, Full-level stores made there), then a block reduction: warp shuffles in a fixed
@@ -105,7 +107,7 @@ class KernelEmitter {
     for (int t = k_.kept_dims(); t < n(); ++t) p *= k_.sizes[size_t(t)];
     return p;
   }
-  std::string expr(int e) const { return lower::scalar_expr(k_, e, lower::kCudaDialect); }
+  std::string expr(int e) const { return lower::scalar_expr(k_, e, dialect_); }
   void emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
                   const std::string& ind) const;
   void emit_stores(std::string& out, Level level, const std::string& ind,
@@ -114,6 +116,9 @@ class KernelEmitter {
   // `i<first>..i<last-1>` from the linear index `lin` over those dims.
   std::string unflatten(int first, int last, const std::string& lin, const std::string& ind) const;
   void emit_pointwise(std::string& out, CudaKernelInfo* info);
+  // The vector form of a pointwise kernel (Note [CUDA vector accesses]); false when no access
+  // is linear or the elements are too wide for more than one per 16 bytes.
+  bool emit_pointwise_vector(std::string& out, CudaKernelInfo* info);
   void emit_reduce(std::string& out, CudaKernelInfo* info);
   void emit_norm(std::string& out, CudaKernelInfo* info);
   // Opens `for (row ...) { i<kept> from row; ` and returns the indentation inside.
@@ -126,7 +131,31 @@ class KernelEmitter {
   const std::vector<MemRef>& mem_;
   const CudaCodegenOptions& opt_;
   int64_t max_blocks_;
+  lower::ScalarDialect dialect_ = lower::kCudaDialect;
 };
+
+// Whether access `a` over iteration space `sizes` reads or writes element `lin` at the linear
+// index itself (row-major contiguous; dims of size 1 are free).
+bool linear_access(const Access& a, const std::vector<int64_t>& sizes) {
+  int64_t expect = 1;
+  for (size_t t = sizes.size(); t-- > 0;) {
+    if (sizes[t] == 1) continue;
+    if (a.strides[t] != expect) return false;
+    expect *= sizes[t];
+  }
+  return true;
+}
+
+// An unsigned type of exactly `bytes` bytes (1, 2, 4, 8, 16) for moving a chunk of elements.
+const char* chunk_type(int64_t bytes) {
+  switch (bytes) {
+    case 16: return "uint4";
+    case 8: return "uint2";
+    case 4: return "unsigned int";
+    case 2: return "unsigned short";
+    default: return "unsigned char";
+  }
+}
 
 void KernelEmitter::emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
                                const std::string& ind) const {
@@ -196,7 +225,95 @@ std::string KernelEmitter::unflatten(int first, int last, const std::string& lin
   return s;
 }
 
+// Note [CUDA vector accesses]
+// A pointwise kernel is memory-bound; one 4-byte load per thread leaves most of a DRAM
+// transaction's width unused. Where accesses are linear (linear_access), each thread takes V
+// consecutive elements: a linear load moves V elements as one 16-byte (or narrower) chunk into
+// a register array `kL<i>` that the expressions read as kL<i>[j_]; a linear store collects V
+// results in `kS<i>` and writes them as one chunk; any other access (a broadcast bias, a
+// transposed operand) reads or writes its element by index as in the scalar form, from the
+// i<t> recovered for lin = base + j_. V = 16 bytes / the widest linear element (at most 8).
+// Chunks must be aligned to their size: the kernel checks every linear pointer at run time
+// (inputs bound in place may be any view) and otherwise runs the scalar loop, as it does for
+// the last N % V elements. Each element computes the same expressions in the same order as in
+// the scalar form, so results are bitwise those of the scalar loop.
+bool KernelEmitter::emit_pointwise_vector(std::string& out, CudaKernelInfo* info) {
+  std::vector<bool> lin_load(k_.loads.size()), lin_store(k_.stores.size());
+  int64_t widest = 0;
+  for (size_t i = 0; i < k_.loads.size(); ++i)
+    if ((lin_load[i] = linear_access(k_.loads[i], k_.sizes)))
+      widest = std::max<int64_t>(widest, dtype_size(k_.loads[i].dtype));
+  for (size_t i = 0; i < k_.stores.size(); ++i)
+    if ((lin_store[i] = linear_access(k_.stores[i].access, k_.sizes)))
+      widest = std::max<int64_t>(widest, dtype_size(k_.stores[i].access.dtype));
+  if (widest == 0) return false;
+  const int64_t V = std::min<int64_t>(16 / widest, 8);
+  const int64_t N = k_.numel();
+  if (V < 2 || N < V) return false;
+  const int64_t Nv = N - N % V;
+  info->threads = opt_.threads_per_block;
+  info->blocks = std::min<int64_t>((Nv / V + info->threads - 1) / info->threads, max_blocks_);
+
+  std::vector<std::string> load_text(k_.loads.size());
+  std::string aligned;
+  auto add_aligned = [&](const std::string& ptr, DType d) {
+    aligned += fmt::format("{}((unsigned long long)({}) % {}ULL == 0)", aligned.empty() ? "" : " && ",
+                           ptr, V * dtype_size(d));
+  };
+  for (size_t i = 0; i < k_.loads.size(); ++i)
+    if (lin_load[i]) {
+      load_text[i] = fmt::format("kL{}[j_]", i);
+      add_aligned(fmt::format("L{}", i), k_.loads[i].dtype);
+    }
+  for (size_t i = 0; i < k_.stores.size(); ++i)
+    if (lin_store[i]) add_aligned(fmt::format("S{}", i), k_.stores[i].access.dtype);
+
+  out += fmt::format("  // vector form: {} elements per thread where every linear pointer is aligned\n", V);
+  out += fmt::format("  const bool kn_vec = {};\n", aligned);
+  out += "  if (kn_vec) {\n";
+  out += fmt::format("  for (i64 base = (i64(blockIdx.x) * blockDim.x + threadIdx.x) * {0}; base < {1}; "
+                     "base += i64(gridDim.x) * blockDim.x * {0}) {{\n", V, Nv);
+  for (size_t i = 0; i < k_.loads.size(); ++i)
+    if (lin_load[i]) {
+      const char* T = lower::storage_type(k_.loads[i].dtype);
+      const char* C = chunk_type(V * dtype_size(k_.loads[i].dtype));
+      out += fmt::format("    __align__(16) {0} kL{1}[{2}];\n    *({3}*)kL{1} = *(const {3}*)(L{1} + base);\n",
+                         T, i, V, C);
+    }
+  for (size_t i = 0; i < k_.stores.size(); ++i)
+    if (lin_store[i])
+      out += fmt::format("    __align__(16) {} kS{}[{}];\n", lower::storage_type(k_.stores[i].access.dtype), i, V);
+  out += fmt::format("    #pragma unroll\n    for (int j_ = 0; j_ < {}; ++j_) {{\n", V);
+  out += "      const i64 lin = base + j_;\n" + unflatten(0, n(), "lin", "      ");
+  dialect_.load_text = &load_text;
+  std::vector<bool> all(k_.exprs.size(), true);
+  emit_exprs(out, all, Level::Full, "      ");
+  dialect_.load_text = nullptr;
+  for (size_t i = 0; i < k_.stores.size(); ++i) {
+    const lower::LoopStore& st = k_.stores[i];
+    std::string value = lower::store_value(st.access.dtype, fmt::format("v{}", st.expr));
+    if (lin_store[i]) out += fmt::format("      kS{}[j_] = {};\n", i, value);
+    else out += fmt::format("      S{}[{}] = {};\n", i, lower::index_expr(st.access.strides), value);
+  }
+  out += "    }\n";
+  for (size_t i = 0; i < k_.stores.size(); ++i)
+    if (lin_store[i]) {
+      const char* C = chunk_type(V * dtype_size(k_.stores[i].access.dtype));
+      out += fmt::format("    *({0}*)(S{1} + base) = *(const {0}*)kS{1};\n", C, i);
+    }
+  out += "  }\n  }\n";
+  // The scalar loop: the last N % V elements, or everything when a pointer is misaligned.
+  out += fmt::format("  for (i64 lin = (kn_vec ? {}LL : 0LL) + i64(blockIdx.x) * blockDim.x + threadIdx.x; "
+                     "lin < {}; lin += i64(gridDim.x) * blockDim.x) {{\n", Nv, N);
+  out += "  {\n" + unflatten(0, n(), "lin", "    ");
+  emit_exprs(out, all, Level::Full, "    ");
+  emit_stores(out, Level::Full, "    ");
+  out += "  }\n  }\n";
+  return true;
+}
+
 void KernelEmitter::emit_pointwise(std::string& out, CudaKernelInfo* info) {
+  if (opt_.vectorize && emit_pointwise_vector(out, info)) return;
   const int64_t N = k_.numel();
   info->threads = opt_.threads_per_block;
   info->blocks = std::min<int64_t>((N + info->threads - 1) / info->threads, max_blocks_);

@@ -15,6 +15,9 @@ using compiler::MemRef;
 
 struct CudaCodegenOptions {
   int threads_per_block = 256;  // pointwise kernels; the upper bound for row kernels
+  // Pointwise kernels take V consecutive elements per thread through 16-byte accesses where
+  // accesses are linear and aligned (Note [CUDA vector accesses]); compiler::Options::vectorize.
+  bool vectorize = true;
   // Tests only: a kernel whose name contains this gets a compile error.
   std::string inject_error_into;
 };

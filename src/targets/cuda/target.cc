@@ -106,8 +106,8 @@ struct LibLaunch {
 
 void launch_direct(const LibNode& n, const LibLaunch& s, const Executable::RunContext& c) {
   if (n.blocks == 0) return;
-  void* argv[16];
-  char* ptrs[16];
+  void* argv[kMaxKernelPointerArgs];
+  char* ptrs[kMaxKernelPointerArgs];
   size_t k = 0;
   for (int i : n.arg_inputs) ptrs[k++] = ptr(c.slots, s.in[size_t(i)]);
   for (int o : n.arg_outputs) ptrs[k++] = ptr(c.slots, s.out[size_t(o)]);
@@ -386,7 +386,7 @@ struct LoopLaunch {
 void run_loop(void* state, const Executable::RunContext& c) {
   auto* l = static_cast<LoopLaunch*>(state);
   if (l->config.grid.x == 0) return;
-  void* argv[64];
+  void* argv[kMaxKernelPointerArgs];
   for (size_t i = 0; i < l->slots.size(); ++i)
     argv[i] = const_cast<char**>(&c.slots[l->slots[i]]);
   LaunchConfig cfg = l->config;
@@ -447,6 +447,7 @@ class CudaTarget final : public compiler::Target {
                                   const Knobs&) const override {
     CudaCodegenOptions co;
     co.inject_error_into = options.inject_error_into;
+    co.vectorize = options.vectorize;
     int64_t max_blocks = int64_t(std::max(multiprocessors(), 1)) * 32;
     std::string name = g.name.empty() ? "graph" : g.name;
     CudaProgram prog = generate_cuda(g, s, mem, name, max_blocks, co);
@@ -470,9 +471,9 @@ class CudaTarget final : public compiler::Target {
       st->config.grid.x = unsigned(k.blocks);
       st->config.block.x = unsigned(std::max(k.threads, 1));
       st->slots = k.slots;
-      if (st->slots.size() > 64)
-        fail_kind(ErrorKind::NotSupported, "cuda: kernel {} has {} pointer arguments (at most 64)",
-                  k.name, st->slots.size());
+      if (st->slots.size() > size_t(kMaxKernelPointerArgs))
+        fail_kind(ErrorKind::NotSupported, "cuda: kernel {} has {} pointer arguments (at most {})",
+                  k.name, st->slots.size(), kMaxKernelPointerArgs);
       Executable::Launch l;
       l.fn = run_loop;
       l.state = st.get();
