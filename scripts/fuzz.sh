@@ -4,7 +4,8 @@
 # libFuzzer harnesses of tests/fuzz/ and kiln_sanitize_tests, then runs the sanitized test
 # subset (label `sanitize`), the corpus replays (`fuzz`) and each fuzzer for a while from its
 # seeds (`fuzzrun`, one after another):
-#   scripts/fuzz.sh [SECONDS]     each fuzzer for SECONDS (default 20)
+#   scripts/fuzz.sh [SECONDS]     each fuzzer for SECONDS (default 20), from libFuzzer seed 1
+#   scripts/fuzz.sh --random-seed [SECONDS]   the same from a random seed (exploratory runs)
 #   scripts/fuzz.sh --build-only  only configure and build (binaries: build-fuzz/tests/fuzz/)
 # Only the layers these link are built: core, support, runtime, ops, ir, passes, lower, onnx.
 # A finding fails the run and leaves the input in build-fuzz/fuzz/<name>/crash-* (replay it:
@@ -14,11 +15,14 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SECONDS_EACH=20
 BUILD_ONLY=0
-case "${1:-}" in
-  --build-only) BUILD_ONLY=1 ;;
-  "") ;;
-  *) SECONDS_EACH="$1" ;;
-esac
+SEED=1  # fixed: CI's runs are reproducible (tests/fuzz/CMakeLists.txt, KILN_FUZZ_SEED)
+for arg in "$@"; do
+  case "$arg" in
+    --build-only) BUILD_ONLY=1 ;;
+    --random-seed) SEED=0 ;;
+    *) SECONDS_EACH="$arg" ;;
+  esac
+done
 CXX="${KILN_CLANG:-clang++-14}"
 CC="${CXX/clang++/clang}"
 command -v "$CXX" >/dev/null || { echo "[fuzz] $CXX not found (apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 1; }
@@ -30,7 +34,7 @@ if [[ ! -f "$BUILD/build.ninja" ]]; then
         -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_CUDA_HOST_COMPILER=g++ \
         -DKILN_FUZZ=ON -DKILN_PYTHON=OFF >/dev/null
 fi
-cmake -B "$BUILD" -DKILN_FUZZ_SECONDS="$SECONDS_EACH" >/dev/null
+cmake -B "$BUILD" -DKILN_FUZZ_SECONDS="$SECONDS_EACH" -DKILN_FUZZ_SEED="$SEED" >/dev/null
 names=(ir onnx npy safetensors)
 targets=()
 for n in "${names[@]}"; do targets+=("kiln_fuzz_$n" "kiln_fuzz_replay_$n"); done

@@ -56,8 +56,11 @@ std::vector<TensorType> infer_upsample(const InferContext& ctx) {
   if (!scales.empty() && scales.size() != 2)
     ctx.fail("scales {} must have 2 entries (H, W) or none", attr_value_str(scales));
   if (size.empty() && scales.empty()) ctx.fail("needs size or scales");
+  // Finite and below 2^31 per axis, so that in * scale stays an exact, representable size
+  // (an infinite or huge scale must be an error, not an overflowing float->int conversion).
   for (double s : scales)
-    if (!(s > 0)) ctx.fail("scales {} must be positive", attr_value_str(scales));
+    if (!(s > 0) || !(s < 2147483648.0))
+      ctx.fail("scales {} must be positive and finite (below 2^31)", attr_value_str(scales));
   Shape out = x.shape;
   for (int i = 0; i < 2; ++i) {
     SymInt in = x.shape[2 + i];
@@ -67,7 +70,10 @@ std::vector<TensorType> infer_upsample(const InferContext& ctx) {
     if (!size.empty()) {
       o = size[i];
     } else if (in.is_concrete()) {
-      o = int64_t(std::floor(double(in.value()) * scales[i]));
+      double scaled = std::floor(double(in.value()) * scales[i]);
+      if (!(scaled < 9.0e15))  // beyond exact doubles: no tensor has such a dimension
+        ctx.fail("output spatial size {} x {} is too large", in.value(), scales[i]);
+      o = int64_t(scaled);
     } else if (scales[i] == std::floor(scales[i])) {
       o = in * SymInt(int64_t(scales[i]));
     } else {

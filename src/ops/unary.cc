@@ -148,7 +148,14 @@ void ref_clamp(const KernelContext& ctx) {
     map_unary(x, ctx.outputs[0], fd, [](int64_t v) { return v; }, false);
   } else {
     // Integer clamp: bounds rounded toward the interior (ceil of min, floor of max).
-    int64_t ilo = has_lo ? int64_t(std::ceil(lo)) : 0, ihi = has_hi ? int64_t(std::floor(hi)) : 0;
+    // Saturating: a bound beyond int64 (1e300) clamps nothing rather than overflowing.
+    auto saturate = [](double v) {
+      int64_t i = 0;
+      store_f64(&i, DType::Int64, v);
+      return i;
+    };
+    int64_t ilo = has_lo ? saturate(std::ceil(lo)) : 0;
+    int64_t ihi = has_hi ? saturate(std::floor(hi)) : 0;
     map_unary(x, ctx.outputs[0], fd, [=](int64_t v) {
       if (has_lo && v < ilo) v = ilo;
       if (has_hi && v > ihi) v = ihi;
@@ -179,6 +186,9 @@ std::vector<TensorType> infer_not(const InferContext& ctx) {
 }
 
 std::vector<TensorType> infer_clamp(const InferContext& ctx) {
+  for (const char* bound : {"min", "max"})
+    if (ctx.attrs.has(bound) && std::isnan(ctx.attrs.get_float(bound)))
+      ctx.fail("{} is NaN; a clamp bound must be a number", bound);
   if (ctx.attrs.has("min") && ctx.attrs.has("max") &&
       ctx.attrs.get_float("min") > ctx.attrs.get_float("max"))
     ctx.fail("min {} is greater than max {}", ctx.attrs.get_float("min"),

@@ -511,7 +511,8 @@ std::vector<int64_t> NodeCtx::inverse_perm(const std::vector<int64_t>& p) {
 }
 
 int64_t NodeCtx::axis(int64_t a, int r, std::string_view what) const {
-  if (r == 0 && (a == 0 || a == -1)) return 0;  // a scalar behaves as rank 1 here
+  // Every caller indexes the input's dims with the result: a scalar has none to index.
+  if (r == 0) fail("{} {} needs an input of rank >= 1, found a scalar (rank 0)", what, a);
   if (a < -r || a >= r) fail("{} {} is out of range for rank {}", what, a, r);
   return a < 0 ? a + r : a;
 }
