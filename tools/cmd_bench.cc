@@ -91,6 +91,8 @@ void bench_command(BenchOptions o, bool json) {
   std::printf("  %-30s %s\n", "arena",
               r.arena_bytes ? fmt_bytes(*r.arena_bytes).c_str()
                             : "n/a (the backend plans no arena)");
+  std::printf("  %-30s %s\n", "launches per call",
+              r.launches_per_call ? std::to_string(*r.launches_per_call).c_str() : "n/a");
   std::printf("  %-30s %s\n", "heap allocations per call",
               r.steady_state_allocs_per_call
                   ? fmt::format("{:.1f}", *r.steady_state_allocs_per_call).c_str()

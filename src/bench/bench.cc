@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compiler/backend.h"
+#include "compiler/target.h"
 #include "capture/compile.h"
 #include "nn/compile.h"
 #include "core/allocator.h"
@@ -280,6 +281,19 @@ std::string decomposition_gap(const Graph& g, const Node& n, const SymbolBinding
   return probe.problem;
 }
 
+// Why the CUDA target refuses node `n` where the node runs through the compiled eager path
+// (Note [Compiled eager kernels on CUDA]: no hand-written kernel for its dtype), or "".
+std::string compiled_path_refusal(const Graph& g, const Node& n) {
+  const OpDef& def = op_def(n.op);
+  if (!def.eager_cuda_compiled || n.outputs.empty()) return "";
+  DType d = n.inputs.empty() || n.inputs[0] == kNoValue ? g.type(n.outputs[0]).dtype
+                                                         : g.type(n.inputs[0]).dtype;
+  if (def.eager_cuda && std::find(def.eager_cuda_dtypes.begin(), def.eager_cuda_dtypes.end(), d) !=
+                            def.eager_cuda_dtypes.end())
+    return "";
+  return compiler::target_for(Device::cuda(0)).unsupported_reason(g, n);
+}
+
 }  // namespace
 
 std::string cuda_eager_gap(const Graph& g, const SymbolBindings& bindings) {
@@ -289,18 +303,22 @@ std::string cuda_eager_gap(const Graph& g, const SymbolBindings& bindings) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const OpDef& def = op_def(n.op);
-    if (def.eager_cuda || def.eager_cuda_compiled) continue;
-    std::string why = def.decompose ? decomposition_gap(g, n, bindings) : "";
-    if (def.decompose && why.empty()) continue;
+    std::string why;
+    if (def.eager_cuda || def.eager_cuda_compiled) {
+      why = compiled_path_refusal(g, n);
+      if (why.empty()) continue;
+    } else {
+      why = def.decompose ? decomposition_gap(g, n, bindings) : "";
+      if (def.decompose && why.empty()) continue;
+    }
     ++bad;
     if (std::find(ops.begin(), ops.end(), def.name) == ops.end()) ops.push_back(def.name);
     if (!first.empty()) continue;
     std::string node = n.name.empty() ? fmt::format("node {}", i)
                                       : fmt::format("node '{}'", n.name);
-    first = why.empty() ? fmt::format("{} (op {}) has no CUDA kernel yet (CUDA kernels for it "
-                                      "arrive with the CUDA backend)", node, def.name)
-                        : fmt::format("{} (op {}) cannot run on CUDA yet: {} (CUDA kernels for "
-                                      "it arrive with the CUDA backend)", node, def.name, why);
+    first = why.empty() ? fmt::format("{} (op {}) has no CUDA kernel; run it on the CPU", node,
+                                      def.name)
+                        : fmt::format("{} (op {}) cannot run on CUDA: {}", node, def.name, why);
   }
   if (bad == 0) return "";
   std::string list;
@@ -371,6 +389,7 @@ std::string BenchResult::json(int indent) const {
   j["peak_rss_bytes"] = peak_rss_bytes;
   j["peak_device_bytes"] = opt(peak_device_bytes);
   j["arena_bytes"] = opt(arena_bytes);
+  j["launches_per_call"] = opt(launches_per_call);
   j["steady_state_allocs_per_call"] = opt(steady_state_allocs_per_call);
   j["involuntary_switches_per_call"] = involuntary_switches_per_call;
   j["host"] = {{"cpu_model", host.cpu_model}, {"isa", host.isa}, {"cores", host.cores}};
@@ -519,14 +538,16 @@ BenchResult run_bench(const BenchOptions& o) {
     r.warm_compile_s = std::max(0.0, seconds_since(t0) - r.min_ms / 1000.0);
     ExplainReport rep = again.report();
     bool hit = !rep.graphs.empty();
-    int64_t arena = 0;
-    bool planned = false;
+    int64_t arena = 0, launches = 0;
+    bool planned = false, listed = false;
     for (const ExplainGraph& g : rep.graphs) {
       hit = hit && g.cache_hit;
       if (g.arena_bytes >= 0) arena += g.arena_bytes, planned = true;
+      if (g.launches >= 0) launches += g.launches, listed = true;
     }
     r.warm_compile_cache_hit = hit;
     if (planned) r.arena_bytes = arena;
+    if (listed) r.launches_per_call = launches;
     cold_cache.reset();
   }
 

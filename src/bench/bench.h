@@ -86,6 +86,8 @@ struct BenchResult {
   double throughput_per_s = 0;
   int64_t peak_rss_bytes = 0;
   std::optional<int64_t> peak_device_bytes, arena_bytes;
+  // Compiled: kernel and library launches per call, summed over the compiled graphs.
+  std::optional<int64_t> launches_per_call;
   // Involuntary context switches of the process's threads (getrusage ru_nivcsw) during the
   // timed calls, per call: how often the OS took a core away from the benchmark. With every
   // core busy (threads = cores), each one can stall a parallel region for a scheduler slice.

@@ -216,6 +216,7 @@ ExplainGraph explain_graph(const CompiledSegment& seg,
   g.backend_summary = seg.compiled ? seg.compiled->summary() : "compile failed: interpreted eagerly";
   if (seg.compiled) {
     g.arena_bytes = seg.compiled->arena_bytes();
+    g.launches = seg.compiled->launches();
     g.cache_hit = seg.compiled->cache_hit();
   }
   return g;

@@ -58,6 +58,7 @@ struct ExplainGraph {
   std::string ir;       // the graph as IR text
   std::string backend_summary;
   int64_t arena_bytes = -1;  // the backend's planned arena (-1: none)
+  int64_t launches = -1;     // launches per call of the backend's code (-1: no launch list)
   bool cache_hit = false;    // the backend's code came from its cache
   // What the graph froze from the host, one line each, with the call site of the op that read
   // it: "mul at model.cc:42: scalar 2.0 is part of the graph", "linear at model.cc:40: tensor

@@ -37,6 +37,8 @@ class CompiledGraph {
   virtual void run_into(const TensorList& inputs, TensorList& outputs) { outputs = run(inputs); }
   // Bytes of the planned arena (-1: the backend does not plan memory).
   virtual int64_t arena_bytes() const { return -1; }
+  // Launches per call (kernels and library calls; -1: the backend has no launch list).
+  virtual int64_t launches() const { return -1; }
   // Whether the backend's compiled code came from a cache instead of being compiled now.
   virtual bool cache_hit() const { return false; }
   // One line for explain: what the backend made of the graph.

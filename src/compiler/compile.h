@@ -71,6 +71,9 @@ class CompiledExecutable : public CompiledGraph {
   void run_into(const TensorList& inputs, TensorList& outputs) override;
   std::string summary() const override;
   int64_t arena_bytes() const override { return report_.arena_bytes; }
+  int64_t launches() const override {
+    return report_.loop_kernels + report_.library_launches + report_.eager_launches;
+  }
   bool cache_hit() const override { return report_.cache_hit; }
   const CompileReport& report() const { return report_; }
   Executable& executable() { return *exe_; }
