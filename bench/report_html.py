@@ -28,6 +28,7 @@ COLORS = {
     "ort": "#2a9d8f",
     "torch-eager": "#457b9d",
     "torch-compile": "#1d3557",
+    "torch-compile-reduce-overhead": "#457b9d",
     "torch-compile-max-autotune": "#6a4c93",
     "torchscript": "#8ab17d",
 }

@@ -5,7 +5,7 @@
 # $OUT, packed as one archive (the device tool brings back only a few files per call).
 #
 #   cd /tmp/k/cuda && ./run.sh [MODEL...]       # models default: mlp resnet18 bert_base
-#   KILN_REMOTE_STEPS=suite,ops,bench,conformance,cpu (the default: all of them) picks steps, so
+#   KILN_REMOTE_STEPS=suite,ops,bench,conformance,models,sanitize,cpu (the default: all) picks steps, so
 #   that a long run can be split over two device calls. KILN_STEP_TIMEOUT (s, default 900)
 #   bounds each step, so that one hung step still leaves the others' logs.
 set -uo pipefail
@@ -27,7 +27,7 @@ step() {  # step NAME CMD...: runs CMD with its output in NAME.log, records the 
   local rc=$?
   echo "$name: exit $rc ($((SECONDS - t0)) s)" | tee -a "$summary"
 }
-steps=",${KILN_REMOTE_STEPS:-suite,ops,bench,conformance,cpu},"
+steps=",${KILN_REMOTE_STEPS:-suite,ops,bench,conformance,models,sanitize,cpu},"
 want() { [[ "$steps" == *",$1,"* ]]; }
 step device ./kiln device
 # KILN_CUDA_TEST_FILTER: a gtest filter for the CUDA suite (default: all of it).
@@ -53,6 +53,26 @@ if want conformance && [[ -n "${KILN_ONNX_DATA:-}" ]]; then
   step conformance_eager ./kiln conformance --device cuda --data "$KILN_ONNX_DATA"
   step conformance_compiled ./kiln conformance --device cuda --backend compiled --data "$KILN_ONNX_DATA"
   tail -3 "$LOGS/conformance_eager.log" "$LOGS/conformance_compiled.log" | tee -a "$summary"
+fi
+# The exported models (scripts/export_models.py, exported here with this machine's torch) compiled
+# on CUDA against the CPU eager run and ONNX Runtime's outputs: KILN_REPO=the repository's root
+# (its scripts/), KILN_ONNX_MODELS=names (default: all of export_models.MODELS).
+if want models && [[ -n "${KILN_REPO:-}" ]]; then
+  step onnx_models python3 "$KILN_REPO/scripts/cuda_onnx_models.py" --kiln ./kiln --out /tmp/kiln-models \
+    --json "$LOGS/onnx_models.json" ${KILN_ONNX_MODELS:-}
+  tail -12 "$LOGS/onnx_models.log" | tee -a "$summary"
+fi
+# compute-sanitizer over the compiled zoo (issue #12): memcheck and racecheck of `kiln run MODEL
+# --device cuda` (compiled on the device, a few calls) for KILN_SANITIZE_MODELS (default: every
+# zoo model). The tool reports "ERROR SUMMARY: 0 errors" / "RACECHECK SUMMARY: 0 hazards".
+if want sanitize && command -v compute-sanitizer >/dev/null; then
+  for m in ${KILN_SANITIZE_MODELS:-mlp vfe branchy resnet18 resnet50 vit_b_16 bert_base}; do
+    for tool in memcheck racecheck; do
+      step "sanitize_${tool}_$m" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        ./kiln run "$m" --device cuda --backend compiled --iters 2 --warmup 1
+      grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/sanitize_${tool}_$m.log" | sed "s/^/  $m $tool: /" | tee -a "$summary"
+    done
+  done
 fi
 # CPU throughput of one compiled model at 1, 2 and 4 caller threads (issue #16), on this
 # machine's idle cores.

@@ -33,7 +33,7 @@ struct RunArgs {
   int threads = 0;
   std::vector<std::string> inputs;
   std::string output_dir;
-  std::string device = "cpu";  // cpu | cuda (zoo models)
+  std::string device = "cpu";  // cpu | cuda
   bool json = false;
 };
 
@@ -100,11 +100,9 @@ void run_command(const RunArgs& a) {
     o.backend = a.backend_given ? a.backend : "eager";
     o.seed = a.seed;
     o.json = a.json;
-    if (a.device != "cpu")
-      fail_kind(ErrorKind::NotSupported,
-                "run: --device {} for an ONNX file is not supported by `kiln run` yet; use `kiln "
-                "bench {} --device {}` (which runs ONNX files on CUDA) or --device cpu",
-                a.device, a.target, a.device);
+    o.device = a.device;
+    // On CUDA the default compares the compiled run on the device with the CPU eager run.
+    if (a.device == "cuda" && !a.backend_given) o.backend = "both";
     run_onnx_model(o);
     return;
   }
@@ -249,7 +247,7 @@ void add_run_command(CLI::App& app) {
                   "compiled (kiln::compile, best backend) | both (default eager)")
       ->each([](const std::string&) { a.backend_given = true; });
   cmd->add_option("--batch", a.batch, "Batch size (default 1)");
-  cmd->add_option("--device", a.device, "cpu | cuda (zoo models; default cpu)");
+  cmd->add_option("--device", a.device, "cpu | cuda (default cpu); on cuda the compiled run is compared with the CPU eager run");
   cmd->add_option("--seed", a.seed, "Seed for weights and random inputs (default 0)");
   cmd->add_option("--iters", a.iters, "Timed iterations (default 10)");
   cmd->add_option("--warmup", a.warmup, "Warm-up iterations (default 2)");

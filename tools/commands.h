@@ -30,6 +30,9 @@ struct OnnxRunOptions {
   std::vector<std::string> input_specs;
   std::string output_dir;
   std::string backend = "eager";  // eager | compiled | both
+  // cuda: the compiled run takes the inputs on the device (the CUDA target); the eager run, the
+  // reference, stays on the CPU.
+  std::string device = "cpu";
   uint64_t seed = 0;
   bool json = false;
 };

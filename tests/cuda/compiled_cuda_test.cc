@@ -127,11 +127,29 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
     auto rexe = compiler::compile(g, Device::cuda(0), ro);
     EXPECT_NE(rexe->report().mode_note.find("CUDA graph replay"), std::string::npos)
         << rexe->report().mode_note;
+    std::vector<TensorList> kept;
     for (int call = 0; call < 3; ++call) {  // the first call captures, the next ones replay
       TensorList r = rexe->run(call == 1 ? dev_in : gin2);
       const TensorList& d = call == 1 ? got_dev : got2;
       for (size_t i = 0; i < r.size(); ++i)
         EXPECT_EQ(bits_differ(r[i], d[i]), "") << name << " reduce-overhead call " << call << " output " << i;
+      kept.push_back(r);
+    }
+    // The outputs of a replay are the caller's: later replays (other inputs) never overwrite
+    // them — the case where torch's CUDA-graph outputs fail with "accessing tensor output of
+    // CUDAGraphs that has been overwritten by a subsequent run" (Note [Executable]).
+    for (size_t i = 0; i < kept[1].size(); ++i)
+      EXPECT_EQ(bits_differ(kept[1][i], got_dev[i]), "") << name << ": call 1's output " << i
+                                                          << " changed after calls 2";
+    // Caller-provided output buffers on the device (run_into): filled in place, same bits.
+    TensorList into;
+    for (const Tensor& t : got_dev) into.push_back(Tensor::empty(t.sizes(), t.dtype(), Device::cuda(0)));
+    std::vector<const void*> where;
+    for (const Tensor& t : into) where.push_back(t.raw_data());
+    rexe->run_into(dev_in, into);
+    for (size_t i = 0; i < into.size(); ++i) {
+      EXPECT_EQ(into[i].raw_data(), where[i]) << name << ": run_into replaced output " << i;
+      EXPECT_EQ(bits_differ(into[i], got_dev[i]), "") << name << " run_into output " << i;
     }
   }
   (void)want;
