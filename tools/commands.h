@@ -10,6 +10,8 @@ namespace kiln::cli {
 
 // Largest |a - b| over elements; infinity when the shapes differ or NaNs do not line up.
 double max_abs_diff(const Tensor& a, const Tensor& b);
+// max_abs_diff(a, b) / max |b| over b's finite values: the error relative to the output's size.
+double max_rel_err(const Tensor& a, const Tensor& b);
 
 void add_models_command(CLI::App& app);
 void add_ops_command(CLI::App& app);
@@ -30,6 +32,7 @@ struct OnnxRunOptions {
   std::vector<std::string> input_specs;
   std::string output_dir;
   std::string backend = "eager";  // eager | compiled | both
+  DType precision = DType::Float32;  // the compiled run's (--dtype)
   uint64_t seed = 0;
   bool json = false;
 };

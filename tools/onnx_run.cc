@@ -152,6 +152,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
     copts.backend = compile_backend = best_compile_backend();
     copts.strict = true;     // a failure is an error, not a silent eager fallback
     copts.fullgraph = true;  // the imported graph has no host code: no breaks expected
+    copts.precision = o.precision;
     const Graph* graph = &g;
     CompiledFunction fn = compile([graph](const TensorList& in) { return run(*graph, in); }, copts);
     auto t0 = std::chrono::steady_clock::now();
@@ -182,6 +183,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
                  : do_eager              ? "eager"
                                          : "compiled(" + compile_backend + ")";
   if (do_compiled) j["compile_backend"] = compile_backend;
+  j["dtype"] = dtype_name(o.precision);
   j["random_inputs"] = any_random;
   j["seed"] = o.seed;
   j["nodes"] = g.nodes.size();
@@ -209,16 +211,21 @@ void run_onnx_model(const OnnxRunOptions& o) {
                           {"shape", std::vector<int64_t>(outs[i].sizes().begin(), outs[i].sizes().end())},
                           {"sum", sum},
                           {"mean_abs", v.empty() ? 0.0 : asum / double(v.size())}};
-    if (do_eager && do_compiled)
+    if (do_eager && do_compiled) {
       out["max_abs_diff_compiled_vs_eager"] = max_abs_diff(compiled_out[i], eager_out[i]);
+      out["max_rel_err_compiled_vs_eager"] = max_rel_err(compiled_out[i], eager_out[i]);
+    }
     j["outputs"].push_back(out);
   }
   if (o.json) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("model %s: %zu nodes, %zu inputs%s\n", o.model_path.c_str(), g.nodes.size(),
-              inputs.size(), any_random ? fmt::format(" (random, seed {})", o.seed).c_str() : "");
+  std::printf("model %s: %zu nodes, %zu inputs%s%s\n", o.model_path.c_str(), g.nodes.size(),
+              inputs.size(), any_random ? fmt::format(" (random, seed {})", o.seed).c_str() : "",
+              o.precision == DType::Float32 || !do_compiled
+                  ? ""
+                  : fmt::format("; compiled in {} (eager: float32)", dtype_name(o.precision)).c_str());
   if (!specialized_because.empty())
     std::printf("  imported with the input shapes fixed to the given inputs' (a mapping needs a "
                 "concrete size: %s)\n", specialized_because.c_str());
@@ -231,7 +238,9 @@ void run_onnx_model(const OnnxRunOptions& o) {
                 out["name"].get<std::string>().c_str(), out["dtype"].get<std::string>().c_str(),
                 shape.c_str(), out["sum"].get<double>(), out["mean_abs"].get<double>());
     if (out.contains("max_abs_diff_compiled_vs_eager"))
-      std::printf("  max|compiled-eager| %.3g", out["max_abs_diff_compiled_vs_eager"].get<double>());
+      std::printf("  max|compiled-eager| %.3g (%.3g of max|eager|)",
+                  out["max_abs_diff_compiled_vs_eager"].get<double>(),
+                  out["max_rel_err_compiled_vs_eager"].get<double>());
     std::printf("\n");
   }
   std::printf("  import %.3f s", import_s);
@@ -240,6 +249,15 @@ void run_onnx_model(const OnnxRunOptions& o) {
     std::printf("  compiled (%s): first call %.3f s, then %.3f s", compile_backend.c_str(),
                 compiled_first_s, compiled_s);
   std::printf("\n");
+}
+
+// max |a - b| / max |b| (finite values; inf where NaN or shapes disagree, 0 when b is all 0 and
+// a equals it): the relative error `kiln run --dtype` reports against the float32 eager run.
+double max_rel_err(const Tensor& a, const Tensor& b) {
+  double diff = max_abs_diff(a, b), scale = 0;
+  for (double x : b.to_vector<double>())
+    if (std::isfinite(x)) scale = std::max(scale, std::fabs(x));
+  return diff == 0 ? 0.0 : scale == 0 ? INFINITY : diff / scale;
 }
 
 // Declared in tools/commands.h (shared by `kiln run` for zoo models and ONNX files).

@@ -36,11 +36,11 @@
 #include <array>
 #include <cmath>
 #include <iterator>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
 
-#include "ops/kernel_util.h"
 #include "passes/algebraic_simplify.h"
 #include "passes/graph_rewrite.h"
 
@@ -101,20 +101,41 @@ bool has_data(const Value& v) {
 
 bool is_constant(const Value& v) { return v.kind == ValueKind::Param || v.kind == ValueKind::Const; }
 
-// What converting `data` (float32) to `low` would lose beyond rounding: the first nonzero
-// finite value that becomes 0 or an infinity.
-struct RangeLoss {
+// A float32 weight converted to a low dtype, and what the conversion lost beyond rounding: the
+// first nonzero finite value that became 0 (underflow) or an infinity (overflow).
+struct Conversion {
+  Tensor data;
   bool overflow = false, underflow = false;
   double value = 0;
 };
-RangeLoss range_loss(const Tensor& data, const Tensor& converted) {
-  std::vector<double> a = read_f64(data), c = read_f64(converted);
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i]) || a[i] == 0) continue;
-    if (std::isinf(c[i])) return {true, false, a[i]};
-    if (c[i] == 0) return {false, true, a[i]};
+
+// One pass over the raw data, converting with the scalar conversions every cast uses (Half,
+// BFloat16: round to nearest even); weights are large, so no per-element dispatch. Done on the
+// host; the result goes back to the data's device.
+template <typename Low>
+void convert_into(const float* x, uint16_t* out, int64_t n, uint16_t inf_bits, Conversion& c) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = Low(x[i]).bits;
+    if (c.overflow || c.underflow || !std::isfinite(x[i]) || x[i] == 0) continue;
+    uint16_t mag = out[i] & 0x7FFF;
+    if (mag == inf_bits || mag == 0) {
+      (mag == inf_bits ? c.overflow : c.underflow) = true;
+      c.value = x[i];
+    }
   }
-  return {};
+}
+
+Conversion convert(const Tensor& data, DType low) {
+  Tensor host = (data.device().is_cpu() ? data : data.to(Device::cpu())).contiguous();
+  Conversion c;
+  c.data = Tensor::empty(host.sizes(), low);
+  auto* out = static_cast<uint16_t*>(c.data.raw_data());
+  if (low == DType::Float16)
+    convert_into<Half>(host.data<float>(), out, host.numel(), 0x7C00, c);
+  else
+    convert_into<BFloat16>(host.data<float>(), out, host.numel(), 0x7F80, c);
+  if (!data.device().is_cpu()) c.data = c.data.to(data.device());
+  return c;
 }
 
 const char* suffix_of(DType d) { return info(d).short_name; }
@@ -141,6 +162,10 @@ class Autocaster {
   }
 
  private:
+  const Node* old_producer(ValueId v) const {
+    const Value& val = g_.value(v);
+    return val.kind == ValueKind::NodeOutput ? &g_.nodes[size_t(val.producer)] : nullptr;
+  }
   bool was_f32(ValueId v) const { return v != kNoValue && g_.type(v).dtype == DType::Float32; }
   int slot(DType d) const { return d == DType::Float32 ? 0 : 1; }
 
@@ -162,8 +187,8 @@ class Autocaster {
     const Value& nv = b_.dst().value(now);
     std::string hint = nv.name + "." + suffix_of(want);
     if (has_data(nv)) {
-      Tensor converted = nv.data.to(want);
-      RangeLoss loss = range_loss(nv.data, converted);
+      KILN_ASSERT(want == low_);  // a float32 weight, read low
+      const Conversion& loss = conversion(v);
       if (loss.overflow && reader)
         fail_kind(ErrorKind::NotSupported,
                   "autocast to {}: {} '{}' reads '%{}', whose value {} overflows {} (max {}); "
@@ -171,11 +196,22 @@ class Autocaster {
                   dtype_name(want), op_def(reader->op).name, reader->name, nv.name, loss.value,
                   dtype_name(want), want == DType::Float16 ? "65504" : "3.39e38");
       ++weights_;
-      return cached = nv.kind == ValueKind::Param ? b_.add_param(converted, exact_name, hint)
-                                                  : b_.add_const(converted, exact_name, hint);
+      return cached = nv.kind == ValueKind::Param ? b_.add_param(loss.data, exact_name, hint)
+                                                  : b_.add_const(loss.data, exact_name, hint);
     }
     ++casts_;
-    return cached = b_.add_node1(OpId::Cast, {now}, {{"dtype", want}}, "", exact_name, hint);
+    // Provenance: the node the cast feeds, else (a cast back for a graph output) the producer.
+    std::string where = reader ? reader->name
+                        : old_producer(v) ? old_producer(v)->name
+                                          : std::string();
+    return cached = b_.add_node1(OpId::Cast, {now}, {{"dtype", want}}, where, exact_name, hint);
+  }
+
+  // Old param or const `v` (float32, with data) in the low dtype, converted once.
+  const Conversion& conversion(ValueId v) {
+    auto it = conversions_.find(v);
+    if (it == conversions_.end()) it = conversions_.emplace(v, convert(g_.value(v).data, low_)).first;
+    return it->second;
   }
 
   // Whether a follow node with these inputs computes in float32 (Note [Autocast]).
@@ -185,10 +221,7 @@ class Autocaster {
       if (!was_f32(v)) continue;
       const Value& old = g_.value(v);
       if (is_constant(old)) {
-        if (has_data(old)) {
-          RangeLoss loss = range_loss(old.data, old.data.to(low_));
-          if (loss.overflow || loss.underflow) return true;
-        }
+        if (has_data(old) && (conversion(v).overflow || conversion(v).underflow)) return true;
         continue;
       }
       dynamic = true;
@@ -245,6 +278,7 @@ class Autocaster {
   GraphBuilder b_;
   std::vector<std::array<ValueId, 2>> versions_;  // old value -> its float32 / low version
   std::vector<bool> is_output_;
+  std::unordered_map<ValueId, Conversion> conversions_;
   int casts_ = 0, weights_ = 0;
 };
 
