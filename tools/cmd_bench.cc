@@ -63,9 +63,10 @@ void bench_command(BenchOptions o, bool json) {
   };
   std::string isa;
   for (auto& f : r.host.isa) isa += (isa.empty() ? "" : " ") + f;
-  std::printf("kiln %s bench: %s  backend %s  device %s  mode %s  batch %lld  threads %d\n",
+  std::printf("kiln %s bench: %s  backend %s  device %s  mode %s  dtype %s  batch %lld  "
+              "threads %d\n",
               r.kiln_version.c_str(), r.model.c_str(), r.backend.c_str(), r.device.c_str(),
-              r.mode.c_str(), (long long)r.batch, r.threads);
+              r.mode.c_str(), r.dtype.c_str(), (long long)r.batch, r.threads);
   std::printf("host: %s (%d cores; %s)\n", r.host.cpu_model.c_str(), r.host.cores,
               isa.empty() ? "no avx2/avx512" : isa.c_str());
   std::printf("\n  latency over %lld iters (after %lld warm-up)\n", (long long)r.iters,
@@ -113,6 +114,9 @@ void add_bench_command(CLI::App& app) {
                   "cpu | cuda (default cpu; cuda: --backend eager on an .onnx file whose nodes "
                   "all have CUDA kernels)");
   cmd->add_option("--mode", o.mode, "default | reduce-overhead | max-autotune (compile mode)");
+  cmd->add_option("--dtype", o.dtype,
+                  "float32 | bfloat16 | float16 (or f32, bf16, f16): run a float32 model in this "
+                  "precision, as torch's autocast does (docs/compiler.md); default float32");
   cmd->add_option("--batch", o.batch, "Batch size (default 1)");
   cmd->add_option("--threads", o.threads, "Intra-op threads (default: all cores)");
   cmd->add_option("--warmup", o.warmup, "Warm-up iterations (default 3)");

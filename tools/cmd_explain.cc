@@ -6,6 +6,7 @@
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "bench/bench.h"
+#include "passes/autocast.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {
@@ -18,6 +19,7 @@ void add_explain_command(CLI::App& app) {
   static std::string backend = "eager";
   static std::string mode = "default";
   static std::string device = "cpu";
+  static std::string dtype = "float32";
   auto* cmd = app.add_subcommand("explain", "Show graphs, graph breaks, guards and fallbacks");
   cmd->add_option("model", model, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("--batch", batch, "Batch size (default 1)");
@@ -25,6 +27,9 @@ void add_explain_command(CLI::App& app) {
   cmd->add_option("--backend", backend, "Compile backend (default eager)");
   cmd->add_option("--device", device, "cpu | cuda (default cpu)");
   cmd->add_option("--mode", mode, "default | reduce-overhead | max-autotune (compile mode)");
+  cmd->add_option("--dtype", dtype,
+                  "float32 | bfloat16 | float16 (or f32, bf16, f16): the precision the backend "
+                  "runs a float32 model in (docs/compiler.md); default float32");
   cmd->add_flag("--fullgraph", fullgraph, "Treat a graph break as an error");
   cmd->add_flag("--json", json, "Print JSON: graphs, breaks, guards, recompiles, fallbacks");
   cmd->callback([] {
@@ -34,6 +39,7 @@ void add_explain_command(CLI::App& app) {
     CompileOptions opts;
     opts.backend = backend;
     opts.mode = mode;
+    opts.precision = parse_precision(dtype, "explain: --dtype");
     opts.fullgraph = fullgraph;
     CompiledFunction f = m.compile(opts);
     ExplainReport r = explain(f, m.inputs);

@@ -17,6 +17,7 @@
 #include "core/cuda_runtime.h"
 #include "runtime/npy.h"
 #include "bench/bench.h"
+#include "passes/autocast.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {
@@ -34,6 +35,7 @@ struct RunArgs {
   std::vector<std::string> inputs;
   std::string output_dir;
   std::string device = "cpu";  // cpu | cuda
+  std::string dtype = "float32";  // the compiled run's precision (eager runs float32)
   bool json = false;
 };
 
@@ -90,6 +92,10 @@ void load_inputs(const RunArgs& a, nn::ZooModel& m) {
 }
 
 void run_command(const RunArgs& a) {
+  const DType precision = parse_precision(a.dtype, "run: --dtype");
+  if (precision != DType::Float32 && a.backend == "eager")
+    fail("run: --dtype {} applies to the compiled run; --backend eager runs the model as written "
+         "(float32): use --backend both to compare the two", dtype_name(precision));
   if (a.target.size() > 5 && a.target.substr(a.target.size() - 5) == ".onnx") {
     if (a.threads < 0) fail("--threads must be >= 0, got {}", a.threads);
     if (a.threads > 0) omp_set_num_threads(a.threads);
@@ -100,6 +106,7 @@ void run_command(const RunArgs& a) {
     o.backend = a.backend_given ? a.backend : "eager";
     o.seed = a.seed;
     o.json = a.json;
+    o.precision = precision;
     o.device = a.device;
     // On CUDA the default compares the compiled run on the device with the CPU eager run.
     if (a.device == "cuda" && !a.backend_given) o.backend = "both";
@@ -147,6 +154,7 @@ void run_command(const RunArgs& a) {
     CompileOptions copts;
     copts.backend = best_compile_backend();
     copts.strict = true;  // a compile failure is an error here, not a silent eager run
+    copts.precision = precision;
     compiled = compile(m.module, copts);
     auto t0 = std::chrono::steady_clock::now();
     captured_out = compiled(m.inputs);
@@ -175,6 +183,7 @@ void run_command(const RunArgs& a) {
   j["batch"] = a.batch;
   j["threads"] = threads;
   j["device"] = a.device;
+  j["dtype"] = dtype_name(precision);  // of the compiled run
   j["outputs"] = nlohmann::json::array();
   for (size_t i = 0; i < outs.size(); ++i) {
     auto v = outs[i].to_vector<double>();
@@ -185,8 +194,14 @@ void run_command(const RunArgs& a) {
                         {"dtype", dtype_name(outs[i].dtype())},
                         {"sum", sum},
                         {"mean_abs", v.empty() ? 0.0 : asum / double(v.size())}};
-    if (do_eager && do_capture) o["max_abs_diff_compiled_vs_eager"] = max_abs_diff(captured_out[i], eager_out[i]);
-    if (cuda) o["max_abs_diff_vs_cpu_eager"] = max_abs_diff(outs[i], cpu_reference[i]);
+    if (do_eager && do_capture) {
+      o["max_abs_diff_compiled_vs_eager"] = max_abs_diff(captured_out[i], eager_out[i]);
+      o["max_rel_err_compiled_vs_eager"] = max_rel_err(captured_out[i], eager_out[i]);
+    }
+    if (cuda) {
+      o["max_abs_diff_vs_cpu_eager"] = max_abs_diff(outs[i], cpu_reference[i]);
+      o["max_rel_err_vs_cpu_eager"] = max_rel_err(outs[i], cpu_reference[i]);
+    }
     j["outputs"].push_back(o);
   }
   auto lat_json = [](const Latency& l) {
@@ -204,8 +219,12 @@ void run_command(const RunArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("model %s  batch %lld  device %s  threads %d\n", m.name.c_str(), (long long)a.batch,
-              a.device.c_str(), threads);
+  std::printf("model %s  batch %lld  device %s  threads %d%s\n", m.name.c_str(),
+              (long long)a.batch, a.device.c_str(), threads,
+              precision == DType::Float32
+                  ? ""
+                  : fmt::format("  dtype {} (compiled; eager runs float32)", dtype_name(precision))
+                        .c_str());
   for (auto& o : j["outputs"]) {
     std::string shape = "[";
     for (size_t k = 0; k < o["shape"].size(); ++k) shape += (k ? ", " : "") + std::to_string(o["shape"][k].get<int64_t>());
@@ -214,9 +233,12 @@ void run_command(const RunArgs& a) {
                 o["dtype"].get<std::string>().c_str(), shape.c_str(), o["sum"].get<double>(),
                 o["mean_abs"].get<double>());
     if (o.contains("max_abs_diff_compiled_vs_eager"))
-      std::printf("  max|compiled-eager| %.3g", o["max_abs_diff_compiled_vs_eager"].get<double>());
+      std::printf("  max|compiled-eager| %.3g (%.3g of max|eager|)",
+                  o["max_abs_diff_compiled_vs_eager"].get<double>(),
+                  o["max_rel_err_compiled_vs_eager"].get<double>());
     if (o.contains("max_abs_diff_vs_cpu_eager"))
-      std::printf("  max|cuda-cpu| %.3g", o["max_abs_diff_vs_cpu_eager"].get<double>());
+      std::printf("  max|cuda-cpu| %.3g (%.3g of max|cpu|)", o["max_abs_diff_vs_cpu_eager"].get<double>(),
+                  o["max_rel_err_vs_cpu_eager"].get<double>());
     std::printf("\n");
   }
   std::string header = fmt::format("latency ({} iters)", a.iters);
@@ -248,6 +270,10 @@ void add_run_command(CLI::App& app) {
       ->each([](const std::string&) { a.backend_given = true; });
   cmd->add_option("--batch", a.batch, "Batch size (default 1)");
   cmd->add_option("--device", a.device, "cpu | cuda (default cpu); on cuda the compiled run is compared with the CPU eager run");
+  cmd->add_option("--dtype", a.dtype,
+                  "float32 | bfloat16 | float16 (or f32, bf16, f16): run the float32 model "
+                  "compiled in this precision, as torch's autocast does (docs/compiler.md); the "
+                  "eager run stays float32 and is the reference (default float32)");
   cmd->add_option("--seed", a.seed, "Seed for weights and random inputs (default 0)");
   cmd->add_option("--iters", a.iters, "Timed iterations (default 10)");
   cmd->add_option("--warmup", a.warmup, "Warm-up iterations (default 2)");

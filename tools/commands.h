@@ -10,6 +10,8 @@ namespace kiln::cli {
 
 // Largest |a - b| over elements; infinity when the shapes differ or NaNs do not line up.
 double max_abs_diff(const Tensor& a, const Tensor& b);
+// max_abs_diff(a, b) / max |b| over b's finite values: the error relative to the output's size.
+double max_rel_err(const Tensor& a, const Tensor& b);
 
 void add_models_command(CLI::App& app);
 void add_ops_command(CLI::App& app);
@@ -33,6 +35,7 @@ struct OnnxRunOptions {
   // cuda: the compiled run takes the inputs on the device (the CUDA target); the eager run, the
   // reference, stays on the CPU.
   std::string device = "cpu";
+  DType precision = DType::Float32;  // the compiled run's (--dtype)
   uint64_t seed = 0;
   bool json = false;
 };

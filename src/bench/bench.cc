@@ -20,6 +20,7 @@
 //   torch.cuda.max_memory_allocated reports for the PyTorch peers.
 #include "bench/bench.h"
 
+#include "passes/autocast.h"
 #include "frontends/onnx/importer.h"
 #include "ir/interpreter.h"
 
@@ -366,6 +367,7 @@ std::string BenchResult::json(int indent) const {
   j["backend"] = backend;
   j["device"] = device;
   j["mode"] = mode;
+  j["dtype"] = dtype;
   j["batch"] = batch;
   j["threads"] = threads;
   j["warmup"] = warmup;
@@ -404,6 +406,10 @@ BenchResult run_bench(const BenchOptions& o) {
     fail("bench: --mode expected default, reduce-overhead or max-autotune, found '{}'", o.mode);
   if (o.device != "cpu" && o.device != "cuda")
     fail("bench: --device expected cpu or cuda, found '{}'", o.device);
+  const DType precision = parse_precision(o.dtype, "bench: --dtype");
+  if (precision != DType::Float32 && o.backend == "eager")
+    fail("bench: --dtype {} applies to the compiled run (--backend compiled); --backend eager "
+         "runs the model as written, in float32", dtype_name(precision));
   if (o.batch < 1) fail("bench: --batch expected >= 1, found {}", o.batch);
   if (o.threads < 0) fail("bench: --threads expected >= 0, found {}", o.threads);
   if (o.warmup < 0) fail("bench: --warmup expected >= 0, found {}", o.warmup);
@@ -425,6 +431,7 @@ BenchResult run_bench(const BenchOptions& o) {
   r.model = m.name;
   r.device = o.device;
   r.mode = o.mode;
+  r.dtype = dtype_name(precision);
   r.batch = o.batch;
   r.threads = omp_get_max_threads();
   r.warmup = o.warmup;
@@ -433,6 +440,7 @@ BenchResult run_bench(const BenchOptions& o) {
 
   CompileOptions copts;
   copts.mode = o.mode;
+  copts.precision = precision;
   std::function<void()> call;
   CompiledFunction compiled;
   TensorList outputs;  // reused by every compiled call (run_into)

@@ -20,6 +20,9 @@ struct BenchOptions {
   std::string backend = "compiled";  // eager | compiled
   std::string device = "cpu";        // cpu | cuda
   std::string mode = "default";      // default | reduce-overhead | max-autotune
+  // --dtype: float32 | bfloat16 | float16 (bf16, f16): the compiled run's precision
+  // (CompileOptions::precision); anything but float32 with --backend eager is an error.
+  std::string dtype = "float32";
   int64_t batch = 1;
   int threads = 0;     // 0: OpenMP's default
   int warmup = 3;
@@ -72,6 +75,7 @@ struct HostInfo {
 
 struct BenchResult {
   std::string model, backend, device, mode, kiln_version;
+  std::string dtype = "float32";  // the precision the model ran in (--dtype)
   int64_t batch = 0;
   int threads = 0;
   int64_t iters = 0, warmup = 0;

@@ -76,6 +76,7 @@
 #include "ir/graph.h"
 #include "ir/interpreter.h"
 #include "ir/printer.h"
+#include "passes/autocast.h"
 
 namespace kiln {
 
@@ -542,6 +543,7 @@ class Tracer final : public DispatchHook {
     try {
       BackendOptions bo;
       bo.mode = st_.options.mode;
+      bo.precision = st_.options.precision;
       seg.compiled = find_backend(st_.backend)(seg.graph, bo);
       st_.stats.graphs_compiled++;
     } catch (const Error& e) {
@@ -986,6 +988,7 @@ CompiledFunction compile(Callable fn, const CompileOptions& options) {
                  options.mode == "max-autotune",
              "kiln::compile: unknown mode '{}' (default, reduce-overhead, max-autotune)",
              options.mode);
+  check_precision(options.precision, "kiln::compile");
   std::string backend = options.backend.empty() ? default_backend() : options.backend;
   find_backend(backend);  // unknown backend: error now, listing the known ones
   CompiledFunction f;

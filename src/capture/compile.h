@@ -20,6 +20,9 @@ struct CompileOptions {
   // torch.compile defaults to Inductor).
   std::string backend;
   std::string mode = "default";   // default | reduce-overhead | max-autotune (for the backend)
+  // Float32: as written. BFloat16 / Float16: float32 graphs run in that dtype as torch's
+  // autocast runs them (compiler/backend.h, passes/autocast.h); inputs and outputs stay float32.
+  DType precision = DType::Float32;
   bool fullgraph = false;         // a graph break is an error
   bool dynamic = false;           // accepted; shapes are specialized until dynamic shapes land
   int cache_size_limit = 8;       // guard sets per function before falling back to eager

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
+#include "passes/pipeline.h"
 
 namespace kiln {
 
@@ -16,14 +17,23 @@ namespace {
 // optimization, and the fallback when a compile fails).
 class InterpretedGraph final : public CompiledGraph {
  public:
-  explicit InterpretedGraph(const Graph& g) : graph_(g) {}
+  // precision other than float32: the graph autocast to it (passes/pipeline.h).
+  InterpretedGraph(const Graph& g, DType precision) : graph_(g), precision_(precision) {
+    std::vector<std::unique_ptr<Pass>> passes = autocast_pipeline(precision);
+    std::vector<Pass*> ptrs;
+    for (auto& p : passes) ptrs.push_back(p.get());
+    if (!ptrs.empty()) run_passes(graph_, std::span<Pass* const>(ptrs));
+  }
   TensorList run(const TensorList& inputs) override { return ::kiln::run(graph_, inputs); }
   std::string summary() const override {
-    return fmt::format("eager: {} nodes interpreted through the eager kernels", graph_.nodes.size());
+    return fmt::format("eager: {} nodes interpreted through the eager kernels{}",
+                       graph_.nodes.size(),
+                       precision_ == DType::Float32 ? "" : fmt::format(" (autocast to {})", dtype_name(precision_)));
   }
 
  private:
   Graph graph_;
+  DType precision_;
 };
 
 struct Registered {
@@ -41,8 +51,9 @@ BackendRegistry& backend_registry() {
   static BackendRegistry* r = [] {
     auto* reg = new BackendRegistry();
     reg->backends.push_back({"eager",
-                             [](const Graph& g, const BackendOptions&) {
-                               return std::unique_ptr<CompiledGraph>(new InterpretedGraph(g));
+                             [](const Graph& g, const BackendOptions& o) {
+                               return std::unique_ptr<CompiledGraph>(
+                                   new InterpretedGraph(g, o.precision));
                              },
                              0});
     return reg;

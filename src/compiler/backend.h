@@ -23,6 +23,10 @@ struct BackendOptions {
   // The device to compile for; unset: the device of the graph's inputs (the CPU when it has
   // none), so that capture compiles for CUDA what was called with CUDA tensors.
   std::optional<Device> device;
+  // Float32: the graph's own dtypes. BFloat16 / Float16: a float32 graph runs in that dtype as
+  // torch's autocast runs it (passes/autocast.h); the eager backend interprets the rewritten
+  // graph, the compiler compiles it (compiler::Options::precision).
+  DType precision = DType::Float32;
 };
 
 class CompiledGraph {

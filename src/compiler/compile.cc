@@ -37,6 +37,7 @@
 #include "core/error.h"
 #include "lower/memory_planner.h"
 #include "lower/scheduler.h"
+#include "passes/autocast.h"
 #include "passes/pipeline.h"
 #include "runtime/executable.h"
 
@@ -55,8 +56,9 @@ bool concrete_type(const TensorType& t) {
 }
 
 // Phases 1 and 2 on a copy of the graph: the optimized graph and its kernel choice.
-void prepare(Graph& g, const Target& target) {
-  std::vector<std::unique_ptr<Pass>> pipeline = compiler_pipeline(target.decompositions());
+void prepare(Graph& g, const Target& target, DType precision) {
+  std::vector<std::unique_ptr<Pass>> pipeline =
+      compiler_pipeline(target.decompositions(), precision);
   std::vector<Pass*> passes;
   for (auto& p : pipeline) passes.push_back(p.get());
   run_passes(g, std::span<Pass* const>(passes));
@@ -90,8 +92,14 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   rep.library = target.library_name();
 
   Graph g = input;
-  prepare(g, target);                                                     // 1. passes
+  prepare(g, target, opt.precision);                                      // 1. passes
   rep.passes_s = seconds_since(t0);
+  rep.precision = dtype_name(opt.precision);
+  for (const Node& n : g.nodes) {
+    rep.casts += n.op == OpId::Cast;
+    rep.low_nodes += opt.precision != DType::Float32 && n.op != OpId::Cast &&
+                     g.type(n.outputs[0]).dtype == opt.precision;
+  }
 
   SchedulePolicy policy = target.policy(knobs);
   KernelChoice choice = choose_kernels(g, target, policy);                // 2. choose kernels
@@ -181,6 +189,9 @@ std::string CompileReport::str() const {
       nodes, loop_kernels, vectorized_kernels, fused_nodes, library_launches, library,
       eager_launches, arena_bytes, naive_bytes, compile_s, passes_s, library, library_s,
       schedule_s, codegen_s, build_s, cache_hit ? ", cache hit" : "", bind_s);
+  if (precision != "float32")
+    s += fmt::format("; precision {} ({} nodes in {}, {} casts)", precision, low_nodes, precision,
+                     casts);
   if (!autotune.empty()) s += "; autotune: " + autotune;
   if (!mode_note.empty()) s += "; " + mode_note;
   return s;
@@ -240,6 +251,7 @@ std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& ta
       options.mode != "max-autotune")
     fail("compiler: mode expected default | reduce-overhead | max-autotune, found '{}'",
          options.mode);
+  check_precision(options.precision, "compiler");
   Built b = options.mode == "max-autotune"
                 ? autotune(graph, target, options,
                            [&](const Knobs& k) { return build(graph, target, options, merge_knobs(options.knobs, k)); })
@@ -291,6 +303,7 @@ const bool g_registered = [] {
       [](const Graph& g, const BackendOptions& o) -> std::unique_ptr<CompiledGraph> {
         Options co;
         co.mode = o.mode;
+        co.precision = o.precision;
         Device d = Device::cpu();
         if (o.device) d = *o.device;
         else if (!g.inputs.empty()) d = g.type(g.inputs[0]).device;

@@ -27,6 +27,12 @@ struct Options {
   // Target choices (the target's defaults where absent): max-autotune searches them; a fixed
   // configuration can be given here ("conv=nChw16c", "vec=256").
   Knobs knobs;
+  // Float32 (the default): the graph computes in its own dtypes. BFloat16 or Float16: a float32
+  // graph runs in that dtype as torch's autocast runs it (passes/autocast.h: matmul, conv,
+  // attention and the pointwise ops between them low; norms, softmax, reductions in float32;
+  // weights converted at compile time; inputs and outputs stay float32). Other dtypes are an
+  // InvalidArgument. Values of other dtypes than float32 are left alone.
+  DType precision = DType::Float32;
   bool fuse = true;       // fuse loop kernels (false: one kernel per node)
   bool vectorize = true;  // vector main loops where the emitter has them
   bool progress = true;   // max-autotune: a progress bar on a terminal
@@ -43,6 +49,9 @@ struct Options {
 struct CompileReport {
   std::string target;          // "cpu"
   std::string library;         // "oneDNN"
+  std::string precision = "float32";  // Options::precision
+  int low_nodes = 0;           // precision other than float32: nodes computing in it
+  int casts = 0;               // cast nodes in the optimized graph
   int nodes = 0;               // after the passes
   int loop_kernels = 0;
   int fused_nodes = 0;         // nodes sharing a loop kernel with another node

@@ -3,6 +3,7 @@
 #include "passes/pipeline.h"
 #include "passes/pass.h"
 #include "passes/algebraic_simplify.h"
+#include "passes/autocast.h"
 #include "passes/constant_fold.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
@@ -24,15 +25,32 @@ constexpr PassEntry kPasses[] = {
     {"cse", make_cse_pass, true},
     {"fuse-epilogues", make_fuse_epilogues_pass, true},
     {"dce", make_dce_pass, true},
+    // compile option precision (not in the default pipeline: compiler_pipeline adds one)
+    {"autocast-bf16", [] { return make_autocast_pass(DType::BFloat16); }, false},
+    {"autocast-f16", [] { return make_autocast_pass(DType::Float16); }, false},
     {"default", make_default_pipeline_pass, false},  // all of the above marked true, in order
 };
 }  // namespace
 
 std::span<const PassEntry> registered_passes() { return kPasses; }
 
-std::vector<std::unique_ptr<Pass>> compiler_pipeline(const std::vector<OpId>& decompose) {
+std::vector<std::unique_ptr<Pass>> autocast_pipeline(DType precision) {
+  check_precision(precision, "autocast");
+  std::vector<std::unique_ptr<Pass>> passes;
+  if (precision == DType::Float32) return passes;
+  passes.push_back(make_autocast_pass(precision));
+  // Casts the model had that now pair up exactly (low -> f32 -> low) go; duplicates merge.
+  for (const char* cleanup : {"algebraic-simplify", "cse", "dce"}) passes.push_back(find_pass(cleanup));
+  return passes;
+}
+
+std::vector<std::unique_ptr<Pass>> compiler_pipeline(const std::vector<OpId>& decompose,
+                                                     DType precision) {
   std::vector<std::unique_ptr<Pass>> passes;
   for (const std::string& name : default_pipeline()) passes.push_back(find_pass(name));
+  // After the inference passes (batch norm folded in float32), before the decompositions (a
+  // float32 group_norm decomposes into float32 parts).
+  for (auto& p : autocast_pipeline(precision)) passes.push_back(std::move(p));
   if (!decompose.empty()) {
     DecomposeOptions o;
     o.ops = decompose;

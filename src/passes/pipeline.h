@@ -4,7 +4,11 @@
 //   - compiler_pipeline(ops): what the compiler runs before choosing kernels: the default
 //     pipeline, then `decompose` of `ops` (the composite ops a target does not run whole, e.g.
 //     batch_norm and group_norm into pointwise ops and reductions the loop code fuses), then
-//     constant-fold, cse and dce to clean up what the decompositions made.
+//     constant-fold, cse and dce to clean up what the decompositions made. With a `precision`
+//     other than float32 (bfloat16, float16), autocast to it (passes/autocast.h) runs after the
+//     default pipeline and before the decompositions: autocast_pipeline(precision);
+//   - autocast_pipeline(precision): nothing for float32; else autocast to `precision`, then
+//     algebraic-simplify, cse, dce (the eager backend runs this alone).
 #pragma once
 #include <memory>
 #include <vector>
@@ -13,6 +17,8 @@
 
 namespace kiln {
 
-std::vector<std::unique_ptr<Pass>> compiler_pipeline(const std::vector<OpId>& decompose);
+std::vector<std::unique_ptr<Pass>> autocast_pipeline(DType precision);
+std::vector<std::unique_ptr<Pass>> compiler_pipeline(const std::vector<OpId>& decompose,
+                                                     DType precision = DType::Float32);
 
 }  // namespace kiln
