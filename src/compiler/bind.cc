@@ -1,6 +1,8 @@
 #include "compiler/bind.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -102,6 +104,32 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   }
   exe->keep_alive.push_back(lib);
   if (loops.keep_alive) exe->keep_alive.push_back(loops.keep_alive);
+  exe->kernel_library_path = loops.library_path;
+  // Every constant by name (what a package's weights section holds): those with a slot, then
+  // those only the library kernels read (their records name them).
+  {
+    std::map<int, Tensor> by_slot(m.constants.begin(), m.constants.end());
+    std::set<std::string> named;
+    for (size_t v = 0; v < g.values.size(); ++v) {
+      const Value& val = g.values[v];
+      if (val.kind != ValueKind::Param && val.kind != ValueKind::Const) continue;
+      auto it = by_slot.find(m.mem[v].slot);
+      if (it == by_slot.end()) continue;
+      exe->constants.push_back({val.name, it->first, it->second});
+      named.insert(val.name);
+      by_slot.erase(it);
+    }
+    for (const lower::Step& st : s.steps) {
+      if (st.kind != lower::StepKind::Extern) continue;
+      for (ValueId v : g.nodes[size_t(st.node)].inputs) {
+        if (v == kNoValue) continue;
+        const Value& val = g.value(v);
+        if ((val.kind == ValueKind::Param || val.kind == ValueKind::Const) &&
+            named.insert(val.name).second)
+          exe->constants.push_back({val.name, -1, val.data});
+      }
+    }
+  }
   const MemRef scratch{0, scratch_offset};
 
   // Where the memory of value v is (arena values and views of them, parameters).
@@ -241,6 +269,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   for (ValueId o : g.outputs) {
     Executable::OutputSpec os;
     const Value& v = g.value(o);
+    os.name = v.name;
     os.dtype = v.type.dtype;
     for (size_t d = 0; d < v.type.shape.size(); ++d) os.sizes.push_back(v.type.shape[d].value());
     MemRef r = m.mem[size_t(o)];

@@ -1,0 +1,205 @@
+// Launches from plain data. See launch_library.h.
+//
+// Note [Launch records]
+// An Executable is a list of launches, each a function pointer over opaque state. To write one
+// into a package and run it elsewhere, every launch is also data: a LaunchRecord (a kind and
+// JSON parameters), produced on demand by Launch::record so that it says the state as it is at
+// packaging time (a loop kernel's thread count may have been tuned after binding). The factories
+// here are the only place launches of these kinds are made, at compile time and at load time
+// alike:
+//   loop    {"symbol": name, "threads": n}: the generated kernel `name` of the package's shared
+//           object, called as fn(slots, threads);
+//   onednn  {"desc": OnednnNodeDesc, "inputs": [[slot, offset]...], "output": [...],
+//           "scratch": [...], "expect": description}: the node rebuilt by the kernels layer from
+//           its descriptor (Note [oneDNN node descriptors]); the rebuilt node must describe
+//           itself exactly as at compile time (the same oneDNN implementation and layouts), or
+//           the package would compute differently: the loader refuses it then.
+// Eager launches (an op's eager kernel bound to tensors) have no record: `kiln compile -o`
+// refuses a graph with one, naming the node.
+#include "runtime/launch_library.h"
+
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "kernels/onednn_node.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+// ---- loop kernels -----------------------------------------------------------------------------
+struct LoopState {
+  void (*fn)(char* const*, int) = nullptr;
+  int threads = 0;  // see Note [kernel threads] in targets/cpu/emitter.cc
+};
+
+void run_loop(void* s, const Executable::RunContext& c) {
+  auto* l = static_cast<LoopState*>(s);
+  l->fn(c.slots, l->threads);
+}
+
+// ---- oneDNN nodes -----------------------------------------------------------------------------
+// The state bound once is a template: every execution context runs a copy with an instance of
+// its own (the memory objects hold the pointers last bound).
+struct OnednnState {
+  std::shared_ptr<const kernels::OnednnNode> node;
+  int n_in = 0;
+  MemRef in[4];
+  MemRef out;
+  MemRef scratch;
+  std::shared_ptr<kernels::OnednnNode::Instance> instance;  // per context
+};
+
+void run_onednn(void* s, const Executable::RunContext& c) {
+  auto* e = static_cast<OnednnState*>(s);
+  char* const* b = c.slots;
+  const void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
+  for (int i = 0; i < e->n_in; ++i)
+    if (e->in[i].slot >= 0) ptrs[i] = b[e->in[i].slot] + e->in[i].byte_offset;
+  e->node->run(*e->instance, ptrs, b[e->out.slot] + e->out.byte_offset,
+               b[e->scratch.slot] + e->scratch.byte_offset);
+}
+
+json ref_json(MemRef r) { return json::array({r.slot, r.byte_offset}); }
+
+MemRef ref_from(const json& j, int num_slots_hint) {
+  auto v = j.get<std::vector<int64_t>>();
+  if (v.size() != 2 || v[0] < -1 || v[0] > (int64_t(1) << 30) || v[1] < 0)
+    throw std::out_of_range("a buffer reference must be [slot >= -1, offset >= 0]");
+  return MemRef{int32_t(v[0]), v[1]};
+}
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, LaunchRebuildFn>& registry();
+
+Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+  json p = json::parse(r.params);
+  std::string symbol = p.at("symbol").get<std::string>();
+  int threads = p.at("threads").get<int>();
+  if (threads < 0) throw std::out_of_range("threads must be >= 0");
+  if (!env.symbol) fail_kind(ErrorKind::ParseError, "{}: the package has no kernels section", where);
+  auto* fn = reinterpret_cast<void (*)(char* const*, int)>(env.symbol(symbol));
+  return make_loop_launch(fn, symbol, threads).launch;
+}
+
+Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+  json p = json::parse(r.params);
+  std::string desc_json = p.at("desc").dump();
+  kernels::OnednnNodeDesc desc = kernels::OnednnNodeDesc::from_json(desc_json, where);
+  std::vector<MemRef> inputs;
+  for (const json& j : p.at("inputs")) inputs.push_back(ref_from(j, 0));
+  if (inputs.size() > 4) throw std::out_of_range("at most 4 inputs");
+  MemRef out = ref_from(p.at("output"), 0), scratch = ref_from(p.at("scratch"), 0);
+  if (out.slot < 0 || scratch.slot < 0) throw std::out_of_range("output and scratch need a slot");
+  std::string expect = p.at("expect").get<std::string>();
+  KILN_ASSERT(env.onednn_layouts);
+  auto node = kernels::OnednnNode::build(desc, *env.onednn_layouts, env.constant);
+  if (!node->lowered())
+    fail_kind(ErrorKind::Runtime, "{}: oneDNN has no implementation for node '{}' on this machine "
+              "({}); rebuild the package here with `kiln compile`", where, desc.node,
+              node->why_not());
+  if (node->description() != expect)
+    fail_kind(ErrorKind::Runtime,
+              "{}: oneDNN chose differently for node '{}' on this machine than when the package "
+              "was built, so it would not compute the same results (built: {}; here: {}). oneDNN "
+              "picks implementations by CPU and thread count: run with the thread count the "
+              "package was built with (the manifest's target.threads), or rebuild the package "
+              "here with `kiln compile`",
+              where, desc.node, expect, node->description());
+  return make_onednn_launch(node, desc_json, inputs, out, scratch);
+}
+
+std::map<std::string, LaunchRebuildFn>& registry() {
+  static std::map<std::string, LaunchRebuildFn> r = {{"loop", rebuild_loop},
+                                                     {"onednn", rebuild_onednn}};
+  return r;
+}
+
+}  // namespace
+
+LoopLaunch make_loop_launch(void (*fn)(char* const*, int), const std::string& symbol,
+                            int threads) {
+  auto state = std::make_shared<LoopState>();
+  state->fn = fn;
+  state->threads = threads;
+  LoopLaunch out;
+  out.threads = &state->threads;
+  Executable::Launch& l = out.launch;
+  l.fn = run_loop;
+  l.state = state.get();
+  l.kind = "loop";
+  l.record = [state, symbol] {
+    return LaunchRecord{"loop", json{{"symbol", symbol}, {"threads", state->threads}}.dump()};
+  };
+  l.owner = std::move(state);
+  return out;
+}
+
+Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode> node,
+                                      const std::string& desc_json,
+                                      const std::vector<MemRef>& inputs, MemRef output,
+                                      MemRef scratch) {
+  auto state = std::make_shared<OnednnState>();
+  state->node = std::move(node);
+  state->n_in = int(std::min<size_t>(inputs.size(), 4));
+  for (int k = 0; k < state->n_in; ++k) state->in[k] = inputs[size_t(k)];
+  state->out = output;
+  state->scratch = scratch;
+  Executable::Launch l;
+  l.fn = run_onednn;
+  l.state = state.get();
+  l.make_local = [state](char* const*) -> std::shared_ptr<void> {
+    auto local = std::make_shared<OnednnState>(*state);
+    local->instance = state->node->instance();
+    return local;
+  };
+  l.kind = "onednn";
+  l.record = [state, desc_json] {
+    json in = json::array();
+    for (int k = 0; k < state->n_in; ++k) in.push_back(ref_json(state->in[k]));
+    json p = {{"desc", json::parse(desc_json)},
+              {"inputs", in},
+              {"output", ref_json(state->out)},
+              {"scratch", ref_json(state->scratch)},
+              {"expect", state->node->description()}};
+    return LaunchRecord{"onednn", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
+Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
+                                  const std::string& where) {
+  LaunchRebuildFn fn;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(record.kind);
+    if (it == registry().end())
+      fail_kind(ErrorKind::ParseError, "{}: unknown launch kind '{}' (this runtime knows loop, "
+                "onednn)", where, record.kind);
+    fn = it->second;
+  }
+  try {
+    return fn(record, env, where);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail_kind(ErrorKind::ParseError, "{}: malformed {} launch: {}", where, record.kind, e.what());
+  }
+}
+
+void register_launch_kind(const std::string& kind, LaunchRebuildFn fn) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry()[kind] = std::move(fn);
+}
+
+}  // namespace kiln

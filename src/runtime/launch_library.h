@@ -1,0 +1,53 @@
+// The runtime's kernel library: launches made from plain data. The CPU compiler makes its loop
+// and oneDNN launches here, and a package's loader rebuilds them here from their records, so a
+// loaded package runs the same code over the same state as the compiled Executable did. See
+// Note [Launch records] in launch_library.cc.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/executable.h"
+
+namespace kiln::kernels {
+class OnednnNode;
+class OnednnLayouts;
+}  // namespace kiln::kernels
+
+namespace kiln {
+
+// A generated loop kernel: `fn(slots, threads)`, the extern "C" function `symbol` of the
+// kernels' shared object. `threads` (0 = all OpenMP threads, 1 = the calling thread) lives in
+// the launch's state: *threads may be changed (autotuning) and the record says the value then.
+struct LoopLaunch {
+  Executable::Launch launch;
+  int* threads = nullptr;
+};
+LoopLaunch make_loop_launch(void (*fn)(char* const*, int), const std::string& symbol,
+                            int threads);
+
+// A oneDNN node over the slot table: inputs (slot -1 for absent or constant inputs), output 0
+// and the scratch region. Each execution context gets its own instance of the node.
+Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode> node,
+                                      const std::string& desc_json,
+                                      const std::vector<MemRef>& inputs, MemRef output,
+                                      MemRef scratch);
+
+// What rebuilding a launch needs from the package being loaded.
+struct LaunchEnv {
+  std::function<void*(const std::string& symbol)> symbol;  // from the kernels' shared object
+  std::function<Tensor(const std::string& name)> constant;  // weights by name
+  kernels::OnednnLayouts* onednn_layouts = nullptr;         // shared by the package's nodes
+};
+
+// Rebuilds a launch from its record; `where` names it in errors ("launch 3 'k2_add'"). Throws
+// kiln::Error naming `where` for an unknown kind or malformed parameters.
+using LaunchRebuildFn =
+    std::function<Executable::Launch(const LaunchRecord&, LaunchEnv&, const std::string& where)>;
+Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
+                                  const std::string& where);
+// Registers a launch kind (the runtime registers "loop" and "onednn" itself).
+void register_launch_kind(const std::string& kind, LaunchRebuildFn fn);
+
+}  // namespace kiln
