@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 #include "compiler/insert_copies.h"
 #include "core/error.h"
 #include "ops/op.h"
+#include "runtime/launch_library.h"
 
 namespace kiln::compiler {
 
@@ -83,6 +85,30 @@ std::string node_list(const Graph& g, const std::vector<int32_t>& nodes) {
     s += (s.empty() ? "" : ", ") + std::string(op_def(g.nodes[size_t(n)].op).name) + " '" +
          g.nodes[size_t(n)].name + "'";
   return s;
+}
+
+// A node the runtime's kernel library runs without its eager kernel (runtime/launch_library.h),
+// so that the Executable stays packageable: embedding on the CPU, over contiguous buffers.
+std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Schedule& s,
+                                                 const MemoryAssignment& m, int32_t node,
+                                                 const Target& target) {
+  const Node& n = g.nodes[size_t(node)];
+  if (n.op != OpId::Embedding || !target.device().is_cpu() || n.inputs.size() != 2) return {};
+  ValueId w = n.inputs[0], idx = n.inputs[1], y = n.outputs[0];
+  for (ValueId v : {w, idx, y})
+    if (s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 || !g.type(v).is_contiguous())
+      return {};
+  const TensorType &wt = g.type(w), &it = g.type(idx);
+  if (wt.shape.size() != 2 || !wt.shape[0].is_concrete() || !wt.shape[1].is_concrete()) return {};
+  int64_t count = 1;
+  for (const SymInt& d : it.shape) {
+    if (!d.is_concrete()) return {};
+    count *= d.value();
+  }
+  if (it.dtype != DType::Int64 && it.dtype != DType::Int32) return {};
+  return make_gather_rows_launch(m.mem[size_t(w)], wt.shape[0].value(),
+                                 wt.shape[1].value() * dtype_size(wt.dtype), m.mem[size_t(idx)],
+                                 it.dtype == DType::Int32, count, m.mem[size_t(y)], n.name);
 }
 
 }  // namespace
@@ -198,6 +224,13 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
       out.library_launches++;
       out.kernels.push_back(fmt::format("{} [{}]: {}", l.name, target.library_name(), lib->describe(st.node)));
+    } else if (std::optional<Executable::Launch> rk = runtime_kernel(g, s, m, st.node, target)) {
+      const Node& n = g.nodes[size_t(st.node)];
+      l = std::move(*rk);
+      l.name = fmt::format("{}:{}", op_def(n.op).name, n.name);
+      l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
+      out.library_launches++;
+      out.kernels.push_back(fmt::format("{} [runtime kernel {}]", l.name, l.kind));
     } else {
       const Node& n = g.nodes[size_t(st.node)];
       const OpDef& d = op_def(n.op);

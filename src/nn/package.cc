@@ -1,11 +1,14 @@
 #include "nn/package.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "compiler/backend.h"
 #include "compiler/package.h"
 #include "core/error.h"
 #include "nn/compile.h"
+#include "runtime/executable.h"
 
 namespace kiln::nn {
 
@@ -64,6 +67,27 @@ std::shared_ptr<compiler::CompiledExecutable> compile_captured_graph(
   if (capture.graphs != 1 || !capture.compiled)
     fail_kind(ErrorKind::NotSupported, "package: the model compiled into {} graphs; a package "
               "holds exactly one", capture.graphs);
+  // The captured graph takes its inputs in first-use order, named input<k> after their call
+  // position k (capture/compile.cc): a package takes them in call order. Inputs are bound by
+  // slot, so reordering the specs changes nothing else.
+  std::vector<Executable::InputSpec>& specs = capture.compiled->executable().inputs;
+  std::vector<std::pair<int64_t, Executable::InputSpec>> keyed;
+  for (Executable::InputSpec& in : specs) {
+    int64_t k = -1;
+    if (in.name.rfind("input", 0) == 0 && in.name.size() > 5 &&
+        in.name.find_first_not_of("0123456789", 5) == std::string::npos)
+      k = std::stoll(in.name.substr(5));
+    if (k < 0 || k >= int64_t(example_inputs.size()))
+      fail_kind(ErrorKind::NotSupported, "package: graph input '{}' is not one of the call's "
+                "inputs", in.name);
+    keyed.emplace_back(k, std::move(in));
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  specs.clear();
+  for (auto& [k, in] : keyed) specs.push_back(std::move(in));
+  if (specs.size() != example_inputs.size())
+    fail_kind(ErrorKind::NotSupported, "package: the graph reads {} of the call's {} inputs; a "
+              "package takes every input the caller passes", specs.size(), example_inputs.size());
   return capture.compiled;
 }
 

@@ -14,10 +14,13 @@
 //           its descriptor (Note [oneDNN node descriptors]); the rebuilt node must describe
 //           itself exactly as at compile time (the same oneDNN implementation and layouts), or
 //           the package would compute differently: the loader refuses it then.
+//   gather_rows {"table", "indices", "out": [slot, offset], "rows", "row_bytes", "count",
+//           "int32_indices", "node"}: embedding lookups, as byte copies.
 // Eager launches (an op's eager kernel bound to tensors) have no record: `kiln compile -o`
 // refuses a graph with one, naming the node.
 #include "runtime/launch_library.h"
 
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -66,6 +69,37 @@ void run_onednn(void* s, const Executable::RunContext& c) {
                b[e->scratch.slot] + e->scratch.byte_offset);
 }
 
+// ---- gather rows ------------------------------------------------------------------------------
+struct GatherRowsState {
+  MemRef table, indices, out;
+  int64_t rows = 0, row_bytes = 0, count = 0;
+  bool int32_indices = false;
+  std::string node;
+};
+
+void run_gather_rows(void* s, const Executable::RunContext& c) {
+  auto* g = static_cast<GatherRowsState*>(s);
+  const char* table = c.slots[g->table.slot] + g->table.byte_offset;
+  const char* idx = c.slots[g->indices.slot] + g->indices.byte_offset;
+  char* out = c.slots[g->out.slot] + g->out.byte_offset;
+  for (int64_t i = 0; i < g->count; ++i) {
+    int64_t v;
+    if (g->int32_indices) {
+      int32_t x;
+      std::memcpy(&x, idx + 4 * i, 4);
+      v = x;
+    } else {
+      std::memcpy(&v, idx + 8 * i, 8);
+    }
+    if (v < -g->rows || v >= g->rows) [[unlikely]]
+      fail_kind(ErrorKind::InvalidArgument, "embedding '{}': index {} at position {} is out of "
+                "range for the embedding table (valid: [{}, {}])", g->node, v, i, -g->rows,
+                g->rows - 1);
+    if (v < 0) v += g->rows;
+    std::memcpy(out + i * g->row_bytes, table + v * g->row_bytes, size_t(g->row_bytes));
+  }
+}
+
 json ref_json(MemRef r) { return json::array({r.slot, r.byte_offset}); }
 
 MemRef ref_from(const json& j, int num_slots_hint) {
@@ -88,6 +122,8 @@ Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std
   if (threads < 0) throw std::out_of_range("threads must be >= 0");
   if (!env.symbol) fail_kind(ErrorKind::ParseError, "{}: the package has no kernels section", where);
   auto* fn = reinterpret_cast<void (*)(char* const*, int)>(env.symbol(symbol));
+  if (!fn)
+    fail_kind(ErrorKind::ParseError, "{}: section 'kernels.cpu' has no kernel '{}'", where, symbol);
   return make_loop_launch(fn, symbol, threads).launch;
 }
 
@@ -118,9 +154,23 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
   return make_onednn_launch(node, desc_json, inputs, out, scratch);
 }
 
+Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv&, const std::string&) {
+  json p = json::parse(r.params);
+  MemRef table = ref_from(p.at("table"), 0), indices = ref_from(p.at("indices"), 0),
+         out = ref_from(p.at("out"), 0);
+  int64_t rows = p.at("rows").get<int64_t>(), row_bytes = p.at("row_bytes").get<int64_t>(),
+          count = p.at("count").get<int64_t>();
+  if (table.slot < 0 || indices.slot < 0 || out.slot < 0 || rows < 1 || row_bytes < 0 || count < 0)
+    throw std::out_of_range("gather_rows: bad buffers or sizes");
+  return make_gather_rows_launch(table, rows, row_bytes, indices,
+                                 p.at("int32_indices").get<bool>(), count, out,
+                                 p.at("node").get<std::string>());
+}
+
 std::map<std::string, LaunchRebuildFn>& registry() {
   static std::map<std::string, LaunchRebuildFn> r = {{"loop", rebuild_loop},
-                                                     {"onednn", rebuild_onednn}};
+                                                     {"onednn", rebuild_onednn},
+                                                     {"gather_rows", rebuild_gather_rows}};
   return r;
 }
 
@@ -177,6 +227,26 @@ Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode>
   return l;
 }
 
+Executable::Launch make_gather_rows_launch(MemRef table, int64_t rows, int64_t row_bytes,
+                                           MemRef indices, bool int32_indices, int64_t count,
+                                           MemRef out, const std::string& node) {
+  auto state = std::make_shared<GatherRowsState>();
+  *state = GatherRowsState{table, indices, out, rows, row_bytes, count, int32_indices, node};
+  Executable::Launch l;
+  l.fn = run_gather_rows;
+  l.state = state.get();
+  l.kind = "gather_rows";
+  l.record = [state] {
+    json p = {{"table", ref_json(state->table)}, {"indices", ref_json(state->indices)},
+              {"out", ref_json(state->out)},     {"rows", state->rows},
+              {"row_bytes", state->row_bytes},   {"count", state->count},
+              {"int32_indices", state->int32_indices}, {"node", state->node}};
+    return LaunchRecord{"gather_rows", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
 Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
                                   const std::string& where) {
   LaunchRebuildFn fn;
@@ -185,7 +255,7 @@ Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
     auto it = registry().find(record.kind);
     if (it == registry().end())
       fail_kind(ErrorKind::ParseError, "{}: unknown launch kind '{}' (this runtime knows loop, "
-                "onednn)", where, record.kind);
+                "onednn, gather_rows)", where, record.kind);
     fn = it->second;
   }
   try {

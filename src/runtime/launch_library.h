@@ -34,9 +34,16 @@ Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode>
                                       const std::vector<MemRef>& inputs, MemRef output,
                                       MemRef scratch);
 
+// Embedding rows: out[i, :] = table[idx[i], :] for `count` indices (int64 or int32; negative
+// ones wrap; one out of [-rows, rows) throws naming `node`). Byte copies, so bitwise what the
+// eager kernel computes. Lets models with embeddings (bert) be packaged.
+Executable::Launch make_gather_rows_launch(MemRef table, int64_t rows, int64_t row_bytes,
+                                           MemRef indices, bool int32_indices, int64_t count,
+                                           MemRef out, const std::string& node);
+
 // What rebuilding a launch needs from the package being loaded.
 struct LaunchEnv {
-  std::function<void*(const std::string& symbol)> symbol;  // from the kernels' shared object
+  std::function<void*(const std::string& symbol)> symbol;  // in the kernels' shared object; null if absent
   std::function<Tensor(const std::string& name)> constant;  // weights by name
   kernels::OnednnLayouts* onednn_layouts = nullptr;         // shared by the package's nodes
 };
