@@ -20,6 +20,7 @@
 // refuses a graph with one, naming the node.
 #include "runtime/launch_library.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -115,6 +116,15 @@ std::mutex& registry_mutex() {
 }
 std::map<std::string, LaunchRebuildFn>& registry();
 
+// A buffer of `bytes` at `r` must lie inside its slot's memory (LaunchEnv::slot_bytes).
+void check_buffer(LaunchEnv& env, MemRef r, int64_t bytes, const std::string& where) {
+  if (!env.slot_bytes || r.slot < 0) return;
+  int64_t have = env.slot_bytes(r.slot);
+  if (bytes < 0 || r.byte_offset < 0 || r.byte_offset > have || bytes > have - r.byte_offset)
+    fail_kind(ErrorKind::ParseError, "{}: a buffer of {} bytes at slot {} offset {} lies outside "
+              "the slot's {} bytes", where, bytes, r.slot, r.byte_offset, have);
+}
+
 Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
   json p = json::parse(r.params);
   std::string symbol = p.at("symbol").get<std::string>();
@@ -151,10 +161,61 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
               "package was built with (the manifest's target.threads), or rebuild the package "
               "here with `kiln compile`",
               where, desc.node, expect, node->description());
+  // Every buffer inside its slot's memory: plain or blocked sizes as the node sees them, the
+  // span of a strided matmul operand.
+  int elt = desc.bf16 ? 2 : 4;
+  auto bytes_of = [&](const kernels::OnednnOperand& o, const std::vector<int64_t>& strides) {
+    int64_t b = env.onednn_layouts->value_bytes(o.value);
+    if (b >= 0) return b;
+    if (!strides.empty()) {
+      int64_t last = 0;
+      size_t off = o.dims.size() >= strides.size() ? o.dims.size() - strides.size() : 0;
+      for (size_t i = 0; i < strides.size() && off + i < o.dims.size(); ++i)
+        last += (o.dims[off + i] - 1) * strides[i];
+      return (last + 1) * elt;
+    }
+    int64_t n = elt;
+    for (int64_t d : o.dims) n *= d;
+    return n;
+  };
+  if (inputs.size() != std::min<size_t>(desc.inputs.size(), 4))
+    fail_kind(ErrorKind::ParseError, "{}: {} buffer references for {} inputs", where,
+              inputs.size(), desc.inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (desc.inputs[k].value >= 0 && desc.inputs[k].constant.empty() && inputs[k].slot < 0)
+      fail_kind(ErrorKind::ParseError, "{}: input {} of node '{}' is an activation without a "
+                "buffer", where, k, desc.node);
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].slot >= 0 && desc.inputs[k].constant.empty())
+      check_buffer(env, inputs[k],
+                   bytes_of(desc.inputs[k], k < 2 && desc.op == "matmul" ? desc.matmul_strides[k]
+                                                                          : std::vector<int64_t>{}),
+                   where);
+  check_buffer(env, out, bytes_of(desc.output, {}), where);
+  check_buffer(env, scratch, node->scratch_bytes(), where);
+  // oneDNN keeps working tables (brgemm's batch address lists) in its scratchpad while other
+  // threads write the output: scratch overlapping an operand is not merely wrong, it crashes.
+  if (node->scratch_bytes() > 0) {
+    auto overlaps = [&](MemRef r, int64_t bytes) {
+      return r.slot == scratch.slot && r.byte_offset < scratch.byte_offset + node->scratch_bytes() &&
+             scratch.byte_offset < r.byte_offset + bytes;
+    };
+    bool bad = overlaps(out, bytes_of(desc.output, {}));
+    for (size_t k = 0; k < inputs.size(); ++k)
+      if (desc.inputs[k].constant.empty() && desc.inputs[k].value >= 0)
+        bad = bad || overlaps(inputs[k], bytes_of(desc.inputs[k],
+                                                  k < 2 && desc.op == "matmul"
+                                                      ? desc.matmul_strides[k]
+                                                      : std::vector<int64_t>{}));
+    if (bad)
+      fail_kind(ErrorKind::ParseError, "{}: the scratch region of node '{}' overlaps its operands",
+                where, desc.node);
+  }
   return make_onednn_launch(node, desc_json, inputs, out, scratch);
 }
 
-Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv&, const std::string&) {
+Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv& env,
+                                       const std::string& where) {
   json p = json::parse(r.params);
   MemRef table = ref_from(p.at("table"), 0), indices = ref_from(p.at("indices"), 0),
          out = ref_from(p.at("out"), 0);
@@ -162,8 +223,13 @@ Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv&, const 
           count = p.at("count").get<int64_t>();
   if (table.slot < 0 || indices.slot < 0 || out.slot < 0 || rows < 1 || row_bytes < 0 || count < 0)
     throw std::out_of_range("gather_rows: bad buffers or sizes");
-  return make_gather_rows_launch(table, rows, row_bytes, indices,
-                                 p.at("int32_indices").get<bool>(), count, out,
+  bool i32 = p.at("int32_indices").get<bool>();
+  if (row_bytes > (int64_t(1) << 40) / rows || count > (int64_t(1) << 40))
+    throw std::out_of_range("gather_rows: sizes overflow");
+  check_buffer(env, table, rows * row_bytes, where);
+  check_buffer(env, indices, count * (i32 ? 4 : 8), where);
+  check_buffer(env, out, count * row_bytes, where);
+  return make_gather_rows_launch(table, rows, row_bytes, indices, i32, count, out,
                                  p.at("node").get<std::string>());
 }
 

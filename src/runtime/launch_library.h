@@ -46,6 +46,10 @@ struct LaunchEnv {
   std::function<void*(const std::string& symbol)> symbol;  // in the kernels' shared object; null if absent
   std::function<Tensor(const std::string& name)> constant;  // weights by name
   kernels::OnednnLayouts* onednn_layouts = nullptr;         // shared by the package's nodes
+  // Bytes available from the start of each slot's buffer (the arena, an input, a constant):
+  // every buffer a rebuilt launch reads or writes through the slot table is checked against it,
+  // so an edited manifest cannot make a launch reach outside its buffers. Null: not checked.
+  std::function<int64_t(int32_t slot)> slot_bytes;
 };
 
 // Rebuilds a launch from its record; `where` names it in errors ("launch 3 'k2_add'"). Throws

@@ -475,6 +475,15 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       return it->second;
     };
     env.onednn_layouts = &layouts;
+    std::vector<int64_t> slot_bytes(size_t(num_slots), 0);
+    slot_bytes[0] = arena;
+    for (const Executable::InputSpec& in : exe->inputs)
+      slot_bytes[size_t(in.slot)] = nbytes_of(in.sizes, in.dtype);
+    for (const Executable::ConstantSpec& c : exe->constants)
+      if (c.slot > 0) slot_bytes[size_t(c.slot)] = c.data.nbytes();
+    env.slot_bytes = [&slot_bytes](int32_t slot) -> int64_t {
+      return slot >= 0 && size_t(slot) < slot_bytes.size() ? slot_bytes[size_t(slot)] : 0;
+    };
     size_t i = 0;
     for (const json& j : m.at("launches")) {
       std::string name = j.at("name").get<std::string>();
