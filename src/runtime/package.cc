@@ -20,6 +20,10 @@
 // reproducibly); nothing records a time, a path or a host name. Compiling the same model twice
 // gives the same bytes (tests/e2e/package_test.cc checks it).
 //
+// load_package maps the file (MAP_PRIVATE, read-only) and verifies it in place; packages are
+// replaced by rename (write_package is atomic), never rewritten in place, so a mapped file does
+// not change under the loader. Only the weights (into tensors) and the kernels are copied.
+//
 // The kernels are loaded from a memfd (memfd_create + dlopen of /proc/self/fd/N), or from a
 // private temporary file unlinked right after dlopen where memfd is unavailable: nothing is
 // left on disk either way.
@@ -28,6 +32,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -121,7 +126,23 @@ std::string package_container(const std::vector<PackageSection>& sections) {
   return out;
 }
 
+namespace {
+struct SectionView {
+  std::string name;
+  std::string_view bytes;
+};
+std::vector<SectionView> parse_sections(std::string_view b, const std::string& source);
+}  // namespace
+
 std::vector<PackageSection> parse_package_container(std::string_view b, const std::string& source) {
+  std::vector<PackageSection> out;
+  for (const SectionView& v : parse_sections(b, source)) out.push_back({v.name, std::string(v.bytes)});
+  return out;
+}
+
+namespace {
+// The container's checks (Note [Package format]); the sections as views of `b`.
+std::vector<SectionView> parse_sections(std::string_view b, const std::string& source) {
   if (b.size() < kHeaderBytes)
     bad(source, fmt::format("header: truncated ({} bytes; a package starts with a {}-byte header)",
                             b.size(), kHeaderBytes));
@@ -143,7 +164,7 @@ std::vector<PackageSection> parse_package_container(std::string_view b, const st
   if (table_end > b.size()) bad(source, "section table: truncated");
   if (sha256_raw(b.substr(kHeaderBytes, table_end - kHeaderBytes)) != b.substr(24, 32))
     bad(source, "section table: SHA-256 mismatch (the table is corrupt)");
-  std::vector<PackageSection> out;
+  std::vector<SectionView> out;
   size_t prev_end = table_end;
   for (uint32_t i = 0; i < n; ++i) {
     size_t e = kHeaderBytes + kEntryBytes * i;
@@ -162,13 +183,13 @@ std::vector<PackageSection> parse_package_container(std::string_view b, const st
     std::string_view bytes = b.substr(off, size);
     if (sha256_raw(bytes) != b.substr(e + 48, 32))
       bad(source, fmt::format("section '{}': SHA-256 mismatch (the section is corrupt)", name));
-    out.push_back({name, std::string(bytes)});
+    out.push_back({name, bytes});
     prev_end = off + size;
   }
   if (prev_end != b.size()) bad(source, "bytes after the last section");
   // The sections, in the format's order, each once.
   size_t next = 0;
-  for (const PackageSection& s : out) {
+  for (const SectionView& s : out) {
     size_t k = 0;
     while (k < std::size(kSectionOrder) && s.name != kSectionOrder[k]) ++k;
     if (k == std::size(kSectionOrder))
@@ -182,6 +203,7 @@ std::vector<PackageSection> parse_package_container(std::string_view b, const st
     bad(source, "sections 'manifest' and 'weights' are required");
   return out;
 }
+}  // namespace
 
 // ---- writing --------------------------------------------------------------------------------------
 std::string package_bytes(const Executable& exe, const PackageInfo& info) {
@@ -266,7 +288,7 @@ struct KernelLibrary {
   }
 };
 
-std::shared_ptr<KernelLibrary> load_kernels(const std::string& bytes, const std::string& source) {
+std::shared_ptr<KernelLibrary> load_kernels(std::string_view bytes, const std::string& source) {
   auto lib = std::make_shared<KernelLibrary>();
   int fd = memfd_create("kiln-kernels", MFD_CLOEXEC);
   std::string path, tmp;
@@ -333,13 +355,13 @@ int64_t nbytes_of(const Dims& d, DType t) {
 }  // namespace
 
 LoadedPackage load_package_bytes(std::string_view bytes, const std::string& source) {
-  std::vector<PackageSection> sections = parse_package_container(bytes, source);
+  std::vector<SectionView> sections = parse_sections(bytes, source);
   LoadedPackage out;
   out.file_bytes = int64_t(bytes.size());
-  out.manifest = sections[0].bytes;
-  const std::string& weights_bytes = sections[1].bytes;
+  out.manifest = std::string(sections[0].bytes);
+  std::string_view weights_bytes = sections[1].bytes;
   out.weights_bytes = int64_t(weights_bytes.size());
-  const std::string* kernels = sections.size() > 2 ? &sections[2].bytes : nullptr;
+  const std::string_view* kernels = sections.size() > 2 ? &sections[2].bytes : nullptr;
   out.kernels_bytes = kernels ? int64_t(kernels->size()) : 0;
 
   json m;
@@ -517,12 +539,35 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
   return out;
 }
 
+// The file is mapped read-only rather than read: the loader hashes and parses it in place and
+// copies only the weights (into tensors) and the kernels (into their memfd).
 LoadedPackage load_package(const std::string& path) {
-  std::string bytes;
-  if (!read_whole_file(path, &bytes))
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
     fail_kind(ErrorKind::InvalidArgument, "package '{}': cannot read the file: {}", path,
               errno_text(errno));
-  return load_package_bytes(bytes, path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int err = errno;
+    ::close(fd);
+    fail_kind(ErrorKind::InvalidArgument, "package '{}': not a regular file ({})", path,
+              errno_text(err));
+  }
+  size_t size = size_t(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    return load_package_bytes(std::string_view(), path);
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED)
+    fail_kind(ErrorKind::Runtime, "package '{}': cannot map the file: {}", path, errno_text(errno));
+  struct Unmap {
+    void* p;
+    size_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } unmap{map, size};
+  return load_package_bytes(std::string_view(static_cast<const char*>(map), size), path);
 }
 
 std::string explain_package(const std::string& path) {
