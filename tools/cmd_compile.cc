@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "bench/bench.h"
 #include "compiler/package.h"
@@ -43,7 +44,9 @@ void compile_command(const CompileArgs& a) {
   BenchTarget m = load_bench_target(a.model, a.batch, a.seed);
   auto compiled = nn::compile_captured_graph(m.compile, m.inputs, options);
   PackageInfo info;
-  info.model = a.model;
+  // A file is recorded by its name, not its path: the package must not depend on where the
+  // model was read from (determinism, Note [Package format]).
+  info.model = std::filesystem::path(a.model).filename().string();
   info.batch = a.batch;
   compiler::write_package(*compiled, options, info, a.output);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
