@@ -88,12 +88,106 @@ std::string node_list(const Graph& g, const std::vector<int32_t>& nodes) {
 }
 
 // A node the runtime's kernel library runs without its eager kernel (runtime/launch_library.h),
-// so that the Executable stays packageable: embedding on the CPU, over contiguous buffers.
+// so that the Executable stays packageable: embedding, concat and split on the CPU, over buffers
+// or views of concrete shapes (byte copies: bitwise what the eager kernels compute).
 std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Schedule& s,
                                                  const MemoryAssignment& m, int32_t node,
                                                  const Target& target) {
   const Node& n = g.nodes[size_t(node)];
-  if (n.op != OpId::Embedding || !target.device().is_cpu() || n.inputs.size() != 2) return {};
+  if (!target.device().is_cpu()) return {};
+  auto plain = [&](ValueId v) {
+    if (v == kNoValue || s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 ||
+        !g.type(v).is_contiguous())
+      return false;
+    for (const SymInt& d : g.type(v).shape)
+      if (!d.is_concrete()) return false;
+    return true;
+  };
+  if (n.op == OpId::Concat) {
+    ValueId y = n.outputs[0];
+    if (!plain(y)) return {};
+    const TensorType& yt = g.type(y);
+    int r = int(yt.shape.size());
+    int64_t dim = n.attrs.get_int("dim");
+    if (dim < 0) dim += r;
+    if (dim < 0 || dim >= r) return {};
+    int64_t outer = 1, inner = dtype_size(yt.dtype);
+    for (int d = 0; d < dim; ++d) outer *= yt.shape[size_t(d)].value();
+    for (int d = int(dim) + 1; d < r; ++d) inner *= yt.shape[size_t(d)].value();
+    std::vector<ConcatPart> parts;
+    Dims out_strides = contiguous_strides(to_dims(yt.shape));
+    const int64_t elt = dtype_size(yt.dtype);
+    int64_t at = 0;
+    for (ValueId v : n.inputs) {
+      if (v == kNoValue || g.type(v).dtype != yt.dtype) return {};
+      int64_t chunk = g.type(v).shape[size_t(dim)].value() * inner;
+      if (plain(v)) {
+        parts.push_back({m.mem[size_t(v)], chunk, at});
+      } else if (s.virtual_view[size_t(v)]) {
+        // A view (a permuted activation, an expanded parameter): copied element by element from
+        // its base buffer.
+        const lower::ViewGeometry& geo = s.views[size_t(v)];
+        if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != size_t(r)) return {};
+        ConcatPart part;
+        part.src = m.mem[size_t(geo.base)];
+        part.dst_offset = at;
+        part.sizes.assign(geo.sizes.begin(), geo.sizes.end());
+        part.strides.assign(geo.strides.begin(), geo.strides.end());
+        part.dst_strides.assign(out_strides.begin(), out_strides.end());
+        part.elem_offset = geo.offset;
+        part.elem_bytes = elt;
+        for (int64_t st : part.strides)
+          if (st < 0) return {};
+        parts.push_back(std::move(part));
+      } else {
+        return {};
+      }
+      at += chunk;
+    }
+    return make_concat_launch(std::move(parts), outer, at, m.mem[size_t(y)]);
+  }
+  if (n.op == OpId::Split && n.inputs.size() == 1) {
+    ValueId x = n.inputs[0];
+    const TensorType& xt = g.type(x);
+    int r = int(xt.shape.size());
+    int64_t dim = n.attrs.get_int("dim");
+    if (dim < 0) dim += r;
+    if (dim < 0 || dim >= r) return {};
+    for (const SymInt& d : xt.shape)
+      if (!d.is_concrete()) return {};
+    lower::ViewGeometry geo;
+    if (s.virtual_view[size_t(x)]) {
+      geo = s.views[size_t(x)];
+    } else {
+      geo.base = x;
+      geo.sizes = to_dims(xt.shape);
+      geo.strides = contiguous_strides(geo.sizes);
+      geo.offset = 0;
+    }
+    if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != size_t(r)) return {};
+    for (int64_t st : geo.strides)
+      if (st < 0) return {};
+    std::vector<ConcatPart> parts;
+    int64_t start = 0;
+    for (ValueId o : n.outputs) {
+      if (!plain(o) || g.type(o).dtype != xt.dtype) return {};
+      ConcatPart part;
+      part.src = m.mem[size_t(geo.base)];
+      part.dst = m.mem[size_t(o)];
+      part.sizes.assign(geo.sizes.begin(), geo.sizes.end());
+      int64_t len = g.type(o).shape[size_t(dim)].value();
+      part.sizes[size_t(dim)] = len;
+      part.strides.assign(geo.strides.begin(), geo.strides.end());
+      Dims ds = contiguous_strides(to_dims(g.type(o).shape));
+      part.dst_strides.assign(ds.begin(), ds.end());
+      part.elem_offset = geo.offset + start * geo.strides[size_t(dim)];
+      part.elem_bytes = dtype_size(xt.dtype);
+      start += len;
+      parts.push_back(std::move(part));
+    }
+    return make_concat_launch(std::move(parts), 0, 0, m.mem[size_t(n.outputs[0])]);
+  }
+  if (n.op != OpId::Embedding || n.inputs.size() != 2) return {};
   ValueId w = n.inputs[0], idx = n.inputs[1], y = n.outputs[0];
   for (ValueId v : {w, idx, y})
     if (s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 || !g.type(v).is_contiguous())

@@ -16,6 +16,8 @@
 //           the package would compute differently: the loader refuses it then.
 //   gather_rows {"table", "indices", "out": [slot, offset], "rows", "row_bytes", "count",
 //           "int32_indices", "node"}: embedding lookups, as byte copies.
+//   concat  {"parts": [[slot, offset, chunk_bytes, dst_offset]...], "outer", "out_chunk_bytes",
+//           "out"}: concatenation of contiguous buffers, as byte copies.
 // Eager launches (an op's eager kernel bound to tensors) have no record: `kiln compile -o`
 // refuses a graph with one, naming the node.
 #include "runtime/launch_library.h"
@@ -98,6 +100,45 @@ void run_gather_rows(void* s, const Executable::RunContext& c) {
                 g->rows - 1);
     if (v < 0) v += g->rows;
     std::memcpy(out + i * g->row_bytes, table + v * g->row_bytes, size_t(g->row_bytes));
+  }
+}
+
+// ---- concat -----------------------------------------------------------------------------------
+struct ConcatState {
+  std::vector<ConcatPart> parts;
+  int64_t outer = 0, out_chunk_bytes = 0;
+  MemRef out;
+};
+
+void run_concat(void* s, const Executable::RunContext& c) {
+  auto* k = static_cast<ConcatState*>(s);
+  char* out = c.slots[k->out.slot] + k->out.byte_offset;
+  for (const ConcatPart& p : k->parts) {
+    const char* src = c.slots[p.src.slot] + p.src.byte_offset;
+    if (!p.sizes.empty()) {
+      char* dst = p.dst.slot >= 0 ? c.slots[p.dst.slot] + p.dst.byte_offset : out;
+      const size_t r = p.sizes.size();
+      int64_t idx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t n = 1;
+      for (int64_t d : p.sizes) n *= d;
+      for (int64_t e = 0; e < n; ++e) {
+        int64_t so = p.elem_offset, dof = 0;
+        for (size_t d = 0; d < r; ++d) {
+          so += idx[d] * p.strides[d];
+          dof += idx[d] * p.dst_strides[d];
+        }
+        std::memcpy(dst + p.dst_offset + dof * p.elem_bytes, src + so * p.elem_bytes,
+                    size_t(p.elem_bytes));
+        for (size_t d = r; d-- > 0;) {
+          if (++idx[d] < p.sizes[d]) break;
+          idx[d] = 0;
+        }
+      }
+      continue;
+    }
+    for (int64_t o = 0; o < k->outer; ++o)
+      std::memcpy(out + o * k->out_chunk_bytes + p.dst_offset, src + o * p.chunk_bytes,
+                  size_t(p.chunk_bytes));
   }
 }
 
@@ -233,10 +274,72 @@ Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv& env,
                                  p.at("node").get<std::string>());
 }
 
+Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+  json p = json::parse(r.params);
+  int64_t outer = p.at("outer").get<int64_t>(), out_chunk = p.at("out_chunk_bytes").get<int64_t>();
+  MemRef out = ref_from(p.at("out"), 0);
+  constexpr int64_t kMax = int64_t(1) << 40;
+  if (outer < 0 || outer > kMax || out_chunk < 0 || out_chunk > kMax || out.slot < 0 ||
+      (outer > 0 && out_chunk > kMax / outer))
+    throw std::out_of_range("concat: bad sizes");
+  std::vector<ConcatPart> parts;
+  for (const json& j : p.at("parts")) {
+    if (j.is_object()) {  // a strided part
+      ConcatPart part;
+      part.src = ref_from(j.at("src"), 0);
+      part.dst_offset = j.at("dst_offset").get<int64_t>();
+      part.sizes = j.at("sizes").get<std::vector<int64_t>>();
+      part.strides = j.at("strides").get<std::vector<int64_t>>();
+      part.dst_strides = j.at("dst_strides").get<std::vector<int64_t>>();
+      part.elem_offset = j.at("elem_offset").get<int64_t>();
+      part.elem_bytes = j.at("elem_bytes").get<int64_t>();
+      size_t r = part.sizes.size();
+      if (r == 0 || r > 8 || part.strides.size() != r || part.dst_strides.size() != r ||
+          part.elem_bytes < 1 || part.elem_bytes > 16 || part.elem_offset < 0 || part.dst_offset < 0 ||
+          part.src.slot < 0)
+        throw std::out_of_range("concat: malformed strided part");
+      int64_t last_src = part.elem_offset, last_dst = 0;
+      bool empty = false;
+      for (size_t d = 0; d < r; ++d) {
+        if (part.sizes[d] < 0 || part.sizes[d] > kMax || part.strides[d] < 0 ||
+            part.strides[d] > kMax || part.dst_strides[d] < 0 || part.dst_strides[d] > kMax)
+          throw std::out_of_range("concat: strided part sizes or strides out of range");
+        empty = empty || part.sizes[d] == 0;
+        if (part.sizes[d] > 0) {
+          last_src += (part.sizes[d] - 1) * part.strides[d];
+          last_dst += (part.sizes[d] - 1) * part.dst_strides[d];
+        }
+        if (last_src > kMax || last_dst > kMax) throw std::out_of_range("concat: part too large");
+      }
+      if (j.contains("dst")) part.dst = ref_from(j.at("dst"), 0);
+      if (!empty) {
+        check_buffer(env, part.src, (last_src + 1) * part.elem_bytes, where);
+        if (part.dst.slot >= 0)
+          check_buffer(env, part.dst, part.dst_offset + (last_dst + 1) * part.elem_bytes, where);
+        else if (part.dst_offset + (last_dst + 1) * part.elem_bytes > outer * out_chunk)
+          throw std::out_of_range("concat: a strided part writes past the output");
+      }
+      parts.push_back(std::move(part));
+      continue;
+    }
+    auto v = j.get<std::vector<int64_t>>();
+    if (v.size() != 4 || v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0 || v[2] > out_chunk ||
+        v[3] > out_chunk - v[2])
+      throw std::out_of_range("concat: a part must be [slot, offset, chunk_bytes, dst_offset] "
+                              "inside the output block");
+    ConcatPart part{MemRef{int32_t(v[0]), v[1]}, v[2], v[3]};
+    check_buffer(env, part.src, outer * part.chunk_bytes, where);
+    parts.push_back(part);
+  }
+  check_buffer(env, out, outer * out_chunk, where);
+  return make_concat_launch(std::move(parts), outer, out_chunk, out);
+}
+
 std::map<std::string, LaunchRebuildFn>& registry() {
   static std::map<std::string, LaunchRebuildFn> r = {{"loop", rebuild_loop},
                                                      {"onednn", rebuild_onednn},
-                                                     {"gather_rows", rebuild_gather_rows}};
+                                                     {"gather_rows", rebuild_gather_rows},
+                                                     {"concat", rebuild_concat}};
   return r;
 }
 
@@ -313,6 +416,37 @@ Executable::Launch make_gather_rows_launch(MemRef table, int64_t rows, int64_t r
   return l;
 }
 
+Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t outer,
+                                      int64_t out_chunk_bytes, MemRef out) {
+  auto state = std::make_shared<ConcatState>();
+  state->parts = std::move(parts);
+  state->outer = outer;
+  state->out_chunk_bytes = out_chunk_bytes;
+  state->out = out;
+  Executable::Launch l;
+  l.fn = run_concat;
+  l.state = state.get();
+  l.kind = "concat";
+  l.record = [state] {
+    json parts = json::array();
+    for (const ConcatPart& p : state->parts) {
+      if (p.sizes.empty())
+        parts.push_back({p.src.slot, p.src.byte_offset, p.chunk_bytes, p.dst_offset});
+      else
+        parts.push_back({{"src", ref_json(p.src)}, {"dst_offset", p.dst_offset},
+                         {"sizes", p.sizes}, {"strides", p.strides},
+                         {"dst_strides", p.dst_strides}, {"elem_offset", p.elem_offset},
+                         {"elem_bytes", p.elem_bytes}});
+      if (p.dst.slot >= 0) parts.back()["dst"] = ref_json(p.dst);
+    }
+    json p = {{"parts", parts}, {"outer", state->outer},
+              {"out_chunk_bytes", state->out_chunk_bytes}, {"out", ref_json(state->out)}};
+    return LaunchRecord{"concat", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
 Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
                                   const std::string& where) {
   LaunchRebuildFn fn;
@@ -321,7 +455,7 @@ Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
     auto it = registry().find(record.kind);
     if (it == registry().end())
       fail_kind(ErrorKind::ParseError, "{}: unknown launch kind '{}' (this runtime knows loop, "
-                "onednn, gather_rows)", where, record.kind);
+                "onednn, gather_rows, concat)", where, record.kind);
     fn = it->second;
   }
   try {

@@ -41,6 +41,23 @@ Executable::Launch make_gather_rows_launch(MemRef table, int64_t rows, int64_t r
                                            MemRef indices, bool int32_indices, int64_t count,
                                            MemRef out, const std::string& node);
 
+// Concatenation along one dim, as byte copies (bitwise what the eager concat computes). A
+// contiguous part copies, for each of `outer` blocks, its `chunk_bytes` to the output block at
+// `dst_offset` (`out_chunk_bytes` per block). A strided part (a view: `sizes` non-empty) copies
+// element by element: element idx of the view, at src + (elem_offset + sum idx*strides) *
+// elem_bytes, goes to out (or the part's own dst) + dst_offset + sum idx*dst_strides *
+// elem_bytes. Split is the same launch with one strided part per output.
+struct ConcatPart {
+  MemRef src;
+  int64_t chunk_bytes = 0;
+  int64_t dst_offset = 0;
+  std::vector<int64_t> sizes, strides, dst_strides;  // strided parts only (elements)
+  int64_t elem_offset = 0, elem_bytes = 0;
+  MemRef dst;  // strided parts: a destination of its own (split's outputs); slot -1: `out`
+};
+Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t outer,
+                                      int64_t out_chunk_bytes, MemRef out);
+
 // What rebuilding a launch needs from the package being loaded.
 struct LaunchEnv {
   std::function<void*(const std::string& symbol)> symbol;  // in the kernels' shared object; null if absent

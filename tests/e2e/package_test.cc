@@ -132,7 +132,8 @@ TEST_P(PackageZoo, LoadedPackageMatchesCompiledRunBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, PackageZoo,
-                         testing::Values("mlp", "vfe", "resnet18", "bert_base"),
+                         testing::Values("mlp", "vfe", "resnet18", "resnet50", "vit_b_16",
+                                         "bert_base"),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // branchy's host code branches on a computed value: two graphs and a guard, which one package
