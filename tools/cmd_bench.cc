@@ -107,7 +107,7 @@ void add_bench_command(CLI::App& app) {
   static bool json = false;
   auto* cmd = app.add_subcommand("bench",
                                  "Benchmark a zoo model or .onnx file: latency, compile cost, memory");
-  cmd->add_option("target", o.target, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
+  cmd->add_option("target", o.target, "Zoo model name (see `kiln models`), MODEL.onnx or MODEL.kiln (a package: load_s, no compile)")->required();
   cmd->add_option("--backend", o.backend,
                   "eager | compiled (kiln::compile with the best backend; default compiled)");
   cmd->add_option("--device", o.device,

@@ -2,6 +2,7 @@
 // reasons and call sites, ops per graph, guards, recompiles, fallbacks.
 #include <cstdio>
 
+#include "runtime/package.h"
 #include "capture/compile.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
@@ -21,7 +22,7 @@ void add_explain_command(CLI::App& app) {
   static std::string device = "cpu";
   static std::string dtype = "float32";
   auto* cmd = app.add_subcommand("explain", "Show graphs, graph breaks, guards and fallbacks");
-  cmd->add_option("model", model, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
+  cmd->add_option("model", model, "Zoo model name (see `kiln models`), MODEL.onnx or MODEL.kiln")->required();
   cmd->add_option("--batch", batch, "Batch size (default 1)");
   cmd->add_option("--seed", seed, "Seed for weights and inputs (default 0)");
   cmd->add_option("--backend", backend, "Compile backend (default eager)");
@@ -33,6 +34,10 @@ void add_explain_command(CLI::App& app) {
   cmd->add_flag("--fullgraph", fullgraph, "Treat a graph break as an error");
   cmd->add_flag("--json", json, "Print JSON: graphs, breaks, guards, recompiles, fallbacks");
   cmd->callback([] {
+    if (model.size() > 5 && model.substr(model.size() - 5) == ".kiln") {
+      std::printf("%s", explain_package(model).c_str());
+      return;
+    }
     if (device != "cpu" && device != "cuda") fail("explain: --device expected cpu or cuda, found '{}'", device);
     if (device == "cuda") require_cuda_device(0, "explain: --device cuda");
     BenchTarget m = load_bench_target(model, batch, seed, device == "cuda" ? Device::cuda(0) : Device::cpu());

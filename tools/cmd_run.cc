@@ -16,6 +16,7 @@
 #include "nn/models/zoo.h"
 #include "core/cuda_runtime.h"
 #include "runtime/npy.h"
+#include "runtime/package.h"
 #include "bench/bench.h"
 #include "passes/autocast.h"
 #include "tools/commands.h"
@@ -91,7 +92,76 @@ void load_inputs(const RunArgs& a, nn::ZooModel& m) {
   }
 }
 
+// `kiln run model.kiln`: load the package (timed), run it once on the given or random inputs,
+// write/print the outputs. Only the runtime runs: no compiler, no capture.
+void run_package(const RunArgs& a) {
+  if (a.device != "cpu") fail_kind(ErrorKind::NotSupported, "run: packages are CPU packages so far");
+  if (a.threads < 0) fail("--threads must be >= 0, got {}", a.threads);
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  auto t0 = std::chrono::steady_clock::now();
+  LoadedPackage p = load_package(a.target);
+  double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Executable& exe = *p.exe;
+  TensorList in = package_inputs(exe, a.seed);
+  for (const std::string& spec : a.inputs) {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos) fail("--input expected NAME=FILE.npy, found '{}'", spec);
+    std::string name = spec.substr(0, eq), path = spec.substr(eq + 1);
+    size_t i = 0;
+    while (i < exe.inputs.size() && exe.inputs[i].name != name) ++i;
+    if (i == exe.inputs.size()) fail("--input: the package has no input '{}'", name);
+    Tensor t = read_npy(path);
+    if (t.dtype() != exe.inputs[i].dtype || t.sizes() != exe.inputs[i].sizes)
+      fail("input '{}' from {}: expected {} {}, found {} {}", name, path,
+           dtype_name(exe.inputs[i].dtype), to_string(exe.inputs[i].sizes), dtype_name(t.dtype()),
+           to_string(t.sizes()));
+    in[i] = t.contiguous();
+  }
+  TensorList out;
+  for (const Executable::OutputSpec& s : exe.outputs) out.push_back(Tensor::empty(s.sizes, s.dtype));
+  auto t1 = std::chrono::steady_clock::now();
+  exe.run(in.data(), in.size(), out.data(), out.size());
+  double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  if (!a.output_dir.empty()) {
+    std::filesystem::create_directories(a.output_dir);
+    for (size_t i = 0; i < out.size(); ++i) {
+      std::string name = exe.outputs[i].name.empty() ? "output" + std::to_string(i) : exe.outputs[i].name;
+      write_npy(a.output_dir + "/" + name + ".npy", out[i]);
+    }
+  }
+  nlohmann::json j;
+  j["package"] = a.target;
+  j["model"] = p.model;
+  j["load_s"] = load_s;
+  j["first_call_s"] = first_s;
+  nlohmann::json outs = nlohmann::json::array();
+  for (size_t i = 0; i < out.size(); ++i) {
+    double sum = 0;
+    Tensor f = out[i].to(DType::Float64).contiguous();
+    const double* d = static_cast<const double*>(f.raw_data());
+    for (int64_t k = 0; k < f.numel(); ++k) sum += d[k];
+    outs.push_back({{"name", exe.outputs[i].name}, {"dtype", dtype_name(out[i].dtype())},
+                    {"shape", std::vector<int64_t>(out[i].sizes().begin(), out[i].sizes().end())},
+                    {"sum", sum}});
+  }
+  j["outputs"] = outs;
+  if (a.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf("package %s (model %s): loaded in %.1f ms, first call %.3f ms\n", a.target.c_str(),
+              p.model.c_str(), load_s * 1e3, first_s * 1e3);
+  for (const auto& o : outs)
+    std::printf("  output %s %s %s sum %.9g\n", o["name"].get<std::string>().c_str(),
+                o["dtype"].get<std::string>().c_str(), o["shape"].dump().c_str(),
+                o["sum"].get<double>());
+}
+
 void run_command(const RunArgs& a) {
+  if (a.target.size() > 5 && a.target.substr(a.target.size() - 5) == ".kiln") {
+    run_package(a);
+    return;
+  }
   const DType precision = parse_precision(a.dtype, "run: --dtype");
   if (precision != DType::Float32 && a.backend == "eager")
     fail("run: --dtype {} applies to the compiled run; --backend eager runs the model as written "
@@ -263,7 +333,7 @@ void run_command(const RunArgs& a) {
 void add_run_command(CLI::App& app) {
   static RunArgs a;
   auto* cmd = app.add_subcommand("run", "Run a model eagerly and compiled, compare, time it");
-  cmd->add_option("model", a.target, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
+  cmd->add_option("model", a.target, "Zoo model name (see `kiln models`), MODEL.onnx or MODEL.kiln (a package: loaded and run by the runtime)")->required();
   cmd->add_option("--backend", a.backend,
                   "Zoo models: eager | compiled | both (default both). MODEL.onnx: eager | "
                   "compiled (kiln::compile, best backend) | both (default eager)")

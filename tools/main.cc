@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_conformance_command(app);
   kiln::cli::add_bench_command(app);
   kiln::cli::add_profile_command(app);
+  kiln::cli::add_compile_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -19,6 +19,7 @@
 //   compiled arenas, weights and input staging), reset before the model is loaded: what
 //   torch.cuda.max_memory_allocated reports for the PyTorch peers.
 #include "bench/bench.h"
+#include "runtime/package.h"
 
 #include "passes/autocast.h"
 #include "frontends/onnx/importer.h"
@@ -377,6 +378,7 @@ std::string BenchResult::json(int indent) const {
   j["warm_compile_s"] = opt(warm_compile_s);
   j["warm_compile_cache_hit"] = opt(warm_compile_cache_hit);
   j["first_call_s"] = first_call_s;
+  j["load_s"] = load_s ? json(*load_s) : json(nullptr);
   j["p50_ms"] = p50_ms;
   j["p90_ms"] = p90_ms;
   j["p99_ms"] = p99_ms;
@@ -396,6 +398,21 @@ std::string BenchResult::json(int indent) const {
   j["involuntary_switches_per_call"] = involuntary_switches_per_call;
   j["host"] = {{"cpu_model", host.cpu_model}, {"isa", host.isa}, {"cores", host.cores}};
   return j.dump(indent);
+}
+
+TensorList package_inputs(const Executable& exe, uint64_t seed) {
+  Generator gen(seed);
+  TensorList in;
+  for (const Executable::InputSpec& s : exe.inputs) {
+    if (is_floating(s.dtype)) {
+      in.push_back(Tensor::randn(s.sizes, gen, s.dtype));
+    } else {
+      // Integers in [0, 10), as ONNX models' integer inputs get (indices, token ids).
+      Tensor t = Tensor::randint(s.sizes, gen, 0, 10, s.dtype);
+      in.push_back(t);
+    }
+  }
+  return in;
 }
 
 BenchResult run_bench(const BenchOptions& o) {
@@ -426,8 +443,33 @@ BenchResult run_bench(const BenchOptions& o) {
 
   const Device device = cuda ? Device::cuda(0) : Device::cpu();
   if (cuda) cuda_reset_peak_stats(device.index);  // the peak then covers weights, inputs, calls
-  BenchTarget m = load_bench_target(o.target, o.batch, o.seed, device);
+  // A .kiln package: loaded by the runtime (timed: load_s), run on caller-owned buffers with
+  // fresh random inputs of its declared shapes; no compile.
+  const bool package = o.target.size() > 5 && o.target.substr(o.target.size() - 5) == ".kiln";
+  if (package && cuda)
+    fail_kind(ErrorKind::NotSupported, "bench: packages are CPU packages so far (--device cpu)");
+  std::optional<LoadedPackage> pkg;
+  std::optional<double> load_s;
+  TensorList pkg_outputs;
+  std::vector<const void*> pkg_in;
+  std::vector<void*> pkg_out;
+  BenchTarget m;
+  if (package) {
+    auto t0 = std::chrono::steady_clock::now();
+    pkg = load_package(o.target);
+    load_s = seconds_since(t0);
+    m.name = o.target;
+    m.inputs = package_inputs(*pkg->exe, o.seed);
+    for (const Tensor& t : m.inputs) pkg_in.push_back(t.raw_data());
+    for (const Executable::OutputSpec& s : pkg->exe->outputs) {
+      pkg_outputs.push_back(Tensor::empty(s.sizes, s.dtype));
+      pkg_out.push_back(pkg_outputs.back().raw_data());
+    }
+  } else {
+    m = load_bench_target(o.target, o.batch, o.seed, device);
+  }
   BenchResult r;
+  r.load_s = load_s;
   r.model = m.name;
   r.device = o.device;
   r.mode = o.mode;
@@ -446,7 +488,13 @@ BenchResult run_bench(const BenchOptions& o) {
   TensorList outputs;  // reused by every compiled call (run_into)
   std::optional<ScopedCacheDir> cold_cache;
   double compile_call_s = 0;  // kiln::compile() itself (capture is lazy: it is cheap)
-  if (o.backend == "compiled") {
+  if (package) {
+    r.backend = "package";
+    r.batch = pkg->exe->inputs.empty() || pkg->exe->inputs[0].sizes.empty()
+                  ? 1 : pkg->exe->inputs[0].sizes[0];
+    r.arena_bytes = pkg->exe->arena_bytes();
+    call = [&] { pkg->exe->run_buffers(pkg_in.data(), pkg_in.size(), pkg_out.data(), pkg_out.size()); };
+  } else if (o.backend == "compiled") {
     copts.backend = best_compile_backend();
     r.backend = "compiled(" + copts.backend + ")";
     reset();  // cold: no cached graphs from earlier compiles in this process
@@ -534,7 +582,7 @@ BenchResult run_bench(const BenchOptions& o) {
     r.peak_device_bytes = int64_t(cuda_allocator_stats(device.index).peak_allocated_bytes);
   }
 
-  if (o.backend == "compiled") {
+  if (o.backend == "compiled" && !package) {
     // The one-off cost: compile() plus the first call, minus what the fastest steady-state call
     // costs (the minimum, not the median: on a loaded machine the median is inflated).
     r.compile_s = std::max(0.0, compile_call_s + r.first_call_s - r.min_ms / 1000.0);

@@ -12,6 +12,7 @@
 #include "capture/compile.h"
 #include "core/device.h"
 #include "ir/interpreter.h"
+#include "runtime/executable.h"
 
 namespace kiln {
 
@@ -82,6 +83,7 @@ struct BenchResult {
   std::optional<double> compile_s, warm_compile_s;
   std::optional<bool> warm_compile_cache_hit;
   double first_call_s = 0;
+  std::optional<double> load_s;  // a .kiln package: load_package's wall time
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0, min_ms = 0, mean_ms = 0, stddev_ms = 0;
   // Every timed call's latency in ms, in call order: the samples the statistics above come from.
   std::vector<double> samples_ms;
@@ -120,6 +122,9 @@ HostInfo host_info();
 // The backend "compiled" means: "inductor" when registered, else "eager" (interpreted graphs).
 std::string best_compile_backend();
 
+// Fresh random inputs of an Executable's input specs (floats: standard normal; integers in
+// [0, 10)), from Generator(seed): what `kiln bench` and `kiln run` feed a package.
+TensorList package_inputs(const Executable& exe, uint64_t seed);
 // Nearest-rank percentile of `samples` (p in [0, 100]); NaN when empty.
 double percentile(std::vector<double> samples, double p);
 

@@ -1,12 +1,16 @@
 #include "compiler/bind.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "compiler/insert_copies.h"
 #include "core/error.h"
 #include "ops/op.h"
+#include "runtime/launch_library.h"
 
 namespace kiln::compiler {
 
@@ -83,6 +87,124 @@ std::string node_list(const Graph& g, const std::vector<int32_t>& nodes) {
   return s;
 }
 
+// A node the runtime's kernel library runs without its eager kernel (runtime/launch_library.h),
+// so that the Executable stays packageable: embedding, concat and split on the CPU, over buffers
+// or views of concrete shapes (byte copies: bitwise what the eager kernels compute).
+std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Schedule& s,
+                                                 const MemoryAssignment& m, int32_t node,
+                                                 const Target& target) {
+  const Node& n = g.nodes[size_t(node)];
+  if (!target.device().is_cpu()) return {};
+  auto plain = [&](ValueId v) {
+    if (v == kNoValue || s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 ||
+        !g.type(v).is_contiguous())
+      return false;
+    for (const SymInt& d : g.type(v).shape)
+      if (!d.is_concrete()) return false;
+    return true;
+  };
+  if (n.op == OpId::Concat) {
+    ValueId y = n.outputs[0];
+    if (!plain(y)) return {};
+    const TensorType& yt = g.type(y);
+    int r = int(yt.shape.size());
+    int64_t dim = n.attrs.get_int("dim");
+    if (dim < 0) dim += r;
+    if (dim < 0 || dim >= r) return {};
+    int64_t outer = 1, inner = dtype_size(yt.dtype);
+    for (int d = 0; d < dim; ++d) outer *= yt.shape[size_t(d)].value();
+    for (int d = int(dim) + 1; d < r; ++d) inner *= yt.shape[size_t(d)].value();
+    std::vector<ConcatPart> parts;
+    Dims out_strides = contiguous_strides(to_dims(yt.shape));
+    const int64_t elt = dtype_size(yt.dtype);
+    int64_t at = 0;
+    for (ValueId v : n.inputs) {
+      if (v == kNoValue || g.type(v).dtype != yt.dtype) return {};
+      int64_t chunk = g.type(v).shape[size_t(dim)].value() * inner;
+      if (plain(v)) {
+        parts.push_back({m.mem[size_t(v)], chunk, at});
+      } else if (s.virtual_view[size_t(v)]) {
+        // A view (a permuted activation, an expanded parameter): copied element by element from
+        // its base buffer.
+        const lower::ViewGeometry& geo = s.views[size_t(v)];
+        if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != size_t(r)) return {};
+        ConcatPart part;
+        part.src = m.mem[size_t(geo.base)];
+        part.dst_offset = at;
+        part.sizes.assign(geo.sizes.begin(), geo.sizes.end());
+        part.strides.assign(geo.strides.begin(), geo.strides.end());
+        part.dst_strides.assign(out_strides.begin(), out_strides.end());
+        part.elem_offset = geo.offset;
+        part.elem_bytes = elt;
+        for (int64_t st : part.strides)
+          if (st < 0) return {};
+        parts.push_back(std::move(part));
+      } else {
+        return {};
+      }
+      at += chunk;
+    }
+    return make_concat_launch(std::move(parts), outer, at, m.mem[size_t(y)]);
+  }
+  if (n.op == OpId::Split && n.inputs.size() == 1) {
+    ValueId x = n.inputs[0];
+    const TensorType& xt = g.type(x);
+    int r = int(xt.shape.size());
+    int64_t dim = n.attrs.get_int("dim");
+    if (dim < 0) dim += r;
+    if (dim < 0 || dim >= r) return {};
+    for (const SymInt& d : xt.shape)
+      if (!d.is_concrete()) return {};
+    lower::ViewGeometry geo;
+    if (s.virtual_view[size_t(x)]) {
+      geo = s.views[size_t(x)];
+    } else {
+      geo.base = x;
+      geo.sizes = to_dims(xt.shape);
+      geo.strides = contiguous_strides(geo.sizes);
+      geo.offset = 0;
+    }
+    if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != size_t(r)) return {};
+    for (int64_t st : geo.strides)
+      if (st < 0) return {};
+    std::vector<ConcatPart> parts;
+    int64_t start = 0;
+    for (ValueId o : n.outputs) {
+      if (!plain(o) || g.type(o).dtype != xt.dtype) return {};
+      ConcatPart part;
+      part.src = m.mem[size_t(geo.base)];
+      part.dst = m.mem[size_t(o)];
+      part.sizes.assign(geo.sizes.begin(), geo.sizes.end());
+      int64_t len = g.type(o).shape[size_t(dim)].value();
+      part.sizes[size_t(dim)] = len;
+      part.strides.assign(geo.strides.begin(), geo.strides.end());
+      Dims ds = contiguous_strides(to_dims(g.type(o).shape));
+      part.dst_strides.assign(ds.begin(), ds.end());
+      part.elem_offset = geo.offset + start * geo.strides[size_t(dim)];
+      part.elem_bytes = dtype_size(xt.dtype);
+      start += len;
+      parts.push_back(std::move(part));
+    }
+    return make_concat_launch(std::move(parts), 0, 0, m.mem[size_t(n.outputs[0])]);
+  }
+  if (n.op != OpId::Embedding || n.inputs.size() != 2) return {};
+  ValueId w = n.inputs[0], idx = n.inputs[1], y = n.outputs[0];
+  for (ValueId v : {w, idx, y})
+    if (s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 || !g.type(v).is_contiguous())
+      return {};
+  const TensorType &wt = g.type(w), &it = g.type(idx);
+  if (wt.shape.size() != 2 || !wt.shape[0].is_concrete() || !wt.shape[1].is_concrete()) return {};
+  int64_t count = 1;
+  for (const SymInt& d : it.shape) {
+    if (!d.is_concrete()) return {};
+    count *= d.value();
+  }
+  if (it.dtype != DType::Int64 && it.dtype != DType::Int32) return {};
+  return make_gather_rows_launch(m.mem[size_t(w)], wt.shape[0].value(),
+                                 wt.shape[1].value() * dtype_size(wt.dtype), m.mem[size_t(idx)],
+                                 it.dtype == DType::Int32, count, m.mem[size_t(y)], n.name);
+}
+
 }  // namespace
 
 BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
@@ -102,6 +224,32 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   }
   exe->keep_alive.push_back(lib);
   if (loops.keep_alive) exe->keep_alive.push_back(loops.keep_alive);
+  exe->kernel_library_path = loops.library_path;
+  // Every constant by name (what a package's weights section holds): those with a slot, then
+  // those only the library kernels read (their records name them).
+  {
+    std::map<int, Tensor> by_slot(m.constants.begin(), m.constants.end());
+    std::set<std::string> named;
+    for (size_t v = 0; v < g.values.size(); ++v) {
+      const Value& val = g.values[v];
+      if (val.kind != ValueKind::Param && val.kind != ValueKind::Const) continue;
+      auto it = by_slot.find(m.mem[v].slot);
+      if (it == by_slot.end()) continue;
+      exe->constants.push_back({val.name, it->first, it->second});
+      named.insert(val.name);
+      by_slot.erase(it);
+    }
+    for (const lower::Step& st : s.steps) {
+      if (st.kind != lower::StepKind::Extern) continue;
+      for (ValueId v : g.nodes[size_t(st.node)].inputs) {
+        if (v == kNoValue) continue;
+        const Value& val = g.value(v);
+        if ((val.kind == ValueKind::Param || val.kind == ValueKind::Const) &&
+            named.insert(val.name).second)
+          exe->constants.push_back({val.name, -1, val.data});
+      }
+    }
+  }
   const MemRef scratch{0, scratch_offset};
 
   // Where the memory of value v is (arena values and views of them, parameters).
@@ -170,6 +318,13 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
       out.library_launches++;
       out.kernels.push_back(fmt::format("{} [{}]: {}", l.name, target.library_name(), lib->describe(st.node)));
+    } else if (std::optional<Executable::Launch> rk = runtime_kernel(g, s, m, st.node, target)) {
+      const Node& n = g.nodes[size_t(st.node)];
+      l = std::move(*rk);
+      l.name = fmt::format("{}:{}", op_def(n.op).name, n.name);
+      l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
+      out.library_launches++;
+      out.kernels.push_back(fmt::format("{} [runtime kernel {}]", l.name, l.kind));
     } else {
       const Node& n = g.nodes[size_t(st.node)];
       const OpDef& d = op_def(n.op);
@@ -241,6 +396,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   for (ValueId o : g.outputs) {
     Executable::OutputSpec os;
     const Value& v = g.value(o);
+    os.name = v.name;
     os.dtype = v.type.dtype;
     for (size_t d = 0; d < v.type.shape.size(); ++d) os.sizes.push_back(v.type.shape[d].value());
     MemRef r = m.mem[size_t(o)];

@@ -84,10 +84,7 @@ struct SchedulePolicy {
 // Where a materialized value lives at run time: b[slot] is a base pointer of the Executable's
 // slot table (slot 0: the arena; then graph inputs, then constants), the value starts
 // `byte_offset` bytes after it.
-struct MemRef {
-  int32_t slot = -1;
-  int64_t byte_offset = 0;
-};
+using MemRef = kiln::MemRef;  // runtime/executable.h
 
 // A strided view a library kernel reads in place (a permuted matmul operand): `strides` in
 // elements, one per dim of the operand's type.
@@ -146,6 +143,7 @@ struct LoopBuild {
   std::vector<bool> vectorized;              // per loop kernel: has a vector main loop
   std::vector<TunableLaunch> tunable;        // per-launch runtime parameters (thread counts)
   std::shared_ptr<void> keep_alive;          // the loaded module
+  std::string library_path;                  // its shared object (what a package carries)
   bool cache_hit = false;                    // the module came from the kernel cache
   double build_s = 0;                        // the toolchain's wall time (0 on a hit)
 };

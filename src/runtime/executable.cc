@@ -241,6 +241,8 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
 }
 
 void Executable::prepare() {
+  has_eager_launch_ = false;
+  for (const Launch& l : launches) has_eager_launch_ = has_eager_launch_ || l.kind == "eager";
   {
     std::lock_guard<std::mutex> lock(pool_->mu);
     if (!pool_->all.empty()) return;
@@ -389,6 +391,40 @@ void Executable::run_cpu(Context& c, const Tensor* in, size_t num_inputs, Tensor
     } else {
       Tensor view = Tensor::from_blob(const_cast<char*>(src), o.sizes, o.dtype);
       t.copy_(view);
+    }
+  }
+}
+
+void Executable::run_buffers(const void* const* in, size_t num_inputs, void* const* out,
+                             size_t num_outputs) {
+  if (!device_.is_cpu())
+    fail("compiled graph: run_buffers takes host buffers; this executable runs on {}",
+         device_.str());
+  if (num_inputs != inputs.size() || num_outputs != outputs.size())
+    fail("compiled graph: expected {} inputs and {} outputs, got {} and {}", inputs.size(),
+         outputs.size(), num_inputs, num_outputs);
+  if (has_eager_launch_)
+    fail("compiled graph: it has eager launches, which need input tensors; use run()");
+  Lease lease(*this);
+  Context& c = lease.context();
+  for (size_t i = 0; i < num_inputs; ++i) {
+    if (!in[i]) fail("compiled graph: input {} ('{}') is null", i, inputs[i].name);
+    c.slots[size_t(inputs[i].slot)] = static_cast<char*>(const_cast<void*>(in[i]));
+  }
+  run_launches(c, nullptr);
+  char* const* b = c.slots.data();
+  for (size_t i = 0; i < num_outputs; ++i) {
+    const OutputSpec& o = outputs[i];
+    if (!out[i]) fail("compiled graph: output {} is null", i);
+    const char* src = b[o.slot] + o.byte_offset;
+    if (o.strides.empty()) {
+      int64_t n = dtype_size(o.dtype);
+      for (int64_t d : o.sizes) n *= d;
+      std::memcpy(out[i], src, size_t(n));
+    } else {
+      Tensor base = Tensor::from_blob(const_cast<char*>(src), o.base_sizes, o.dtype);
+      Tensor dst = Tensor::from_blob(out[i], o.sizes, o.dtype);
+      dst.copy_(base.as_strided(o.sizes, o.strides, o.view_offset));
     }
   }
 }

@@ -13,6 +13,21 @@
 
 namespace kiln {
 
+// Where a buffer lives at run time: the base pointer slots[slot] of the call's slot table (slot
+// 0: the arena; then graph inputs, then constants) plus byte_offset. Slot -1: absent.
+struct MemRef {
+  int32_t slot = -1;
+  int64_t byte_offset = 0;
+};
+
+// A launch described as data, from which the runtime rebuilds it without the compiler (a
+// package's launch list; Note [Launch records] in runtime/launch_library.cc). kind: "loop" |
+// "onednn"; params: one JSON object, as text.
+struct LaunchRecord {
+  std::string kind;
+  std::string params;
+};
+
 class Executable {
  public:
   // What a launch sees: the base-pointer table of the call's execution context (slot 0 = its
@@ -39,6 +54,16 @@ class Executable {
     std::string nodes;  // the graph nodes it computes, for profiles and explain
     std::shared_ptr<void> owner;  // keeps `state` alive
     LocalStateFn make_local;      // see LocalStateFn
+    // The launch as data, as it is now (a tuned thread count included); null for launches that
+    // cannot be rebuilt from data (eager kernels): such an Executable cannot be packaged.
+    std::function<LaunchRecord()> record;
+  };
+  // A parameter or constant the launches read, by name: a slot of its own (loop and eager
+  // kernels) or -1 (read only by library kernels, which name it in their records).
+  struct ConstantSpec {
+    std::string name;
+    int32_t slot = -1;
+    Tensor data;
   };
   struct InputSpec {
     std::string name;
@@ -47,6 +72,7 @@ class Executable {
     int32_t slot = -1;
   };
   struct OutputSpec {
+    std::string name;
     DType dtype = DType::Float32;
     Dims sizes;
     int32_t slot = -1;
@@ -79,6 +105,11 @@ class Executable {
   std::vector<InputSpec> inputs;
   std::vector<OutputSpec> outputs;
   std::vector<std::shared_ptr<void>> keep_alive;  // libraries, weights, library kernels
+  // What a package needs besides the launches' records: every constant by name, and the loop
+  // kernels' shared object (its path; empty when there are no loop kernels).
+  std::vector<ConstantSpec> constants;
+  std::string kernel_library_path;
+  int num_slots() const { return int(initial_slots_.size()); }
 
   // Checks inputs (count, dtype, shape; a CUDA executable takes host or device inputs) and
   // runs every launch, then copies the outputs into `outputs` (defined tensors of the output
@@ -89,6 +120,11 @@ class Executable {
   void run(const Tensor* inputs, size_t num_inputs, Tensor* outputs, size_t num_outputs);
   // Allocates fresh output tensors (on the executable's device) and runs.
   TensorList run(const TensorList& inputs);
+  // The same over raw host buffers (the C API): inputs[i] and outputs[i] contiguous in the
+  // specs' dtypes and shapes. CPU executables without eager launches (packages) only. No heap
+  // allocation in steady state, strided-view outputs aside (copied through tensor views).
+  void run_buffers(const void* const* inputs, size_t num_inputs, void* const* outputs,
+                   size_t num_outputs);
   // Runs launch i alone over the slots of the execution context the last run() released (the
   // one a run without concurrent calls uses); `inputs`: that run's inputs, for eager launches.
   // For timing single kernels (autotuning), with no other call in flight: the kernel reads
@@ -135,6 +171,7 @@ class Executable {
   std::vector<char*> initial_slots_;  // what every context's slot table starts as (slot 0 null)
   Device device_ = Device::cpu();
   bool graph_requested_ = false;
+  bool has_eager_launch_ = false;  // set by prepare()
   std::unique_ptr<Pool> pool_;
 };
 

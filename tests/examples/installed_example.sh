@@ -31,3 +31,16 @@ export PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig"
 ${CCACHE:-$(command -v ccache || true)} c++ -O1 -o "$WORK/kiln_example_pc" "$SRC/examples/cpp_compile/main.cc" \
     $(pkg-config --cflags --libs kiln)
 "$WORK/kiln_example_pc"
+
+# The C example (examples/c_run) against the installed runtime alone (pkg-config kiln-runtime):
+# the installed kiln compiles a package, and a C program that links only libkiln_runtime loads
+# (its pkg-config flags minus -std=c++20, which is for the C++ headers)
+# it and runs it in a bare environment (no compiler or Python on PATH, no cache directory).
+"$PREFIX/bin/kiln" compile mlp -o "$WORK/mlp.kiln" >"$WORK/compile.log" 2>&1 ||
+  { cat "$WORK/compile.log"; echo "installed_example: kiln compile failed" >&2; exit 1; }
+# shellcheck disable=SC2046
+cc -O1 -o "$WORK/kiln_c_run" "$SRC/examples/c_run/main.c" \
+    $(pkg-config --cflags --libs kiln-runtime | sed 's/-std=c++20//') -lm
+mkdir -p "$WORK/home"
+env -i PATH="$WORK/nothing" HOME="$WORK/home" "$WORK/kiln_c_run" "$WORK/mlp.kiln" |
+  grep -q "^output 0 " || { echo "installed_example: kiln_c_run printed no output" >&2; exit 1; }

@@ -1,4 +1,4 @@
-// Fuzzes the safetensors reader (nn/safetensors.h): any bytes are either tensors or a
+// Fuzzes the safetensors reader (runtime/safetensors.h): any bytes are either tensors or a
 // kiln::Error. Accepted contents must serialize and parse back to the same names, dtypes,
 // shapes, bytes and metadata.
 #include <cstddef>
@@ -8,20 +8,20 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "nn/safetensors.h"
+#include "runtime/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kiln;
-  nn::SafetensorsContents first;
+  SafetensorsContents first;
   try {
-    first = nn::parse_safetensors(std::span<const uint8_t>(data, size), "fuzz.safetensors");
+    first = parse_safetensors(std::span<const uint8_t>(data, size), "fuzz.safetensors");
   } catch (const Error&) {
     return 0;
   }
-  std::vector<uint8_t> bytes = nn::safetensors_bytes(first.tensors, first.metadata);
-  nn::SafetensorsContents second;
+  std::vector<uint8_t> bytes = safetensors_bytes(first.tensors, first.metadata);
+  SafetensorsContents second;
   try {
-    second = nn::parse_safetensors(bytes, "rewritten.safetensors");
+    second = parse_safetensors(bytes, "rewritten.safetensors");
   } catch (const Error& e) {
     fuzz::finding("rewritten safetensors does not parse", e.what());
   }

@@ -16,6 +16,11 @@
 #include "compiler/target.h"
 #include "ir/graph.h"
 
+namespace kiln::kernels {
+class OnednnNode;
+struct OnednnNodeDesc;
+}  // namespace kiln::kernels
+
 namespace kiln::cpu {
 
 // How a linear / fused_linear node is computed: oneDNN inner_product (weights [out, in]) or
@@ -107,6 +112,11 @@ class OnednnLowering {
 
   // One line: "conv2d 7x7/2 jit:avx512_core src nchw -> dst nChw16c, post-ops: sum(1),relu".
   std::string describe(int32_t node) const;
+
+  // A lowered node's kernel and its plain descriptor (what a package records to rebuild it:
+  // Note [oneDNN node descriptors] in kernels/onednn_node.cc).
+  std::shared_ptr<const kernels::OnednnNode> node(int32_t node) const;
+  const kernels::OnednnNodeDesc& desc(int32_t node) const;
 
   struct Impl;
 

@@ -27,6 +27,8 @@
 #include "compiler/target.h"
 #include "core/error.h"
 #include "lower/scheduler.h"
+#include "kernels/onednn_node.h"
+#include "runtime/launch_library.h"
 #include "targets/cpu/emitter.h"
 #include "targets/cpu/onednn_lowering.h"
 #include "targets/cpu/support.h"
@@ -47,29 +49,6 @@ bool is_float(DType d) {
 
 // ---- library kernels: oneDNN -------------------------------------------------------------------
 
-// One oneDNN node's launch. The state bound at compile time is a template: every execution
-// context runs a copy with a NodeInstance of its own (the memory objects hold the pointers last
-// bound, so two contexts must not share them).
-struct OnednnLaunch {
-  const OnednnLowering* lowering = nullptr;
-  int32_t node = -1;
-  int n_in = 0;
-  MemRef in[4];
-  MemRef out;
-  MemRef scratch;
-  std::shared_ptr<OnednnLowering::NodeInstance> instance;  // per context
-};
-
-void run_onednn(void* s, const Executable::RunContext& c) {
-  auto* e = static_cast<OnednnLaunch*>(s);
-  char* const* b = c.slots;
-  const void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
-  for (int i = 0; i < e->n_in; ++i)
-    if (e->in[i].slot >= 0) ptrs[i] = b[e->in[i].slot] + e->in[i].byte_offset;
-  e->lowering->run(e->node, *e->instance, ptrs, b[e->out.slot] + e->out.byte_offset,
-                   b[e->scratch.slot] + e->scratch.byte_offset);
-}
-
 class OnednnKernels final : public compiler::LibraryKernels {
  public:
   OnednnKernels(const Graph& g, const std::vector<int32_t>& nodes, const OnednnOptions& o)
@@ -83,42 +62,19 @@ class OnednnKernels final : public compiler::LibraryKernels {
     return b > 0 ? (b + 63) / 64 * 64 : 0;
   }
   std::string describe(int32_t node) const override { return lowering_->describe(node); }
+  // Through the runtime's kernel library, which rebuilds the same launch from its record
+  // when a package loads (Note [Launch records] in runtime/launch_library.cc).
   Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
                           const std::vector<MemRef>& outputs, MemRef scratch) const override {
-    auto state = std::make_shared<OnednnLaunch>();
-    state->lowering = lowering_.get();
-    state->node = node;
-    state->n_in = int(std::min<size_t>(inputs.size(), 4));
-    for (int k = 0; k < state->n_in; ++k) state->in[k] = inputs[size_t(k)];
-    state->out = outputs[0];
-    state->scratch = scratch;
-    Executable::Launch l;
-    l.fn = run_onednn;
-    l.state = state.get();
-    l.owner = state;
-    l.make_local = [state](char* const*) -> std::shared_ptr<void> {
-      auto local = std::make_shared<OnednnLaunch>(*state);
-      local->instance = state->lowering->instance(state->node);
-      return local;
-    };
-    l.kind = "onednn";
+    Executable::Launch l = make_onednn_launch(lowering_->node(node),
+                                              lowering_->desc(node).to_json(), inputs, outputs[0],
+                                              scratch);
     return l;
   }
 
  private:
   std::shared_ptr<OnednnLowering> lowering_;
 };
-
-// ---- loop kernels ----------------------------------------------------------------------------
-
-struct LoopLaunch {
-  void (*fn)(char* const*, int);
-  int threads = 0;  // see Note [kernel threads] in emitter.cc
-};
-void run_loop(void* s, const Executable::RunContext& c) {
-  auto* l = static_cast<LoopLaunch*>(s);
-  l->fn(c.slots, l->threads);
-}
 
 // ---- the target ------------------------------------------------------------------------------
 
@@ -210,25 +166,21 @@ class CpuTarget final : public compiler::Target {
     } else {
       out.cache_hit = true;
     }
+    if (lib) out.library_path = lib->path();
     for (size_t i = 0; i < s.loops.size(); ++i) {
-      auto state = std::make_shared<LoopLaunch>();
-      state->fn = reinterpret_cast<void (*)(char* const*, int)>(lib->symbol(unit.symbols[i].c_str()));
+      auto* fn = reinterpret_cast<void (*)(char* const*, int)>(lib->symbol(unit.symbols[i].c_str()));
       int dt = unit.default_threads[i];
-      state->threads = std::max(dt, 0);
+      LoopLaunch ll = make_loop_launch(fn, unit.symbols[i], std::max(dt, 0));
       if (dt >= 0) {
         compiler::TunableLaunch t;
         t.launch = i;  // the loop index; bind maps it to the launch index
-        t.value = &state->threads;
+        t.value = ll.threads;
         t.choices = {1, 0};
         t.default_value = dt;
         out.tunable.push_back(std::move(t));
       }
-      Executable::Launch l;
-      l.fn = run_loop;
-      l.state = state.get();
-      l.owner = std::move(state);
+      Executable::Launch l = std::move(ll.launch);
       l.name = s.loops[i].name;
-      l.kind = "loop";
       out.launches.push_back(std::move(l));
       out.vectorized.push_back(unit.vectorized[i]);
     }

@@ -42,6 +42,7 @@
 // marker precedes the first error's line, the first lines of compiler output and the kept path.
 // Processes are started with posix_spawn from an argv vector: no shell, no quoting.
 #include "targets/cpu/toolchain.h"
+#include "support/host_isa.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -337,87 +338,7 @@ const std::string& LoadedLibrary::path() const { return handle_->path; }
 const std::string& LoadedLibrary::key() const { return handle_->key; }
 const std::string& LoadedLibrary::unit_name() const { return handle_->unit_name; }
 
-std::string host_isa() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  __builtin_cpu_init();
-  std::string isa = "x86-64";
-  // Baseline x86-64 (cmov, mmx, sse, sse2) is implied. The string lists every feature GCC 12
-  // can query; any of them may change what -march=native emits.
-#define KILN_ISA_FEATURE(name)                    \
-  if (__builtin_cpu_supports(name)) {             \
-    isa += "+";                                   \
-    isa += name;                                  \
-  }
-  KILN_ISA_FEATURE("sse3")
-  KILN_ISA_FEATURE("ssse3")
-  KILN_ISA_FEATURE("sse4.1")
-  KILN_ISA_FEATURE("sse4.2")
-  KILN_ISA_FEATURE("popcnt")
-  KILN_ISA_FEATURE("aes")
-  KILN_ISA_FEATURE("pclmul")
-  KILN_ISA_FEATURE("avx")
-  KILN_ISA_FEATURE("f16c")
-  KILN_ISA_FEATURE("avx2")
-  KILN_ISA_FEATURE("fma")
-  KILN_ISA_FEATURE("bmi")
-  KILN_ISA_FEATURE("bmi2")
-  KILN_ISA_FEATURE("movbe")
-  KILN_ISA_FEATURE("lzcnt")
-  KILN_ISA_FEATURE("sha")
-  KILN_ISA_FEATURE("sse4a")
-  KILN_ISA_FEATURE("fma4")
-  KILN_ISA_FEATURE("xop")
-  KILN_ISA_FEATURE("gfni")
-  KILN_ISA_FEATURE("vaes")
-  KILN_ISA_FEATURE("vpclmulqdq")
-  KILN_ISA_FEATURE("avxvnni")
-  KILN_ISA_FEATURE("avx512f")
-  KILN_ISA_FEATURE("avx512bw")
-  KILN_ISA_FEATURE("avx512vl")
-  KILN_ISA_FEATURE("avx512dq")
-  KILN_ISA_FEATURE("avx512cd")
-  KILN_ISA_FEATURE("avx512er")
-  KILN_ISA_FEATURE("avx512pf")
-  KILN_ISA_FEATURE("avx512ifma")
-  KILN_ISA_FEATURE("avx512vbmi")
-  KILN_ISA_FEATURE("avx512vbmi2")
-  KILN_ISA_FEATURE("avx512vnni")
-  KILN_ISA_FEATURE("avx512bitalg")
-  KILN_ISA_FEATURE("avx512vpopcntdq")
-  KILN_ISA_FEATURE("avx5124vnniw")
-  KILN_ISA_FEATURE("avx5124fmaps")
-  KILN_ISA_FEATURE("avx512vp2intersect")
-  KILN_ISA_FEATURE("avx512bf16")
-  KILN_ISA_FEATURE("avx512fp16")
-  KILN_ISA_FEATURE("amx-tile")
-  KILN_ISA_FEATURE("amx-int8")
-  KILN_ISA_FEATURE("amx-bf16")
-#undef KILN_ISA_FEATURE
-  return isa;
-#elif defined(__x86_64__)
-  __builtin_cpu_init();
-  std::string isa = "x86-64";
-  // clang's __builtin_cpu_supports takes only a string literal, so no loop over names.
-#define KILN_ISA_FEATURE(name)                    \
-  if (__builtin_cpu_supports(name)) {             \
-    isa += "+";                                   \
-    isa += name;                                  \
-  }
-  KILN_ISA_FEATURE("avx")
-  KILN_ISA_FEATURE("avx2")
-  KILN_ISA_FEATURE("fma")
-  KILN_ISA_FEATURE("avx512f")
-  KILN_ISA_FEATURE("avx512bw")
-  KILN_ISA_FEATURE("avx512vl")
-  KILN_ISA_FEATURE("avx512dq")
-#undef KILN_ISA_FEATURE
-  return isa;
-#elif defined(__aarch64__)
-  return "aarch64";
-#else
-  return "unknown-isa";
-#endif
-}
+std::string host_isa() { return kiln::host_isa(); }
 
 ToolchainInfo detect_toolchain() {
   ToolchainInfo info;

@@ -1,5 +1,5 @@
 // Safetensors reader and writer. See Note [Safetensors format] in safetensors.h.
-#include "nn/safetensors.h"
+#include "runtime/safetensors.h"
 #include "support/files.h"
 
 #include <fcntl.h>
@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace kiln::nn {
+namespace kiln {
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors stores little-endian bytes; a big-endian host needs byte swapping");
@@ -370,4 +370,4 @@ SafetensorsContents load_safetensors(const std::string& path) {
   return out;
 }
 
-}  // namespace kiln::nn
+}  // namespace kiln

@@ -1,0 +1,1131 @@
+// oneDNN nodes from plain descriptors. See onednn_node.h.
+//
+// Note [oneDNN node descriptors]
+// A package must rebuild, at load time and without the compiler, exactly the primitives the
+// compiler built. So the compiler's oneDNN lowering (targets/cpu/onednn_lowering.cc) is split in
+// two: the graph analysis that decides what to lower and which values may stay blocked (Note
+// [layout choice] there) stays in the target; everything that talks to oneDNN (primitive
+// descriptors, weight prepacking, reorders, run) lives here and reads only an OnednnNodeDesc,
+// the layouts its producers chose (OnednnLayouts) and the named constants. The compiler builds
+// its launches through this code and the package loader rebuilds them through the same code from
+// the same descriptors, so a package runs the primitives the compile ran. oneDNN's choice of
+// implementation depends on the CPU and the thread count: the description (which names the
+// implementation and layouts) is recorded in the package, and the loader refuses a package whose
+// rebuilt node describes itself differently (runtime/package.cc).
+//
+// Note [oneDNN lowering]
+// The eager kernels (src/eager/onednn.cc) look a primitive up per call, wrap every tensor in a
+// fresh dnnl::memory, and reorder weights on every call (eager cannot trust a cached copy of a
+// tensor that may be rewritten). Here a graph is frozen, so everything is done once, when the
+// node is built:
+//   - one primitive per node, with the epilogue of fused_conv2d / fused_linear as post-ops:
+//     bias as the primitive's bias argument (kept in f32), the residual as a sum post-op with
+//     scale sum_scale, the activation as an eltwise post-op (relu, gelu_erf, gelu_tanh,
+//     swish with alpha 1 for silu, logistic, tanh, clip for clamp);
+//   - weights reordered into the format the primitive chose (format_tag::any), owned here;
+//   - the reorders a node needs around its primitive (Note [layout choice]), prebuilt;
+//   - every dnnl::memory a node touches, created with no buffer, and the execute-argument
+//     arrays (dnnl_exec_arg_t) pointing at them.
+// run() then only binds pointers (dnnl_memory_set_data_handle_v2, skipped when the memory
+// already holds that pointer, which is the steady state of an executable with a fixed arena)
+// and executes the node's steps through the C API, so Kiln's code allocates nothing. oneDNN's
+// execute() itself builds a small argument map inside the library: a handful of small heap
+// allocations per primitive execution, which the report on this module measures.
+//
+// Concurrency: the prebuilt memory objects hold the pointers last bound, so they are per call
+// state: a NodeInstance has its own for every bound buffer (and the argument arrays over them),
+// one per execution context (Note [Execution contexts] in runtime/executable.cc); primitives,
+// prepacked weights and constants are shared, and oneDNN executes one primitive from several
+// threads at once on distinct memory. Streams are per thread.
+//
+// Scratch: each node lays out [reorder temporaries | one scratchpad area] in the caller's
+// scratch region; all primitives use scratchpad_mode::user and the scratchpad area is sized
+// for the largest of the node's steps (they run one after another on one in-order stream).
+// scratchpad_bytes() is the maximum over nodes.
+//
+// The residual of a sum post-op must already sit in dst when the primitive runs, so a node
+// with a residual first copies (reorders) it into dst. The caller may pass the residual's
+// buffer as the output buffer (residual_may_alias_output): where the primitive writes the
+// output directly and the residual has its layout, the copy is then skipped, so a memory
+// planner that puts the output in place of a dying residual saves one activation pass; where
+// the primitive computes into a scratch temporary (reordered into the output last), the copy
+// runs as usual and aliasing is still safe.
+//
+#include "kernels/onednn_node.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cfloat>
+#include <cstring>
+#include <numeric>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "core/error.h"
+
+namespace kiln::kernels {
+
+int cpu_threads() { return omp_get_max_threads(); }
+
+int native_conv_block() {
+  static const int block = __builtin_cpu_supports("avx512f") ? 16 : 8;
+  return block;
+}
+
+using dnnl::memory;
+using DT = memory::data_type;
+using Tag = memory::format_tag;
+
+namespace {
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+// One stream per thread (as the eager kernels have): runs of a graph on several threads at once
+// share no stream.
+dnnl::stream& cpu_stream() {
+  thread_local dnnl::stream s(cpu_engine());
+  return s;
+}
+
+int64_t align64(int64_t n) { return (n + 63) & ~int64_t(63); }
+
+// ---- memory descriptors ---------------------------------------------------------------------
+memory::desc plain_md(const memory::dims& dims, DT dt) {
+  memory::dims strides(dims.size(), 1);
+  for (size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
+  return memory::desc(dims, dt, strides);
+}
+memory::desc any_md(const memory::dims& dims, DT dt) { return memory::desc(dims, dt, Tag::any); }
+
+// Plain = contiguous row-major over the dims (strides of size-1 dims do not matter).
+bool is_plain(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.format_kind != dnnl_blocked || d.format_desc.blocking.inner_nblks != 0 || d.offset0 != 0)
+    return false;
+  int64_t expected = 1;
+  for (int i = d.ndims - 1; i >= 0; --i) {
+    if (d.padded_dims[i] != d.dims[i]) return false;
+    if (d.dims[i] != 1 && d.format_desc.blocking.strides[i] != expected) return false;
+    expected *= d.dims[i];
+  }
+  return true;
+}
+
+bool same_layout(const memory::desc& a, const memory::desc& b) {
+  if (a == b) return true;
+  return is_plain(a) && is_plain(b) && a.data.data_type == b.data.data_type &&
+         a.dims() == b.dims();
+}
+
+// oneDNN-style format name: outer dims by decreasing stride, blocked dims upper-case, then the
+// inner blocks ("nChw16c", "OIhw16i16o", "ab"). `letters` names the dims ("nchw", "oihw").
+std::string format_name(const memory::desc& md, std::string_view letters) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.format_kind == dnnl_format_kind_any) return "any";
+  if (d.format_kind != dnnl_blocked) return "opaque";
+  int n = d.ndims;
+  std::string names = int(letters.size()) == n ? std::string(letters)
+                                                 : std::string("abcdefghijkl").substr(0, size_t(n));
+  const auto& blk = d.format_desc.blocking;
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return blk.strides[a] > blk.strides[b]; });
+  bool inner[DNNL_MAX_NDIMS] = {};
+  for (int i = 0; i < blk.inner_nblks; ++i) inner[blk.inner_idxs[i]] = true;
+  std::string s;
+  for (int i : order) s += inner[i] ? char(names[size_t(i)] - 'a' + 'A') : names[size_t(i)];
+  for (int i = 0; i < blk.inner_nblks; ++i)
+    s += fmt::format("{}{}", blk.inner_blks[i], names[size_t(blk.inner_idxs[i])]);
+  return s;
+}
+
+const char* dt_name(DT dt) { return dt == DT::bf16 ? "bf16" : dt == DT::f32 ? "f32" : "?"; }
+
+// ---- attributes -----------------------------------------------------------------------------
+enum class Act { None, Relu, Gelu, GeluTanh, Silu, Sigmoid, Tanh, Clamp };
+
+struct Epilogue {
+  Act act = Act::None;
+  float lo = -FLT_MAX, hi = FLT_MAX;
+  float sum_scale = 1.0f;
+  bool has_residual = false;
+};
+
+Epilogue read_epilogue(const OnednnNodeDesc& d) {
+  Epilogue e;
+  bool fused = d.op == "fused_conv2d" || d.op == "fused_linear";
+  if (!fused) return e;
+  static constexpr std::pair<const char*, Act> kActs[] = {
+      {"none", Act::None}, {"relu", Act::Relu},       {"gelu", Act::Gelu},
+      {"gelu_tanh", Act::GeluTanh}, {"silu", Act::Silu}, {"sigmoid", Act::Sigmoid},
+      {"tanh", Act::Tanh}, {"clamp", Act::Clamp}};
+  bool found = false;
+  for (const auto& [n, act] : kActs)
+    if (d.activation == n) {
+      e.act = act;
+      found = true;
+    }
+  KILN_CHECK(found, "fused node '{}': unknown activation '{}'", d.node, d.activation);
+  e.lo = d.clamp_lo;
+  e.hi = d.clamp_hi;
+  e.sum_scale = d.sum_scale;
+  e.has_residual = d.has_residual;
+  return e;
+}
+
+std::string epilogue_str(const Epilogue& e) {
+  std::vector<std::string> parts;
+  if (e.has_residual) parts.push_back(fmt::format("sum({})", e.sum_scale));
+  switch (e.act) {
+    case Act::None: break;
+    case Act::Relu: parts.push_back("relu"); break;
+    case Act::Gelu: parts.push_back("gelu_erf"); break;
+    case Act::GeluTanh: parts.push_back("gelu_tanh"); break;
+    case Act::Silu: parts.push_back("swish(1)"); break;
+    case Act::Sigmoid: parts.push_back("logistic"); break;
+    case Act::Tanh: parts.push_back("tanh"); break;
+    case Act::Clamp: parts.push_back(fmt::format("clip({},{})", e.lo, e.hi)); break;
+  }
+  if (parts.empty()) return "";
+  std::string s = ", post-ops: ";
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? "," : "") + parts[i];
+  return s;
+}
+
+dnnl::primitive_attr make_attr(const Epilogue& e) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::post_ops ops;
+  if (e.has_residual) ops.append_sum(e.sum_scale);
+  using A = dnnl::algorithm;
+  switch (e.act) {
+    case Act::None: break;
+    case Act::Relu: ops.append_eltwise(1.0f, A::eltwise_relu, 0.0f, 0.0f); break;
+    case Act::Gelu: ops.append_eltwise(1.0f, A::eltwise_gelu_erf, 0.0f, 0.0f); break;
+    case Act::GeluTanh: ops.append_eltwise(1.0f, A::eltwise_gelu_tanh, 0.0f, 0.0f); break;
+    case Act::Silu: ops.append_eltwise(1.0f, A::eltwise_swish, 1.0f, 0.0f); break;
+    case Act::Sigmoid: ops.append_eltwise(1.0f, A::eltwise_logistic, 0.0f, 0.0f); break;
+    case Act::Tanh: ops.append_eltwise(1.0f, A::eltwise_tanh, 0.0f, 0.0f); break;
+    case Act::Clamp: ops.append_eltwise(1.0f, A::eltwise_clip, e.lo, e.hi); break;
+  }
+  attr.set_post_ops(ops);
+  return attr;
+}
+
+dnnl::primitive_attr user_scratchpad_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// Runs `make` and returns its primitive descriptor, or nullopt when oneDNN has no
+// implementation for it (unimplemented / invalid arguments); other failures are errors.
+template <typename PD, typename Make>
+std::optional<PD> try_pd(Make&& make) {
+  try {
+    return make();
+  } catch (const dnnl::error& err) {
+    if (err.status == dnnl_unimplemented || err.status == dnnl_invalid_arguments)
+      return std::nullopt;
+    fail_kind(ErrorKind::Runtime, "oneDNN: {} (status {})", err.what(), int(err.status));
+  }
+}
+
+const OnednnOperand kAbsent;
+const OnednnOperand& input_or_none(const OnednnNodeDesc& d, size_t i) {
+  return i < d.inputs.size() ? d.inputs[i] : kAbsent;
+}
+
+}  // namespace
+
+// ---- the plan of one node -------------------------------------------------------------------
+enum class Source : uint8_t { Input, Output, Scratch, Scratchpad };
+
+// A memory object whose data pointer run() sets: an input, the output, or a place in scratch.
+struct Binding {
+  dnnl_memory_t mem = nullptr;  // owned by Plan::memories
+  Source source = Source::Input;
+  int32_t index = 0;   // Source::Input: the node's input index
+  int64_t offset = 0;  // Source::Scratch / Scratchpad: byte offset in scratch
+};
+
+struct Step {
+  dnnl::primitive prim;
+  std::vector<dnnl_exec_arg_t> args;
+  bool residual_copy = false;  // skipped when the residual already is the output buffer
+};
+
+// Per call state: see OnednnNode::Instance in the header.
+struct OnednnNode::Instance {
+  std::vector<memory> memories;                    // per binding of the node's plan
+  std::vector<std::vector<dnnl_exec_arg_t>> args;  // per step, over `memories` for bound ones
+};
+
+struct OnednnNode::Plan {
+  bool requested = false;
+  bool lowered = false;
+  std::string why_not;
+  std::vector<memory> memories;  // keeps every memory the steps reference alive
+  std::vector<Binding> bindings;
+  std::vector<Step> steps;
+  std::vector<Tensor> constants;  // activation inputs that are params/consts: bound once
+  int64_t scratch_bytes = 0;
+  int32_t residual_input = -1;  // input index of the residual (sum post-op), -1 if none
+  // When run() gets the residual's buffer as the output buffer (Note [oneDNN lowering]):
+  //   SkipCopy: dst is the output and has the residual's layout: the residual is already there;
+  //   Safe: dst is a scratch temporary, the output is written last: the copy runs as usual;
+  //   Unsafe: the output's layout differs from the residual's: an error.
+  enum class Alias : uint8_t { SkipCopy, Safe, Unsafe } residual_alias = Alias::Unsafe;
+  std::string description;
+  // The instance run(node, inputs, output, scratch) uses: the plan's own memory objects.
+  std::shared_ptr<OnednnNode::Instance> own;
+};
+
+namespace {
+
+// Builds a Plan: memories, bindings, steps and the scratch layout.
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(OnednnNode::Plan& plan) : plan_(plan) {}
+
+  memory input(int32_t index, const memory::desc& md) { return bind(md, Source::Input, index, 0); }
+  memory output(const memory::desc& md) { return bind(md, Source::Output, 0, 0); }
+  memory temp(const memory::desc& md) {
+    int64_t off = temp_bytes_;
+    temp_bytes_ += align64(int64_t(md.get_size()));
+    return bind(md, Source::Scratch, 0, off);
+  }
+  // A memory over data that outlives the plan (a constant input kept in plan.constants).
+  memory fixed(const memory::desc& md, void* data) {
+    memory m(md, cpu_engine(), data);
+    plan_.memories.push_back(m);
+    return m;
+  }
+  // A memory with its own buffer (prepacked weights, bias).
+  memory owned(const memory::desc& md) {
+    memory m(md, cpu_engine());
+    plan_.memories.push_back(m);
+    return m;
+  }
+
+  void step(dnnl::primitive prim, const memory::desc& scratchpad,
+            std::initializer_list<std::pair<int, memory>> args, bool residual_copy = false) {
+    Step s;
+    s.prim = std::move(prim);
+    s.residual_copy = residual_copy;
+    for (const auto& [arg, m] : args) s.args.push_back({arg, m.get()});
+    if (scratchpad.get_size() > 0) {
+      memory m = bind(scratchpad, Source::Scratchpad, 0, 0);
+      s.args.push_back({DNNL_ARG_SCRATCHPAD, m.get()});
+      pad_bytes_ = std::max(pad_bytes_, int64_t(scratchpad.get_size()));
+    }
+    plan_.steps.push_back(std::move(s));
+  }
+
+  void reorder(const memory& from, const memory& to, bool residual_copy = false) {
+    dnnl::reorder::primitive_desc pd(cpu_engine(), from.get_desc(), cpu_engine(), to.get_desc(),
+                                     user_scratchpad_attr());
+    step(dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+         residual_copy);
+  }
+
+  void finish() {
+    for (Binding& b : plan_.bindings)
+      if (b.source == Source::Scratchpad) {
+        b.source = Source::Scratch;
+        b.offset = temp_bytes_;
+      }
+    plan_.scratch_bytes = temp_bytes_ + align64(pad_bytes_);
+  }
+
+ private:
+  memory bind(const memory::desc& md, Source source, int32_t index, int64_t offset) {
+    memory m(md, cpu_engine(), DNNL_MEMORY_NONE);
+    plan_.memories.push_back(m);
+    plan_.bindings.push_back({m.get(), source, index, offset});
+    return m;
+  }
+
+  OnednnNode::Plan& plan_;
+  int64_t temp_bytes_ = 0;
+  int64_t pad_bytes_ = 0;
+};
+
+// Reorders `data` (described by user_md) into a new owned memory of layout `md`, once.
+memory prepack(PlanBuilder& b, const memory::desc& user_md, const Tensor& data,
+               const memory::desc& md) {
+  Tensor c = data.contiguous();
+  memory user(user_md, cpu_engine(), c.raw_data());
+  memory packed = b.owned(md);
+  dnnl::reorder(user, packed).execute(cpu_stream(), user, packed);
+  cpu_stream().wait();
+  return packed;
+}
+
+// The bias data converted into an owned memory of `md` (f32, or the node's dtype).
+memory bias_memory(PlanBuilder& b, const Tensor& data, const memory::desc& md) {
+  DType want = md.data.data_type == dnnl_f32 ? DType::Float32 : DType::BFloat16;
+  Tensor c = data.to(want).contiguous();
+  memory m = b.owned(md);
+  std::memcpy(m.get_data_handle(), c.raw_data(), size_t(c.nbytes()));
+  return m;
+}
+
+}  // namespace
+
+// ---- layouts ------------------------------------------------------------------------------
+struct OnednnLayouts::Impl {
+  std::vector<memory::desc> layout;  // by value: the blocked layout (blocked values only)
+  std::vector<bool> is_blocked;      // by value
+  void ensure(int32_t v) {
+    if (v >= 0 && size_t(v) >= is_blocked.size()) {
+      is_blocked.resize(size_t(v) + 1, false);
+      layout.resize(size_t(v) + 1);
+    }
+  }
+};
+OnednnLayouts::OnednnLayouts() : impl_(std::make_unique<Impl>()) {}
+OnednnLayouts::~OnednnLayouts() = default;
+void OnednnLayouts::reset(size_t num_values) {
+  impl_->layout.assign(num_values, memory::desc());
+  impl_->is_blocked.assign(num_values, false);
+}
+bool OnednnLayouts::blocked(int32_t v) const {
+  return v >= 0 && size_t(v) < impl_->is_blocked.size() && impl_->is_blocked[size_t(v)];
+}
+int64_t OnednnLayouts::value_bytes(int32_t v) const {
+  return blocked(v) ? int64_t(impl_->layout[size_t(v)].get_size()) : -1;
+}
+
+// ---- building one node ------------------------------------------------------------------------
+namespace {
+using Plan = OnednnNode::Plan;
+
+struct Builder {
+  const OnednnNodeDesc& d;
+  OnednnLayouts::Impl& layouts;
+  const ConstantSource& constants;
+
+  void build(Plan& p);
+  void build_conv(Plan& p);
+  void build_pool(Plan& p);
+  void build_linear(Plan& p);
+  void build_matmul(Plan& p);
+
+  DT dt() const { return d.bf16 ? DT::bf16 : DT::f32; }
+  bool blocked(const OnednnOperand& v) const {
+    return v.value >= 0 && size_t(v.value) < layouts.is_blocked.size() &&
+           layouts.is_blocked[size_t(v.value)];
+  }
+  // The layout a value is stored in.
+  memory::desc value_md(const OnednnOperand& v, const memory::dims& dims) const {
+    return blocked(v) ? layouts.layout[size_t(v.value)] : plain_md(dims, dt());
+  }
+  static bool is_constant(const OnednnOperand& v) { return !v.constant.empty(); }
+  Tensor constant(const OnednnOperand& v) const {
+    Tensor t = constants(v.constant);
+    std::vector<int64_t> want = v.dims;
+    std::vector<int64_t> have(t.sizes().begin(), t.sizes().end());
+    DType want_dt = d.bf16 ? DType::BFloat16 : DType::Float32;
+    if (have != want || t.dtype() != want_dt)
+      fail_kind(ErrorKind::InvalidArgument,
+                "oneDNN node '{}': constant '{}' is {} [{}], the node expects {} [{}]", d.node,
+                v.constant, dtype_name(t.dtype()), fmt::join(have, ","), dtype_name(want_dt),
+                fmt::join(want, ","));
+    return t;
+  }
+  // Memory for activation input `index` (operand v) in layout md: bound to inputs[index] at run
+  // time, or fixed to the data of a param/const.
+  memory activation(PlanBuilder& b, Plan& p, int32_t index, const OnednnOperand& v,
+                    const memory::desc& md) const {
+    if (!is_constant(v)) return b.input(index, md);
+    p.constants.push_back(constant(v).contiguous());
+    return b.fixed(md, p.constants.back().raw_data());
+  }
+  // Binds the node's output: directly when the primitive's dst layout is the value's layout,
+  // else through a scratch temporary and a reorder after the primitive. Records the layout of a
+  // blockable value. Returns the memory the primitive writes.
+  memory bind_dst(PlanBuilder& b, const OnednnOperand& y, const memory::desc& prim_dst,
+                  memory* user_out) {
+    if (d.output_may_block && !is_plain(prim_dst) && y.value >= 0) {
+      layouts.ensure(y.value);
+      layouts.is_blocked[size_t(y.value)] = true;
+      layouts.layout[size_t(y.value)] = prim_dst;
+    }
+    memory::dims dims = prim_dst.dims();
+    memory::desc want = value_md(y, dims);
+    if (same_layout(want, prim_dst)) {
+      *user_out = memory();
+      return b.output(prim_dst);
+    }
+    *user_out = b.output(want);
+    return b.temp(prim_dst);
+  }
+};
+
+void Builder::build(Plan& p) {
+  const std::string& op = d.op;
+  if (op == "conv2d" || op == "fused_conv2d" || op == "conv_transpose2d") build_conv(p);
+  else if (op == "max_pool2d" || op == "avg_pool2d") build_pool(p);
+  else if (op == "linear" || op == "fused_linear") build_linear(p);
+  else if (op == "matmul") build_matmul(p);
+  else fail_kind(ErrorKind::InvalidArgument, "oneDNN node '{}': unknown op '{}'", d.node, op);
+}
+
+// ---- convolution / deconvolution ------------------------------------------------------------
+void Builder::build_conv(Plan& p) {
+  bool transposed = d.op == "conv_transpose2d";
+  Epilogue epi = read_epilogue(d);
+  const OnednnOperand &x = d.inputs.at(0), &w = d.inputs.at(1), &bias = input_or_none(d, 2);
+  const OnednnOperand& residual = epi.has_residual ? d.inputs.at(3) : kAbsent;
+  const OnednnOperand& y = d.output;
+  bool has_bias = bias.value >= 0, has_residual = residual.value >= 0;
+  DT dt = this->dt();
+  memory::dims xd = x.dims, yd = y.dims, wt = w.dims;
+  KILN_CHECK(xd.size() == 4 && yd.size() == 4 && wt.size() == 4,
+             "oneDNN node '{}': convolution operands must be 4-D", d.node);
+  int64_t gr = d.groups;
+  KILN_CHECK(gr >= 1 && wt[0] % gr == 0, "oneDNN node '{}': bad groups {}", d.node, gr);
+
+  // Weights in oneDNN's order (O first), as a view of the PyTorch tensor:
+  // conv [O, C/g, kh, kw]; deconv [C, O/g, kh, kw] -> {O, C, ...} or {g, O/g, C/g, ...}.
+  memory::dims wd, ws;
+  int64_t s0 = wt[1] * wt[2] * wt[3], s1 = wt[2] * wt[3], s2 = wt[3];
+  if (!transposed) {
+    if (gr == 1) {
+      wd = {wt[0], wt[1], wt[2], wt[3]};
+      ws = {s0, s1, s2, 1};
+    } else {
+      wd = {gr, wt[0] / gr, wt[1], wt[2], wt[3]};
+      ws = {s0 * (wt[0] / gr), s0, s1, s2, 1};
+    }
+  } else {
+    if (gr == 1) {
+      wd = {wt[1], wt[0], wt[2], wt[3]};
+      ws = {s1, s0, s2, 1};
+    } else {
+      wd = {gr, wt[1], wt[0] / gr, wt[2], wt[3]};
+      ws = {s0 * (wt[0] / gr), s1, s0, s2, 1};
+    }
+  }
+  memory::desc w_user(wd, dt, ws);
+
+  memory::desc x_md = value_md(x, xd);
+  bool blocked_src = blocked(x);
+  // An isolated pointwise conv (plain in, plain out) runs plain, unless it is f32 with an
+  // activation: see Note [layout choice].
+  bool pointwise = !transposed && gr == 1 && wt[2] == 1 && wt[3] == 1 &&
+                   (epi.act == Act::None || dt == DT::bf16);
+  bool isolated = !blocked_src && !d.output_may_block && (!has_residual || !blocked(residual));
+  bool any_layout = d.allow_blocked && !(pointwise && isolated);
+  memory::desc want_src = blocked_src ? x_md : any_layout ? any_md(xd, dt) : plain_md(xd, dt);
+  memory::desc want_dst = any_layout ? any_md(yd, dt) : plain_md(yd, dt);
+  // Note [convolution policy]: Blocked / Winograd pin the output to the native block (the src
+  // of a plain input stays `any`: the first convolution of a network reads nchw directly).
+  if (any_layout && d.conv != OnednnConvPolicy::Auto && yd.size() == 4)
+    want_dst = memory::desc(yd, dt, native_conv_block() == 16 ? Tag::nChw16c : Tag::nChw8c);
+  bool try_winograd = d.conv == OnednnConvPolicy::Winograd && !transposed && gr == 1 &&
+                      dt == DT::f32 && wt[2] == 3 && wt[3] == 3 && d.stride[0] == 1 &&
+                      d.stride[1] == 1 && d.dilation[0] == 1 && d.dilation[1] == 1;
+  memory::desc want_w = any_md(wd, dt);
+  dnnl::primitive_attr attr = make_attr(epi);
+  memory::dims strides = {d.stride[0], d.stride[1]};
+  memory::dims dil = {d.dilation[0] - 1, d.dilation[1] - 1};  // oneDNN: 0 = dense
+  memory::dims pl = {d.pad_begin[0], d.pad_begin[1]}, pr = {d.pad_end[0], d.pad_end[1]};
+
+  dnnl::algorithm conv_alg = dnnl::algorithm::convolution_direct;
+  auto make = [&](const memory::desc& src, const memory::desc& b) -> dnnl::primitive_desc {
+    if (!transposed) {
+      dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, conv_alg, src,
+                                        want_w, b, want_dst, strides, dil, pl, pr);
+      return dnnl::convolution_forward::primitive_desc(d, attr, cpu_engine());
+    }
+    dnnl::deconvolution_forward::desc d(dnnl::prop_kind::forward_inference,
+                                        dnnl::algorithm::deconvolution_direct, src, want_w, b,
+                                        want_dst, strides, dil, pl, pr);
+    return dnnl::deconvolution_forward::primitive_desc(d, attr, cpu_engine());
+  };
+  // Bias in f32 where oneDNN takes it (exact for bf16 weights), else in the conv's dtype.
+  memory::dims bd = {yd[1]};
+  std::vector<memory::desc> bias_choices;
+  if (!has_bias)
+    bias_choices = {memory::desc()};
+  else
+    bias_choices = {memory::desc(bd, DT::f32, Tag::x), memory::desc(bd, dt, Tag::x)};
+  std::vector<memory::desc> src_choices = {want_src};
+  if (blocked_src) src_choices.push_back(any_md(xd, dt));  // then reorder from x's layout
+  std::optional<dnnl::primitive_desc> pd;
+  memory::desc bias_md;
+  std::vector<dnnl::algorithm> algs = {dnnl::algorithm::convolution_direct};
+  if (try_winograd) algs.insert(algs.begin(), dnnl::algorithm::convolution_winograd);
+  for (dnnl::algorithm a : algs) {
+    conv_alg = a;
+    for (const memory::desc& src : src_choices) {
+      for (const memory::desc& b : bias_choices) {
+        pd = try_pd<dnnl::primitive_desc>([&] { return make(src, b); });
+        if (pd) {
+          bias_md = b;
+          break;
+        }
+      }
+      if (pd) break;
+    }
+    if (pd) break;
+  }
+  if (!pd) {
+    p.why_not = fmt::format("oneDNN has no {} implementation for this case ({})",
+                            transposed ? "deconvolution" : "convolution", dt_name(dt));
+    return;
+  }
+
+  PlanBuilder b(p);
+  memory::desc src_md = pd->query_md(dnnl::query::exec_arg_md, DNNL_ARG_SRC);
+  memory::desc dst_md = pd->query_md(dnnl::query::exec_arg_md, DNNL_ARG_DST);
+  memory::desc w_md = pd->query_md(dnnl::query::exec_arg_md, DNNL_ARG_WEIGHTS);
+  std::string reorders;
+
+  // src: x as stored, reordered into a temporary when the primitive wants another layout.
+  memory x_mem = activation(b, p, 0, x, x_md);
+  memory src_mem = x_mem;
+  if (!same_layout(x_md, src_md)) {
+    src_mem = b.temp(src_md);
+    b.reorder(x_mem, src_mem);
+    reorders += fmt::format(" src {}->{}", format_name(x_md, "nchw"), format_name(src_md, "nchw"));
+  }
+  memory user_out;
+  memory dst_mem = bind_dst(b, y, dst_md, &user_out);
+  if (has_residual) {
+    memory::desc r_md = value_md(residual, yd);
+    memory r_mem = activation(b, p, 3, residual, r_md);
+    p.residual_input = 3;
+    if (is_constant(residual))
+      p.residual_alias = Plan::Alias::Unsafe;
+    else if (user_out)
+      p.residual_alias = same_layout(r_md, user_out.get_desc()) ? Plan::Alias::Safe
+                                                                : Plan::Alias::Unsafe;
+    else
+      p.residual_alias = same_layout(r_md, dst_md) ? Plan::Alias::SkipCopy
+                                                   : Plan::Alias::Unsafe;
+    b.reorder(r_mem, dst_mem, /*residual_copy=*/true);
+  }
+  memory w_mem = prepack(b, w_user, constant(w), w_md);
+  dnnl::primitive prim(*pd);
+  memory::desc pad = pd->scratchpad_desc();
+  if (has_bias) {
+    memory b_mem = bias_memory(b, constant(bias), bias_md);
+    b.step(prim, pad, {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, w_mem},
+                       {DNNL_ARG_BIAS, b_mem}, {DNNL_ARG_DST, dst_mem}});
+  } else {
+    b.step(prim, pad, {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, w_mem},
+                       {DNNL_ARG_DST, dst_mem}});
+  }
+  if (user_out) {
+    b.reorder(dst_mem, user_out);
+    reorders += fmt::format(" dst {}->{}", format_name(dst_md, "nchw"),
+                            format_name(user_out.get_desc(), "nchw"));
+  }
+  b.finish();
+
+  std::string geo_str = fmt::format("{}x{}", wt[2], wt[3]);
+  if (d.stride[0] != 1 || d.stride[1] != 1)
+    geo_str += d.stride[0] == d.stride[1] ? fmt::format("/{}", d.stride[0])
+                                          : fmt::format("/{}x{}", d.stride[0], d.stride[1]);
+  if (gr > 1) geo_str += fmt::format(" g{}", gr);
+  if (d.dilation[0] != 1 || d.dilation[1] != 1)
+    geo_str += fmt::format(" d{}x{}", d.dilation[0], d.dilation[1]);
+  p.description = fmt::format(
+      "{} {} {}->{} {} {} src {} -> dst {}, weights {}{}{}", d.op, geo_str,
+      xd[1], yd[1], dt_name(dt), pd->impl_info_str(), format_name(src_md, "nchw"),
+      format_name(dst_md, "nchw"), format_name(w_md, gr == 1 ? "oihw" : "goihw"),
+      epilogue_str(epi), reorders.empty() ? "" : "; reorders:" + reorders);
+  p.lowered = true;
+}
+
+// ---- pooling ----------------------------------------------------------------------------------
+void Builder::build_pool(Plan& p) {
+  bool is_max = d.op == "max_pool2d";
+  const OnednnOperand &x = d.inputs.at(0), &y = d.output;
+  DT dt = this->dt();
+  memory::dims xd = x.dims, yd = y.dims;
+  using Ints = std::vector<int64_t>;
+  const Ints& k = d.kernel_size;
+  const Ints& s = d.pool_stride.empty() ? k : d.pool_stride;
+  const Ints& pad = d.pool_padding;
+  Ints dl = is_max ? d.pool_dilation : Ints{1, 1};
+  KILN_CHECK(xd.size() == 4 && yd.size() == 4 && k.size() == 2 && s.size() == 2 &&
+                 pad.size() >= 2 && dl.size() == 2,
+             "oneDNN node '{}': malformed pooling geometry", d.node);
+  bool include_pad = !is_max && d.count_include_pad;
+  // PyTorch's ceil_mode windows hang past the declared padding; oneDNN takes an explicit
+  // bottom/right padding that makes it produce the output size inference gave.
+  int64_t pad_end[2];
+  bool extra_end_pad = false;
+  for (size_t i = 0; i < 2; ++i) {
+    int64_t extent = dl[i] * (k[i] - 1) + 1, in = xd[2 + i], out = yd[2 + i];
+    pad_end[i] = (out - 1) * s[i] + extent - in - pad[i];
+    if (pad_end[i] < pad[i]) pad_end[i] = pad[i];
+    extra_end_pad |= pad_end[i] > pad[i];
+  }
+  dnnl::algorithm alg = dnnl::algorithm::pooling_max;
+  if (!is_max) {
+    if (!include_pad || (pad[0] == 0 && pad[1] == 0)) {
+      // Without declared padding, PyTorch's include-pad divisor counts only input elements.
+      alg = include_pad && !extra_end_pad ? dnnl::algorithm::pooling_avg_include_padding
+                                          : dnnl::algorithm::pooling_avg_exclude_padding;
+    } else if (!extra_end_pad) {
+      alg = dnnl::algorithm::pooling_avg_include_padding;
+    } else {
+      // oneDNN divides by the whole kernel; PyTorch clips ceil_mode windows at the padding.
+      p.why_not = "avg_pool2d with count_include_pad, padding and a ceil_mode window past the "
+                  "padding: oneDNN's divisor differs from PyTorch's";
+      return;
+    }
+  }
+  memory::desc x_md = value_md(x, xd);
+  memory::desc want_dst = d.allow_blocked ? any_md(yd, dt) : plain_md(yd, dt);
+  auto pd = try_pd<dnnl::pooling_v2_forward::primitive_desc>([&] {
+    dnnl::pooling_v2_forward::desc desc(
+        dnnl::prop_kind::forward_inference, alg, x_md, want_dst, {s[0], s[1]}, {k[0], k[1]},
+        {dl[0] - 1, dl[1] - 1}, {pad[0], pad[1]}, {pad_end[0], pad_end[1]});
+    return dnnl::pooling_v2_forward::primitive_desc(desc, user_scratchpad_attr(), cpu_engine());
+  });
+  if (!pd) {
+    p.why_not = fmt::format("oneDNN has no pooling implementation for this case ({})", dt_name(dt));
+    return;
+  }
+  PlanBuilder b(p);
+  memory::desc dst_md = pd->dst_desc();
+  memory x_mem = activation(b, p, 0, x, x_md);
+  memory user_out;
+  memory dst_mem = bind_dst(b, y, dst_md, &user_out);
+  b.step(dnnl::pooling_v2_forward(*pd), pd->scratchpad_desc(),
+         {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_DST, dst_mem}});
+  std::string reorders;
+  if (user_out) {
+    b.reorder(dst_mem, user_out);
+    reorders = fmt::format("; reorders: dst {}->{}", format_name(dst_md, "nchw"),
+                           format_name(user_out.get_desc(), "nchw"));
+  }
+  b.finish();
+  const char* alg_name = is_max ? "max"
+                         : alg == dnnl::algorithm::pooling_avg_include_padding ? "avg_include_pad"
+                                                                               : "avg_exclude_pad";
+  p.description = fmt::format("{} {}x{}/{}x{} {} {} {} src {} -> dst {}{}", d.op,
+                              k[0], k[1], s[0], s[1], alg_name, dt_name(dt), pd->impl_info_str(),
+                              format_name(x_md, "nchw"), format_name(dst_md, "nchw"), reorders);
+  p.lowered = true;
+}
+
+// ---- linear -----------------------------------------------------------------------------------
+namespace {
+// Note [linear choice].
+bool use_matmul_for_linear(OnednnLinearImpl pref, int64_t k) {
+  if (pref != OnednnLinearImpl::Auto) return pref == OnednnLinearImpl::Matmul;
+  return k >= 2048;
+}
+}  // namespace
+
+void Builder::build_linear(Plan& p) {
+  Epilogue epi = read_epilogue(d);
+  const OnednnOperand &x = d.inputs.at(0), &w = d.inputs.at(1), &bias = input_or_none(d, 2);
+  const OnednnOperand& residual = epi.has_residual ? d.inputs.at(3) : kAbsent;
+  bool has_bias = bias.value >= 0, has_residual = residual.value >= 0;
+  DT dt = this->dt();
+  memory::dims wt = w.dims;  // [N, K]
+  KILN_CHECK(wt.size() == 2 && !x.dims.empty(), "oneDNN node '{}': malformed linear", d.node);
+  int64_t nn = wt[0], kk = wt[1];
+  int64_t mm = 1;
+  for (size_t i = 0; i + 1 < x.dims.size(); ++i) mm *= x.dims[i];
+  bool matmul = use_matmul_for_linear(d.linear, kk);
+  dnnl::primitive_attr attr = make_attr(epi);
+  memory::desc src = plain_md({mm, kk}, dt), dst = plain_md({mm, nn}, dt);
+  memory::desc w_user = matmul ? memory::desc({kk, nn}, dt, memory::dims{1, kk})
+                               : plain_md({nn, kk}, dt);
+  memory::desc want_w = any_md(w_user.dims(), dt);
+  std::vector<memory::desc> bias_choices;
+  memory::dims bd = matmul ? memory::dims{1, nn} : memory::dims{nn};
+  if (!has_bias)
+    bias_choices = {memory::desc()};
+  else
+    bias_choices = {plain_md(bd, DT::f32), plain_md(bd, dt)};
+  std::optional<dnnl::primitive_desc> pd;
+  memory::desc bias_md;
+  for (const memory::desc& bmd : bias_choices) {
+    pd = try_pd<dnnl::primitive_desc>([&]() -> dnnl::primitive_desc {
+      if (matmul) {
+        dnnl::matmul::desc d(src, want_w, bmd, dst);
+        return dnnl::matmul::primitive_desc(d, attr, cpu_engine());
+      }
+      dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_inference, src, want_w, bmd,
+                                          dst);
+      return dnnl::inner_product_forward::primitive_desc(d, attr, cpu_engine());
+    });
+    if (pd) {
+      bias_md = bmd;
+      break;
+    }
+  }
+  if (!pd) {
+    p.why_not = fmt::format("oneDNN has no {} implementation for this case ({})",
+                            matmul ? "matmul" : "inner_product", dt_name(dt));
+    return;
+  }
+  PlanBuilder b(p);
+  memory::desc w_md = pd->query_md(dnnl::query::exec_arg_md, DNNL_ARG_WEIGHTS);
+  // Plain src/dst were given, so the primitive uses them as they are.
+  memory x_mem = activation(b, p, 0, x, src);
+  memory y_mem = b.output(dst);
+  if (has_residual) {
+    memory r_mem = activation(b, p, 3, residual, dst);
+    p.residual_input = 3;
+    p.residual_alias =
+        is_constant(residual) ? Plan::Alias::Unsafe : Plan::Alias::SkipCopy;
+    b.reorder(r_mem, y_mem, /*residual_copy=*/true);
+  }
+  memory w_mem = prepack(b, w_user, constant(w), w_md);
+  dnnl::primitive prim(*pd);
+  if (has_bias) {
+    memory b_mem = bias_memory(b, constant(bias), bias_md);
+    b.step(prim, pd->scratchpad_desc(), {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem},
+                                         {DNNL_ARG_BIAS, b_mem}, {DNNL_ARG_DST, y_mem}});
+  } else {
+    b.step(prim, pd->scratchpad_desc(),
+           {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, y_mem}});
+  }
+  b.finish();
+  p.description = fmt::format("{} {} {}x{}->{} {} {} weights {}{}", d.op,
+                              matmul ? "matmul" : "inner_product", mm, kk, nn, dt_name(dt),
+                              pd->impl_info_str(), format_name(w_md, ""), epilogue_str(epi));
+  p.lowered = true;
+}
+
+// ---- matmul -----------------------------------------------------------------------------------
+void Builder::build_matmul(Plan& p) {
+  const OnednnOperand &a = d.inputs.at(0), &bv = d.inputs.at(1);
+  DT dt = this->dt();
+  // NumPy semantics as oneDNN dims: 1-D a -> [1, K], 1-D b -> [K, 1]; ranks padded with 1s.
+  memory::dims ad = a.dims, bd = bv.dims;
+  KILN_CHECK(!ad.empty() && !bd.empty(), "oneDNN node '{}': malformed matmul", d.node);
+  if (ad.size() == 1) ad.insert(ad.begin(), 1);
+  if (bd.size() == 1) bd.push_back(1);
+  size_t r = std::max(ad.size(), bd.size());
+  while (ad.size() < r) ad.insert(ad.begin(), 1);
+  while (bd.size() < r) bd.insert(bd.begin(), 1);
+  memory::dims yd(r);
+  for (size_t i = 0; i + 2 < r; ++i) yd[i] = std::max(ad[i], bd[i]);
+  yd[r - 2] = ad[r - 2];
+  yd[r - 1] = bd[r - 1];
+  if (r > size_t(DNNL_MAX_NDIMS)) {
+    p.why_not = fmt::format("rank {} exceeds oneDNN's {}", r, DNNL_MAX_NDIMS);
+    return;
+  }
+  memory::desc a_md = plain_md(ad, dt), b_md = plain_md(bd, dt), y_md = plain_md(yd, dt);
+  // Note [strided matmul operands]: a view operand (K^T in attention, heads permuted out of
+  // [B, S, H, D]) is described to oneDNN with its own strides instead of being copied first.
+  // Ranks padded with leading 1s get a stride that spans the whole view. Where oneDNN has no
+  // fast kernel for those strides (none, or only its reference kernel), the operand is
+  // reordered into a plain temporary inside run() instead: the copy still happens, in oneDNN.
+  // The strides must be the schedule's geometry of the view (codegen/cpu/inductor.cc resolves
+  // them against the views the memory planner materializes): run() gets the schedule's pointer.
+  memory::desc user_md[2] = {a_md, b_md};
+  bool strided[2] = {false, false};
+  for (int input = 0; input < 2; ++input) {
+    const std::vector<int64_t>& so = d.matmul_strides[input];
+    if (so.empty() || is_constant(input == 0 ? a : bv)) continue;
+    const memory::dims& dd = input == 0 ? ad : bd;
+    memory::dims st(so.begin(), so.end());
+    if (st.size() > dd.size()) continue;
+    int64_t span = 1;
+    for (size_t i = 0; i < st.size(); ++i) span = std::max(span, st[i] * dd[dd.size() - st.size() + i]);
+    while (st.size() < dd.size()) st.insert(st.begin(), span);
+    user_md[input] = memory::desc(dd, dt, st);
+    strided[input] = true;
+  }
+  bool b_const = is_constant(bv);
+  if (strided[0] || strided[1]) {
+    auto spd = try_pd<dnnl::matmul::primitive_desc>([&] {
+      dnnl::matmul::desc d(user_md[0], user_md[1], y_md);
+      return dnnl::matmul::primitive_desc(d, user_scratchpad_attr(), cpu_engine());
+    });
+    if (spd && std::string(spd->impl_info_str()).find("ref") == std::string::npos) {  // not slow
+      a_md = user_md[0];
+      b_md = user_md[1];
+    }
+  }
+  // A constant b is prepacked like linear's weights; an activation b stays plain.
+  memory::desc want_b = b_const ? any_md(bd, dt) : b_md;
+  auto pd = try_pd<dnnl::matmul::primitive_desc>([&] {
+    dnnl::matmul::desc d(a_md, want_b, y_md);
+    return dnnl::matmul::primitive_desc(d, user_scratchpad_attr(), cpu_engine());
+  });
+  if (!pd && b_const) {
+    want_b = b_md;
+    pd = try_pd<dnnl::matmul::primitive_desc>([&] {
+      dnnl::matmul::desc d(a_md, want_b, y_md);
+      return dnnl::matmul::primitive_desc(d, user_scratchpad_attr(), cpu_engine());
+    });
+  }
+  if (!pd) {
+    p.why_not = fmt::format("oneDNN has no matmul implementation for this case ({})", dt_name(dt));
+    return;
+  }
+  PlanBuilder b(p);
+  std::string strides_note;
+  // Operand i as stored (user_md[i]); a strided one the primitive does not read in place goes
+  // through a reorder into a plain temporary (`want`).
+  auto operand = [&](int i, memory stored, const memory::desc& want) {
+    if (!strided[i]) return stored;
+    bool in_place = same_layout(user_md[i], want);
+    strides_note += fmt::format(", {} {}", i == 0 ? "a" : "b", in_place ? "strided" : "reordered");
+    if (in_place) return stored;
+    memory t = b.temp(want);
+    b.reorder(stored, t);
+    return t;
+  };
+  memory a_mem = operand(0, activation(b, p, 0, a, user_md[0]), a_md);
+  memory b_mem = b_const ? prepack(b, b_md, constant(bv), pd->weights_desc())
+                         : operand(1, b.input(1, user_md[1]), b_md);
+  memory y_mem = b.output(y_md);
+  b.step(dnnl::matmul(*pd), pd->scratchpad_desc(),
+         {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, y_mem}});
+  b.finish();
+  auto dims_str = [](const memory::dims& d) { return fmt::format("[{}]", fmt::join(d, ",")); };
+  p.description = fmt::format("matmul {}x{}->{} {} {}{}{}", dims_str(ad), dims_str(bd),
+                              dims_str(yd), dt_name(dt), pd->impl_info_str(),
+                              b_const ? " weights " + format_name(pd->weights_desc(), "") : "",
+                              strides_note);
+  p.lowered = true;
+}
+
+
+}  // namespace
+
+// ---- the node ---------------------------------------------------------------------------------
+OnednnNode::OnednnNode() : plan_(std::make_unique<Plan>()) {}
+OnednnNode::~OnednnNode() = default;
+
+std::shared_ptr<OnednnNode> OnednnNode::build(const OnednnNodeDesc& desc, OnednnLayouts& layouts,
+                                              const ConstantSource& constants) {
+  std::shared_ptr<OnednnNode> node(new OnednnNode());
+  Plan& p = *node->plan_;
+  p.requested = true;
+  Builder b{desc, layouts.impl(), constants};
+  b.build(p);
+  if (!p.lowered) {
+    p.description = fmt::format("{} not lowered: {}", desc.op, p.why_not);
+    return node;
+  }
+  // The plan's own memory objects, as an instance (not owned twice: weak handles).
+  auto own = std::make_shared<Instance>();
+  for (const Binding& bd : p.bindings) own->memories.emplace_back(bd.mem, /*weak=*/true);
+  for (const Step& st : p.steps) own->args.push_back(st.args);
+  p.own = std::move(own);
+  return node;
+}
+
+bool OnednnNode::lowered() const { return plan_->lowered; }
+const std::string& OnednnNode::why_not() const { return plan_->why_not; }
+const std::string& OnednnNode::description() const { return plan_->description; }
+int64_t OnednnNode::scratch_bytes() const { return plan_->scratch_bytes; }
+bool OnednnNode::residual_may_alias_output() const {
+  return plan_->lowered && plan_->residual_input >= 0 &&
+         plan_->residual_alias != Plan::Alias::Unsafe;
+}
+
+std::shared_ptr<OnednnNode::Instance> OnednnNode::instance() const {
+  const Plan& p = *plan_;
+  if (!p.lowered) [[unlikely]]
+    fail_kind(ErrorKind::Internal, "oneDNN node: instance() of a node that is not lowered ({})",
+              p.description);
+  auto inst = std::make_shared<Instance>();
+  inst->memories.reserve(p.bindings.size());
+  for (const Binding& b : p.bindings) {
+    const dnnl_memory_desc_t* md = nullptr;
+    dnnl_status_t st = dnnl_memory_get_memory_desc(b.mem, &md);
+    if (st != dnnl_success || !md)
+      fail_kind(ErrorKind::Runtime, "oneDNN node: reading a memory descriptor of {} failed "
+                "(status {})", p.description, int(st));
+    inst->memories.push_back(memory(memory::desc(*md), cpu_engine(), DNNL_MEMORY_NONE));
+  }
+  for (const Step& step : p.steps) {
+    std::vector<dnnl_exec_arg_t> args = step.args;
+    for (dnnl_exec_arg_t& a : args)
+      for (size_t i = 0; i < p.bindings.size(); ++i)
+        if (a.memory == p.bindings[i].mem) a.memory = inst->memories[i].get();
+    inst->args.push_back(std::move(args));
+  }
+  return inst;
+}
+
+void OnednnNode::run(const void* const* inputs, void* output, void* scratch) const {
+  if (!plan_->lowered) [[unlikely]]
+    fail_kind(ErrorKind::Internal, "oneDNN node: run() on a node that is not lowered ({})",
+              plan_->description);
+  run(*plan_->own, inputs, output, scratch);
+}
+
+void OnednnNode::run(Instance& inst, const void* const* inputs, void* output,
+                     void* scratch) const {
+  const Plan& p = *plan_;
+  if (!p.lowered) [[unlikely]]
+    fail_kind(ErrorKind::Internal, "oneDNN node: run() on a node that is not lowered ({})",
+              p.description);
+  dnnl_stream_t strm = cpu_stream().get();
+  char* scratch_base = static_cast<char*>(scratch);
+  bool residual_in_output = p.residual_input >= 0 && inputs[p.residual_input] == output;
+  bool skip_residual_copy = residual_in_output && p.residual_alias == Plan::Alias::SkipCopy;
+  if (residual_in_output && p.residual_alias == Plan::Alias::Unsafe) [[unlikely]]
+    fail_kind(ErrorKind::InvalidArgument,
+              "oneDNN node: {} got its residual in the output buffer, but they differ in layout; "
+              "give the output its own buffer",
+              p.description);
+  for (size_t i = 0; i < p.bindings.size(); ++i) {
+    const Binding& b = p.bindings[i];
+    dnnl_memory_t mem = inst.memories[i].get();
+    void* want = b.source == Source::Input  ? const_cast<void*>(inputs[b.index])
+                 : b.source == Source::Output ? output
+                                              : scratch_base + b.offset;
+    void* have = nullptr;
+    dnnl_memory_get_data_handle(mem, &have);
+    if (have == want) continue;
+    dnnl_status_t st = dnnl_memory_set_data_handle_v2(mem, want, strm);
+    if (st != dnnl_success) [[unlikely]]
+      fail_kind(ErrorKind::Runtime, "oneDNN node: binding a buffer of {} failed (status {})",
+                p.description, int(st));
+  }
+  for (size_t k = 0; k < p.steps.size(); ++k) {
+    const Step& s = p.steps[k];
+    if (s.residual_copy && skip_residual_copy) continue;
+    const std::vector<dnnl_exec_arg_t>& args = inst.args[k];
+    dnnl_status_t st = dnnl_primitive_execute(s.prim.get(), strm, int(args.size()), args.data());
+    if (st != dnnl_success) [[unlikely]]
+      fail_kind(ErrorKind::Runtime, "oneDNN node: executing {} failed (status {})", p.description,
+                int(st));
+  }
+  dnnl_stream_wait(strm);
+}
+
+// ---- JSON -------------------------------------------------------------------------------------
+// Floats travel as their bit patterns: exact, and infinities survive.
+namespace {
+using json = nlohmann::json;
+
+json operand_json(const OnednnOperand& o) {
+  json j = {{"value", o.value}, {"dims", o.dims}};
+  if (!o.constant.empty()) j["constant"] = o.constant;
+  return j;
+}
+
+OnednnOperand operand_from(const json& j) {
+  OnednnOperand o;
+  o.value = j.at("value").get<int32_t>();
+  o.dims = j.at("dims").get<std::vector<int64_t>>();
+  for (int64_t d : o.dims)
+    if (d < 0 || d > (int64_t(1) << 40)) throw std::out_of_range("dimension out of range");
+  if (j.contains("constant")) o.constant = j.at("constant").get<std::string>();
+  return o;
+}
+
+std::array<int64_t, 2> pair_of(const json& j) {
+  auto v = j.get<std::vector<int64_t>>();
+  if (v.size() != 2) throw std::out_of_range("expected 2 integers");
+  return {v[0], v[1]};
+}
+}  // namespace
+
+std::string OnednnNodeDesc::to_json() const {
+  json j;
+  j["op"] = op;
+  j["node"] = node;
+  j["dtype"] = bf16 ? "bfloat16" : "float32";
+  json ins = json::array();
+  for (const OnednnOperand& o : inputs) ins.push_back(operand_json(o));
+  j["inputs"] = ins;
+  j["output"] = operand_json(output);
+  j["output_may_block"] = output_may_block;
+  j["stride"] = {stride[0], stride[1]};
+  j["pad_begin"] = {pad_begin[0], pad_begin[1]};
+  j["pad_end"] = {pad_end[0], pad_end[1]};
+  j["dilation"] = {dilation[0], dilation[1]};
+  j["groups"] = groups;
+  j["kernel_size"] = kernel_size;
+  j["pool_stride"] = pool_stride;
+  j["pool_padding"] = pool_padding;
+  j["pool_dilation"] = pool_dilation;
+  j["count_include_pad"] = count_include_pad;
+  j["activation"] = activation;
+  j["clamp_bits"] = {std::bit_cast<uint32_t>(clamp_lo), std::bit_cast<uint32_t>(clamp_hi)};
+  j["sum_scale_bits"] = std::bit_cast<uint32_t>(sum_scale);
+  j["has_residual"] = has_residual;
+  j["allow_blocked"] = allow_blocked;
+  j["conv"] = int(conv);
+  j["linear"] = int(linear);
+  j["matmul_strides"] = {matmul_strides[0], matmul_strides[1]};
+  return j.dump();
+}
+
+OnednnNodeDesc OnednnNodeDesc::from_json(std::string_view text, const std::string& where) {
+  try {
+    json j = json::parse(text);
+    OnednnNodeDesc d;
+    d.op = j.at("op").get<std::string>();
+    d.node = j.at("node").get<std::string>();
+    std::string dt = j.at("dtype").get<std::string>();
+    if (dt != "float32" && dt != "bfloat16") throw std::out_of_range("dtype " + dt);
+    d.bf16 = dt == "bfloat16";
+    for (const json& o : j.at("inputs")) d.inputs.push_back(operand_from(o));
+    d.output = operand_from(j.at("output"));
+    d.output_may_block = j.at("output_may_block").get<bool>();
+    auto st = pair_of(j.at("stride")), pb = pair_of(j.at("pad_begin")),
+         pe = pair_of(j.at("pad_end")), dl = pair_of(j.at("dilation"));
+    for (int i = 0; i < 2; ++i) {
+      d.stride[i] = st[size_t(i)];
+      d.pad_begin[i] = pb[size_t(i)];
+      d.pad_end[i] = pe[size_t(i)];
+      d.dilation[i] = dl[size_t(i)];
+    }
+    d.groups = j.at("groups").get<int64_t>();
+    d.kernel_size = j.at("kernel_size").get<std::vector<int64_t>>();
+    d.pool_stride = j.at("pool_stride").get<std::vector<int64_t>>();
+    d.pool_padding = j.at("pool_padding").get<std::vector<int64_t>>();
+    d.pool_dilation = j.at("pool_dilation").get<std::vector<int64_t>>();
+    d.count_include_pad = j.at("count_include_pad").get<bool>();
+    d.activation = j.at("activation").get<std::string>();
+    auto cb = j.at("clamp_bits").get<std::vector<uint32_t>>();
+    if (cb.size() != 2) throw std::out_of_range("clamp_bits");
+    d.clamp_lo = std::bit_cast<float>(cb[0]);
+    d.clamp_hi = std::bit_cast<float>(cb[1]);
+    d.sum_scale = std::bit_cast<float>(j.at("sum_scale_bits").get<uint32_t>());
+    d.has_residual = j.at("has_residual").get<bool>();
+    d.allow_blocked = j.at("allow_blocked").get<bool>();
+    int conv = j.at("conv").get<int>(), linear = j.at("linear").get<int>();
+    if (conv < 0 || conv > 2 || linear < 0 || linear > 2) throw std::out_of_range("policy");
+    d.conv = OnednnConvPolicy(conv);
+    d.linear = OnednnLinearImpl(linear);
+    auto ms = j.at("matmul_strides").get<std::vector<std::vector<int64_t>>>();
+    if (ms.size() != 2) throw std::out_of_range("matmul_strides");
+    d.matmul_strides[0] = ms[0];
+    d.matmul_strides[1] = ms[1];
+    bool two_in = d.op == "matmul" || d.op.find("conv") != std::string::npos ||
+                  d.op.find("linear") != std::string::npos;
+    if (d.inputs.size() < (two_in ? 2u : 1u) || d.inputs.size() > 4)
+      throw std::out_of_range("operand count");
+    return d;
+  } catch (const kiln::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail_kind(ErrorKind::ParseError, "{}: malformed oneDNN node descriptor: {}", where, e.what());
+  }
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,126 @@
+// oneDNN primitives built from plain data: the one piece of oneDNN code that both the CPU
+// compiler (targets/cpu/onednn_lowering.cc, at compile time) and the runtime (a package's
+// launches, at load time) run, so that a loaded package computes exactly what the compiler's
+// Executable computed. See Note [oneDNN node descriptors] in onednn_node.cc.
+//
+// An OnednnNodeDesc says everything the primitive construction reads — op, dtype, dims,
+// geometry, epilogue, layout decisions, options — with weights named rather than held: the
+// caller supplies their data (ConstantSource) when it builds. It round-trips through JSON
+// exactly (floats as bit patterns). dnnl.hpp stays inside the .cc file.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln::kernels {
+
+// The channel block of blocked convolution layouts on this CPU: 16 with AVX-512, else 8.
+int native_conv_block();
+// OpenMP's thread count for kernels (omp_get_max_threads): oneDNN's choices and loop kernels'
+// splits depend on it, so a package records it.
+int cpu_threads();
+
+// One tensor a node reads or writes.
+struct OnednnOperand {
+  int32_t value = -1;          // the value's id (the key of its layout in OnednnLayouts); -1: absent
+  std::vector<int64_t> dims;   // its shape (contiguous type)
+  std::string constant;        // non-empty: a parameter or constant, by name (ConstantSource)
+};
+
+enum class OnednnConvPolicy : uint8_t { Auto, Blocked, Winograd };   // Note [convolution policy]
+enum class OnednnLinearImpl : uint8_t { Auto, InnerProduct, Matmul };  // Note [linear choice]
+
+struct OnednnNodeDesc {
+  // conv2d | fused_conv2d | conv_transpose2d | max_pool2d | avg_pool2d | linear | fused_linear |
+  // matmul (the op's name in ops.def; the runtime does not know the registry).
+  std::string op;
+  std::string node;            // the graph node's name, for messages
+  bool bf16 = false;           // bfloat16, else float32
+  std::vector<OnednnOperand> inputs;  // by the node's input index
+  OnednnOperand output;
+  bool output_may_block = false;      // Note [layout choice]
+  // Convolutions (output_padding folded into pad_end for the transposed one).
+  int64_t stride[2] = {1, 1}, pad_begin[2] = {0, 0}, pad_end[2] = {0, 0}, dilation[2] = {1, 1};
+  int64_t groups = 1;
+  // Pooling, as the op's attributes (stride empty: the kernel size).
+  std::vector<int64_t> kernel_size, pool_stride, pool_padding, pool_dilation;
+  bool count_include_pad = false;
+  // fused_conv2d / fused_linear epilogue.
+  std::string activation = "none";  // none relu gelu gelu_tanh silu sigmoid tanh clamp
+  float clamp_lo = -3.402823466e38f, clamp_hi = 3.402823466e38f, sum_scale = 1.0f;
+  bool has_residual = false;
+  // Options of the lowering.
+  bool allow_blocked = true;
+  OnednnConvPolicy conv = OnednnConvPolicy::Auto;
+  OnednnLinearImpl linear = OnednnLinearImpl::Auto;
+  std::vector<int64_t> matmul_strides[2];  // a strided matmul operand (empty: contiguous)
+
+  std::string to_json() const;
+  // Throws kiln::Error (ParseError) naming `where` for anything malformed.
+  static OnednnNodeDesc from_json(std::string_view text, const std::string& where);
+};
+
+// The data of a named constant (weights, bias, constant activations); throws when absent.
+using ConstantSource = std::function<Tensor(const std::string& name)>;
+
+// The layouts of blocked values, filled by the nodes that produce them (in graph order) and read
+// by their consumers. One per graph.
+class OnednnLayouts {
+ public:
+  OnednnLayouts();
+  ~OnednnLayouts();
+  void reset(size_t num_values);
+  bool blocked(int32_t value) const;
+  int64_t value_bytes(int32_t value) const;  // -1 for a plain value
+  struct Impl;
+  Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// One node's primitives, prepacked weights and prebuilt reorders (Note [oneDNN lowering]).
+class OnednnNode {
+ public:
+  // Builds `desc` (oneDNN's primitive descriptors, weights prepacked from `constants`). A node
+  // oneDNN has no implementation for comes back with lowered() false and why_not() saying so.
+  // Primitives are created for the current OpenMP thread count.
+  static std::shared_ptr<OnednnNode> build(const OnednnNodeDesc& desc, OnednnLayouts& layouts,
+                                           const ConstantSource& constants);
+  ~OnednnNode();
+  OnednnNode(const OnednnNode&) = delete;
+  OnednnNode& operator=(const OnednnNode&) = delete;
+
+  bool lowered() const;
+  const std::string& why_not() const;
+  // "conv2d 7x7/2 3->64 f32 brg:avx512_core src nchw -> dst nhwc, ...": includes oneDNN's
+  // implementation name, so two builds that chose differently describe differently.
+  const std::string& description() const;
+  int64_t scratch_bytes() const;
+  // Whether run() accepts the residual's buffer as the output buffer.
+  bool residual_may_alias_output() const;
+
+  // Per-call state (memory objects holding the last bound pointers); see NodeInstance in
+  // targets/cpu/onednn_lowering.h.
+  struct Instance;
+  std::shared_ptr<Instance> instance() const;
+  // inputs[i]: the data of input i where it is an activation; output: output 0; scratch:
+  // scratch_bytes() bytes, 64-byte aligned. Steps run on the calling thread's oneDNN stream.
+  void run(Instance& inst, const void* const* inputs, void* output, void* scratch) const;
+  // On the node's own instance (not reentrant).
+  void run(const void* const* inputs, void* output, void* scratch) const;
+
+  struct Plan;
+
+ private:
+  OnednnNode();
+  std::unique_ptr<Plan> plan_;
+};
+
+}  // namespace kiln::kernels

@@ -1,0 +1,113 @@
+#include "nn/package.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "compiler/backend.h"
+#include "compiler/package.h"
+#include "core/error.h"
+#include "nn/compile.h"
+#include "runtime/executable.h"
+
+namespace kiln::nn {
+
+namespace {
+
+// The capture backend of compile_module_graph: compiles with the caller's options (on this
+// thread) and hands the CompiledExecutable back through the same thread-local slot.
+struct PackageCapture {
+  const compiler::Options* options = nullptr;
+  std::shared_ptr<compiler::CompiledExecutable> compiled;
+  int graphs = 0;
+};
+thread_local PackageCapture* t_capture = nullptr;
+
+class SharedCompiled final : public CompiledGraph {
+ public:
+  explicit SharedCompiled(std::shared_ptr<compiler::CompiledExecutable> c) : c_(std::move(c)) {}
+  TensorList run(const TensorList& in) override { return c_->run(in); }
+  void run_into(const TensorList& in, TensorList& out) override { c_->run_into(in, out); }
+  std::string summary() const override { return c_->summary(); }
+
+ private:
+  std::shared_ptr<compiler::CompiledExecutable> c_;
+};
+
+const bool g_registered = [] {
+  register_backend("package", [](const Graph& g, const BackendOptions& o) -> std::unique_ptr<CompiledGraph> {
+    KILN_CHECK(t_capture, "the 'package' backend is used by nn::compile_module_graph only");
+    compiler::Options opts = *t_capture->options;
+    std::shared_ptr<compiler::CompiledExecutable> c = compiler::compile(g, Device::cpu(), opts);
+    t_capture->compiled = c;
+    t_capture->graphs++;
+    return std::make_unique<SharedCompiled>(c);
+  }, /*priority=*/-100);
+  return true;
+}();
+
+}  // namespace
+
+std::shared_ptr<compiler::CompiledExecutable> compile_captured_graph(
+    const std::function<CompiledFunction(const CompileOptions&)>& make,
+    const TensorList& example_inputs, const compiler::Options& options) {
+  PackageCapture capture;
+  capture.options = &options;
+  t_capture = &capture;
+  struct Reset {
+    ~Reset() { t_capture = nullptr; }
+  } reset;
+  CompileOptions co;
+  co.backend = "package";
+  co.mode = options.mode;
+  co.fullgraph = true;  // a package is one graph
+  co.strict = true;     // no silent fallback to eager
+  CompiledFunction f = make(co);
+  f(example_inputs);
+  if (capture.graphs != 1 || !capture.compiled)
+    fail_kind(ErrorKind::NotSupported, "package: the model compiled into {} graphs; a package "
+              "holds exactly one", capture.graphs);
+  // The captured graph takes its inputs in first-use order, named input<k> after their call
+  // position k (capture/compile.cc): a package takes them in call order. Inputs are bound by
+  // slot, so reordering the specs changes nothing else.
+  std::vector<Executable::InputSpec>& specs = capture.compiled->executable().inputs;
+  std::vector<std::pair<int64_t, Executable::InputSpec>> keyed;
+  for (Executable::InputSpec& in : specs) {
+    int64_t k = -1;
+    if (in.name.rfind("input", 0) == 0 && in.name.size() > 5 &&
+        in.name.find_first_not_of("0123456789", 5) == std::string::npos)
+      k = std::stoll(in.name.substr(5));
+    if (k < 0 || k >= int64_t(example_inputs.size()))
+      fail_kind(ErrorKind::NotSupported, "package: graph input '{}' is not one of the call's "
+                "inputs", in.name);
+    keyed.emplace_back(k, std::move(in));
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  specs.clear();
+  for (auto& [k, in] : keyed) specs.push_back(std::move(in));
+  if (specs.size() != example_inputs.size())
+    fail_kind(ErrorKind::NotSupported, "package: the graph reads {} of the call's {} inputs; a "
+              "package takes every input the caller passes", specs.size(), example_inputs.size());
+  return capture.compiled;
+}
+
+std::shared_ptr<compiler::CompiledExecutable> compile_module_graph(
+    const std::shared_ptr<Module>& module, const TensorList& example_inputs,
+    const compiler::Options& options) {
+  return compile_captured_graph(
+      [&](const CompileOptions& co) { return compile(module, co); }, example_inputs, options);
+}
+
+std::shared_ptr<compiler::CompiledExecutable> export_package(
+    const std::shared_ptr<Module>& module, const TensorList& example_inputs,
+    const compiler::Options& options, const std::string& model_name, const std::string& path,
+    int64_t batch) {
+  auto c = compile_module_graph(module, example_inputs, options);
+  PackageInfo info;
+  info.model = model_name;
+  info.batch = batch;
+  compiler::write_package(*c, options, info, path);
+  return c;
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,475 @@
+// Launches from plain data. See launch_library.h.
+//
+// Note [Launch records]
+// An Executable is a list of launches, each a function pointer over opaque state. To write one
+// into a package and run it elsewhere, every launch is also data: a LaunchRecord (a kind and
+// JSON parameters), produced on demand by Launch::record so that it says the state as it is at
+// packaging time (a loop kernel's thread count may have been tuned after binding). The factories
+// here are the only place launches of these kinds are made, at compile time and at load time
+// alike:
+//   loop    {"symbol": name, "threads": n}: the generated kernel `name` of the package's shared
+//           object, called as fn(slots, threads);
+//   onednn  {"desc": OnednnNodeDesc, "inputs": [[slot, offset]...], "output": [...],
+//           "scratch": [...], "expect": description}: the node rebuilt by the kernels layer from
+//           its descriptor (Note [oneDNN node descriptors]); the rebuilt node must describe
+//           itself exactly as at compile time (the same oneDNN implementation and layouts), or
+//           the package would compute differently: the loader refuses it then.
+//   gather_rows {"table", "indices", "out": [slot, offset], "rows", "row_bytes", "count",
+//           "int32_indices", "node"}: embedding lookups, as byte copies.
+//   concat  {"parts": [[slot, offset, chunk_bytes, dst_offset]...], "outer", "out_chunk_bytes",
+//           "out"}: concatenation of contiguous buffers, as byte copies.
+// Eager launches (an op's eager kernel bound to tensors) have no record: `kiln compile -o`
+// refuses a graph with one, naming the node.
+#include "runtime/launch_library.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "kernels/onednn_node.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+// ---- loop kernels -----------------------------------------------------------------------------
+struct LoopState {
+  void (*fn)(char* const*, int) = nullptr;
+  int threads = 0;  // see Note [kernel threads] in targets/cpu/emitter.cc
+};
+
+void run_loop(void* s, const Executable::RunContext& c) {
+  auto* l = static_cast<LoopState*>(s);
+  l->fn(c.slots, l->threads);
+}
+
+// ---- oneDNN nodes -----------------------------------------------------------------------------
+// The state bound once is a template: every execution context runs a copy with an instance of
+// its own (the memory objects hold the pointers last bound).
+struct OnednnState {
+  std::shared_ptr<const kernels::OnednnNode> node;
+  int n_in = 0;
+  MemRef in[4];
+  MemRef out;
+  MemRef scratch;
+  std::shared_ptr<kernels::OnednnNode::Instance> instance;  // per context
+};
+
+void run_onednn(void* s, const Executable::RunContext& c) {
+  auto* e = static_cast<OnednnState*>(s);
+  char* const* b = c.slots;
+  const void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
+  for (int i = 0; i < e->n_in; ++i)
+    if (e->in[i].slot >= 0) ptrs[i] = b[e->in[i].slot] + e->in[i].byte_offset;
+  e->node->run(*e->instance, ptrs, b[e->out.slot] + e->out.byte_offset,
+               b[e->scratch.slot] + e->scratch.byte_offset);
+}
+
+// ---- gather rows ------------------------------------------------------------------------------
+struct GatherRowsState {
+  MemRef table, indices, out;
+  int64_t rows = 0, row_bytes = 0, count = 0;
+  bool int32_indices = false;
+  std::string node;
+};
+
+void run_gather_rows(void* s, const Executable::RunContext& c) {
+  auto* g = static_cast<GatherRowsState*>(s);
+  const char* table = c.slots[g->table.slot] + g->table.byte_offset;
+  const char* idx = c.slots[g->indices.slot] + g->indices.byte_offset;
+  char* out = c.slots[g->out.slot] + g->out.byte_offset;
+  for (int64_t i = 0; i < g->count; ++i) {
+    int64_t v;
+    if (g->int32_indices) {
+      int32_t x;
+      std::memcpy(&x, idx + 4 * i, 4);
+      v = x;
+    } else {
+      std::memcpy(&v, idx + 8 * i, 8);
+    }
+    if (v < -g->rows || v >= g->rows) [[unlikely]]
+      fail_kind(ErrorKind::InvalidArgument, "embedding '{}': index {} at position {} is out of "
+                "range for the embedding table (valid: [{}, {}])", g->node, v, i, -g->rows,
+                g->rows - 1);
+    if (v < 0) v += g->rows;
+    std::memcpy(out + i * g->row_bytes, table + v * g->row_bytes, size_t(g->row_bytes));
+  }
+}
+
+// ---- concat -----------------------------------------------------------------------------------
+struct ConcatState {
+  std::vector<ConcatPart> parts;
+  int64_t outer = 0, out_chunk_bytes = 0;
+  MemRef out;
+};
+
+void run_concat(void* s, const Executable::RunContext& c) {
+  auto* k = static_cast<ConcatState*>(s);
+  char* out = c.slots[k->out.slot] + k->out.byte_offset;
+  for (const ConcatPart& p : k->parts) {
+    const char* src = c.slots[p.src.slot] + p.src.byte_offset;
+    if (!p.sizes.empty()) {
+      char* dst = p.dst.slot >= 0 ? c.slots[p.dst.slot] + p.dst.byte_offset : out;
+      const size_t r = p.sizes.size();
+      int64_t idx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t n = 1;
+      for (int64_t d : p.sizes) n *= d;
+      for (int64_t e = 0; e < n; ++e) {
+        int64_t so = p.elem_offset, dof = 0;
+        for (size_t d = 0; d < r; ++d) {
+          so += idx[d] * p.strides[d];
+          dof += idx[d] * p.dst_strides[d];
+        }
+        std::memcpy(dst + p.dst_offset + dof * p.elem_bytes, src + so * p.elem_bytes,
+                    size_t(p.elem_bytes));
+        for (size_t d = r; d-- > 0;) {
+          if (++idx[d] < p.sizes[d]) break;
+          idx[d] = 0;
+        }
+      }
+      continue;
+    }
+    for (int64_t o = 0; o < k->outer; ++o)
+      std::memcpy(out + o * k->out_chunk_bytes + p.dst_offset, src + o * p.chunk_bytes,
+                  size_t(p.chunk_bytes));
+  }
+}
+
+json ref_json(MemRef r) { return json::array({r.slot, r.byte_offset}); }
+
+MemRef ref_from(const json& j, int num_slots_hint) {
+  auto v = j.get<std::vector<int64_t>>();
+  if (v.size() != 2 || v[0] < -1 || v[0] > (int64_t(1) << 30) || v[1] < 0)
+    throw std::out_of_range("a buffer reference must be [slot >= -1, offset >= 0]");
+  return MemRef{int32_t(v[0]), v[1]};
+}
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, LaunchRebuildFn>& registry();
+
+// A buffer of `bytes` at `r` must lie inside its slot's memory (LaunchEnv::slot_bytes).
+void check_buffer(LaunchEnv& env, MemRef r, int64_t bytes, const std::string& where) {
+  if (!env.slot_bytes || r.slot < 0) return;
+  int64_t have = env.slot_bytes(r.slot);
+  if (bytes < 0 || r.byte_offset < 0 || r.byte_offset > have || bytes > have - r.byte_offset)
+    fail_kind(ErrorKind::ParseError, "{}: a buffer of {} bytes at slot {} offset {} lies outside "
+              "the slot's {} bytes", where, bytes, r.slot, r.byte_offset, have);
+}
+
+Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+  json p = json::parse(r.params);
+  std::string symbol = p.at("symbol").get<std::string>();
+  int threads = p.at("threads").get<int>();
+  if (threads < 0) throw std::out_of_range("threads must be >= 0");
+  if (!env.symbol) fail_kind(ErrorKind::ParseError, "{}: the package has no kernels section", where);
+  auto* fn = reinterpret_cast<void (*)(char* const*, int)>(env.symbol(symbol));
+  if (!fn)
+    fail_kind(ErrorKind::ParseError, "{}: section 'kernels.cpu' has no kernel '{}'", where, symbol);
+  return make_loop_launch(fn, symbol, threads).launch;
+}
+
+Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+  json p = json::parse(r.params);
+  std::string desc_json = p.at("desc").dump();
+  kernels::OnednnNodeDesc desc = kernels::OnednnNodeDesc::from_json(desc_json, where);
+  std::vector<MemRef> inputs;
+  for (const json& j : p.at("inputs")) inputs.push_back(ref_from(j, 0));
+  if (inputs.size() > 4) throw std::out_of_range("at most 4 inputs");
+  MemRef out = ref_from(p.at("output"), 0), scratch = ref_from(p.at("scratch"), 0);
+  if (out.slot < 0 || scratch.slot < 0) throw std::out_of_range("output and scratch need a slot");
+  std::string expect = p.at("expect").get<std::string>();
+  KILN_ASSERT(env.onednn_layouts);
+  auto node = kernels::OnednnNode::build(desc, *env.onednn_layouts, env.constant);
+  if (!node->lowered())
+    fail_kind(ErrorKind::Runtime, "{}: oneDNN has no implementation for node '{}' on this machine "
+              "({}); rebuild the package here with `kiln compile`", where, desc.node,
+              node->why_not());
+  if (node->description() != expect)
+    fail_kind(ErrorKind::Runtime,
+              "{}: oneDNN chose differently for node '{}' on this machine than when the package "
+              "was built, so it would not compute the same results (built: {}; here: {}). oneDNN "
+              "picks implementations by CPU and thread count: run with the thread count the "
+              "package was built with (the manifest's target.threads), or rebuild the package "
+              "here with `kiln compile`",
+              where, desc.node, expect, node->description());
+  // Every buffer inside its slot's memory: plain or blocked sizes as the node sees them, the
+  // span of a strided matmul operand.
+  int elt = desc.bf16 ? 2 : 4;
+  auto bytes_of = [&](const kernels::OnednnOperand& o, const std::vector<int64_t>& strides) {
+    int64_t b = env.onednn_layouts->value_bytes(o.value);
+    if (b >= 0) return b;
+    if (!strides.empty()) {
+      int64_t last = 0;
+      size_t off = o.dims.size() >= strides.size() ? o.dims.size() - strides.size() : 0;
+      for (size_t i = 0; i < strides.size() && off + i < o.dims.size(); ++i)
+        last += (o.dims[off + i] - 1) * strides[i];
+      return (last + 1) * elt;
+    }
+    int64_t n = elt;
+    for (int64_t d : o.dims) n *= d;
+    return n;
+  };
+  if (inputs.size() != std::min<size_t>(desc.inputs.size(), 4))
+    fail_kind(ErrorKind::ParseError, "{}: {} buffer references for {} inputs", where,
+              inputs.size(), desc.inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (desc.inputs[k].value >= 0 && desc.inputs[k].constant.empty() && inputs[k].slot < 0)
+      fail_kind(ErrorKind::ParseError, "{}: input {} of node '{}' is an activation without a "
+                "buffer", where, k, desc.node);
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].slot >= 0 && desc.inputs[k].constant.empty())
+      check_buffer(env, inputs[k],
+                   bytes_of(desc.inputs[k], k < 2 && desc.op == "matmul" ? desc.matmul_strides[k]
+                                                                          : std::vector<int64_t>{}),
+                   where);
+  check_buffer(env, out, bytes_of(desc.output, {}), where);
+  check_buffer(env, scratch, node->scratch_bytes(), where);
+  // oneDNN keeps working tables (brgemm's batch address lists) in its scratchpad while other
+  // threads write the output: scratch overlapping an operand is not merely wrong, it crashes.
+  if (node->scratch_bytes() > 0) {
+    auto overlaps = [&](MemRef r, int64_t bytes) {
+      return r.slot == scratch.slot && r.byte_offset < scratch.byte_offset + node->scratch_bytes() &&
+             scratch.byte_offset < r.byte_offset + bytes;
+    };
+    bool bad = overlaps(out, bytes_of(desc.output, {}));
+    for (size_t k = 0; k < inputs.size(); ++k)
+      if (desc.inputs[k].constant.empty() && desc.inputs[k].value >= 0)
+        bad = bad || overlaps(inputs[k], bytes_of(desc.inputs[k],
+                                                  k < 2 && desc.op == "matmul"
+                                                      ? desc.matmul_strides[k]
+                                                      : std::vector<int64_t>{}));
+    if (bad)
+      fail_kind(ErrorKind::ParseError, "{}: the scratch region of node '{}' overlaps its operands",
+                where, desc.node);
+  }
+  return make_onednn_launch(node, desc_json, inputs, out, scratch);
+}
+
+Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv& env,
+                                       const std::string& where) {
+  json p = json::parse(r.params);
+  MemRef table = ref_from(p.at("table"), 0), indices = ref_from(p.at("indices"), 0),
+         out = ref_from(p.at("out"), 0);
+  int64_t rows = p.at("rows").get<int64_t>(), row_bytes = p.at("row_bytes").get<int64_t>(),
+          count = p.at("count").get<int64_t>();
+  if (table.slot < 0 || indices.slot < 0 || out.slot < 0 || rows < 1 || row_bytes < 0 || count < 0)
+    throw std::out_of_range("gather_rows: bad buffers or sizes");
+  bool i32 = p.at("int32_indices").get<bool>();
+  if (row_bytes > (int64_t(1) << 40) / rows || count > (int64_t(1) << 40))
+    throw std::out_of_range("gather_rows: sizes overflow");
+  check_buffer(env, table, rows * row_bytes, where);
+  check_buffer(env, indices, count * (i32 ? 4 : 8), where);
+  check_buffer(env, out, count * row_bytes, where);
+  return make_gather_rows_launch(table, rows, row_bytes, indices, i32, count, out,
+                                 p.at("node").get<std::string>());
+}
+
+Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+  json p = json::parse(r.params);
+  int64_t outer = p.at("outer").get<int64_t>(), out_chunk = p.at("out_chunk_bytes").get<int64_t>();
+  MemRef out = ref_from(p.at("out"), 0);
+  constexpr int64_t kMax = int64_t(1) << 40;
+  if (outer < 0 || outer > kMax || out_chunk < 0 || out_chunk > kMax || out.slot < 0 ||
+      (outer > 0 && out_chunk > kMax / outer))
+    throw std::out_of_range("concat: bad sizes");
+  std::vector<ConcatPart> parts;
+  for (const json& j : p.at("parts")) {
+    if (j.is_object()) {  // a strided part
+      ConcatPart part;
+      part.src = ref_from(j.at("src"), 0);
+      part.dst_offset = j.at("dst_offset").get<int64_t>();
+      part.sizes = j.at("sizes").get<std::vector<int64_t>>();
+      part.strides = j.at("strides").get<std::vector<int64_t>>();
+      part.dst_strides = j.at("dst_strides").get<std::vector<int64_t>>();
+      part.elem_offset = j.at("elem_offset").get<int64_t>();
+      part.elem_bytes = j.at("elem_bytes").get<int64_t>();
+      size_t r = part.sizes.size();
+      if (r == 0 || r > 8 || part.strides.size() != r || part.dst_strides.size() != r ||
+          part.elem_bytes < 1 || part.elem_bytes > 16 || part.elem_offset < 0 || part.dst_offset < 0 ||
+          part.src.slot < 0)
+        throw std::out_of_range("concat: malformed strided part");
+      int64_t last_src = part.elem_offset, last_dst = 0;
+      bool empty = false;
+      for (size_t d = 0; d < r; ++d) {
+        if (part.sizes[d] < 0 || part.sizes[d] > kMax || part.strides[d] < 0 ||
+            part.strides[d] > kMax || part.dst_strides[d] < 0 || part.dst_strides[d] > kMax)
+          throw std::out_of_range("concat: strided part sizes or strides out of range");
+        empty = empty || part.sizes[d] == 0;
+        if (part.sizes[d] > 0) {
+          last_src += (part.sizes[d] - 1) * part.strides[d];
+          last_dst += (part.sizes[d] - 1) * part.dst_strides[d];
+        }
+        if (last_src > kMax || last_dst > kMax) throw std::out_of_range("concat: part too large");
+      }
+      if (j.contains("dst")) part.dst = ref_from(j.at("dst"), 0);
+      if (!empty) {
+        check_buffer(env, part.src, (last_src + 1) * part.elem_bytes, where);
+        if (part.dst.slot >= 0)
+          check_buffer(env, part.dst, part.dst_offset + (last_dst + 1) * part.elem_bytes, where);
+        else if (part.dst_offset + (last_dst + 1) * part.elem_bytes > outer * out_chunk)
+          throw std::out_of_range("concat: a strided part writes past the output");
+      }
+      parts.push_back(std::move(part));
+      continue;
+    }
+    auto v = j.get<std::vector<int64_t>>();
+    if (v.size() != 4 || v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0 || v[2] > out_chunk ||
+        v[3] > out_chunk - v[2])
+      throw std::out_of_range("concat: a part must be [slot, offset, chunk_bytes, dst_offset] "
+                              "inside the output block");
+    ConcatPart part{MemRef{int32_t(v[0]), v[1]}, v[2], v[3]};
+    check_buffer(env, part.src, outer * part.chunk_bytes, where);
+    parts.push_back(part);
+  }
+  check_buffer(env, out, outer * out_chunk, where);
+  return make_concat_launch(std::move(parts), outer, out_chunk, out);
+}
+
+std::map<std::string, LaunchRebuildFn>& registry() {
+  static std::map<std::string, LaunchRebuildFn> r = {{"loop", rebuild_loop},
+                                                     {"onednn", rebuild_onednn},
+                                                     {"gather_rows", rebuild_gather_rows},
+                                                     {"concat", rebuild_concat}};
+  return r;
+}
+
+}  // namespace
+
+LoopLaunch make_loop_launch(void (*fn)(char* const*, int), const std::string& symbol,
+                            int threads) {
+  auto state = std::make_shared<LoopState>();
+  state->fn = fn;
+  state->threads = threads;
+  LoopLaunch out;
+  out.threads = &state->threads;
+  Executable::Launch& l = out.launch;
+  l.fn = run_loop;
+  l.state = state.get();
+  l.kind = "loop";
+  l.record = [state, symbol] {
+    return LaunchRecord{"loop", json{{"symbol", symbol}, {"threads", state->threads}}.dump()};
+  };
+  l.owner = std::move(state);
+  return out;
+}
+
+Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode> node,
+                                      const std::string& desc_json,
+                                      const std::vector<MemRef>& inputs, MemRef output,
+                                      MemRef scratch) {
+  auto state = std::make_shared<OnednnState>();
+  state->node = std::move(node);
+  state->n_in = int(std::min<size_t>(inputs.size(), 4));
+  for (int k = 0; k < state->n_in; ++k) state->in[k] = inputs[size_t(k)];
+  state->out = output;
+  state->scratch = scratch;
+  Executable::Launch l;
+  l.fn = run_onednn;
+  l.state = state.get();
+  l.make_local = [state](char* const*) -> std::shared_ptr<void> {
+    auto local = std::make_shared<OnednnState>(*state);
+    local->instance = state->node->instance();
+    return local;
+  };
+  l.kind = "onednn";
+  l.record = [state, desc_json] {
+    json in = json::array();
+    for (int k = 0; k < state->n_in; ++k) in.push_back(ref_json(state->in[k]));
+    json p = {{"desc", json::parse(desc_json)},
+              {"inputs", in},
+              {"output", ref_json(state->out)},
+              {"scratch", ref_json(state->scratch)},
+              {"expect", state->node->description()}};
+    return LaunchRecord{"onednn", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
+Executable::Launch make_gather_rows_launch(MemRef table, int64_t rows, int64_t row_bytes,
+                                           MemRef indices, bool int32_indices, int64_t count,
+                                           MemRef out, const std::string& node) {
+  auto state = std::make_shared<GatherRowsState>();
+  *state = GatherRowsState{table, indices, out, rows, row_bytes, count, int32_indices, node};
+  Executable::Launch l;
+  l.fn = run_gather_rows;
+  l.state = state.get();
+  l.kind = "gather_rows";
+  l.record = [state] {
+    json p = {{"table", ref_json(state->table)}, {"indices", ref_json(state->indices)},
+              {"out", ref_json(state->out)},     {"rows", state->rows},
+              {"row_bytes", state->row_bytes},   {"count", state->count},
+              {"int32_indices", state->int32_indices}, {"node", state->node}};
+    return LaunchRecord{"gather_rows", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
+Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t outer,
+                                      int64_t out_chunk_bytes, MemRef out) {
+  auto state = std::make_shared<ConcatState>();
+  state->parts = std::move(parts);
+  state->outer = outer;
+  state->out_chunk_bytes = out_chunk_bytes;
+  state->out = out;
+  Executable::Launch l;
+  l.fn = run_concat;
+  l.state = state.get();
+  l.kind = "concat";
+  l.record = [state] {
+    json parts = json::array();
+    for (const ConcatPart& p : state->parts) {
+      if (p.sizes.empty())
+        parts.push_back({p.src.slot, p.src.byte_offset, p.chunk_bytes, p.dst_offset});
+      else
+        parts.push_back({{"src", ref_json(p.src)}, {"dst_offset", p.dst_offset},
+                         {"sizes", p.sizes}, {"strides", p.strides},
+                         {"dst_strides", p.dst_strides}, {"elem_offset", p.elem_offset},
+                         {"elem_bytes", p.elem_bytes}});
+      if (p.dst.slot >= 0) parts.back()["dst"] = ref_json(p.dst);
+    }
+    json p = {{"parts", parts}, {"outer", state->outer},
+              {"out_chunk_bytes", state->out_chunk_bytes}, {"out", ref_json(state->out)}};
+    return LaunchRecord{"concat", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
+Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
+                                  const std::string& where) {
+  LaunchRebuildFn fn;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(record.kind);
+    if (it == registry().end())
+      fail_kind(ErrorKind::ParseError, "{}: unknown launch kind '{}' (this runtime knows loop, "
+                "onednn, gather_rows, concat)", where, record.kind);
+    fn = it->second;
+  }
+  try {
+    return fn(record, env, where);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail_kind(ErrorKind::ParseError, "{}: malformed {} launch: {}", where, record.kind, e.what());
+  }
+}
+
+void register_launch_kind(const std::string& kind, LaunchRebuildFn fn) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry()[kind] = std::move(fn);
+}
+
+}  // namespace kiln

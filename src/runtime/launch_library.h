@@ -1,0 +1,81 @@
+// The runtime's kernel library: launches made from plain data. The CPU compiler makes its loop
+// and oneDNN launches here, and a package's loader rebuilds them here from their records, so a
+// loaded package runs the same code over the same state as the compiled Executable did. See
+// Note [Launch records] in launch_library.cc.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/executable.h"
+
+namespace kiln::kernels {
+class OnednnNode;
+class OnednnLayouts;
+}  // namespace kiln::kernels
+
+namespace kiln {
+
+// A generated loop kernel: `fn(slots, threads)`, the extern "C" function `symbol` of the
+// kernels' shared object. `threads` (0 = all OpenMP threads, 1 = the calling thread) lives in
+// the launch's state: *threads may be changed (autotuning) and the record says the value then.
+struct LoopLaunch {
+  Executable::Launch launch;
+  int* threads = nullptr;
+};
+LoopLaunch make_loop_launch(void (*fn)(char* const*, int), const std::string& symbol,
+                            int threads);
+
+// A oneDNN node over the slot table: inputs (slot -1 for absent or constant inputs), output 0
+// and the scratch region. Each execution context gets its own instance of the node.
+Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode> node,
+                                      const std::string& desc_json,
+                                      const std::vector<MemRef>& inputs, MemRef output,
+                                      MemRef scratch);
+
+// Embedding rows: out[i, :] = table[idx[i], :] for `count` indices (int64 or int32; negative
+// ones wrap; one out of [-rows, rows) throws naming `node`). Byte copies, so bitwise what the
+// eager kernel computes. Lets models with embeddings (bert) be packaged.
+Executable::Launch make_gather_rows_launch(MemRef table, int64_t rows, int64_t row_bytes,
+                                           MemRef indices, bool int32_indices, int64_t count,
+                                           MemRef out, const std::string& node);
+
+// Concatenation along one dim, as byte copies (bitwise what the eager concat computes). A
+// contiguous part copies, for each of `outer` blocks, its `chunk_bytes` to the output block at
+// `dst_offset` (`out_chunk_bytes` per block). A strided part (a view: `sizes` non-empty) copies
+// element by element: element idx of the view, at src + (elem_offset + sum idx*strides) *
+// elem_bytes, goes to out (or the part's own dst) + dst_offset + sum idx*dst_strides *
+// elem_bytes. Split is the same launch with one strided part per output.
+struct ConcatPart {
+  MemRef src;
+  int64_t chunk_bytes = 0;
+  int64_t dst_offset = 0;
+  std::vector<int64_t> sizes, strides, dst_strides;  // strided parts only (elements)
+  int64_t elem_offset = 0, elem_bytes = 0;
+  MemRef dst;  // strided parts: a destination of its own (split's outputs); slot -1: `out`
+};
+Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t outer,
+                                      int64_t out_chunk_bytes, MemRef out);
+
+// What rebuilding a launch needs from the package being loaded.
+struct LaunchEnv {
+  std::function<void*(const std::string& symbol)> symbol;  // in the kernels' shared object; null if absent
+  std::function<Tensor(const std::string& name)> constant;  // weights by name
+  kernels::OnednnLayouts* onednn_layouts = nullptr;         // shared by the package's nodes
+  // Bytes available from the start of each slot's buffer (the arena, an input, a constant):
+  // every buffer a rebuilt launch reads or writes through the slot table is checked against it,
+  // so an edited manifest cannot make a launch reach outside its buffers. Null: not checked.
+  std::function<int64_t(int32_t slot)> slot_bytes;
+};
+
+// Rebuilds a launch from its record; `where` names it in errors ("launch 3 'k2_add'"). Throws
+// kiln::Error naming `where` for an unknown kind or malformed parameters.
+using LaunchRebuildFn =
+    std::function<Executable::Launch(const LaunchRecord&, LaunchEnv&, const std::string& where)>;
+Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
+                                  const std::string& where);
+// Registers a launch kind (the runtime registers "loop" and "onednn" itself).
+void register_launch_kind(const std::string& kind, LaunchRebuildFn fn);
+
+}  // namespace kiln

@@ -1,0 +1,627 @@
+// Deployment packages. See package.h and docs/package.md.
+//
+// Note [Package format]
+// A package is one file, little-endian throughout:
+//   header, 64 bytes:  magic "KILNPKG\0" | u32 format version | u32 section count |
+//                      u64 file size | SHA-256 of the section table (32 bytes) | u64 zero
+//   section table:     per section 80 bytes: name (32 bytes, NUL-padded) | u64 offset |
+//                      u64 size | SHA-256 of the section's bytes (32 bytes)
+//   sections:          each starting at a multiple of 64, zero padding between them.
+// Sections, in this order: "manifest" (JSON), "weights" (safetensors, runtime/safetensors.h),
+// and "kernels.cpu" (the loop kernels' shared object) when there are loop kernels. Everything is
+// checked before anything is used: the header, the file size (truncation), the table's hash,
+// each section's bounds, order and hash, and that padding is zero, so a flipped bit anywhere is
+// an error naming the part it hit. The manifest is then checked for meaning (slots, offsets and
+// sizes in range, dtypes known) and the CPU's features against the manifest's requirement,
+// which a hash cannot protect (a manifest can be edited and re-hashed).
+//
+// Determinism: every byte comes from the Executable and the graph (JSON objects with sorted
+// keys, weights in value order, the shared object from the kernel cache, which g++ builds
+// reproducibly); nothing records a time, a path or a host name. Compiling the same model twice
+// gives the same bytes (tests/e2e/package_test.cc checks it).
+//
+// load_package maps the file (MAP_PRIVATE, read-only) and verifies it in place; packages are
+// replaced by rename (write_package is atomic), never rewritten in place, so a mapped file does
+// not change under the loader. Only the weights (into tensors) and the kernels are copied.
+//
+// The kernels are loaded from a memfd (memfd_create + dlopen of /proc/self/fd/N), or from a
+// private temporary file unlinked right after dlopen where memfd is unavailable: nothing is
+// left on disk either way.
+#include "runtime/package.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "kernels/onednn_node.h"
+#include "runtime/launch_library.h"
+#include "runtime/safetensors.h"
+#include "support/files.h"
+#include "support/hash.h"
+#include "support/host_isa.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'K', 'G', '\0'};
+constexpr size_t kHeaderBytes = 64, kEntryBytes = 80, kNameBytes = 32, kAlign = 64;
+constexpr uint32_t kMaxSections = 16;
+const char* const kSectionOrder[] = {"manifest", "weights", "kernels.cpu"};
+
+void put_u32(std::string& s, size_t at, uint32_t v) { std::memcpy(&s[at], &v, 4); }
+void put_u64(std::string& s, size_t at, uint64_t v) { std::memcpy(&s[at], &v, 8); }
+uint32_t get_u32(std::string_view s, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, s.data() + at, 4);
+  return v;
+}
+uint64_t get_u64(std::string_view s, size_t at) {
+  uint64_t v;
+  std::memcpy(&v, s.data() + at, 8);
+  return v;
+}
+std::string sha256_raw(std::string_view data) {
+  std::string hex = sha256_hex(data), raw(32, '\0');
+  for (size_t i = 0; i < 32; ++i) raw[i] = char(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  return raw;
+}
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+[[noreturn]] void bad(const std::string& source, const std::string& what) {
+  fail_kind(ErrorKind::ParseError, "package '{}': {}", source, what);
+}
+
+json dims_json(const Dims& d) {
+  json a = json::array();
+  for (int64_t x : d) a.push_back(x);
+  return a;
+}
+
+}  // namespace
+
+// ---- container ----------------------------------------------------------------------------------
+std::string package_container(const std::vector<PackageSection>& sections) {
+  KILN_CHECK(!sections.empty() && sections.size() <= kMaxSections,
+             "package: {} sections (1..{})", sections.size(), kMaxSections);
+  size_t table_end = kHeaderBytes + kEntryBytes * sections.size();
+  std::vector<size_t> offsets;
+  size_t at = align_up(table_end);
+  for (const PackageSection& s : sections) {
+    KILN_CHECK(!s.name.empty() && s.name.size() < kNameBytes, "package: bad section name '{}'",
+               s.name);
+    offsets.push_back(at);
+    at = align_up(at + s.bytes.size());
+  }
+  size_t file_size = offsets.back() + sections.back().bytes.size();
+  std::string out(file_size, '\0');
+  std::memcpy(&out[0], kMagic, 8);
+  put_u32(out, 8, kPackageFormatVersion);
+  put_u32(out, 12, uint32_t(sections.size()));
+  put_u64(out, 16, file_size);
+  for (size_t i = 0; i < sections.size(); ++i) {
+    size_t e = kHeaderBytes + kEntryBytes * i;
+    std::memcpy(&out[e], sections[i].name.data(), sections[i].name.size());
+    put_u64(out, e + 32, offsets[i]);
+    put_u64(out, e + 40, sections[i].bytes.size());
+    std::string h = sha256_raw(sections[i].bytes);
+    std::memcpy(&out[e + 48], h.data(), 32);
+    std::memcpy(&out[offsets[i]], sections[i].bytes.data(), sections[i].bytes.size());
+  }
+  std::string th = sha256_raw(std::string_view(out).substr(kHeaderBytes, table_end - kHeaderBytes));
+  std::memcpy(&out[24], th.data(), 32);
+  return out;
+}
+
+namespace {
+struct SectionView {
+  std::string name;
+  std::string_view bytes;
+};
+std::vector<SectionView> parse_sections(std::string_view b, const std::string& source);
+}  // namespace
+
+std::vector<PackageSection> parse_package_container(std::string_view b, const std::string& source) {
+  std::vector<PackageSection> out;
+  for (const SectionView& v : parse_sections(b, source)) out.push_back({v.name, std::string(v.bytes)});
+  return out;
+}
+
+namespace {
+// The container's checks (Note [Package format]); the sections as views of `b`.
+std::vector<SectionView> parse_sections(std::string_view b, const std::string& source) {
+  if (b.size() < kHeaderBytes)
+    bad(source, fmt::format("header: truncated ({} bytes; a package starts with a {}-byte header)",
+                            b.size(), kHeaderBytes));
+  if (std::memcmp(b.data(), kMagic, 8) != 0) bad(source, "header: not a Kiln package (bad magic)");
+  uint32_t version = get_u32(b, 8);
+  if (version != kPackageFormatVersion)
+    bad(source, fmt::format("header: format version {}; this runtime reads version {} (rebuild "
+                            "the package with this Kiln's `kiln compile`)",
+                            version, kPackageFormatVersion));
+  uint64_t file_size = get_u64(b, 16);
+  if (file_size != b.size())
+    bad(source, fmt::format("header: the package is {} bytes, its header says {} (truncated or "
+                            "extended)", b.size(), file_size));
+  if (get_u64(b, 56) != 0) bad(source, "header: reserved bytes are not zero");
+  uint32_t n = get_u32(b, 12);
+  if (n == 0 || n > kMaxSections)
+    bad(source, fmt::format("header: {} sections (1..{})", n, kMaxSections));
+  size_t table_end = kHeaderBytes + kEntryBytes * n;
+  if (table_end > b.size()) bad(source, "section table: truncated");
+  if (sha256_raw(b.substr(kHeaderBytes, table_end - kHeaderBytes)) != b.substr(24, 32))
+    bad(source, "section table: SHA-256 mismatch (the table is corrupt)");
+  std::vector<SectionView> out;
+  size_t prev_end = table_end;
+  for (uint32_t i = 0; i < n; ++i) {
+    size_t e = kHeaderBytes + kEntryBytes * i;
+    std::string_view raw_name = b.substr(e, kNameBytes);
+    size_t len = raw_name.find('\0');
+    if (len == std::string_view::npos || len == 0) bad(source, fmt::format("section {}: bad name", i));
+    for (size_t k = len; k < kNameBytes; ++k)
+      if (raw_name[k] != '\0') bad(source, fmt::format("section {}: bad name padding", i));
+    std::string name(raw_name.substr(0, len));
+    uint64_t off = get_u64(b, e + 32), size = get_u64(b, e + 40);
+    if (off % kAlign != 0 || off < prev_end || off > b.size() || size > b.size() - off)
+      bad(source, fmt::format("section '{}': offset {} size {} out of range or out of order",
+                              name, off, size));
+    for (size_t k = prev_end; k < off; ++k)
+      if (b[k] != '\0') bad(source, fmt::format("padding before section '{}' is not zero", name));
+    std::string_view bytes = b.substr(off, size);
+    if (sha256_raw(bytes) != b.substr(e + 48, 32))
+      bad(source, fmt::format("section '{}': SHA-256 mismatch (the section is corrupt)", name));
+    out.push_back({name, bytes});
+    prev_end = off + size;
+  }
+  if (prev_end != b.size()) bad(source, "bytes after the last section");
+  // The sections, in the format's order, each once.
+  size_t next = 0;
+  for (const SectionView& s : out) {
+    size_t k = 0;
+    while (k < std::size(kSectionOrder) && s.name != kSectionOrder[k]) ++k;
+    if (k == std::size(kSectionOrder))
+      bad(source, fmt::format("section '{}': unknown to format version {}", s.name, version));
+    if (k < next)
+      bad(source, fmt::format("section '{}': out of order (the format's order is manifest, "
+                              "weights, kernels.cpu)", s.name));
+    next = k + 1;
+  }
+  if (out.size() < 2 || out[0].name != "manifest" || out[1].name != "weights")
+    bad(source, "sections 'manifest' and 'weights' are required");
+  return out;
+}
+}  // namespace
+
+// ---- writing --------------------------------------------------------------------------------------
+std::string package_bytes(const Executable& exe, const PackageInfo& info) {
+  KILN_CHECK(exe.device().is_cpu(), "package: only CPU executables can be packaged so far (this "
+             "one is for {})", exe.device().str());
+  json m;
+  m["format_version"] = kPackageFormatVersion;
+  m["kiln_version"] = KILN_VERSION;
+  m["model"] = info.model;
+  m["mode"] = info.mode;
+  m["batch"] = info.batch;
+  m["knobs"] = info.knobs;
+  m["autotune"] = info.autotune;
+  m["target"] = {{"device", "cpu"}, {"isa", host_isa()}, {"threads", kernels::cpu_threads()}};
+  m["arena_bytes"] = exe.arena_bytes();
+  m["num_slots"] = exe.num_slots();
+  json ins = json::array(), outs = json::array(), consts = json::array(), launches = json::array();
+  for (const Executable::InputSpec& in : exe.inputs)
+    ins.push_back({{"name", in.name}, {"dtype", dtype_name(in.dtype)},
+                   {"shape", dims_json(in.sizes)}, {"slot", in.slot}});
+  for (const Executable::OutputSpec& o : exe.outputs)
+    outs.push_back({{"name", o.name}, {"dtype", dtype_name(o.dtype)}, {"shape", dims_json(o.sizes)},
+                    {"slot", o.slot}, {"byte_offset", o.byte_offset},
+                    {"strides", dims_json(o.strides)}, {"view_offset", o.view_offset},
+                    {"base_shape", dims_json(o.base_sizes)}});
+  NamedTensors weights;
+  std::set<std::string> names;
+  for (const Executable::ConstantSpec& c : exe.constants) {
+    if (!names.insert(c.name).second)
+      fail_kind(ErrorKind::NotSupported, "package: two constants are named '{}'; a package names "
+                "its weights uniquely", c.name);
+    consts.push_back({{"name", c.name}, {"slot", c.slot}, {"dtype", dtype_name(c.data.dtype())},
+                      {"shape", dims_json(c.data.sizes())}});
+    weights.emplace_back(c.name, c.data);
+  }
+  for (size_t i = 0; i < exe.launches.size(); ++i) {
+    const Executable::Launch& l = exe.launches[i];
+    if (!l.record)
+      fail_kind(ErrorKind::NotSupported,
+                "package: launch {} ('{}', {} kernel of {}) cannot be written into a package: "
+                "it runs an eager kernel bound in this process, which the runtime cannot rebuild. "
+                "Compile so that it becomes a generated or library kernel (a supported dtype or "
+                "op), or run the model with kiln::compile instead of a package",
+                i, l.name, l.kind, l.nodes);
+    LaunchRecord r = l.record();
+    launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
+                        {"params", json::parse(r.params)}});
+  }
+  m["inputs"] = ins;
+  m["outputs"] = outs;
+  m["constants"] = consts;
+  m["launches"] = launches;
+  std::string kernels;
+  if (!exe.kernel_library_path.empty()) {
+    if (!read_whole_file(exe.kernel_library_path, &kernels))
+      fail_kind(ErrorKind::Runtime, "package: cannot read the kernels' shared object '{}'",
+                exe.kernel_library_path);
+  }
+  m["kernels"] = kernels.empty() ? json(nullptr) : json("kernels.cpu");
+  std::vector<uint8_t> w = safetensors_bytes(weights);
+  std::vector<PackageSection> sections = {
+      {"manifest", m.dump(1)}, {"weights", std::string(w.begin(), w.end())}};
+  if (!kernels.empty()) sections.push_back({"kernels.cpu", std::move(kernels)});
+  return package_container(sections);
+}
+
+void write_package(const Executable& exe, const PackageInfo& info, const std::string& path) {
+  std::string bytes = package_bytes(exe, info);
+  AtomicFile f(path, "write_package");
+  f.write(bytes);
+  f.commit();
+}
+
+// ---- loading ----------------------------------------------------------------------------------
+namespace {
+
+// The kernels' shared object, loaded from memory; dlclose when the last launch is gone.
+struct KernelLibrary {
+  void* handle = nullptr;
+  ~KernelLibrary() {
+    if (handle) dlclose(handle);
+  }
+};
+
+std::shared_ptr<KernelLibrary> load_kernels(std::string_view bytes, const std::string& source) {
+  auto lib = std::make_shared<KernelLibrary>();
+  int fd = memfd_create("kiln-kernels", MFD_CLOEXEC);
+  std::string path, tmp;
+  if (fd >= 0) {
+    path = fmt::format("/proc/self/fd/{}", fd);
+  } else {
+    const char* dir = std::getenv("TMPDIR");
+    tmp = fmt::format("{}/kiln-kernels-XXXXXX", dir && *dir ? dir : "/tmp");
+    fd = mkostemp(tmp.data(), O_CLOEXEC);
+    if (fd < 0)
+      fail_kind(ErrorKind::Runtime, "package '{}': cannot create a memfd or a temporary file for "
+                "the kernels: {}", source, errno_text(errno));
+    path = tmp;
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int err = errno;
+      ::close(fd);
+      if (!tmp.empty()) ::unlink(tmp.c_str());
+      fail_kind(ErrorKind::Runtime, "package '{}': writing the kernels failed: {}", source,
+                errno_text(err));
+    }
+    done += size_t(w);
+  }
+  lib->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  const char* err = lib->handle ? nullptr : dlerror();
+  ::close(fd);
+  if (!tmp.empty()) ::unlink(tmp.c_str());
+  if (!lib->handle)
+    fail_kind(ErrorKind::Runtime, "package '{}': section 'kernels.cpu': the shared object does not "
+              "load: {}", source, err ? err : "dlopen failed");
+  return lib;
+}
+
+DType dtype_of(const json& j, const std::string& where) {
+  DType d;
+  if (!parse_dtype(j.get<std::string>(), &d)) throw std::out_of_range(where + ": unknown dtype");
+  return d;
+}
+
+Dims dims_of(const json& j) {
+  Dims d;
+  auto v = j.get<std::vector<int64_t>>();
+  if (v.size() > 8) throw std::out_of_range("rank above 8");
+  for (int64_t x : v) {
+    if (x < 0 || x > (int64_t(1) << 40)) throw std::out_of_range("dimension out of range");
+    d.push_back(x);
+  }
+  return d;
+}
+
+int64_t nbytes_of(const Dims& d, DType t) {
+  int64_t n = dtype_size(t);
+  for (int64_t x : d) {
+    if (x != 0 && n > (int64_t(1) << 50) / x) throw std::out_of_range("size overflows");
+    n *= x;
+  }
+  return n;
+}
+
+}  // namespace
+
+LoadedPackage load_package_bytes(std::string_view bytes, const std::string& source) {
+  std::vector<SectionView> sections = parse_sections(bytes, source);
+  LoadedPackage out;
+  out.file_bytes = int64_t(bytes.size());
+  out.manifest = std::string(sections[0].bytes);
+  std::string_view weights_bytes = sections[1].bytes;
+  out.weights_bytes = int64_t(weights_bytes.size());
+  const std::string_view* kernels = sections.size() > 2 ? &sections[2].bytes : nullptr;
+  out.kernels_bytes = kernels ? int64_t(kernels->size()) : 0;
+
+  json m;
+  std::string where = "manifest";
+  try {
+    m = json::parse(out.manifest);
+    if (m.at("format_version").get<uint32_t>() != kPackageFormatVersion)
+      throw std::out_of_range("format_version differs from the header's");
+    out.kiln_version = m.at("kiln_version").get<std::string>();
+    out.model = m.at("model").get<std::string>();
+    out.mode = m.at("mode").get<std::string>();
+    const json& t = m.at("target");
+    if (t.at("device").get<std::string>() != "cpu")
+      throw std::out_of_range("target.device: this runtime loads cpu packages");
+    out.isa = t.at("isa").get<std::string>();
+    out.threads = t.at("threads").get<int>();
+    if (kernels && m.at("kernels") != "kernels.cpu")
+      throw std::out_of_range("kernels: a kernels.cpu section is present but not named");
+    if (!kernels && !m.at("kernels").is_null())
+      throw std::out_of_range("kernels: names a kernels.cpu section the package lacks");
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    bad(source, fmt::format("section 'manifest': {}", e.what()));
+  }
+
+  // The CPU check: the kernels were compiled with -march=native on a machine with these features.
+  std::vector<std::string> missing = missing_isa_features(out.isa, host_isa());
+  if (!missing.empty()) {
+    std::string list;
+    for (const std::string& f : missing) list += (list.empty() ? "" : ", ") + f;
+    fail_kind(ErrorKind::NotSupported,
+              "package '{}': built for a CPU with features this CPU lacks ({}); its kernels would "
+              "fault here. Rebuild the package on this machine (or one like it) with `kiln "
+              "compile {} -o {}`. Required: {}; this CPU: {}",
+              source, list, out.model.empty() ? "MODEL" : out.model, source, out.isa, host_isa());
+  }
+
+  auto exe = std::make_shared<Executable>();
+  std::map<std::string, Tensor> weights;
+  try {
+    SafetensorsContents w = parse_safetensors(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(weights_bytes.data()),
+                                 weights_bytes.size()),
+        source + ": section 'weights'");
+    for (auto& [name, t] : w.tensors) weights.emplace(name, t);
+  } catch (const Error& e) {
+    bad(source, fmt::format("section 'weights': {}", e.what()));
+  }
+  std::shared_ptr<KernelLibrary> lib;
+  try {
+    int64_t arena = m.at("arena_bytes").get<int64_t>();
+    int num_slots = m.at("num_slots").get<int>();
+    if (arena < 0 || arena > (int64_t(1) << 44) || num_slots < 1 || num_slots > (1 << 20))
+      throw std::out_of_range("arena_bytes or num_slots out of range");
+    exe->init(arena, num_slots, Device::cpu());
+    std::vector<bool> slot_used(size_t(num_slots), false);
+    auto check_slot = [&](int64_t slot, const std::string& what) {
+      if (slot < 0 || slot >= num_slots) throw std::out_of_range(what + ": slot out of range");
+    };
+    for (const json& c : m.at("constants")) {
+      where = "manifest: constant";
+      std::string name = c.at("name").get<std::string>();
+      where = "manifest: constant '" + name + "'";
+      auto it = weights.find(name);
+      if (it == weights.end()) throw std::out_of_range("absent from the weights section");
+      DType dt = dtype_of(c.at("dtype"), where);
+      Dims shape = dims_of(c.at("shape"));
+      if (it->second.dtype() != dt || it->second.sizes() != shape)
+        throw std::out_of_range("the weights section holds a tensor of another dtype or shape");
+      int slot = c.at("slot").get<int>();
+      if (slot != -1) {
+        check_slot(slot, where);
+        if (slot == 0 || slot_used[size_t(slot)]) throw std::out_of_range("slot taken");
+        slot_used[size_t(slot)] = true;
+        exe->set_slot(slot, static_cast<char*>(it->second.raw_data()));
+      }
+      exe->constants.push_back({name, slot, it->second});
+      exe->keep_alive.push_back(std::make_shared<Tensor>(it->second));
+    }
+    for (const json& j : m.at("inputs")) {
+      Executable::InputSpec in;
+      in.name = j.at("name").get<std::string>();
+      where = "manifest: input '" + in.name + "'";
+      in.dtype = dtype_of(j.at("dtype"), where);
+      in.sizes = dims_of(j.at("shape"));
+      in.slot = j.at("slot").get<int32_t>();
+      check_slot(in.slot, where);
+      if (in.slot == 0 || slot_used[size_t(in.slot)]) throw std::out_of_range("slot taken");
+      slot_used[size_t(in.slot)] = true;
+      exe->inputs.push_back(std::move(in));
+    }
+    for (const json& j : m.at("outputs")) {
+      Executable::OutputSpec o;
+      o.name = j.at("name").get<std::string>();
+      where = "manifest: output '" + o.name + "'";
+      o.dtype = dtype_of(j.at("dtype"), where);
+      o.sizes = dims_of(j.at("shape"));
+      o.slot = j.at("slot").get<int32_t>();
+      check_slot(o.slot, where);
+      o.byte_offset = j.at("byte_offset").get<int64_t>();
+      o.strides = dims_of(j.at("strides"));
+      o.view_offset = j.at("view_offset").get<int64_t>();
+      o.base_sizes = dims_of(j.at("base_shape"));
+      if (!o.strides.empty() && o.strides.size() != o.sizes.size())
+        throw std::out_of_range("strides and shape differ in rank");
+      // The bytes it reads must lie inside the arena (other slots are checked by their owners).
+      int64_t span = nbytes_of(o.strides.empty() ? o.sizes : o.base_sizes, o.dtype);
+      if (o.slot == 0 && (o.byte_offset < 0 || o.byte_offset > arena - span))
+        throw std::out_of_range("reads past the arena");
+      if (!o.strides.empty()) {
+        int64_t last = o.view_offset, base = nbytes_of(o.base_sizes, o.dtype) / dtype_size(o.dtype);
+        for (size_t d = 0; d < o.sizes.size(); ++d)
+          if (o.sizes[d] > 0) last += (o.sizes[d] - 1) * o.strides[d];
+        if (o.view_offset < 0 || last >= std::max<int64_t>(base, 1))
+          throw std::out_of_range("the view reads past its base");
+      }
+      exe->outputs.push_back(std::move(o));
+    }
+    where = "manifest: launches";
+    if (kernels) lib = load_kernels(*kernels, source);
+    if (lib) exe->keep_alive.push_back(lib);
+    kernels::OnednnLayouts layouts;
+    LaunchEnv env;
+    if (lib)
+      env.symbol = [&lib](const std::string& name) -> void* {
+        return dlsym(lib->handle, name.c_str());
+      };
+    env.constant = [&weights](const std::string& name) -> Tensor {
+      auto it = weights.find(name);
+      if (it == weights.end())
+        fail_kind(ErrorKind::ParseError, "no weight '{}' in section 'weights'", name);
+      return it->second;
+    };
+    env.onednn_layouts = &layouts;
+    std::vector<int64_t> slot_bytes(size_t(num_slots), 0);
+    slot_bytes[0] = arena;
+    for (const Executable::InputSpec& in : exe->inputs)
+      slot_bytes[size_t(in.slot)] = nbytes_of(in.sizes, in.dtype);
+    for (const Executable::ConstantSpec& c : exe->constants)
+      if (c.slot > 0) slot_bytes[size_t(c.slot)] = c.data.nbytes();
+    env.slot_bytes = [&slot_bytes](int32_t slot) -> int64_t {
+      return slot >= 0 && size_t(slot) < slot_bytes.size() ? slot_bytes[size_t(slot)] : 0;
+    };
+    size_t i = 0;
+    for (const json& j : m.at("launches")) {
+      std::string name = j.at("name").get<std::string>();
+      std::string lw = fmt::format("package '{}': section 'manifest': launch {} ('{}')", source, i, name);
+      LaunchRecord r{j.at("kind").get<std::string>(), j.at("params").dump()};
+      if (r.kind == "onednn") {  // its buffers must lie in the slot table and the arena
+        const json& p = j.at("params");
+        std::vector<json> refs(p.at("inputs").begin(), p.at("inputs").end());
+        refs.push_back(p.at("output"));
+        refs.push_back(p.at("scratch"));
+        for (const json& ref : refs) {
+          auto v = ref.get<std::vector<int64_t>>();
+          if (v.size() != 2 || v[0] < -1 || v[0] >= num_slots || v[1] < 0 ||
+              (v[0] == 0 && v[1] > arena))
+            throw std::out_of_range(lw + ": a buffer reference is out of range");
+        }
+      }
+      Executable::Launch l = rebuild_launch(r, env, lw);
+      l.name = name;
+      l.nodes = j.at("nodes").get<std::string>();
+      exe->launches.push_back(std::move(l));
+      ++i;
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    bad(source, fmt::format("section 'manifest': {}: {}", where, e.what()));
+  }
+  exe->prepare();
+  out.exe = std::move(exe);
+  return out;
+}
+
+// The file is mapped read-only rather than read: the loader hashes and parses it in place and
+// copies only the weights (into tensors) and the kernels (into their memfd).
+LoadedPackage load_package(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    fail_kind(ErrorKind::InvalidArgument, "package '{}': cannot read the file: {}", path,
+              errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int err = errno;
+    ::close(fd);
+    fail_kind(ErrorKind::InvalidArgument, "package '{}': not a regular file ({})", path,
+              errno_text(err));
+  }
+  size_t size = size_t(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    return load_package_bytes(std::string_view(), path);
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED)
+    fail_kind(ErrorKind::Runtime, "package '{}': cannot map the file: {}", path, errno_text(errno));
+  struct Unmap {
+    void* p;
+    size_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } unmap{map, size};
+  return load_package_bytes(std::string_view(static_cast<const char*>(map), size), path);
+}
+
+std::string explain_package(const std::string& path) {
+  std::string bytes;
+  if (!read_whole_file(path, &bytes))
+    fail_kind(ErrorKind::InvalidArgument, "package '{}': cannot read the file: {}", path,
+              errno_text(errno));
+  std::vector<PackageSection> sections = parse_package_container(bytes, path);
+  json m;
+  try {
+    m = json::parse(sections[0].bytes);
+  } catch (const std::exception& e) {
+    bad(path, fmt::format("section 'manifest': {}", e.what()));
+  }
+  std::string s = fmt::format("package {} ({} bytes, format version {})\n", path, bytes.size(),
+                              kPackageFormatVersion);
+  for (const PackageSection& sec : sections)
+    s += fmt::format("  section {:<12} {:>12} bytes  sha256 {}\n", sec.name, sec.bytes.size(),
+                     sha256_hex(sec.bytes).substr(0, 16));
+  auto str = [&](const char* k) { return m.contains(k) ? m[k].dump() : std::string("?"); };
+  s += fmt::format("model {}  mode {}  batch {}  kiln {}\n", str("model"), str("mode"),
+                   str("batch"), str("kiln_version"));
+  s += fmt::format("target {}\n", m.contains("target") ? m["target"].dump() : "?");
+  s += fmt::format("knobs {}\n", str("knobs"));
+  if (m.contains("autotune") && !m["autotune"].get<std::string>().empty())
+    s += fmt::format("autotune {}\n", str("autotune"));
+  s += fmt::format("arena {} bytes, {} slots\n", str("arena_bytes"), str("num_slots"));
+  for (const char* side : {"inputs", "outputs"})
+    if (m.contains(side))
+      for (const json& j : m[side])
+        s += fmt::format("{} {} {} {}\n", side, j.value("name", "?"), j.value("dtype", "?"),
+                         j.contains("shape") ? j["shape"].dump() : "?");
+  int64_t weight_bytes = 0, nconst = 0;
+  if (m.contains("constants"))
+    for (const json& c : m["constants"]) {
+      ++nconst;
+      (void)c;
+    }
+  weight_bytes = int64_t(sections[1].bytes.size());
+  s += fmt::format("weights: {} tensors, {} bytes\n", nconst, weight_bytes);
+  if (m.contains("launches")) {
+    s += fmt::format("launches ({}):\n", m["launches"].size());
+    size_t i = 0;
+    for (const json& l : m["launches"]) {
+      std::string detail;
+      if (l.value("kind", "") == "onednn" && l.contains("params"))
+        detail = l["params"].value("expect", "");
+      else if (l.contains("params"))
+        detail = l["params"].dump();
+      s += fmt::format("  {:>3} {:<7} {:<28} {}  [{}]\n", i++, l.value("kind", "?"),
+                       l.value("name", "?"), detail, l.value("nodes", ""));
+    }
+  }
+  return s;
+}
+
+}  // namespace kiln

@@ -1,0 +1,67 @@
+// Deployment packages (.kiln): one file holding a compiled Executable — manifest, weights,
+// kernels — that the runtime loads and runs without the compiler. The format is docs/package.md
+// (Note [Package format] in package.cc).
+//
+//   write_package(exe, info, "model.kiln");              // compiler side (atomic)
+//   LoadedPackage p = load_package("model.kiln");         // runtime side
+//   p.exe->run(inputs, n_in, outputs, n_out);
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/executable.h"
+
+namespace kiln {
+
+inline constexpr uint32_t kPackageFormatVersion = 1;
+
+// ---- the container: header, section table, sections -------------------------------------------
+struct PackageSection {
+  std::string name;   // "manifest" | "weights" | "kernels.cpu"
+  std::string bytes;
+};
+// The file's bytes for these sections, in this order (hashes computed here).
+std::string package_container(const std::vector<PackageSection>& sections);
+// Verifies header, format version, section table, order and every section's SHA-256; throws
+// kiln::Error (ParseError) naming `source` and the section at fault.
+std::vector<PackageSection> parse_package_container(std::string_view bytes,
+                                                    const std::string& source);
+
+// ---- writing ------------------------------------------------------------------------------------
+// What the manifest records besides the Executable: where it came from and how it was built.
+struct PackageInfo {
+  std::string model;     // "resnet18", "model.onnx"
+  std::string mode = "default";
+  std::string knobs;     // the target's configuration ("conv=auto,gemv=generated")
+  std::string autotune;  // max-autotune's choices and timings ("" otherwise)
+  int64_t batch = 1;
+};
+// The package bytes of `exe` (a CPU Executable whose every launch has a record). Throws
+// kiln::Error naming the launch and its graph nodes when one cannot be serialized (an eager
+// kernel), so no package that would run differently is ever written.
+std::string package_bytes(const Executable& exe, const PackageInfo& info);
+// The same, written atomically to `path`.
+void write_package(const Executable& exe, const PackageInfo& info, const std::string& path);
+
+// ---- loading ------------------------------------------------------------------------------------
+struct LoadedPackage {
+  std::shared_ptr<Executable> exe;
+  std::string manifest;  // the manifest's JSON text
+  std::string model, mode, kiln_version, isa;
+  int threads = 0;       // the OpenMP thread count it was built with
+  int64_t file_bytes = 0, weights_bytes = 0, kernels_bytes = 0;
+};
+// Reads, verifies and loads a package: the format version, every section's hash, this CPU's
+// features against the package's requirement, then the kernels' shared object (from a memfd)
+// and every launch rebuilt. Throws kiln::Error naming the file and the section on bad input.
+LoadedPackage load_package(const std::string& path);
+LoadedPackage load_package_bytes(std::string_view bytes, const std::string& source);
+
+// What is inside, for `kiln explain model.kiln`: signature, target, launches, sizes. Verifies
+// the container but loads nothing.
+std::string explain_package(const std::string& path);
+
+}  // namespace kiln

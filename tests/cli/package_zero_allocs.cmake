@@ -1,0 +1,40 @@
+# package.zero_allocs_steady_state: `kiln compile mlp -o mlp.kiln`, then `kiln bench mlp.kiln`
+# (the runtime alone: load, run on caller-owned buffers): a steady-state call of the package
+# (generated loop kernels only) does no heap allocation (tools/alloc_counter.cc counts), the
+# bench JSON carries load_s. The count for resnet18 (oneDNN convolutions, whose execute()
+# allocates a few small objects inside oneDNN) is printed for the record. Counts, not timings.
+# Usage: cmake -DKILN=<path to kiln> -P package_zero_allocs.cmake
+string(RANDOM LENGTH 8 tag)
+set(dir "$ENV{TMPDIR}")
+if(NOT dir)
+  set(dir /tmp)
+endif()
+set(dir "${dir}/kiln-pkg-allocs-${tag}")
+file(MAKE_DIRECTORY "${dir}")
+foreach(model mlp resnet18)
+  execute_process(COMMAND ${KILN} compile ${model} -o ${dir}/${model}.kiln
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    file(REMOVE_RECURSE "${dir}")
+    message(FATAL_ERROR "kiln compile ${model} exited with ${rc}: ${err}")
+  endif()
+  execute_process(COMMAND ${KILN} bench ${dir}/${model}.kiln --iters 50 --json
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    file(REMOVE_RECURSE "${dir}")
+    message(FATAL_ERROR "kiln bench ${model}.kiln exited with ${rc}: ${err}")
+  endif()
+  string(JSON allocs GET "${out}" steady_state_allocs_per_call)
+  string(JSON backend GET "${out}" backend)
+  string(JSON load_s GET "${out}" load_s)
+  message("${model}.kiln (${backend}): ${allocs} heap allocations per call, load_s ${load_s}")
+  if(NOT backend STREQUAL "package" OR load_s STREQUAL "" OR load_s STREQUAL "null")
+    file(REMOVE_RECURSE "${dir}")
+    message(FATAL_ERROR "expected backend package with a load_s, got ${out}")
+  endif()
+  if(model STREQUAL "mlp" AND NOT allocs EQUAL 0)
+    file(REMOVE_RECURSE "${dir}")
+    message(FATAL_ERROR "the mlp package allocates ${allocs} times per call; expected 0")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${dir}")

@@ -1,0 +1,459 @@
+// Deployment packages (runtime/package.h, docs/package.md): zoo models compiled, packaged,
+// loaded and run give outputs bitwise equal to the in-process compiled run on fresh random
+// inputs; the same model packaged twice gives the same bytes; a package runs in a separate
+// process (the C example, linked against the runtime alone) with no compiler, no Python and no
+// cache directory; corrupt packages (truncated, bit-flipped, reordered, a manifest edited and
+// re-hashed to require a CPU feature this machine lacks) are refused with an error naming the
+// section; a graph with an eager launch is refused by the writer, naming the node; the C API
+// describes and runs a package from several threads at once.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "../support/compare.h"
+#include "compiler/compile.h"
+#include "compiler/package.h"
+#include "core/error.h"
+#include "ir/graph.h"
+#include "kiln/kiln_runtime.h"
+#include "nn/models/zoo.h"
+#include "nn/package.h"
+#include "runtime/package.h"
+#include "support/hash.h"
+#include "support/host_isa.h"
+
+using namespace kiln;
+
+namespace {
+
+std::string temp_dir() {
+  const char* t = std::getenv("TMPDIR");
+  std::string tmpl = std::string(t && *t ? t : "/tmp") + "/kiln-package-test-XXXXXX";
+  char* d = mkdtemp(tmpl.data());
+  EXPECT_NE(d, nullptr);
+  return tmpl;
+}
+
+struct TempDir {
+  std::string path = temp_dir();
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+TensorList fresh_inputs(const TensorList& like, uint64_t seed) {
+  Generator g(seed);
+  TensorList out;
+  for (const Tensor& t : like)
+    out.push_back(is_floating(t.dtype()) ? Tensor::randn(t.sizes(), g, t.dtype())
+                                         : Tensor::randint(t.sizes(), g, 0, 10, t.dtype()));
+  return out;
+}
+
+// Bitwise: every byte equal (compare.h reports the worst element when not).
+void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  test::Tolerance exact = test::Tolerance::exact();
+  exact.signed_zeros = true;
+  EXPECT_TRUE(test::close(got, want, exact)) << what;
+  Tensor g = got.contiguous(), w = want.contiguous();
+  EXPECT_EQ(std::memcmp(g.raw_data(), w.raw_data(), size_t(g.nbytes())), 0) << what;
+}
+
+double max_abs_value(const Tensor& t) { return test::max_abs(t); }
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The error message of loading `bytes`, or "" when it loads.
+std::string load_error(std::string_view bytes) {
+  try {
+    load_package_bytes(bytes, "corrupt.kiln");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// One compiled zoo model and its package, shared by the tests of that model.
+struct Packaged {
+  nn::ZooModel model;
+  std::shared_ptr<compiler::CompiledExecutable> compiled;
+  std::string path;
+};
+
+Packaged package_zoo(const std::string& name, const std::string& dir) {
+  Packaged p{nn::make_zoo_model(name, 1, 7), nullptr, dir + "/" + name + ".kiln"};
+  p.compiled = nn::export_package(p.model.module, p.model.inputs, {}, name, p.path);
+  return p;
+}
+
+}  // namespace
+
+// ---- every zoo model that is one graph: package == in-process compiled, bitwise --------------
+class PackageZoo : public testing::TestWithParam<std::string> {};
+
+TEST_P(PackageZoo, LoadedPackageMatchesCompiledRunBitwise) {
+  TempDir dir;
+  Packaged p = package_zoo(GetParam(), dir.path);
+  LoadedPackage loaded = load_package(p.path);
+  ASSERT_EQ(loaded.exe->inputs.size(), p.model.inputs.size());
+  for (uint64_t seed : {101u, 202u}) {
+    // Fresh inputs the model means (token ids in range, masks of 0/1), new for each seed.
+    TensorList in = nn::zoo_example_inputs(GetParam(), 1, seed);
+    bool fresh = false;
+    for (size_t i = 0; i < in.size(); ++i) {
+      ASSERT_GT(max_abs_value(in[i]), 0.0);
+      fresh = fresh || !test::close(in[i], p.model.inputs[i], test::Tolerance::exact());
+    }
+    ASSERT_TRUE(fresh) << "the inputs of seed " << seed << " are the example inputs";
+    TensorList want = p.compiled->run(in);
+    TensorList got = loaded.exe->run(in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_GT(max_abs_value(want[i]), 0.0) << "an all-zero output proves nothing";
+      expect_bitwise(got[i], want[i], GetParam() + " output " + std::to_string(i) + " seed " +
+                                          std::to_string(seed));
+    }
+  }
+  std::printf("%s: package %lld bytes (weights %lld, kernels %lld)\n", GetParam().c_str(),
+              (long long)loaded.file_bytes, (long long)loaded.weights_bytes,
+              (long long)loaded.kernels_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, PackageZoo,
+                         testing::Values("mlp", "vfe", "resnet18", "resnet50", "vit_b_16",
+                                         "bert_base"),
+                         [](const testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// branchy's host code branches on a computed value: two graphs and a guard, which one package
+// cannot hold. The compile says so rather than packaging half of the model.
+TEST(Package, GraphBreakIsRefused) {
+  TempDir dir;
+  nn::ZooModel m = nn::make_zoo_model("branchy", 1, 7);
+  std::string path = dir.path + "/branchy.kiln";
+  try {
+    nn::export_package(m.module, m.inputs, {}, "branchy", path);
+    FAIL() << "packaging branchy should fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("graph"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// ---- determinism ----------------------------------------------------------------------------------
+TEST(Package, SameModelTwiceGivesIdenticalBytes) {
+  TempDir dir;
+  for (const char* name : {"mlp", "resnet18"}) {
+    Packaged a = package_zoo(name, dir.path);
+    std::string first = read_bytes(a.path);
+    Packaged b = package_zoo(name, dir.path);
+    std::string second = read_bytes(b.path);
+    ASSERT_FALSE(first.empty());
+    EXPECT_EQ(first.size(), second.size()) << name;
+    EXPECT_TRUE(first == second) << name << ": two packages of the same model differ";
+  }
+}
+
+// ---- a separate process: the C example, runtime only, bare environment ------------------------
+TEST(Package, RunsInSeparateProcessWithoutCompilerOrCache) {
+  TempDir dir;
+  Packaged p = package_zoo("resnet18", dir.path);
+  TensorList in = fresh_inputs(p.model.inputs, 303);
+  TensorList want = p.compiled->run(in);
+  std::vector<std::string> args = {KILN_C_RUN, p.path};
+  for (size_t i = 0; i < in.size(); ++i) {
+    std::string f = dir.path + "/in" + std::to_string(i) + ".bin";
+    std::ofstream(f, std::ios::binary)
+        .write(static_cast<const char*>(in[i].raw_data()), std::streamsize(in[i].nbytes()));
+    args.push_back("-i");
+    args.push_back(f);
+  }
+  args.push_back("-o");
+  args.push_back(dir.path + "/out");
+  // No compiler, no Python on PATH; HOME an empty directory (no ~/.cache/kiln); no
+  // KILN_CACHE_DIR; the thread count the package was built with.
+  std::string home = dir.path + "/home";
+  std::filesystem::create_directories(home);
+  std::vector<std::string> env = {"PATH=" + dir.path + "/nothing", "HOME=" + home,
+                                  "OMP_NUM_THREADS=" + std::to_string(load_package(p.path).threads)};
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::vector<char*> av, ev;
+    for (std::string& a : args) av.push_back(a.data());
+    av.push_back(nullptr);
+    for (std::string& e : env) ev.push_back(e.data());
+    ev.push_back(nullptr);
+    execve(av[0], av.data(), ev.data());
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "kiln_c_run failed: " << status;
+  for (size_t i = 0; i < want.size(); ++i) {
+    std::string bytes = read_bytes(dir.path + "/out" + std::to_string(i) + ".bin");
+    ASSERT_EQ(int64_t(bytes.size()), want[i].nbytes());
+    Tensor got = Tensor::empty(want[i].sizes(), want[i].dtype());
+    std::memcpy(got.raw_data(), bytes.data(), bytes.size());
+    expect_bitwise(got, want[i], "resnet18 output " + std::to_string(i) + " from kiln_c_run");
+  }
+}
+
+// ---- the C API from several threads ----------------------------------------------------------
+TEST(Package, CApiDescribesAndRunsFromSeveralThreads) {
+  TempDir dir;
+  Packaged p = package_zoo("vfe", dir.path);
+  kiln_model* m = kiln_model_open(p.path.c_str());
+  ASSERT_NE(m, nullptr) << kiln_last_error();
+  ASSERT_EQ(kiln_model_num_inputs(m), int(p.model.inputs.size()));
+  kiln_tensor_info info;
+  ASSERT_EQ(kiln_model_input(m, 0, &info), 0);
+  EXPECT_EQ(int64_t(info.bytes), p.model.inputs[0].nbytes());
+  EXPECT_EQ(kiln_model_input(m, 99, &info), -1);
+  EXPECT_NE(std::string(kiln_last_error()).find("out of range"), std::string::npos);
+  constexpr int kThreads = 4;
+  std::vector<TensorList> ins, wants;
+  for (int t = 0; t < kThreads; ++t) {
+    ins.push_back(fresh_inputs(p.model.inputs, 400 + uint64_t(t)));
+    wants.push_back(p.compiled->run(ins.back()));
+  }
+  std::vector<TensorList> gots(kThreads);
+  std::vector<int> rcs(kThreads, -1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      TensorList& got = gots[size_t(t)];
+      for (const Tensor& w : wants[size_t(t)]) got.push_back(Tensor::empty(w.sizes(), w.dtype()));
+      std::vector<const void*> in;
+      std::vector<void*> out;
+      for (const Tensor& x : ins[size_t(t)]) in.push_back(x.raw_data());
+      for (Tensor& y : got) out.push_back(y.raw_data());
+      int rc = 0;
+      for (int rep = 0; rep < 20 && rc == 0; ++rep)
+        rc = kiln_model_run(m, in.data(), in.size(), out.data(), out.size());
+      rcs[size_t(t)] = rc;
+    });
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(rcs[size_t(t)], 0);
+    for (size_t i = 0; i < wants[size_t(t)].size(); ++i)
+      expect_bitwise(gots[size_t(t)][i], wants[size_t(t)][i], "thread " + std::to_string(t));
+  }
+  EXPECT_EQ(kiln_model_run(m, nullptr, 0, nullptr, 0), -1);
+  EXPECT_NE(std::string(kiln_last_error()).find("inputs"), std::string::npos);
+  kiln_model_close(m);
+  EXPECT_EQ(kiln_model_open((dir.path + "/missing.kiln").c_str()), nullptr);
+  EXPECT_NE(std::string(kiln_last_error()).find("missing.kiln"), std::string::npos);
+}
+
+// ---- the corrupt-package corpus -----------------------------------------------------------------
+class PackageCorrupt : public testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir;
+    // resnet18: all three sections, oneDNN and loop launches.
+    Packaged p = package_zoo("resnet18", dir_->path);
+    bytes_ = new std::string(read_bytes(p.path));
+    sections_ = new std::vector<PackageSection>(parse_package_container(*bytes_, p.path));
+  }
+  static void TearDownTestSuite() {
+    delete sections_;
+    delete bytes_;
+    delete dir_;
+  }
+  // The byte range of each section in the file, from the section table.
+  static std::vector<std::pair<size_t, size_t>> ranges() {
+    std::vector<std::pair<size_t, size_t>> r;
+    uint32_t n;
+    std::memcpy(&n, bytes_->data() + 12, 4);
+    for (uint32_t i = 0; i < n; ++i) {
+      uint64_t off, size;
+      std::memcpy(&off, bytes_->data() + 64 + 80 * i + 32, 8);
+      std::memcpy(&size, bytes_->data() + 64 + 80 * i + 40, 8);
+      r.emplace_back(off, size);
+    }
+    return r;
+  }
+  static TempDir* dir_;
+  static std::string* bytes_;
+  static std::vector<PackageSection>* sections_;
+};
+TempDir* PackageCorrupt::dir_ = nullptr;
+std::string* PackageCorrupt::bytes_ = nullptr;
+std::vector<PackageSection>* PackageCorrupt::sections_ = nullptr;
+
+TEST_F(PackageCorrupt, IntactPackageLoads) {
+  ASSERT_EQ(sections_->size(), 3u);
+  EXPECT_EQ(load_error(*bytes_), "");
+}
+
+TEST_F(PackageCorrupt, TruncationAtManyOffsetsIsAnError) {
+  const std::string& b = *bytes_;
+  std::vector<size_t> cuts = {0, 1, 7, 8, 12, 63, 64, 65, 143, 144, 300, b.size() - 1};
+  for (auto [off, size] : ranges()) {
+    cuts.push_back(off);
+    cuts.push_back(off + size / 2);
+    cuts.push_back(off + size - 1);
+  }
+  for (size_t k = 1; k < 64; ++k) cuts.push_back(b.size() * k / 64);
+  for (size_t cut : cuts) {
+    if (cut >= b.size()) continue;
+    std::string err = load_error(std::string_view(b).substr(0, cut));
+    EXPECT_FALSE(err.empty()) << "truncated at " << cut << " loads";
+    EXPECT_TRUE(err.find("truncated") != std::string::npos || err.find("header") != std::string::npos)
+        << "truncated at " << cut << ": " << err;
+  }
+}
+
+TEST_F(PackageCorrupt, BitFlipsInEachSectionNameTheSection) {
+  std::vector<std::pair<size_t, size_t>> r = ranges();
+  for (size_t s = 0; s < sections_->size(); ++s) {
+    auto [off, size] = r[s];
+    const std::string& name = (*sections_)[s].name;
+    for (size_t at : {off, off + size / 3, off + size / 2, off + size - 1}) {
+      for (int bit : {0, 5}) {
+        std::string b = *bytes_;
+        b[at] = char(b[at] ^ (1 << bit));
+        std::string err = load_error(b);
+        EXPECT_NE(err.find("section '" + name + "'"), std::string::npos)
+            << "flip at " << at << " bit " << bit << ": " << err;
+        EXPECT_NE(err.find("SHA-256"), std::string::npos) << err;
+      }
+    }
+  }
+  // The header and the section table are protected too.
+  for (size_t at : {size_t(3), size_t(9), size_t(20), size_t(30), size_t(70), size_t(64 + 80 + 35)}) {
+    std::string b = *bytes_;
+    b[at] = char(b[at] ^ 1);
+    EXPECT_NE(load_error(b), "") << "flip at " << at;
+  }
+}
+
+TEST_F(PackageCorrupt, ReorderedSectionsAreRefused) {
+  // Sections written in another order (a valid table, valid hashes).
+  std::vector<PackageSection> swapped = *sections_;
+  std::swap(swapped[0], swapped[1]);
+  std::string err = load_error(package_container(swapped));
+  EXPECT_NE(err.find("out of order"), std::string::npos) << err;
+  EXPECT_NE(err.find("manifest"), std::string::npos) << err;
+  // The names of two table entries swapped (offsets and hashes kept) and the table re-hashed:
+  // each section still matches its hash, so only the order check can catch it.
+  std::string b = *bytes_;
+  for (size_t k = 0; k < 32; ++k) std::swap(b[64 + 80 * 1 + k], b[64 + 80 * 2 + k]);
+  std::string hex = sha256_hex(std::string_view(b).substr(64, 80 * 3));
+  for (size_t i = 0; i < 32; ++i) b[24 + i] = char(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  err = load_error(b);
+  EXPECT_NE(err.find("out of order"), std::string::npos) << err;
+  // Without the re-hash, the table's own hash catches it.
+  std::string c = *bytes_;
+  for (size_t k = 0; k < 32; ++k) std::swap(c[64 + 80 * 1 + k], c[64 + 80 * 2 + k]);
+  EXPECT_NE(load_error(c).find("section table"), std::string::npos);
+}
+
+TEST_F(PackageCorrupt, ManifestRequiringAMissingCpuFeatureIsRefusedByTheCheck) {
+  // Edit the manifest to require a feature this CPU lacks, and re-hash properly: only the ISA
+  // check can catch it.
+  std::string host = host_isa();
+  std::string lacking;
+  for (const char* f : {"amx-tile", "avx512fp16", "avx5124fmaps", "avx512er", "xop", "fma4"})
+    if (("+" + host + "+").find(std::string("+") + f + "+") == std::string::npos) {
+      lacking = f;
+      break;
+    }
+  ASSERT_FALSE(lacking.empty()) << "this CPU has every feature tried: " << host;
+  std::vector<PackageSection> edited = *sections_;
+  nlohmann::json m = nlohmann::json::parse(edited[0].bytes);
+  m["target"]["isa"] = m["target"]["isa"].get<std::string>() + "+" + lacking;
+  edited[0].bytes = m.dump(1);
+  std::string err = load_error(package_container(edited));
+  EXPECT_NE(err.find("lacks (" + lacking + ")"), std::string::npos) << err;
+  EXPECT_NE(err.find("kiln compile"), std::string::npos) << err;
+  // Another base architecture is refused the same way.
+  m["target"]["isa"] = "aarch64";
+  edited[0].bytes = m.dump(1);
+  EXPECT_NE(load_error(package_container(edited)).find("lacks (aarch64)"), std::string::npos);
+}
+
+TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
+  struct Edit {
+    const char* what;
+    std::function<void(nlohmann::json&)> apply;
+  };
+  std::vector<Edit> edits = {
+      {"not JSON", nullptr},
+      {"format version", [](nlohmann::json& m) { m["format_version"] = 2; }},
+      {"output past the arena",
+       [](nlohmann::json& m) { m["outputs"][0]["byte_offset"] = m["arena_bytes"].get<int64_t>(); }},
+      {"input slot out of range", [](nlohmann::json& m) { m["inputs"][0]["slot"] = 100000; }},
+      {"unknown dtype", [](nlohmann::json& m) { m["inputs"][0]["dtype"] = "float128"; }},
+      {"missing weight", [](nlohmann::json& m) { m["constants"][0]["name"] = "no.such.weight"; }},
+      {"unknown launch kind", [](nlohmann::json& m) { m["launches"][0]["kind"] = "cuda"; }},
+      {"missing kernel symbol",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["kind"] == "loop") l["params"]["symbol"] = "no_such_kernel";
+       }},
+      {"oneDNN buffer out of range",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["kind"] == "onednn") l["params"]["output"] = {0, int64_t(1) << 40};
+       }},
+      {"oneDNN implementation differs",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["kind"] == "onednn") l["params"]["expect"] = "something else";
+       }},
+      {"oneDNN weight shape",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["kind"] == "onednn") l["params"]["desc"]["inputs"][1]["dims"][0] = 7;
+       }},
+  };
+  for (const Edit& e : edits) {
+    std::vector<PackageSection> edited = *sections_;
+    if (e.apply) {
+      nlohmann::json m = nlohmann::json::parse(edited[0].bytes);
+      e.apply(m);
+      edited[0].bytes = m.dump(1);
+    } else {
+      edited[0].bytes = "{\"format_version\": 1,";
+    }
+    std::string err = load_error(package_container(edited));
+    EXPECT_FALSE(err.empty()) << e.what << " loads";
+    EXPECT_TRUE(err.find("manifest") != std::string::npos || err.find("launch") != std::string::npos)
+        << e.what << ": " << err;
+  }
+}
+
+// ---- a launch that cannot be serialized ---------------------------------------------------------
+TEST(Package, EagerLaunchIsRefusedNamingTheNode) {
+  // Integer division runs its eager kernel on the CPU (it raises on division by zero).
+  Graph g;
+  ValueId a = g.add_input("a", TensorType(DType::Int64, Shape{SymInt(4)}));
+  ValueId b = g.add_input("b", TensorType(DType::Int64, Shape{SymInt(4)}));
+  ValueId q = g.add_node1(OpId::Div, {a, b}, {}, "int_div");
+  g.outputs.push_back(q);
+  auto c = compiler::compile(g, Device::cpu());
+  ASSERT_GT(c->report().eager_launches, 0);
+  TempDir dir;
+  std::string path = dir.path + "/div.kiln";
+  try {
+    compiler::write_package(*c, {}, {}, path);
+    FAIL() << "a graph with an eager launch was packaged";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("int_div"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("eager"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+}

@@ -1,0 +1,72 @@
+// kiln compile MODEL|MODEL.onnx -o model.kiln: compile for the CPU and write a deployment
+// package (runtime/package.h, docs/package.md).
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "bench/bench.h"
+#include "compiler/package.h"
+#include "core/error.h"
+#include "nn/models/zoo.h"
+#include "nn/package.h"
+#include "runtime/package.h"
+#include "tools/commands.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct CompileArgs {
+  std::string model, output, mode = "default", knobs, device = "cpu";
+  int64_t batch = 1;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+void compile_command(const CompileArgs& a) {
+  if (a.output.empty()) fail("compile: -o model.kiln is required");
+  if (a.device != "cpu")
+    fail_kind(ErrorKind::NotSupported, "compile: --device {}: packages are CPU packages so far",
+              a.device);
+  if (a.mode != "default" && a.mode != "reduce-overhead" && a.mode != "max-autotune")
+    fail("compile: --mode expected default, reduce-overhead or max-autotune, found '{}'", a.mode);
+  if (a.batch < 1) fail("compile: --batch expected >= 1, found {}", a.batch);
+  if (a.threads < 0) fail("compile: --threads expected >= 0, found {}", a.threads);
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  compiler::Options options;
+  options.mode = a.mode;
+  if (!a.knobs.empty()) options.knobs = compiler::parse_knobs(a.knobs, "compile --knobs");
+  auto t0 = std::chrono::steady_clock::now();
+  // Zoo models and ONNX files alike: captured as one graph (ONNX through the graph interpreter,
+  // concrete shapes for --batch) and compiled with the caller's options.
+  BenchTarget m = load_bench_target(a.model, a.batch, a.seed);
+  auto compiled = nn::compile_captured_graph(m.compile, m.inputs, options);
+  PackageInfo info;
+  // A file is recorded by its name, not its path: the package must not depend on where the
+  // model was read from (determinism, Note [Package format]).
+  info.model = std::filesystem::path(a.model).filename().string();
+  info.batch = a.batch;
+  compiler::write_package(*compiled, options, info, a.output);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("wrote %s: %s (%.2f s)\n", a.output.c_str(), compiled->summary().c_str(), s);
+}
+
+}  // namespace
+
+void add_compile_command(CLI::App& app) {
+  static CompileArgs a;
+  auto* cmd = app.add_subcommand("compile", "Compile a model into a deployment package (.kiln)");
+  cmd->add_option("model", a.model, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
+  cmd->add_option("-o,--output", a.output, "The package to write (model.kiln)")->required();
+  cmd->add_option("--device", a.device, "cpu (default; the only one so far)");
+  cmd->add_option("--mode", a.mode, "default | reduce-overhead | max-autotune");
+  cmd->add_option("--knobs", a.knobs, "Target configuration, e.g. conv=nChw16c,vec=256");
+  cmd->add_option("--batch", a.batch, "Batch size (default 1)");
+  cmd->add_option("--seed", a.seed, "Seed for zoo weights and example inputs (default 0)");
+  cmd->add_option("--threads", a.threads, "OpenMP threads the package is built for (default all)");
+  cmd->callback([] { compile_command(a); });
+}
+
+}  // namespace kiln::cli
