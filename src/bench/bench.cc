@@ -318,9 +318,12 @@ std::string cuda_eager_gap(const Graph& g, const SymbolBindings& bindings) {
     if (!first.empty()) continue;
     std::string node = n.name.empty() ? fmt::format("node {}", i)
                                       : fmt::format("node '{}'", n.name);
-    first = why.empty() ? fmt::format("{} (op {}) has no CUDA kernel; run it on the CPU", node,
-                                      def.name)
-                        : fmt::format("{} (op {}) cannot run on CUDA: {}", node, def.name, why);
+    const std::string op = n.outputs.empty()
+                               ? fmt::format("op '{}'", def.name)
+                               : fmt::format("op '{}', {}", def.name,
+                                             dtype_name(g.type(n.outputs[0]).dtype));
+    first = why.empty() ? fmt::format("{} ({}) has no CUDA kernel; run it on the CPU", node, op)
+                        : fmt::format("{} ({}) cannot run on CUDA: {}", node, op, why);
   }
   if (bad == 0) return "";
   std::string list;

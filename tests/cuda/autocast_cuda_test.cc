@@ -104,6 +104,16 @@ TEST_P(CudaAutocast, LowPrecisionMatchesFloat32AndReplayIsBitwiseEqual) {
     EXPECT_GT(low->report().low_nodes, 0) << low->report().str();
     TensorList want = f32->run(in), got = low->run(in);
     ASSERT_EQ(got.size(), want.size());
+    // The float32 CUDA run is the reference here: it must itself match the CPU interpreter and
+    // be finite (NaN matches NaN in a comparison, so an all-NaN pair would pass).
+    TensorList cpu = find_backend("eager")(g, BackendOptions{})->run(in);
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (!is_floating(want[i].dtype())) continue;
+      ASSERT_TRUE(test::usable_reference(cpu[i])) << where << " CPU output " << i;
+      Tensor w = want[i].to(Device::cpu());
+      EXPECT_TRUE(test::close(w, cpu[i], test::Tolerance::of_scale(test::max_abs(cpu[i]), 1e-4)))
+          << where << ": the float32 CUDA run against the CPU interpreter, output " << i;
+    }
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_EQ(got[i].dtype(), want[i].dtype()) << where << " output " << i;
       if (!is_floating(want[i].dtype())) {

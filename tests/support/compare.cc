@@ -290,3 +290,24 @@ namespace {
 }
 
 }  // namespace kiln::test
+
+namespace kiln::test {
+::testing::AssertionResult usable_reference(const Tensor& t) {
+  std::vector<double> v = t.to(Device::cpu()).to_vector<double>();
+  int64_t bad = 0, nonzero = 0, first_bad = -1;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) {
+      if (bad++ == 0) first_bad = int64_t(i);
+    } else if (v[i] != 0) {
+      ++nonzero;
+    }
+  }
+  if (bad)
+    return ::testing::AssertionFailure() << bad << " of " << v.size()
+                                         << " elements are not finite (first at flat index "
+                                         << first_bad << ": " << v[size_t(first_bad)] << ")";
+  if (!v.empty() && nonzero == 0)
+    return ::testing::AssertionFailure() << "all " << v.size() << " elements are zero";
+  return ::testing::AssertionSuccess();
+}
+}  // namespace kiln::test

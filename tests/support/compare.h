@@ -134,6 +134,10 @@ Comparison compare(std::span<const float> got, std::span<const float> ref, const
 
 // max |v| over the finite values (the scale of of_scale for "relative to the output's size").
 double max_abs(const Tensor& t);
+// A model output worth comparing against: every element finite and not all of them zero. A
+// comparison lets NaN match NaN (special-value semantics), so a reference that is all NaN or
+// all zero would let a broken kernel pass; model tests check their reference with this first.
+::testing::AssertionResult usable_reference(const Tensor& t);
 double max_abs(std::span<const double> v);
 
 // gtest forms: EXPECT_TRUE(kiln::test::close(got, ref, tol)) prints compare()'s report.

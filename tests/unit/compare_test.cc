@@ -176,5 +176,17 @@ TEST(Compare, ScaledToleranceAndDescription) {
   EXPECT_DOUBLE_EQ(c.worst_ratio, 0.5);
 }
 
+// A model reference of NaN (or zeros) would let any broken kernel pass a NaN-matching comparison.
+TEST(Compare, UsableReferenceRefusesNaNInfinityAndAllZero) {
+  Tensor ok = Tensor::from_vector(std::vector<float>{0.5f, 0.0f, -2.0f}, Dims{3});
+  EXPECT_TRUE(usable_reference(ok));
+  Tensor nan = Tensor::from_vector(std::vector<float>{0.5f, std::nanf(""), 1.0f}, Dims{3});
+  ::testing::AssertionResult r = usable_reference(nan);
+  EXPECT_FALSE(r);
+  EXPECT_TRUE(contains(r.message(), "first at flat index 1")) << r.message();
+  EXPECT_FALSE(usable_reference(Tensor::from_vector(std::vector<float>{INFINITY, 1.0f}, Dims{2})));
+  EXPECT_FALSE(usable_reference(Tensor::from_vector(std::vector<float>{0.0f, -0.0f}, Dims{2})));
+}
+
 }  // namespace
 }  // namespace kiln::test
