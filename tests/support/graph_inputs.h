@@ -1,0 +1,31 @@
+// The call's inputs in a captured graph's input order. Capture (capture/compile.cc) adds graph
+// inputs in the order the traced code first uses them and names each `input<k>` after its
+// position k in the call, so a test that feeds a captured graph directly must reorder: BERT's
+// forward reads the attention mask before the token ids, and its graph takes the mask first.
+#pragma once
+#include <string>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "ir/graph.h"
+
+namespace kiln::test {
+
+inline TensorList inputs_in_graph_order(const Graph& g, const TensorList& call_inputs) {
+  TensorList out;
+  for (ValueId v : g.inputs) {
+    const std::string& name = g.value(v).name;
+    size_t k = 0;
+    bool named = name.rfind("input", 0) == 0 && name.size() > 5;
+    for (size_t i = 5; named && i < name.size(); ++i) {
+      named = name[i] >= '0' && name[i] <= '9';
+      k = k * 10 + size_t(name[i] - '0');
+    }
+    KILN_CHECK(named && k < call_inputs.size(),
+               "graph input '{}' is not one of the call's {} inputs", name, call_inputs.size());
+    out.push_back(call_inputs[k]);
+  }
+  return out;
+}
+
+}  // namespace kiln::test
