@@ -43,16 +43,6 @@ void register_autocast_grabber() {
   });
 }
 
-std::string first_byte_difference(const Tensor& a, const Tensor& b) {
-  Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
-  if (x.nbytes() != y.nbytes()) return "sizes differ";
-  const auto* p = static_cast<const unsigned char*>(x.raw_data());
-  const auto* q = static_cast<const unsigned char*>(y.raw_data());
-  for (size_t i = 0; i < x.nbytes(); ++i)
-    if (p[i] != q[i]) return fmt::format("byte {} differs", i);
-  return "";
-}
-
 struct CudaAutocastCase {
   std::string model;
   DType dtype;
@@ -144,7 +134,7 @@ TEST_P(CudaAutocast, LowPrecisionMatchesFloat32AndReplayIsBitwiseEqual) {
     for (int call = 0; call < 3; ++call) {  // the first call captures, the next ones replay
       TensorList r = replay->run(in);
       for (size_t i = 0; i < r.size(); ++i)
-        EXPECT_EQ(first_byte_difference(r[i], got[i]), "")
+        EXPECT_EQ(test::first_byte_difference(r[i], got[i]), "")
             << where << " reduce-overhead call " << call << " output " << i;
     }
   }

@@ -49,16 +49,6 @@ void register_grabber() {
   return test::close(a, b, test::Tolerance::of_scale(std::max(test::max_abs(b), 1e-30), tol));
 }
 
-std::string bits_differ(const Tensor& a, const Tensor& b) {
-  Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
-  if (x.nbytes() != y.nbytes()) return "sizes differ";
-  const auto* p = static_cast<const unsigned char*>(x.raw_data());
-  const auto* q = static_cast<const unsigned char*>(y.raw_data());
-  for (size_t i = 0; i < x.nbytes(); ++i)
-    if (p[i] != q[i]) return fmt::format("byte {} differs", i);
-  return "";
-}
-
 class CudaZoo : public testing::TestWithParam<std::string> {};
 
 TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
@@ -113,7 +103,7 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
       if (!is_floating(ref[i].dtype())) continue;
       EXPECT_TRUE(test::usable_reference(ref[i])) << name << " graph " << gi << " output " << i;
       EXPECT_TRUE(close_rel(got[i], ref[i], 1e-4)) << name << " graph " << gi << " output " << i << "\n" << exe->summary();
-      EXPECT_EQ(bits_differ(got[i], got_dev[i]), "") << name << ": host vs device inputs";
+      EXPECT_EQ(test::first_byte_difference(got[i], got_dev[i]), "") << name << ": host vs device inputs";
     }
     // Fresh inputs a second time (the compiled code is not specialized to the first values).
     TensorList gin2;
@@ -135,14 +125,14 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
       TensorList r = rexe->run(call == 1 ? dev_in : gin2);
       const TensorList& d = call == 1 ? got_dev : got2;
       for (size_t i = 0; i < r.size(); ++i)
-        EXPECT_EQ(bits_differ(r[i], d[i]), "") << name << " reduce-overhead call " << call << " output " << i;
+        EXPECT_EQ(test::first_byte_difference(r[i], d[i]), "") << name << " reduce-overhead call " << call << " output " << i;
       kept.push_back(r);
     }
     // The outputs of a replay are the caller's: later replays (other inputs) never overwrite
     // them — the case where torch's CUDA-graph outputs fail with "accessing tensor output of
     // CUDAGraphs that has been overwritten by a subsequent run" (Note [Executable]).
     for (size_t i = 0; i < kept[1].size(); ++i)
-      EXPECT_EQ(bits_differ(kept[1][i], got_dev[i]), "") << name << ": call 1's output " << i
+      EXPECT_EQ(test::first_byte_difference(kept[1][i], got_dev[i]), "") << name << ": call 1's output " << i
                                                           << " changed after calls 2";
     // Caller-provided output buffers on the device (run_into): filled in place, same bits.
     TensorList into;
@@ -152,7 +142,7 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
     rexe->run_into(dev_in, into);
     for (size_t i = 0; i < into.size(); ++i) {
       EXPECT_EQ(into[i].raw_data(), where[i]) << name << ": run_into replaced output " << i;
-      EXPECT_EQ(bits_differ(into[i], got_dev[i]), "") << name << " run_into output " << i;
+      EXPECT_EQ(test::first_byte_difference(into[i], got_dev[i]), "") << name << " run_into output " << i;
     }
   }
   (void)want;

@@ -289,6 +289,16 @@ namespace {
                          Dims{}));
 }
 
+
+std::string first_byte_difference(const Tensor& a, const Tensor& b) {
+  Tensor x = a.to(Device::cpu()).contiguous(), y = b.to(Device::cpu()).contiguous();
+  if (x.nbytes() != y.nbytes()) return "sizes differ";
+  const auto* p = static_cast<const unsigned char*>(x.raw_data());
+  const auto* q = static_cast<const unsigned char*>(y.raw_data());
+  for (size_t i = 0; i < size_t(x.nbytes()); ++i)
+    if (p[i] != q[i]) return fmt::format("byte {} differs", i);
+  return "";
+}
 }  // namespace kiln::test
 
 namespace kiln::test {
@@ -310,4 +320,5 @@ namespace kiln::test {
     return ::testing::AssertionFailure() << "all " << v.size() << " elements are zero";
   return ::testing::AssertionSuccess();
 }
+
 }  // namespace kiln::test

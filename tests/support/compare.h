@@ -138,6 +138,9 @@ double max_abs(const Tensor& t);
 // comparison lets NaN match NaN (special-value semantics), so a reference that is all NaN or
 // all zero would let a broken kernel pass; model tests check their reference with this first.
 ::testing::AssertionResult usable_reference(const Tensor& t);
+// "" when a and b (any devices) hold the same bytes, else where they first differ: for results
+// that must be bitwise equal (a replay against a plain run, host against device inputs).
+std::string first_byte_difference(const Tensor& a, const Tensor& b);
 double max_abs(std::span<const double> v);
 
 // gtest forms: EXPECT_TRUE(kiln::test::close(got, ref, tol)) prints compare()'s report.
