@@ -82,7 +82,7 @@ void print_const_values(std::string& out, const Tensor& data) {
 bool is_default_attr(const OpDef& def, const std::string& name, const AttrValue& v) {
   int idx = def.attr_index(name);
   if (idx < 0) return false;
-  return def.attrs[size_t(idx)].default_value == v;
+  return same_attr_value(def.attrs[size_t(idx)].default_value, v);  // -0.0 is not 0.0
 }
 
 void print_node_into(std::string& out, const Graph& g, const Node& n) {

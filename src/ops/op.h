@@ -111,11 +111,17 @@ class Attrs {
   const std::vector<std::pair<std::string, AttrValue>>& items() const { return items_; }
   std::vector<std::pair<std::string, AttrValue>>& items() { return items_; }
   size_t size() const { return items_.size(); }
-  friend bool operator==(const Attrs& a, const Attrs& b) { return a.items_ == b.items_; }
+  // Same names in the same order and the same values, floats compared by their bits: a NaN
+  // attribute (a pad value, a fill) equals itself — the verifier's canonical-form check, CSE and
+  // capture's host-value check all compare attributes — and -0.0 differs from 0.0.
+  friend bool operator==(const Attrs& a, const Attrs& b);
 
  private:
   std::vector<std::pair<std::string, AttrValue>> items_;
 };
+
+// Attribute values compared as Attrs' operator== does (floats by their bits).
+bool same_attr_value(const AttrValue& a, const AttrValue& b);
 
 // "[1, 2]", "1.5", "true", "\"tanh\"", "f32", "none" — the IR text form of a value.
 std::string attr_value_str(const AttrValue& v);

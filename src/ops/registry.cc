@@ -1,3 +1,4 @@
+#include <cstring>
 #include <array>
 #include <mutex>
 
@@ -248,6 +249,31 @@ const char* attr_type_name(AttrType t) {
     case AttrType::DType: return "dtype";
   }
   return "?";
+}
+
+namespace {
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+}  // namespace
+
+bool same_attr_value(const AttrValue& a, const AttrValue& b) {
+  if (a.index() != b.index()) return false;
+  if (const double* x = std::get_if<double>(&a)) return same_bits(*x, std::get<double>(b));
+  if (const Floats* x = std::get_if<Floats>(&a)) {
+    const Floats& y = std::get<Floats>(b);
+    if (x->size() != y.size()) return false;
+    for (size_t i = 0; i < x->size(); ++i)
+      if (!same_bits((*x)[i], y[i])) return false;
+    return true;
+  }
+  return a == b;
+}
+
+bool operator==(const Attrs& a, const Attrs& b) {
+  if (a.items_.size() != b.items_.size()) return false;
+  for (size_t i = 0; i < a.items_.size(); ++i)
+    if (a.items_[i].first != b.items_[i].first || !same_attr_value(a.items_[i].second, b.items_[i].second))
+      return false;
+  return true;
 }
 
 Attrs::Attrs(std::initializer_list<std::pair<std::string, AttrValue>> items) {
