@@ -204,13 +204,15 @@ Built autotune(const Graph& graph, const Target& target, const Options& options,
       default_call_s = call_s;
     }
     double err = cands[i].exact ? 0 : max_relative_error(out, reference);
-    if (i > 0 && call_s > 10 * default_call_s + 0.01) {
+    // Accuracy first: a candidate that computes something else is rejected as such whatever its
+    // speed (the reason must not depend on how loaded the machine was during one call).
+    if (!(err <= options.autotune_tolerance)) {
+      rejected[i] = true;
+      notes[i] = fmt::format(" rejected (relative error {:.1e} > {:.0e})", err, options.autotune_tolerance);
+    } else if (i > 0 && call_s > 10 * default_call_s + 0.01) {
       rejected[i] = true;
       notes[i] = fmt::format(" rejected (one call {:.1f} ms, over 10x the default's {:.3f} ms)",
                              call_s * 1e3, default_call_s * 1e3);
-    } else if (!(err <= options.autotune_tolerance)) {
-      rejected[i] = true;
-      notes[i] = fmt::format(" rejected (relative error {:.1e} > {:.0e})", err, options.autotune_tolerance);
     } else if (!cands[i].exact) {
       notes[i] = fmt::format(" (relative error {:.1e})", err);
     }

@@ -13,6 +13,7 @@ PREFIX="$WORK/prefix"
 cmake --install "$BUILD" --prefix "$PREFIX" >"$WORK/install.log" 2>&1 ||
   { cat "$WORK/install.log"; echo "installed_example: cmake --install failed" >&2; exit 1; }
 for f in include/kiln/kiln.h include/kiln/runtime.h lib/cmake/Kiln/KilnConfig.cmake \
+         lib/cmake/KilnRuntime/KilnRuntimeConfig.cmake include/kiln/kiln_runtime.h \
          lib/pkgconfig/kiln.pc lib/pkgconfig/kiln-runtime.pc lib/libkiln_runtime.so bin/kiln; do
   [[ -e "$PREFIX/$f" ]] || { echo "installed_example: $f was not installed" >&2; exit 1; }
 done
@@ -44,3 +45,13 @@ cc -O1 -o "$WORK/kiln_c_run" "$SRC/examples/c_run/main.c" \
 mkdir -p "$WORK/home"
 env -i PATH="$WORK/nothing" HOME="$WORK/home" "$WORK/kiln_c_run" "$WORK/mlp.kiln" |
   grep -q "^output 0 " || { echo "installed_example: kiln_c_run printed no output" >&2; exit 1; }
+
+# The same C example as its own CMake project with find_package(KilnRuntime): the runtime's
+# libraries and include directory only (no fmt, OpenMP or Kiln::kiln needed), same bare run.
+cmake -S "$SRC/examples/c_run" -B "$WORK/build-c" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" \
+      >"$WORK/configure-c.log" 2>&1 ||
+  { cat "$WORK/configure-c.log"; echo "installed_example: configuring examples/c_run failed" >&2; exit 1; }
+cmake --build "$WORK/build-c" >"$WORK/build-c.log" 2>&1 ||
+  { cat "$WORK/build-c.log"; echo "installed_example: building examples/c_run failed" >&2; exit 1; }
+env -i PATH="$WORK/nothing" HOME="$WORK/home" "$WORK/build-c/kiln_c_run" "$WORK/mlp.kiln" |
+  grep -q "^output 0 " || { echo "installed_example: the CMake-built kiln_c_run printed no output" >&2; exit 1; }
