@@ -5,6 +5,7 @@
 # $OUT, packed as one archive (the device tool brings back only a few files per call).
 #
 #   cd /tmp/k/cuda && ./run.sh [MODEL...]       # models default: mlp resnet18 bert_base
+#   KILN_REMOTE_PARALLEL=1 runs suite, ops and conformance at the same time (then the rest).
 #   KILN_REMOTE_STEPS=suite,ops,bench,conformance,models,sanitize,cpu (the default: all) picks steps, so
 #   that a long run can be split over two device calls. KILN_STEP_TIMEOUT (s, default 900)
 #   bounds each step, so that one hung step still leaves the others' logs.
@@ -31,28 +32,45 @@ steps=",${KILN_REMOTE_STEPS:-suite,ops,bench,conformance,models,sanitize,cpu},"
 want() { [[ "$steps" == *",$1,"* ]]; }
 step device ./kiln device
 # KILN_CUDA_TEST_FILTER: a gtest filter for the CUDA suite (default: all of it).
-want suite && step cuda_tests ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
+run_suite() {
+  want suite && step cuda_tests ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
+  return 0
+}
 # The op harness's CUDA cases in KILN_OP_SHARDS processes at once (gtest sharding; default 8:
 # the GPU machine has 16 cores, and the eager cases compile one NVRTC program per signature).
-shards="${KILN_OP_SHARDS:-8}"
-if want ops; then
-t0=$SECONDS
-for ((i = 0; i < shards; ++i)); do
-  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KILN_STEP_TIMEOUT:-900}" \
-    ./kiln_op_tests --gtest_filter='*cuda*' \
-    > "$LOGS/op_tests_$i.log" 2>&1 &
-done
-op_rc=0
-for job in $(jobs -p); do wait "$job" || op_rc=1; done
-echo "op_tests ($shards shards): exit $op_rc ($((SECONDS - t0)) s)" | tee -a "$summary"
-grep -h "^\[  PASSED  \]\|^\[  FAILED  \] [0-9]" "$LOGS"/op_tests_*.log | tee -a "$summary"
-fi
+run_ops() {
+  want ops || return 0
+  local shards="${KILN_OP_SHARDS:-8}" t0=$SECONDS op_rc=0 pids=()
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KILN_STEP_TIMEOUT:-900}" \
+      ./kiln_op_tests --gtest_filter='*cuda*' \
+      > "$LOGS/op_tests_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || op_rc=1; done
+  echo "op_tests ($shards shards): exit $op_rc ($((SECONDS - t0)) s)" | tee -a "$summary"
+  grep -h "^\[  PASSED  \]\|^\[  FAILED  \] [0-9]" "$LOGS"/op_tests_*.log | tee -a "$summary"
+}
 # ONNX conformance on the device (eager and compiled) where the test data was carried along:
 # KILN_ONNX_DATA=folder holding node/ simple/ pytorch-converted/ pytorch-operator/.
-if want conformance && [[ -n "${KILN_ONNX_DATA:-}" ]]; then
+run_conformance() {
+  want conformance && [[ -n "${KILN_ONNX_DATA:-}" ]] || return 0
   step conformance_eager ./kiln conformance --device cuda --data "$KILN_ONNX_DATA"
   step conformance_compiled ./kiln conformance --device cuda --backend compiled --data "$KILN_ONNX_DATA"
-  tail -3 "$LOGS/conformance_eager.log" "$LOGS/conformance_compiled.log" | tee -a "$summary"
+  tail -n 3 "$LOGS/conformance_eager.log" "$LOGS/conformance_compiled.log" | tee -a "$summary"
+}
+# KILN_REMOTE_PARALLEL=1: the three correctness steps at once (they share the GPU and the 16
+# cores; none of them times anything), the timed steps after them, alone. Waits for exactly
+# these three (`wait PID`), never for anything else the caller started.
+if [[ "${KILN_REMOTE_PARALLEL:-0}" == 1 ]]; then
+  run_suite & p1=$!
+  run_ops & p2=$!
+  run_conformance & p3=$!
+  wait "$p1" "$p2" "$p3"
+else
+  run_suite
+  run_ops
+  run_conformance
 fi
 # The exported models (scripts/export_models.py, exported here with this machine's torch) compiled
 # on CUDA against the CPU eager run and ONNX Runtime's outputs: KILN_REPO=the repository's root
@@ -60,7 +78,7 @@ fi
 if want models && [[ -n "${KILN_REPO:-}" ]]; then
   step onnx_models python3 "$KILN_REPO/scripts/cuda_onnx_models.py" --kiln ./kiln --out /tmp/kiln-models \
     --json "$LOGS/onnx_models.json" ${KILN_ONNX_MODELS:-}
-  tail -12 "$LOGS/onnx_models.log" | tee -a "$summary"
+  tail -n 12 "$LOGS/onnx_models.log" | tee -a "$summary"
 fi
 # compute-sanitizer over the compiled zoo (issue #12): memcheck and racecheck of `kiln run MODEL
 # --device cuda` (compiled on the device, a few calls) for KILN_SANITIZE_MODELS (default: every
