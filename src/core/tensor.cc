@@ -137,6 +137,12 @@ int64_t Tensor::stride(int64_t d) const {
 }
 
 bool Tensor::is_contiguous() const {
+  // A tensor without elements is contiguous whatever its strides: they address nothing (and
+  // contiguous_strides gives a size-0 dim the stride of a size-1 one, which the loop below
+  // would otherwise call non-contiguous — a [3, 0] constant then printed strides the IR
+  // parser refuses; the ONNX fuzzer's finding).
+  for (int i = 0; i < dim(); ++i)
+    if (impl_->sizes[i] == 0) return true;
   int64_t expected = 1;
   for (int i = dim() - 1; i >= 0; --i) {
     if (impl_->sizes[i] == 1) continue;
