@@ -7,9 +7,10 @@
 //      configuration (not `exact`, e.g. Winograd) is first run on the same inputs as the first
 //      candidate (the default configuration) and rejected when its outputs differ by more than
 //      `autotune_tolerance` relative to the largest reference output. Every candidate's second
-//      call is timed once: one over 10x (+10 ms) slower than the default's is rejected there
+//      call is timed once: one over `autotune_slow_cutoff` (10x, +10 ms) slower than the
+//      default's — confirmed by a third call, the faster of the two counting — is rejected there
 //      (a layout the library has only a reference kernel for on this ISA: nChw16c on an AVX2
-//      machine), so a pathological candidate costs one call, not the timing rounds. The others
+//      machine), so a pathological candidate costs two calls, not the timing rounds. The others
 //      are timed in interleaved rounds; the fastest wins (a lone candidate is not timed).
 //   2. code-generation variants of the winner (Target::autotune_variants; CPU: 256-bit vectors
 //      on AVX-512, 4 accumulators per SIMD reduction). Each must agree with the reference (lanes
@@ -203,7 +204,8 @@ Built autotune(const Graph& graph, const Target& target, const Options& options,
       reference = out;
       default_call_s = call_s;
     }
-    if (i > 0 && call_s > 10 * default_call_s + 0.01) {
+    const double cutoff = options.autotune_slow_cutoff;
+    if (i > 0 && cutoff > 0 && call_s > cutoff * default_call_s + 0.01) {
       // One call can be a stall (another process took the cores): confirm with a second call
       // before a candidate is cut for being slow.
       auto t_again = std::chrono::steady_clock::now();
@@ -216,10 +218,10 @@ Built autotune(const Graph& graph, const Target& target, const Options& options,
     if (!(err <= options.autotune_tolerance)) {
       rejected[i] = true;
       notes[i] = fmt::format(" rejected (relative error {:.1e} > {:.0e})", err, options.autotune_tolerance);
-    } else if (i > 0 && call_s > 10 * default_call_s + 0.01) {
+    } else if (i > 0 && cutoff > 0 && call_s > cutoff * default_call_s + 0.01) {
       rejected[i] = true;
-      notes[i] = fmt::format(" rejected (one call {:.1f} ms, over 10x the default's {:.3f} ms)",
-                             call_s * 1e3, default_call_s * 1e3);
+      notes[i] = fmt::format(" rejected (one call {:.1f} ms, over {:g}x the default's {:.3f} ms)",
+                             call_s * 1e3, cutoff, default_call_s * 1e3);
     } else if (!cands[i].exact) {
       notes[i] = fmt::format(" (relative error {:.1e})", err);
     }

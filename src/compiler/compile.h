@@ -40,6 +40,11 @@ struct Options {
   // (Winograd) must agree with the default candidate's outputs within this relative error
   // (max |diff| / max |reference|); the tolerance Kiln's model tests use against ONNX Runtime.
   double autotune_tolerance = 1e-4;
+  // max-autotune: a candidate whose single timed call (confirmed by a second) is over this many
+  // times the default's (+10 ms) is cut before the timing rounds, so that a pathological layout
+  // costs a call, not the rounds. 0: no cut-off (tests that assert which candidates are timed:
+  // the cut-off depends on how loaded the machine is).
+  double autotune_slow_cutoff = 10;
   // Tests only: a kernel whose name contains this gets a compile error (checks that errors in
   // generated code name the kernel and that capture falls back to eager).
   std::string inject_error_into;
