@@ -70,17 +70,7 @@ TEST_P(CudaAutocast, LowPrecisionMatchesFloat32AndReplayIsBitwiseEqual) {
     std::string where = fmt::format("{} graph {} in {}", c.model, gi, dtype_name(c.dtype));
     // Inputs: the model's own for a whole-graph model (BERT's ids and mask), else fresh random
     // ones of the graph's input types (non-zero floats, 0/1 integers).
-    TensorList in;
-    Generator gen(2000 + gi);
-    for (ValueId v : g.inputs) {
-      const TensorType& t = g.type(v);
-      Dims d;
-      for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
-      in.push_back(is_floating(t.dtype) ? Tensor::randn(d, gen, t.dtype)
-                                        : Tensor::randint(d, gen, 0, 2, t.dtype));
-    }
-    if (graphs.size() == 1 && in.size() == model.inputs.size())
-      in = test::inputs_in_graph_order(g, model.inputs);  // BERT's graph takes the mask first
+    TensorList in = test::graph_test_inputs(g, model.inputs, graphs.size() == 1, 2000 + gi);
 
     auto f32 = compiler::compile(g, Device::cuda(0), {});
     compiler::Options lo;

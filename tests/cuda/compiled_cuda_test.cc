@@ -71,17 +71,9 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
   // call's (graphs of a model with breaks are checked against the interpreter instead).
   for (size_t gi = 0; gi < cap.graphs.size(); ++gi) {
     const Graph& g = cap.graphs[gi];
-    TensorList gin;
-    Generator gg(1000 + gi);
-    for (ValueId v : g.inputs) {
-      const TensorType& t = g.type(v);
-      Dims d;
-      for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
-      gin.push_back(is_floating(t.dtype) ? Tensor::randn(d, gg, t.dtype)
-                                         : Tensor::randint(d, gg, 0, 2, t.dtype));
-    }
-    if (cap.graphs.size() == 1 && gin.size() == inputs.size())
-      gin = test::inputs_in_graph_order(g, inputs);  // BERT's graph takes the mask first
+    // The call's inputs for a whole-graph model (BERT's graph takes the mask first), else fresh.
+    TensorList gin = test::graph_test_inputs(g, inputs, cap.graphs.size() == 1, 1000 + gi);
+    Generator gg(5000 + gi);  // the second, fresh inputs below
     TensorList ref = find_backend("eager")(g, BackendOptions{})->run(gin);
     compiler::Options o;
     std::unique_ptr<compiler::CompiledExecutable> exe;

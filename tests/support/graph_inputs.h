@@ -3,6 +3,7 @@
 // position k in the call, so a test that feeds a captured graph directly must reorder: BERT's
 // forward reads the attention mask before the token ids, and its graph takes the mask first.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "core/error.h"
@@ -26,6 +27,25 @@ inline TensorList inputs_in_graph_order(const Graph& g, const TensorList& call_i
     out.push_back(call_inputs[k]);
   }
   return out;
+}
+
+// Inputs for captured graph `g`: the call's own inputs (in graph order) when `g` is the whole of
+// the call, else fresh ones of the graph's input types from `seed` (normal floats, 0/1
+// integers: never all zeros).
+inline TensorList graph_test_inputs(const Graph& g, const TensorList& call_inputs, bool whole_call,
+                                    uint64_t seed) {
+  if (whole_call && g.inputs.size() == call_inputs.size())
+    return inputs_in_graph_order(g, call_inputs);
+  TensorList in;
+  Generator gen(seed);
+  for (ValueId v : g.inputs) {
+    const TensorType& t = g.type(v);
+    Dims d;
+    for (size_t i = 0; i < t.shape.size(); ++i) d.push_back(t.shape[i].value());
+    in.push_back(is_floating(t.dtype) ? Tensor::randn(d, gen, t.dtype)
+                                      : Tensor::randint(d, gen, 0, 2, t.dtype));
+  }
+  return in;
 }
 
 }  // namespace kiln::test
