@@ -74,6 +74,11 @@ namespace kiln::kernels {
 
 int cpu_threads() { return omp_get_max_threads(); }
 
+ScopedCpuThreads::ScopedCpuThreads(int threads) : saved_(omp_get_max_threads()) {
+  if (threads > 0) omp_set_num_threads(threads);
+}
+ScopedCpuThreads::~ScopedCpuThreads() { omp_set_num_threads(saved_); }
+
 int native_conv_block() {
   static const int block = __builtin_cpu_supports("avx512f") ? 16 : 8;
   return block;
@@ -280,6 +285,9 @@ struct OnednnNode::Plan {
   std::vector<Step> steps;
   std::vector<Tensor> constants;  // activation inputs that are params/consts: bound once
   int64_t scratch_bytes = 0;
+  // The OpenMP thread count the primitives were created for: oneDNN sizes per-thread parts of
+  // the scratchpad by it, so run() never runs them with more (Note [oneDNN thread count]).
+  int threads = 1;
   int32_t residual_input = -1;  // input index of the residual (sum post-op), -1 if none
   // When run() gets the residual's buffer as the output buffer (Note [oneDNN lowering]):
   //   SkipCopy: dst is the output and has the residual's layout: the residual is already there;
@@ -919,6 +927,7 @@ std::shared_ptr<OnednnNode> OnednnNode::build(const OnednnNodeDesc& desc, Onednn
   std::shared_ptr<OnednnNode> node(new OnednnNode());
   Plan& p = *node->plan_;
   p.requested = true;
+  p.threads = cpu_threads();
   Builder b{desc, layouts.impl(), constants};
   b.build(p);
   if (!p.lowered) {
@@ -1003,6 +1012,21 @@ void OnednnNode::run(Instance& inst, const void* const* inputs, void* output,
       fail_kind(ErrorKind::Runtime, "oneDNN node: binding a buffer of {} failed (status {})",
                 p.description, int(st));
   }
+  // Note [oneDNN thread count]
+  // A primitive's scratchpad has per-thread parts sized for the thread count at its creation;
+  // run with more threads, the extra threads would index past it. Both happen: a graph compiled
+  // (or a package written) under `threads=1` and called with the default, a package loaded into
+  // a process with more threads. So a call with more threads runs the node's steps with the
+  // creation count (an ICV store, no allocation); fewer threads use part of the scratchpad.
+  const int caller_threads = omp_get_max_threads();
+  const bool capped = caller_threads > p.threads;
+  if (capped) [[unlikely]] omp_set_num_threads(p.threads);
+  struct Restore {
+    int threads;
+    ~Restore() {
+      if (threads > 0) omp_set_num_threads(threads);
+    }
+  } restore{capped ? caller_threads : 0};
   for (size_t k = 0; k < p.steps.size(); ++k) {
     const Step& s = p.steps[k];
     if (s.residual_copy && skip_residual_copy) continue;

@@ -24,6 +24,19 @@ int native_conv_block();
 // OpenMP's thread count for kernels (omp_get_max_threads): oneDNN's choices and loop kernels'
 // splits depend on it, so a package records it.
 int cpu_threads();
+// Sets the calling thread's OpenMP thread count for a scope (threads <= 0: unchanged): the
+// package loader rebuilds oneDNN nodes for the count the package was written with, so that their
+// scratch fits the plan the writer made.
+class ScopedCpuThreads {
+ public:
+  explicit ScopedCpuThreads(int threads);
+  ~ScopedCpuThreads();
+  ScopedCpuThreads(const ScopedCpuThreads&) = delete;
+  ScopedCpuThreads& operator=(const ScopedCpuThreads&) = delete;
+
+ private:
+  int saved_;
+};
 
 // One tensor a node reads or writes.
 struct OnednnOperand {

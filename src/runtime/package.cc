@@ -378,6 +378,8 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       throw std::out_of_range("target.device: this runtime loads cpu packages");
     out.isa = t.at("isa").get<std::string>();
     out.threads = t.at("threads").get<int>();
+    if (out.threads < 1 || out.threads > 65536)
+      throw std::out_of_range(fmt::format("target.threads: {} is not a thread count", out.threads));
     if (kernels && m.at("kernels") != "kernels.cpu")
       throw std::out_of_range("kernels: a kernels.cpu section is present but not named");
     if (!kernels && !m.at("kernels").is_null())
@@ -506,6 +508,9 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
     env.slot_bytes = [&slot_bytes](int32_t slot) -> int64_t {
       return slot >= 0 && size_t(slot) < slot_bytes.size() ? slot_bytes[size_t(slot)] : 0;
     };
+    // oneDNN nodes are rebuilt for the thread count the writer planned their scratch for (Note
+    // [oneDNN thread count] in kernels/onednn_node.cc: a call with more threads is capped).
+    kernels::ScopedCpuThreads writer_threads(out.threads);
     size_t i = 0;
     for (const json& j : m.at("launches")) {
       std::string name = j.at("name").get<std::string>();

@@ -24,6 +24,7 @@
 #include "compiler/package.h"
 #include "core/error.h"
 #include "ir/graph.h"
+#include "kernels/onednn_node.h"
 #include "kiln/kiln_runtime.h"
 #include "nn/models/zoo.h"
 #include "nn/package.h"
@@ -135,6 +136,34 @@ INSTANTIATE_TEST_SUITE_P(Zoo, PackageZoo,
                          testing::Values("mlp", "vfe", "resnet18", "resnet50", "vit_b_16",
                                          "bert_base"),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// oneDNN sizes per-thread parts of a primitive's scratchpad by the thread count at its creation
+// (Note [oneDNN thread count] in kernels/onednn_node.cc). A package written under one count is
+// loaded and run under others, and the compiled graph it came from is called with more threads
+// than it was compiled for: both must give the 1-thread results. (Before the fix the load failed
+// with "a buffer ... lies outside the slot", and the compiled call overran its scratch.)
+TEST(Package, ThreadCountsAtWriteLoadAndCallMayDiffer) {
+  TempDir dir;
+  Packaged p;
+  TensorList in = nn::zoo_example_inputs("resnet18", 1, 303);
+  TensorList want;
+  {
+    kernels::ScopedCpuThreads one(1);
+    p = package_zoo("resnet18", dir.path);
+    want = p.compiled->run(in);
+  }
+  ASSERT_GT(max_abs_value(want[0]), 0.0);
+  for (int threads : {2, 3, 8}) {
+    kernels::ScopedCpuThreads many(threads);
+    LoadedPackage loaded = load_package(p.path);
+    EXPECT_EQ(loaded.threads, 1);
+    TensorList got = loaded.exe->run(in);
+    TensorList again = p.compiled->run(in);
+    const std::string at = " with " + std::to_string(threads) + " threads";
+    EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::of_max_ref(1e-5))) << "package" << at;
+    EXPECT_TRUE(test::close(again[0], want[0], test::Tolerance::of_max_ref(1e-5))) << "compiled" << at;
+  }
+}
 
 // branchy's host code branches on a computed value: two graphs and a guard, which one package
 // cannot hold. The compile says so rather than packaging half of the model.
