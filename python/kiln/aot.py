@@ -1,28 +1,39 @@
 """Ahead of time: kiln.export / kiln.load / kiln.compile_onnx.
 
 Note [Export format]
-Deployment packages (``.kiln``: manifest, weights, compiled kernels, loaded by a C runtime) are
-issue #14 and do not exist yet. Until they do, ``kiln.export`` writes what Kiln has today, a
-*graph folder*:
+``kiln.export(model, args, "model.kiln")`` writes a **.kiln deployment package** (docs/package.md:
+one file with the manifest, the weights as Kiln's compiler folded and packed them, and the
+generated kernels as a shared object), the same file ``kiln compile -o`` writes and that the C
+runtime (``include/kiln/kiln_runtime.h``), ``kiln run`` and ``kiln bench`` load. The package holds
+a compiled CPU executable. ``kiln.load`` loads it with the runtime alone: nothing is compiled,
+torch is not imported (NumPy arrays in and out), and the loaded graph runs exactly the kernels
+the package holds.
+
+Packages for CUDA do not exist yet (issue #14). ``kiln.export(..., device="cuda")`` therefore
+writes what exists for CUDA and says so (a ``KilnExportWarning``): a *graph folder*
 
     model.kiln/
       manifest.json          {"format": "kiln-graph-preview-1", inputs, outputs, mode, device, ...}
       graph.kir              the Kiln graph as IR text (docs/ir.md), weights declared by type
       weights.safetensors    every parameter, under its IR name (written by Kiln)
 
-``kiln.load`` reads it back, parses the IR, binds the weights and compiles it with the Kiln
-backend for its device (nothing from torch is needed: NumPy arrays work). The format is a
-preview: the package format will replace it, and only ``write_graph_folder`` /
-``read_graph_folder`` below know about files, so the package writer and reader slot in there.
+which ``kiln.load`` reads back, parses, binds and compiles for its device. Only
+``write_graph_folder`` / ``read_graph_folder`` and ``_is_package`` know about files.
 """
 import json
 import os
 import shutil
 import tempfile
+import warnings
 
 from . import _kiln
 
 FORMAT = "kiln-graph-preview-1"
+PACKAGE_MAGIC = b"KILNPKG\0"  # the first 8 bytes of a .kiln package (docs/package.md)
+
+
+class KilnExportWarning(UserWarning):
+    """kiln.export wrote something other than a .kiln package (a CUDA graph folder)."""
 
 
 class Loaded:
@@ -82,10 +93,18 @@ def write_graph_folder(builder, path, manifest):
         raise
 
 
+def _is_package(path):
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(len(PACKAGE_MAGIC)) == PACKAGE_MAGIC
+
+
 def read_graph_folder(path):
     mpath = os.path.join(path, "manifest.json")
     if not os.path.isfile(mpath):
-        raise _kiln.KilnError(f"kiln.load: {path} is not an exported Kiln graph (no manifest.json)")
+        raise _kiln.KilnError(f"kiln.load: {path} is neither a .kiln package nor an exported Kiln "
+                              f"graph folder (no manifest.json): pass what kiln.export wrote")
     with open(mpath) as f:
         manifest = json.load(f)
     if manifest.get("format") != FORMAT:
@@ -99,10 +118,16 @@ def read_graph_folder(path):
 
 
 # ---- export / load -------------------------------------------------------------------------
-def export(model, args, path, *, kwargs=None, device=None, mode="default", dynamic_shapes=None):
-    """Exports ``model(*args, **kwargs)`` through torch.export to a Kiln graph folder at
-    ``path`` (Note [Export format]; the .kiln package format comes with issue #14). Every op
-    must be one Kiln takes: an exported graph runs without torch. Returns the path."""
+_PRECISIONS = {None: "float32", "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def export(model, args, path, *, kwargs=None, device=None, mode="default", dtype=None,
+           dynamic_shapes=None, name=None):
+    """Exports ``model(*args, **kwargs)`` through torch.export to ``path``: a .kiln package on the
+    CPU, a graph folder on CUDA until CUDA packages exist (Note [Export format]). Every op must be
+    one Kiln takes: an exported model runs without torch. ``mode``: Kiln's compile mode (a
+    max-autotune package holds the tuned choices); ``dtype``: "bfloat16" / "float16" for mixed
+    precision (Kiln's autocast; inputs and outputs stay float32). Returns the path."""
     import torch
 
     from .compiled import choose_backend
@@ -110,14 +135,22 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dynam
 
     if dynamic_shapes is not None:
         raise _kiln.UnsupportedError(
-            "kiln.export: dynamic_shapes is not supported yet: Kiln's compiler specializes shapes "
-            "(symbolic shapes are wave 3); export once per input shape")
+            "kiln.export: dynamic_shapes is not supported yet: a .kiln package holds one "
+            "executable with static shapes (symbolic dimensions in packages are part of issue "
+            "#14); export once per input shape")
     if mode not in ("default", "reduce-overhead", "max-autotune"):
         raise ValueError(f"kiln.export: mode must be default, reduce-overhead or max-autotune, got {mode!r}")
+    if dtype in (torch.float32, torch.bfloat16, torch.float16):
+        dtype = str(dtype).replace("torch.", "")
+    if dtype not in _PRECISIONS:
+        raise ValueError(f"kiln.export: dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    precision = _PRECISIONS[dtype]
     args = tuple(args)
     if device is None:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
     with torch.no_grad():
         ep = torch.export.export(model, args, kwargs=kwargs)
         ep = ep.run_decompositions(decompositions())
@@ -128,7 +161,8 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dynam
     for i, s in enumerate(specs):
         kind = s.kind.name
         if kind == "USER_INPUT":
-            values.append(next(user))
+            v = next(user)
+            values.append(v.to(device) if isinstance(v, torch.Tensor) else v)
             names.append(s.arg.name)
         elif kind in ("PARAMETER", "BUFFER"):
             t = ep.state_dict[s.target] if s.target in ep.state_dict else ep.constants[s.target]
@@ -146,14 +180,23 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dynam
         raise _kiln.UnsupportedError(
             "kiln.export: the graph has ops Kiln does not take (an exported graph runs without "
             "torch): " + "; ".join(f"{f.op} ('{f.node}'): {f.reason}" for f in fallbacks))
-    builder, input_args, _, _ = build_graph(gm, values, frozen, device, names=names, graph_name="main")
+    builder, input_args, _ = build_graph(gm, values, frozen, device, names=names, graph_name="main")
     builder.verify()
+    if device.type == "cpu":
+        model_name = name or type(model).__name__
+        _kiln.CompiledGraph.compile_package(builder, os.fspath(path), model_name, mode, precision)
+        return path
+    warnings.warn(
+        f"kiln.export: {path} is a graph folder (IR text + weights), not a .kiln package: "
+        f"packages hold CPU executables so far (issue #14); kiln.load compiles the folder for "
+        f"{device}", KilnExportWarning, stacklevel=2)
     manifest = {
         "format": FORMAT,
-        "note": "preview graph folder: IR text + safetensors; the .kiln package (issue #14) replaces it",
+        "note": "graph folder: IR text + safetensors; .kiln packages for CUDA (issue #14) replace it",
         "kiln_version": _kiln.version(),
         "torch_version": torch.__version__,
         "mode": mode,
+        "precision": precision,
         "device": str(device),
         "backend": choose_backend(device),
         "inputs": builder.input_specs(),
@@ -164,15 +207,29 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dynam
 
 
 def load(path, *, backend=None, mode=None):
-    """Loads what kiln.export wrote and compiles it; returns a :class:`Loaded` callable."""
+    """Loads what kiln.export wrote: a .kiln package through the runtime alone (``backend`` and
+    ``mode`` do not apply: the package holds compiled kernels), or a graph folder, which is
+    compiled here. Returns a :class:`Loaded` callable."""
+    path = os.fspath(path)
+    if _is_package(path):
+        if backend is not None or mode is not None:
+            raise ValueError(f"kiln.load: {path} is a compiled .kiln package; backend= and mode= "
+                             f"apply to graph folders only")
+        compiled = _kiln.CompiledGraph.load_package(path)
+        return Loaded(compiled, json.loads(compiled.manifest))
     builder, manifest = read_graph_folder(path)
     compiled = _kiln.CompiledGraph.compile(builder, backend or manifest.get("backend", "inductor"),
-                                           mode or manifest.get("mode", "default"))
+                                           mode or manifest.get("mode", "default"),
+                                           manifest.get("precision", "float32"))
     return Loaded(compiled, manifest)
 
 
-def compile_onnx(path, *, input_shapes=None, backend="inductor", mode="default"):
+def compile_onnx(path, *, input_shapes=None, backend="inductor", mode="default", dtype=None):
     """Imports an ONNX model with Kiln's importer (``input_shapes``: name -> shape, to fix
-    dynamic dims) and compiles it; returns a :class:`Loaded` callable."""
+    dynamic dims) and compiles it (``dtype``: "bfloat16" / "float16" mixed precision); returns a
+    :class:`Loaded` callable."""
+    if dtype not in _PRECISIONS:
+        raise ValueError(f"kiln.compile_onnx: dtype must be float32, bfloat16 or float16, got {dtype!r}")
     builder = _kiln.GraphBuilder.import_onnx(os.fspath(path), dict(input_shapes or {}))
-    return Loaded(_kiln.CompiledGraph.compile(builder, backend, mode), {"source": os.fspath(path)})
+    compiled = _kiln.CompiledGraph.compile(builder, backend, mode, _PRECISIONS[dtype])
+    return Loaded(compiled, {"source": os.fspath(path)})

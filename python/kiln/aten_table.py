@@ -442,6 +442,38 @@ for _a in ("view.default", "_unsafe_view.default", "reshape.default", "squeeze.d
     aten(f"aten.{_a}", ["reshape"], "reshape to the output shape")(_reshape_to_output)
 
 
+@aten("aten.as_strided.default", ["reshape", "permute"],
+      "a contiguous input re-viewed as a (permuted) reshape; other strides stay in torch")
+def _as_strided(cx, x, size, stride, storage_offset=None):
+    # as_strided addresses x's storage. Kiln values have no storage, so it is taken only where
+    # x is contiguous from offset 0 (its storage is its row-major elements) and (size, stride)
+    # is a permutation of a row-major layout of all of them (what avgpool's keepdim view in
+    # ConvNeXt is): then it is reshape + permute. Size-1 dims have any stride.
+    src = getattr(x, "val", None)
+    if src is None or not src.is_contiguous() or src.storage_offset() != 0:
+        raise Unsupported("as_strided of a tensor that is not contiguous from offset 0")
+    if storage_offset not in (None, 0):
+        raise Unsupported(f"as_strided with storage_offset {storage_offset}")
+    size, stride = [int(s) for s in size], [int(s) for s in stride]
+    numel = 1
+    for n in size:
+        numel *= n
+    if numel != src.numel():
+        raise Unsupported(f"as_strided to {numel} of {src.numel()} elements")
+    dims = sorted((i for i, n in enumerate(size) if n != 1), key=lambda i: -stride[i])
+    expect = 1
+    for i in reversed(dims):
+        if stride[i] != expect:
+            raise Unsupported(f"as_strided with strides {stride} for sizes {size}: not a "
+                              f"permutation of a row-major layout")
+        expect *= size[i]
+    if dims == sorted(dims):
+        return cx.op("reshape", [x], shape=size)
+    stored = cx.op("reshape", [x], shape=[size[i] for i in dims])
+    perm = cx.op("permute", [stored], dims=[dims.index(i) for i in sorted(dims)])
+    return cx.op("reshape", [perm], shape=size)
+
+
 @aten("aten.unsqueeze.default", ["unsqueeze"])
 def _unsqueeze(cx, x, dim):
     return cx.op("unsqueeze", [x], dims=[dim % (len(x.shape) + 1)])
@@ -533,16 +565,53 @@ def _scatter_add(cx, x, dim, index, src):
     return cx.op("scatter_add", [x, index, src], dim=dim % len(x.shape))
 
 
-@aten("aten.index.Tensor", ["index_select", "reshape"], "one integer index tensor")
+@aten("aten.index.Tensor", ["index_select", "gather", "reshape", "expand"],
+      "integer index tensors at adjacent dims (broadcast together)")
 def _index(cx, x, indices):
-    used = [(i, t) for i, t in enumerate(indices) if t is not None]
-    if len(used) != 1 or used[0][1].dtype not in ("i64", "i32"):
-        raise Unsupported("advanced indexing other than one integer index tensor")
-    dim, idx = used[0]
-    flat = cx.op("reshape", [idx], shape=[-1]) if len(idx.shape) != 1 else idx
-    picked = cx.op("index_select", [x, flat], dim=dim)
-    return picked if tuple(picked.shape) == tuple(cx.out_shape) else cx.op(
-        "reshape", [picked], shape=list(cx.out_shape))
+    # x[..., i0, i1, ...] with integer index tensors i0..ik-1 at adjacent dims d..d+k-1,
+    # broadcast to B: index_select picks along d with i0 (flattened over B), then each further
+    # index picks along the next dim with gather, one element per row. Every index is checked
+    # (and wrapped when negative) by the op that reads through it, as torch checks each.
+    used = [i for i, t in enumerate(indices) if t is not None]
+    if not used:
+        raise Unsupported("indexing without index tensors")
+    if used != list(range(used[0], used[0] + len(used))):
+        raise Unsupported("index tensors at non-adjacent dims (torch moves their dims first)")
+    if any(indices[i].dtype not in ("i64", "i32") for i in used):
+        raise Unsupported("boolean (mask) index tensors")
+    d, k = used[0], len(used)
+    pre, post = list(x.shape[:d]), list(x.shape[d + k:])
+    bshape = _broadcast_shapes([tuple(indices[i].shape) for i in used])
+    n = 1
+    for s in bshape:
+        n *= s
+
+    def flat(idx):
+        if tuple(idx.shape) != bshape:
+            idx = cx.op("expand", [idx], shape=list(bshape))
+        return cx.op("reshape", [idx], shape=[n]) if len(bshape) != 1 else idx
+
+    y = cx.op("index_select", [x, flat(indices[d])], dim=d)  # [pre, n, x dims d+1.., post]
+    for j in range(1, k):
+        rest = list(y.shape[d + 2:])
+        ones = [1] * len(pre) + [n, 1] + [1] * len(rest)
+        idx = cx.op("reshape", [flat(indices[d + j])], shape=ones)
+        idx = cx.op("expand", [idx], shape=pre + [n, 1] + rest)
+        y = cx.op("gather", [y, idx], dim=d + 1)  # [pre, n, 1, rest]
+        y = cx.op("reshape", [y], shape=pre + [n] + rest)
+    out = pre + list(bshape) + post
+    return y if list(y.shape) == out else cx.op("reshape", [y], shape=out)
+
+
+def _broadcast_shapes(shapes):
+    rank = max(len(s) for s in shapes)
+    out = []
+    for k in range(rank):
+        sizes = {s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0} - {1}
+        if len(sizes) > 1:
+            raise Unsupported(f"index tensor shapes {shapes} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
 
 
 # ---- tensors made from scalars: constants (broadcast with expand) ------------------------------

@@ -23,13 +23,11 @@ _TORCH_API = _kiln.use_torch_exchange_api(torch.Tensor)
 
 
 def choose_backend(device, override=None):
-    """The registered Kiln compile backend for a device: "inductor" (the CPU compiler) on the
-    CPU; on CUDA the interpreter over the CUDA eager kernels until a CUDA compiler registers."""
-    if override:
-        return override
-    if device.type == "cuda":
-        return "cuda" if "cuda" in _kiln.backends() else "eager"
-    return "inductor"
+    """The registered Kiln compile backend: "inductor", Kiln's device-generic compiler, on every
+    device (the CPU target on the CPU, the CUDA target on CUDA: the compiler picks the target from
+    the graph's device); `override` (the `backend` option) forces another, e.g. "eager"."""
+    del device  # one compiler for every device (kept: callers state the device they compile for)
+    return override or "inductor"
 
 
 class KilnGraph:
@@ -58,13 +56,13 @@ class KilnGraph:
     # -- compile
     def _compile(self, args):
         t0 = time.perf_counter()
-        b, input_args, frozen, _ = build_graph(
-            self.gm, args, self.static_indices, self.device, self.options.compute_dtype,
-            self.names, graph_name=self.label)
+        b, input_args, frozen = build_graph(
+            self.gm, args, self.static_indices, self.device, self.names, graph_name=self.label)
         if self._threads:
             _kiln.set_num_threads(self._threads)
         backend = choose_backend(self.device, self.options.kiln_backend)
-        self.compiled = _kiln.CompiledGraph.compile(b, backend, self.options.mode)
+        self.compiled = _kiln.CompiledGraph.compile(b, backend, self.options.mode,
+                                                    self.options.precision)
         self.runner = _kiln.Runner(self.compiled, input_args, [(f.index, f.tensor) for f in frozen])
         self.frozen = frozen
         self.compiles += 1

@@ -25,8 +25,9 @@ from .compiled import KilnGraph
 from .lowering import KilnFallbackWarning, decompositions, partition, plan, warn_once  # noqa: F401
 
 _MODES = ("default", "reduce-overhead", "max-autotune")
-_DTYPES = {"float32": None, "f32": None, torch.float32: None, "bfloat16": "bf16", "bf16": "bf16",
-           torch.bfloat16: "bf16", "float16": "f16", "f16": "f16", torch.float16: "f16"}
+_DTYPES = {"float32": "float32", "f32": "float32", torch.float32: "float32",
+           "bfloat16": "bfloat16", "bf16": "bfloat16", torch.bfloat16: "bfloat16",
+           "float16": "float16", "f16": "float16", torch.float16: "float16"}
 
 
 class Options:
@@ -34,7 +35,9 @@ class Options:
 
     device   "cpu" | "cuda[:N]" | None (the device of the graph's tensors)
     mode     "default" | "reduce-overhead" | "max-autotune" (Kiln's compile modes)
-    dtype    "float32" | "bfloat16" | "float16": float32 tensors compute in this dtype
+    dtype    "float32" | "bfloat16" | "float16": mixed precision as torch.autocast runs it (Kiln's
+             autocast pass: matmul, conv, attention and the pointwise ops between them in this
+             dtype; norms, softmax and reductions in float32); inputs and outputs keep their dtypes
     threads  Kiln's kernel threads (OpenMP), 0 = its default
     strict   Kiln failures raise instead of falling back to torch
     backend  a registered Kiln compile backend to force ("inductor", "eager")
@@ -58,7 +61,7 @@ class Options:
         dt = options.get("dtype", "float32")
         if dt not in _DTYPES:
             raise ValueError(f"kiln backend: dtype must be float32, bfloat16 or float16, got {dt!r}")
-        self.compute_dtype = _DTYPES[dt]
+        self.precision = _DTYPES[dt]
         self.threads = int(options.get("threads", 0) or 0)
         if self.threads < 0:
             raise ValueError(f"kiln backend: threads must be >= 0, got {self.threads}")
@@ -161,7 +164,7 @@ class _Concrete:
         self.device = device
         self.names = names
         self.meta_static = meta_static
-        supported, fallbacks = plan(aten_gm, device, opts.compute_dtype)
+        supported, fallbacks = plan(aten_gm, device)
         n_ops = sum(1 for n in aten_gm.graph.nodes if n.op == "call_function")
         self.entry = record.add_aten_graph(aten_gm, n_ops, fallbacks, label)
         if fallbacks:

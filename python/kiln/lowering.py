@@ -101,11 +101,10 @@ class V:
 class ConvertContext:
     """What converters see (Note [The ATen table]). One per Kiln graph being built."""
 
-    def __init__(self, builder, device, compute_dtype=None):
+    def __init__(self, builder, device):
         self.b = builder
         self.device = device  # torch.device
         self.kiln_device = "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
-        self.compute_dtype = compute_dtype  # Kiln dtype replacing f32 (the `dtype` option)
         self.entry = None
         self.node = None
         self.emitted = []
@@ -131,8 +130,7 @@ class ConvertContext:
         return tuple(int(s) for s in self._out.shape)
 
     def kdtype(self, torch_dtype):
-        d = kiln_dtype(torch_dtype, self.where())
-        return self.compute_dtype if (self.compute_dtype and d == "f32") else d
+        return kiln_dtype(torch_dtype, self.where())
 
     def where(self):
         return f"{self.entry.name if self.entry else 'node'} '{self.node.name if self.node else ''}'"
@@ -281,7 +279,7 @@ def _tensor_inputs(node):
         yield a
 
 
-def node_support(node, device, compute_dtype=None):
+def node_support(node, device):
     """None when Kiln takes this node on `device`, else the reason it stays in torch."""
     if node.op != "call_function":
         return "not an op call"
@@ -291,7 +289,7 @@ def node_support(node, device, compute_dtype=None):
     if name is None or name not in ATEN_TABLE:
         return f"{name or node.target} has no entry in Kiln's ATen table"
     b = _kiln.GraphBuilder("probe")
-    cx = ConvertContext(b, device, compute_dtype)
+    cx = ConvertContext(b, device)
     env = {}
     try:
         for a in _tensor_inputs(node):
@@ -300,8 +298,6 @@ def node_support(node, device, compute_dtype=None):
                 if v.device != device and not (v.device.type == device.type == "cpu"):
                     return f"input '{a.name}' is on {v.device}, the graph runs on {device}"
                 dt = kiln_dtype(v.dtype, f"input '{a.name}'")
-                if compute_dtype and dt == "f32":
-                    dt = compute_dtype
                 vid = b.add_input(a.name, dt, [int(s) for s in v.shape], cx.kiln_device)
                 env[a] = V(vid, dt, v.shape, None, v)
             elif isinstance(v, (tuple, list)) and a.target is not operator.getitem:
@@ -332,15 +328,17 @@ class Frozen:
         self.index, self.name, self.tensor = index, name, tensor
 
 
-def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None, graph_name="main"):
+def build_graph(gm, args, frozen_indices, device, names=None, graph_name="main"):
     """A GraphBuilder for `gm` (every node supported). Placeholders at `frozen_indices` become
     parameters with the data of `args[i]` (zero-copy views); the rest graph inputs.
 
-    Returns (builder, input_args, frozen, output_fix): input_args[i] is the argument index of
-    Kiln input i; frozen lists Frozen records; output_fix lists (torch dtype) to cast outputs
-    back to when the `dtype` option changed them (None: unchanged)."""
+    The graph keeps torch's dtypes: the `dtype` option is Kiln's autocast, applied by the
+    compiler (CompiledGraph.compile's precision), not here.
+
+    Returns (builder, input_args, frozen): input_args[i] is the argument index of Kiln input i;
+    frozen lists Frozen records."""
     b = _kiln.GraphBuilder(graph_name)
-    cx = ConvertContext(b, device, compute_dtype)
+    cx = ConvertContext(b, device)
     env = {}
     input_args, frozen = [], []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -355,9 +353,6 @@ def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None
         dt = kiln_dtype(a.dtype, f"input '{name}'")
         if i in frozen_indices:
             t = a.detach()
-            if compute_dtype and dt == "f32":
-                t = t.to(KILN_TO_TORCH[compute_dtype])
-                dt = compute_dtype
             pname = name
             k = 1
             while pname in taken:
@@ -369,12 +364,6 @@ def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None
             vid = b.add_input(name, dt, list(a.shape), cx.kiln_device)
             taken.add(b.value_name(vid))
             input_args.append(i)
-            if compute_dtype and dt == "f32":
-                cx.node = ph
-                v = V(vid, dt, a.shape, None, _val(ph))
-                env[ph] = cx.cast(v, compute_dtype)
-                env[ph].val = _val(ph)
-                continue
         env[ph] = V(vid, dt, a.shape, None, _val(ph))
         io_ids.add(vid)
     for node in gm.graph.nodes:
@@ -385,23 +374,19 @@ def build_graph(gm, args, frozen_indices, device, compute_dtype=None, names=None
         elif node.op == "output":
             outs = node.args[0]
             outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-            ids, fix = [], []
+            ids = []
             cx.node = node
             cx.entry = None
             for o in outs:
                 v = env[o] if isinstance(o, torch.fx.Node) else None
                 if not isinstance(v, V):
                     raise Unsupported(f"graph output {o} is not a tensor Kiln computes")
-                want = _val(o)
                 # An output that is an input or parameter gets its own copy (never an alias).
                 if v.id in io_ids:
                     v = cx.op("copy", [v])
-                if isinstance(want, torch.Tensor) and compute_dtype and want.dtype == torch.float32:
-                    v = cx.cast(v, "f32")
                 ids.append(v.id)
-                fix.append(None)
             b.set_outputs(ids)
-            return b, input_args, frozen, fix
+            return b, input_args, frozen
     raise AssertionError("graph without output")
 
 
@@ -418,7 +403,7 @@ class Fallback:
         return f"{self.op} ('{self.node}'): {self.reason}"
 
 
-def plan(gm, device, compute_dtype=None):
+def plan(gm, device):
     """Support of every op node: (supported node set, [Fallback])."""
     supported, fallbacks = set(), []
     for node in gm.graph.nodes:
@@ -426,7 +411,7 @@ def plan(gm, device, compute_dtype=None):
             continue
         if node.target is operator.getitem:
             continue
-        reason = node_support(node, device, compute_dtype)
+        reason = node_support(node, device)
         if reason is None:
             supported.add(node)
         else:
@@ -436,7 +421,7 @@ def plan(gm, device, compute_dtype=None):
         if node.op == "call_function" and node.target is operator.getitem:
             src, index = node.args
             if src in supported:
-                if _getitem_computed(src, index, device, compute_dtype):
+                if _getitem_computed(src, index, device):
                     supported.add(node)
                 else:
                     fallbacks.append(Fallback(node.name, f"{aten_name(src.target)}[{index}]",
@@ -444,15 +429,13 @@ def plan(gm, device, compute_dtype=None):
     return supported, fallbacks
 
 
-def _getitem_computed(src, index, device, compute_dtype):
+def _getitem_computed(src, index, device):
     b = _kiln.GraphBuilder("probe")
-    cx = ConvertContext(b, device, compute_dtype)
+    cx = ConvertContext(b, device)
     env = {}
     for a in src.all_input_nodes:
         v = _val(a)
         dt = kiln_dtype(v.dtype, a.name)
-        if compute_dtype and dt == "f32":
-            dt = compute_dtype
         env[a] = V(b.add_input(a.name, dt, [int(s) for s in v.shape], cx.kiln_device), dt, v.shape, None, v)
     out = convert_node(cx, src, env)
     return isinstance(out, tuple) and index < len(out) and out[index] is not None

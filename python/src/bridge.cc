@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "compiler/backend.h"
+#include "compiler/compile.h"
+#include "compiler/package.h"
 #include "kiln/version.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
@@ -24,6 +26,8 @@
 #include "ir/verifier.h"
 #include "nn/safetensors.h"
 #include "ops/op.h"
+#include "runtime/executable.h"
+#include "runtime/package.h"
 
 namespace kiln_py {
 namespace {
@@ -386,8 +390,111 @@ struct CompiledGraph::Impl {
   std::vector<TensorSpec> inputs, outputs;
   std::vector<std::shared_ptr<void>> keep_alive;
   double compile_s = 0;
+  std::string manifest;  // a loaded package's
   kiln::TensorList in_scratch, out_scratch;  // reused across calls (keep their capacity)
 };
+
+namespace {
+kiln::DType precision_of(const CompileSpec& spec) {
+  if (spec.precision == "float32") return kiln::DType::Float32;
+  if (spec.precision == "bfloat16") return kiln::DType::BFloat16;
+  if (spec.precision == "float16") return kiln::DType::Float16;
+  fail("InvalidArgument",
+       "precision must be float32, bfloat16 or float16, got '" + spec.precision + "'");
+}
+
+// A loaded .kiln package as a compiled graph: the runtime's Executable, run exactly as the
+// compiler's own CompiledExecutable runs one (the output reuse of run_into included).
+class PackageGraph : public kiln::compiler::CompiledExecutable {
+ public:
+  explicit PackageGraph(kiln::LoadedPackage p)
+      : CompiledExecutable(p.exe, kiln::compiler::CompileReport{}), pkg_(std::move(p)) {}
+  std::string summary() const override {
+    const kiln::Executable& e = *pkg_.exe;
+    return "package '" + pkg_.model + "' (mode " + pkg_.mode + ", Kiln " + pkg_.kiln_version +
+           ", " + std::to_string(pkg_.file_bytes) + " bytes): " +
+           std::to_string(e.launches.size()) + " launches, arena " +
+           std::to_string(e.arena_bytes()) + " bytes; loaded by the runtime, nothing compiled";
+  }
+  int64_t launches() const override { return int64_t(pkg_.exe->launches.size()); }
+  int64_t arena_bytes() const override { return pkg_.exe->arena_bytes(); }
+  const std::string& manifest() const { return pkg_.manifest; }
+
+ private:
+  kiln::LoadedPackage pkg_;
+};
+
+TensorSpec spec_of(const std::string& name, kiln::DType dtype, const kiln::Dims& sizes) {
+  TensorSpec s;
+  s.name = name;
+  s.dtype = kiln::info(dtype).short_name;
+  s.dl = to_dl(dtype);
+  s.shape.assign(sizes.begin(), sizes.end());
+  s.device_type = kDeviceCPU;
+  s.text = std::string(s.dtype) + "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s.text += (i ? ", " : "") + std::to_string(sizes[i]);
+  s.text += "]";
+  return s;
+}
+}  // namespace
+
+std::unique_ptr<CompiledGraph> CompiledGraph::compile_package(const GraphBuilder& graph,
+                                                              const CompileSpec& spec,
+                                                              const std::string& model,
+                                                              const std::string& path) {
+  return guarded([&] {
+    const kiln::Graph& g = graph.impl_->graph;
+    if (!graph.impl_->has_outputs) fail("InvalidArgument", "graph '" + g.name + "' has no outputs set");
+    if (spec.backend != "inductor")
+      fail("InvalidArgument", "a package holds what Kiln's compiler made ('inductor'), not backend '" +
+                                  spec.backend + "'");
+    kiln::Device device = graph_device(g);
+    if (!device.is_cpu())
+      fail("NotSupported", "graph '" + g.name + "' runs on " + device.str() +
+                               ": .kiln packages hold CPU executables so far (docs/package.md)");
+    kiln::compiler::Options options;
+    options.mode = spec.mode;
+    options.precision = precision_of(spec);
+    options.progress = false;
+    auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<kiln::compiler::CompiledExecutable> exe =
+        kiln::compiler::compile(g, kiln::Device::cpu(), options);
+    kiln::PackageInfo info;
+    info.model = model;
+    if (!g.inputs.empty() && !g.type(g.inputs[0]).shape.empty() &&
+        !g.type(g.inputs[0]).shape[0].is_symbolic())
+      info.batch = g.type(g.inputs[0]).shape[0].value();
+    kiln::compiler::write_package(*exe, options, info, path);
+    auto c = std::unique_ptr<CompiledGraph>(new CompiledGraph());
+    c->impl_ = std::make_unique<Impl>();
+    c->impl_->compiled = std::move(exe);
+    c->impl_->compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c->impl_->backend = "inductor";
+    c->impl_->inputs = graph.input_specs();
+    c->impl_->outputs = graph.output_specs();
+    c->impl_->keep_alive = graph.impl_->keep_alive;
+    return c;
+  });
+}
+
+std::unique_ptr<CompiledGraph> CompiledGraph::load_package(const std::string& path) {
+  return guarded([&] {
+    auto t0 = std::chrono::steady_clock::now();
+    auto pkg = std::make_unique<PackageGraph>(kiln::load_package(path));
+    auto c = std::unique_ptr<CompiledGraph>(new CompiledGraph());
+    c->impl_ = std::make_unique<Impl>();
+    const kiln::Executable& e = pkg->executable();
+    for (const kiln::Executable::InputSpec& s : e.inputs)
+      c->impl_->inputs.push_back(spec_of(s.name, s.dtype, s.sizes));
+    for (const kiln::Executable::OutputSpec& s : e.outputs)
+      c->impl_->outputs.push_back(spec_of(s.name, s.dtype, s.sizes));
+    c->impl_->manifest = pkg->manifest();
+    c->impl_->compiled = std::move(pkg);
+    c->impl_->compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c->impl_->backend = "package";
+    return c;
+  });
+}
 
 std::unique_ptr<CompiledGraph> CompiledGraph::compile(const GraphBuilder& graph,
                                                       const CompileSpec& spec) {
@@ -397,6 +504,7 @@ std::unique_ptr<CompiledGraph> CompiledGraph::compile(const GraphBuilder& graph,
     kiln::BackendOptions opts;
     opts.mode = spec.mode;
     opts.device = graph_device(g);
+    opts.precision = precision_of(spec);
     const kiln::BackendFactory& factory = kiln::find_backend(spec.backend);
     auto t0 = std::chrono::steady_clock::now();
     auto c = std::unique_ptr<CompiledGraph>(new CompiledGraph());
@@ -477,6 +585,7 @@ std::string CompiledGraph::summary() const { return impl_->compiled->summary(); 
 int64_t CompiledGraph::arena_bytes() const { return impl_->compiled->arena_bytes(); }
 bool CompiledGraph::cache_hit() const { return impl_->compiled->cache_hit(); }
 double CompiledGraph::compile_seconds() const { return impl_->compile_s; }
+std::string CompiledGraph::manifest() const { return impl_->manifest; }
 
 // ---- the registry and settings -------------------------------------------------------------
 std::vector<OpInfo> ops() {

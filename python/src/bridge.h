@@ -172,12 +172,25 @@ class KILN_PY_API GraphBuilder {
 struct CompileSpec {
   std::string backend = "inductor";  // a registered compile backend ("inductor", "eager", ...)
   std::string mode = "default";      // default | reduce-overhead | max-autotune
+  // float32 | bfloat16 | float16: a float32 graph computes as torch's autocast would in that
+  // dtype (kiln::BackendOptions::precision, passes/autocast.h); inputs and outputs stay float32.
+  std::string precision = "float32";
 };
 
 // A graph compiled by a registered backend.
 class KILN_PY_API CompiledGraph {
  public:
   static std::unique_ptr<CompiledGraph> compile(const GraphBuilder& graph, const CompileSpec& spec);
+  // Compiles `graph` with Kiln's compiler for the CPU (`spec.backend` must be "inductor") and
+  // writes it to `path` as a .kiln deployment package (atomically: runtime/package.h,
+  // docs/package.md); `model` names it in the manifest. Returns the compiled graph, which runs
+  // exactly what the package holds.
+  static std::unique_ptr<CompiledGraph> compile_package(const GraphBuilder& graph,
+                                                        const CompileSpec& spec,
+                                                        const std::string& model,
+                                                        const std::string& path);
+  // Loads a .kiln package with the runtime alone (no compiler, no code generation).
+  static std::unique_ptr<CompiledGraph> load_package(const std::string& path);
   ~CompiledGraph();
 
   const std::vector<TensorSpec>& inputs() const;
@@ -197,6 +210,8 @@ class KILN_PY_API CompiledGraph {
   int64_t arena_bytes() const;
   bool cache_hit() const;
   double compile_seconds() const;
+  // A loaded package's manifest (JSON text); "" for a graph compiled in this process.
+  std::string manifest() const;
 
   struct Impl;
 

@@ -536,13 +536,31 @@ NB_MODULE(_kiln, m) {
   nb::class_<CompiledGraph>(m, "CompiledGraph", "A graph compiled by a Kiln backend.")
       .def_static(
           "compile",
-          [](const GraphBuilder& g, const std::string& backend, const std::string& mode) {
-            CompileSpec spec;
-            spec.backend = backend;
-            spec.mode = mode;
+          [](const GraphBuilder& g, const std::string& backend, const std::string& mode,
+             const std::string& precision) {
+            CompileSpec spec{backend, mode, precision};
             return std::shared_ptr<CompiledGraph>(CompiledGraph::compile(g, spec));
           },
-          nb::arg("graph"), nb::arg("backend") = "inductor", nb::arg("mode") = "default")
+          nb::arg("graph"), nb::arg("backend") = "inductor", nb::arg("mode") = "default",
+          nb::arg("precision") = "float32",
+          "Compiles with a registered backend; precision float32 | bfloat16 | float16 (autocast).")
+      .def_static(
+          "compile_package",
+          [](const GraphBuilder& g, const std::string& path, const std::string& model,
+             const std::string& mode, const std::string& precision) {
+            CompileSpec spec{"inductor", mode, precision};
+            return std::shared_ptr<CompiledGraph>(CompiledGraph::compile_package(g, spec, model, path));
+          },
+          nb::arg("graph"), nb::arg("path"), nb::arg("model"), nb::arg("mode") = "default",
+          nb::arg("precision") = "float32",
+          "Compiles for the CPU and writes a .kiln package to `path` (atomically).")
+      .def_static(
+          "load_package",
+          [](const std::string& path) {
+            return std::shared_ptr<CompiledGraph>(CompiledGraph::load_package(path));
+          },
+          nb::arg("path"), "Loads a .kiln package with the runtime alone.")
+      .def_prop_ro("manifest", &CompiledGraph::manifest)
       .def_prop_ro("backend", &CompiledGraph::backend)
       .def_prop_ro("summary", &CompiledGraph::summary)
       .def_prop_ro("arena_bytes", &CompiledGraph::arena_bytes)

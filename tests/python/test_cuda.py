@@ -7,6 +7,7 @@ import torch
 
 import kiln
 from conftest import assert_close, randomize_
+from test_models import MODELS, check_model, images, whole
 
 
 
@@ -86,3 +87,46 @@ def test_cuda_inputs_checked():
         f(torch.randn(4))
     with pytest.raises(kiln.InputError, match="on cpu"):
         f(t.cpu().numpy())  # a NumPy array cannot feed a CUDA graph
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_on_cuda(name):
+    """test_models.py's cases on CUDA tensors: whole in Kiln, compiled by Kiln's compiler (the
+    CUDA target), outputs on the device within the f32 tolerance of torch eager."""
+    model, make = MODELS[name]()
+    graphs = check_model(model, make, DEV)
+    whole(graphs)
+    parts = [p for g in graphs for a in g.aten for p in a.partitions.values()]
+    assert all(p.backend == "inductor" for p in parts), [p.backend for p in parts]
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_modes_on_cuda(mode):
+    from test_models import resnet18
+
+    model, make = resnet18()
+    whole(check_model(model, make, DEV, options={"mode": mode}))
+
+
+def test_bf16_on_cuda():
+    from test_models import resnet18
+
+    model, make = resnet18()
+    graphs = check_model(model, make, DEV, options={"dtype": "bfloat16"}, tol=5e-2)
+    summaries = [p.summary for g in graphs for a in g.aten for p in a.partitions.values()]
+    assert any("precision bfloat16" in s for s in summaries), summaries
+
+
+def test_export_on_cuda_writes_a_graph_folder(tmp_path):
+    torch.manual_seed(0)
+    m = randomize_(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                                       torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 5)).eval()).to(DEV)
+    x = torch.randn(2, 3, 16, 16, device=DEV)
+    path = str(tmp_path / "m.kiln")
+    with pytest.warns(kiln.aot.KilnExportWarning, match="not a .kiln package"):
+        kiln.export(m, (x,), path)
+    f = kiln.load(path)
+    with torch.no_grad():
+        for k in range(2):
+            x = torch.randn(2, 3, 16, 16, device=DEV)
+            assert_close(f(x), m(x), f"call {k}")

@@ -1,5 +1,6 @@
 """Real models through torch.compile(backend="kiln") against torch eager (f32 tolerance), on
-fresh random inputs and on a second input set (replay of the compiled graph)."""
+fresh random inputs and on a second input set (replay of the compiled graph). The same cases run
+on CUDA tensors in test_cuda.py (MODELS below)."""
 import pytest
 import torch
 import torchvision
@@ -8,13 +9,19 @@ import kiln
 from conftest import assert_close, randomize_
 
 
-def _check(model, make_inputs):
-    model = randomize_(model.eval())
-    compiled = torch.compile(model, backend="kiln")
+def check_model(model, make_inputs, device="cpu", options=None, tol=None):
+    """Compiles `model` with the Kiln backend on `device` and compares two calls (compile, then
+    replay) with torch eager; returns the backend's graph records."""
+    model = randomize_(model.eval()).to(device)
+    compiled = torch.compile(model, backend="kiln", options=options or {})
     with torch.no_grad():
         for k in range(2):  # the first call compiles, the second replays
-            args = make_inputs(k)
-            assert_close(compiled(*args), model(*args), f"call {k}")
+            args = tuple(a.to(device) for a in make_inputs(k))
+            got, ref = compiled(*args), model(*args)
+            if tol is None:
+                assert_close(got, ref, f"call {k}")
+            else:
+                _assert_within(got, ref, tol, f"call {k}")
     graphs = kiln.report.GRAPHS
     assert graphs, "the Kiln backend was not called"
     parts = [p for g in graphs for a in g.aten for p in a.partitions.values()]
@@ -22,28 +29,41 @@ def _check(model, make_inputs):
     return graphs
 
 
-def _images(batch, size, seed=0):
+def _assert_within(got, ref, tol, what):
+    from conftest import flat_tensors
+
+    for i, (g, r) in enumerate(zip(flat_tensors(got), flat_tensors(ref), strict=True)):
+        assert g.dtype == r.dtype and g.shape == r.shape, f"{what} {i}"
+        assert not torch.isnan(g).any(), f"{what} {i}: NaN in Kiln's output"
+        scale = r.abs().max().item()
+        assert scale > 0, f"{what} {i}: torch's output is all zeros"
+        diff = (g - r).abs().max().item()
+        assert diff <= tol * scale, f"{what} {i}: max|diff| {diff:.3g} > {tol} * {scale:.3g}"
+
+
+def images(batch, size, seed=0):
     def make(k):
         g = torch.Generator().manual_seed(seed + k)
         return (torch.randn(batch, 3, size, size, generator=g),)
     return make
 
 
-def _whole(graphs):
+def whole(graphs):
     """Every ATen op ran in Kiln."""
     fallbacks = [f for g in graphs for a in g.aten for f in a.fallbacks]
     assert not fallbacks, fallbacks
 
 
-def test_mlp():
+def mlp():
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(10, 50), torch.nn.ReLU(), torch.nn.Linear(50, 1))
+
     def make(k):
         return (torch.randn(3, 10, generator=torch.Generator().manual_seed(k)),)
-    _whole(_check(m, make))
+    return m, make
 
 
-def test_vfe():
+def vfe():
     torch.manual_seed(0)
     m = torch.nn.Sequential(
         torch.nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False),
@@ -52,30 +72,30 @@ def test_vfe():
     with torch.no_grad():  # non-trivial running statistics
         m[1].running_mean.uniform_(-0.5, 0.5)
         m[1].running_var.uniform_(0.5, 2.0)
-    _whole(_check(m, _images(2, 32)))
+    return m, images(2, 32)
 
 
-def test_resnet18():
+def resnet18():
     torch.manual_seed(0)
-    _whole(_check(torchvision.models.resnet18(weights=None), _images(1, 64)))
+    return torchvision.models.resnet18(weights=None), images(1, 64)
 
 
-def test_mobilenet_v3_small():
+def mobilenet_v3_small():
     torch.manual_seed(0)
-    _whole(_check(torchvision.models.mobilenet_v3_small(weights=None), _images(1, 96)))
+    return torchvision.models.mobilenet_v3_small(weights=None), images(1, 96)
 
 
-def test_convnext_tiny():
+def convnext_tiny():
     torch.manual_seed(0)
-    _check(torchvision.models.convnext_tiny(weights=None), _images(1, 64))
+    return torchvision.models.convnext_tiny(weights=None), images(1, 64)
 
 
-def test_vit_b_16():
+def vit_b_16():
     torch.manual_seed(0)
-    _whole(_check(torchvision.models.vit_b_16(weights=None, image_size=64), _images(1, 64)))
+    return torchvision.models.vit_b_16(weights=None, image_size=64), images(1, 64)
 
 
-def test_bert():
+def bert():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
@@ -89,5 +109,14 @@ def test_bert():
         mask = torch.ones(2, 16, dtype=torch.long)
         mask[1, 9 + k:] = 0  # padding in the second sequence
         return ids, mask
+    return m, make
 
-    _check(m, make)
+
+# Every case runs whole in Kiln: no ATen op falls back to torch.
+MODELS = {f.__name__: f for f in (mlp, vfe, resnet18, mobilenet_v3_small, convnext_tiny, vit_b_16, bert)}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model(name):
+    model, make = MODELS[name]()
+    whole(check_model(model, make))
