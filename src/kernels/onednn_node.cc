@@ -295,6 +295,7 @@ struct OnednnNode::Plan {
   //   Unsafe: the output's layout differs from the residual's: an error.
   enum class Alias : uint8_t { SkipCopy, Safe, Unsafe } residual_alias = Alias::Unsafe;
   std::string description;
+  std::string implementation;  // convolutions: pd->impl_info_str()
   // The instance run(node, inputs, output, scratch) uses: the plan's own memory objects.
   std::shared_ptr<OnednnNode::Instance> own;
 };
@@ -469,6 +470,9 @@ struct Builder {
       layouts.ensure(y.value);
       layouts.is_blocked[size_t(y.value)] = true;
       layouts.layout[size_t(y.value)] = prim_dst;
+    } else if (y.value >= 0) {  // plain (a node built again with another layout)
+      layouts.ensure(y.value);
+      layouts.is_blocked[size_t(y.value)] = false;
     }
     memory::dims dims = prim_dst.dims();
     memory::desc want = value_md(y, dims);
@@ -542,6 +546,15 @@ void Builder::build_conv(Plan& p) {
   // of a plain input stays `any`: the first convolution of a network reads nchw directly).
   if (any_layout && d.conv != OnednnConvPolicy::Auto && yd.size() == 4)
     want_dst = memory::desc(yd, dt, native_conv_block() == 16 ? Tag::nChw16c : Tag::nChw8c);
+  // A layout the compiler measured (OnednnNodeDesc::conv_layout) pins src and dst; a blocked
+  // x is reordered into it.
+  if (!d.conv_layout.empty()) {
+    Tag t = d.conv_layout == "nchw"   ? Tag::nchw
+            : d.conv_layout == "nhwc" ? Tag::nhwc
+            : native_conv_block() == 16 ? Tag::nChw16c : Tag::nChw8c;
+    want_src = memory::desc(xd, dt, t);
+    want_dst = memory::desc(yd, dt, t);
+  }
   bool try_winograd = d.conv == OnednnConvPolicy::Winograd && !transposed && gr == 1 &&
                       dt == DT::f32 && wt[2] == 3 && wt[3] == 3 && d.stride[0] == 1 &&
                       d.stride[1] == 1 && d.dilation[0] == 1 && d.dilation[1] == 1;
@@ -571,7 +584,7 @@ void Builder::build_conv(Plan& p) {
   else
     bias_choices = {memory::desc(bd, DT::f32, Tag::x), memory::desc(bd, dt, Tag::x)};
   std::vector<memory::desc> src_choices = {want_src};
-  if (blocked_src) src_choices.push_back(any_md(xd, dt));  // then reorder from x's layout
+  if (blocked_src && d.conv_layout.empty()) src_choices.push_back(any_md(xd, dt));  // then reorder from x's layout
   std::optional<dnnl::primitive_desc> pd;
   memory::desc bias_md;
   std::vector<dnnl::algorithm> algs = {dnnl::algorithm::convolution_direct};
@@ -656,6 +669,7 @@ void Builder::build_conv(Plan& p) {
       xd[1], yd[1], dt_name(dt), pd->impl_info_str(), format_name(src_md, "nchw"),
       format_name(dst_md, "nchw"), format_name(w_md, gr == 1 ? "oihw" : "goihw"),
       epilogue_str(epi), reorders.empty() ? "" : "; reorders:" + reorders);
+  p.implementation = pd->impl_info_str();
   p.lowered = true;
 }
 
@@ -945,6 +959,7 @@ std::shared_ptr<OnednnNode> OnednnNode::build(const OnednnNodeDesc& desc, Onednn
 bool OnednnNode::lowered() const { return plan_->lowered; }
 const std::string& OnednnNode::why_not() const { return plan_->why_not; }
 const std::string& OnednnNode::description() const { return plan_->description; }
+const std::string& OnednnNode::implementation() const { return plan_->implementation; }
 int64_t OnednnNode::scratch_bytes() const { return plan_->scratch_bytes; }
 bool OnednnNode::residual_may_alias_output() const {
   return plan_->lowered && plan_->residual_input >= 0 &&
@@ -1095,6 +1110,7 @@ std::string OnednnNodeDesc::to_json() const {
   j["conv"] = int(conv);
   j["linear"] = int(linear);
   j["matmul_strides"] = {matmul_strides[0], matmul_strides[1]};
+  if (!conv_layout.empty()) j["conv_layout"] = conv_layout;
   return j.dump();
 }
 
@@ -1140,6 +1156,11 @@ OnednnNodeDesc OnednnNodeDesc::from_json(std::string_view text, const std::strin
     if (ms.size() != 2) throw std::out_of_range("matmul_strides");
     d.matmul_strides[0] = ms[0];
     d.matmul_strides[1] = ms[1];
+    if (j.contains("conv_layout")) {
+      d.conv_layout = j.at("conv_layout").get<std::string>();
+      if (d.conv_layout != "nchw" && d.conv_layout != "nhwc" && d.conv_layout != "blocked")
+        throw std::out_of_range("conv_layout " + d.conv_layout);
+    }
     bool two_in = d.op == "matmul" || d.op.find("conv") != std::string::npos ||
                   d.op.find("linear") != std::string::npos;
     if (d.inputs.size() < (two_in ? 2u : 1u) || d.inputs.size() > 4)

@@ -72,6 +72,10 @@ struct OnednnNodeDesc {
   OnednnConvPolicy conv = OnednnConvPolicy::Auto;
   OnednnLinearImpl linear = OnednnLinearImpl::Auto;
   std::vector<int64_t> matmul_strides[2];  // a strided matmul operand (empty: contiguous)
+  // Convolutions: the layout the primitive computes in, pinned by the compiler's measured
+  // choice (Note [measured convolution layout] in targets/cpu/onednn_lowering.cc): "nchw",
+  // "nhwc" or "blocked" (the native block); "" = what `conv` says.
+  std::string conv_layout;
 
   std::string to_json() const;
   // Throws kiln::Error (ParseError) naming `where` for anything malformed.
@@ -115,6 +119,8 @@ class OnednnNode {
   // "conv2d 7x7/2 3->64 f32 brg:avx512_core src nchw -> dst nhwc, ...": includes oneDNN's
   // implementation name, so two builds that chose differently describe differently.
   const std::string& description() const;
+  // oneDNN's implementation name for convolutions ("brg:avx512_core", "ref:any"), else "".
+  const std::string& implementation() const;
   int64_t scratch_bytes() const;
   // Whether run() accepts the residual's buffer as the output buffer.
   bool residual_may_alias_output() const;

@@ -201,7 +201,7 @@ std::vector<bool> expr_closure(const LoopKernel& k, int root) {
 
 std::string expr_comment(const Graph& g, const LoopKernel& k, int e) {
   const LoopExpr& x = k.exprs[size_t(e)];
-  if (x.node < 0 || x.kind != LoopExpr::Kind::Op) return "";
+  if (x.node < 0 || (x.kind != LoopExpr::Kind::Op && x.kind != LoopExpr::Kind::Indexed)) return "";
   const Node& nd = g.nodes[size_t(x.node)];
   return fmt::format("  // {} {}", op_def(nd.op).name, nd.name);
 }

@@ -39,6 +39,7 @@ const char* loop_kind_name(LoopKind k) {
     case LoopKind::Pointwise: return "pointwise";
     case LoopKind::Reduce: return "reduce";
     case LoopKind::Norm: return "norm";
+    case LoopKind::Scatter: return "scatter";
   }
   return "?";
 }
@@ -79,6 +80,13 @@ bool is_reduce_op(OpId op) {
 }
 bool is_norm_op(OpId op) { return op_has(op, trait::RowNorm); }
 
+// Ops read at computed positions (Note [Indexed loads] in loop_ir.h): one output element each,
+// from the index (or grid) at the output's position and the source somewhere else.
+bool is_indexed_read(OpId op) {
+  return op == OpId::Gather || op == OpId::IndexSelect || op == OpId::Embedding ||
+         op == OpId::GridSample;
+}
+
 // adaptive_avg_pool2d to 1x1 is a mean over H and W.
 bool is_global_avg_pool(const Node& n) {
   if (n.op != OpId::AdaptiveAvgPool2d) return false;
@@ -113,7 +121,8 @@ bool loop_expressible(const Graph& g, const Node& n) {
   for (ValueId in : n.inputs)
     if (in != kNoValue && !concrete(g.type(in))) return false;
   if (n.outputs.size() != 1) return false;
-  return is_pointwise_op(n.op) || is_reduce_op(n.op) || is_norm_op(n.op) || is_global_avg_pool(n);
+  return is_pointwise_op(n.op) || is_reduce_op(n.op) || is_norm_op(n.op) ||
+         is_global_avg_pool(n) || is_indexed_read(n.op) || n.op == OpId::ScatterAdd;
 }
 
 namespace {
@@ -180,8 +189,8 @@ bool resolve_view(const Graph& g, ValueId v, const std::vector<bool>& view_is_co
 
 namespace {
 
-enum class NodeClass : uint8_t { View, Pointwise, ViewCopy, Reduce, Norm, SmallLinear, Extern,
-                                 Fallback };
+enum class NodeClass : uint8_t { View, Pointwise, ViewCopy, Reduce, Norm, SmallLinear, Indexed,
+                                 Scatter, Extern, Fallback };
 
 struct Group {
   LoopKind kind = LoopKind::Pointwise;
@@ -207,6 +216,8 @@ class Scheduler {
   bool try_join(int32_t i, NodeClass c);
   int new_group(int32_t i, NodeClass c);
   void build_kernel(const Group& gr, LoopKernel* k);
+  void build_scatter(const Group& gr, LoopKernel* k);
+  ViewGeometry geometry(ValueId v) const;
 
   const Graph& g_;
   const std::vector<bool>& view_is_copy_;
@@ -235,6 +246,8 @@ NodeClass Scheduler::classify(int32_t i) const {
   if (is_pointwise_op(n.op)) return NodeClass::Pointwise;
   if (is_reduce_op(n.op) || is_global_avg_pool(n)) return NodeClass::Reduce;
   if (is_norm_op(n.op)) return NodeClass::Norm;
+  if (is_indexed_read(n.op)) return NodeClass::Indexed;
+  if (n.op == OpId::ScatterAdd) return NodeClass::Scatter;
   return NodeClass::Fallback;
 }
 
@@ -255,8 +268,15 @@ int Scheduler::new_group(int32_t i, NodeClass c) {
   ValueId out = n.outputs[0];
   switch (c) {
     case NodeClass::Pointwise:
+    case NodeClass::Indexed:
       gr.kind = LoopKind::Pointwise;
       gr.full = dims_of(g_.type(out));
+      break;
+    case NodeClass::Scatter:
+      gr.kind = LoopKind::Scatter;
+      gr.closed = true;
+      gr.full = dims_of(g_.type(n.inputs[1]));
+      gr.anchor = i;
       break;
     case NodeClass::ViewCopy: {
       gr.kind = LoopKind::Pointwise;
@@ -301,7 +321,8 @@ int Scheduler::new_group(int32_t i, NodeClass c) {
 bool Scheduler::try_join(int32_t i, NodeClass c) {
   if (!opt_.fuse) return false;
   const Node& n = g_.nodes[size_t(i)];
-  if (c == NodeClass::ViewCopy || c == NodeClass::SmallLinear) return false;
+  if (c == NodeClass::ViewCopy || c == NodeClass::SmallLinear || c == NodeClass::Scatter)
+    return false;
   int anchor = -1;
   for (ValueId v : n.inputs)
     if (v != kNoValue) anchor = std::max(anchor, source_step(v));
@@ -332,6 +353,11 @@ bool Scheduler::try_join(int32_t i, NodeClass c) {
       ok = out == gr.kept && inputs_ok(Level::Kept, gr.kept, 0, n.inputs.size());
       lv = Level::Kept;
     }
+  } else if (c == NodeClass::Indexed && gr.kind == LoopKind::Pointwise) {
+    // The source (input 0) is read at computed positions: never from this group, whose
+    // stores are still being written. The index may be a register when it has the output's
+    // shape (gather); index_select's, embedding's and grid_sample's do not.
+    ok = out == gr.full && inputs_ok(Level::Full, gr.full, 1, 1);
   } else if ((c == NodeClass::Reduce || c == NodeClass::Norm) && gr.kind == LoopKind::Pointwise) {
     Dims in = dims_of(g_.type(n.inputs[0]));
     ok = in == gr.full && inputs_ok(Level::Full, gr.full, 0, 0);
@@ -432,7 +458,32 @@ std::vector<int64_t> map_strides(const Dims& vs, const Dims& vst, const Dims& re
   return st;
 }
 
+ViewGeometry Scheduler::geometry(ValueId v) const {
+  if (s_.virtual_view[size_t(v)]) return s_.views[size_t(v)];
+  ViewGeometry geo;
+  bool ok = resolve_impl(g_, v, &view_is_copy_, &geo);
+  KILN_ASSERT(ok);
+  return geo;
+}
+
+int normalized_dim(const Node& n, int rank) {
+  int64_t d = n.attrs.get_int("dim");
+  return int(d < 0 ? d + rank : d);
+}
+
+// The message of an index check: "<op> '<node>': index <value> is out of range for <what>".
+IndexCheck index_check(int32_t node, const Node& n, const std::string& what, int64_t size) {
+  IndexCheck c;
+  c.node = node;
+  c.message_prefix = fmt::format("{} '{}': index ", op_def(n.op).name, n.name);
+  c.message_suffix = size == 0 ? fmt::format(" is out of range: {} is empty", what)
+                               : fmt::format(" is out of range for {} of size {} (valid range "
+                                             "[{}, {}])", what, size, -size, size - 1);
+  return c;
+}
+
 void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
+  if (gr.kind == LoopKind::Scatter) return build_scatter(gr, k);
   k->kind = gr.kind;
   k->nodes = gr.nodes;
   const size_t rank = gr.full.size();
@@ -583,7 +634,75 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
       k->stores.push_back(st);
       continue;
     }
-    if (linear && ni == gr.anchor) {
+    if (is_indexed_read(n.op)) {
+      // Note [Indexed loads]: reads over the output's space; dim j of a read value walks the
+      // iteration dim of output dim full_dim[j] (-1: not walked, or indexed).
+      auto mapped = [&](ValueId v, const std::vector<int>& full_dim, int64_t extra) {
+        ViewGeometry geo = geometry(v);
+        Access a;
+        a.value = geo.base;
+        a.offset = geo.offset + extra;
+        a.dtype = g_.type(v).dtype;
+        a.strides.assign(n_iter, 0);
+        for (size_t j = 0; j < full_dim.size() && j < geo.sizes.size(); ++j)
+          if (full_dim[j] >= 0 && geo.sizes[j] != 1)
+            a.strides[size_t(iter_of_full[size_t(full_dim[j])])] = geo.strides[j];
+        return std::make_pair(a, geo);
+      };
+      auto identity_except = [](int r, int skip) {
+        std::vector<int> m;
+        for (int j = 0; j < r; ++j) m.push_back(j == skip ? -1 : j);
+        return m;
+      };
+      LoopExpr e;
+      e.kind = LoopExpr::Kind::Indexed;
+      e.op = n.op;
+      e.attrs = &n.attrs;
+      e.dtype = od;
+      e.level = Level::Full;
+      e.node = ni;
+      ValueId x = n.inputs[0], idx = n.inputs[1];
+      const int xr = g_.type(x).rank();
+      std::pair<Access, ViewGeometry> src;
+      if (n.op == OpId::GridSample) {
+        src = mapped(x, {0, 1, -1, -1}, 0);
+        ViewGeometry gg = geometry(idx);
+        e.args = {add_load(mapped(idx, {0, 2, 3, -1}, 0).first, Level::Full),
+                  add_load(mapped(idx, {0, 2, 3, -1}, gg.strides[3]).first, Level::Full)};
+        e.src_stride[0] = src.second.strides[2];
+        e.src_stride[1] = src.second.strides[3];
+        e.src_size[0] = src.second.sizes[2];
+        e.src_size[1] = src.second.sizes[3];
+      } else {
+        int dim = 0;
+        std::string what;
+        if (n.op == OpId::Gather) {
+          dim = normalized_dim(n, xr);
+          src = mapped(x, identity_except(xr, dim), 0);
+          e.args = {read(idx, Level::Full)};  // the output's shape: maybe a register
+          what = fmt::format("dim {} of x", dim);
+        } else if (n.op == OpId::IndexSelect) {
+          dim = normalized_dim(n, xr);
+          src = mapped(x, identity_except(xr, dim), 0);
+          std::vector<int> im;
+          if (g_.type(idx).rank() == 1) im = {dim};
+          e.args = {add_load(mapped(idx, im, 0).first, Level::Full)};
+          what = fmt::format("dim {} of x", dim);
+        } else {  // embedding: weight [num, width], out = indices.shape + [width]
+          const int ir = g_.type(idx).rank();
+          src = mapped(x, {-1, ir}, 0);
+          e.args = {add_load(mapped(idx, identity_except(ir, -1), 0).first, Level::Full)};
+          what = "the embedding table (dim 0 of weight)";
+        }
+        e.src_stride[0] = src.second.strides[size_t(dim)];
+        e.src_size[0] = src.second.sizes[size_t(dim)];
+        e.check = int(k->checks.size());
+        k->checks.push_back(index_check(ni, n, what, e.src_size[0]));
+      }
+      k->loads.push_back(src.first);  // read only through the Indexed expression
+      e.load = int(k->loads.size()) - 1;
+      result = add_expr(e);
+    } else if (linear && ni == gr.anchor) {
       // x[..., k] * w[n, k], summed over k; then bias, residual, activation at the result.
       ValueId x = n.inputs[0], w = n.inputs[1];
       const TensorType& xt = g_.type(x);
@@ -728,6 +847,62 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
   k->name = fmt::format("k{}{}", gr.step, ops);
 }
 
+// scatter_add alone (LoopKind::Scatter in Note [Loop-nest IR]): the index's dims, the scattered
+// one last; index and src read at the index's coordinates; x copied into the output first.
+void Scheduler::build_scatter(const Group& gr, LoopKernel* k) {
+  const int32_t ni = gr.anchor;
+  const Node& n = g_.nodes[size_t(ni)];
+  k->kind = LoopKind::Scatter;
+  k->nodes = gr.nodes;
+  ValueId x = n.inputs[0], idx = n.inputs[1], src = n.inputs[2], out = n.outputs[0];
+  const Dims od = dims_of(g_.type(out));
+  const int r = int(od.size());
+  const int dim = normalized_dim(n, r);
+  std::vector<int> perm;
+  for (int d = 0; d < r; ++d)
+    if (d != dim) perm.push_back(d);
+  perm.push_back(dim);
+  for (int d : perm) k->sizes.push_back(gr.full[size_t(d)]);
+  k->reduce_dims = 1;
+  auto load = [&](ValueId v) {
+    ViewGeometry geo = geometry(v);
+    Access a;
+    a.value = geo.base;
+    a.offset = geo.offset;
+    a.dtype = g_.type(v).dtype;
+    for (int d : perm) a.strides.push_back(geo.sizes[size_t(d)] == 1 ? 0 : geo.strides[size_t(d)]);
+    k->loads.push_back(a);
+    LoopExpr e;
+    e.kind = LoopExpr::Kind::Load;
+    e.dtype = a.dtype;
+    e.load = int(k->loads.size()) - 1;
+    k->exprs.push_back(e);
+    return int(k->exprs.size()) - 1;
+  };
+  LoopScatter& sc = k->scatter;
+  sc.index = load(idx);
+  sc.src = load(src);
+  ViewGeometry gx = geometry(x);
+  sc.init.value = gx.base;
+  sc.init.offset = gx.offset;
+  sc.init.dtype = g_.type(x).dtype;
+  sc.init.strides.assign(gx.strides.begin(), gx.strides.end());
+  sc.init_sizes.assign(od.begin(), od.end());
+  Dims cs = contiguous_strides(od);
+  sc.out.value = out;
+  sc.out.dtype = g_.type(out).dtype;
+  for (int d : perm) sc.out.strides.push_back(d == dim ? 0 : cs[size_t(d)]);
+  sc.dim_stride = cs[size_t(dim)];
+  sc.dim_size = od[size_t(dim)];
+  sc.check = 0;
+  k->checks.push_back(index_check(ni, n, fmt::format("dim {} of x", dim), sc.dim_size));
+  LoopStore st;
+  st.expr = sc.src;
+  st.access = sc.out;
+  k->stores.push_back(st);
+  k->name = fmt::format("k{}_scatter_add", gr.step);
+}
+
 }  // namespace
 
 Schedule schedule(const Graph& g, const std::vector<bool>& view_is_copy,
@@ -750,11 +925,20 @@ std::string loop_kernel_str(const Graph& g, const LoopKernel& k) {
     switch (e.kind) {
       case LoopExpr::Kind::Load: what = fmt::format("load{}", e.load); break;
       case LoopExpr::Kind::Scalar: what = fmt::format("{}", e.scalar); break;
+      case LoopExpr::Kind::Indexed:
+        what = fmt::format("{}(load{} at {})", op_def(e.op).name, e.load, fmt::join(e.args, ", "));
+        break;
       default: what = fmt::format("{}({})", op_def(e.op).name, fmt::join(e.args, ", ")); break;
     }
     s += fmt::format("  e{} = {} : {}{}\n", i, what, dtype_name(e.dtype),
                      e.level == Level::Kept ? " (kept)" : "");
   }
+  if (k.kind == LoopKind::Scatter)
+    s += fmt::format("  init %{} +{} strides [{}] over [{}]\n  scatter-add e{} at index e{} "
+                     "(dim stride {}, size {})\n", g.value(k.scatter.init.value).name,
+                     k.scatter.init.offset, fmt::join(k.scatter.init.strides, ", "),
+                     fmt::join(k.scatter.init_sizes, ", "), k.scatter.src, k.scatter.index,
+                     k.scatter.dim_stride, k.scatter.dim_size);
   for (const LoopStore& st : k.stores)
     s += fmt::format("  store e{} -> %{} strides [{}]\n", st.expr, g.value(st.access.value).name,
                      fmt::join(st.access.strides, ", "));

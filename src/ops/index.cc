@@ -334,6 +334,10 @@ std::vector<OpSample> samples_scatter_add(Generator& g) {
        {{"dim", int64_t(1)}}, "3-D, dim 1"},
       {{sample_randn(g, {3, 2}), sample_index(g, {0, 2}, 0, 3, i64), sample_randn(g, {1, 2})},
        {{"dim", int64_t(0)}}, "empty index"},
+      {{sample_randn(g, {5, 4}), sample_index(g, {40, 4}, -1, 0, i64), sample_randn(g, {40, 4})},
+       {{"dim", int64_t(0)}}, "every index the same (-1): 40 terms into one row"},
+      {{sample_randn(g, {3, 50}), sample_index(g, {3, 64}, -50, 50, i32), sample_randn(g, {3, 64})},
+       {{"dim", int64_t(1)}}, "scatter along the last dim, int32, wrapped and repeated"},
   };
 }
 

@@ -19,6 +19,7 @@
 // path yet; deformable attention in wave 3 will want a fast one).
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <optional>
 
@@ -331,8 +332,26 @@ Tensor sample_grid(Generator& g, int64_t n, int64_t h, int64_t w) {
   return sample_uniform(g, {n, h, w, 2}, -1.2, 1.2);
 }
 
+// Coordinates far outside [-1, 1] (every tap out of range), on the border, and infinite or NaN
+// (NaN gives NaN; an infinity reads nothing and gives 0).
+Tensor sample_grid_extreme(Generator& g, int64_t n, int64_t h, int64_t w) {
+  Tensor t = sample_uniform(g, {n, h, w, 2}, -3.0, 3.0);
+  double* p = t.data<double>();
+  const int64_t count = t.numel();
+  const double special[] = {1.0, -1.0, 1e9, -1e9, std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::quiet_NaN()};
+  for (size_t i = 0; i < std::size(special) && int64_t(3 * i + 1) < count; ++i)
+    p[3 * i + 1] = special[i];
+  return t;
+}
+
 std::vector<OpSample> samples_grid_sample(Generator& g) {
   return {
+      {{sample_randn(g, {2, 3, 4, 5}), sample_grid_extreme(g, 2, 3, 6)},
+       {{"align_corners", false}}, "coordinates far out of range, on the border, inf and NaN"},
+      {{sample_randn(g, {1, 2, 3, 4}), sample_grid_extreme(g, 1, 4, 5)},
+       {{"align_corners", true}}, "align_corners true, extreme coordinates"},
       {{sample_randn(g, {2, 3, 5, 6}), sample_grid(g, 2, 4, 7)}, {{"align_corners", false}},
        "align_corners false"},
       {{sample_randn(g, {2, 3, 5, 6}), sample_grid(g, 2, 4, 7)}, {{"align_corners", true}},

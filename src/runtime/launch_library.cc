@@ -42,12 +42,25 @@ using json = nlohmann::json;
 // ---- loop kernels -----------------------------------------------------------------------------
 struct LoopState {
   void (*fn)(char* const*, int) = nullptr;
+  void (*checked_fn)(char* const*, int, int64_t*) = nullptr;  // kernels with index checks
   int threads = 0;  // see Note [kernel threads] in targets/cpu/emitter.cc
+  std::vector<IndexCheckText> checks;
 };
 
 void run_loop(void* s, const Executable::RunContext& c) {
   auto* l = static_cast<LoopState*>(s);
   l->fn(c.slots, l->threads);
+}
+
+void run_checked_loop(void* s, const Executable::RunContext& c) {
+  auto* l = static_cast<LoopState*>(s);
+  int64_t err[2] = {-1, 0};
+  l->checked_fn(c.slots, l->threads, err);
+  if (err[0] >= 0) [[unlikely]] {
+    size_t k = size_t(err[0]) < l->checks.size() ? size_t(err[0]) : 0;
+    fail_kind(ErrorKind::InvalidArgument, "{}{}{}", l->checks[k].first, err[1],
+              l->checks[k].second);
+  }
 }
 
 // ---- oneDNN nodes -----------------------------------------------------------------------------
@@ -172,10 +185,16 @@ Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std
   int threads = p.at("threads").get<int>();
   if (threads < 0) throw std::out_of_range("threads must be >= 0");
   if (!env.symbol) fail_kind(ErrorKind::ParseError, "{}: the package has no kernels section", where);
-  auto* fn = reinterpret_cast<void (*)(char* const*, int)>(env.symbol(symbol));
-  if (!fn)
+  void* sym = env.symbol(symbol);
+  if (!sym)
     fail_kind(ErrorKind::ParseError, "{}: section 'kernels.cpu' has no kernel '{}'", where, symbol);
-  return make_loop_launch(fn, symbol, threads).launch;
+  if (p.contains("checks")) {
+    auto checks = p.at("checks").get<std::vector<IndexCheckText>>();
+    if (checks.empty()) throw std::out_of_range("checks must not be empty");
+    return make_checked_loop_launch(reinterpret_cast<void (*)(char* const*, int, int64_t*)>(sym),
+                                    symbol, threads, std::move(checks)).launch;
+  }
+  return make_loop_launch(reinterpret_cast<void (*)(char* const*, int)>(sym), symbol, threads).launch;
 }
 
 Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
@@ -358,6 +377,27 @@ LoopLaunch make_loop_launch(void (*fn)(char* const*, int), const std::string& sy
   l.kind = "loop";
   l.record = [state, symbol] {
     return LaunchRecord{"loop", json{{"symbol", symbol}, {"threads", state->threads}}.dump()};
+  };
+  l.owner = std::move(state);
+  return out;
+}
+
+LoopLaunch make_checked_loop_launch(void (*fn)(char* const*, int, int64_t*),
+                                    const std::string& symbol, int threads,
+                                    std::vector<IndexCheckText> checks) {
+  auto state = std::make_shared<LoopState>();
+  state->checked_fn = fn;
+  state->threads = threads;
+  state->checks = std::move(checks);
+  LoopLaunch out;
+  out.threads = &state->threads;
+  Executable::Launch& l = out.launch;
+  l.fn = run_checked_loop;
+  l.state = state.get();
+  l.kind = "loop";
+  l.record = [state, symbol] {
+    return LaunchRecord{"loop", json{{"symbol", symbol}, {"threads", state->threads},
+                                     {"checks", state->checks}}.dump()};
   };
   l.owner = std::move(state);
   return out;

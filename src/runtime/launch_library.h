@@ -3,9 +3,11 @@
 // loaded package runs the same code over the same state as the compiled Executable did. See
 // Note [Launch records] in launch_library.cc.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/executable.h"
@@ -26,6 +28,14 @@ struct LoopLaunch {
 };
 LoopLaunch make_loop_launch(void (*fn)(char* const*, int), const std::string& symbol,
                             int threads);
+// A loop kernel with index checks (Note [Indexed loads] in lower/loop_ir.h) is
+// `fn(slots, threads, err)`: it sets err[0] to the number of the check that failed and err[1]
+// to the bad value, and the launch then throws an InvalidArgument error
+// `checks[err[0]].first + value + checks[err[0]].second`.
+using IndexCheckText = std::pair<std::string, std::string>;
+LoopLaunch make_checked_loop_launch(void (*fn)(char* const*, int, int64_t*),
+                                    const std::string& symbol, int threads,
+                                    std::vector<IndexCheckText> checks);
 
 // A oneDNN node over the slot table: inputs (slot -1 for absent or constant inputs), output 0
 // and the scratch region. Each execution context gets its own instance of the node.

@@ -707,6 +707,13 @@ TEST(OnednnLowering, ConvPolicies) {
     auto low = check_graph(ch.g, inputs, ch.k, o);
     for (int32_t n : {0, 1, 3}) {  // c1, c2 (relu), c3 (sum 0.5 + relu): 3x3 stride 1
       std::string d = low->describe(n);
+      // Where the policy's layout has only oneDNN's reference kernel (c3 in nChw16c on a
+      // Sapphire Rapids machine, oneDNN 2.6), the lowering measured the other layouts and
+      // left it (Note [measured convolution layout]): not blocked, but not a reference kernel.
+      if (d.find("layout measured") != std::string::npos) {
+        EXPECT_EQ(d.find("ref:any src"), std::string::npos) << d;
+        continue;
+      }
       EXPECT_NE(d.find(native_dst), std::string::npos) << d;
       if (n != 0) EXPECT_EQ(d.find("reorders"), std::string::npos) << d;  // blocked in and out
       if (wino && avx512)

@@ -67,6 +67,9 @@ class KernelEmitter {
   void emit_pointwise(std::string& out, bool vec);
   void emit_reduce(std::string& out, bool vec);
   void emit_norm(std::string& out, bool vec);
+  void emit_scatter(std::string& out);
+  std::string indexed_code(int e) const;
+  std::string source_load(int li, const std::string& index) const;
   std::string pointers() const;
   bool par() const;
 
@@ -140,6 +143,7 @@ std::string KernelEmitter::cvt(int e, DType to, bool vec) const {
 
 // The scalar form is shared with every target (lower/scalar_code.h); the SIMD form is the CPU's.
 std::string KernelEmitter::expr_code(int ei, bool vec) const {
+  if (k_.exprs[size_t(ei)].kind == LoopExpr::Kind::Indexed) return indexed_code(ei);
   if (!vec) return lower::scalar_expr(k_, ei, lower::kHostDialect);
   const LoopExpr& e = k_.exprs[size_t(ei)];
   DType od = e.dtype;
@@ -215,6 +219,62 @@ std::string KernelEmitter::expr_code(int ei, bool vec) const {
   return r;
 }
 
+// Load `li` at `L<li>[<its index> + extra]`, converted to its compute type.
+std::string KernelEmitter::source_load(int li, const std::string& extra) const {
+  std::vector<std::string> text(k_.loads.size());
+  text[size_t(li)] = fmt::format("L{}[{} + {}]", li, index(k_.loads[size_t(li)].strides), extra);
+  lower::ScalarDialect d;
+  d.load_text = &text;
+  return lower::load_expr(k_, li, d);
+}
+
+// Note [Indexed loads] (lower/loop_ir.h), scalar only: a GNU statement expression, so that the
+// bounds test and the taps stay on the expression's line.
+std::string KernelEmitter::indexed_code(int ei) const {
+  const LoopExpr& e = k_.exprs[size_t(ei)];
+  const char* ct = compute_type(e.dtype);
+  if (e.op != OpId::GridSample) {
+    // A wrapped index outside [0, size) is reported and read as 0: no access outside the source.
+    return fmt::format(
+        "({{ const i64 q_ = (i64)v{0}; const i64 p_ = q_ < 0 ? q_ + {1} : q_; {2} r_ = 0; "
+        "if (p_ >= 0 && p_ < {1}) r_ = {3}; else kn_index_error(err, {4}, q_); r_; }})",
+        e.args[0], e.src_size[0], ct, source_load(e.load, fmt::format("p_ * {}", e.src_stride[0])),
+        e.check);
+  }
+  // grid_sample, as ref_grid_sample in ops/resample.cc: bilinear, zeros padding, NaN
+  // coordinates give NaN; computed in double for float64, in float otherwise.
+  const bool dbl = e.dtype == DType::Float64;
+  const char* t = dbl ? "double" : "float";
+  const bool ac = e.attrs->get_bool("align_corners");
+  const int64_t H = e.src_size[0], W = e.src_size[1];
+  auto unnorm = [&](int arg, int64_t size) {
+    return ac ? fmt::format("((({0})v{1} + 1) / 2 * ({0}){2})", t, arg, size - 1)
+              : fmt::format("(((({0})v{1} + 1) * ({0}){2} - 1) / 2)", t, arg, size);
+  };
+  std::string r = fmt::format(
+      "({{ {0} ix_ = {1}, iy_ = {2}; {0} r_;\n"
+      "      if (ix_ != ix_ || iy_ != iy_) r_ = ({0})NAN; else {{\n"
+      "        ix_ = ix_ < -2 ? -2 : ix_ > {7} ? {7} : ix_; iy_ = iy_ < -2 ? -2 : iy_ > {8} ? {8} : iy_;\n"
+      "        const i64 x0_ = (i64)std::floor(ix_), y0_ = (i64)std::floor(iy_);\n"
+      "        const {0} wx1_ = ix_ - ({0})x0_, wy1_ = iy_ - ({0})y0_, wx0_ = 1 - wx1_, wy0_ = 1 - wy1_;\n"
+      "        const bool xa_ = x0_ >= 0 && x0_ < {3}, xb_ = x0_ + 1 >= 0 && x0_ + 1 < {3};\n"
+      "        const bool ya_ = y0_ >= 0 && y0_ < {4}, yb_ = y0_ + 1 >= 0 && y0_ + 1 < {4};\n"
+      "        auto ld_ = [&](i64 y_, i64 x_) -> {0} {{ return ({0}){5}; }};\n"
+      "        {0} a_ = 0;\n"
+      "        if (ya_ && xa_) a_ += wy0_ * wx0_ * ld_(y0_, x0_);\n"
+      "        if (ya_ && xb_) a_ += wy0_ * wx1_ * ld_(y0_, x0_ + 1);\n"
+      "        if (yb_ && xa_) a_ += wy1_ * wx0_ * ld_(y0_ + 1, x0_);\n"
+      "        if (yb_ && xb_) a_ += wy1_ * wx1_ * ld_(y0_ + 1, x0_ + 1);\n"
+      "        r_ = a_; }}\n"
+      "      ({6})r_; }})",
+      t, unnorm(e.args[0], W), unnorm(e.args[1], H), W, H,
+      source_load(e.load, fmt::format("y_ * {} + x_ * {}", e.src_stride[0], e.src_stride[1])), ct,
+      W + 1, H + 1);
+  if (e.dtype == DType::BFloat16) r = "kn_rbf16(" + r + ")";
+  if (e.dtype == DType::Float16) r = "kn_rf16(" + r + ")";
+  return r;
+}
+
 void KernelEmitter::emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
                                bool vec, const std::string& ind) const {
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
@@ -247,6 +307,7 @@ void KernelEmitter::emit_stores(std::string& out, Level level, bool vec, const s
 }  // namespace
 
 bool loop_vectorizable(const LoopKernel& k) {
+  if (k.kind == LoopKind::Scatter) return false;
   const size_t inner = k.sizes.size() - 1;
   for (const Access& a : k.loads) {
     if (!vec_dtype(a.dtype)) return false;
@@ -262,6 +323,7 @@ bool loop_vectorizable(const LoopKernel& k) {
     if (e.level == Level::Kept) continue;
     if (!vec_dtype(e.dtype)) return false;
     if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
+    if (e.kind == LoopExpr::Kind::Indexed) return false;
     if (e.kind == LoopExpr::Kind::Norm && e.dtype == DType::Bool) return false;
   }
   if (k.kind != LoopKind::Pointwise && k.anchor >= 0) {
@@ -521,6 +583,56 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
   out += "  }\n";
 }
 
+// LoopKind::Scatter (Note [Loop-nest IR]): copy x into out, then add src at the indexed
+// positions; parallel over the kept dims only, the scattered dim in order inside each.
+void KernelEmitter::emit_scatter(std::string& out) {
+  const lower::LoopScatter& sc = k_.scatter;
+  const Access& init = sc.init;
+  MemRef m = mem_[size_t(init.value)];
+  out += fmt::format("  const {0}* __restrict X = (const {0}*)(b[{1}] + {2}) + {3};  // %{4}\n",
+                     storage_type(init.dtype), m.slot, m.byte_offset, init.offset,
+                     g_.value(init.value).name);
+  int64_t init_numel = 1;
+  for (int64_t d : sc.init_sizes) init_numel *= d;
+  if (init_numel == 0) {
+    out += "  (void)b; (void)X; (void)err;  // no elements\n";
+    return;
+  }
+  // 1. out = x, in out's row-major order (S0 is contiguous over init_sizes).
+  const int ri = int(sc.init_sizes.size());
+  if (init_numel >= opt_.min_parallel && ri > 0)
+    out += "  #pragma omp parallel for schedule(static) if(nt > 1) num_threads(nt)\n";
+  out += fmt::format("  for (i64 f_ = 0; f_ < {}; ++f_) {{\n    i64 r_ = f_, o_ = 0;\n", init_numel);
+  for (int d = ri - 1; d >= 0; --d)
+    out += fmt::format("    o_ += (r_ % {0}) * {1}; r_ /= {0};\n", sc.init_sizes[size_t(d)],
+                       init.strides[size_t(d)]);
+  out += "    S0[f_] = X[o_];\n  }\n";
+  if (k_.numel() == 0) return;
+  // 2. out[.., index, ..] += src.
+  std::string ind = open_kept(out, k_, par());
+  const int r = n();
+  const LoopExpr& src = k_.exprs[size_t(sc.src)];
+  const bool integer = !lower::floating_compute(src.dtype) && src.dtype != DType::Float64;
+  out += fmt::format("{0}for (i64 i{1} = 0; i{1} < {2}; ++i{1}) {{\n", ind, r - 1, k_.sizes.back());
+  std::vector<bool> all(k_.exprs.size(), true);
+  emit_exprs(out, all, Level::Full, false, ind + "  ");
+  const std::string at = fmt::format("S0[{} + p_ * {}]", index(sc.out.strides), sc.dim_stride);
+  std::string cur = at;
+  switch (sc.out.dtype) {
+    case DType::BFloat16: cur = "kn_bf16_f32(" + at + ")"; break;
+    case DType::Float16: cur = "kn_f16_f32(" + at + ")"; break;
+    case DType::Int32: case DType::Int8: case DType::UInt8: cur = "i64(" + at + ")"; break;
+    default: break;
+  }
+  std::string sum = integer ? fmt::format("kn_wrap_add({}, v{})", cur, sc.src)
+                            : fmt::format("{} + v{}", cur, sc.src);
+  out += fmt::format(
+      "{0}  const i64 q_ = (i64)v{1}; const i64 p_ = q_ < 0 ? q_ + {2} : q_;\n"
+      "{0}  if (p_ >= 0 && p_ < {2}) {3} = {4}; else kn_index_error(err, {5}, q_);\n{0}}}\n",
+      ind, sc.index, sc.dim_size, at, lower::store_value(sc.out.dtype, "(" + sum + ")"), sc.check);
+  out += "  }\n";
+}
+
 std::string KernelEmitter::emit(bool* vectorized) {
   bool vec = opt_.vectorize && loop_vectorizable(k_);
   if (k_.kind == LoopKind::Norm && k_.exprs[size_t(k_.anchor)].dtype == DType::Float64) vec = false;
@@ -538,14 +650,21 @@ std::string KernelEmitter::emit(bool* vectorized) {
     out += fmt::format("//   node '{}': {} -> %{}\n", nd.name, op_def(nd.op).name,
                        g_.value(nd.outputs[0]).name);
   }
-  out += fmt::format("extern \"C\" void {}(char* const* b, int kt) {{\n", k_.name);
-  if (par())
+  // Kernels with index checks take the error record too (Note [Indexed loads]).
+  out += fmt::format("extern \"C\" void {}(char* const* b, int kt{}) {{\n", k_.name,
+                     k_.checks.empty() ? "" : ", i64* err");
+  if (par() || k_.kind == LoopKind::Scatter)
     out += "  const int nt = kt > 0 ? kt : omp_get_max_threads();\n  (void)nt;\n";
   else
     out += "  (void)kt;\n";
   if (!opt_.inject_error_into.empty() && k_.name.find(opt_.inject_error_into) != std::string::npos)
     out += "  this_is_an_injected_error;  // CpuCodegenOptions::inject_error_into (tests)\n";
   out += pointers();
+  if (k_.kind == LoopKind::Scatter) {
+    emit_scatter(out);
+    out += "}\n\n";
+    return out;
+  }
   if (k_.numel() == 0 && k_.kind == LoopKind::Pointwise) {
     out += "  (void)b;  // no elements\n}\n\n";
     return out;
@@ -554,6 +673,7 @@ std::string KernelEmitter::emit(bool* vectorized) {
     case LoopKind::Pointwise: emit_pointwise(out, vec); break;
     case LoopKind::Reduce: emit_reduce(out, vec); break;
     case LoopKind::Norm: emit_norm(out, vec); break;
+    case LoopKind::Scatter: break;
   }
   out += "}\n\n";
   return out;

@@ -61,6 +61,23 @@
 // per graph rather than per convolution because the layouts of neighbours interact: a per-layer
 // pick would pay reorders between nhwc and nChw16c that isolated timings do not see.
 //
+// Note [measured convolution layout]
+// format_tag::any lets oneDNN pick a layout per primitive, and for some shapes the layout it
+// picks has only a reference implementation: oneDNN 2.6 on this Sapphire Rapids machine (AVX-512
+// + AMX) runs a 2x2 stride-2 conv_transpose2d 64->128 at 100x88 whose src arrives in nhwc (the
+// brgconv before it) as `ref:any` in nhwc: 5.7 s a call under a concurrent build, where the
+// jit kernels take milliseconds (PointPillars' upsampling, issue #17: 70 ms, 94% of the model).
+// A fixed rule cannot know which shapes those are, so the lowering measures: when a
+// convolution's implementation is a reference kernel (the cost model: ~100x slower than any
+// jit kernel, never worth timing), it builds the convolution again with its src and dst
+// pinned to each of blocked (nChw16c / nChw8c), nhwc and nchw, times every candidate that gets a
+// non-reference implementation (one warm-up call, best of three, zero-filled buffers; about a
+// millisecond each) and keeps the fastest; a candidate earlier in that order wins unless a later
+// one is 10% faster, so that noise does not flip the choice. The choice is part of the node's
+// descriptor (OnednnNodeDesc::conv_layout), so a package rebuilds exactly it, and explain
+// shows the measurements. A convolution whose implementation is a jit kernel is never timed:
+// compile time stays as it was for the models where oneDNN chooses well.
+//
 // Note [linear choice]
 // linear / fused_linear flatten x to [M, K] and run either inner_product (weights [N, K]) or
 // matmul (weights K x N); both get prepacked weights (format_tag::any) and both are brgemm
@@ -77,6 +94,9 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <chrono>
+#include <cstring>
+#include <memory>
 #include <map>
 #include <optional>
 
@@ -151,6 +171,7 @@ struct OnednnLowering::Impl {
   std::vector<bool> may_block;                              // by value: Note [layout choice]
   std::map<std::string, Tensor> constants;                  // by value name
   std::vector<OpId> g_ops;                                  // by node, for describe()
+  std::vector<std::string> layout_note;                     // by node: measured choices
   int64_t scratch_bytes = 0;
 
   Impl(const Graph& graph, const OnednnOptions& o) : g(graph), options(o) {}
@@ -158,6 +179,8 @@ struct OnednnLowering::Impl {
   std::string static_check(int32_t n) const;
   void decide_blockable(const std::vector<bool>& eligible);
   kernels::OnednnNodeDesc describe_node(int32_t n);
+  void avoid_reference_conv(int32_t n, const kernels::ConstantSource& constants);
+  double time_node_ms(const kernels::OnednnNode& node, const kernels::OnednnNodeDesc& d);
   bool is_constant(ValueId v) const {
     ValueKind k = g.value(v).kind;
     return k == ValueKind::Param || k == ValueKind::Const;
@@ -320,6 +343,76 @@ kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
   return d;
 }
 
+// Note [measured convolution layout]: one call's best of three on zero-filled buffers sized as
+// the node reads and writes them (blocked values at their padded size).
+double OnednnLowering::Impl::time_node_ms(const kernels::OnednnNode& node,
+                                          const kernels::OnednnNodeDesc& d) {
+  const int64_t elt = d.bf16 ? 2 : 4;
+  std::vector<std::unique_ptr<char[]>> buffers;
+  auto buffer = [&](int64_t bytes) -> char* {
+    buffers.emplace_back(new char[size_t(bytes + 128)]());
+    char* p = buffers.back().get();
+    return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+  };
+  auto bytes_of = [&](const kernels::OnednnOperand& o) {
+    if (o.value >= 0 && layouts.blocked(o.value)) return layouts.value_bytes(o.value);
+    int64_t n = elt;
+    for (int64_t x : o.dims) n *= x;
+    return n;
+  };
+  const void* in[4] = {nullptr, nullptr, nullptr, nullptr};
+  for (size_t k = 0; k < d.inputs.size() && k < 4; ++k)
+    if (d.inputs[k].value >= 0) in[k] = buffer(bytes_of(d.inputs[k]));
+  void* out = buffer(bytes_of(d.output));
+  void* scratch = buffer(std::max<int64_t>(node.scratch_bytes(), 64));
+  node.run(in, out, scratch);  // warm-up: first-touch, caches
+  double best = 1e300;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    node.run(in, out, scratch);
+    auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return best;
+}
+
+void OnednnLowering::Impl::avoid_reference_conv(int32_t n,
+                                                const kernels::ConstantSource& constants) {
+  const Node& node = g.nodes[size_t(n)];
+  if (node.op != OpId::Conv2d && node.op != OpId::FusedConv2d && node.op != OpId::ConvTranspose2d)
+    return;
+  const std::string first = nodes[size_t(n)]->implementation();
+  if (first.rfind("ref", 0) != 0 || !options.allow_blocked) return;
+  std::string note = fmt::format("layout measured (default {} not timed):", first);
+  std::optional<kernels::OnednnNodeDesc> best;
+  double best_ms = 0;
+  for (const char* layout : {"blocked", "nhwc", "nchw"}) {
+    kernels::OnednnNodeDesc d = descs[size_t(n)];
+    d.conv_layout = layout;
+    std::shared_ptr<kernels::OnednnNode> cand = kernels::OnednnNode::build(d, layouts, constants);
+    if (!cand->lowered() || cand->implementation().rfind("ref", 0) == 0) {
+      note += fmt::format(" {} {};", layout,
+                          cand->lowered() ? cand->implementation() + " not timed" : "none");
+      continue;
+    }
+    double ms = time_node_ms(*cand, d);
+    note += fmt::format(" {} {} {:.3f} ms;", layout, cand->implementation(), ms);
+    if (!best || ms < 0.9 * best_ms) {
+      best = d;
+      best_ms = ms;
+    }
+  }
+  if (best) {
+    descs[size_t(n)] = *best;
+    note += fmt::format(" chose {}", best->conv_layout);
+  } else {
+    note += " kept the default";
+  }
+  // Built again last, so that the layouts table holds the kept build's output layout.
+  nodes[size_t(n)] = kernels::OnednnNode::build(descs[size_t(n)], layouts, constants);
+  layout_note[size_t(n)] = note;
+}
+
 // ---- public API -------------------------------------------------------------------------------
 OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& extern_nodes,
                                const OnednnOptions& options)
@@ -359,6 +452,7 @@ OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& exter
     im.nodes.assign(num_nodes, nullptr);
     im.descs.assign(num_nodes, kernels::OnednnNodeDesc());
     im.why_not.assign(num_nodes, "");
+    im.layout_note.assign(num_nodes, "");
     im.layouts.reset(g.values.size());
     int32_t restart_without = -1;
     for (size_t n = 0; n < num_nodes && restart_without < 0; ++n) {
@@ -369,7 +463,10 @@ OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& exter
       }
       im.descs[n] = im.describe_node(int32_t(n));
       im.nodes[n] = kernels::OnednnNode::build(im.descs[n], im.layouts, constants);
-      if (im.nodes[n]->lowered()) continue;
+      if (im.nodes[n]->lowered()) {
+        im.avoid_reference_conv(int32_t(n), constants);
+        continue;
+      }
       im.why_not[n] = im.nodes[n]->why_not();
       for (ValueId v : g.nodes[n].inputs)
         if (v != kNoValue && im.layouts.blocked(v)) restart_without = int32_t(n);
@@ -408,7 +505,10 @@ bool OnednnLowering::residual_may_alias_output(int32_t node) const {
 
 std::string OnednnLowering::describe(int32_t node) const {
   if (node < 0 || size_t(node) >= impl_->nodes.size()) return "";
-  if (lowered(node)) return impl_->nodes[size_t(node)]->description();
+  if (lowered(node)) {
+    const std::string& note = impl_->layout_note[size_t(node)];
+    return impl_->nodes[size_t(node)]->description() + (note.empty() ? "" : "; " + note);
+  }
   if (!impl_->requested[size_t(node)]) return "";
   return fmt::format("{} not lowered: {}", op_def(impl_->g_ops[size_t(node)]).name,
                      impl_->why_not[size_t(node)]);

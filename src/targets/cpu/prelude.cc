@@ -155,6 +155,13 @@ static inline float vmax_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)
 static inline float vmin_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m = kn_min(m, t[i]); return m; }
 static inline float vprod_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m *= t[i]; return m; }
 #endif
+// ---- index checks (Note [Indexed loads] in lower/loop_ir.h) ----
+// The first bad index of a call wins: err[0] = the kernel's check number, err[1] = the value.
+static inline void kn_index_error(i64* err, i64 check, i64 value) {
+  i64 none = -1;
+  if (__atomic_compare_exchange_n(&err[0], &none, check, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    err[1] = value;
+}
 // ---- end of prelude ----
 )KILN";
 

@@ -15,6 +15,8 @@ constexpr OpSupport kPool{false, true, false, "oneDNN pooling primitive"};
 constexpr OpSupport kGlobalPool{true, false, false, "global average pooling as a loop reduction; other sizes: eager kernel"};
 constexpr OpSupport kView{false, false, false, "a view: folded into the strides of its readers"};
 constexpr OpSupport kDecomposed{false, false, false, "decomposed by the compiler pipeline into ops that fuse"};
+constexpr OpSupport kIndexed{true, false, false, "loop code reading the source at the index (scalar), fused with pointwise neighbours"};
+constexpr OpSupport kScatter{true, false, false, "scatter loop kernel: parallel over the dims that cannot collide, in index order along dim"};
 constexpr OpSupport kEager{false, false, false, "its eager kernel, bound inside the executable"};
 
 constexpr compiler::OpSupportTable kCpu = compiler::make_support_table({
@@ -88,13 +90,13 @@ constexpr compiler::OpSupportTable kCpu = compiler::make_support_table({
     {OpId::Split, kEager},
     {OpId::Pad, kEager},
     {OpId::Copy, kPointwise},
-    {OpId::Gather, kEager},
-    {OpId::IndexSelect, kEager},
-    {OpId::Embedding, kEager},
-    {OpId::ScatterAdd, kEager},
+    {OpId::Gather, kIndexed},
+    {OpId::IndexSelect, kIndexed},
+    {OpId::Embedding, kIndexed},
+    {OpId::ScatterAdd, kScatter},
     {OpId::ScaledDotProductAttention, kDecomposed},
     {OpId::Upsample, kEager},
-    {OpId::GridSample, kEager},
+    {OpId::GridSample, kIndexed},
     {OpId::FusedConv2d, kConv},
     {OpId::FusedLinear, kLinear}});
 }  // namespace

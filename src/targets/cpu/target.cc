@@ -100,6 +100,10 @@ class CpuTarget final : public compiler::Target {
     }
     // Norm kernels compute in float: float64 norms run their eager kernel.
     if (d.has(trait::RowNorm)) return is_float(od) && od != DType::Float64;
+    // Note [Indexed loads]: gathers move elements of any dtype; scatter_add adds in the stored
+    // dtype, which rounds float16/bfloat16 at every term (their eager kernel sums in float64).
+    if (n.op == OpId::Gather || n.op == OpId::IndexSelect || n.op == OpId::Embedding) return true;
+    if (n.op == OpId::ScatterAdd) return od != DType::Float16 && od != DType::BFloat16;
     return is_float(od);  // reductions and the global average pool
   }
 
@@ -168,9 +172,19 @@ class CpuTarget final : public compiler::Target {
     }
     if (lib) out.library_path = lib->path();
     for (size_t i = 0; i < s.loops.size(); ++i) {
-      auto* fn = reinterpret_cast<void (*)(char* const*, int)>(lib->symbol(unit.symbols[i].c_str()));
+      void* sym = lib->symbol(unit.symbols[i].c_str());
       int dt = unit.default_threads[i];
-      LoopLaunch ll = make_loop_launch(fn, unit.symbols[i], std::max(dt, 0));
+      const std::vector<lower::IndexCheck>& checks = s.loops[i].checks;
+      LoopLaunch ll;
+      if (checks.empty()) {
+        ll = make_loop_launch(reinterpret_cast<void (*)(char* const*, int)>(sym), unit.symbols[i],
+                              std::max(dt, 0));
+      } else {
+        std::vector<IndexCheckText> texts;
+        for (const lower::IndexCheck& c : checks) texts.emplace_back(c.message_prefix, c.message_suffix);
+        ll = make_checked_loop_launch(reinterpret_cast<void (*)(char* const*, int, int64_t*)>(sym),
+                                      unit.symbols[i], std::max(dt, 0), std::move(texts));
+      }
       if (dt >= 0) {
         compiler::TunableLaunch t;
         t.launch = i;  // the loop index; bind maps it to the launch index

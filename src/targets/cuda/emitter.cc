@@ -491,6 +491,8 @@ std::string KernelEmitter::emit(CudaKernelInfo* info) {
       case LoopKind::Pointwise: emit_pointwise(body, info); break;
       case LoopKind::Reduce: emit_reduce(body, info); break;
       case LoopKind::Norm: emit_norm(body, info); break;
+      case LoopKind::Scatter:
+        throw_error(ErrorKind::Internal, "codegen: the CUDA emitter has no scatter kernels");
     }
   }
   std::string params;
