@@ -162,9 +162,11 @@ void run_onnx_model(const OnnxRunOptions& o) {
     copts.strict = true;     // a failure is an error, not a silent eager fallback
     copts.fullgraph = true;  // the imported graph has no host code: no breaks expected
     copts.precision = o.precision;
-    const Graph* graph = &g;
+    // On CUDA the graph is traced as a copy whose values live on the device.
+    Graph on_device;
+    if (cuda) on_device = graph_on_device(g, Device::cuda(0));
+    const Graph* graph = cuda ? &on_device : &g;
     CompiledFunction fn = compile([graph](const TensorList& in) { return run(*graph, in); }, copts);
-    // On CUDA the inputs live on the device, so the graph is traced and compiled for it.
     TensorList compiled_in = inputs;
     if (cuda)
       for (Tensor& t : compiled_in) t = t.to(Device::cuda(0));

@@ -363,6 +363,40 @@ def _mm(cx, a, b):
     return cx.op("matmul", [a, b])
 
 
+# ---- attention: the fused kernels torch's scaled_dot_product_attention dispatches to on CUDA ----
+# (on the CPU it decomposes into matmul/softmax before Kiln sees it). Output 0 is the attention;
+# the others (log-sum-exp, RNG state, debug masks) exist for autograd and dropout, which Kiln's
+# inference graphs never read: only output 0 is computed (lowering.plan checks getitem).
+def _sdpa(cx, q, k, v, bias, dropout_p, is_causal, scale, n_outputs):
+    if dropout_p:
+        raise Unsupported(f"attention with dropout_p={dropout_p} (inference graphs have none)")
+    attrs = {"is_causal": bool(is_causal)}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    out = cx.op("scaled_dot_product_attention", [q, k, v, bias], **attrs)
+    return (out,) + (None,) * (n_outputs - 1)
+
+
+@aten("aten._scaled_dot_product_efficient_attention.default", ["scaled_dot_product_attention"],
+      "output 0; no dropout")
+def _sdpa_efficient(cx, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                    scale=None):
+    return _sdpa(cx, q, k, v, attn_bias, dropout_p, is_causal, scale, 4)
+
+
+@aten("aten._scaled_dot_product_flash_attention.default", ["scaled_dot_product_attention"],
+      "output 0; no dropout")
+def _sdpa_flash(cx, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None):
+    return _sdpa(cx, q, k, v, None, dropout_p, is_causal, scale, 9)
+
+
+@aten("aten._scaled_dot_product_cudnn_attention.default", ["scaled_dot_product_attention"],
+      "output 0; no dropout")
+def _sdpa_cudnn(cx, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                return_debug_mask=False, scale=None):
+    return _sdpa(cx, q, k, v, attn_bias, dropout_p, is_causal, scale, 9)
+
+
 @aten("aten.bmm.default", ["matmul"])
 def _bmm(cx, a, b):
     return cx.op("matmul", [a, b])

@@ -173,7 +173,7 @@ class ConvertContext:
         key = (repr(value), type(value).__name__, dtype)
         if key not in self._consts:
             arr = self._np_array(value, dtype, ())
-            self._consts[key] = self._value(self.b.add_const(arr, ""))
+            self._consts[key] = self._value(self.b.add_const(arr, "", self.kiln_device))
         return self._consts[key]
 
     def _np_array(self, value, dtype, shape):
@@ -186,7 +186,7 @@ class ConvertContext:
         if not shape:
             return self.scalar(value, dt)
         arr = self._np_array(value, dt, (1,) * len(shape))
-        c = self._value(self.b.add_const(arr, ""))
+        c = self._value(self.b.add_const(arr, "", self.kiln_device))
         return self.op("expand", [c], shape=list(shape))
 
     def arange(self, start, end, step):
@@ -197,7 +197,7 @@ class ConvertContext:
             arr = torch.arange(start, end, step, dtype=torch.bfloat16)
         else:
             arr = np.arange(start, end, step, dtype=KILN_TO_NUMPY[dt])
-        return self._value(self.b.add_const(arr, ""))
+        return self._value(self.b.add_const(arr, "", self.kiln_device))
 
     def result_type(self, a, b):
         """torch's type promotion for a binary op's operands (tensors or Python scalars)."""
@@ -260,7 +260,7 @@ def convert_node(cx, node, env):
 
 
 def _check_types(cx, node, out):
-    """Kiln's inferred output types must be torch's (dtype under the `dtype` option, shape)."""
+    """Kiln's inferred output types must be torch's (dtype, shape)."""
     val = _val(node)
     outs = out if isinstance(out, tuple) else (out,)
     vals = val if isinstance(val, (tuple, list)) else (val,)

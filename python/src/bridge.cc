@@ -219,10 +219,13 @@ int GraphBuilder::add_param(const std::string& name, const TensorRef& t,
   });
 }
 
-int GraphBuilder::add_const(const TensorRef& t, const std::string& name) {
+int GraphBuilder::add_const(const TensorRef& t, const std::string& name, const std::string& device) {
   return guarded([&] {
     std::string what = "constant '" + name + "'";
-    return impl_->graph.add_const(view_of(t, what.c_str()).clone(), name);
+    kiln::Tensor c = view_of(t, what.c_str()).clone();
+    kiln::Device d = kiln::parse_device(device);
+    if (c.device() != d) c = c.to(d);
+    return impl_->graph.add_const(std::move(c), name);
   });
 }
 
@@ -345,10 +348,13 @@ GraphBuilder GraphBuilder::load(const std::string& ir_text, const std::string& s
       if (it == st.tensors.end())
         fail("ParseError", weights_path + ": no tensor for parameter '" + val.name + "' of " +
                                source_name);
-      if (it->second.type() != val.type)
-        fail("ParseError", weights_path + ": tensor '" + val.name + "' is " +
-                               it->second.type().str() + ", the graph declares " + val.type.str());
-      val.data = it->second;
+      // The file holds host tensors; a parameter declared on a device is moved there.
+      kiln::Tensor t = it->second;
+      if (!val.type.device.is_cpu()) t = t.to(val.type.device);
+      if (t.type() != val.type)
+        fail("ParseError", weights_path + ": tensor '" + val.name + "' is " + t.type().str() +
+                               ", the graph declares " + val.type.str());
+      val.data = t;
       used.insert(val.name);
     }
     for (const auto& [name, t] : st.tensors)

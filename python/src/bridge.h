@@ -129,8 +129,8 @@ class KILN_PY_API GraphBuilder {
   // A frozen parameter viewing the caller's memory (no copy); `keep_alive` is held by this
   // builder and by every graph compiled from it.
   int add_param(const std::string& name, const TensorRef& t, std::shared_ptr<void> keep_alive);
-  // A constant; the data is copied.
-  int add_const(const TensorRef& t, const std::string& name);
+  // A constant; the data is copied (to `device`: "cpu" or "cuda:N", like the graph's values).
+  int add_const(const TensorRef& t, const std::string& name, const std::string& device = "cpu");
   std::vector<int> add_node(const std::string& op, const std::vector<int>& inputs,
                             const AttrList& attrs, const std::string& node_name);
   void set_outputs(const std::vector<int>& outputs);

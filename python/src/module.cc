@@ -477,12 +477,13 @@ NB_MODULE(_kiln, m) {
           "A frozen parameter viewing `tensor`'s memory (no copy; the tensor is kept alive).")
       .def(
           "add_const",
-          [](GraphBuilder& b, nb::handle tensor, const std::string& name) {
+          [](GraphBuilder& b, nb::handle tensor, const std::string& name, const std::string& device) {
             nb::ndarray<> holder;
             TensorRef r = ref_or_raise(tensor, holder, "constant '" + name + "'");
-            return b.add_const(r, name);
+            return b.add_const(r, name, device);
           },
-          nb::arg("tensor"), nb::arg("name") = "", "A constant (the data is copied).")
+          nb::arg("tensor"), nb::arg("name") = "", nb::arg("device") = "cpu",
+          "A constant (the data is copied, to `device`).")
       .def(
           "add_node",
           [](GraphBuilder& b, const std::string& op, const std::vector<int>& inputs,

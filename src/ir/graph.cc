@@ -211,4 +211,13 @@ std::vector<int> Graph::use_counts() const {
   return counts;
 }
 
+Graph graph_on_device(const Graph& g, Device device) {
+  Graph out = g;
+  for (Value& v : out.values) {
+    v.type.device = device;
+    if (v.data.defined() && v.data.device() != device) v.data = v.data.to(device);
+  }
+  return out;
+}
+
 }  // namespace kiln

@@ -100,4 +100,9 @@ class Graph {
   std::unordered_map<std::string, int> next_suffix_;  // unique_name's counter per base
 };
 
+// A copy of `g` whose every value lives on `device`: types retargeted, parameter and constant data
+// copied there (the ONNX importer makes CPU graphs; `kiln run MODEL.onnx --device cuda` traces
+// this copy with device inputs).
+Graph graph_on_device(const Graph& g, Device device);
+
 }  // namespace kiln

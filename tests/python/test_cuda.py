@@ -22,6 +22,17 @@ def _needs_cuda():
 DEV = torch.device("cuda", 0)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _float32_reference():
+    # torch's reference must compute in float32: its default lets cuDNN convolutions (and,
+    # where enabled, matmuls) round inputs to TF32 (10-bit mantissa), ~1e-3 relative — ten
+    # times the f32 tolerance. Kiln's CUDA kernels compute float32 in float32.
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 class Pointwise(torch.nn.Module):
     """Only ops with Kiln CUDA kernels: the whole graph runs in Kiln on the device."""
 
