@@ -356,8 +356,12 @@ bool Scheduler::try_join(int32_t i, NodeClass c) {
   } else if (c == NodeClass::Indexed && gr.kind == LoopKind::Pointwise) {
     // The source (input 0) is read at computed positions: never from this group, whose
     // stores are still being written. The index may be a register when it has the output's
-    // shape (gather); index_select's, embedding's and grid_sample's do not.
-    ok = out == gr.full && inputs_ok(Level::Full, gr.full, 1, 1);
+    // shape (gather); index_select's, embedding's and grid_sample's are loads from memory in
+    // the emitted kernel, so those must not come from this group either (an index_select of a
+    // 1-d x has the index's shape, and read the index before this group stored it: the ONNX
+    // NegativeLogLikelihoodLoss cases with ignore_index came out wrong).
+    const size_t last = n.op == OpId::Gather ? 1 : 0;
+    ok = out == gr.full && inputs_ok(Level::Full, gr.full, 1, last);
   } else if ((c == NodeClass::Reduce || c == NodeClass::Norm) && gr.kind == LoopKind::Pointwise) {
     Dims in = dims_of(g_.type(n.inputs[0]));
     ok = in == gr.full && inputs_ok(Level::Full, gr.full, 0, 0);

@@ -124,6 +124,42 @@ TEST(InductorIndexing, CompilesWithoutEagerLaunchesAndMatchesTheInterpreter) {
   }
 }
 
+// The index computed in the kernel that would read through it: index_select of a 1-d x has the
+// index's shape, so the scheduler could fuse where(ids != ignore, ids, 0) into the index_select's
+// kernel, whose index is a load from memory — read before that kernel stored it (ONNX
+// NegativeLogLikelihoodLoss with ignore_index came out wrong, or failed on garbage indices).
+// Also the same for embedding and for gather, whose index may be a register.
+TEST(InductorIndexing, IndexComputedInTheSameLoopIsNotReadFromStaleMemory) {
+  Graph g;
+  g.name = "computed_index";
+  ValueId w = g.add_input("w", TensorType(f32, Shape{5}));
+  ValueId ids = g.add_input("ids", TensorType(i64, Shape{6}));
+  ValueId table = g.add_input("table", TensorType(f32, Shape{5, 3}));
+  ValueId x2 = g.add_input("x2", TensorType(f32, Shape{6, 5}));
+  ValueId ignore = g.add_const(Tensor::scalar(int64_t(2), i64), "ignore");
+  ValueId zero = g.add_const(Tensor::scalar(int64_t(0), i64), "zero");
+  ValueId keep = g.add_node1(OpId::Ne, {ids, ignore}, {}, "keep");
+  ValueId safe = g.add_node1(OpId::Where, {keep, ids, zero}, {}, "safe");
+  ValueId picked = g.add_node1(OpId::IndexSelect, {w, safe}, {{"dim", int64_t(0)}}, "weight_of");
+  ValueId y0 = g.add_node1(OpId::Neg, {picked}, {}, "neg");
+  ValueId y1 = g.add_node1(OpId::Embedding, {table, safe}, {}, "rows");
+  ValueId col = g.add_node1(OpId::Unsqueeze, {safe}, {{"dims", Ints{1}}}, "col");
+  ValueId y2 = g.add_node1(OpId::Gather, {x2, col}, {{"dim", int64_t(1)}}, "pick");
+  g.outputs = {y0, y1, y2};
+  auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+  for (uint64_t seed : {31u, 32u, 33u}) {
+    Generator gen(seed);
+    TensorList in = {Tensor::randn({5}, gen, f32), Tensor::randint({6}, gen, -5, 5, i64),
+                     Tensor::randn({5, 3}, gen, f32), Tensor::randn({6, 5}, gen, f32)};
+    in[1].data<int64_t>()[1] = 2;  // ignored: becomes 0
+    TensorList want = run(g, in);
+    TensorList got = compiled->run(in);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(test::close(got[i], want[i], test::Tolerance::exact()))
+          << "output " << i << " seed " << seed << "\n" << compiled->summary();
+  }
+}
+
 // Each op alone with an index out of range: the interpreter and the compiled graph both raise
 // a kiln::Error that names the node; the compiled kernel never touches memory outside its
 // buffers (the tests run under ASan in the sanitized build).
