@@ -37,7 +37,7 @@ ROOT = os.path.dirname(HERE)
 
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-from set_models import driving, public  # noqa: E402
+from set_models import driving, public, zoo_static  # noqa: E402
 
 SEQ_BERT = 128   # the zoo's bert_base uses export_models.BERT_SEQ_LEN (128) too
 SEQ_GPT2 = 64
@@ -122,7 +122,10 @@ ENTRIES = [
     _cls("googlenet", aux_logits=False, init_weights=True),
     _cls("inception_v3", size=299, note="torchvision, 299x299", aux_logits=False,
          init_weights=True),
-    _zoo("convnext_tiny", "classification", "zoo model, 224x224"),
+    _zoo("convnext_tiny", "classification", "zoo model, 224x224, the zoo's dynamic-batch export"),
+    Entry("convnext_tiny_static", "classification", Spec(zoo_static.zoo_model, "convnext_tiny"),
+          Spec(zoo_static.zoo_inputs, "convnext_tiny"), ["x"], ["logits"],
+          note="the zoo's convnext_tiny, exported with static shapes"),
     _zoo("vit_b_16", "classification", "zoo model, 224x224"),
     _cls("vit_b_32"),
     _cls("swin_t"),
@@ -148,7 +151,12 @@ ENTRIES = [
           Spec(public.image, 224), ["x"], ["p2", "p3", "p4", "p5", "pool"],
           note="Faster R-CNN's ResNet-50 + FPN backbone, 224x224, 5 levels"),
     # Hugging Face
-    _zoo("bert_base", "transformer", "zoo model: BERT-base, sequence 128 + padding mask"),
+    _zoo("bert_base", "transformer", "zoo model: BERT-base, sequence 128 + padding mask, the "
+         "zoo's dynamic-batch export"),
+    Entry("bert_base_static", "transformer", Spec(zoo_static.zoo_model, "bert_base"),
+          Spec(zoo_static.zoo_inputs, "bert_base"), ["input_ids", "attention_mask"],
+          ["last_hidden_state", "pooler_output"],
+          note="the zoo's bert_base, exported with static shapes"),
     Entry("distilbert_base", "transformer", Spec(public.distilbert),
           Spec(public.tokens, SEQ_BERT, 30522, True), ["input_ids", "attention_mask"],
           ["last_hidden_state"], note=f"DistilBERT-base sizes, sequence {SEQ_BERT} + padding mask"),
