@@ -99,6 +99,10 @@ SYSTEMS = {
                                       "mode": "reduce-overhead"},
     "torch-compile-max-autotune": {"kind": "torch", "how": "compile", "mode": "max-autotune"},
     "torchscript": {"kind": "torch", "how": "torchscript"},
+    # torch.compile(model, backend="kiln") through the Python package (docs/python.md); the
+    # package comes from --kiln-python (default: <dir of --kiln>/python) on PYTHONPATH.
+    "kiln-torch-compile": {"kind": "torch", "how": "compile", "mode": "default",
+                           "backend": "kiln"},
 }
 REFERENCE_SYSTEM = "kiln-compiled"  # the "p50 vs Kiln" column divides by this system's p50
 DEFAULT_MODELS = ["mlp", "vfe", "resnet18", "resnet50", "vit_b_16", "bert_base"]
@@ -106,6 +110,10 @@ DEFAULT_MODELS = ["mlp", "vfe", "resnet18", "resnet50", "vit_b_16", "bert_base"]
 # very long; on CPU without inductor freezing it compiles about as fast as the default mode.
 # --max-autotune-models restricts it to some models where time is short.
 DEFAULT_MAX_AUTOTUNE_MODELS = ["all"]
+# With --set, unless --systems says otherwise (Note [Benchmark sets]).
+DEFAULT_SET_SYSTEMS = ["kiln-compiled", "kiln-compiled-max-autotune", "ort", "torch-eager"]
+SET_DOCS_BEGIN = "<!-- compare-set:{name}:begin -->"
+SET_DOCS_END = "<!-- compare-set:{name}:end -->"
 
 
 # ------------------------------------------------------------------------------------------
@@ -157,14 +165,25 @@ class Unsupported(RuntimeError):
     worker reports it with status "unsupported" and the text says why."""
 
 
-def import_export_models():
+def import_export_models(set_name=None):
     """scripts/export_models.py (MODELS, build_model, export). KILN_EXPORT_MODELS_DIR points
-    elsewhere (a folder holding an export_models.py with the same API)."""
+    elsewhere (a folder holding an export_models.py with the same API). With set_name, the
+    models of bench/model_set.py are registered with it first."""
     d = os.environ.get("KILN_EXPORT_MODELS_DIR") or os.path.join(ROOT, "scripts")
     if d not in sys.path:
         sys.path.insert(0, d)
     import export_models  # noqa: E402
+    if set_name:
+        import_model_set().register(export_models)
     return export_models
+
+
+def import_model_set():
+    """bench/model_set.py (SETS, ENTRIES, register, set_out_dir)."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import model_set  # noqa: E402
+    return model_set
 
 
 # ------------------------------------------------------------------------------------------
@@ -206,7 +225,7 @@ class TorchRunner:
         if model.endswith(".onnx"):
             raise RuntimeError("unsupported: the PyTorch peers need a zoo model name, not an .onnx "
                                "file (there is no ONNX -> PyTorch import)")
-        em = import_export_models()
+        em = import_export_models(args.set)
         rss_after_imports = rss_peak_bytes()
         (module, inputs), took_batch = _call_with_batch(em.build_model, model, args.batch)
         inputs = tuple(inputs)
@@ -235,6 +254,17 @@ class TorchRunner:
             self.fn = module
             self.ctx = torch.inference_mode
             setup_s = 0.0
+        elif how == "compile" and spec.get("backend") == "kiln":
+            # The Kiln package registers the "kiln" backend through its entry point; importing
+            # it here makes a missing package an error in setup, with its reason.
+            import kiln  # noqa: F401
+            self.fn = torch.compile(module, backend="kiln", dynamic=False,
+                                    options={"mode": spec["mode"], "threads": args.threads})
+            self.ctx = torch.inference_mode
+            self.config.update({"torch_compile_backend": "kiln", "kiln_mode": spec["mode"],
+                                "kiln_package": os.path.dirname(os.path.abspath(kiln.__file__)),
+                                "kiln_cache_dir": os.environ.get("KILN_CACHE_DIR")})
+            setup_s = time.perf_counter() - t0  # lazy: compiling happens in the first call
         elif how == "compile":
             mode = None if spec["mode"] == "default" else spec["mode"]
             self.fn = torch.compile(module, mode=mode, dynamic=False)
@@ -439,7 +469,7 @@ def export_main(args):
         import numpy as np
         import torch
         torch.set_num_threads(args.threads)
-        em = import_export_models()
+        em = import_export_models(args.set)
         name = args.export
         os.makedirs(args.onnx_dir, exist_ok=True)
         t0 = time.perf_counter()
@@ -466,9 +496,12 @@ def export_main(args):
                     "export_call_s": export_call_s, "export_info": info})
         return 0
     except Exception as e:
-        proto.send({"event": "error", "phase": "export", "error": error_text(e),
+        # One line (the exporters' reasons joined): the parent shows it in the tables. Exit 0:
+        # the JSON line is the answer (a non-zero exit would make the parent read stderr).
+        text = " / ".join(l.strip() for l in error_text(e).splitlines() if l.strip())
+        proto.send({"event": "error", "phase": "export", "error": text,
                     "traceback": traceback.format_exc()})
-        return 1
+        return 0
 
 
 # ------------------------------------------------------------------------------------------
@@ -688,8 +721,16 @@ def start_worker(sr, args, model, onnx, logdir, env):
         cmd += ["--onnx", onnx["onnx"]]
         if onnx.get("inputs"):
             cmd += ["--inputs", onnx["inputs"]]
+    if args.set:
+        cmd += ["--set", args.set]
     wenv = dict(env)
-    if SYSTEMS[sr.name].get("how") == "compile":
+    if SYSTEMS[sr.name].get("backend") == "kiln":
+        # The Kiln package of --kiln-python, and a fresh, empty Kiln kernel cache per model: the
+        # first call is a cold compile, as torch-compile's is with its fresh inductor cache.
+        wenv["PYTHONPATH"] = os.pathsep.join(
+            [args.kiln_python] + [p for p in [env.get("PYTHONPATH")] if p])
+        wenv["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"kiln-cache-{sr.name}-", dir=logdir)
+    elif SYSTEMS[sr.name].get("how") == "compile":
         # A fresh inductor cache per (model, system): the first call is a cold compile.
         wenv["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor-{sr.name}-",
                                                            dir=logdir)
@@ -759,6 +800,8 @@ def export_onnx(args, model, onnx_dir, logdir, env):
            "--threads", str(args.threads), "--batch", str(args.batch)]
     if args.onnx_cache:
         cmd += ["--onnx-cache", args.onnx_cache]
+    if args.set:
+        cmd += ["--set", args.set]
     log = os.path.join(logdir, "export.log")
     try:
         j = run_json_process(cmd, env, args.compile_budget, log)
@@ -837,22 +880,35 @@ def run_model_systems(args, model, systems, outdir, log):
     result = {"model": label, "target": model, "batch": args.batch, "onnx": None}
 
     for s in systems:
-        if s == "torch-compile-max-autotune" and label not in args.max_autotune_models:
+        if s in ("torch-compile-max-autotune", "kiln-compiled-max-autotune") and \
+                label not in args.max_autotune_models:
             runs[s].fail("skipped", "model not in --max-autotune-models (left out to save "
                          "time)")
+        if SYSTEMS[s].get("how") == "compile" and label not in args.compile_models:
+            runs[s].fail("skipped", "model not in --compile-models (left out to save time)")
         if SYSTEMS[s]["kind"] == "torch" and model.endswith(".onnx"):
             runs[s].fail("unsupported", "the PyTorch peers need a zoo model name, not an .onnx "
                          "file (there is no ONNX -> PyTorch import)")
-    # The .onnx for ORT (exported once, before anything is timed).
+    if args.set:
+        result["set"] = args.set
+        e = import_model_set().entry(model)
+        result.update(group=e.group, note=e.note)
+    # The .onnx for ORT (exported once, before anything is timed); with --set Kiln runs it too
+    # (Note [Benchmark sets]).
     onnx = None
-    if any(SYSTEMS[s]["kind"] == "ort" and runs[s].alive for s in systems):
+    kiln_target = model
+    if any((SYSTEMS[s]["kind"] == "ort" or (args.set and SYSTEMS[s]["kind"] == "kiln"))
+           and runs[s].alive for s in systems):
         log(f"[{label}] exporting ONNX")
         onnx = export_onnx(args, model, os.path.join(outdir, "inputs"), logdir, env)
         result["onnx"] = onnx
         if "error" in onnx:
             for s in systems:
-                if SYSTEMS[s]["kind"] == "ort":
+                if SYSTEMS[s]["kind"] == "ort" or (args.set and SYSTEMS[s]["kind"] == "kiln"):
                     runs[s].fail("error", onnx["error"], onnx.get("detail"))
+        elif args.set:
+            kiln_target = onnx["onnx"]
+            result["kiln_target"] = kiln_target
     # Setup, one system at a time.
     for s in systems:
         sr = runs[s]
@@ -876,8 +932,8 @@ def run_model_systems(args, model, systems, outdir, log):
                     continue
                 time.sleep(args.settle_ms / 1e3)  # let the previous system's threads go idle
                 if SYSTEMS[s]["kind"] == "kiln":
-                    kiln_round(sr, args, SYSTEMS[s], model, args.warmup, iters_per_round[r],
-                               secs, logdir, env)
+                    kiln_round(sr, args, SYSTEMS[s], kiln_target, args.warmup,
+                               iters_per_round[r], secs, logdir, env)
                 else:
                     worker_round(sr, args, args.warmup, iters_per_round[r], secs)
                 if not sr.alive:
@@ -1163,17 +1219,19 @@ def docs_region(report):
     return "\n".join(lines) + "\n"
 
 
-def update_docs(report, path):
+def update_docs(report, path, region=None, begin=DOCS_BEGIN, end=DOCS_END):
+    """Replaces the region between `begin` and `end` in `path` (appended when both are absent)
+    with `region` (default: the zoo's, docs_region(report))."""
     text = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-    region = docs_region(report)
-    b, e = text.find(DOCS_BEGIN), text.find(DOCS_END)
+    region = region if region is not None else docs_region(report)
+    b, e = text.find(begin), text.find(end)
     if b >= 0 and e > b:
-        new = text[:b] + region.rstrip("\n") + text[e + len(DOCS_END):]
+        new = text[:b] + region.rstrip("\n") + text[e + len(end):]
     elif b < 0 and e < 0:
         new = text.rstrip("\n") + "\n\n" + region
     else:
         raise SystemExit(f"compare.py: error: {path} has only one of the markers "
-                         f"{DOCS_BEGIN} / {DOCS_END}; fix the file by hand")
+                         f"{begin} / {end}; fix the file by hand")
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(new)
@@ -1212,26 +1270,258 @@ def auto_notes(report):
     return notes
 
 
+# ------------------------------------------------------------------------------------------
+# Benchmark sets (--set): the summary over the set.
+#
+# Note [Benchmark sets]
+# `--set NAME` runs the models of bench/model_set.py's set NAME. Each is exported once by
+# scripts/export_models.py (registered by model_set.register; cached in the sets' folder,
+# <cache>/models/sets, stamped like the zoo's exports) and **Kiln and ORT run the same .onnx
+# file**: Kiln with `kiln bench FILE.onnx` (Kiln's own random inputs of the file's input types:
+# N(0, 1) floats, integers in [0, 10)), ORT with the model's example inputs from the .npz;
+# latency does not depend on the values for these models (token ids, pillar cells and sampling
+# grids change which memory is read, not how much work is done). The PyTorch peers run the
+# torch module. A model that fails to export is a row on every system that needs the .onnx,
+# with the exporter's error. The summary (compare.md, compare.html, and the docs region
+# `<!-- compare-set:NAME:begin/end -->` with --update-docs) gives per model ORT p50 / Kiln p50
+# (default mode, and max-autotune where it ran), p99/p50, and the geometric mean of ORT p50 /
+# Kiln p50 over the models where both ran. `--threads 2,1` runs everything once per thread count
+# (OUT/threads-N/) and writes OUT/summary.md/.html with one summary table per count.
+
+def geomean(values):
+    v = [x for x in values if x is not None and x > 0 and math.isfinite(x)]
+    return (math.exp(sum(math.log(x) for x in v) / len(v)), len(v)) if v else (None, 0)
+
+
+def _ok(m, system):
+    r = m["systems"].get(system)
+    return r if r and r["status"] == "ok" else None
+
+
+def set_rows(report):
+    """Per model: the numbers of the summary table, and the failures."""
+    rows = []
+    for m in report["models"]:
+        kiln, ort = _ok(m, "kiln-compiled"), _ok(m, "ort")
+        ma, te = _ok(m, "kiln-compiled-max-autotune"), _ok(m, "torch-eager")
+        p50 = lambda r: r["latency"]["p50_ms"] if r else None  # noqa: E731
+        tail = lambda r: r["latency"]["p99_ms"] / r["latency"]["p50_ms"] if r else None  # noqa
+        row = {"model": m["model"], "group": m.get("group", ""), "kiln_p50": p50(kiln),
+               "ort_p50": p50(ort), "ma_p50": p50(ma), "torch_eager_p50": p50(te),
+               "kiln_tail": tail(kiln), "ma_tail": tail(ma), "ort_tail": tail(ort),
+               "failures": []}
+        row["ratio"] = row["ort_p50"] / row["kiln_p50"] if kiln and ort else None
+        row["ma_ratio"] = row["ort_p50"] / row["ma_p50"] if ma and ort else None
+        for name, r in m["systems"].items():
+            if r["status"] not in ("ok", "skipped"):
+                row["failures"].append((name, r["status"], r.get("error") or ""))
+        for name in ("torch-compile", "kiln-torch-compile"):
+            r = _ok(m, name)
+            row[name] = (r["first_call_s"], p50(r)) if r else None
+        rows.append(row)
+    return rows
+
+
+def _fmt_ratio(x):
+    return f"{x:.2f}" if x is not None else "—"
+
+
+def set_tables(report):
+    """The summary as plain tables: [(title, header, rows of cells)], and text lines."""
+    rows = set_rows(report)
+    systems = report["settings"]["systems"]
+    has_ma = "kiln-compiled-max-autotune" in systems
+    has_te = "torch-eager" in systems
+    head = ["model", "group", "ORT p50 ms", "Kiln p50 ms", "ORT/Kiln"]
+    if has_ma:
+        head += ["Kiln max-autotune p50 ms", "ORT/Kiln max-autotune"]
+    head += ["Kiln p99/p50", "ORT p99/p50"]
+    if has_te:
+        head += ["torch eager p50 ms"]
+    head += ["notes"]
+    body = []
+    for r in rows:
+        notes = "; ".join(f"{n} {st}" for n, st, _ in r["failures"])
+        cells = [r["model"], r["group"], fmt_ms(r["ort_p50"]), fmt_ms(r["kiln_p50"]),
+                 _fmt_ratio(r["ratio"])]
+        if has_ma:
+            cells += [fmt_ms(r["ma_p50"]), _fmt_ratio(r["ma_ratio"])]
+        cells += [_fmt_ratio(r["kiln_tail"]), _fmt_ratio(r["ort_tail"])]
+        if has_te:
+            cells += [fmt_ms(r["torch_eager_p50"])]
+        cells += [notes or ""]
+        body.append(cells)
+    tables = [("summary", head, body)]
+    if any(n in systems for n in ("torch-compile", "kiln-torch-compile")):
+        chead = ["model", "torch.compile (inductor) first call s", "p50 ms",
+                 'torch.compile(backend="kiln") first call s', "p50 ms"]
+        cbody = []
+        for r in rows:
+            if r["torch-compile"] is None and r["kiln-torch-compile"] is None:
+                continue
+            cells = [r["model"]]
+            for name in ("torch-compile", "kiln-torch-compile"):
+                v = r[name]
+                cells += [fmt_ms(v[0]), fmt_ms(v[1])] if v else ["—", "—"]
+            cbody.append(cells)
+        if cbody:
+            tables.append(("torch.compile: first call (cold caches) and p50", chead, cbody))
+    lines = []
+    g, n = geomean(r["ratio"] for r in rows)
+    both = [r for r in rows if r["ratio"] is not None]
+    lines.append(f"Geometric mean of ORT p50 / Kiln p50 (default mode): **{_fmt_ratio(g)}** over "
+                 f"{n} of {len(rows)} models (> 1: Kiln faster).")
+    if has_ma:
+        gm, nm = geomean(r["ma_ratio"] for r in rows)
+        gd, _ = geomean(r["ratio"] for r in rows if r["ma_ratio"] is not None)
+        lines.append(f"Max-autotune: **{_fmt_ratio(gm)}** over the {nm} models where it ran "
+                     f"(default mode on the same {nm}: {_fmt_ratio(gd)}).")
+    tails = sorted(r["kiln_tail"] for r in both if r["kiln_tail"] is not None)
+    otails = sorted(r["ort_tail"] for r in both if r["ort_tail"] is not None)
+    if tails:
+        lines.append(f"Kiln p99/p50: median {percentile(tails, 50):.2f}, worst {tails[-1]:.2f}; "
+                     f"ORT: median {percentile(otails, 50):.2f}, worst {otails[-1]:.2f}.")
+    behind = sorted((r for r in both if r["ratio"] < 1 / 1.1), key=lambda r: r["ratio"])
+    if behind:
+        lines.append(f"Kiln more than 10% behind ORT on {len(behind)} models: " + ", ".join(
+            f"{r['model']} {r['ratio']:.2f}" for r in behind) + ".")
+    fails = [(r["model"], n_, st, err) for r in rows for n_, st, err in r["failures"]]
+    if fails:
+        lines.append("Failures:")
+        lines += [f"- {m}: {n_} {st}: {short_error(err, 400)}" for m, n_, st, err in fails]
+    return tables, lines
+
+
+def md_table(head, body):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |" for cells in body]
+    return "\n".join(out)
+
+
+def set_markdown(report, level="##"):
+    a = report["settings"]
+    tables, lines = set_tables(report)
+    out = [f"{level} Set `{a['set']}`: {len(report['models'])} models, {a['threads']} "
+           f"thread{'s' if a['threads'] != 1 else ''}", ""]
+    for title, head, body in tables:
+        if title != "summary":
+            out += ["", f"{level}# {title}", ""]
+        out.append(md_table(head, body))
+    out += [""] + lines
+    return "\n".join(out) + "\n"
+
+
+def set_html(report):
+    import report_html  # noqa: E402
+    esc = report_html.esc
+    a = report["settings"]
+    tables, lines = set_tables(report)
+    out = [f"<h2>Set {esc(a['set'])}: {len(report['models'])} models, {a['threads']} "
+           f"thread{'s' if a['threads'] != 1 else ''}</h2>"]
+    for title, head, body in tables:
+        if title != "summary":
+            out.append(f"<h3>{esc(title)}</h3>")
+        out.append("<table>")
+        out.append("<tr>" + "".join(('<th class="sys">' if i == 0 else "<th>") + esc(h) + "</th>"
+                                    for i, h in enumerate(head)) + "</tr>")
+        for cells in body:
+            out.append("<tr>" + "".join(
+                (f'<td class="sys"><a href="#{esc(c)}">{esc(c)}</a></td>' if i == 0 and title ==
+                 "summary" else ('<td class="sys">' if i in (0, 1) else "<td>") + esc(c) + "</td>")
+                for i, c in enumerate(cells)) + "</tr>")
+        out.append("</table>")
+    items = [l for l in lines if l.startswith("- ")]
+    for l in lines:
+        if not l.startswith("- "):
+            out.append("<p>" + esc(l.replace("**", "")) + "</p>")
+    if items:
+        out.append("<ul>" + "".join(f"<li>{esc(l[2:])}</li>" for l in items) + "</ul>")
+    return "\n".join(out)
+
+
+def set_docs_region(reports):
+    """The docs region of a set: the header of the first run, and each run's summary."""
+    name = reports[0]["settings"]["set"]
+    first = reports[0]
+    lines = [SET_DOCS_BEGIN.format(name=name), f"## Broad model set: `compare.py --set {name}`",
+             "", "Produced by `bench/compare.py --set` (Note [Benchmark sets] in compare.py; the "
+             "models are bench/model_set.py's). Kiln and ONNX Runtime run the same exported "
+             ".onnx; ORT/Kiln > 1 means Kiln is faster. Per-model tables (every system, first "
+             "call, peak RSS) and latency plots are in the run's compare.md / compare.html.", ""]
+    lines += [l + "  " for l in header_lines(first)]
+    notes = list(dict.fromkeys(n for r in reports for n in r.get("notes", [])))
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    for r in reports:
+        lines += ["", set_markdown(r, level="###").rstrip()]
+    lines.append(SET_DOCS_END.format(name=name))
+    return "\n".join(lines) + "\n"
+
+
+def write_set_summary(reports, out, docs=None):
+    """OUT/summary.md and summary.html: the summaries of several runs of one set (one per
+    thread count), and the docs region."""
+    import report_html  # noqa: E402
+    md = "# Kiln against its peers: set summary\n\n" + "\n".join(
+        l + "  " for l in header_lines(reports[0])) + "\n\n" + "\n".join(
+        set_markdown(r) + f"\nPer-model tables: `{os.path.relpath(r['out'], out)}/compare.md`.\n"
+        for r in reports)
+    write_atomic(os.path.join(out, "summary.md"), md)
+    body = "\n".join(set_html(r) + f'<p class="note">Per-model tables and plots: <a href="'
+                     f'{report_html.esc(os.path.relpath(r["out"], out))}/compare.html">'
+                     f'{report_html.esc(os.path.relpath(r["out"], out))}/compare.html</a></p>'
+                     for r in reports)
+    write_atomic(os.path.join(out, "summary.html"), report_html.render_page(
+        "Kiln against its peers: set summary", reports[0], body))
+    if docs:
+        name = reports[0]["settings"]["set"]
+        update_docs(reports[0], docs, set_docs_region(reports),
+                    SET_DOCS_BEGIN.format(name=name), SET_DOCS_END.format(name=name))
+    print(md)
+
+
 def write_reports(report, out, docs=None):
     sys.path.insert(0, HERE)
     import report_html  # noqa: E402
+    is_set = bool(report["settings"].get("set"))
     md = markdown_report(report)
+    if is_set:
+        md = md.replace("\n\n", "\n\n" + set_markdown(report) + "\n", 1)
     write_atomic(os.path.join(out, "compare.md"), md)
     write_atomic(os.path.join(out, "compare.html"),
-                 report_html.render(report, REFERENCE_SYSTEM, POOLED_NOTE))
-    if docs:
+                 report_html.render(report, REFERENCE_SYSTEM, POOLED_NOTE,
+                                    set_html(report) if is_set else ""))
+    if docs and is_set:
+        name = report["settings"]["set"]
+        update_docs(report, docs, set_docs_region([report]), SET_DOCS_BEGIN.format(name=name),
+                    SET_DOCS_END.format(name=name))
+    elif docs:
         update_docs(report, docs)
     return md
 
 
 def render_only(a):
-    """--render COMPARE_JSON: the reports of an earlier run, written next to that file."""
-    with open(a.render, encoding="utf-8") as f:
-        report = json.load(f)
-    for m in report["models"]:
-        finalize_latency(m)  # the current rules, also for files written by older versions
-    md = write_reports(report, os.path.dirname(os.path.abspath(a.render)),
-                       a.docs if a.update_docs else None)
+    """--render COMPARE_JSON[,COMPARE_JSON...]: the reports of earlier runs, written next to
+    each file; several runs of one set also give the combined summary next to the first."""
+    paths = [p for p in a.render.split(",") if p.strip()]
+    reports = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        for m in report["models"]:
+            finalize_latency(m)  # the current rules, also for files written by older versions
+        report["out"] = os.path.dirname(os.path.abspath(path))
+        reports.append(report)
+    docs = a.docs if a.update_docs else None
+    if len(reports) > 1:
+        if not all(r["settings"].get("set") for r in reports):
+            raise SystemExit("compare.py: error: --render takes several compare.json files only "
+                             "for runs of a set (--set)")
+        for r in reports:
+            write_reports(r, r["out"])
+        write_set_summary(reports, os.path.dirname(reports[0]["out"]), docs)
+        return 0
+    md = write_reports(reports[0], reports[0]["out"], docs)
     print(md)
     return 0
 
@@ -1309,13 +1599,23 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(
         prog="compare.py", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
+    ap.add_argument("--models", default=None,
                     help="comma-separated zoo model names and/or .onnx paths "
-                         f"(default {','.join(DEFAULT_MODELS)})")
-    ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    help="comma-separated, of: " + ", ".join(SYSTEMS) + " (default: all)")
+                         f"(default {','.join(DEFAULT_MODELS)}; with --set: the set's models, "
+                         "or a subset of them)")
+    ap.add_argument("--set", default=None,
+                    help="a benchmark set of bench/model_set.py (broad, smoke): its models, "
+                         "exported to the sets' cache; Kiln and ORT run the same .onnx and a "
+                         "summary table with geometric means is added (Note [Benchmark sets])")
+    ap.add_argument("--systems", default=None,
+                    help="comma-separated, of: " + ", ".join(SYSTEMS) + " (default: all but "
+                         "the CPU's torch reduce-overhead; with --set: "
+                         f"{','.join(DEFAULT_SET_SYSTEMS)})")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="2",
+                    help="threads for every system (default 2); a comma-separated list (2,1) "
+                         "runs everything once per count into OUT/threads-N and writes a "
+                         "combined summary")
     work = ap.add_mutually_exclusive_group()
     work.add_argument("--iters", type=int, default=None,
                       help="timed calls per system and model, split over the rounds (default 100)")
@@ -1329,13 +1629,21 @@ def parse_args(argv):
     ap.add_argument("--max-autotune-models", default=",".join(DEFAULT_MAX_AUTOTUNE_MODELS),
                     help="models on which torch-compile-max-autotune runs (default "
                          f"{','.join(DEFAULT_MAX_AUTOTUNE_MODELS)}; 'all' for every model)")
+    ap.add_argument("--compile-models", default="all",
+                    help="models on which torch-compile* and kiln-torch-compile run (default "
+                         "all); elsewhere they are reported as skipped")
+    ap.add_argument("--kiln-python", default=None,
+                    help="folder holding the Kiln Python package for kiln-torch-compile "
+                         "(default: <folder of --kiln>/python, as the build assembles it)")
     ap.add_argument("--torch-freezing", action="store_true",
                     help="torch.compile with inductor freezing (TORCHINDUCTOR_FREEZING=1: "
                          "constant-folded, oneDNN-prepacked weights; PyTorch's CPU inference "
                          "recipe). Default: off, torch.compile as it comes")
     ap.add_argument("--render", metavar="COMPARE_JSON",
                     help="write compare.md/.html (and with --update-docs the docs region) from "
-                         "an earlier run's compare.json, without measuring")
+                         "an earlier run's compare.json, without measuring; for a set, several "
+                         "comma-separated compare.json files (one per thread count) give the "
+                         "combined summary, written next to the first")
     ap.add_argument("--settle-ms", type=float, default=50.0,
                     help="pause before each system's turn (default 50 ms)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -1364,8 +1672,17 @@ def parse_args(argv):
     a = ap.parse_args(argv)
     if a.batch < 1:
         ap.error(f"--batch expected >= 1, found {a.batch}")
-    if a.threads < 1:
-        ap.error(f"--threads expected >= 1, found {a.threads}")
+    try:
+        a.threads_list = [int(t) for t in str(a.threads).split(",") if t.strip()]
+    except ValueError:
+        ap.error(f"--threads expected integers >= 1 (e.g. 2 or 2,1), found {a.threads}")
+    if not a.threads_list or min(a.threads_list) < 1:
+        ap.error(f"--threads expected integers >= 1 (e.g. 2 or 2,1), found {a.threads}")
+    if len(a.threads_list) > 1 and (a.worker or a.export):
+        ap.error("--worker/--export take one --threads value")
+    a.threads = a.threads_list[0]
+    if a.kiln_python is None:
+        a.kiln_python = os.path.join(os.path.dirname(os.path.abspath(a.kiln)), "python")
     if a.iters is not None and a.iters < 1:
         ap.error(f"--iters expected >= 1, found {a.iters}")
     if a.seconds is not None and not (a.seconds > 0 and math.isfinite(a.seconds)):
@@ -1391,6 +1708,8 @@ def main(argv=None):
     if a.render:
         return render_only(a)
 
+    if a.systems is None:
+        a.systems = ",".join(DEFAULT_SET_SYSTEMS if a.set else SYSTEMS)
     systems = [s.strip() for s in a.systems.split(",") if s.strip()]
     bad = [s for s in systems if s not in SYSTEMS]
     if bad or not systems:
@@ -1400,12 +1719,26 @@ def main(argv=None):
         # The default list on the CPU: reduce-overhead's CUDA graphs do not exist there, so
         # torch's reduce-overhead column would only repeat torch-compile (name it to run it).
         systems.remove("torch-compile-reduce-overhead")
-    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    if a.set:
+        try:
+            set_list = import_model_set().set_models(a.set)
+        except ValueError as e:
+            ap.error(str(e))
+        if a.models is None:
+            a.models = ",".join(set_list)
+        if a.onnx_cache is None:
+            a.onnx_cache = import_model_set().set_out_dir(import_export_models())
+    models = [m.strip() for m in (a.models or ",".join(DEFAULT_MODELS)).split(",") if m.strip()]
     if not models:
         ap.error("--models is empty")
+    if a.set:
+        outside = [m for m in models if m not in set_list]
+        if outside:
+            ap.error(f"model '{outside[0]}' is not in set '{a.set}' (its models: "
+                     f"{', '.join(set_list)})")
     zoo = kiln_zoo(a.kiln)
     peers, peer_err = export_model_names()
-    known = list(dict.fromkeys(zoo + peers))
+    known = list(dict.fromkeys(zoo + peers + (set_list if a.set else [])))
     for m in models:
         if m.endswith(".onnx"):
             if not os.path.isfile(m):
@@ -1420,6 +1753,9 @@ def main(argv=None):
     a.max_autotune_models = (known + [os.path.basename(m) for m in models]
                              if a.max_autotune_models.strip() == "all"
                              else [x.strip() for x in a.max_autotune_models.split(",")])
+    a.compile_models = (known + [os.path.basename(m) for m in models]
+                        if a.compile_models.strip() == "all"
+                        else [x.strip() for x in a.compile_models.split(",")])
 
     cuda = None
     if a.device == "cuda":
@@ -1430,18 +1766,45 @@ def main(argv=None):
             return 2
 
     log = (lambda msg: None) if a.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    base_out = a.out
+    reports = []
+    for threads in a.threads_list:
+        a.threads = threads
+        a.out = base_out if len(a.threads_list) == 1 else os.path.join(base_out,
+                                                                       f"threads-{threads}")
+        if len(a.threads_list) > 1:
+            log(f"=== {threads} thread(s): {a.out}")
+        reports.append(measure(a, argv, models, systems, cuda, log))
+    a.out = base_out
+    docs = a.docs if a.update_docs else None
+    if a.set and len(reports) > 1:
+        write_set_summary(reports, base_out, docs)
+        log(f"wrote {os.path.join(base_out, 'summary.md')}, summary.html")
+    elif docs:
+        # One run: its docs region (the set's own region for a set). Several runs of no set:
+        # the first one's.
+        write_reports(reports[0], reports[0]["out"], docs)
+    if docs:
+        log(f"updated {a.docs}")
+    return 0
+
+
+def measure(a, argv, models, systems, cuda, log):
+    """Every model with every system at a.threads into a.out; returns the report (also written
+    as compare.json/.md/.html there)."""
     os.makedirs(a.out, exist_ok=True)
     report = {
         "command": shlex.join(["python3", os.path.relpath(os.path.abspath(__file__), ROOT)] + argv),
-        "argv": argv, "cwd": os.getcwd(),
+        "argv": argv, "cwd": os.getcwd(), "out": a.out,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": host_info(), "versions": versions(a.kiln), "load_avg_start": os.getloadavg(),
         "settings": {"models": models, "systems": systems, "batch": a.batch, "threads": a.threads,
                      "iters": a.iters, "seconds": a.seconds, "rounds": a.rounds,
                      "warmup": a.warmup, "compile_budget_s": a.compile_budget,
-                     "max_autotune_models": a.max_autotune_models, "device": a.device,
-                     "kiln": a.kiln, "settle_ms": a.settle_ms,
-                     "torch_freezing": a.torch_freezing},
+                     "max_autotune_models": a.max_autotune_models,
+                     "compile_models": a.compile_models, "device": a.device,
+                     "kiln": a.kiln, "kiln_python": a.kiln_python, "settle_ms": a.settle_ms,
+                     "torch_freezing": a.torch_freezing, "set": a.set},
         "notes": list(a.note), "models": [],
     }
     if cuda:
@@ -1456,13 +1819,11 @@ def main(argv=None):
     report["notes"] += auto_notes(report)
 
     write_atomic(os.path.join(a.out, "compare.json"), json.dumps(report, indent=1))
-    md = write_reports(report, a.out, a.docs if a.update_docs else None)
-    if a.update_docs:
-        log(f"updated {a.docs}")
+    md = write_reports(report, a.out)
     print(md)
     log(f"wrote {os.path.join(a.out, 'compare.json')}, compare.md, compare.html "
         f"({report['wall_s']:.0f} s)")
-    return 0
+    return report
 
 
 if __name__ == "__main__":

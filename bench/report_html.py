@@ -31,6 +31,7 @@ COLORS = {
     "torch-compile-reduce-overhead": "#457b9d",
     "torch-compile-max-autotune": "#6a4c93",
     "torchscript": "#8ab17d",
+    "kiln-torch-compile": "#e9c46a",
 }
 
 CSS = """
@@ -313,28 +314,46 @@ def summary_html(report, reference):
     return "\n".join(rows)
 
 
-def render(report, reference="kiln-compiled", pooled_note=""):
+def page_head(title, report):
+    """The page's opening and the run's header (command, host, versions, settings)."""
     h, v, a = report["host"], report["versions"], report["settings"]
     work = f"{a['seconds']:g} s" if a.get("seconds") else f"{a['iters']} timed calls"
-    out = ['<!DOCTYPE html>', '<html xmlns="http://www.w3.org/1999/xhtml" lang="en">', "<head>",
-           '<meta charset="utf-8"/>', "<title>Kiln against its peers</title>",
-           f"<style>{CSS}</style>", "</head>", "<body>", "<h1>Kiln against its peers</h1>",
-           '<div class="meta">',
-           f"<p>Measured {esc(report['date'])} with <code>{esc(report['command'])}</code></p>",
-           f"<p>Host: {esc(h['cpu_model'])}, {esc(h['cores'])} cores "
-           f"({esc(', '.join(h['isa']) or 'no AVX2')}), {esc(h.get('mem_total_gib'))} GiB, "
-           f"{esc(h.get('os'))}, kernel {esc(h.get('kernel'))}. Load average "
-           f"{report['load_avg_start'][0]:.2f} at the start, "
-           f"{report.get('load_avg_end', [float('nan')])[0]:.2f} at the end.</p>",
-           "<p>Versions: " + esc(", ".join(f"{k} {val}" for k, val in v.items()
-                                           if val and k != "kiln_binary")) +
-           f", Kiln {esc(report.get('kiln_version') or '?')}.</p>",
-           f"<p>Each system: {esc(work)} per model in {a['rounds']} alternating rounds "
-           f"({a['warmup']} warm-up calls per round), {a['threads']} threads, batch "
-           f"{a['batch']}, device {esc(a['device'])}. Compile budget "
-           f"{a['compile_budget_s']:g} s per system.</p>", "</div>"]
+    return ['<!DOCTYPE html>', '<html xmlns="http://www.w3.org/1999/xhtml" lang="en">', "<head>",
+            '<meta charset="utf-8"/>', f"<title>{esc(title)}</title>",
+            f"<style>{CSS}</style>", "</head>", "<body>", f"<h1>{esc(title)}</h1>",
+            '<div class="meta">',
+            f"<p>Measured {esc(report['date'])} with <code>{esc(report['command'])}</code></p>",
+            f"<p>Host: {esc(h['cpu_model'])}, {esc(h['cores'])} cores "
+            f"({esc(', '.join(h['isa']) or 'no AVX2')}), {esc(h.get('mem_total_gib'))} GiB, "
+            f"{esc(h.get('os'))}, kernel {esc(h.get('kernel'))}. Load average "
+            f"{report['load_avg_start'][0]:.2f} at the start, "
+            f"{report.get('load_avg_end', [float('nan')])[0]:.2f} at the end.</p>",
+            "<p>Versions: " + esc(", ".join(f"{k} {val}" for k, val in v.items()
+                                            if val and k != "kiln_binary")) +
+            f", Kiln {esc(report.get('kiln_version') or '?')}.</p>",
+            f"<p>Each system: {esc(work)} per model in {a['rounds']} alternating rounds "
+            f"({a['warmup']} warm-up calls per round), {a['threads']} threads, batch "
+            f"{a['batch']}, device {esc(a['device'])}. Compile budget "
+            f"{a['compile_budget_s']:g} s per system.</p>", "</div>"]
+
+
+def render_page(title, report, body_html):
+    """A page with the run's header and `body_html` (bench/compare.py's set summary)."""
+    out = page_head(title, report)
     if report.get("notes"):
         out.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in report["notes"]) + "</ul>")
+    out += [body_html, '<p class="note">Written by bench/compare.py; method: bench/README.md.'
+            "</p>", "</body>", "</html>"]
+    return "\n".join(out) + "\n"
+
+
+def render(report, reference="kiln-compiled", pooled_note="", summary_extra=""):
+    """The page of one run; summary_extra (HTML) goes before the per-model sections."""
+    out = page_head("Kiln against its peers", report)
+    if report.get("notes"):
+        out.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in report["notes"]) + "</ul>")
+    if summary_extra:
+        out.append(summary_extra)
     out += ["<h2>Summary: p50 ms (ratio to " + esc(reference) + ")</h2>",
             summary_html(report, reference)]
     for m in report["models"]:

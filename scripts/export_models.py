@@ -27,7 +27,9 @@ statistics, norm weights and biases, ViT's zero-initialized head and class token
 1e-6 layer scales) are re-drawn, so that no part of a model computes on zeros or identities.
 
 Python API (used by the benchmarks): MODELS, build_model(name) -> (module, example_inputs),
-export(name, out_dir=None, force=False) -> path of NAME.onnx, model_files(name, out_dir) -> dict.
+export(name, out_dir=None, force=False) -> path of NAME.onnx, model_files(name, out_dir) -> dict,
+register_model(...): models defined elsewhere (bench/model_set.py's benchmark sets) go through
+the same build, export, stamp and cache path; their stamps also hash the file defining them.
 """
 from __future__ import annotations
 
@@ -144,9 +146,39 @@ _SIGNATURES = {
 assert list(_SIGNATURES) == MODELS
 
 
+# Models registered by other files (register_model): name -> {constructor, example_inputs,
+# inputs, outputs, source}. A registered name never shadows a zoo name.
+_REGISTERED: dict = {}
+
+
+def register_model(name: str, constructor, example_inputs, inputs, outputs, source,
+                   key: str = "", dynamic_batch: bool = True) -> None:
+    """Adds a model to this script's registry: build_model/export/model_files then take `name`.
+
+    constructor()                  -> torch.nn.Module (random weights; seeded by build_model)
+    example_inputs(gen, batch)     -> tuple of tensors (gen: a seeded torch.Generator)
+    inputs, outputs                the ONNX graph's input and output names
+    source                         the file(s) defining the model: their content is in the stamp
+    key                            a text describing the model's settings (in the stamp too)
+    dynamic_batch                  False: export with static shapes only (no batch-2 trace)
+    """
+    if name in _SIGNATURES:
+        raise ValueError(f"'{name}' is a zoo model of scripts/export_models.py; register another name")
+    _REGISTERED[name] = {"constructor": constructor, "example_inputs": example_inputs,
+                         "inputs": list(inputs), "outputs": list(outputs),
+                         "source": [os.path.abspath(p) for p in
+                                    ([source] if isinstance(source, str) else source)],
+                         "key": key, "dynamic_batch": dynamic_batch}
+
+
+def known_models():
+    """The zoo's models, then the registered ones."""
+    return MODELS + [n for n in _REGISTERED if n not in MODELS]
+
+
 def _check_name(name: str) -> None:
-    if name not in _SIGNATURES:
-        raise ValueError(f"unknown model '{name}' (available: {', '.join(MODELS)})")
+    if name not in _SIGNATURES and name not in _REGISTERED:
+        raise ValueError(f"unknown model '{name}' (available: {', '.join(known_models())})")
 
 
 def _constructor(name: str):
@@ -166,6 +198,8 @@ def _constructor(name: str):
             torch.nn.MaxPool2d(kernel_size=3, stride=2, padding=1))
 
     _check_name(name)
+    if name in _REGISTERED:
+        return _REGISTERED[name]["constructor"]
     return {
         "mlp": mlp,
         "vfe": vfe,
@@ -183,6 +217,8 @@ def _example_inputs(name: str, batch: int, seed: int):
     import torch
 
     gen = torch.Generator().manual_seed(seed + 1)
+    if name in _REGISTERED:
+        return tuple(_REGISTERED[name]["example_inputs"](gen, batch))
     if name == "bert_base":
         return _bert_inputs(gen, batch)
     shape = (batch, 10) if name == "mlp" else (batch, 3, 224, 224)
@@ -206,12 +242,12 @@ def build_model(name: str, batch: int = 1, seed: int = SEED):
 
 def input_names(name: str):
     _check_name(name)
-    return list(_SIGNATURES[name][0])
+    return list(_REGISTERED[name]["inputs"] if name in _REGISTERED else _SIGNATURES[name][0])
 
 
 def output_names(name: str):
     _check_name(name)
-    return list(_SIGNATURES[name][1])
+    return list(_REGISTERED[name]["outputs"] if name in _REGISTERED else _SIGNATURES[name][1])
 
 
 # ---- stamps and files -----------------------------------------------------------------------
@@ -228,11 +264,17 @@ def _versions():
     return out
 
 
-def stamp() -> str:
-    """Script content hash + package versions + opset: a model re-exports when it changes."""
+def stamp(name: str | None = None) -> str:
+    """Script content hash + package versions + opset (+ for a registered model, the content of
+    the files defining it and its key): a model re-exports when one changes."""
     h = hashlib.sha256()
     with open(os.path.abspath(__file__), "rb") as f:
         h.update(f.read())
+    if name in _REGISTERED:
+        for path in _REGISTERED[name]["source"]:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        h.update(_REGISTERED[name]["key"].encode())
     h.update(json.dumps({"versions": _versions(), "opset": OPSET, "seed": SEED},
                         sort_keys=True).encode())
     return h.hexdigest()[:16]
@@ -265,7 +307,7 @@ def is_current(name: str, out_dir: str | None = None) -> bool:
         return False
     paths = [files["onnx"], *files["inputs"].values(), *files["ort"].values()]
     paths += [os.path.join(os.path.dirname(files["onnx"]), p) for p in info.get("external_data", [])]
-    return info.get("stamp") == stamp() and all(os.path.isfile(p) for p in paths)
+    return info.get("stamp") == stamp(name) and all(os.path.isfile(p) for p in paths)
 
 
 def stamp_info(name: str, out_dir: str | None = None) -> dict:
@@ -275,15 +317,18 @@ def stamp_info(name: str, out_dir: str | None = None) -> dict:
 
 # ---- exporting ----------------------------------------------------------------------------
 
-def _export_onnx(module, inputs, ins, outs, path: str):
+def _export_onnx(module, inputs, ins, outs, path: str, dynamic_batch: bool = True):
     """Exports with the dynamo exporter (dynamic batch dim "batch" where it allows; else
-    static), falling back to the TorchScript exporter. Returns (exporter, dynamic_batch, errors)."""
+    static), falling back to the TorchScript exporter. Returns (exporter, dynamic_batch, errors).
+    dynamic_batch=False tries the static exports only."""
     import torch
 
     errors = []
     # torch.export specializes dims of size 1, so the dynamic-batch export traces batch 2.
     batch_dim = torch.export.Dim("batch", min=1, max=1024)
     attempts = [("dynamo", True), ("dynamo", False), ("torchscript", True), ("torchscript", False)]
+    if not dynamic_batch:
+        attempts = [a for a in attempts if not a[1]]
     for exporter, dynamic in attempts:
         try:
             # The exporters print progress on stdout; keep it for the error message only.
@@ -363,6 +408,18 @@ def export(name: str, out_dir: str | None = None, force: bool = False) -> str:
     files = model_files(name, out_dir)
     if not force and is_current(name, out_dir):
         return files["onnx"]
+    # A registered model whose export failed under the current stamp fails again at once with
+    # the recorded reason (every exporter would be tried again otherwise); --force retries.
+    failed_marker = os.path.join(out_dir, f"{name}.failed.json")
+    if name in _REGISTERED and not force:
+        try:
+            with open(failed_marker) as f:
+                failed = json.load(f)
+            if failed.get("stamp") == stamp(name):
+                raise RuntimeError(failed["error"] + f"\n(recorded in {failed_marker}; "
+                                   "export with force=True to try again)")
+        except (OSError, ValueError):
+            pass
 
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -372,7 +429,15 @@ def export(name: str, out_dir: str | None = None, force: bool = False) -> str:
         t0 = time.perf_counter()
         module, inputs = build_model(name)
         tmp_onnx = os.path.join(tmp, os.path.basename(files["onnx"]))
-        exporter, dynamic, errors = _export_onnx(module, inputs, ins, outs, tmp_onnx)
+        try:
+            exporter, dynamic, errors = _export_onnx(
+                module, inputs, ins, outs, tmp_onnx,
+                _REGISTERED[name]["dynamic_batch"] if name in _REGISTERED else True)
+        except RuntimeError as e:
+            if name in _REGISTERED:
+                with open(failed_marker, "w") as f:
+                    json.dump({"stamp": stamp(name), "error": str(e)}, f, indent=1)
+            raise
         export_s = time.perf_counter() - t0
 
         feeds = {n: t.numpy() for n, t in zip(ins, inputs)}
@@ -396,7 +461,7 @@ def export(name: str, out_dir: str | None = None, force: bool = False) -> str:
                            if e.key == "location"})
         info = {
             "name": name,
-            "stamp": stamp(),
+            "stamp": stamp(name),
             "versions": _versions(),
             "opset": OPSET,
             "seed": SEED,

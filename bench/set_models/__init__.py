@@ -1,0 +1,1 @@
+"""Model definitions of bench/model_set.py's benchmark sets."""
