@@ -1314,7 +1314,12 @@ def set_rows(report):
         row["ma_ratio"] = row["ort_p50"] / row["ma_p50"] if ma and ort else None
         for name, r in m["systems"].items():
             if r["status"] not in ("ok", "skipped"):
-                row["failures"].append((name, r["status"], r.get("error") or ""))
+                err = r.get("error") or ""
+                detail = r.get("error_detail") or ""
+                if err.endswith(":") and err in detail:
+                    # kiln's message continues on the next lines (e.g. the unsupported ops)
+                    err = err + " " + detail.split(err, 1)[1]
+                row["failures"].append((name, r["status"], err))
         for name in ("torch-compile", "kiln-torch-compile"):
             r = _ok(m, name)
             row[name] = (r["first_call_s"], p50(r)) if r else None
@@ -1388,7 +1393,10 @@ def set_tables(report):
     fails = [(r["model"], n_, st, err) for r in rows for n_, st, err in r["failures"]]
     if fails:
         lines.append("Failures:")
-        lines += [f"- {m}: {n_} {st}: {short_error(err, 400)}" for m, n_, st, err in fails]
+        # Every line of the error (an importer lists the unsupported ops on the next lines).
+        lines += [f"- {m}: {n_} {st}: " + short_error(" ".join(
+            l.strip() for l in (err or "").splitlines() if l.strip()), 400)
+            for m, n_, st, err in fails]
     return tables, lines
 
 
