@@ -398,6 +398,23 @@ struct CompiledGraph::Impl {
   double compile_s = 0;
   std::string manifest;  // a loaded package's
   kiln::TensorList in_scratch, out_scratch;  // reused across calls (keep their capacity)
+
+  // A CompiledGraph over `compiled`, compiled from `graph` since `t0`: its signature and the
+  // memory its parameters view come from the builder.
+  static std::unique_ptr<CompiledGraph> of_graph(const GraphBuilder& graph,
+                                                 std::unique_ptr<kiln::CompiledGraph> compiled,
+                                                 std::string backend,
+                                                 std::chrono::steady_clock::time_point t0) {
+    auto c = std::unique_ptr<CompiledGraph>(new CompiledGraph());
+    c->impl_ = std::make_unique<Impl>();
+    c->impl_->compiled = std::move(compiled);
+    c->impl_->compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c->impl_->backend = std::move(backend);
+    c->impl_->inputs = graph.input_specs();
+    c->impl_->outputs = graph.output_specs();
+    c->impl_->keep_alive = graph.impl_->keep_alive;
+    return c;
+  }
 };
 
 namespace {
@@ -471,15 +488,7 @@ std::unique_ptr<CompiledGraph> CompiledGraph::compile_package(const GraphBuilder
         !g.type(g.inputs[0]).shape[0].is_symbolic())
       info.batch = g.type(g.inputs[0]).shape[0].value();
     kiln::compiler::write_package(*exe, options, info, path);
-    auto c = std::unique_ptr<CompiledGraph>(new CompiledGraph());
-    c->impl_ = std::make_unique<Impl>();
-    c->impl_->compiled = std::move(exe);
-    c->impl_->compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    c->impl_->backend = "inductor";
-    c->impl_->inputs = graph.input_specs();
-    c->impl_->outputs = graph.output_specs();
-    c->impl_->keep_alive = graph.impl_->keep_alive;
-    return c;
+    return Impl::of_graph(graph, std::move(exe), "inductor", t0);
   });
 }
 
@@ -513,15 +522,7 @@ std::unique_ptr<CompiledGraph> CompiledGraph::compile(const GraphBuilder& graph,
     opts.precision = precision_of(spec);
     const kiln::BackendFactory& factory = kiln::find_backend(spec.backend);
     auto t0 = std::chrono::steady_clock::now();
-    auto c = std::unique_ptr<CompiledGraph>(new CompiledGraph());
-    c->impl_ = std::make_unique<Impl>();
-    c->impl_->compiled = factory(g, opts);
-    c->impl_->compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    c->impl_->backend = spec.backend;
-    c->impl_->inputs = graph.input_specs();
-    c->impl_->outputs = graph.output_specs();
-    c->impl_->keep_alive = graph.impl_->keep_alive;
-    return c;
+    return Impl::of_graph(graph, factory(g, opts), spec.backend, t0);
   });
 }
 
