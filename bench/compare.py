@@ -233,6 +233,11 @@ class TorchRunner:
             inputs = tuple(torch.cat([x] * args.batch, 0) if isinstance(x, torch.Tensor) else x
                            for x in inputs)
         module.eval()
+        if args.dtype != "f32":
+            low = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
+            module = module.to(low)
+            inputs = tuple(x.to(low) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                           else x for x in inputs)
         self.cuda = args.device == "cuda"
         if self.cuda:
             if not torch.cuda.is_available():
@@ -304,6 +309,8 @@ class OrtRunner:
         import numpy as np
         import onnxruntime as ort
         rss_after_imports = rss_peak_bytes()
+        if args.dtype != "f32":
+            raise Unsupported(f"ONNX Runtime runs the exported float32 model only (--dtype {args.dtype})")
         if not args.onnx:
             raise RuntimeError("no .onnx file for this model (export failed or was not run)")
         so = ort.SessionOptions()
@@ -657,6 +664,8 @@ def kiln_cmd(args, spec, target, warmup, iters, seconds):
     cmd = [args.kiln, "bench", target, "--json", "--backend", spec["backend"], "--mode",
            spec["mode"], "--batch", str(args.batch), "--threads", str(args.threads),
            "--warmup", str(warmup), "--device", args.device]
+    if args.dtype != "f32":
+        cmd += ["--dtype", args.dtype]
     cmd += ["--seconds", f"{seconds:g}"] if seconds else ["--iters", str(iters)]
     return cmd
 
@@ -716,7 +725,8 @@ def kiln_round(sr, args, spec, target, warmup, iters, seconds, logdir, env):
 
 def start_worker(sr, args, model, onnx, logdir, env):
     cmd = [python_exe(), os.path.abspath(__file__), "--worker", sr.name, model, "--serve",
-           "--threads", str(args.threads), "--batch", str(args.batch), "--device", args.device]
+           "--threads", str(args.threads), "--batch", str(args.batch), "--device", args.device,
+           "--dtype", args.dtype]
     if onnx:
         cmd += ["--onnx", onnx["onnx"]]
         if onnx.get("inputs"):
@@ -1178,8 +1188,8 @@ def header_lines(report):
         f"{v.get('transformers')}, onnx {v.get('onnx')}, onnxruntime {v.get('onnxruntime')}, "
         f"{v.get('g++')}, Python {h['python']}.",
         f"Each system: {work} per model in {a['rounds']} alternating rounds, {a['warmup']} "
-        f"warm-up calls per round, {a['threads']} threads, batch {a['batch']}, device "
-        f"{a['device']}.",
+        f"warm-up calls per round, {a['threads']} threads, batch {a['batch']}, "
+        f"{a.get('dtype', 'f32')}, device {a['device']}.",
     ] + ([gpu] if gpu else [])
 
 
@@ -1620,6 +1630,11 @@ def parse_args(argv):
                          "the CPU's torch reduce-overhead; with --set: "
                          f"{','.join(DEFAULT_SET_SYSTEMS)})")
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32",
+                    help="precision of float32 models (default f32): Kiln compiles them with "
+                         "`--dtype` (autocast: matmul/conv/attention low, norms and softmax in "
+                         "float32); the PyTorch peers run the model converted with module.to() "
+                         "and its floating inputs cast (ORT: f32 only)")
     ap.add_argument("--threads", default="2",
                     help="threads for every system (default 2); a comma-separated list (2,1) "
                          "runs everything once per count into OUT/threads-N and writes a "
@@ -1806,7 +1821,8 @@ def measure(a, argv, models, systems, cuda, log):
         "argv": argv, "cwd": os.getcwd(), "out": a.out,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": host_info(), "versions": versions(a.kiln), "load_avg_start": os.getloadavg(),
-        "settings": {"models": models, "systems": systems, "batch": a.batch, "threads": a.threads,
+        "settings": {"models": models, "systems": systems, "batch": a.batch, "dtype": a.dtype,
+                     "threads": a.threads,
                      "iters": a.iters, "seconds": a.seconds, "rounds": a.rounds,
                      "warmup": a.warmup, "compile_budget_s": a.compile_budget,
                      "max_autotune_models": a.max_autotune_models,

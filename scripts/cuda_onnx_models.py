@@ -8,7 +8,15 @@ which compiles the model for CUDA and runs it there, runs the CPU eager interpre
 inputs, and reports max|compiled - eager| per output. A model passes when every output is
 within 1e-4 x max|CPU eager| of the CPU eager run (the issue's bound) and the CPU eager run is
 within 1e-3 x max|ORT| of ONNX Runtime's outputs saved at export (the CPU path's own bound in
-tests/onnx). NaN on one side only fails. Prints one line per model and a JSON summary.
+tests/onnx). NaN on one side only fails. Then the same model compiled in bfloat16 and float16
+(`--dtype`, Kiln's autocast: matmul, convolution and attention in the low dtype with float32
+accumulation, norms and softmax in float32) against the same CPU eager float32 run: within
+LOW_BOUNDS x max|CPU eager|. The bounds: one rounding of the low dtype is 2^-9 (bf16) and 2^-12
+(f16) relative; a model rounds every activation and weight once per layer and the errors of
+independent roundings add up roughly as a random walk over the ~50-200 rounded steps of these
+models, about 10-15 units at the output: 5e-2 for bf16 (~13 x 2^-8), 1e-2 for f16 (~20 x
+2^-11). The measured values are reported whatever they are. Prints one line per model and a
+JSON summary.
 
     python3 scripts/cuda_onnx_models.py --kiln ./kiln --out /tmp/models [--json FILE] [names...]
 """
@@ -29,6 +37,7 @@ import export_models as em  # noqa: E402
 import numpy as np  # noqa: E402
 
 CUDA_BOUND = 1e-4  # x max|CPU eager|, per output
+LOW_BOUNDS = {"bf16": 5e-2, "f16": 1e-2}  # x max|CPU eager| (module docstring)
 ORT_BOUND = 1e-3   # x max|ORT|, per output (CPU eager vs ONNX Runtime)
 
 
@@ -75,6 +84,31 @@ def check(kiln: str, name: str, out_dir: str, timeout: int) -> dict:
             r["outputs"].append({"name": o["name"], "max_abs_diff_cuda_vs_cpu": diff,
                                  "max_abs_cpu": scale, "rel": diff / scale if scale else diff,
                                  "max_abs_diff_cpu_vs_ort": ort_diff, "ok": out_ok})
+        # The low-precision runs against the same CPU eager float32 run.
+        r["low"] = {}
+        for dt, bound in LOW_BOUNDS.items():
+            try:
+                p = subprocess.run(cmd[:cmd.index("--output")] + ["--dtype", dt], capture_output=True,
+                                   text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                r["low"][dt] = {"ok": False, "error": f"timed out after {timeout} s"}
+                ok = False
+                continue
+            if p.returncode != 0:
+                r["low"][dt] = {"ok": False, "error": (p.stderr or p.stdout).strip()[-1000:]}
+                ok = False
+                continue
+            jl = json.loads(p.stdout)
+            worst = 0.0
+            low_ok = True
+            for o in jl["outputs"]:
+                diff, scale = o["max_abs_diff_compiled_vs_eager"], o["max_abs_eager"]
+                rel = diff / scale if scale else diff
+                low_ok &= diff == diff and scale > 0 and rel <= bound
+                worst = max(worst, rel if rel == rel else float("inf"))
+            r["low"][dt] = {"ok": low_ok, "worst_rel": worst, "bound": bound,
+                            "first_call_s": jl.get("compiled_first_call_s")}
+            ok &= low_ok
         r["ok"] = ok
     return r
 
@@ -94,10 +128,11 @@ def main() -> int:
         results.append(r)
         if r.get("ok"):
             worst = max(o["rel"] for o in r["outputs"])
-            print(f"{n}: ok  worst |cuda-cpu|/max|cpu| {worst:.2e}  first call "
+            low = "  ".join(f"{dt} {v['worst_rel']:.2e}" for dt, v in r["low"].items())
+            print(f"{n}: ok  worst |cuda-cpu|/max|cpu| {worst:.2e}  ({low})  first call "
                   f"{r['compiled_first_call_s']:.2f} s  export {r['export_s']} s", flush=True)
         else:
-            print(f"{n}: FAILED  {r.get('error') or r.get('outputs')}", flush=True)
+            print(f"{n}: FAILED  {r.get('error') or r.get('outputs')}  low: {r.get('low')}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)

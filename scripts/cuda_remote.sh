@@ -83,11 +83,27 @@ fi
 # compute-sanitizer over the compiled zoo (issue #12): memcheck and racecheck of `kiln run MODEL
 # --device cuda` (compiled on the device, a few calls) for KILN_SANITIZE_MODELS (default: every
 # zoo model). The tool reports "ERROR SUMMARY: 0 errors" / "RACECHECK SUMMARY: 0 hazards".
+# KILN_SANITIZE_TOOLS (default "memcheck racecheck"), KILN_SANITIZE_ITERS (default 2: timed
+# calls after one warm-up), KILN_SANITIZE_PARALLEL=1: one process per model and tool at once
+# (racecheck of the large models takes minutes each; the GPU machine has 16 cores).
+sanitize_one() {  # MODEL TOOL
+  step "sanitize_$2_$1" compute-sanitizer --tool "$2" --error-exitcode 3 \
+    ./kiln run "$1" --device cuda --backend compiled --iters "${KILN_SANITIZE_ITERS:-2}" --warmup 1
+}
 if want sanitize && command -v compute-sanitizer >/dev/null; then
+  san_pids=()
   for m in ${KILN_SANITIZE_MODELS:-mlp vfe branchy resnet18 resnet50 vit_b_16 bert_base}; do
-    for tool in memcheck racecheck; do
-      step "sanitize_${tool}_$m" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-        ./kiln run "$m" --device cuda --backend compiled --iters 2 --warmup 1
+    for tool in ${KILN_SANITIZE_TOOLS:-memcheck racecheck}; do
+      if [[ "${KILN_SANITIZE_PARALLEL:-0}" == 1 ]]; then
+        sanitize_one "$m" "$tool" & san_pids+=($!)
+      else
+        sanitize_one "$m" "$tool"
+      fi
+    done
+  done
+  for pid in "${san_pids[@]}"; do wait "$pid"; done
+  for m in ${KILN_SANITIZE_MODELS:-mlp vfe branchy resnet18 resnet50 vit_b_16 bert_base}; do
+    for tool in ${KILN_SANITIZE_TOOLS:-memcheck racecheck}; do
       grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/sanitize_${tool}_$m.log" | sed "s/^/  $m $tool: /" | tee -a "$summary"
     done
   done

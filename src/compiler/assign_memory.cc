@@ -45,6 +45,7 @@ MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
   }
   for (size_t v = 0; v < g.values.size(); ++v)
     if (s.virtual_view[v]) m.mem[v] = m.mem[size_t(s.views[v].base)];
+  if (!target.device().is_cpu()) m.status = {slot++, 0};
   m.num_slots = slot;
   return m;
 }

@@ -26,6 +26,10 @@ struct MemoryAssignment {
   std::vector<MemRef> mem;  // per value (slot -1: never read or written by a kernel)
   int num_slots = 1;
   std::vector<std::pair<int, Tensor>> constants;  // slot -> placed tensor
+  // The slot of each execution context's status record (Note [Device status] in
+  // runtime/executable.h): the last slot on devices, -1 on the CPU (whose kernels report through
+  // their own records, Note [Indexed loads]).
+  MemRef status;
 };
 
 MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,

@@ -313,7 +313,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       }
       std::vector<MemRef> outs;
       for (ValueId o : n.outputs) outs.push_back(m.mem[size_t(o)]);
-      l = lib->bind(st.node, in, outs, scratch);
+      l = lib->bind(st.node, in, outs, scratch, m.status);
       l.name = fmt::format("{}:{}", op_def(n.op).name, n.name);
       l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
       out.library_launches++;
@@ -416,6 +416,16 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
     os.slot = r.slot;
     os.byte_offset = r.byte_offset;
     exe->outputs.push_back(std::move(os));
+  }
+  // Note [Device status]: what the library's and the loop kernels' checks report.
+  std::vector<Executable::DeviceCheck> checks = lib->device_checks();
+  for (Executable::DeviceCheck& c : loops.device_checks) checks.push_back(std::move(c));
+  if (!checks.empty()) {
+    if (m.status.slot < 0)
+      throw_error(ErrorKind::Internal, fmt::format("compiler: kernels for {} report bad values, but "
+                                                   "the target has no status record",
+                                                   target.name()));
+    exe->set_device_status(m.status.slot, std::move(checks));
   }
   exe->prepare();
   return out;

@@ -126,7 +126,7 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   rep.schedule_s = seconds_since(t1);
 
   t1 = std::chrono::steady_clock::now();
-  LoopBuild loops = target.build_loops(g, s, mem.mem, opt, knobs);        // 7. emit + build
+  LoopBuild loops = target.build_loops(g, s, mem.mem, mem.status, opt, knobs);        // 7. emit + build
   rep.build_s = loops.build_s;
   rep.cache_hit = loops.cache_hit;
   rep.codegen_s = seconds_since(t1);

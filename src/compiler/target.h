@@ -118,8 +118,13 @@ class LibraryKernels {
   // Launches of different execution contexts run at the same time (Note [Execution contexts]
   // in runtime/executable.cc): state the launch changes while it runs must be per context
   // (Executable::Launch::make_local).
+  // `status`: the execution context's status record (Note [Device status] in
+  // runtime/executable.h; slot -1 where the target has none), for kernels that report bad
+  // values; the checks they report are device_checks().
   virtual Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
-                                  const std::vector<MemRef>& outputs, MemRef scratch) const = 0;
+                                  const std::vector<MemRef>& outputs, MemRef scratch,
+                                  MemRef status) const = 0;
+  virtual std::vector<Executable::DeviceCheck> device_checks() const { return {}; }
 };
 
 // What the driver passes to the library lowering besides the nodes.
@@ -144,6 +149,7 @@ struct LoopBuild {
   std::vector<TunableLaunch> tunable;        // per-launch runtime parameters (thread counts)
   std::shared_ptr<void> keep_alive;          // the loaded module
   std::string library_path;                  // its shared object (what a package carries)
+  std::vector<Executable::DeviceCheck> device_checks;  // what its kernels may report (status)
   bool cache_hit = false;                    // the module came from the kernel cache
   double build_s = 0;                        // the toolchain's wall time (0 on a hit)
 };
@@ -177,9 +183,10 @@ class Target {
                                                         LibraryRequest request,
                                                         const Knobs& knobs) const = 0;
   // Emits, compiles (through the kernel cache) and loads the schedule's loop kernels.
+  // `status`: the status record (Note [Device status]; slot -1 where the target has none).
   virtual LoopBuild build_loops(const Graph& g, const lower::Schedule& s,
-                                const std::vector<MemRef>& mem, const Options& options,
-                                const Knobs& knobs) const = 0;
+                                const std::vector<MemRef>& mem, MemRef status,
+                                const Options& options, const Knobs& knobs) const = 0;
 
   // Memory: `bytes` of zeroed arena memory (64-byte aligned, owned by the result), and a
   // constant placed where kernels read it (contiguous, on the target's device).

@@ -85,6 +85,9 @@ struct IndexCheck {
   int32_t node = -1;
   std::string message_prefix, message_suffix;
 };
+// The check of node `n` (index `node`) reading along `what` ("dim 1 of x") of size `size`:
+// "<op> '<node>': index <value> is out of range for <what> of size <size> (valid range [..])".
+IndexCheck index_check(int32_t node, const Node& n, const std::string& what, int64_t size);
 
 // LoopKind::Scatter: out = x (copied over out's own shape first), then out[..] += src at the
 // indexed positions.

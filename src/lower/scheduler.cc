@@ -187,6 +187,17 @@ bool resolve_view(const Graph& g, ValueId v, const std::vector<bool>& view_is_co
   return resolve_impl(g, v, &view_is_copy, out);
 }
 
+// The message of an index check: "<op> '<node>': index <value> is out of range for <what>".
+IndexCheck index_check(int32_t node, const Node& n, const std::string& what, int64_t size) {
+  IndexCheck c;
+  c.node = node;
+  c.message_prefix = fmt::format("{} '{}': index ", op_def(n.op).name, n.name);
+  c.message_suffix = size == 0 ? fmt::format(" is out of range: {} is empty", what)
+                               : fmt::format(" is out of range for {} of size {} (valid range "
+                                             "[{}, {}])", what, size, -size, size - 1);
+  return c;
+}
+
 namespace {
 
 enum class NodeClass : uint8_t { View, Pointwise, ViewCopy, Reduce, Norm, SmallLinear, Indexed,
@@ -473,17 +484,6 @@ ViewGeometry Scheduler::geometry(ValueId v) const {
 int normalized_dim(const Node& n, int rank) {
   int64_t d = n.attrs.get_int("dim");
   return int(d < 0 ? d + rank : d);
-}
-
-// The message of an index check: "<op> '<node>': index <value> is out of range for <what>".
-IndexCheck index_check(int32_t node, const Node& n, const std::string& what, int64_t size) {
-  IndexCheck c;
-  c.node = node;
-  c.message_prefix = fmt::format("{} '{}': index ", op_def(n.op).name, n.name);
-  c.message_suffix = size == 0 ? fmt::format(" is out of range: {} is empty", what)
-                               : fmt::format(" is out of range for {} of size {} (valid range "
-                                             "[{}, {}])", what, size, -size, size - 1);
-  return c;
 }
 
 void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {

@@ -118,8 +118,12 @@ struct Executable::Context {
   std::vector<char*> staging;
   void* graph = nullptr;       // cudaGraph_t
   void* graph_exec = nullptr;  // cudaGraphExec_t
+  // Note [Device status]: the record on the device, and its pinned host copy.
+  std::shared_ptr<char> status_owner;
+  int64_t* status_host = nullptr;
 
   ~Context() {
+    if (status_host) cudaFreeHost(status_host);
     if (graph_exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec));
     if (graph) cudaGraphDestroy(static_cast<cudaGraph_t>(graph));
     if (stream) {
@@ -175,6 +179,14 @@ void Executable::set_slot(int slot, char* base) {
   initial_slots_[size_t(slot)] = base;
 }
 
+void Executable::set_device_status(int slot, std::vector<DeviceCheck> checks) {
+  KILN_ASSERT(slot > 0 && size_t(slot) < initial_slots_.size() && pool_->all.empty() &&
+              device_.is_cuda());
+  for (const DeviceCheck& c : checks) KILN_ASSERT(c.code > 0);
+  status_slot_ = slot;
+  device_checks_ = std::move(checks);
+}
+
 void Executable::set_max_contexts(int n) {
   KILN_CHECK(n >= 1, "executable: max_contexts must be >= 1, got {}", n);
   {
@@ -220,11 +232,19 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
       c->staging_owner = allocate_device_arena(total, device_.index);
       for (size_t i = 0; i < inputs.size(); ++i) c->staging.push_back(c->staging_owner.get() + off[i]);
     }
+    if (status_slot_ >= 0) {
+      c->status_owner = allocate_device_arena(2 * sizeof(int64_t), device_.index);  // zeroed
+      void* host = nullptr;
+      check(cudaMallocHost(&host, 2 * sizeof(int64_t)), "cudaMallocHost (the status record)");
+      c->status_host = static_cast<int64_t*>(host);
+      c->status_host[0] = c->status_host[1] = 0;
+    }
   } else {
     c->arena = allocate_host_arena(arena_bytes_);
   }
   c->slots = initial_slots_;
   c->slots[0] = c->arena.get();
+  if (c->status_owner) c->slots[size_t(status_slot_)] = c->status_owner.get();
   c->states.resize(launches.size());
   for (size_t i = 0; i < launches.size(); ++i) {
     const Launch& l = launches[i];
@@ -474,6 +494,10 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
       try {
         run_launches(c, in);
+        if (c.status_host)
+          check(cudaMemcpyAsync(c.status_host, c.status_owner.get(), 2 * sizeof(int64_t),
+                                cudaMemcpyDeviceToHost, s),
+                "cudaMemcpyAsync of the status record");
       } catch (...) {
         cudaStreamEndCapture(s, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -489,6 +513,10 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
     check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(c.graph_exec), s), "cudaGraphLaunch");
   } else {
     run_launches(c, in);
+    if (c.status_host)
+      check(cudaMemcpyAsync(c.status_host, c.status_owner.get(), 2 * sizeof(int64_t),
+                            cudaMemcpyDeviceToHost, s),
+            "cudaMemcpyAsync of the status record");
   }
   char* const* b = c.slots.data();
   bool strided_outputs = false;
@@ -509,6 +537,7 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
           "cudaMemcpyAsync of an output");
   }
   check(cudaStreamSynchronize(s), "cudaStreamSynchronize (the compiled graph's work)");
+  if (c.status_host && c.status_host[0] != 0) fail_device_check(c);
   if (strided_outputs) {
     // Rare (an output that is a strided view of a buffer, or a strided destination): through
     // Tensor::copy_ on the device, which the stream's completion above orders after the work.
@@ -524,6 +553,19 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       t.copy_(view.device() == t.device() ? view : view.contiguous().to(t.device()));
     }
   }
+}
+
+void Executable::fail_device_check(Context& c) {
+  const int64_t code = c.status_host[0], value = c.status_host[1];
+  // Cleared before the context serves another call (the lease gives it back as this throws).
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream);
+  check(cudaMemsetAsync(c.status_owner.get(), 0, 2 * sizeof(int64_t), s), "cudaMemsetAsync");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  c.status_host[0] = c.status_host[1] = 0;
+  for (const DeviceCheck& d : device_checks_)
+    if (d.code == code) fail_kind(ErrorKind::InvalidArgument, "{}{}{}", d.prefix, value, d.suffix);
+  fail_kind(ErrorKind::Internal, "compiled graph: a kernel reported check {} (value {}), which no "
+            "check of this executable has", code, value);
 }
 
 TensorList Executable::run(const TensorList& in) {

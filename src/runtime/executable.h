@@ -138,6 +138,23 @@ class Executable {
   int max_contexts() const;
   int num_contexts() const;  // created so far
 
+  // Note [Device status]: a CUDA kernel cannot throw. A kernel that meets a value the op's
+  // reference rejects (an index out of range, an integer division by zero, a negative integer
+  // exponent) records the first such event of the call in its execution context's status record,
+  // two int64 in device memory {code, value}, and computes on without touching memory outside
+  // its buffers. The call copies the record back with its outputs (inside the CUDA graph in
+  // reduce-overhead) and, when `code` is set, fails with the matching check's
+  // prefix + value + suffix (ErrorKind::InvalidArgument, as the CPU's index checks), after
+  // clearing the record for the next call. Codes are > 0 and unique per executable (the
+  // compiler uses the node index + 1). Slot `slot` of every context's table points at its
+  // record. Before prepare(); CUDA executables only.
+  struct DeviceCheck {
+    int64_t code = 0;
+    std::string prefix, suffix;
+  };
+  void set_device_status(int slot, std::vector<DeviceCheck> checks);
+  const std::vector<DeviceCheck>& device_checks() const { return device_checks_; }
+
   // CUDA, reduce-overhead: from the next run on, the launch list is captured into a CUDA graph
   // once per execution context and replayed (Note [Executable]). Inputs are then always copied
   // into the context's fixed staging buffers. Returns false (and says why in *why) when the
@@ -166,12 +183,15 @@ class Executable {
   void run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs);
   void run_launches(Context& c, const Tensor* args);
   void check_inputs(const Tensor* in, size_t num_inputs, size_t num_outputs) const;
+  [[noreturn]] void fail_device_check(Context& c);
 
   int64_t arena_bytes_ = 0;
   std::vector<char*> initial_slots_;  // what every context's slot table starts as (slot 0 null)
   Device device_ = Device::cpu();
   bool graph_requested_ = false;
   bool has_eager_launch_ = false;  // set by prepare()
+  int status_slot_ = -1;           // Note [Device status]
+  std::vector<DeviceCheck> device_checks_;
   std::unique_ptr<Pool> pool_;
 };
 

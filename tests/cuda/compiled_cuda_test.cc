@@ -1,8 +1,8 @@
 // The CUDA target end to end: every zoo model's graph compiled for CUDA (generated kernels
 // through NVRTC, cuBLASLt, cuDNN, direct kernels) against the CPU eager result on fresh random
 // inputs (max |cuda - cpu| <= 1e-4 * max |cpu|, NaN fails), in default and reduce-overhead
-// (CUDA-graph replay: bitwise equal to default), with host and device inputs; and the error
-// paths (a node the target cannot take names the node).
+// (CUDA-graph replay: bitwise equal to default), with host and device inputs; and bad values
+// (integer division by zero, indices out of range) failing the call as on the CPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -166,19 +166,98 @@ TEST(CudaCompile, KilnCompileOnCudaInputsUsesTheCudaTarget) {
   EXPECT_EQ(r.stats.fallbacks_compile_error, 0) << r.text();
 }
 
-TEST(CudaCompile, ANodeTheTargetCannotTakeIsNamed) {
-  // Integer division has no CUDA kernel by design (a zero divisor must raise, which a kernel
-  // cannot): the compile error names the node and says what to do.
-  Graph g;
-  ValueId a = g.add_input("a", TensorType{DType::Int32, to_shape(Dims{4, 4})});
-  ValueId b = g.add_input("b", TensorType{DType::Int32, to_shape(Dims{4, 4})});
-  g.outputs = g.add_node(OpId::Div, {a, b}, {}, "ratio.div");
+// Note [Device status] (runtime/executable.h): bad values that the reference rejects fail the
+// CUDA call with the reference's message naming the node, in default and reduce-overhead
+// (the record is read back inside the CUDA graph), and the next call with good values is right
+// again (the record was cleared).
+std::string error_of_run(compiler::CompiledExecutable& exe, const TensorList& in, ErrorKind* kind) {
   try {
-    compiler::compile(g, Device::cuda(0), {});
-    FAIL() << "integer div compiled for CUDA";
+    exe.run(in);
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ratio.div"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("cast the operands"), std::string::npos) << e.what();
+    *kind = e.kind();
+    return e.what();
+  }
+  return "";
+}
+
+Tensor ints_tensor(const Dims& d, std::vector<int64_t> v, DType dt) {
+  Tensor t = Tensor::empty(d, DType::Int64);
+  std::copy(v.begin(), v.end(), t.data<int64_t>());
+  return t.to(dt);
+}
+
+TEST(CudaDeviceStatus, IntegerDivisionAndPowerReportBadValuesNamingTheNode) {
+  for (DType dt : {DType::Int32, DType::Int64, DType::UInt8}) {
+    Graph g;
+    ValueId a = g.add_input("a", TensorType{dt, to_shape(Dims{3, 4})});
+    ValueId b = g.add_input("b", TensorType{dt, to_shape(Dims{3, 4})});
+    ValueId q = g.add_node(OpId::Div, {a, b}, {}, "ratio.div")[0];
+    ValueId p = g.add_node(OpId::Pow, {q, b}, {}, "ratio.pow")[0];
+    g.outputs = {q, p};
+    Generator gen(int(dt) + 17);
+    Tensor ta = Tensor::randint({3, 4}, gen, 0, 100, dt);
+    Tensor tb = Tensor::randint({3, 4}, gen, 1, 4, dt);  // nonzero, non-negative
+    TensorList want = find_backend("eager")(g, BackendOptions{})->run({ta, tb});
+    for (const char* mode : {"default", "reduce-overhead"}) {
+      compiler::Options o;
+      o.mode = mode;
+      auto exe = compiler::compile(g, Device::cuda(0), o);
+      EXPECT_EQ(exe->report().eager_launches, 0) << exe->summary();
+      for (int round = 0; round < 2; ++round) {
+        TensorList got = exe->run({ta, tb});
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_EQ(test::first_byte_difference(got[i].to(Device::cpu()), want[i]), "")
+              << dtype_name(dt) << " " << mode << " output " << i;
+        // A zero divisor in the last element: the call fails naming the node.
+        std::vector<int64_t> bv(12, 2);
+        bv[11] = 0;
+        Tensor zb = ints_tensor({3, 4}, bv, dt);
+        ErrorKind kind{};
+        std::string msg = error_of_run(*exe, {ta, zb}, &kind);
+        EXPECT_EQ(kind, ErrorKind::InvalidArgument) << msg;
+        EXPECT_NE(msg.find("ratio.div"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("integer division by 0"), std::string::npos) << msg;
+        if (dt == DType::UInt8) continue;  // no negative exponents in uint8
+        // A negative exponent (and a nonzero divisor): pow fails, naming its node and the value.
+        std::vector<int64_t> nv(12, 1);
+        nv[5] = -3;
+        msg = error_of_run(*exe, {ta, ints_tensor({3, 4}, nv, dt)}, &kind);
+        EXPECT_EQ(kind, ErrorKind::InvalidArgument) << msg;
+        EXPECT_NE(msg.find("ratio.pow"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("negative exponent -3"), std::string::npos) << msg;
+      }
+    }
+  }
+}
+
+TEST(CudaDeviceStatus, OutOfRangeIndicesFailLikeTheCpu) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType{DType::Float32, to_shape(Dims{5, 3})});
+  ValueId idx = g.add_input("idx", TensorType{DType::Int64, to_shape(Dims{4})});
+  ValueId y = g.add_node(OpId::IndexSelect, {x, idx}, {{"dim", int64_t(0)}}, "pick.rows")[0];
+  g.outputs = {g.add_node(OpId::Relu, {y}, {}, "pick.relu")[0]};
+  Generator gen(3);
+  Tensor tx = Tensor::randn({5, 3}, gen);
+  Tensor good = ints_tensor({4}, {4, -5, 0, 2}, DType::Int64);
+  Tensor bad = ints_tensor({4}, {4, 1, 7, 2}, DType::Int64);
+  auto cpu = compiler::compile(g, Device::cpu(), {});
+  ErrorKind cpu_kind{};
+  std::string cpu_msg = error_of_run(*cpu, {tx, bad}, &cpu_kind);
+  ASSERT_NE(cpu_msg, "");
+  TensorList want = cpu->run({tx, good});
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    compiler::Options o;
+    o.mode = mode;
+    auto exe = compiler::compile(g, Device::cuda(0), o);
+    for (int round = 0; round < 2; ++round) {
+      TensorList got = exe->run({tx, good});
+      EXPECT_EQ(test::first_byte_difference(got[0].to(Device::cpu()), want[0]), "") << mode;
+      ErrorKind kind{};
+      std::string msg = error_of_run(*exe, {tx, bad}, &kind);
+      EXPECT_EQ(kind, cpu_kind) << msg;
+      EXPECT_NE(msg.find(cpu_msg.substr(cpu_msg.find("index_select"))), std::string::npos)
+          << "cuda: " << msg << "\ncpu: " << cpu_msg;
+    }
   }
 }
 

@@ -66,7 +66,7 @@ struct Emitted {
 
 // The compiler's phases for `target` up to emission, with the library nodes as extern steps
 // and every value in slot 0 (inputs and constants in slots of their own).
-Emitted emit_all(Graph g, const compiler::Target& target, const cuda::CudaCodegenOptions& co = {}) {
+Emitted emit_all(Graph g, const compiler::Target& target, cuda::CudaCodegenOptions co = {}) {
   std::vector<std::unique_ptr<Pass>> pipeline = compiler_pipeline(target.decompositions());
   std::vector<Pass*> passes;
   for (auto& p : pipeline) passes.push_back(p.get());
@@ -95,6 +95,7 @@ Emitted emit_all(Graph g, const compiler::Target& target, const cuda::CudaCodege
   for (size_t v = 0; v < g.values.size(); ++v)
     if (s.virtual_view[v]) mem[v] = mem[size_t(s.views[v].base)];
   Emitted e;
+  co.status_slot = slot;  // as compiler::assign_memory: the slot after the constants
   e.program = cuda::generate_cuda(g, s, mem, g.name, 1024, co);
   e.mem = std::move(mem);
   e.arena_bytes = plan.arena_bytes;
@@ -341,8 +342,14 @@ const char* const kLoopShim = R"SHIM(// host shim for Kiln's generated CUDA poin
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(n)
 #define __align__(n) alignas(n)
+static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long cmp, unsigned long long v) {
+  unsigned long long old = *p;
+  if (old == cmp) *p = v;
+  return old;
+}
 #define __shared__ static
 struct kn_dim3 { unsigned x = 0, y = 0, z = 0; };
 static kn_dim3 threadIdx, blockIdx, blockDim{256, 1, 1}, gridDim{1, 1, 1};
@@ -407,9 +414,16 @@ struct HostProgram {
 
 // Runs every kernel of `e` over a host arena with the inputs placed `misalign` elements after a
 // 64-byte boundary (their slots), returns the graph outputs read from the arena.
-TensorList run_on_host(const Emitted& e, const HostProgram& hp, const TensorList& inputs, int misalign) {
+// `status` (when given): the status record the kernels report to (Note [Device status]), in
+// the slot after the inputs (these graphs have no constants), zeroed first.
+TensorList run_on_host(const Emitted& e, const HostProgram& hp, const TensorList& inputs, int misalign,
+                       long long* status = nullptr) {
   std::vector<std::vector<char>> buffers;
-  std::vector<char*> slots(1 + inputs.size(), nullptr);
+  std::vector<char*> slots(2 + inputs.size(), nullptr);
+  if (status) {
+    status[0] = status[1] = 0;
+    slots[1 + inputs.size()] = reinterpret_cast<char*>(status);
+  }
   std::vector<char> arena(size_t(e.arena_bytes) + 128);
   char* arena_base = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
   slots[0] = arena_base;
@@ -516,6 +530,62 @@ TEST(CudaLoopKernelsOnHost, VectorAccessesMatchTheInterpreterAlignedAndNot) {
     TensorList got = run_on_host(es, hs, inputs, 0);
     for (size_t i = 0; i < got.size(); ++i)
       EXPECT_TRUE(test::close(got[i], expected[i], test::Tolerance::exact())) << "scalar form, output " << i;
+  }
+}
+
+// Integer div / pow (Note [Device status]): the values of the reference (truncating division,
+// INT64_MIN / -1 wraps, non-negative exponents), and a zero divisor or a negative exponent
+// reported through the status record with the node's code and the check's text, never a trap.
+TEST(CudaLoopKernelsOnHost, IntegerDivAndPowMatchTheInterpreterAndReportBadValues) {
+  const compiler::Target& target = compiler::target_for(Device::cuda(0));
+  for (DType dt : {DType::Int32, DType::Int64, DType::Int8}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Graph g;
+    g.name = std::string("idiv_") + dtype_name(dt);
+    ValueId a = g.add_input("a", TensorType(dt, Shape{7, 9}));
+    ValueId b = g.add_input("b", TensorType(dt, Shape{9}));
+    ValueId e = g.add_input("e", TensorType(dt, Shape{7, 9}));
+    ValueId q = g.add_node(OpId::Div, {a, b}, {}, "q.div")[0];
+    g.outputs.push_back(q);
+    g.outputs.push_back(g.add_node(OpId::Pow, {q, e}, {}, "p.pow")[0]);
+    Generator gen(int(dt) + 5);
+    Tensor ta = Tensor::randint({7, 9}, gen, -100, 100, dt);
+    Tensor tb = Tensor::randint({9}, gen, 1, 6, dt);
+    if (dt == DType::Int64) {  // INT64_MIN / -1 wraps to INT64_MIN, as the reference
+      ta.data<int64_t>()[0] = INT64_MIN;
+      tb.data<int64_t>()[0] = -1;
+    }
+    Tensor te = Tensor::randint({7, 9}, gen, 0, 4, dt);
+    TensorList expected = run(g, {ta, tb, te});
+    Emitted em = emit_all(g, target);
+    ASSERT_EQ(em.program.checks.size(), 2u);
+    EXPECT_NE(em.program.source.find("kn_idiv("), std::string::npos);
+    HostProgram hp(em.program, g.name);
+    ASSERT_EQ(hp.error, "");
+    long long st[2];
+    TensorList got = run_on_host(em, hp, {ta, tb, te}, 0, st);
+    EXPECT_EQ(st[0], 0) << "reported " << st[1];
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(test::close(got[i], expected[i], test::Tolerance::exact())) << "output " << i;
+    // A zero divisor: code of node q.div (node 0), value 0, and the check's text.
+    Tensor zb = tb.clone();
+    std::memset(static_cast<char*>(zb.raw_data()) + 4 * dtype_size(dt), 0, size_t(dtype_size(dt)));
+    run_on_host(em, hp, {ta, zb, te}, 0, st);
+    EXPECT_EQ(st[0], 1);
+    EXPECT_EQ(st[1], 0);
+    const Executable::DeviceCheck* div_check = nullptr;
+    for (const Executable::DeviceCheck& c : em.program.checks) if (c.code == st[0]) div_check = &c;
+    ASSERT_NE(div_check, nullptr);
+    EXPECT_EQ(div_check->prefix + "0" + div_check->suffix,
+              "op 'div' at node 'q.div': integer division by 0 (divide floating tensors to get "
+              "inf/nan, or mask the zeros first)");
+    // A negative exponent: code of node p.pow (node 1), the exponent as the value.
+    Tensor ne = te.clone();
+    Tensor minus = Tensor::full({1}, -2, dt);
+    std::memcpy(static_cast<char*>(ne.raw_data()) + 10 * dtype_size(dt), minus.raw_data(), size_t(dtype_size(dt)));
+    run_on_host(em, hp, {ta, tb, ne}, 0, st);
+    EXPECT_EQ(st[0], 2);
+    EXPECT_EQ(st[1], -2);
   }
 }
 

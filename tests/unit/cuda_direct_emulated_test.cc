@@ -22,6 +22,7 @@
 #include "ops/op.h"
 #include "ops/scalar_math_text.h"
 #include "targets/cuda/direct_kernels.h"
+#include "targets/cuda/emitter.h"
 
 using namespace kiln;
 
@@ -44,6 +45,12 @@ static std::barrier<>* kn_bar = nullptr;
 static inline void __syncthreads() { kn_bar->arrive_and_wait(); }
 static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
+#define __noinline__
+#define __forceinline__ inline
+static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long cmp, unsigned long long v) {
+  __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return cmp;  // the old value
+}
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
 #include <thread>
@@ -178,10 +185,10 @@ struct HostKernels {
   std::string cc, so;
   std::string error;
   HostKernels(const std::vector<const cuda::DirectKernel*>& ks, const std::string& name) {
-    std::string src = std::string(kShim) + scalar_math_text();
+    std::string src = std::string(kShim) + scalar_math_text() + cuda::cuda_status_prelude();
     for (const cuda::DirectKernel* k : ks) {
       src += k->source;
-      size_t nargs = k->arg_inputs.size() + k->arg_outputs.size();
+      size_t nargs = k->arg_inputs.size() + k->arg_outputs.size() + (k->reports ? 1 : 0);
       std::string args;
       for (size_t i = 0; i < nargs; ++i) args += fmt::format("{}a[{}]", i ? ", " : "", i);
       bool sync = k->source.find("__syncthreads") != std::string::npos;
@@ -205,6 +212,9 @@ struct HostKernels {
     std::remove(cc.c_str());
     std::remove(so.c_str());
   }
+  // The status record of the last run (Note [Device status]): {code, value}, {0, 0} when the
+  // kernel reported nothing.
+  mutable long long status[2] = {0, 0};
   // Runs k over the node's inputs; returns its outputs (poisoned first, so that an element the
   // kernel does not write shows up).
   TensorList run(const cuda::DirectKernel& k, const Graph& g, const Node& n, const TensorList& inputs) const {
@@ -220,6 +230,8 @@ struct HostKernels {
     std::vector<char*> argv;
     for (int i : k.arg_inputs) argv.push_back(static_cast<char*>(inputs[size_t(i)].raw_data()));
     for (int o : k.arg_outputs) argv.push_back(static_cast<char*>(outs[size_t(o)].raw_data()));
+    status[0] = status[1] = 0;
+    if (k.reports) argv.push_back(reinterpret_cast<char*>(status));
     if (k.blocks > 0) launch(argv.data(), int(k.blocks));
     return outs;
   }
@@ -238,6 +250,7 @@ TEST_P(CudaDirectEmulated, MatchesTheReferenceOnEverySample) {
   int checked = 0;
   for (Case& c : cases) {
     TensorList outs = host.run(c.k, c.g, c.g.nodes[0], c.inputs);
+    EXPECT_EQ(host.status[0], 0) << c.label << ": reported a bad value (" << host.status[1] << ")";
     for (size_t o = 0; o < outs.size(); ++o) {
       std::string diff = compare(c.reference[o], outs[o], c.tol);
       EXPECT_EQ(diff, "") << c.label << " (" << c.k.describe << ")";
@@ -247,21 +260,29 @@ TEST_P(CudaDirectEmulated, MatchesTheReferenceOnEverySample) {
   std::printf("%s: %d cases matched the reference\n", op.name, checked);
 }
 
-// Out-of-range indices (the reference raises; a kernel cannot): gather writes NaN for that
-// element (0 for integers), scatter_add NaN over the index column that held it, and neither
-// touches memory out of bounds (Note [CUDA direct kernels]).
-TEST(CudaDirectEmulatedIndices, OutOfRangeIndicesGiveNaNNeverStrayAccesses) {
+// Out-of-range indices (the reference raises): the kernel reports the first one it meets
+// through the status record — the node's code (index + 1) and the index as given — with the
+// reference's message, and never touches memory out of bounds: gather writes NaN for that
+// element (0 for integers), scatter_add skips it (Note [CUDA direct kernels]).
+TEST(CudaDirectEmulatedIndices, OutOfRangeIndicesAreReportedNeverStrayAccesses) {
   Graph g;
   ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{3, 2}));
   ValueId xi = g.add_input("xi", TensorType(DType::Int32, Shape{3, 2}));
   ValueId idx = g.add_input("idx", TensorType(DType::Int64, Shape{2, 2}));
   ValueId src = g.add_input("src", TensorType(DType::Float32, Shape{2, 2}));
+  ValueId ids = g.add_input("ids", TensorType(DType::Int32, Shape{3}));
   g.add_node(OpId::Gather, {x, idx}, {{"dim", int64_t(0)}}, "gather_f32");
   g.add_node(OpId::Gather, {xi, idx}, {{"dim", int64_t(0)}}, "gather_i32");
   g.add_node(OpId::ScatterAdd, {x, idx, src}, {{"dim", int64_t(0)}}, "scatter_f32");
+  g.add_node(OpId::Embedding, {x, ids}, {}, "embed");
   std::vector<cuda::DirectKernel> ks;
   for (size_t i = 0; i < g.nodes.size(); ++i) ks.push_back(cuda::plan_direct_kernel(g, g.nodes[i], int32_t(i), 2));
-  HostKernels host({&ks[0], &ks[1], &ks[2]}, "bad_index");
+  for (const cuda::DirectKernel& k : ks) EXPECT_TRUE(k.reports) << k.name;
+  EXPECT_EQ(ks[0].check_prefix, "gather 'gather_f32': index ");
+  EXPECT_EQ(ks[0].check_suffix, " is out of range for dim 0 of x of size 3 (valid range [-3, 2])");
+  EXPECT_EQ(ks[3].check_suffix,
+            " is out of range for the embedding table (dim 0 of weight) of size 3 (valid range [-3, 2])");
+  HostKernels host({&ks[0], &ks[1], &ks[2], &ks[3]}, "bad_index");
   ASSERT_EQ(host.error, "");
   Tensor tx = Tensor::empty(Dims{3, 2}, DType::Float32), ti = Tensor::empty(Dims{3, 2}, DType::Int32);
   for (int i = 0; i < 6; ++i) {
@@ -275,21 +296,41 @@ TEST(CudaDirectEmulatedIndices, OutOfRangeIndicesGiveNaNNeverStrayAccesses) {
   Tensor tsrc = Tensor::empty(Dims{2, 2}, DType::Float32);
   for (int i = 0; i < 4; ++i) tsrc.data<float>()[i] = 10.0f * float(i + 1);
   Tensor gf = host.run(ks[0], g, g.nodes[0], {tx, tidx})[0];
+  EXPECT_EQ(host.status[0], 1);  // node 0
+  EXPECT_EQ(host.status[1], 5);  // the first bad index met (blocks and threads run in order here)
   EXPECT_EQ(gf.data<float>()[0], 1.0f);                 // x[0][0]
-  EXPECT_TRUE(std::isnan(gf.data<float>()[1]));         // index 5
+  EXPECT_TRUE(std::isnan(gf.data<float>()[1]));         // index 5: nothing read
   EXPECT_EQ(gf.data<float>()[2], 5.0f);                 // x[-1 -> 2][0]
   EXPECT_TRUE(std::isnan(gf.data<float>()[3]));         // index -4
   Tensor gi = host.run(ks[1], g, g.nodes[1], {ti, tidx})[0];
+  EXPECT_EQ(host.status[0], 2);
   EXPECT_EQ(gi.data<int32_t>()[0], 1);
   EXPECT_EQ(gi.data<int32_t>()[1], 0);
   EXPECT_EQ(gi.data<int32_t>()[2], 5);
   EXPECT_EQ(gi.data<int32_t>()[3], 0);
   Tensor sf = host.run(ks[2], g, g.nodes[2], {tx, tidx, tsrc})[0];
-  // column 0: x + src[0][0] at row 0, + src[1][0] at row 2; column 1: bad indices -> NaN
+  EXPECT_EQ(host.status[0], 3);
+  EXPECT_EQ(host.status[1], 5);
+  // column 0 is right (x + src[0][0] at row 0, + src[1][0] at row 2); column 1's bad indices
+  // were skipped
   EXPECT_EQ(sf.data<float>()[0], 11.0f);
   EXPECT_EQ(sf.data<float>()[2], 3.0f);
   EXPECT_EQ(sf.data<float>()[4], 35.0f);
-  for (int r = 0; r < 3; ++r) EXPECT_TRUE(std::isnan(sf.data<float>()[r * 2 + 1])) << r;
+  // embedding: ids {2, -3, 3}: -3 wraps to row 0, 3 is out of range
+  Tensor tids = Tensor::empty(Dims{3}, DType::Int32);
+  int32_t idv[3] = {2, -3, 3};
+  std::memcpy(tids.raw_data(), idv, sizeof idv);
+  Tensor ef = host.run(ks[3], g, g.nodes[3], {tx, tids})[0];
+  EXPECT_EQ(host.status[0], 4);
+  EXPECT_EQ(host.status[1], 3);
+  EXPECT_EQ(ef.data<float>()[0], 5.0f);
+  EXPECT_EQ(ef.data<float>()[2], 1.0f);
+  EXPECT_TRUE(std::isnan(ef.data<float>()[4]));
+  // Good indices report nothing.
+  int64_t good[4] = {0, 2, -1, 1};
+  std::memcpy(tidx.raw_data(), good, sizeof good);
+  host.run(ks[0], g, g.nodes[0], {tx, tidx});
+  EXPECT_EQ(host.status[0], 0);
 }
 
 // A concat of many pieces (above the comparison chain's 12: the binary search over the pieces'

@@ -65,7 +65,8 @@ class OnednnKernels final : public compiler::LibraryKernels {
   // Through the runtime's kernel library, which rebuilds the same launch from its record
   // when a package loads (Note [Launch records] in runtime/launch_library.cc).
   Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
-                          const std::vector<MemRef>& outputs, MemRef scratch) const override {
+                          const std::vector<MemRef>& outputs, MemRef scratch,
+                          MemRef /*status*/) const override {
     Executable::Launch l = make_onednn_launch(lowering_->node(node),
                                               lowering_->desc(node).to_json(), inputs, outputs[0],
                                               scratch);
@@ -145,7 +146,8 @@ class CpuTarget final : public compiler::Target {
   }
 
   compiler::LoopBuild build_loops(const Graph& g, const lower::Schedule& s,
-                                  const std::vector<MemRef>& mem, const compiler::Options& options,
+                                  const std::vector<MemRef>& mem, MemRef /*status*/,
+                                  const compiler::Options& options,
                                   const Knobs& knobs) const override {
     CpuCodegenOptions co;
     co.vectorize = options.vectorize;

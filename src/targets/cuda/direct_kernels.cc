@@ -8,12 +8,12 @@
 //   - arithmetic: float64 in double, float32/float16/bfloat16 in float, unless said otherwise;
 //     the program is compiled with --fmad=false (direct_program), so float64 results round like
 //     the reference's (same operations, same order, no contraction);
-//   - bad indices (gather, scatter_add, embedding, index_select): the reference raises an error,
-//     a kernel cannot. An out-of-range index never reads or writes out of bounds: gather /
-//     embedding / index_select write NaN for that element (integers and bool: 0); scatter_add
-//     skips it and, for floating dtypes, writes NaN to every output element of the index column
-//     that held it (integers: the bad index is skipped silently). Validate indices before the
-//     call where that matters;
+//   - bad indices (gather, scatter_add, embedding, index_select): the reference raises an error;
+//     the kernel reports the index through the status record (Note [Device status] in
+//     runtime/executable.h) and the call fails with the reference's message naming the node.
+//     The bad index never reads or writes out of bounds: gather / embedding / index_select write
+//     NaN for that element (integers and bool: 0), scatter_add skips it (outputs of a failed call
+//     are not results);
 //   - pad: constant / reflect / replicate (Kiln's modes; no circular), negative pads crop; pure
 //     data movement on the elements' bits, the fill value converted on the host by store_f64;
 //   - gather: pure data movement on the elements' bits (every dtype);
@@ -48,6 +48,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "lower/loop_ir.h"
 #include "targets/cuda/cuda_driver.h"
 #include "targets/cuda/emitter.h"
 
@@ -401,6 +402,13 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
   auto grid_for = [&](int64_t total) { return std::min<int64_t>((total + 255) / 256, max_blocks); };
   std::string body, params, tables;
   k.threads = 256;
+  // The node checks its indices (Note [Device status]): the kernel takes the status record.
+  auto checked = [&](const std::string& what, int64_t size) {
+    lower::IndexCheck c = lower::index_check(index, n, what, size);
+    k.reports = true;
+    k.check_prefix = std::move(c.message_prefix);
+    k.check_suffix = std::move(c.message_suffix);
+  };
   switch (n.op) {
     case OpId::MaxPool2d: case OpId::AvgPool2d: {
       if (!is_floating(dt)) fail_kind(ErrorKind::NotSupported, "pooling takes floating dtypes, not {}", dtype_name(dt));
@@ -559,10 +567,12 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       body += fmt::format("  const {0}* table = (const {0}*)table_; const {1}* ids = (const {1}*)ids_; {0}* out = ({0}*)out_;\n", T, I);
       body += grid_loop(total);
       body += fmt::format("    const long long o = i / ({0}LL * {1}LL), c = (i / {1}LL) % {0}LL, r = i % {1}LL;\n", count, inner);
-      // Out-of-range ids read nothing: the output is NaN (float) so a bad id cannot pass silently.
-      body += fmt::format("    long long id = (long long)ids[c]; if (id < 0) id += {0}LL;\n"
-                          "    if (id < 0 || id >= {0}LL) {{ out[i] = {1}; continue; }}\n", rows,
-                          is_floating(dt) ? from_float(dt, "__int_as_float(0x7fc00000)") : std::string("0"));
+      // An out-of-range id is reported and reads nothing (Note [CUDA direct kernels]).
+      body += fmt::format("    const long long q = (long long)ids[c]; long long id = q < 0 ? q + {0}LL : q;\n"
+                          "    if (id < 0 || id >= {0}LL) {{ kn_report(kn_status, {2}LL, q); out[i] = {1}; continue; }}\n", rows,
+                          is_floating(dt) ? from_float(dt, "__int_as_float(0x7fc00000)") : std::string("0"),
+                          int64_t(index) + 1);
+      checked(emb ? std::string("the embedding table (dim 0 of weight)") : fmt::format("dim {} of x", dim), rows);
       body += fmt::format("    out[i] = table[(o * {}LL + id) * {}LL + r];\n  }}\n", rows, inner);
       k.describe = fmt::format("{} direct kernel ({} rows of {})", op_def(n.op).name, count, rows);
       break;
@@ -586,9 +596,10 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       body += fmt::format("  const {0}* x = (const {0}*)x_; const {1}* index = (const {1}*)index_; {0}* out = ({0}*)out_;\n", R, I);
       body += grid_loop(total);
       body += coords(id, "i", "c");
-      body += fmt::format("    long long v = (long long)index[i]; if (v < 0) v += {0}LL;\n"
-                          "    if (v < 0 || v >= {0}LL) {{ out[i] = {1}; continue; }}  // a bad index: NaN (integers: 0)\n",
-                          x[size_t(dim)], bad_read_bits(dt));
+      body += fmt::format("    const long long q = (long long)index[i]; const long long v = q < 0 ? q + {0}LL : q;\n"
+                          "    if (v < 0 || v >= {0}LL) {{ kn_report(kn_status, {2}LL, q); out[i] = {1}; continue; }}  // reported\n",
+                          x[size_t(dim)], bad_read_bits(dt), int64_t(index) + 1);
+      checked(fmt::format("dim {} of x", dim), x[size_t(dim)]);
       std::string off = fmt::format("v * {}LL", xs[size_t(dim)]);
       for (int64_t d = 0; d < r; ++d)
         if (d != dim) off += fmt::format(" + c{} * {}LL", d, xs[size_t(d)]);
@@ -635,16 +646,15 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
         ibase += fmt::format(" + c{} * {}LL", d, is[size_t(d)]);
         sbase += fmt::format(" + c{} * {}LL", d, ss[size_t(d)]);
       }
-      body += "    bool bad = false;\n";
       body += fmt::format("    if ({}) {{\n", inside);
       body += fmt::format("      const long long ib = {}, sb = {};\n", ibase, sbase);
       body += fmt::format("      for (long long k = 0; k < {}LL; ++k) {{\n", id[size_t(dim)]);
-      body += fmt::format("        long long v = (long long)index[ib + k * {0}LL]; if (v < 0) v += {1}LL;\n"
-                          "        if (v < 0 || v >= {1}LL) {{ bad = true; continue; }}\n"
+      body += fmt::format("        const long long q = (long long)index[ib + k * {0}LL]; const long long v = q < 0 ? q + {1}LL : q;\n"
+                          "        if (v < 0 || v >= {1}LL) {{ kn_report(kn_status, {4}LL, q); continue; }}\n"
                           "        if (v == c{2}) acc += {3};\n      }}\n    }}\n",
-                          is[size_t(dim)], x[size_t(dim)], dim, load(fmt::format("src[sb + k * {}LL]", ss[size_t(dim)])));
-      if (fl) body += "    if (bad) acc = __longlong_as_double(0x7ff8000000000000LL);  // a bad index in this column\n";
-      else body += "    (void)bad;  // integers: a bad index is skipped\n";
+                          is[size_t(dim)], x[size_t(dim)], dim, load(fmt::format("src[sb + k * {}LL]", ss[size_t(dim)])),
+                          int64_t(index) + 1);
+      checked(fmt::format("dim {} of x", dim), x[size_t(dim)]);
       body += fmt::format("    out[i] = {};\n  }}\n", store);
       k.describe = fmt::format("scatter_add direct kernel (dim {}, {} candidates per output, no atomics)", dim, id[size_t(dim)]);
       break;
@@ -824,6 +834,10 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       break;
     default:
       fail_kind(ErrorKind::NotSupported, "op '{}' has no CUDA direct kernel", op_def(n.op).name);
+  }
+  if (k.reports) {
+    params += ", char* kn_status_";
+    body = "  long long* kn_status = (long long*)kn_status_;  // the status record\n" + body;
   }
   k.source = fmt::format("// kiln-kernel: {}\n// {} '{}'\n{}extern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n{}}}\n\n",
                          k.name, op_def(n.op).name, n.name, tables, k.name, params, body);

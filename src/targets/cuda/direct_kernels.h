@@ -14,7 +14,8 @@
 namespace kiln::cuda {
 
 // A direct kernel for one node, launched as `blocks` x `threads` over the device pointers of
-// the node's inputs `arg_inputs`, then its outputs `arg_outputs`, in that order.
+// the node's inputs `arg_inputs`, then its outputs `arg_outputs`, in that order (then the status
+// record where `reports`).
 struct DirectKernel {
   std::string name;      // the kernel's function name
   std::string source;    // its definition (and any tables it reads), to go after cuda_prelude()
@@ -22,6 +23,11 @@ struct DirectKernel {
   int64_t blocks = 0;    // 0: nothing to compute (an empty output); the launch is skipped
   int threads = 256;
   std::vector<int> arg_inputs, arg_outputs;
+  // Kernels that check their indices take the status record (Note [Device status] in
+  // runtime/executable.h) as a last pointer argument and report code `index + 1` with the bad
+  // index: the call then fails with check_prefix + value + check_suffix.
+  bool reports = false;
+  std::string check_prefix, check_suffix;
 };
 
 // Plans node `n` (graph index `index`, which makes the kernel's name unique) as a direct kernel

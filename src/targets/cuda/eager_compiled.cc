@@ -15,9 +15,10 @@
 // Compiled graphs are kept per call signature (op, canonical attributes, each input's dtype
 // and sizes) in a process-wide table of at most kMaxEntries; the generated programs are also in
 // the on-disk kernel cache, so a new process compiles only what it has not seen. A signature
-// that does not compile (integer div / pow: a kernel cannot raise on a zero divisor) is
-// remembered with its error, so the NotSupported error naming the op is thrown again without
-// compiling again. The first call of a signature pays an NVRTC compile (tens of ms); later
+// that does not compile is remembered with its error, so the NotSupported error naming the op
+// is thrown again without compiling again. Bad values (an integer division by zero, an index out
+// of range) fail the call with the reference's message (Note [Device status] in
+// runtime/executable.h). The first call of a signature pays an NVRTC compile (tens of ms); later
 // calls pay a table lookup and the graph's launches, and each waits for the device (the
 // Executable synchronizes its stream). Eager mode is for graph breaks, fallback and
 // interactive use; compiled graphs remain the fast path.

@@ -82,6 +82,36 @@ static __device__ __forceinline__ T kn_block_reduce(T v, Op op, T init) {
 }
 )KILN";
 
+const char* const kPreludeStatus = R"KILN(
+// ---- bad values (Note [Device status] in runtime/executable.h) ----
+// The first report of a call wins: st[0] = the check's code (> 0), st[1] = the value.
+static __device__ __noinline__ void kn_report(long long* st, long long code, long long value) {
+  if (atomicCAS((unsigned long long*)st, 0ULL, (unsigned long long)code) == 0ULL) st[1] = value;
+}
+// Integer div / pow as the reference (ops/binary.cc): truncating division, INT64_MIN / -1
+// wraps; a zero divisor or a negative exponent is reported and gives 0.
+static __device__ __forceinline__ i64 kn_idiv(i64 a, i64 b, long long* st, long long code) {
+  if (b == 0) { kn_report(st, code, 0); return 0; }
+  if (b == -1) return kn_wrap_sub(0, a);
+  return a / b;
+}
+static __device__ __forceinline__ i64 kn_ipow(i64 base, i64 e, long long* st, long long code) {
+  if (e < 0) { kn_report(st, code, e); return 0; }
+  unsigned long long r = 1, b = (unsigned long long)base;
+  for (unsigned long long k = (unsigned long long)e; k; k >>= 1) {
+    if (k & 1) r *= b;
+    b *= b;
+  }
+  return (i64)r;
+}
+)KILN";
+
+// Whether expression e is an integer div / pow, which reports bad values (Note [Device status]).
+bool reports_bad_values(const LoopExpr& e) {
+  return e.kind == LoopExpr::Kind::Op && (e.op == OpId::Div || e.op == OpId::Pow) &&
+         std::string(compute_type(e.dtype)) != "float" && e.dtype != DType::Float64;
+}
+
 int pow2_at_least(int64_t n, int lo, int hi) {
   int t = lo;
   while (t < hi && t < n) t *= 2;
@@ -107,7 +137,7 @@ class KernelEmitter {
     for (int t = k_.kept_dims(); t < n(); ++t) p *= k_.sizes[size_t(t)];
     return p;
   }
-  std::string expr(int e) const { return lower::scalar_expr(k_, e, dialect_); }
+  std::string expr(int e) const;
   void emit_exprs(std::string& out, const std::vector<bool>& want, Level level,
                   const std::string& ind) const;
   void emit_stores(std::string& out, Level level, const std::string& ind,
@@ -133,6 +163,15 @@ class KernelEmitter {
   int64_t max_blocks_;
   lower::ScalarDialect dialect_ = lower::kCudaDialect;
 };
+
+std::string KernelEmitter::expr(int ei) const {
+  const LoopExpr& e = k_.exprs[size_t(ei)];
+  if (!reports_bad_values(e)) return lower::scalar_expr(k_, ei, dialect_);
+  std::string r = fmt::format("{}((i64)v{}, (i64)v{}, kn_status, {}LL)",
+                              e.op == OpId::Div ? "kn_idiv" : "kn_ipow", e.args[0], e.args[1],
+                              int64_t(e.node) + 1);
+  return e.dtype == DType::Bool ? "(" + r + " != 0)" : r;
+}
 
 // Whether access `a` over iteration space `sizes` reads or writes element `lin` at the linear
 // index itself (row-major contiguous; dims of size 1 are free).
@@ -203,6 +242,15 @@ std::string KernelEmitter::pointers(CudaKernelInfo* info) const {
     auto [p, off] = ref(a.value);
     s += fmt::format("  {0}* __restrict__ S{1} = ({0}*)(p{2} + {3}) + {4};  // %{5}\n",
                      storage_type(a.dtype), i, p, off, a.offset, g_.value(a.value).name);
+  }
+  if (std::any_of(k_.exprs.begin(), k_.exprs.end(), reports_bad_values)) {
+    if (opt_.status_slot < 0)
+      throw_error(ErrorKind::Internal,
+                  fmt::format("cuda codegen: kernel {} reports bad values but has no status record",
+                              k_.name));
+    info->slots.push_back(opt_.status_slot);
+    s += fmt::format("  long long* kn_status = (long long*)p{};  // the status record\n",
+                     info->slots.size() - 1);
   }
   return s;
 }
@@ -510,9 +558,11 @@ std::string KernelEmitter::emit(CudaKernelInfo* info) {
 const std::string& cuda_prelude() {
   static const std::string text = std::string(kPreludeHead) +
                                   "// ---- scalar math (src/ops/scalar_math.h) ----\n" +
-                                  scalar_math_text() + kPreludeTail;
+                                  scalar_math_text() + kPreludeTail + kPreludeStatus;
   return text;
 }
+
+const char* cuda_status_prelude() { return kPreludeStatus; }
 
 CudaProgram generate_cuda(const Graph& g, const lower::Schedule& s, const std::vector<MemRef>& mem,
                           const std::string& program_name, int64_t max_blocks,
@@ -527,6 +577,25 @@ CudaProgram generate_cuda(const Graph& g, const lower::Schedule& s, const std::v
     CudaKernelInfo info;
     p.source += e.emit(&info);
     p.kernels.push_back(std::move(info));
+    for (const LoopExpr& x : k.exprs) {
+      if (!reports_bad_values(x)) continue;
+      const int64_t code = int64_t(x.node) + 1;
+      bool seen = false;  // a node recomputed in several kernels reports under one code
+      for (const Executable::DeviceCheck& c : p.checks) seen = seen || c.code == code;
+      if (seen) continue;
+      const Node& n = g.nodes[size_t(x.node)];
+      Executable::DeviceCheck c;
+      c.code = code;
+      if (x.op == OpId::Div) {
+        c.prefix = fmt::format("op 'div' at node '{}': integer division by ", n.name);
+        c.suffix = " (divide floating tensors to get inf/nan, or mask the zeros first)";
+      } else {
+        c.prefix = fmt::format("op 'pow' at node '{}': integer base raised to the negative "
+                               "exponent ", n.name);
+        c.suffix = "; the result is not an integer (cast to a floating dtype first)";
+      }
+      p.checks.push_back(std::move(c));
+    }
   }
   return p;
 }

@@ -20,6 +20,9 @@ struct CudaCodegenOptions {
   bool vectorize = true;
   // Tests only: a kernel whose name contains this gets a compile error.
   std::string inject_error_into;
+  // The slot of the execution context's status record (Note [Device status] in
+  // runtime/executable.h): kernels with integer div / pow take it as their last pointer.
+  int32_t status_slot = -1;
 };
 
 // How a kernel is launched: `blocks` x `threads`, arguments = the slot-table entries `slots`
@@ -34,6 +37,7 @@ struct CudaKernelInfo {
 struct CudaProgram {
   std::string source;
   std::vector<CudaKernelInfo> kernels;  // per Schedule::loops entry
+  std::vector<Executable::DeviceCheck> checks;  // what the kernels may report, one per node
 };
 
 // `max_blocks`: the grid-size cap (a few waves of the device's multiprocessors); kernels loop
@@ -44,5 +48,8 @@ CudaProgram generate_cuda(const Graph& g, const lower::Schedule& s, const std::v
 
 // The text every generated program starts with (types, the shared scalar math, block reductions).
 const std::string& cuda_prelude();
+// Its last part: kn_report and the integer div / pow that report bad values (Note [Device
+// status]); after the scalar math (tests compile it as host C++ under a shim).
+const char* cuda_status_prelude();
 
 }  // namespace kiln::cuda

@@ -16,16 +16,16 @@
 //   f32/f16/bf16; float64 runs the direct convolution kernels.
 //   max_pool2d / avg_pool2d, adaptive_avg_pool2d (not global), concat, split, embedding /
 //   index_select, gather, scatter_add, pad, upsample, grid_sample, argmax / argmin: direct
-//   kernels with every size a literal (Note [CUDA direct kernels] in direct_kernels.cc, which
-//   also says what a kernel does with an out-of-range index: the reference raises, a kernel
-//   writes NaN), generated per graph into one NVRTC program of their own (--fmad=false).
+//   kernels with every size a literal (Note [CUDA direct kernels] in direct_kernels.cc; an
+//   out-of-range index is reported through the status record and fails the call as the
+//   reference does), generated per graph into one NVRTC program of their own (--fmad=false).
 // fused_conv2d and fused_linear are decomposed by the compiler pipeline on this target: the
 // convolution or GEMM runs in the library and the residual add and activation become generated
 // pointwise code (the GPU-speed issue fuses them back into epilogues). Everything pointwise,
 // reductions, softmax / log_softmax / layer_norm and global average pooling are generated
-// (targets/cuda/emitter.cc). An op that is neither fails to compile on CUDA naming the node
-// (capture then runs the graph eagerly): today only integer div / pow, whose reference raises
-// on a zero divisor or a negative exponent.
+// (targets/cuda/emitter.cc); integer div / pow report a zero divisor or a negative exponent
+// through the status record (Note [Device status] in runtime/executable.h). An op that is
+// neither fails to compile on CUDA naming the node (capture then runs the graph eagerly).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -91,6 +91,8 @@ struct LibNode {
   int threads = 256;
   std::vector<int> arg_inputs;   // node input indices, first
   std::vector<int> arg_outputs;  // then node output indices
+  bool reports = false;          // then the status record (Note [Device status])
+  Executable::DeviceCheck check;
   CudaKernel kernel;
 };
 
@@ -102,6 +104,7 @@ struct LibLaunch {
   std::vector<MemRef> in, out;
   MemRef scratch;
   size_t scratch_bytes = 0;
+  MemRef status;
 };
 
 void launch_direct(const LibNode& n, const LibLaunch& s, const Executable::RunContext& c) {
@@ -111,6 +114,7 @@ void launch_direct(const LibNode& n, const LibLaunch& s, const Executable::RunCo
   size_t k = 0;
   for (int i : n.arg_inputs) ptrs[k++] = ptr(c.slots, s.in[size_t(i)]);
   for (int o : n.arg_outputs) ptrs[k++] = ptr(c.slots, s.out[size_t(o)]);
+  if (n.reports) ptrs[k++] = ptr(c.slots, s.status);
   for (size_t i = 0; i < k; ++i) argv[i] = &ptrs[i];
   LaunchConfig cfg;
   cfg.grid.x = unsigned(n.blocks);
@@ -191,10 +195,20 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   std::string why_not(int32_t node) const override {
     return size_t(node) < nodes_.size() ? nodes_[size_t(node)].why_not : "";
   }
+  std::vector<Executable::DeviceCheck> device_checks() const override {
+    std::vector<Executable::DeviceCheck> out;
+    for (const LibNode& ln : nodes_)
+      if (ln.reports) out.push_back(ln.check);
+    return out;
+  }
   Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
-                          const std::vector<MemRef>& outputs, MemRef scratch) const override {
+                          const std::vector<MemRef>& outputs, MemRef scratch,
+                          MemRef status) const override {
     auto st = std::make_shared<LibLaunch>();
     st->node = &nodes_[size_t(node)];
+    st->status = status;
+    if (st->node->reports && status.slot < 0)
+      fail_kind(ErrorKind::Internal, "cuda: node {} reports bad indices but has no status record", node);
     st->in = inputs;
     st->out = outputs;
     st->scratch = scratch;
@@ -370,6 +384,8 @@ void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t inde
   ln.threads = k.threads;
   ln.arg_inputs = k.arg_inputs;
   ln.arg_outputs = k.arg_outputs;
+  ln.reports = k.reports;
+  ln.check = {int64_t(index) + 1, k.check_prefix, k.check_suffix};
   ln.describe = k.describe;
   ln.kind = LibNode::Kind::Direct;
   source += k.source;
@@ -412,21 +428,14 @@ class CudaTarget final : public compiler::Target {
     if (!cuda_support()[size_t(n.op)].generated || !lower::loop_expressible(g, n)) return false;
     DType od = g.type(n.outputs[0]).dtype;
     const OpDef& d = op_def(n.op);
-    if (d.has(trait::Pointwise)) return !((n.op == OpId::Div || n.op == OpId::Pow) && !is_floating(od));
+    // Integer div / pow report a zero divisor or a negative exponent (Note [Device status]).
+    if (d.has(trait::Pointwise)) return true;
     if (d.has(trait::RowNorm)) return is_floating(od);
     if (n.op == OpId::Sum || n.op == OpId::Prod || n.op == OpId::Max || n.op == OpId::Min)
       return true;  // integer and bool inputs accumulate in int64
     return is_floating(od);
   }
 
-  std::string unsupported_reason(const Graph& g, const Node& n) const override {
-    DType od = g.type(n.outputs[0]).dtype;
-    if ((n.op == OpId::Div || n.op == OpId::Pow) && !is_floating(od))
-      return "integer division and power report bad values (a zero divisor, a negative "
-             "exponent) as errors, which a CUDA kernel cannot raise; cast the operands to a "
-             "floating dtype, or run this op on the CPU";
-    return "";
-  }
 
   compiler::SchedulePolicy policy(const Knobs&) const override { return {}; }
 
@@ -443,15 +452,17 @@ class CudaTarget final : public compiler::Target {
   }
 
   compiler::LoopBuild build_loops(const Graph& g, const lower::Schedule& s,
-                                  const std::vector<MemRef>& mem, const compiler::Options& options,
-                                  const Knobs&) const override {
+                                  const std::vector<MemRef>& mem, MemRef status,
+                                  const compiler::Options& options, const Knobs&) const override {
     CudaCodegenOptions co;
     co.inject_error_into = options.inject_error_into;
+    co.status_slot = status.slot;
     co.vectorize = options.vectorize;
     int64_t max_blocks = int64_t(std::max(multiprocessors(), 1)) * 32;
     std::string name = g.name.empty() ? "graph" : g.name;
     CudaProgram prog = generate_cuda(g, s, mem, name, max_blocks, co);
     compiler::LoopBuild out;
+    out.device_checks = std::move(prog.checks);
     if (s.loops.empty()) {
       out.cache_hit = true;
       return out;
