@@ -213,3 +213,29 @@ TEST(InductorIndexing, BadIndexIsAnErrorNamingTheNode) {
     EXPECT_NO_THROW(compiled->run(in)) << g.name;
   }
 }
+
+// The words of a compiled index check (lower::index_check), which the CUDA target's kernels
+// report too (tests/cuda/compiled_cuda_test.cc, CudaDeviceStatus.OutOfRangeIndicesFailLikeTheCpu,
+// expects this exact text).
+TEST(InductorIndexing, CompiledIndexCheckMessage) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(f32, Shape{5, 3}));
+  ValueId idx = g.add_input("idx", TensorType(i64, Shape{4}));
+  ValueId y = g.add_node1(OpId::IndexSelect, {x, idx}, {{"dim", int64_t(0)}}, "pick.rows");
+  g.outputs = {g.add_node1(OpId::Relu, {y}, {}, "pick.relu")};
+  auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+  Generator gen(3);
+  Tensor bad = Tensor::empty({4}, i64);
+  const int64_t v[4] = {4, 1, 7, 2};
+  std::copy(v, v + 4, bad.data<int64_t>());
+  try {
+    compiled->run({Tensor::randn({5, 3}, gen, f32), bad});
+    ADD_FAILURE() << "no error for index 7";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("index_select 'pick.rows': index 7 is out of range for "
+                                         "dim 0 of x of size 5 (valid range [-5, 4])"),
+              std::string::npos)
+        << e.what();
+  }
+}
