@@ -566,8 +566,8 @@ TEST(CudaErrors, MixingCpuAndCudaInputsNamesBothDevices) {
 // Ops without a hand-written CUDA kernel, and dtypes a hand-written kernel does not take, run
 // eagerly through the CUDA compiler (Note [Compiled eager kernels on CUDA]): matmul, int8 add,
 // int32 sum and int8 relu match the CPU (exactly for integers), a second call of the same
-// signature reuses the compiled graph, and what the target cannot take (integer div) is a
-// NotSupported error naming the op, the dtype and what to do.
+// signature reuses the compiled graph, and integer division matches the CPU and fails on a zero
+// divisor as the CPU does.
 TEST(CudaEagerCompiled, OpsWithoutAKernelRunThroughTheCompiler) {
   const OpDef& def = op_def(OpId::Matmul);
   ASSERT_EQ(def.eager_cuda, nullptr) << "matmul gained a CUDA kernel: pick another op here";
@@ -593,17 +593,22 @@ TEST(CudaEagerCompiled, OpsWithoutAKernelRunThroughTheCompiler) {
   same(add(i8.to(kCuda), i8.to(kCuda)), add(i8, i8), "add int8");
   same(sum(i32.to(kCuda)), sum(i32), "sum int32");
   same(relu(i8.to(kCuda)), relu(i8), "relu int8");
+  // Integer division reports a zero divisor through the status record (Note [Device status]).
+  Tensor den = Tensor::randint({4, 5}, g, 1, 9, DType::Int32);
+  same(div(i32.to(kCuda), den.to(kCuda)), div(i32, den), "div int32");
+  den.data<int32_t>()[7] = 0;
   try {
-    div(i32.to(kCuda), i32.to(kCuda));
-    FAIL() << "div int32 on CUDA did not throw";
+    div(i32.to(kCuda), den.to(kCuda));
+    FAIL() << "div int32 by zero on CUDA did not throw";
   } catch (const Error& e) {
     std::string m = e.what();
-    EXPECT_EQ(e.kind(), ErrorKind::NotSupported) << m;
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << m;
     EXPECT_NE(m.find("'div'"), std::string::npos) << m;
-    EXPECT_NE(m.find("int32"), std::string::npos) << m;
-    EXPECT_NE(m.find("CUDA"), std::string::npos) << m;
-    EXPECT_NE(m.find("on the CPU"), std::string::npos) << m;
+    EXPECT_NE(m.find("integer division by 0"), std::string::npos) << m;
   }
+  // The next call of the same signature is right again (the record was cleared).
+  den.data<int32_t>()[7] = 3;
+  same(div(i32.to(kCuda), den.to(kCuda)), div(i32, den), "div int32 after the error");
 }
 
 // The hand-written kernels still run the dtypes they list.
