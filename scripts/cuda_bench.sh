@@ -3,8 +3,8 @@
 # scripts/cuda_tests.sh (KILN_DIR, default /tmp/k/cuda) and this repository (its bench/ and
 # scripts/): Kiln beside torch on the same GPU in one run (bench/compare.py --device cuda,
 # alternating rounds), then `kiln bench` for every zoo model in the configurations compare.py
-# leaves out. Everything goes under $OUT (compare.py's folders and bench_*.json), which the
-# device tool brings back.
+# leaves out. Everything is written under KILN_BENCH_WORK (default /tmp/kiln-bench) and packed
+# into one archive, $OUT/bench.tar.xz (the device tool brings back only a few files per call).
 #
 #   KILN_COMPARE="bf16:1:resnet50,vit_b_16,bert_base f32:32:resnet50,bert_base"
 #       (dtype:batch:models ...), KILN_COMPARE_SYSTEMS, KILN_COMPARE_TIMEOUT (s per run),
@@ -12,8 +12,9 @@
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 KILN_DIR="${KILN_DIR:-/tmp/k/cuda}"
-OUT="${OUT:-/tmp/kiln-out}"
-mkdir -p "$OUT"
+DEST="${OUT:-/tmp/kiln-out}"
+OUT="${KILN_BENCH_WORK:-/tmp/kiln-bench}"
+mkdir -p "$OUT" "$DEST"
 export LD_LIBRARY_PATH="$KILN_DIR:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 SYSTEMS="${KILN_COMPARE_SYSTEMS:-kiln-compiled,kiln-compiled-reduce-overhead,torch-eager,torch-compile-reduce-overhead}"
 for spec in ${KILN_COMPARE:-bf16:1:resnet50,vit_b_16,bert_base}; do
@@ -36,3 +37,4 @@ for m in ${KILN_BENCH_MODELS:-}; do
     done
   done
 done
+tar -C "$OUT" -cJf "$DEST/bench.tar.xz" . && echo "archive: $DEST/bench.tar.xz"
