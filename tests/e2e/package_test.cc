@@ -478,7 +478,7 @@ TEST(Package, EagerLaunchIsRefusedNamingTheNode) {
   TempDir dir;
   std::string path = dir.path + "/div.kiln";
   try {
-    compiler::write_package(*c, {}, {}, path);
+    compiler::write_package(g, *c, {}, {}, path);
     FAIL() << "a graph with an eager launch was packaged";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("int_div"), std::string::npos) << e.what();
