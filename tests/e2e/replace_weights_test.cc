@@ -21,6 +21,7 @@
 #include "compiler/package.h"
 #include "compiler/replace_weights.h"
 #include "core/error.h"
+#include "ir/parser.h"
 #include "nn/models/zoo.h"
 #include "nn/package.h"
 #include "runtime/package.h"
@@ -338,4 +339,49 @@ TEST_F(ReplaceWeightsErrors, SourceGraphMakingOtherConstantsIsAnInternalError) {
     EXPECT_NE(std::string(e.what()).find("swapped.kiln"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// Values folded from weights must not let the passes decide on those weights' values (Note
+// [Folded weights stay params] in passes/constant_fold.h): in A the two folded transposes are
+// equal (cse would merge two equal consts) and the folded scalar would be compiled into a loop
+// kernel as a literal; B's weights differ in both. The replaced package is still B's.
+TEST(ReplaceWeights, FoldedWeightsDoNotDependOnValues) {
+  const char* text = R"(
+graph @main(%x: f32[4, 8]) {
+  param %w1: f32[8, 8]
+  param %w2: f32[8, 8]
+  param %s: f32[1]
+  %t1 = transpose(%w1) {dim0=0, dim1=1}
+  %t2 = transpose(%w2) {dim0=0, dim1=1}
+  %a = matmul(%x, %t1)
+  %b = matmul(%x, %t2)
+  %s2 = mul(%s, %s)
+  %c = add(%a, %b)
+  %y = mul(%c, %s2)
+  return %y
+}
+)";
+  TempDir dir;
+  Generator gen(5);
+  Tensor w = Tensor::randn({8, 8}, gen);
+  NamedTensors wa = {{"w1", w}, {"w2", w.clone()}, {"s", Tensor::full({1}, 0.5)}};
+  NamedTensors wb = {{"w1", Tensor::randn({8, 8}, gen)}, {"w2", Tensor::randn({8, 8}, gen)},
+                     {"s", Tensor::full({1}, 1.5)}};
+  auto package = [&](const NamedTensors& weights, const std::string& path) {
+    Graph g = parse_graph(text);
+    for (const auto& [name, t] : weights) g.value(g.find_value(name)).data = t;
+    std::shared_ptr<compiler::CompiledExecutable> c = compiler::compile(g, Device::cpu());
+    compiler::write_package(g, *c, {}, {}, path);
+    return c;
+  };
+  std::string a = dir.path + "/a.kiln", b = dir.path + "/b.kiln", r = dir.path + "/r.kiln";
+  std::string wb_path = dir.path + "/b.safetensors";
+  package(wa, a);
+  auto cb = package(wb, b);
+  save_safetensors(wb_path, wb);
+  compiler::replace_weights(a, wb_path, r);
+  EXPECT_TRUE(read_bytes(r) == read_bytes(b)) << first_difference(read_bytes(r), read_bytes(b));
+  LoadedPackage loaded = load_package(r);
+  TensorList in = {Tensor::randn({4, 8}, gen)};
+  expect_bitwise(loaded.exe->run(in)[0], cb->run(in)[0], "replaced vs compiled with B");
 }
