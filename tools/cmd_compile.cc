@@ -12,6 +12,7 @@
 #include "ir/graph.h"
 #include "nn/models/zoo.h"
 #include "nn/package.h"
+#include "passes/autocast.h"
 #include "runtime/package.h"
 #include "tools/commands.h"
 
@@ -38,8 +39,7 @@ void compile_command(const CompileArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   compiler::Options options;
   options.mode = a.mode;
-  if (!parse_dtype(a.dtype, &options.precision))
-    fail("compile: --dtype expected float32, bfloat16 or float16, found '{}'", a.dtype);
+  options.precision = parse_precision(a.dtype, "compile: --dtype");
   if (!a.knobs.empty()) options.knobs = compiler::parse_knobs(a.knobs, "compile --knobs");
   auto t0 = std::chrono::steady_clock::now();
   // Zoo models and ONNX files alike: captured as one graph (ONNX through the graph interpreter,
@@ -68,8 +68,8 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--mode", a.mode, "default | reduce-overhead | max-autotune");
   cmd->add_option("--knobs", a.knobs, "Target configuration, e.g. conv=nChw16c,vec=256");
   cmd->add_option("--dtype", a.dtype,
-                  "float32 (default) | bfloat16 | float16: run a float32 model in this precision "
-                  "(autocast)");
+                  "float32 (default) | bfloat16 | float16 (f32 bf16 f16): run a float32 model in "
+                  "this precision, as torch's autocast does (docs/compiler.md)");
   cmd->add_option("--batch", a.batch, "Batch size (default 1)");
   cmd->add_option("--seed", a.seed, "Seed for zoo weights and example inputs (default 0)");
   cmd->add_option("--threads", a.threads, "OpenMP threads the package is built for (default all)");
