@@ -147,9 +147,9 @@ struct ZooCase {
   DType precision;
 };
 
-class ReplaceWeightsZoo : public testing::TestWithParam<ZooCase> {};
+class PackageReplaceWeightsZoo : public testing::TestWithParam<ZooCase> {};
 
-TEST_P(ReplaceWeightsZoo, GivesThePackageCompiledWithTheNewWeights) {
+TEST_P(PackageReplaceWeightsZoo, GivesThePackageCompiledWithTheNewWeights) {
   const ZooCase& c = GetParam();
   TempDir dir;
   std::string a_path = dir.path + "/a.kiln", b_path = dir.path + "/b.kiln";
@@ -183,7 +183,7 @@ TEST_P(ReplaceWeightsZoo, GivesThePackageCompiledWithTheNewWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Zoo, ReplaceWeightsZoo,
+    Zoo, PackageReplaceWeightsZoo,
     testing::Values(ZooCase{"vfe", DType::Float32}, ZooCase{"vfe", DType::BFloat16},
                     ZooCase{"resnet18", DType::Float32}, ZooCase{"resnet18", DType::BFloat16}),
     [](const testing::TestParamInfo<ZooCase>& i) {
@@ -191,7 +191,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // ---- errors -------------------------------------------------------------------------------------
-class ReplaceWeightsErrors : public testing::Test {
+class PackageReplaceWeightsErrors : public testing::Test {
  protected:
   void SetUp() override {
     pkg = dir.path + "/mlp.kiln";
@@ -209,14 +209,14 @@ class ReplaceWeightsErrors : public testing::Test {
   NamedTensors model;
 };
 
-TEST_F(ReplaceWeightsErrors, TheModelsOwnWeightsWork) {
+TEST_F(PackageReplaceWeightsErrors, TheModelsOwnWeightsWork) {
   std::string w = dir.path + "/w.safetensors";
   save_safetensors(w, model);
   EXPECT_EQ(replace_error(pkg, w, out), "");
   EXPECT_EQ(read_bytes(out), read_bytes(pkg));  // the same weights: the same package
 }
 
-TEST_F(ReplaceWeightsErrors, EveryMismatchIsListedInOneError) {
+TEST_F(PackageReplaceWeightsErrors, EveryMismatchIsListedInOneError) {
   ASSERT_EQ(model.size(), 4u);  // 0.weight [50, 10], 0.bias [50], 2.weight [1, 50], 2.bias [1]
   NamedTensors bad;
   bad.emplace_back("0.weight", Tensor::empty({50, 11}));               // wrong shape
@@ -236,7 +236,7 @@ TEST_F(ReplaceWeightsErrors, EveryMismatchIsListedInOneError) {
     EXPECT_NE(e.find(part), std::string::npos) << "no '" << part << "' in: " << e;
 }
 
-TEST_F(ReplaceWeightsErrors, ExistingOutputIsLeftAloneOnError) {
+TEST_F(PackageReplaceWeightsErrors, ExistingOutputIsLeftAloneOnError) {
   NamedTensors bad(model.begin(), model.end() - 1);
   std::string w = dir.path + "/bad.safetensors";
   save_safetensors(w, bad);
@@ -247,7 +247,7 @@ TEST_F(ReplaceWeightsErrors, ExistingOutputIsLeftAloneOnError) {
     EXPECT_EQ(f.path().string().find(".tmp"), std::string::npos) << "left behind: " << f.path();
 }
 
-TEST_F(ReplaceWeightsErrors, CorruptOrTruncatedWeightsFileNamesTheFile) {
+TEST_F(PackageReplaceWeightsErrors, CorruptOrTruncatedWeightsFileNamesTheFile) {
   std::string good = dir.path + "/good.safetensors";
   save_safetensors(good, model);
   std::string bytes = read_bytes(good);
@@ -265,7 +265,7 @@ TEST_F(ReplaceWeightsErrors, CorruptOrTruncatedWeightsFileNamesTheFile) {
   EXPECT_NE(error_of(dir.path + "/absent.safetensors").find("absent.safetensors"), std::string::npos);
 }
 
-TEST_F(ReplaceWeightsErrors, InputThatIsNotAPackageIsRefused) {
+TEST_F(PackageReplaceWeightsErrors, InputThatIsNotAPackageIsRefused) {
   std::string w = dir.path + "/w.safetensors";
   save_safetensors(w, model);
   std::string text = dir.path + "/notes.kiln";
@@ -286,7 +286,7 @@ TEST_F(ReplaceWeightsErrors, InputThatIsNotAPackageIsRefused) {
 }
 
 // A version 1 package (no source section): it still loads, and its weights cannot be replaced.
-TEST_F(ReplaceWeightsErrors, VersionOnePackageLoadsButHasNoSourceGraph) {
+TEST_F(PackageReplaceWeightsErrors, VersionOnePackageLoadsButHasNoSourceGraph) {
   std::vector<PackageSection> sections = parse_package_container(read_bytes(pkg), pkg);
   ASSERT_EQ(sections.back().name, "source");
   sections.pop_back();
@@ -318,7 +318,7 @@ TEST_F(ReplaceWeightsErrors, VersionOnePackageLoadsButHasNoSourceGraph) {
 // The check that guards the kept manifest and kernels: a source graph that makes other
 // constants (here the bfloat16 compile's source put into the float32 package) is an internal
 // error naming a constant, and nothing is written.
-TEST_F(ReplaceWeightsErrors, SourceGraphMakingOtherConstantsIsAnInternalError) {
+TEST_F(PackageReplaceWeightsErrors, SourceGraphMakingOtherConstantsIsAnInternalError) {
   std::string bf16 = dir.path + "/bf16.kiln";
   compile_zoo("mlp", 1, DType::BFloat16, bf16);
   std::vector<PackageSection> f32_sections = parse_package_container(read_bytes(pkg), pkg);
@@ -345,7 +345,7 @@ TEST_F(ReplaceWeightsErrors, SourceGraphMakingOtherConstantsIsAnInternalError) {
 // [Folded weights stay params] in passes/constant_fold.h): in A the two folded transposes are
 // equal (cse would merge two equal consts) and the folded scalar would be compiled into a loop
 // kernel as a literal; B's weights differ in both. The replaced package is still B's.
-TEST(ReplaceWeights, FoldedWeightsDoNotDependOnValues) {
+TEST(PackageReplaceWeights, FoldedWeightsDoNotDependOnValues) {
   const char* text = R"(
 graph @main(%x: f32[4, 8]) {
   param %w1: f32[8, 8]

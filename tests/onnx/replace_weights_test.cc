@@ -88,9 +88,9 @@ std::shared_ptr<compiler::CompiledExecutable> compile_onnx(const std::string& on
   return c;
 }
 
-class OnnxReplaceWeights : public testing::TestWithParam<DType> {};
+class OnnxPackageReplaceWeights : public testing::TestWithParam<DType> {};
 
-TEST_P(OnnxReplaceWeights, GivesThePackageCompiledWithTheNewInitializers) {
+TEST_P(OnnxPackageReplaceWeights, GivesThePackageCompiledWithTheNewInitializers) {
   DType precision = GetParam();
   TempDir dir;
   NamedTensors wa = initializers(1), wb = initializers(2);
@@ -134,7 +134,7 @@ TEST_P(OnnxReplaceWeights, GivesThePackageCompiledWithTheNewInitializers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Precision, OnnxReplaceWeights,
+INSTANTIATE_TEST_SUITE_P(Precision, OnnxPackageReplaceWeights,
                          testing::Values(DType::Float32, DType::BFloat16),
                          [](const testing::TestParamInfo<DType>& i) { return dtype_name(i.param); });
 
