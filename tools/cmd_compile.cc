@@ -9,8 +9,10 @@
 #include "bench/bench.h"
 #include "compiler/package.h"
 #include "core/error.h"
+#include "ir/graph.h"
 #include "nn/models/zoo.h"
 #include "nn/package.h"
+#include "passes/autocast.h"
 #include "runtime/package.h"
 #include "tools/commands.h"
 
@@ -19,7 +21,7 @@ namespace kiln::cli {
 namespace {
 
 struct CompileArgs {
-  std::string model, output, mode = "default", knobs, device = "cpu";
+  std::string model, output, mode = "default", knobs, device = "cpu", dtype = "float32";
   int64_t batch = 1;
   uint64_t seed = 0;
   int threads = 0;
@@ -37,18 +39,20 @@ void compile_command(const CompileArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   compiler::Options options;
   options.mode = a.mode;
+  options.precision = parse_precision(a.dtype, "compile: --dtype");
   if (!a.knobs.empty()) options.knobs = compiler::parse_knobs(a.knobs, "compile --knobs");
   auto t0 = std::chrono::steady_clock::now();
   // Zoo models and ONNX files alike: captured as one graph (ONNX through the graph interpreter,
   // concrete shapes for --batch) and compiled with the caller's options.
   BenchTarget m = load_bench_target(a.model, a.batch, a.seed);
-  auto compiled = nn::compile_captured_graph(m.compile, m.inputs, options);
+  Graph source;
+  auto compiled = nn::compile_captured_graph(m.compile, m.inputs, options, &source);
   PackageInfo info;
   // A file is recorded by its name, not its path: the package must not depend on where the
   // model was read from (determinism, Note [Package format]).
   info.model = std::filesystem::path(a.model).filename().string();
   info.batch = a.batch;
-  compiler::write_package(*compiled, options, info, a.output);
+  compiler::write_package(source, *compiled, options, info, a.output, m.state);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("wrote %s: %s (%.2f s)\n", a.output.c_str(), compiled->summary().c_str(), s);
 }
@@ -63,6 +67,9 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--device", a.device, "cpu (default; the only one so far)");
   cmd->add_option("--mode", a.mode, "default | reduce-overhead | max-autotune");
   cmd->add_option("--knobs", a.knobs, "Target configuration, e.g. conv=nChw16c,vec=256");
+  cmd->add_option("--dtype", a.dtype,
+                  "float32 (default) | bfloat16 | float16 (f32 bf16 f16): run a float32 model in "
+                  "this precision, as torch's autocast does (docs/compiler.md)");
   cmd->add_option("--batch", a.batch, "Batch size (default 1)");
   cmd->add_option("--seed", a.seed, "Seed for zoo weights and example inputs (default 0)");
   cmd->add_option("--threads", a.threads, "OpenMP threads the package is built for (default all)");

@@ -23,6 +23,7 @@ void add_conformance_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_compile_command(CLI::App& app);
+void add_package_command(CLI::App& app);
 
 // `kiln run MODEL.onnx` (tools/onnx_run.cc): imports the model, runs it eagerly and/or compiled
 // (kiln::compile with the best registered backend, strict) with the given NAME=FILE.npy inputs

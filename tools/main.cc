@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   kiln::cli::add_bench_command(app);
   kiln::cli::add_profile_command(app);
   kiln::cli::add_compile_command(app);
+  kiln::cli::add_package_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

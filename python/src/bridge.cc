@@ -487,7 +487,7 @@ std::unique_ptr<CompiledGraph> CompiledGraph::compile_package(const GraphBuilder
     if (!g.inputs.empty() && !g.type(g.inputs[0]).shape.empty() &&
         !g.type(g.inputs[0]).shape[0].is_symbolic())
       info.batch = g.type(g.inputs[0]).shape[0].value();
-    kiln::compiler::write_package(*exe, options, info, path);
+    kiln::compiler::write_package(g, *exe, options, info, path);
     return Impl::of_graph(graph, std::move(exe), "inductor", t0);
   });
 }

@@ -342,14 +342,21 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
     t.inputs = m->inputs;
     t.eager = [m](const TensorList& in) { return m->module->call(in); };
     t.compile = [m](const CompileOptions& o) { return compile(m->module, o); };
+    t.state = m->module->state_dict();
     return t;
   }
   auto g = std::make_shared<Graph>(import_onnx(target));
   t.name = std::filesystem::path(target).filename().string();
   t.inputs = random_inputs(*g, batch, seed);
   t.eager = [g](const TensorList& in) { return run(*g, in); };
-  t.compile = [g](const CompileOptions& o) {
-    return compile([g](const TensorList& in) { return run(*g, in); }, o);
+  // Graph parameters keep their initializer names (a package's source graph lists them:
+  // `kiln package --replace-weights` takes new weights by these names).
+  NamedState params;
+  for (ValueId v : g->params())
+    if (g->value(v).kind == ValueKind::Param) params.emplace_back(g->value(v).name, g->value(v).data);
+  t.state = params;
+  t.compile = [g, params](const CompileOptions& o) {
+    return compile([g](const TensorList& in) { return run(*g, in); }, params, o);
   };
   return t;
 }

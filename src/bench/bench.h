@@ -38,6 +38,9 @@ struct BenchOptions {
 struct BenchTarget {
   std::string name;
   TensorList inputs;  // on the target's device
+  // The model's named tensors on the CPU path (a zoo module's state dict, an ONNX model's
+  // initializers): what compiled graphs name their parameters after.
+  NamedState state;
   std::function<TensorList(const TensorList&)> eager;  // op by op
   std::function<CompiledFunction(const CompileOptions&)> compile;
 };

@@ -55,13 +55,9 @@ bool concrete_type(const TensorType& t) {
   return true;
 }
 
-// Phases 1 and 2 on a copy of the graph: the optimized graph and its kernel choice.
+// Phase 1 on a copy of the graph: the optimized graph, with concrete input shapes.
 void prepare(Graph& g, const Target& target, DType precision) {
-  std::vector<std::unique_ptr<Pass>> pipeline =
-      compiler_pipeline(target.decompositions(), precision);
-  std::vector<Pass*> passes;
-  for (auto& p : pipeline) passes.push_back(p.get());
-  run_passes(g, std::span<Pass* const>(passes));
+  run_compiler_passes(g, target, precision);
   for (ValueId v : g.inputs)
     if (!concrete_type(g.type(v)))
       throw_error(ErrorKind::NotSupported,
@@ -149,6 +145,14 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
 }
 
 }  // namespace
+
+void run_compiler_passes(Graph& g, const Target& target, DType precision) {
+  std::vector<std::unique_ptr<Pass>> pipeline =
+      compiler_pipeline(target.decompositions(), precision);
+  std::vector<Pass*> passes;
+  for (auto& p : pipeline) passes.push_back(p.get());
+  run_passes(g, std::span<Pass* const>(passes));
+}
 
 // ---- Knobs ----------------------------------------------------------------------------------
 

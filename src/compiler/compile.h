@@ -108,6 +108,11 @@ std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& ta
 std::unique_ptr<CompiledExecutable> compile(const Graph& graph, Device device,
                                             const Options& options = {});
 
+// Phase 1 of compile (Note [The compiler]) alone: the pass pipeline compile runs for `target`
+// at `precision` (passes/pipeline.h, compiler_pipeline), in place. `kiln package
+// --replace-weights` (compiler/replace_weights.h) runs exactly this on a package's source graph.
+void run_compiler_passes(Graph& g, const Target& target, DType precision);
+
 // For `kiln opt --schedule` and IR-text tests: schedules `g` as the compiler would for
 // `target` (library candidates as extern steps without building library kernels), plans memory
 // over the schedule, and prints the steps, every loop kernel and the memory plan.

@@ -19,6 +19,7 @@ namespace {
 struct PackageCapture {
   const compiler::Options* options = nullptr;
   std::shared_ptr<compiler::CompiledExecutable> compiled;
+  Graph* source = nullptr;  // receives the graph the compiler was given
   int graphs = 0;
 };
 thread_local PackageCapture* t_capture = nullptr;
@@ -40,6 +41,7 @@ const bool g_registered = [] {
     compiler::Options opts = *t_capture->options;
     std::shared_ptr<compiler::CompiledExecutable> c = compiler::compile(g, Device::cpu(), opts);
     t_capture->compiled = c;
+    if (t_capture->source) *t_capture->source = g;
     t_capture->graphs++;
     return std::make_unique<SharedCompiled>(c);
   }, /*priority=*/-100);
@@ -50,9 +52,10 @@ const bool g_registered = [] {
 
 std::shared_ptr<compiler::CompiledExecutable> compile_captured_graph(
     const std::function<CompiledFunction(const CompileOptions&)>& make,
-    const TensorList& example_inputs, const compiler::Options& options) {
+    const TensorList& example_inputs, const compiler::Options& options, Graph* source) {
   PackageCapture capture;
   capture.options = &options;
+  capture.source = source;
   t_capture = &capture;
   struct Reset {
     ~Reset() { t_capture = nullptr; }
@@ -93,20 +96,22 @@ std::shared_ptr<compiler::CompiledExecutable> compile_captured_graph(
 
 std::shared_ptr<compiler::CompiledExecutable> compile_module_graph(
     const std::shared_ptr<Module>& module, const TensorList& example_inputs,
-    const compiler::Options& options) {
+    const compiler::Options& options, Graph* source) {
   return compile_captured_graph(
-      [&](const CompileOptions& co) { return compile(module, co); }, example_inputs, options);
+      [&](const CompileOptions& co) { return compile(module, co); }, example_inputs, options,
+      source);
 }
 
 std::shared_ptr<compiler::CompiledExecutable> export_package(
     const std::shared_ptr<Module>& module, const TensorList& example_inputs,
     const compiler::Options& options, const std::string& model_name, const std::string& path,
     int64_t batch) {
-  auto c = compile_module_graph(module, example_inputs, options);
+  Graph source;
+  auto c = compile_module_graph(module, example_inputs, options, &source);
   PackageInfo info;
   info.model = model_name;
   info.batch = batch;
-  compiler::write_package(*c, options, info, path);
+  compiler::write_package(source, *c, options, info, path, module->state_dict());
   return c;
 }
 

@@ -17,15 +17,18 @@ namespace kiln::nn {
 // Captures module->call(example_inputs) as one graph (parameters named after the module's) and
 // compiles it with `options` for the CPU. Throws kiln::Error when the call breaks into several
 // graphs or falls back to eager.
+// `source`, when given, receives the captured graph (what the compiler was given: a package
+// records it for `kiln package --replace-weights`).
 std::shared_ptr<compiler::CompiledExecutable> compile_module_graph(
     const std::shared_ptr<Module>& module, const TensorList& example_inputs,
-    const compiler::Options& options = {});
+    const compiler::Options& options = {}, Graph* source = nullptr);
 
 // The same for any capture: `make` is kiln::compile of the caller's function with the given
 // options (a module, an ONNX graph's interpreter), called once on example_inputs.
 std::shared_ptr<compiler::CompiledExecutable> compile_captured_graph(
     const std::function<CompiledFunction(const CompileOptions&)>& make,
-    const TensorList& example_inputs, const compiler::Options& options = {});
+    const TensorList& example_inputs, const compiler::Options& options = {},
+    Graph* source = nullptr);
 
 // compile_module_graph, then compiler::write_package to `path` (atomic).
 std::shared_ptr<compiler::CompiledExecutable> export_package(

@@ -33,6 +33,7 @@ ConstantFoldResult fold_constants(Graph& g, const ConstantFoldOptions& options) 
     foldable = foldable && used;
     TensorList args;
     int64_t input_elements = 0;
+    bool from_params = false;  // Note [Folded weights stay params] in constant_fold.h
     for (size_t i = 0; foldable && i < in.size(); ++i) {
       if (in[i] == kNoValue) {
         args.emplace_back();
@@ -40,6 +41,7 @@ ConstantFoldResult fold_constants(Graph& g, const ConstantFoldOptions& options) 
       }
       Tensor t = constant_data(b, in[i], options);
       foldable = t.defined();
+      from_params = from_params || b.dst().value(in[i]).kind == ValueKind::Param;
       input_elements += foldable ? t.numel() : 0;
       args.push_back(t);
     }
@@ -65,7 +67,7 @@ ConstantFoldResult fold_constants(Graph& g, const ConstantFoldOptions& options) 
       Tensor data = op_def(n.op).is_view || !outs[k].is_contiguous() ? outs[k].clone() : outs[k];
       const Value& old = g.value(n.outputs[k]);
       KILN_ASSERT(data.dtype() == old.type.dtype && to_shape(data.sizes()) == old.type.shape);
-      b.set_map(n.outputs[k], b.add_const(data, old.name));
+      b.set_map(n.outputs[k], from_params ? b.add_param(data, old.name) : b.add_const(data, old.name));
       result.folded_elements += data.numel();
     }
     ++result.nodes_folded;

@@ -3,9 +3,20 @@
 // A node folds when every input it has is a const with data, or (with fold_params, the default:
 // inference graphs freeze their weights) a param with data, so param-only subgraphs such as a
 // weight transpose or an embedding of constant positions become data. The node runs through the
-// eager kernels (kiln::call_op, with any dispatch hook disabled); each output becomes a const
-// that takes the output's name. Folding follows chains in one sweep (a folded value is a const
-// for the nodes after it).
+// eager kernels (kiln::call_op, with any dispatch hook disabled); each output takes the output's
+// name and becomes a const, or a param when an input was a param (Note [Folded weights stay
+// params]). Folding follows chains in one sweep (a folded value is a constant for the nodes
+// after it).
+//
+// Note [Folded weights stay params]
+// A value computed from a param is a weight too: it changes when the weights change. Keeping it
+// a param (as fold-conv-bn and autocast do with what they derive from params) keeps value-driven
+// decisions off it: cse merges equal consts but never params, algebraic-simplify drops x*1 and
+// x+0 only for consts, and the scheduler inlines one-element consts into generated code as
+// literals but reads params from memory. So the graph the passes make from a graph's params has
+// the same structure whatever their values, which is what lets `kiln package --replace-weights`
+// (compiler/replace_weights.h) re-run the passes on new weights and put the results into a
+// compiled package without generating code again.
 //
 // What does not fold:
 //   - outputs larger than max(small_elements, the elements of the node's const/param inputs):

@@ -8,7 +8,9 @@
 //                      u64 size | SHA-256 of the section's bytes (32 bytes)
 //   sections:          each starting at a multiple of 64, zero padding between them.
 // Sections, in this order: "manifest" (JSON), "weights" (safetensors, runtime/safetensors.h),
-// and "kernels.cpu" (the loop kernels' shared object) when there are loop kernels. Everything is
+// "kernels.cpu" (the loop kernels' shared object) when there are loop kernels, and, from format
+// version 2, "source" (safetensors: the graph before the compiler's passes, for `kiln package
+// --replace-weights`; the runtime verifies its hash and never reads it). Everything is
 // checked before anything is used: the header, the file size (truncation), the table's hash,
 // each section's bounds, order and hash, and that padding is zero, so a flipped bit anywhere is
 // an error naming the part it hit. The manifest is then checked for meaning (slots, offsets and
@@ -60,7 +62,13 @@ using json = nlohmann::json;
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'K', 'G', '\0'};
 constexpr size_t kHeaderBytes = 64, kEntryBytes = 80, kNameBytes = 32, kAlign = 64;
 constexpr uint32_t kMaxSections = 16;
-const char* const kSectionOrder[] = {"manifest", "weights", "kernels.cpu"};
+// The sections in the format's order, and the format version that introduced each.
+struct SectionKind {
+  const char* name;
+  uint32_t since;
+};
+constexpr SectionKind kSectionOrder[] = {
+    {"manifest", 1}, {"weights", 1}, {"kernels.cpu", 1}, {"source", 2}};
 
 void put_u32(std::string& s, size_t at, uint32_t v) { std::memcpy(&s[at], &v, 4); }
 void put_u64(std::string& s, size_t at, uint64_t v) { std::memcpy(&s[at], &v, 8); }
@@ -131,27 +139,37 @@ struct SectionView {
   std::string name;
   std::string_view bytes;
 };
-std::vector<SectionView> parse_sections(std::string_view b, const std::string& source);
+std::vector<SectionView> parse_sections(std::string_view b, const std::string& source,
+                                        uint32_t* version_out);
+const std::string_view* find_section(const std::vector<SectionView>& sections, std::string_view name) {
+  for (const SectionView& s : sections)
+    if (s.name == name) return &s.bytes;
+  return nullptr;
+}
 }  // namespace
 
-std::vector<PackageSection> parse_package_container(std::string_view b, const std::string& source) {
+std::vector<PackageSection> parse_package_container(std::string_view b, const std::string& source,
+                                                    uint32_t* version) {
   std::vector<PackageSection> out;
-  for (const SectionView& v : parse_sections(b, source)) out.push_back({v.name, std::string(v.bytes)});
+  for (const SectionView& v : parse_sections(b, source, version))
+    out.push_back({v.name, std::string(v.bytes)});
   return out;
 }
 
 namespace {
 // The container's checks (Note [Package format]); the sections as views of `b`.
-std::vector<SectionView> parse_sections(std::string_view b, const std::string& source) {
+std::vector<SectionView> parse_sections(std::string_view b, const std::string& source,
+                                        uint32_t* version_out) {
   if (b.size() < kHeaderBytes)
     bad(source, fmt::format("header: truncated ({} bytes; a package starts with a {}-byte header)",
                             b.size(), kHeaderBytes));
   if (std::memcmp(b.data(), kMagic, 8) != 0) bad(source, "header: not a Kiln package (bad magic)");
   uint32_t version = get_u32(b, 8);
-  if (version != kPackageFormatVersion)
-    bad(source, fmt::format("header: format version {}; this runtime reads version {} (rebuild "
-                            "the package with this Kiln's `kiln compile`)",
-                            version, kPackageFormatVersion));
+  if (version < kOldestPackageFormatVersion || version > kPackageFormatVersion)
+    bad(source, fmt::format("header: format version {}; this runtime reads versions {} to {} "
+                            "(rebuild the package with this Kiln's `kiln compile`)",
+                            version, kOldestPackageFormatVersion, kPackageFormatVersion));
+  if (version_out) *version_out = version;
   uint64_t file_size = get_u64(b, 16);
   if (file_size != b.size())
     bad(source, fmt::format("header: the package is {} bytes, its header says {} (truncated or "
@@ -191,12 +209,12 @@ std::vector<SectionView> parse_sections(std::string_view b, const std::string& s
   size_t next = 0;
   for (const SectionView& s : out) {
     size_t k = 0;
-    while (k < std::size(kSectionOrder) && s.name != kSectionOrder[k]) ++k;
-    if (k == std::size(kSectionOrder))
+    while (k < std::size(kSectionOrder) && s.name != kSectionOrder[k].name) ++k;
+    if (k == std::size(kSectionOrder) || kSectionOrder[k].since > version)
       bad(source, fmt::format("section '{}': unknown to format version {}", s.name, version));
     if (k < next)
       bad(source, fmt::format("section '{}': out of order (the format's order is manifest, "
-                              "weights, kernels.cpu)", s.name));
+                              "weights, kernels.cpu, source)", s.name));
     next = k + 1;
   }
   if (out.size() < 2 || out[0].name != "manifest" || out[1].name != "weights")
@@ -217,6 +235,7 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   m["batch"] = info.batch;
   m["knobs"] = info.knobs;
   m["autotune"] = info.autotune;
+  m["precision"] = info.precision;
   m["target"] = {{"device", "cpu"}, {"isa", host_isa()}, {"threads", kernels::cpu_threads()}};
   m["arena_bytes"] = exe.arena_bytes();
   m["num_slots"] = exe.num_slots();
@@ -267,6 +286,7 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   std::vector<PackageSection> sections = {
       {"manifest", m.dump(1)}, {"weights", std::string(w.begin(), w.end())}};
   if (!kernels.empty()) sections.push_back({"kernels.cpu", std::move(kernels)});
+  if (!info.source.empty()) sections.push_back({"source", info.source});
   return package_container(sections);
 }
 
@@ -355,20 +375,24 @@ int64_t nbytes_of(const Dims& d, DType t) {
 }  // namespace
 
 LoadedPackage load_package_bytes(std::string_view bytes, const std::string& source) {
-  std::vector<SectionView> sections = parse_sections(bytes, source);
+  uint32_t out_version = 0;
+  std::vector<SectionView> sections = parse_sections(bytes, source, &out_version);
   LoadedPackage out;
+  out.format_version = out_version;
   out.file_bytes = int64_t(bytes.size());
   out.manifest = std::string(sections[0].bytes);
   std::string_view weights_bytes = sections[1].bytes;
   out.weights_bytes = int64_t(weights_bytes.size());
-  const std::string_view* kernels = sections.size() > 2 ? &sections[2].bytes : nullptr;
+  const std::string_view* kernels = find_section(sections, "kernels.cpu");
   out.kernels_bytes = kernels ? int64_t(kernels->size()) : 0;
+  const std::string_view* source_section = find_section(sections, "source");
+  out.source_bytes = source_section ? int64_t(source_section->size()) : 0;
 
   json m;
   std::string where = "manifest";
   try {
     m = json::parse(out.manifest);
-    if (m.at("format_version").get<uint32_t>() != kPackageFormatVersion)
+    if (m.at("format_version").get<uint32_t>() != out.format_version)
       throw std::out_of_range("format_version differs from the header's");
     out.kiln_version = m.at("kiln_version").get<std::string>();
     out.model = m.at("model").get<std::string>();
@@ -580,7 +604,8 @@ std::string explain_package(const std::string& path) {
   if (!read_whole_file(path, &bytes))
     fail_kind(ErrorKind::InvalidArgument, "package '{}': cannot read the file: {}", path,
               errno_text(errno));
-  std::vector<PackageSection> sections = parse_package_container(bytes, path);
+  uint32_t version = 0;
+  std::vector<PackageSection> sections = parse_package_container(bytes, path, &version);
   json m;
   try {
     m = json::parse(sections[0].bytes);
@@ -588,7 +613,7 @@ std::string explain_package(const std::string& path) {
     bad(path, fmt::format("section 'manifest': {}", e.what()));
   }
   std::string s = fmt::format("package {} ({} bytes, format version {})\n", path, bytes.size(),
-                              kPackageFormatVersion);
+                              version);
   for (const PackageSection& sec : sections)
     s += fmt::format("  section {:<12} {:>12} bytes  sha256 {}\n", sec.name, sec.bytes.size(),
                      sha256_hex(sec.bytes).substr(0, 16));
@@ -596,7 +621,7 @@ std::string explain_package(const std::string& path) {
   s += fmt::format("model {}  mode {}  batch {}  kiln {}\n", str("model"), str("mode"),
                    str("batch"), str("kiln_version"));
   s += fmt::format("target {}\n", m.contains("target") ? m["target"].dump() : "?");
-  s += fmt::format("knobs {}\n", str("knobs"));
+  s += fmt::format("knobs {}  precision {}\n", str("knobs"), str("precision"));
   if (m.contains("autotune") && !m["autotune"].get<std::string>().empty())
     s += fmt::format("autotune {}\n", str("autotune"));
   s += fmt::format("arena {} bytes, {} slots\n", str("arena_bytes"), str("num_slots"));
@@ -613,6 +638,26 @@ std::string explain_package(const std::string& path) {
     }
   weight_bytes = int64_t(sections[1].bytes.size());
   s += fmt::format("weights: {} tensors, {} bytes\n", nconst, weight_bytes);
+  // The source graph's parameters: what `kiln package --replace-weights` takes, by name.
+  for (const PackageSection& sec : sections) {
+    if (sec.name != "source") continue;
+    try {
+      SafetensorsContents src = parse_safetensors(
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(sec.bytes.data()),
+                                   sec.bytes.size()),
+          path + ": section 'source'");
+      json params = json::parse(src.metadata.at("params"));
+      s += fmt::format("source parameters ({}; `kiln package --replace-weights` takes these):\n",
+                       params.size());
+      for (const json& p : params)
+        s += fmt::format("  {} {} {}\n", p.value("name", "?"), p.value("dtype", "?"),
+                         p.contains("shape") ? p["shape"].dump() : "?");
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      bad(path, fmt::format("section 'source': {}", e.what()));
+    }
+  }
   if (m.contains("launches")) {
     s += fmt::format("launches ({}):\n", m["launches"].size());
     size_t i = 0;

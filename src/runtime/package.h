@@ -16,19 +16,25 @@
 
 namespace kiln {
 
-inline constexpr uint32_t kPackageFormatVersion = 1;
+// The version this Kiln writes, and the oldest it reads (docs/package.md, "Version policy"):
+// version 2 added the optional `source` section and the manifest's `precision`.
+inline constexpr uint32_t kPackageFormatVersion = 2;
+inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------
 struct PackageSection {
-  std::string name;   // "manifest" | "weights" | "kernels.cpu"
+  std::string name;   // "manifest" | "weights" | "kernels.cpu" | "source"
   std::string bytes;
 };
-// The file's bytes for these sections, in this order (hashes computed here).
+// The file's bytes for these sections, in this order (hashes computed here), as format version
+// kPackageFormatVersion.
 std::string package_container(const std::vector<PackageSection>& sections);
 // Verifies header, format version, section table, order and every section's SHA-256; throws
-// kiln::Error (ParseError) naming `source` and the section at fault.
+// kiln::Error (ParseError) naming `source` and the section at fault. `version`, when given,
+// receives the header's format version.
 std::vector<PackageSection> parse_package_container(std::string_view bytes,
-                                                    const std::string& source);
+                                                    const std::string& source,
+                                                    uint32_t* version = nullptr);
 
 // ---- writing ------------------------------------------------------------------------------------
 // What the manifest records besides the Executable: where it came from and how it was built.
@@ -37,7 +43,11 @@ struct PackageInfo {
   std::string mode = "default";
   std::string knobs;     // the target's configuration ("conv=auto,gemv=generated")
   std::string autotune;  // max-autotune's choices and timings ("" otherwise)
+  std::string precision = "float32";  // the compile option (autocast to bfloat16/float16)
   int64_t batch = 1;
+  // The `source` section's bytes (the graph before the compiler's passes, for `kiln package
+  // --replace-weights`: compiler/replace_weights.h); empty: no such section.
+  std::string source;
 };
 // The package bytes of `exe` (a CPU Executable whose every launch has a record). Throws
 // kiln::Error naming the launch and its graph nodes when one cannot be serialized (an eager
@@ -51,8 +61,9 @@ struct LoadedPackage {
   std::shared_ptr<Executable> exe;
   std::string manifest;  // the manifest's JSON text
   std::string model, mode, kiln_version, isa;
+  uint32_t format_version = 0;
   int threads = 0;       // the OpenMP thread count it was built with
-  int64_t file_bytes = 0, weights_bytes = 0, kernels_bytes = 0;
+  int64_t file_bytes = 0, weights_bytes = 0, kernels_bytes = 0, source_bytes = 0;
 };
 // Reads, verifies and loads a package: the format version, every section's hash, this CPU's
 // features against the package's requirement, then the kernels' shared object (from a memfd)

@@ -323,7 +323,10 @@ std::string* PackageCorrupt::bytes_ = nullptr;
 std::vector<PackageSection>* PackageCorrupt::sections_ = nullptr;
 
 TEST_F(PackageCorrupt, IntactPackageLoads) {
-  ASSERT_EQ(sections_->size(), 3u);
+  ASSERT_EQ(sections_->size(), 4u);
+  std::vector<std::string> names;
+  for (const PackageSection& s : *sections_) names.push_back(s.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"manifest", "weights", "kernels.cpu", "source"}));
   EXPECT_EQ(load_error(*bytes_), "");
 }
 
@@ -380,7 +383,7 @@ TEST_F(PackageCorrupt, ReorderedSectionsAreRefused) {
   // each section still matches its hash, so only the order check can catch it.
   std::string b = *bytes_;
   for (size_t k = 0; k < 32; ++k) std::swap(b[64 + 80 * 1 + k], b[64 + 80 * 2 + k]);
-  std::string hex = sha256_hex(std::string_view(b).substr(64, 80 * 3));
+  std::string hex = sha256_hex(std::string_view(b).substr(64, 80 * sections_->size()));
   for (size_t i = 0; i < 32; ++i) b[24 + i] = char(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   err = load_error(b);
   EXPECT_NE(err.find("out of order"), std::string::npos) << err;
@@ -421,7 +424,8 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
   };
   std::vector<Edit> edits = {
       {"not JSON", nullptr},
-      {"format version", [](nlohmann::json& m) { m["format_version"] = 2; }},
+      {"format version", [](nlohmann::json& m) { m["format_version"] = 1; }},  // header: 2
+      {"format version", [](nlohmann::json& m) { m["format_version"] = 3; }},
       {"output past the arena",
        [](nlohmann::json& m) { m["outputs"][0]["byte_offset"] = m["arena_bytes"].get<int64_t>(); }},
       {"input slot out of range", [](nlohmann::json& m) { m["inputs"][0]["slot"] = 100000; }},
@@ -478,7 +482,7 @@ TEST(Package, EagerLaunchIsRefusedNamingTheNode) {
   TempDir dir;
   std::string path = dir.path + "/div.kiln";
   try {
-    compiler::write_package(*c, {}, {}, path);
+    compiler::write_package(g, *c, {}, {}, path);
     FAIL() << "a graph with an eager launch was packaged";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("int_div"), std::string::npos) << e.what();

@@ -1,0 +1,387 @@
+// `kiln package --replace-weights` (compiler/replace_weights.h, docs/package.md): the package
+// compiled with weights A, given weights B, is byte for byte the package compiled with weights B
+// (zoo models with batch norm, float32 and bfloat16), and the loaded result computes what the
+// compile with B computes, bitwise, on fresh inputs. Every mismatch of the new weights is listed
+// in one error; a corrupt weights file, a file that is not a package, a package without a
+// source graph (format version 1) and a source graph that makes other constants are refused,
+// naming the place; on every error the output file is neither created nor changed.
+// ONNX models: tests/onnx/replace_weights_test.cc.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../support/compare.h"
+#include "compiler/compile.h"
+#include "compiler/package.h"
+#include "compiler/replace_weights.h"
+#include "core/error.h"
+#include "ir/parser.h"
+#include "nn/models/zoo.h"
+#include "nn/package.h"
+#include "runtime/package.h"
+#include "runtime/safetensors.h"
+
+using namespace kiln;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    const char* t = std::getenv("TMPDIR");
+    path = std::string(t && *t ? t : "/tmp") + "/kiln-replace-weights-XXXXXX";
+    EXPECT_NE(mkdtemp(path.data()), nullptr);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_bytes(const std::string& path, std::string_view bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Weights of the model's own scale, all of them new: every float tensor of the state scaled
+// and shifted at random, batch norm statistics included (running_var positive), so that the
+// folded weights differ from those of any other seed.
+void randomize_state(nn::Module& m, uint64_t seed) {
+  Generator gen(seed);
+  NamedTensors fresh;
+  for (auto& [name, t] : m.state_dict()) {
+    if (t.dtype() != DType::Float32) {
+      fresh.emplace_back(name, t);
+      continue;
+    }
+    Tensor old = t.contiguous();
+    Tensor n1 = Tensor::randn(t.sizes(), gen), n2 = Tensor::randn(t.sizes(), gen);
+    Tensor r = Tensor::empty(t.sizes());
+    const float* o = old.data<float>();
+    const float *a = n1.data<float>(), *b = n2.data<float>();
+    float* out = r.data<float>();
+    bool var = ends_with(name, "running_var");
+    for (int64_t i = 0; i < r.numel(); ++i)
+      out[i] = var ? 0.5f + std::fabs(a[i]) : o[i] * (1.0f + 0.2f * a[i]) + 0.05f * b[i];
+    fresh.emplace_back(name, r);
+  }
+  m.load_state_dict(fresh);
+}
+
+// Finite everywhere and not all zero: what a comparison needs to mean something (NaN matches
+// NaN in test::close).
+void expect_finite_nonzero(const Tensor& t, const std::string& what) {
+  ASSERT_EQ(t.dtype(), DType::Float32) << what;
+  Tensor c = t.contiguous();
+  const float* p = c.data<float>();
+  double max_abs = 0;
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    ASSERT_TRUE(std::isfinite(p[i])) << what << ": element " << i << " is " << p[i];
+    max_abs = std::max(max_abs, double(std::fabs(p[i])));
+  }
+  EXPECT_GT(max_abs, 0.0) << what << ": all zero";
+}
+
+void expect_bitwise(const Tensor& got, const Tensor& want, const std::string& what) {
+  expect_finite_nonzero(want, what);
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  test::Tolerance exact = test::Tolerance::exact();
+  exact.signed_zeros = true;
+  EXPECT_TRUE(test::close(got, want, exact)) << what;
+}
+
+// The first section whose bytes differ, for a readable failure.
+std::string first_difference(const std::string& a, const std::string& b) {
+  if (a == b) return "";
+  std::vector<PackageSection> sa = parse_package_container(a, "a"), sb = parse_package_container(b, "b");
+  if (sa.size() != sb.size()) return fmt::format("{} vs {} sections", sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i)
+    if (sa[i].name != sb[i].name || sa[i].bytes != sb[i].bytes) return "section " + sa[i].name;
+  return "the header or section table";
+}
+
+// What `kiln package --replace-weights` throws, or "" when it succeeds.
+std::string replace_error(const std::string& pkg, const std::string& weights, const std::string& out) {
+  try {
+    compiler::replace_weights(pkg, weights, out);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A zoo model with its state randomized by `seed`, compiled into a package at `path`.
+struct Compiled {
+  nn::ZooModel model;
+  std::shared_ptr<compiler::CompiledExecutable> exe;
+  Graph source;
+};
+Compiled compile_zoo(const std::string& name, uint64_t seed, DType precision,
+                     const std::string& path) {
+  Compiled c{nn::make_zoo_model(name, 1, 7), nullptr, {}};
+  randomize_state(*c.model.module, seed);
+  compiler::Options o;
+  o.precision = precision;
+  c.exe = nn::export_package(c.model.module, c.model.inputs, o, name, path);
+  return c;
+}
+
+}  // namespace
+
+// ---- replace-weights of package(A) with B's weights == package(B) -----------------------------
+struct ZooCase {
+  std::string model;
+  DType precision;
+};
+
+class PackageReplaceWeightsZoo : public testing::TestWithParam<ZooCase> {};
+
+TEST_P(PackageReplaceWeightsZoo, GivesThePackageCompiledWithTheNewWeights) {
+  const ZooCase& c = GetParam();
+  TempDir dir;
+  std::string a_path = dir.path + "/a.kiln", b_path = dir.path + "/b.kiln";
+  std::string r_path = dir.path + "/replaced.kiln", w_path = dir.path + "/b.safetensors";
+  Compiled a = compile_zoo(c.model, 1, c.precision, a_path);
+  Compiled b = compile_zoo(c.model, 2, c.precision, b_path);
+  // B's weights as a training run saves them: the module's state dict, by its names.
+  b.model.module->save(w_path);
+
+  compiler::ReplaceWeightsReport rep = compiler::replace_weights(a_path, w_path, r_path);
+  std::printf("%s %s: %s\n", c.model.c_str(), dtype_name(c.precision), rep.str().c_str());
+  EXPECT_GT(rep.parameters, 0);
+  std::string replaced = read_bytes(r_path), want = read_bytes(b_path);
+  EXPECT_NE(read_bytes(a_path), want) << "weights A and B gave the same package: nothing tested";
+  EXPECT_TRUE(replaced == want) << "the replaced package differs from the one compiled with B "
+                                << "in " << first_difference(replaced, want);
+
+  LoadedPackage loaded = load_package(r_path);
+  LoadedPackage old = load_package(a_path);
+  for (uint64_t seed : {301u, 302u}) {
+    TensorList in = nn::zoo_example_inputs(c.model, 1, seed);
+    TensorList want_out = b.exe->run(in), got = loaded.exe->run(in), a_out = old.exe->run(in);
+    ASSERT_EQ(got.size(), want_out.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      std::string what = fmt::format("{} {} output {} seed {}", c.model, dtype_name(c.precision), i, seed);
+      expect_bitwise(got[i], want_out[i], what);
+      // The old weights compute something else: the comparison above saw the new ones.
+      EXPECT_FALSE(test::close(a_out[i], want_out[i], test::Tolerance::rel(1e-3, 1e-3))) << what;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, PackageReplaceWeightsZoo,
+    testing::Values(ZooCase{"vfe", DType::Float32}, ZooCase{"vfe", DType::BFloat16},
+                    ZooCase{"resnet18", DType::Float32}, ZooCase{"resnet18", DType::BFloat16}),
+    [](const testing::TestParamInfo<ZooCase>& i) {
+      return i.param.model + "_" + dtype_name(i.param.precision);
+    });
+
+// ---- errors -------------------------------------------------------------------------------------
+class PackageReplaceWeightsErrors : public testing::Test {
+ protected:
+  void SetUp() override {
+    pkg = dir.path + "/mlp.kiln";
+    out = dir.path + "/out.kiln";
+    model = compile_zoo("mlp", 1, DType::Float32, pkg).model.module->state_dict();
+  }
+  // The error, and that `out` was not created.
+  std::string error_of(const std::string& weights) {
+    std::string e = replace_error(pkg, weights, out);
+    EXPECT_FALSE(std::filesystem::exists(out)) << "an output was written on error: " << e;
+    return e;
+  }
+  TempDir dir;
+  std::string pkg, out;
+  NamedTensors model;
+};
+
+TEST_F(PackageReplaceWeightsErrors, TheModelsOwnWeightsWork) {
+  std::string w = dir.path + "/w.safetensors";
+  save_safetensors(w, model);
+  EXPECT_EQ(replace_error(pkg, w, out), "");
+  EXPECT_EQ(read_bytes(out), read_bytes(pkg));  // the same weights: the same package
+}
+
+TEST_F(PackageReplaceWeightsErrors, EveryMismatchIsListedInOneError) {
+  ASSERT_EQ(model.size(), 4u);  // 0.weight [50, 10], 0.bias [50], 2.weight [1, 50], 2.bias [1]
+  NamedTensors bad;
+  bad.emplace_back("0.weight", Tensor::empty({50, 11}));               // wrong shape
+  bad.emplace_back("0.bias", Tensor::empty({50}, DType::Float64));     // wrong dtype
+  bad.emplace_back("2.weight", Tensor::empty({1, 50}, DType::Float16));  // wrong dtype
+  bad.emplace_back("extra.weight", Tensor::empty({3}));                // unexpected
+  // "2.bias" missing
+  std::string w = dir.path + "/bad.safetensors";
+  save_safetensors(w, bad);
+  std::string e = error_of(w);
+  for (const char* part :
+       {"bad.safetensors", "mlp.kiln", "1 missing, 1 unexpected, 2 of another dtype, 1 of another shape",
+        "missing: 2.bias float32[1]", "unexpected: extra.weight float32[3]",
+        "wrong dtype: 0.bias: expected float32, found float64",
+        "wrong dtype: 2.weight: expected float32, found float16",
+        "wrong shape: 0.weight: expected [50, 10], found [50, 11]"})
+    EXPECT_NE(e.find(part), std::string::npos) << "no '" << part << "' in: " << e;
+}
+
+TEST_F(PackageReplaceWeightsErrors, ExistingOutputIsLeftAloneOnError) {
+  NamedTensors bad(model.begin(), model.end() - 1);
+  std::string w = dir.path + "/bad.safetensors";
+  save_safetensors(w, bad);
+  write_bytes(out, "an older package");
+  EXPECT_NE(replace_error(pkg, w, out), "");
+  EXPECT_EQ(read_bytes(out), "an older package");
+  for (const auto& f : std::filesystem::directory_iterator(dir.path))
+    EXPECT_EQ(f.path().string().find(".tmp"), std::string::npos) << "left behind: " << f.path();
+}
+
+TEST_F(PackageReplaceWeightsErrors, CorruptOrTruncatedWeightsFileNamesTheFile) {
+  std::string good = dir.path + "/good.safetensors";
+  save_safetensors(good, model);
+  std::string bytes = read_bytes(good);
+  for (size_t cut : {size_t(0), size_t(5), size_t(20), bytes.size() / 2, bytes.size() - 1}) {
+    std::string w = dir.path + "/cut.safetensors";
+    write_bytes(w, bytes.substr(0, cut));
+    std::string e = error_of(w);
+    EXPECT_NE(e.find("cut.safetensors"), std::string::npos) << "cut at " << cut << ": " << e;
+  }
+  std::string junk = bytes;
+  junk[10] = '#';  // inside the JSON header
+  std::string w = dir.path + "/junk.safetensors";
+  write_bytes(w, junk);
+  EXPECT_NE(error_of(w).find("junk.safetensors"), std::string::npos);
+  EXPECT_NE(error_of(dir.path + "/absent.safetensors").find("absent.safetensors"), std::string::npos);
+}
+
+TEST_F(PackageReplaceWeightsErrors, InputThatIsNotAPackageIsRefused) {
+  std::string w = dir.path + "/w.safetensors";
+  save_safetensors(w, model);
+  std::string text = dir.path + "/notes.kiln";
+  write_bytes(text, "these are my notes, not a package, but long enough for a header......");
+  std::string e = replace_error(text, w, out);
+  EXPECT_NE(e.find("notes.kiln"), std::string::npos) << e;
+  EXPECT_NE(e.find("not a Kiln package"), std::string::npos) << e;
+  // A truncated package: its header says how long it is.
+  std::string cut = dir.path + "/cut.kiln";
+  write_bytes(cut, read_bytes(pkg).substr(0, 1000));
+  e = replace_error(cut, w, out);
+  EXPECT_NE(e.find("cut.kiln"), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  // The weights file given as the package.
+  e = replace_error(w, w, out);
+  EXPECT_NE(e.find("w.safetensors"), std::string::npos) << e;
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// A version 1 package (no source section): it still loads, and its weights cannot be replaced.
+TEST_F(PackageReplaceWeightsErrors, VersionOnePackageLoadsButHasNoSourceGraph) {
+  std::vector<PackageSection> sections = parse_package_container(read_bytes(pkg), pkg);
+  ASSERT_EQ(sections.back().name, "source");
+  sections.pop_back();
+  nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
+  m["format_version"] = 1;
+  m.erase("precision");
+  sections[0].bytes = m.dump(1);
+  std::string v1 = package_container(sections);
+  uint32_t one = 1;
+  std::memcpy(&v1[8], &one, 4);  // the header's version (not covered by the table's hash)
+  std::string v1_path = dir.path + "/v1.kiln";
+  write_bytes(v1_path, v1);
+  LoadedPackage loaded = load_package(v1_path);
+  EXPECT_EQ(loaded.format_version, 1u);
+  EXPECT_EQ(loaded.source_bytes, 0);
+  std::string w = dir.path + "/w.safetensors";
+  save_safetensors(w, model);
+  std::string e = replace_error(v1_path, w, out);
+  EXPECT_NE(e.find("v1.kiln"), std::string::npos) << e;
+  EXPECT_NE(e.find("has no source graph (format version 1"), std::string::npos) << e;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // A version 1 header with a version 2 section is refused by the container.
+  std::vector<PackageSection> with_source = parse_package_container(read_bytes(pkg), pkg);
+  std::string bad = package_container(with_source);
+  std::memcpy(&bad[8], &one, 4);
+  EXPECT_THROW(load_package_bytes(bad, "bad.kiln"), Error);
+}
+
+// The check that guards the kept manifest and kernels: a source graph that makes other
+// constants (here the bfloat16 compile's source put into the float32 package) is an internal
+// error naming a constant, and nothing is written.
+TEST_F(PackageReplaceWeightsErrors, SourceGraphMakingOtherConstantsIsAnInternalError) {
+  std::string bf16 = dir.path + "/bf16.kiln";
+  compile_zoo("mlp", 1, DType::BFloat16, bf16);
+  std::vector<PackageSection> f32_sections = parse_package_container(read_bytes(pkg), pkg);
+  std::vector<PackageSection> bf16_sections = parse_package_container(read_bytes(bf16), bf16);
+  ASSERT_EQ(f32_sections.back().name, "source");
+  ASSERT_NE(f32_sections.back().bytes, bf16_sections.back().bytes);
+  f32_sections.back() = bf16_sections.back();
+  std::string swapped = dir.path + "/swapped.kiln";
+  write_bytes(swapped, package_container(f32_sections));
+  std::string w = dir.path + "/w.safetensors";
+  save_safetensors(w, model);
+  try {
+    compiler::replace_weights(swapped, w, out);
+    FAIL() << "a source graph making other constants was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Internal) << e.what();
+    EXPECT_NE(std::string(e.what()).find("constant '"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("swapped.kiln"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+// Values folded from weights must not let the passes decide on those weights' values (Note
+// [Folded weights stay params] in passes/constant_fold.h): in A the two folded transposes are
+// equal (cse would merge two equal consts) and the folded scalar would be compiled into a loop
+// kernel as a literal; B's weights differ in both. The replaced package is still B's.
+TEST(PackageReplaceWeights, FoldedWeightsDoNotDependOnValues) {
+  const char* text = R"(
+graph @main(%x: f32[4, 8]) {
+  param %w1: f32[8, 8]
+  param %w2: f32[8, 8]
+  param %s: f32[1]
+  %t1 = transpose(%w1) {dim0=0, dim1=1}
+  %t2 = transpose(%w2) {dim0=0, dim1=1}
+  %a = matmul(%x, %t1)
+  %b = matmul(%x, %t2)
+  %s2 = mul(%s, %s)
+  %c = add(%a, %b)
+  %y = mul(%c, %s2)
+  return %y
+}
+)";
+  TempDir dir;
+  Generator gen(5);
+  Tensor w = Tensor::randn({8, 8}, gen);
+  NamedTensors wa = {{"w1", w}, {"w2", w.clone()}, {"s", Tensor::full({1}, 0.5)}};
+  NamedTensors wb = {{"w1", Tensor::randn({8, 8}, gen)}, {"w2", Tensor::randn({8, 8}, gen)},
+                     {"s", Tensor::full({1}, 1.5)}};
+  auto package = [&](const NamedTensors& weights, const std::string& path) {
+    Graph g = parse_graph(text);
+    for (const auto& [name, t] : weights) g.value(g.find_value(name)).data = t;
+    std::shared_ptr<compiler::CompiledExecutable> c = compiler::compile(g, Device::cpu());
+    compiler::write_package(g, *c, {}, {}, path);
+    return c;
+  };
+  std::string a = dir.path + "/a.kiln", b = dir.path + "/b.kiln", r = dir.path + "/r.kiln";
+  std::string wb_path = dir.path + "/b.safetensors";
+  package(wa, a);
+  auto cb = package(wb, b);
+  save_safetensors(wb_path, wb);
+  compiler::replace_weights(a, wb_path, r);
+  EXPECT_TRUE(read_bytes(r) == read_bytes(b)) << first_difference(read_bytes(r), read_bytes(b));
+  LoadedPackage loaded = load_package(r);
+  TensorList in = {Tensor::randn({4, 8}, gen)};
+  expect_bitwise(loaded.exe->run(in)[0], cb->run(in)[0], "replaced vs compiled with B");
+}

@@ -1,0 +1,142 @@
+// `kiln package --replace-weights` on an ONNX model (compiler/replace_weights.h): a Conv +
+// BatchNormalization + Relu + Gemm model written twice with different initializers (A, B) and
+// compiled as `kiln compile model.onnx` compiles it; the package of A given B's initializers
+// (by their ONNX names) is byte for byte the package of B, in float32 and bfloat16, and computes
+// what the compile of B computes, bitwise, on fresh inputs. Zoo models and the errors:
+// tests/e2e/replace_weights_test.cc.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "../support/compare.h"
+#include "bench/bench.h"
+#include "compiler/package.h"
+#include "compiler/replace_weights.h"
+#include "nn/package.h"
+#include "onnx_builder.h"
+#include "runtime/package.h"
+#include "runtime/safetensors.h"
+
+namespace kiln {
+namespace {
+
+using namespace onnx_test;
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    const char* t = std::getenv("TMPDIR");
+    path = std::string(t && *t ? t : "/tmp") + "/kiln-onnx-replace-weights-XXXXXX";
+    EXPECT_NE(mkdtemp(path.data()), nullptr);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+Tensor scaled_randn(const Dims& sizes, Generator& gen, float scale, float shift = 0) {
+  Tensor t = Tensor::randn(sizes, gen);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = shift == 0 ? p[i] * scale : shift + std::fabs(p[i]) * scale;
+  return t;
+}
+
+// The model's initializers for `seed`, by their ONNX names.
+NamedTensors initializers(uint64_t seed) {
+  Generator gen(seed);
+  NamedTensors w;
+  w.emplace_back("conv.w", scaled_randn({4, 3, 3, 3}, gen, 0.3f));
+  w.emplace_back("conv.b", scaled_randn({4}, gen, 0.1f));
+  w.emplace_back("bn.scale", scaled_randn({4}, gen, 0.2f, 0.8f));
+  w.emplace_back("bn.bias", scaled_randn({4}, gen, 0.1f));
+  w.emplace_back("bn.mean", scaled_randn({4}, gen, 0.1f));
+  w.emplace_back("bn.var", scaled_randn({4}, gen, 0.5f, 0.5f));
+  w.emplace_back("fc.w", scaled_randn({5, 256}, gen, 0.05f));
+  w.emplace_back("fc.b", scaled_randn({5}, gen, 0.1f));
+  return w;
+}
+
+std::string model_bytes(const NamedTensors& w) {
+  ModelBuilder b;
+  b.input("x", DType::Float32, {1, 3, 8, 8}).output("y", DType::Float32, {1, 5});
+  for (const auto& [name, t] : w) b.initializer(name, t);
+  b.node("Conv", {"x", "conv.w", "conv.b"}, {"c"}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}})
+      .node("BatchNormalization", {"c", "bn.scale", "bn.bias", "bn.mean", "bn.var"}, {"n"})
+      .node("Relu", {"n"}, {"r"})
+      .node("Flatten", {"r"}, {"f"})
+      .node("Gemm", {"f", "fc.w", "fc.b"}, {"y"}, {{"transB", int64_t(1)}});
+  return b.bytes();
+}
+
+// `kiln compile DIR/model.onnx -o DIR/model.kiln` (tools/cmd_compile.cc), in process.
+std::shared_ptr<compiler::CompiledExecutable> compile_onnx(const std::string& onnx_path,
+                                                           DType precision,
+                                                           const std::string& package_path) {
+  BenchTarget m = load_bench_target(onnx_path, 1, 0);
+  compiler::Options options;
+  options.precision = precision;
+  Graph source;
+  auto c = nn::compile_captured_graph(m.compile, m.inputs, options, &source);
+  PackageInfo info;
+  info.model = std::filesystem::path(onnx_path).filename().string();
+  compiler::write_package(source, *c, options, info, package_path, m.state);
+  return c;
+}
+
+class OnnxPackageReplaceWeights : public testing::TestWithParam<DType> {};
+
+TEST_P(OnnxPackageReplaceWeights, GivesThePackageCompiledWithTheNewInitializers) {
+  DType precision = GetParam();
+  TempDir dir;
+  NamedTensors wa = initializers(1), wb = initializers(2);
+  std::filesystem::create_directories(dir.path + "/a");
+  std::filesystem::create_directories(dir.path + "/b");
+  for (const auto& [sub, w] : {std::pair{"a", &wa}, std::pair{"b", &wb}}) {
+    std::ofstream f(dir.path + "/" + sub + "/model.onnx", std::ios::binary);
+    f << model_bytes(*w);
+  }
+  std::string a_pkg = dir.path + "/a/model.kiln", b_pkg = dir.path + "/b/model.kiln";
+  auto a = compile_onnx(dir.path + "/a/model.onnx", precision, a_pkg);
+  auto b = compile_onnx(dir.path + "/b/model.onnx", precision, b_pkg);
+  ASSERT_GT(a->report().library_launches, 0);  // the conv (batch norm folded in) and the gemm
+
+  std::string w_path = dir.path + "/b.safetensors", r_pkg = dir.path + "/replaced.kiln";
+  save_safetensors(w_path, wb);
+  compiler::ReplaceWeightsReport rep = compiler::replace_weights(a_pkg, w_path, r_pkg);
+  EXPECT_EQ(rep.parameters, 8);
+  std::string want = read_bytes(b_pkg);
+  EXPECT_NE(read_bytes(a_pkg), want) << "A and B gave the same package: nothing tested";
+  EXPECT_TRUE(read_bytes(r_pkg) == want) << "the replaced package differs from B's";
+
+  LoadedPackage loaded = load_package(r_pkg), old = load_package(a_pkg);
+  Generator gen(77);
+  for (int round = 0; round < 2; ++round) {
+    TensorList in = {Tensor::randn({1, 3, 8, 8}, gen)};
+    TensorList want_out = b->run(in), got = loaded.exe->run(in), a_out = old.exe->run(in);
+    ASSERT_EQ(got.size(), 1u);
+    const Tensor& w = want_out[0];
+    Tensor wc = w.contiguous();
+    double max_abs = 0;
+    for (int64_t i = 0; i < wc.numel(); ++i) {
+      ASSERT_TRUE(std::isfinite(wc.data<float>()[i]));
+      max_abs = std::max(max_abs, double(std::fabs(wc.data<float>()[i])));
+    }
+    ASSERT_GT(max_abs, 0.0) << "an all-zero output proves nothing";
+    test::Tolerance exact = test::Tolerance::exact();
+    exact.signed_zeros = true;
+    EXPECT_TRUE(test::close(got[0], w, exact));
+    EXPECT_FALSE(test::close(a_out[0], w, test::Tolerance::rel(1e-3, 1e-3)));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precision, OnnxPackageReplaceWeights,
+                         testing::Values(DType::Float32, DType::BFloat16),
+                         [](const testing::TestParamInfo<DType>& i) { return dtype_name(i.param); });
+
+}  // namespace
+}  // namespace kiln
