@@ -9,15 +9,21 @@ a compiled CPU executable. ``kiln.load`` loads it with the runtime alone: nothin
 torch is not imported (NumPy arrays in and out), and the loaded graph runs exactly the kernels
 the package holds.
 
-Packages for CUDA do not exist yet (issue #14). ``kiln.export(..., device="cuda")`` therefore
-writes what exists for CUDA and says so (a ``KilnExportWarning``): a *graph folder*
+Packages for CUDA and packages with symbolic sizes do not exist yet (issue #14).
+``kiln.export(..., device="cuda")`` and ``kiln.export(..., dynamic_shapes=...)`` (when torch.export
+leaves a size symbolic) therefore write what exists and say so (a ``KilnExportWarning``): a
+*graph folder*
 
     model.kiln/
       manifest.json          {"format": "kiln-graph-preview-1", inputs, outputs, mode, device, ...}
       graph.kir              the Kiln graph as IR text (docs/ir.md), weights declared by type
       weights.safetensors    every parameter, under its IR name (written by Kiln)
 
-which ``kiln.load`` reads back, parses, binds and compiles for its device. Only
+which ``kiln.load`` reads back, parses, binds and compiles for its device; a graph with symbolic
+input sizes (Note [Symbolic sizes] in lowering.py: torch's symbols s0, s1, ... kept in the Kiln
+graph) compiles once per set of input sizes, on the first call with them (Note [Symbolic graphs
+from Python] in python/src/bridge.cc), and a call whose sizes break the graph's relations fails
+naming the input. Only
 ``write_graph_folder`` / ``read_graph_folder`` and ``_is_package`` know about files.
 """
 import json
@@ -133,11 +139,6 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dtype
     from .compiled import choose_backend
     from .lowering import build_graph, decompositions, plan
 
-    if dynamic_shapes is not None:
-        raise _kiln.UnsupportedError(
-            "kiln.export: dynamic_shapes is not supported yet: a .kiln package holds one "
-            "executable with static shapes (symbolic dimensions in packages are part of issue "
-            "#14); export once per input shape")
     if mode not in ("default", "reduce-overhead", "max-autotune"):
         raise ValueError(f"kiln.export: mode must be default, reduce-overhead or max-autotune, got {mode!r}")
     if dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -152,7 +153,7 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dtype
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
     with torch.no_grad():
-        ep = torch.export.export(model, args, kwargs=kwargs)
+        ep = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes)
         ep = ep.run_decompositions(decompositions())
     gm = ep.graph_module
     specs = ep.graph_signature.input_specs
@@ -182,14 +183,18 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dtype
             "torch): " + "; ".join(f"{f.op} ('{f.node}'): {f.reason}" for f in fallbacks))
     builder, input_args, _ = build_graph(gm, values, frozen, device, names=names, graph_name="main")
     builder.verify()
-    if device.type == "cpu":
+    dynamic = builder.has_symbolic_shapes()
+    if device.type == "cpu" and not dynamic:
         model_name = name or type(model).__name__
         _kiln.CompiledGraph.compile_package(builder, os.fspath(path), model_name, mode, precision)
         return path
-    warnings.warn(
-        f"kiln.export: {path} is a graph folder (IR text + weights), not a .kiln package: "
-        f"packages hold CPU executables so far (issue #14); kiln.load compiles the folder for "
-        f"{device}", KilnExportWarning, stacklevel=2)
+    why = ("its input sizes are symbolic (dynamic_shapes) and packages hold one executable of "
+           "static shapes so far (issue #14); kiln.load compiles the folder once per set of "
+           "input sizes" if dynamic else
+           f"packages hold CPU executables so far (issue #14); kiln.load compiles the folder "
+           f"for {device}")
+    warnings.warn(f"kiln.export: {path} is a graph folder (IR text + weights), not a .kiln "
+                  f"package: {why}", KilnExportWarning, stacklevel=2)
     manifest = {
         "format": FORMAT,
         "note": "graph folder: IR text + safetensors; .kiln packages for CUDA (issue #14) replace it",
@@ -199,6 +204,7 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dtype
         "precision": precision,
         "device": str(device),
         "backend": choose_backend(device),
+        "dynamic": dynamic,
         "inputs": builder.input_specs(),
         "outputs": builder.output_specs(),
     }

@@ -488,6 +488,8 @@ def _as_strided(cx, x, size, stride, storage_offset=None):
         raise Unsupported("as_strided of a tensor that is not contiguous from offset 0")
     if storage_offset not in (None, 0):
         raise Unsupported(f"as_strided with storage_offset {storage_offset}")
+    if any(_symbolic(s) for s in list(size) + list(stride)):
+        raise Unsupported("as_strided with symbolic sizes")
     size, stride = [int(s) for s in size], [int(s) for s in stride]
     numel = 1
     for n in size:
@@ -534,19 +536,48 @@ def _expand(cx, x, size, implicit=False):
     return cx.op("expand", [x], shape=list(cx.out_shape))
 
 
-@aten("aten.slice.Tensor", ["slice"])
+def _symbolic(v):
+    return isinstance(v, str)  # a Sym (kiln/lowering.py, Note [Symbolic sizes])
+
+
+@aten("aten.slice.Tensor", ["slice", "pad"],
+      "symbolic bounds: a crop (pad with negative pads, Note [Symbolic sizes])")
 def _slice(cx, x, dim=0, start=None, end=None, step=1):
+    from .lowering import Sym
+
+    dim = dim % len(x.shape)
     size = x.shape[dim]
     start = 0 if start is None else start
-    end = size if end is None else min(end, size)
-    return cx.op("slice", [x], dim=dim % len(x.shape), start=int(start), end=int(end), step=int(step))
+    end = 2 ** 63 - 1 if end is None else end
+    if not _symbolic(start) and not _symbolic(end):
+        # Concrete bounds: Kiln's slice clamps them as Python does (also on a symbolic size).
+        if not _symbolic(size):
+            end = min(end, size)
+        return cx.op("slice", [x], dim=dim, start=int(start), end=int(end), step=int(step))
+    if step != 1:
+        raise Unsupported("a strided slice with symbolic bounds")
+    # A symbolic bound (a sequence length): torch's "to the end" is the size, negative ints
+    # count from it.
+    def bound(v):
+        if isinstance(v, int) and v >= 2 ** 62:
+            return size
+        if isinstance(v, int) and v < 0:
+            return Sym(f"({size}) - {-v}") if _symbolic(size) else size + v
+        return v
+    return cx.crop(x, dim, bound(start), bound(end))
 
 
-@aten("aten.select.int", ["slice", "squeeze"], "slice + squeeze")
+@aten("aten.select.int", ["slice", "squeeze", "pad"], "slice + squeeze")
 def _select(cx, x, dim, index):
     dim = dim % len(x.shape)
-    index = index % x.shape[dim]
-    s = cx.op("slice", [x], dim=dim, start=int(index), end=int(index) + 1)
+    size = x.shape[dim]
+    if _symbolic(size) and index < 0:
+        from .lowering import Sym
+
+        s = cx.crop(x, dim, Sym(f"({size}) - {-index}"), Sym(f"({size}) - {-index - 1}"))
+    else:
+        index = index if _symbolic(size) else index % size
+        s = cx.op("slice", [x], dim=dim, start=int(index), end=int(index) + 1)
     return cx.op("squeeze", [s], dims=[dim])
 
 
@@ -566,6 +597,8 @@ def _split_with_sizes(cx, x, split_sizes, dim=0):
 def _split(cx, x, split_size, dim=0):
     dim = dim % len(x.shape)
     n = x.shape[dim]
+    if _symbolic(n):
+        raise Unsupported(f"split of the symbolic size {n} (the number of pieces depends on it)")
     sizes = [min(split_size, n - i) for i in range(0, n, split_size)] or [0]
     return tuple(cx.ops("split", [x], sizes=sizes, dim=dim))
 
@@ -618,7 +651,7 @@ def _index(cx, x, indices):
     bshape = _broadcast_shapes([tuple(indices[i].shape) for i in used])
     n = 1
     for s in bshape:
-        n *= s
+        n = n * s if not (_symbolic(n) or _symbolic(s)) else _sym_mul(n, s)
 
     def flat(idx):
         if tuple(idx.shape) != bshape:
@@ -637,14 +670,25 @@ def _index(cx, x, indices):
     return y if list(y.shape) == out else cx.op("reshape", [y], shape=out)
 
 
+def _sym_mul(a, b):
+    from .lowering import Sym
+
+    return Sym(f"({a})*({b})")
+
+
 def _broadcast_shapes(shapes):
+    from . import _kiln
+
     rank = max(len(s) for s in shapes)
     out = []
     for k in range(rank):
-        sizes = {s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0} - {1}
+        # Symbolic sizes compare by their canonical form (equal expressions, equal keys).
+        sizes = {(_kiln.symbolic_dim(s) if _symbolic(s) else s): s
+                 for s in (s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0)}
+        sizes.pop(1, None)
         if len(sizes) > 1:
             raise Unsupported(f"index tensor shapes {shapes} do not broadcast")
-        out.append(sizes.pop() if sizes else 1)
+        out.append(next(iter(sizes.values())) if sizes else 1)
     return tuple(out)
 
 
@@ -675,16 +719,16 @@ def _scalar_tensor(cx, s, dtype=None, layout=None, device=None, pin_memory=None)
     return cx.scalar(s, cx.out_dtype)
 
 
-@aten("aten.arange.start_step", [], "a constant")
+@aten("aten.arange.start_step", ["pad"], "a constant (cropped to a symbolic length)")
 def _arange(cx, start, end=None, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     return cx.arange(start, end, step)
 
 
-@aten("aten.arange.default", [], "a constant")
+@aten("aten.arange.default", ["pad"], "a constant (cropped to a symbolic length)")
 def _arange_default(cx, end, dtype=None, layout=None, device=None, pin_memory=None):
     return cx.arange(0, end, 1)
 
 
-@aten("aten.arange.start", [], "a constant")
+@aten("aten.arange.start", ["pad"], "a constant (cropped to a symbolic length)")
 def _arange_start(cx, start, end, dtype=None, layout=None, device=None, pin_memory=None):
     return cx.arange(start, end, 1)

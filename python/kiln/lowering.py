@@ -79,6 +79,134 @@ def kiln_dtype(torch_dtype, where):
     return d
 
 
+class Sym(str):
+    """A symbolic size while converting (Note [Symbolic sizes]): the expression in Kiln's syntax
+    ("s0", "2*s0"). Shapes hold ints and Syms."""
+
+    __slots__ = ()
+
+
+# Note [Symbolic sizes]
+# torch.export with dynamic_shapes gives FX graphs whose sizes are SymInts over symbols s0, s1,
+# ...; Kiln graphs keep them symbolic (SymInt expressions under the same names). A size becomes
+# an int when torch knows its value, else a Sym: its sympy expression printed in Kiln's syntax
+# (_sym_text). Converters read shapes as usual; what they pass in attributes (reshape's target,
+# slice bounds) may hold Syms, which the bridge parses into SymInts. Size arithmetic in the graph
+# (aten.sym_size.int, operator.mul on sizes) is evaluated here into ints or Syms and emits no Kiln
+# node. A converter that needs a size's value (split of a symbolic dim) refuses it by name.
+def _sym_text(e):
+    import sympy
+
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if isinstance(e, sympy.Symbol):
+        return e.name
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(_sym_text(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + "*".join(_sym_text(a) for a in e.args) + ")"
+    if isinstance(e, FloorDiv):
+        return f"({_sym_text(e.args[0])}//{_sym_text(e.args[1])})"
+    if isinstance(e, (Mod, PythonMod)):
+        return f"({_sym_text(e.args[0])}%{_sym_text(e.args[1])})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        f = "max" if isinstance(e, sympy.Max) else "min"
+        out = _sym_text(e.args[0])
+        for a in e.args[1:]:
+            out = f"{f}({out}, {_sym_text(a)})"
+        return out
+    raise Unsupported(f"the symbolic size {e} ({type(e).__name__}) has no Kiln form")
+
+
+def _size(s):
+    """An int, or a Sym for a size torch does not know (Note [Symbolic sizes])."""
+    if isinstance(s, int):
+        return s
+    if isinstance(s, torch.SymInt):
+        e = s.node.expr
+        if getattr(e, "is_number", False):
+            return int(e)
+        return Sym(_sym_text(e))
+    if isinstance(s, Sym):
+        return s
+    return int(s)
+
+
+def _same_size(a, b, torch_size=None):
+    """Whether Kiln's size `a` is torch's size `b` (ints or Syms). Symbolic sizes are the same
+    when their canonical forms are, or else when they agree on every sample of the symbols'
+    ranges that torch knows (`torch_size`, b's SymInt): Kiln knows no ranges, so it may keep
+    min(s27, 512) where torch, knowing s27 <= 128, has s27."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    if isinstance(a, int) or isinstance(b, int):
+        return False
+    if _kiln.symbolic_dim(a) == _kiln.symbolic_dim(b):
+        return True
+    if not isinstance(torch_size, torch.SymInt):
+        return False
+    node = torch_size.node
+    ranges = {}
+    for sym in node.expr.free_symbols:
+        r = node.shape_env.var_to_range.get(sym)
+        lo = int(r.lower) if r is not None and r.lower.is_finite else 2
+        hi = int(r.upper) if r is not None and r.upper.is_finite else lo + 1000
+        ranges[sym.name] = sorted({lo, min(lo + 1, hi), min(lo + 7, hi), hi})
+    import itertools
+
+    names = list(ranges)
+    for values in itertools.product(*(ranges[n] for n in names)):
+        binding = list(zip(names, values))
+        try:
+            if _kiln.evaluate_dim(a, binding) != _kiln.evaluate_dim(b, binding):
+                return False
+        except _kiln.KilnError:
+            return False
+    return True
+
+
+def _size_op(op, a, b):
+    """A size arithmetic node (operator.mul, ...) on ints and Syms."""
+    if isinstance(a, int) and isinstance(b, int):
+        return op(a, b)
+    sym = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.floordiv: "//",
+           operator.mod: "%"}.get(op)
+    if sym is None:
+        raise Unsupported(f"size arithmetic {getattr(op, '__name__', op)} on symbolic sizes")
+    return Sym(f"({a}){sym}({b})")
+
+
+_SIZE_OPS = (operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod)
+
+
+def _is_size_node(node):
+    """FX nodes that compute sizes or assert on them (no Kiln node: Note [Symbolic sizes])."""
+    t = node.target
+    return t in _SIZE_OPS or t in _META_TARGETS()
+
+
+_META = None
+
+
+def _META_TARGETS():
+    global _META
+    if _META is None:
+        aten = torch.ops.aten
+        names = ("sym_size.int", "_assert_scalar.default", "sym_constrain_range_for_size.default",
+                 "sym_constrain_range.default", "_assert_tensor_metadata.default")
+        found = []
+        for n in names:
+            pkt, ov = n.split(".")
+            try:
+                found.append(getattr(getattr(aten, pkt), ov))
+            except AttributeError:
+                pass
+        _META = tuple(found)
+    return _META
+
+
 def _val(node):
     """The FakeTensor (or tuple of them) torch recorded for an FX node's output."""
     return node.meta.get("val", node.meta.get("example_value")) if hasattr(node, "meta") else None
@@ -127,7 +255,7 @@ class ConvertContext:
     def out_shape(self):
         if self._out is None:
             raise Unsupported("the node's output shape is unknown")
-        return tuple(int(s) for s in self._out.shape)
+        return tuple(_size(s) for s in self._out.shape)
 
     def kdtype(self, torch_dtype):
         return kiln_dtype(torch_dtype, self.where())
@@ -137,14 +265,16 @@ class ConvertContext:
 
     # -- building
     def _value(self, vid, origin=None):
-        return V(vid, self.b.dtype(vid), self.b.shape(vid), origin)
+        dims = [int(d) if d.lstrip("-").isdigit() else Sym(d) for d in self.b.dims(vid)]
+        return V(vid, self.b.dtype(vid), dims, origin)
 
     def ops(self, kiln_op, inputs, **attrs):
         if self.entry is not None and kiln_op not in self.entry.emits:
             raise AssertionError(f"internal error: the ATen entry {self.entry.name} emitted "
                                  f"'{kiln_op}', which it does not declare")
         ids = [-1 if v is None else v.id for v in inputs]
-        attrs = {k: v for k, v in attrs.items() if v is not None}
+        attrs = {k: (_kiln.SymDim(str(v)) if isinstance(v, Sym) else v)
+                 for k, v in attrs.items() if v is not None}
         outs = self.b.add_node(kiln_op, ids, attrs, self.node.name if self.node else "")
         self.emitted.append(kiln_op)
         origin = (kiln_op, list(inputs), attrs)
@@ -192,12 +322,55 @@ class ConvertContext:
     def arange(self, start, end, step):
         if end is None:
             start, end = 0, start
+        if isinstance(start, str) or isinstance(end, str) or isinstance(step, str):
+            return self._symbolic_arange(start, step)
         dt = self.out_dtype
         if dt == "bf16":
             arr = torch.arange(start, end, step, dtype=torch.bfloat16)
         else:
             arr = np.arange(start, end, step, dtype=KILN_TO_NUMPY[dt])
         return self._value(self.b.add_const(arr, "", self.kiln_device))
+
+    def crop(self, x, dim, start, end):
+        """x[start:end] along `dim` where a bound or the size is symbolic (Note [Symbolic
+        sizes]): a constant pad with negative pads, whose pads are sizes (SymInt lists) where
+        slice's bounds are plain ints. start <= end <= size is torch's to prove; a specialized
+        graph that breaks it fails naming the node (a negative size)."""
+        n = x.shape[dim]
+
+        def sub(a, b):
+            return a - b if isinstance(a, int) and isinstance(b, int) else Sym(f"({a}) - ({b})")
+
+        k = len(x.shape) - dim
+        pads = [sub(0, start)] + [0] * (k - 1) + [sub(end, n)] + [0] * (k - 1)
+        return self.op("pad", [x], pads=pads, mode="constant", value=0.0)
+
+    def _symbolic_arange(self, start, step):
+        # A symbolic length (Note [Symbolic sizes]): the range up to the length's upper bound as
+        # a constant, sliced to the length. The bound is torch's (the Dim's max).
+        if isinstance(start, str) or isinstance(step, str):
+            raise Unsupported("arange with a symbolic start or step")
+        n = self._out.shape[0] if self._out is not None else None
+        upper = None
+        if isinstance(n, torch.SymInt):
+            try:
+                upper = n.node.shape_env.bound_sympy(n.node.expr).upper
+            except Exception:  # noqa: BLE001 - no bound known: refused below
+                upper = None
+        try:  # torch's unbounded is int_oo, which int() refuses
+            upper = int(upper) if upper is not None and upper.is_finite is True else None
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            upper = None
+        if upper is None or upper >= 2 ** 62:
+            raise Unsupported(f"arange of the symbolic length {_size(n) if n is not None else '?'} "
+                              "without an upper bound: give its torch.export.Dim a max")
+        dt = self.out_dtype
+        if dt == "bf16":
+            arr = torch.arange(start, start + upper * step, step, dtype=torch.bfloat16)
+        else:
+            arr = np.arange(start, start + upper * step, step, dtype=KILN_TO_NUMPY[dt])
+        full = self._value(self.b.add_const(arr, "", self.kiln_device))
+        return self.crop(full, 0, 0, self.out_shape[0])
 
     def result_type(self, a, b):
         """torch's type promotion for a binary op's operands (tensors or Python scalars)."""
@@ -238,6 +411,14 @@ def _map_args(args, env):
 
 def convert_node(cx, node, env):
     """Appends the Kiln nodes for one FX call_function node; returns its value(s)."""
+    if _is_size_node(node):  # Note [Symbolic sizes]
+        args = _map_args(node.args, env)
+        if node.target in _SIZE_OPS:
+            return _size_op(node.target, *args)
+        if node.target == torch.ops.aten.sym_size.int:
+            x, dim = args
+            return x.shape[dim]
+        return None  # an assertion on sizes: Kiln checks sizes when inputs bind
     if node.target is operator.getitem:
         src, index = node.args
         produced = env[src]
@@ -267,9 +448,11 @@ def _check_types(cx, node, out):
     for o, v in zip(outs, vals):
         if o is None or not isinstance(v, torch.Tensor):
             continue
-        want_shape = tuple(int(s) for s in v.shape)
+        want_shape = tuple(_size(s) for s in v.shape)
         want_dtype = cx.kdtype(v.dtype)
-        if tuple(o.shape) != want_shape or o.dtype != want_dtype:
+        same = len(o.shape) == len(want_shape) and all(
+            _same_size(a, b, t) for a, b, t in zip(o.shape, want_shape, v.shape))
+        if not same or o.dtype != want_dtype:
             raise Unsupported(f"internal mismatch: Kiln computes {o.dtype}{list(o.shape)}, torch "
                               f"{want_dtype}{list(want_shape)} (a Kiln converter bug; please report)")
 
@@ -285,6 +468,8 @@ def node_support(node, device):
         return "not an op call"
     if node.target is operator.getitem:
         return None  # follows its producer (see is_node_supported in partition())
+    if _is_size_node(node):
+        return None  # size arithmetic: no Kiln node (Note [Symbolic sizes])
     name = aten_name(node.target)
     if name is None or name not in ATEN_TABLE:
         return f"{name or node.target} has no entry in Kiln's ATen table"
@@ -298,8 +483,11 @@ def node_support(node, device):
                 if v.device != device and not (v.device.type == device.type == "cpu"):
                     return f"input '{a.name}' is on {v.device}, the graph runs on {device}"
                 dt = kiln_dtype(v.dtype, f"input '{a.name}'")
-                vid = b.add_input(a.name, dt, [int(s) for s in v.shape], cx.kiln_device)
-                env[a] = V(vid, dt, v.shape, None, v)
+                dims = [_size(s) for s in v.shape]
+                vid = b.add_input(a.name, dt, dims, cx.kiln_device)
+                env[a] = V(vid, dt, dims, None, v)
+            elif isinstance(v, (int, torch.SymInt)):
+                env[a] = _size(v)
             elif isinstance(v, (tuple, list)) and a.target is not operator.getitem:
                 return f"input '{a.name}' is a tuple"
             else:
@@ -351,6 +539,9 @@ def build_graph(gm, args, frozen_indices, device, names=None, graph_name="main")
             env[ph] = a  # a Python scalar (a specialized SymInt): converters see the int
             continue
         dt = kiln_dtype(a.dtype, f"input '{name}'")
+        meta = _val(ph)
+        # The sizes torch traced with: symbolic where the graph was exported with dynamic shapes.
+        dims = [_size(s) for s in meta.shape] if isinstance(meta, torch.Tensor) else list(a.shape)
         if i in frozen_indices:
             t = a.detach()
             pname = name
@@ -361,10 +552,10 @@ def build_graph(gm, args, frozen_indices, device, names=None, graph_name="main")
             vid = b.add_param(pname, t)
             frozen.append(Frozen(i, name, a))
         else:
-            vid = b.add_input(name, dt, list(a.shape), cx.kiln_device)
+            vid = b.add_input(name, dt, dims, cx.kiln_device)
             taken.add(b.value_name(vid))
             input_args.append(i)
-        env[ph] = V(vid, dt, a.shape, None, _val(ph))
+        env[ph] = V(vid, dt, dims if i not in frozen_indices else a.shape, None, meta)
         io_ids.add(vid)
     for node in gm.graph.nodes:
         if node.op == "call_function":
@@ -436,7 +627,8 @@ def _getitem_computed(src, index, device):
     for a in src.all_input_nodes:
         v = _val(a)
         dt = kiln_dtype(v.dtype, a.name)
-        env[a] = V(b.add_input(a.name, dt, [int(s) for s in v.shape], cx.kiln_device), dt, v.shape, None, v)
+        dims = [_size(s) for s in v.shape]  # never int(): it would specialize torch's symbol
+        env[a] = V(b.add_input(a.name, dt, dims, cx.kiln_device), dt, dims, None, v)
     out = convert_node(cx, src, env)
     return isinstance(out, tuple) and index < len(out) and out[index] is not None
 

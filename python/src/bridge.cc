@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -21,6 +22,7 @@
 #include "core/tensor.h"
 #include "frontends/onnx/importer.h"
 #include "ir/graph.h"
+#include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -203,7 +205,7 @@ int GraphBuilder::add_input(const std::string& name, const std::string& dtype,
                             const std::vector<int64_t>& shape, const std::string& device) {
   return guarded([&] {
     kiln::Shape s;
-    for (int64_t d : shape) s.push_back(kiln::SymInt(d));
+    for (int64_t d : shape) s.push_back(kiln::SymInt::from_raw(d));
     return impl_->graph.add_input(name, kiln::TensorType(parse_dtype_name(dtype), s,
                                                          kiln::parse_device(device)));
   });
@@ -264,6 +266,22 @@ std::vector<int64_t> GraphBuilder::shape(int v) const {
   for (const kiln::SymInt& d : impl_->graph.type(v).shape)
     out.push_back(d.is_symbolic() ? -1 : d.value());
   return out;
+}
+
+std::vector<std::string> GraphBuilder::dims(int v) const {
+  impl_->check_value(v, "dims");
+  std::vector<std::string> out;
+  for (const kiln::SymInt& d : impl_->graph.type(v).shape) out.push_back(d.str());
+  return out;
+}
+
+int64_t symbolic_dim(const std::string& expr) {
+  return guarded([&] { return kiln::parse_symint(expr).raw(); });
+}
+
+int64_t evaluate_dim(const std::string& expr,
+                     const std::vector<std::pair<std::string, int64_t>>& bindings) {
+  return guarded([&] { return kiln::parse_symint(expr).evaluate(bindings); });
 }
 
 std::string GraphBuilder::type_str(int v) const {
@@ -418,6 +436,59 @@ struct CompiledGraph::Impl {
 };
 
 namespace {
+// Note [Symbolic graphs from Python]
+// A graph with symbolic input sizes (kiln.export with dynamic_shapes) compiles once per set of
+// sizes: each call binds the symbols from its inputs (bind_input_symbols, which also checks every
+// concrete dim and every expression), and the first call of a new binding specializes the graph
+// (specialize_graph) and compiles it with the backend, kept for later calls. At most kMax
+// bindings stay compiled; beyond that the oldest is dropped (Kiln's kernel cache makes compiling
+// it again cheap). A call costs the binding plus a scan of at most kMax keys under a mutex.
+class SpecializingGraph final : public kiln::CompiledGraph {
+ public:
+  static constexpr size_t kMax = 8;
+  SpecializingGraph(kiln::Graph g, kiln::BackendFactory factory, kiln::BackendOptions opts)
+      : graph_(std::move(g)), factory_(std::move(factory)), opts_(std::move(opts)) {}
+
+  kiln::TensorList run(const kiln::TensorList& inputs) override { return of(inputs)->run(inputs); }
+  void run_into(const kiln::TensorList& inputs, kiln::TensorList& outputs) override {
+    of(inputs)->run_into(inputs, outputs);
+  }
+  std::string summary() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string s = "symbolic graph '" + graph_.name + "', " + std::to_string(entries_.size()) +
+                    " size binding(s) compiled";
+    for (const Entry& e : entries_) {
+      s += "\n  ";
+      for (size_t i = 0; i < e.key.size(); ++i)
+        s += (i ? ", " : "") + e.key[i].first + "=" + std::to_string(e.key[i].second);
+      s += ": " + e.compiled->summary();
+    }
+    return s;
+  }
+
+ private:
+  struct Entry {
+    kiln::SymbolBindings key;
+    std::shared_ptr<kiln::CompiledGraph> compiled;
+  };
+  std::shared_ptr<kiln::CompiledGraph> of(const kiln::TensorList& inputs) {
+    kiln::SymbolBindings key = kiln::bind_input_symbols(graph_, inputs);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Entry& e : entries_)
+      if (e.key == key) return e.compiled;
+    std::shared_ptr<kiln::CompiledGraph> c = factory_(kiln::specialize_graph(graph_, key), opts_);
+    if (entries_.size() == kMax) entries_.erase(entries_.begin());
+    entries_.push_back({std::move(key), c});
+    return c;
+  }
+
+  kiln::Graph graph_;
+  kiln::BackendFactory factory_;
+  kiln::BackendOptions opts_;
+  mutable std::mutex mu_;
+  std::vector<Entry> entries_;  // shared_ptr: a call in flight keeps its graph when dropped
+};
+
 kiln::DType precision_of(const CompileSpec& spec) {
   if (spec.precision == "float32") return kiln::DType::Float32;
   if (spec.precision == "bfloat16") return kiln::DType::BFloat16;
@@ -522,6 +593,9 @@ std::unique_ptr<CompiledGraph> CompiledGraph::compile(const GraphBuilder& graph,
     opts.precision = precision_of(spec);
     const kiln::BackendFactory& factory = kiln::find_backend(spec.backend);
     auto t0 = std::chrono::steady_clock::now();
+    if (graph.has_symbolic_shapes())  // Note [Symbolic graphs from Python]
+      return Impl::of_graph(graph, std::make_unique<SpecializingGraph>(g, factory, opts),
+                            spec.backend, t0);
     return Impl::of_graph(graph, factory(g, opts), spec.backend, t0);
   });
 }

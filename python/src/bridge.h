@@ -123,7 +123,8 @@ class KILN_PY_API GraphBuilder {
   GraphBuilder(GraphBuilder&&) noexcept;
   GraphBuilder& operator=(GraphBuilder&&) noexcept;
 
-  // `device`: "cpu" or "cuda:N".
+  // `device`: "cpu" or "cuda:N". `shape` holds SymInt encodings (Note [SymInt encoding]):
+  // plain sizes, or symbolic_dim() of an expression such as "s0".
   int add_input(const std::string& name, const std::string& dtype,
                 const std::vector<int64_t>& shape, const std::string& device);
   // A frozen parameter viewing the caller's memory (no copy); `keep_alive` is held by this
@@ -137,6 +138,8 @@ class KILN_PY_API GraphBuilder {
 
   std::string dtype(int value) const;
   std::vector<int64_t> shape(int value) const;  // -1 for a symbolic dim
+  // Each dim as text: "3" for a size, the expression ("s0", "2*s0") for a symbolic dim.
+  std::vector<std::string> dims(int value) const;
   std::string type_str(int value) const;
   std::string value_name(int value) const;
   int num_nodes() const;
@@ -168,6 +171,14 @@ class KILN_PY_API GraphBuilder {
   friend class CompiledGraph;
   std::unique_ptr<Impl> impl_;
 };
+
+// The SymInt encoding of a symbolic size expression ("s0", "2*s0 + 1"; SymInt::str's syntax)
+// for add_input shapes and int attributes (Note [SymInt encoding]). Throws Error("ParseError").
+KILN_PY_API int64_t symbolic_dim(const std::string& expr);
+// The value of a size expression under `bindings` (symbol -> value). Throws naming an unbound
+// symbol.
+KILN_PY_API int64_t evaluate_dim(const std::string& expr,
+                                 const std::vector<std::pair<std::string, int64_t>>& bindings);
 
 struct CompileSpec {
   std::string backend = "inductor";  // a registered compile backend ("inductor", "eager", ...)

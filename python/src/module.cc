@@ -359,12 +359,30 @@ struct DTypeAttr {
   std::string name;
 };
 
+// A symbolic size in an int attribute or an input shape: `expr` in SymInt::str's syntax ("s0",
+// "2*s0"). Lists of sizes may also hold the expression as a plain str.
+struct SymDim {
+  std::string expr;
+};
+
+// An int, a SymDim or (in lists) a str, as a SymInt encoding.
+int64_t size_of(const std::string& key, nb::handle e) {
+  if (nb::isinstance<SymDim>(e)) return symbolic_dim(nb::cast<SymDim&>(e).expr);
+  if (PyUnicode_Check(e.ptr())) return symbolic_dim(nb::cast<std::string>(e));
+  if (PyLong_Check(e.ptr()) && !PyBool_Check(e.ptr())) return nb::cast<int64_t>(e);
+  throw Error("InvalidArgument", key + ": sizes are ints or symbolic expressions (str), got " +
+                                     std::string(nb::str(nb::type_name(e.type())).c_str()));
+}
+
 AttrValue to_attr(const std::string& key, nb::handle v) {
   AttrValue a;
   if (v.is_none()) return a;
   if (nb::isinstance<DTypeAttr>(v)) {
     a.kind = AttrValue::DType;
     a.s = nb::cast<DTypeAttr&>(v).name;
+  } else if (nb::isinstance<SymDim>(v)) {
+    a.kind = AttrValue::Int;
+    a.i = size_of("attribute '" + key + "'", v);
   } else if (PyBool_Check(v.ptr())) {
     a.kind = AttrValue::Bool;
     a.b = v.ptr() == Py_True;
@@ -381,15 +399,17 @@ AttrValue to_attr(const std::string& key, nb::handle v) {
     bool any_float = false;
     for (nb::handle e : v) {
       if (PyFloat_Check(e.ptr())) any_float = true;
-      else if (!PyLong_Check(e.ptr()) || PyBool_Check(e.ptr()))
-        throw Error("InvalidArgument", "attribute '" + key + "': lists hold ints or floats");
+      else if ((!PyLong_Check(e.ptr()) || PyBool_Check(e.ptr())) && !nb::isinstance<SymDim>(e) &&
+               !PyUnicode_Check(e.ptr()))
+        throw Error("InvalidArgument", "attribute '" + key + "': lists hold ints, floats or "
+                                       "symbolic sizes");
     }
     if (any_float) {
       a.kind = AttrValue::Floats;
       for (nb::handle e : v) a.floats.push_back(nb::cast<double>(e));
     } else {
-      a.kind = AttrValue::Ints;
-      for (nb::handle e : v) a.ints.push_back(nb::cast<int64_t>(e));
+      a.kind = AttrValue::Ints;  // SymInt encodings (symbolic sizes in shape attributes)
+      for (nb::handle e : v) a.ints.push_back(size_of("attribute '" + key + "'", e));
     }
   } else {
     throw Error("InvalidArgument", "attribute '" + key + "': unsupported value of type " +
@@ -459,13 +479,25 @@ NB_MODULE(_kiln, m) {
       .def(nb::init<std::string>(), nb::arg("name"))
       .def_ro("name", &DTypeAttr::name)
       .def("__repr__", [](const DTypeAttr& d) { return "DType('" + d.name + "')"; });
+  nb::class_<SymDim>(m, "SymDim", "A symbolic size for an int attribute ('s0', '2*s0').")
+      .def(nb::init<std::string>(), nb::arg("expr"))
+      .def_ro("expr", &SymDim::expr)
+      .def("__repr__", [](const SymDim& d) { return "SymDim('" + d.expr + "')"; });
 
   nb::class_<GraphBuilder>(m, "GraphBuilder",
                            "A Kiln graph under construction (values are ints; -1 = absent input).")
       .def(nb::init<const std::string&>(), nb::arg("name") = "main")
-      .def("add_input", &GraphBuilder::add_input, nb::arg("name"), nb::arg("dtype"),
-           nb::arg("shape"), nb::arg("device") = "cpu",
-           "A graph input of Kiln dtype `dtype` ('f32', 'i64', ...) and shape.")
+      .def(
+          "add_input",
+          [](GraphBuilder& b, const std::string& name, const std::string& dtype, nb::handle shape,
+             const std::string& device) {
+            std::vector<int64_t> dims;
+            for (nb::handle e : shape) dims.push_back(size_of("input '" + name + "'", e));
+            return b.add_input(name, dtype, dims, device);
+          },
+          nb::arg("name"), nb::arg("dtype"), nb::arg("shape"), nb::arg("device") = "cpu",
+          "A graph input of Kiln dtype `dtype` ('f32', 'i64', ...) and shape (ints, or str "
+          "expressions such as 's0' for symbolic sizes).")
       .def(
           "add_param",
           [](GraphBuilder& b, const std::string& name, nb::handle tensor) {
@@ -501,6 +533,8 @@ NB_MODULE(_kiln, m) {
       .def("set_outputs", &GraphBuilder::set_outputs, nb::arg("outputs"))
       .def("dtype", &GraphBuilder::dtype, nb::arg("value"))
       .def("shape", &GraphBuilder::shape, nb::arg("value"))
+      .def("dims", &GraphBuilder::dims, nb::arg("value"),
+           "Each dim as text: digits for a size, the expression for a symbolic one.")
       .def("type_str", &GraphBuilder::type_str, nb::arg("value"))
       .def("value_name", &GraphBuilder::value_name, nb::arg("value"))
       .def_prop_ro("num_nodes", &GraphBuilder::num_nodes)
@@ -639,6 +673,10 @@ NB_MODULE(_kiln, m) {
       "(torch >= 2.10); returns whether it does.");
   m.def("backends", &backends, "Registered compile backends.");
   m.def("version", &version);
+  m.def("evaluate_dim", &evaluate_dim, nb::arg("expr"), nb::arg("bindings"),
+        "The value of a size expression under symbol -> value bindings.");
+  m.def("symbolic_dim", &symbolic_dim, nb::arg("expr"),
+        "The canonical encoding of a symbolic size expression: equal expressions, equal ints.");
   m.def("cuda_status", &cuda_status, "'' when a CUDA device is usable, else the reason.");
   m.def("set_num_threads", &set_num_threads, nb::arg("n"));
   m.def("num_threads", &num_threads);

@@ -1,4 +1,5 @@
 #include "ir/interpreter.h"
+#include "ir/verifier.h"
 
 #include <source_location>
 
@@ -57,6 +58,24 @@ Attrs specialize_attrs(const Attrs& attrs, const SymbolBindings& bindings) {
     } else if (auto* is = std::get_if<Ints>(&v)) {
       for (int64_t& x : *is) x = SymInt::from_raw(x).evaluate(bindings);
     }
+  }
+  return out;
+}
+
+Graph specialize_graph(const Graph& g, const SymbolBindings& bindings) {
+  Graph out = g;
+  for (Value& v : out.values)
+    for (size_t d = 0; d < v.type.shape.size(); ++d)
+      if (v.type.shape[d].is_symbolic()) v.type.shape[d] = SymInt(v.type.shape[d].evaluate(bindings));
+  for (Node& n : out.nodes) n.attrs = specialize_attrs(n.attrs, bindings);
+  // The symbolic types may rest on assumptions (a symbolic slice bound within its dim): every
+  // node's inference on the concrete types must give the substituted types.
+  std::vector<std::string> problems = verify_problems(out);
+  if (!problems.empty()) {
+    std::string b;
+    for (const auto& [name, value] : bindings) b += fmt::format("{}{}={}", b.empty() ? "" : ", ", name, value);
+    fail("graph '{}': the input sizes ({}) do not fit the graph: {}", g.name, b,
+         fmt::join(problems, "; "));
   }
   return out;
 }

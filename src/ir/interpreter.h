@@ -24,6 +24,11 @@ SymbolBindings bind_input_symbols(const Graph& g, const TensorList& inputs);
 // may be symbolic (reshape {shape=[n, -1]}), kernels need them concrete.
 Attrs specialize_attrs(const Attrs& attrs, const SymbolBindings& bindings);
 
+// `g` with every symbolic dim and int attribute evaluated under `bindings` (from
+// bind_input_symbols): the concrete graph a compiler takes for one set of input sizes. Throws
+// naming the symbol when one is unbound.
+Graph specialize_graph(const Graph& g, const SymbolBindings& bindings);
+
 // Runs the graph. Params and consts must carry data (IR text declares params by type only;
 // set Graph::value(id).data first). Intermediates are released after their last use. Kernel
 // errors are re-thrown naming the node; an output whose shape disagrees with the graph's type

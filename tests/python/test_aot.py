@@ -103,13 +103,114 @@ def test_export_refuses_what_it_cannot_run(tmp_path):
     with pytest.raises(kiln.UnsupportedError, match="aten.cumsum.default"):
         kiln.export(M(), (torch.randn(3),), str(tmp_path / "m.kiln"))
     assert not os.path.exists(tmp_path / "m.kiln")
-    with pytest.raises(kiln.UnsupportedError, match="dynamic_shapes"):
-        kiln.export(M(), (torch.randn(3),), str(tmp_path / "m.kiln"), dynamic_shapes={"x": {0: None}})
     with pytest.raises(ValueError, match="dtype must be"):
         kiln.export(M(), (torch.randn(3),), str(tmp_path / "m.kiln"), dtype="int8")
     with pytest.raises(kiln.KilnError, match="neither a .kiln package nor"):
         kiln.load(str(tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+def _dynamic_roundtrip(model, args, dynamic_shapes, make_inputs, sizes, tmp_path, name):
+    """kiln.export with dynamic_shapes writes a graph folder with symbolic input sizes (and says
+    so); kiln.load compiles it once per set of sizes, here and in a fresh process without torch,
+    and every size matches torch eager on fresh inputs."""
+    path = str(tmp_path / f"{name}.kiln")
+    with pytest.warns(kiln.aot.KilnExportWarning, match="symbolic"):
+        kiln.export(model, args, path, dynamic_shapes=dynamic_shapes)
+    assert os.path.isdir(path), "a dynamic export is a graph folder (packages are static: #14)"
+    manifest = json.load(open(os.path.join(path, "manifest.json")))
+    assert manifest["dynamic"] is True
+    assert any(d == -1 for spec in manifest["inputs"] for d in spec["shape"]), manifest["inputs"]
+    f = kiln.load(path)
+    with torch.no_grad():
+        for n in sizes:
+            ins = make_inputs(n)
+            assert_close(f(*ins), model(*ins), f"{name} size {n}")
+    # Each size compiled once and kept: the summary lists one binding per size.
+    assert f"{len(set(sizes))} size binding(s) compiled" in f.summary, f.summary
+    # A fresh process, NumPy only: the folder compiles per size there too.
+    for k, n in enumerate(sizes[:2]):
+        ins = make_inputs(n)
+        with torch.no_grad():
+            np.save(tmp_path / f"{name}_ref{k}.npy", model(*ins).numpy())
+        for i, a in enumerate(ins):
+            np.save(tmp_path / f"{name}_in{k}_{i}.npy", a.numpy())
+    out = run_python(
+        "import sys, numpy as np, kiln\n"
+        f"f = kiln.load({path!r})\n"
+        f"for k in range(2):\n"
+        f"    ins = [np.load({str(tmp_path)!r} + f'/{name}_in{{k}}_{{i}}.npy') for i in range({len(args)})]\n"
+        f"    ref = np.load({str(tmp_path)!r} + f'/{name}_ref{{k}}.npy')\n"
+        "    y = f(*ins)\n"
+        "    assert y.shape == ref.shape and not np.isnan(y).any(), (y.shape, ref.shape)\n"
+        "    d = float(np.abs(y - ref).max()); s = float(np.abs(ref).max())\n"
+        "    assert s > 0 and d <= 1e-4 * s, (d, s)\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('ok')\n")
+    assert out.startswith("ok"), out
+    return f
+
+
+def test_export_dynamic_batch(tmp_path):
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(10, 50), torch.nn.ReLU(), torch.nn.Linear(50, 3),
+                              torch.nn.Softmax(-1)).eval()
+    _dynamic_roundtrip(mlp, (torch.randn(4, 10),), {"input": {0: Dim("batch", min=1, max=256)}},
+                       lambda n: (torch.randn(n, 10),), [1, 3, 17, 3], tmp_path, "mlp")
+    net = randomize_(torchvision.models.resnet18(weights=None).eval())
+    f = _dynamic_roundtrip(net, (torch.randn(2, 3, 64, 64),), {"x": {0: Dim("batch", min=1, max=64)}},
+                           lambda n: (torch.randn(n, 3, 64, 64),), [1, 3], tmp_path, "resnet18")
+    # A size the graph does not fit (the image must stay 64x64) names the input.
+    with pytest.raises(kiln.InputError, match="input 0 \\('x'\\)"):
+        f(torch.randn(1, 3, 32, 32))
+
+
+def test_export_dynamic_batch_and_sequence_bert(tmp_path):
+    from torch.export import Dim
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
+                     intermediate_size=128, vocab_size=500)
+
+    class Bert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = BertModel(cfg).eval()
+
+        def forward(self, ids, mask):
+            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    def make(n):  # batch n, sequence 5 + 2n, the last two tokens padding
+        ids = torch.randint(0, 500, (n, 5 + 2 * n))
+        mask = torch.ones(n, 5 + 2 * n, dtype=torch.long)
+        mask[:, -2:] = 0
+        return ids, mask
+
+    batch, seq = Dim("batch", min=1, max=32), Dim("seq", min=2, max=64)
+    f = _dynamic_roundtrip(Bert().eval(), make(2), {"ids": {0: batch, 1: seq}, "mask": {0: batch, 1: seq}},
+                           make, [1, 3, 2], tmp_path, "bert")
+    # ids and mask must agree on batch and sequence (one symbol each): named when they do not.
+    ids, mask = make(2)
+    with pytest.raises(kiln.KilnError, match="mask"):
+        f(ids, mask[:, :-1])
+
+
+def test_export_dynamic_arange_needs_a_bound(tmp_path):
+    from torch.export import Dim
+
+    class Positions(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.arange(x.shape[1], dtype=x.dtype)
+
+    with pytest.raises(kiln.UnsupportedError, match="Dim a max"):
+        kiln.export(Positions(), (torch.randn(2, 8),), str(tmp_path / "p.kiln"),
+                    dynamic_shapes={"x": {1: Dim("n")}})
+    # With a bound: the range is a constant up to the bound, sliced to the length.
+    _dynamic_roundtrip(Positions(), (torch.randn(2, 8),), {"x": {1: Dim("n", min=2, max=100)}},
+                       lambda n: (torch.randn(2, n),), [5, 9], tmp_path, "positions")
 
 
 def test_load_rejects_a_corrupt_package(tmp_path):
