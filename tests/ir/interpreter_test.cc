@@ -299,3 +299,45 @@ TEST(Interpreter, CorruptedGraphsGiveErrorsNotCrashes) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// specialize_graph: every symbolic type and int attribute evaluated, and the result verified,
+// so that types the symbolic graph only assumed fail naming the node instead of compiling a
+// graph whose types are not its kernels'.
+TEST(Interpreter, SpecializeGraphEvaluatesAndVerifies) {
+  // A buffer of 8 positions cropped to the sequence length n (what kiln.export makes of
+  // position_ids[:, :seq]: a pad with a symbolic negative pad), added to x [b, n].
+  Graph g = parse_graph(
+      "graph @g(%x: f32[b, n], %pos: f32[1, 8]) {\n"
+      "  %p = pad(%pos) {pads=[0, 0, 0, n - 8]}\n"
+      "  %y = add(%x, %p)\n"
+      "  %z = reshape(%y) {shape=[b*n]}\n"
+      "  return %z\n"
+      "}");
+  Generator gen(3);
+  Tensor x = Tensor::randn({2, 5}, gen), pos = Tensor::randn({1, 8}, gen);
+  SymbolBindings bound = bind_input_symbols(g, {x, pos});
+  Graph s = specialize_graph(g, bound);
+  EXPECT_EQ(s.type(s.outputs[0]).str(), "f32[10]");
+  EXPECT_EQ(s.type(s.inputs[0]).str(), "f32[2, 5]");
+  EXPECT_TRUE(verify_problems(s).empty());
+  // The specialized graph computes what the interpreter computes on the symbolic one.
+  TensorList a = run(s, {x, pos}), b = run(g, {x, pos});
+  ASSERT_EQ(a[0].nbytes(), b[0].nbytes());
+  EXPECT_EQ(std::memcmp(a[0].raw_data(), b[0].raw_data(), size_t(a[0].nbytes())), 0);
+  // A type that disagrees with inference once the sizes are known is an error naming them.
+  Graph bad = g;
+  bad.values[size_t(bad.outputs[0])].type.shape[0] = SymInt::symbol("b") * SymInt(7);
+  try {
+    specialize_graph(bad, bound);
+    ADD_FAILURE() << "a graph whose types disagree with inference was specialized";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not fit the graph"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("b=2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln
