@@ -96,8 +96,10 @@ class Sym(str):
 # node. A converter that needs a size's value (split of a symbolic dim) refuses it by name.
 def _sym_text(e):
     import sympy
+    import torch.utils._sympy.functions as symfn
 
-    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+    FloorDiv = getattr(symfn, "FloorDiv", ())
+    mods = tuple(getattr(symfn, n) for n in ("Mod", "PythonMod") if hasattr(symfn, n))
 
     if isinstance(e, sympy.Integer):
         return str(int(e))
@@ -107,9 +109,9 @@ def _sym_text(e):
         return "(" + " + ".join(_sym_text(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
         return "(" + "*".join(_sym_text(a) for a in e.args) + ")"
-    if isinstance(e, FloorDiv):
+    if FloorDiv and isinstance(e, FloorDiv):
         return f"({_sym_text(e.args[0])}//{_sym_text(e.args[1])})"
-    if isinstance(e, (Mod, PythonMod)):
+    if mods and isinstance(e, mods):
         return f"({_sym_text(e.args[0])}%{_sym_text(e.args[1])})"
     if isinstance(e, (sympy.Max, sympy.Min)):
         f = "max" if isinstance(e, sympy.Max) else "min"

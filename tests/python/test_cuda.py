@@ -141,3 +141,23 @@ def test_export_on_cuda_writes_a_graph_folder(tmp_path):
         for k in range(2):
             x = torch.randn(2, 3, 16, 16, device=DEV)
             assert_close(f(x), m(x), f"call {k}")
+
+
+def test_export_dynamic_batch_on_cuda(tmp_path):
+    # kiln.export(dynamic_shapes=...) on CUDA: a graph folder with a symbolic batch, compiled by
+    # the CUDA target once per batch size on the first call with it (docs/python.md, Export).
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    m = randomize_(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                                       torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 5)).eval()).to(DEV)
+    path = str(tmp_path / "dyn.kiln")
+    with pytest.warns(kiln.aot.KilnExportWarning, match="symbolic"):
+        kiln.export(m, (torch.randn(2, 3, 16, 16, device=DEV),), path,
+                    dynamic_shapes={"input": {0: Dim("batch", min=1, max=64)}})
+    f = kiln.load(path)
+    with torch.no_grad():
+        for n in (1, 5, 1):
+            x = torch.randn(n, 3, 16, 16, device=DEV)
+            assert_close(f(x), m(x), f"batch {n}")
+    assert "2 size binding(s) compiled" in f.summary, f.summary
