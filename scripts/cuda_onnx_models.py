@@ -15,8 +15,9 @@ LOW_BOUNDS x max|CPU eager|. The bounds: one rounding of the low dtype is 2^-9 (
 (f16) relative; a model rounds every activation and weight once per layer and the errors of
 independent roundings add up roughly as a random walk over the ~50-200 rounded steps of these
 models, about 10-15 units at the output: 5e-2 for bf16 (~13 x 2^-8), 1e-2 for f16 (~20 x
-2^-11). The measured values are reported whatever they are. Prints one line per model and a
-JSON summary.
+2^-11). The measured values are reported whatever they are. And the model compiled in
+reduce-overhead (a CUDA-graph replay) must write outputs bitwise equal to default's (the same
+kernels in the same order). Prints one line per model and a JSON summary.
 
     python3 scripts/cuda_onnx_models.py --kiln ./kiln --out /tmp/models [--json FILE] [names...]
 """
@@ -84,6 +85,23 @@ def check(kiln: str, name: str, out_dir: str, timeout: int) -> dict:
             r["outputs"].append({"name": o["name"], "max_abs_diff_cuda_vs_cpu": diff,
                                  "max_abs_cpu": scale, "rel": diff / scale if scale else diff,
                                  "max_abs_diff_cpu_vs_ort": ort_diff, "ok": out_ok})
+        # reduce-overhead (CUDA-graph replay) against default: the same kernels in the same
+        # order, so the outputs must be bitwise equal.
+        r["reduce_overhead_bitwise"] = None
+        outs = {}
+        for mode in ("default", "reduce-overhead"):
+            d = os.path.join(tmp, mode)
+            os.makedirs(d, exist_ok=True)
+            c = cmd[:cmd.index("--backend")] + ["--backend", "compiled", "--mode", mode] + \
+                [a for a in cmd[cmd.index("--backend") + 2:cmd.index("--output")]] + ["--output", d]
+            p = subprocess.run(c, capture_output=True, text=True, timeout=timeout)
+            if p.returncode != 0:
+                r["reduce_overhead_bitwise"] = f"{mode} failed: " + (p.stderr or p.stdout).strip()[-500:]
+                break
+            outs[mode] = {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))}
+        if len(outs) == 2:
+            r["reduce_overhead_bitwise"] = bool(outs["default"]) and outs["default"] == outs["reduce-overhead"]
+        ok &= r["reduce_overhead_bitwise"] is True
         # The low-precision runs against the same CPU eager float32 run.
         r["low"] = {}
         for dt, bound in LOW_BOUNDS.items():
@@ -129,6 +147,7 @@ def main() -> int:
         if r.get("ok"):
             worst = max(o["rel"] for o in r["outputs"])
             low = "  ".join(f"{dt} {v['worst_rel']:.2e}" for dt, v in r["low"].items())
+            low += "  reduce-overhead bitwise = default"
             print(f"{n}: ok  worst |cuda-cpu|/max|cpu| {worst:.2e}  ({low})  first call "
                   f"{r['compiled_first_call_s']:.2f} s  export {r['export_s']} s", flush=True)
         else:

@@ -37,6 +37,7 @@ struct RunArgs {
   std::string output_dir;
   std::string device = "cpu";  // cpu | cuda
   std::string dtype = "float32";  // the compiled run's precision (eager runs float32)
+  std::string mode = "default";   // the compiled run's mode
   bool json = false;
 };
 
@@ -163,6 +164,10 @@ void run_command(const RunArgs& a) {
     return;
   }
   const DType precision = parse_precision(a.dtype, "run: --dtype");
+  if (a.mode != "default" && a.mode != "reduce-overhead" && a.mode != "max-autotune")
+    fail("run: --mode must be default, reduce-overhead or max-autotune, got '{}'", a.mode);
+  if (a.mode != "default" && a.backend == "eager")
+    fail("run: --mode {} applies to the compiled run; --backend eager compiles nothing", a.mode);
   if (precision != DType::Float32 && a.backend == "eager")
     fail("run: --dtype {} applies to the compiled run; --backend eager runs the model as written "
          "(float32): use --backend both to compare the two", dtype_name(precision));
@@ -177,6 +182,7 @@ void run_command(const RunArgs& a) {
     o.seed = a.seed;
     o.json = a.json;
     o.precision = precision;
+    o.mode = a.mode;
     o.device = a.device;
     // On CUDA the default compares the compiled run on the device with the CPU eager run.
     if (a.device == "cuda" && !a.backend_given) o.backend = "both";
@@ -225,6 +231,7 @@ void run_command(const RunArgs& a) {
     copts.backend = best_compile_backend();
     copts.strict = true;  // a compile failure is an error here, not a silent eager run
     copts.precision = precision;
+    copts.mode = a.mode;
     compiled = compile(m.module, copts);
     auto t0 = std::chrono::steady_clock::now();
     captured_out = compiled(m.inputs);
@@ -254,6 +261,7 @@ void run_command(const RunArgs& a) {
   j["threads"] = threads;
   j["device"] = a.device;
   j["dtype"] = dtype_name(precision);  // of the compiled run
+  j["mode"] = a.mode;
   j["outputs"] = nlohmann::json::array();
   for (size_t i = 0; i < outs.size(); ++i) {
     auto v = outs[i].to_vector<double>();
@@ -344,6 +352,9 @@ void add_run_command(CLI::App& app) {
                   "float32 | bfloat16 | float16 (or f32, bf16, f16): run the float32 model "
                   "compiled in this precision, as torch's autocast does (docs/compiler.md); the "
                   "eager run stays float32 and is the reference (default float32)");
+  cmd->add_option("--mode", a.mode,
+                  "default | reduce-overhead | max-autotune: the compiled run's mode (default "
+                  "default); --output then writes the compiled outputs where only they run");
   cmd->add_option("--seed", a.seed, "Seed for weights and random inputs (default 0)");
   cmd->add_option("--iters", a.iters, "Timed iterations (default 10)");
   cmd->add_option("--warmup", a.warmup, "Warm-up iterations (default 2)");

@@ -38,6 +38,7 @@ struct OnnxRunOptions {
   // reference, stays on the CPU.
   std::string device = "cpu";
   DType precision = DType::Float32;  // the compiled run's (--dtype)
+  std::string mode = "default";      // the compiled run's (--mode)
   uint64_t seed = 0;
   bool json = false;
 };

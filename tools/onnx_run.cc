@@ -162,6 +162,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
     copts.strict = true;     // a failure is an error, not a silent eager fallback
     copts.fullgraph = true;  // the imported graph has no host code: no breaks expected
     copts.precision = o.precision;
+    copts.mode = o.mode;
     // On CUDA the graph is traced as a copy whose values live on the device.
     Graph on_device;
     if (cuda) on_device = graph_on_device(g, Device::cuda(0));
@@ -202,6 +203,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
   if (do_compiled) j["compile_backend"] = compile_backend;
   j["device"] = o.device;
   j["dtype"] = dtype_name(o.precision);
+  j["mode"] = o.mode;
   j["random_inputs"] = any_random;
   j["seed"] = o.seed;
   j["nodes"] = g.nodes.size();
