@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/compare.h"
+#include "../support/files.h"
 #include "compiler/compile.h"
 #include "compiler/package.h"
 #include "compiler/replace_weights.h"
@@ -31,25 +32,12 @@ using namespace kiln;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* t = std::getenv("TMPDIR");
-    path = std::string(t && *t ? t : "/tmp") + "/kiln-replace-weights-XXXXXX";
-    EXPECT_NE(mkdtemp(path.data()), nullptr);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
+using test::read_bytes;
+using test::write_bytes;
+
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("kiln-replace-weights") { EXPECT_FALSE(path.empty()); }
 };
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_bytes(const std::string& path, std::string_view bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), std::streamsize(bytes.size()));
-}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;

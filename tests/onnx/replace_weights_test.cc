@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../support/files.h"
 #include "../support/compare.h"
 #include "bench/bench.h"
 #include "compiler/package.h"
@@ -24,20 +25,11 @@ namespace {
 
 using namespace onnx_test;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* t = std::getenv("TMPDIR");
-    path = std::string(t && *t ? t : "/tmp") + "/kiln-onnx-replace-weights-XXXXXX";
-    EXPECT_NE(mkdtemp(path.data()), nullptr);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+using test::read_bytes;
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("kiln-onnx-replace-weights") { EXPECT_FALSE(path.empty()); }
+};
 
 Tensor scaled_randn(const Dims& sizes, Generator& gen, float scale, float shift = 0) {
   Tensor t = Tensor::randn(sizes, gen);
