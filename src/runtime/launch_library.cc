@@ -364,22 +364,31 @@ std::map<std::string, LaunchRebuildFn>& registry() {
 
 }  // namespace
 
+namespace {
+// The launch of a loop kernel's state: plain (no checks) or checked (an error record).
+LoopLaunch loop_launch_of(std::shared_ptr<LoopState> state, const std::string& symbol) {
+  LoopLaunch out;
+  out.threads = &state->threads;
+  Executable::Launch& l = out.launch;
+  l.fn = state->checked_fn ? run_checked_loop : run_loop;
+  l.state = state.get();
+  l.kind = "loop";
+  l.record = [state, symbol] {
+    json p{{"symbol", symbol}, {"threads", state->threads}};
+    if (state->checked_fn) p["checks"] = state->checks;
+    return LaunchRecord{"loop", p.dump()};
+  };
+  l.owner = std::move(state);
+  return out;
+}
+}  // namespace
+
 LoopLaunch make_loop_launch(void (*fn)(char* const*, int), const std::string& symbol,
                             int threads) {
   auto state = std::make_shared<LoopState>();
   state->fn = fn;
   state->threads = threads;
-  LoopLaunch out;
-  out.threads = &state->threads;
-  Executable::Launch& l = out.launch;
-  l.fn = run_loop;
-  l.state = state.get();
-  l.kind = "loop";
-  l.record = [state, symbol] {
-    return LaunchRecord{"loop", json{{"symbol", symbol}, {"threads", state->threads}}.dump()};
-  };
-  l.owner = std::move(state);
-  return out;
+  return loop_launch_of(std::move(state), symbol);
 }
 
 LoopLaunch make_checked_loop_launch(void (*fn)(char* const*, int, int64_t*),
@@ -389,18 +398,7 @@ LoopLaunch make_checked_loop_launch(void (*fn)(char* const*, int, int64_t*),
   state->checked_fn = fn;
   state->threads = threads;
   state->checks = std::move(checks);
-  LoopLaunch out;
-  out.threads = &state->threads;
-  Executable::Launch& l = out.launch;
-  l.fn = run_checked_loop;
-  l.state = state.get();
-  l.kind = "loop";
-  l.record = [state, symbol] {
-    return LaunchRecord{"loop", json{{"symbol", symbol}, {"threads", state->threads},
-                                     {"checks", state->checks}}.dump()};
-  };
-  l.owner = std::move(state);
-  return out;
+  return loop_launch_of(std::move(state), symbol);
 }
 
 Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode> node,
