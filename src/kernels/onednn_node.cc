@@ -67,6 +67,11 @@
 // avx512_core_bf16): for 1, 2, 4, 8, 16, 32 channels per group, f32 and bf16, src nhwc with dst
 // nhwc always has a jit kernel; nChw16c only for depthwise or with 16 or more channels per
 // group, nChw8c (f32) only for depthwise or with 8 or more.
+// The same kernels take a sum post-op only with scale 1 (a residual scaled by 0.5 or -1 got
+// ref:any in every layout, also plain nchw), so where the scale leaves only the reference
+// kernel, the residual's copy into dst applies it (an eltwise_linear, which may run in place
+// when the residual already is the output buffer; a scaling reorder where the layouts differ)
+// and the post-op adds with scale 1.
 
 #include "kernels/onednn_node.h"
 
@@ -77,6 +82,9 @@
 #include <bit>
 #include <cfloat>
 #include <cstring>
+#include <ctime>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <optional>
 
@@ -1130,6 +1138,79 @@ void OnednnNode::run(Instance& inst, const void* const* inputs, void* output,
                 int(st));
   }
   dnnl_stream_wait(strm);
+}
+
+// ---- roofline ---------------------------------------------------------------------------------
+namespace {
+int64_t clock_ns(clockid_t clock) {
+  timespec ts;
+  clock_gettime(clock, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
+
+CallTimer::CallTimer()
+    : wall_ns_(clock_ns(CLOCK_MONOTONIC)),
+      cpu_ns_(clock_ns(CLOCK_THREAD_CPUTIME_ID)),
+      one_thread_(omp_get_max_threads() == 1) {}
+
+double CallTimer::elapsed_ms() const {
+  int64_t ns = clock_ns(CLOCK_MONOTONIC) - wall_ns_;
+  if (one_thread_) ns = std::min(ns, clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu_ns_);
+  return double(ns) * 1e-6;
+}
+
+namespace {
+template <typename F>
+double best_ms(int runs, F&& f) {
+  double best = 1e300;
+  for (int i = 0; i < runs; ++i) {
+    CallTimer t;
+    f();
+    best = std::min(best, t.elapsed_ms());
+  }
+  return best;
+}
+
+CpuRoofline measure_roofline(bool bf16) try {
+  CpuRoofline r;
+  // A 384^3 matmul: brgemm at the ISA's best on one core (113 MFLOP, ~0.4 ms f32), large
+  // enough that its fixed costs vanish and small enough to sit in L2.
+  const memory::dim n = 384;
+  DT dt = bf16 ? DT::bf16 : DT::f32;
+  memory::desc md({n, n}, dt, Tag::ab);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), cpu_engine());
+  memory a(md, cpu_engine()), b(md, cpu_engine()), c(md, cpu_engine());
+  for (memory* m : {&a, &b, &c}) std::memset(m->get_data_handle(), 0, md.get_size());
+  dnnl::matmul mm(pd);
+  dnnl::stream& s = cpu_stream();
+  auto run = [&] {
+    mm.execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    s.wait();
+  };
+  run();
+  r.flops_per_ms = 2.0 * double(n * n * n) / best_ms(5, run);
+  // A 32 MiB copy: past L2, so this is the bandwidth of the outer cache levels or memory, a
+  // generous floor for activations that mostly live in L2 (one thread's copy).
+  const size_t bytes = size_t(32) << 20;
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  auto copy = [&] { std::memcpy(to.data(), from.data(), bytes); };
+  copy();
+  r.bytes_per_ms = 2.0 * double(bytes) / best_ms(3, copy);
+  return r;
+} catch (const dnnl::error&) {
+  return CpuRoofline{};  // no such matmul here (bf16 on an older CPU): unknown
+}
+}  // namespace
+
+const CpuRoofline& cpu_roofline(bool bf16) {
+  static std::mutex mu;
+  static std::map<std::pair<bool, int>, CpuRoofline> measured;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(bf16, omp_get_max_threads());
+  auto it = measured.find(key);
+  if (it == measured.end()) it = measured.emplace(key, measure_roofline(bf16)).first;
+  return it->second;
 }
 
 // ---- JSON -------------------------------------------------------------------------------------

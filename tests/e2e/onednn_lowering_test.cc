@@ -681,6 +681,42 @@ TEST(OnednnLowering, GroupedConvAfterProducerGetsAJitKernel) {
     }
 }
 
+// Every convolution on a jit kernel is timed once and says how far it is from its roofline;
+// one past OnednnOptions::measure_above_roofline gets its layout measured against the others
+// (Note [measured convolution layout]). A depthwise conv on a plain NCHW input is such a case
+// on the dev machine (brdgmm_dw behind nchw<->nhwc reorders, 3x its roofline; jit_dw behind
+// nChw16c reorders, 2.5x faster); the thresholds 0 and infinity make the test independent of
+// the machine's speed: 0 measures it, and the GEMM candidate (x64:gemm:jit, 5-13x slower than
+// the depthwise kernels) must not win; infinity never measures.
+TEST(OnednnLowering, TimedConvolutionsFarFromTheirRooflineAreMeasured) {
+  for (DType dt : test_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator gen(kSeed + 3);
+    Graph g;
+    const int64_t c = 96;
+    ValueId x = g.add_input("x", TensorType(dt, Shape{1, c, 56, 56}));
+    ValueId w = g.add_param("w", randn(gen, {c, 1, 3, 3}, dt, 1.0 / 3.0));
+    ValueId b = g.add_param("b", randn(gen, {c}, dt, 0.5));
+    g.outputs = {g.add_node1(OpId::FusedConv2d, {x, w, b},
+                             {{"padding", Ints{1, 1}}, {"groups", c},
+                              {"activation", std::string("relu")}},
+                             "dw")};
+    TensorList inputs = {randn(gen, {1, c, 56, 56}, dt)};
+    std::string d = check_graph(g, inputs, 9.0, OnednnOptions{})->describe(0);
+    EXPECT_NE(d.find("x its roofline"), std::string::npos) << d;  // timed
+    std::string measured =
+        check_graph(g, inputs, 9.0, OnednnOptions{.measure_above_roofline = 0})->describe(0);
+    EXPECT_NE(measured.find("layout measured: default"), std::string::npos) << measured;
+    std::string kernel = measured.substr(0, measured.find(';'));  // the one that runs
+    EXPECT_EQ(kernel.find("gemm"), std::string::npos) << measured;
+    EXPECT_EQ(kernel.find("ref:any"), std::string::npos) << measured;
+    std::string never =
+        check_graph(g, inputs, 9.0, OnednnOptions{.measure_above_roofline = HUGE_VAL})->describe(0);
+    EXPECT_NE(never.find("x its roofline"), std::string::npos) << never;
+    EXPECT_EQ(never.find("layout measured"), std::string::npos) << never;
+  }
+}
+
 // ---- what is not lowered ------------------------------------------------------------------------
 TEST(OnednnLowering, NonConstantWeightIsNotLowered) {
   Graph g;
