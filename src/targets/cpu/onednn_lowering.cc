@@ -563,7 +563,7 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
   std::string stored;
   if (tuning_get(key, &stored) && stored.find('\n') != std::string::npos) {
     decision.conv_layout = stored.substr(0, stored.find('\n'));
-    decision.note = stored.substr(stored.find('\n') + 1) + " (decided by an earlier compile)";
+    decision.note = stored.substr(stored.find('\n') + 1) + " (from the tuning store)";
   } else {
     decision = measure_conv_layout(n, constants);
     try {
