@@ -459,6 +459,24 @@ void OnednnLayouts::reset(size_t num_values) {
 bool OnednnLayouts::blocked(int32_t v) const {
   return v >= 0 && size_t(v) < impl_->is_blocked.size() && impl_->is_blocked[size_t(v)];
 }
+struct OnednnLayouts::Entry {
+  memory::desc layout;
+  bool blocked = false;
+};
+std::shared_ptr<const OnednnLayouts::Entry> OnednnLayouts::entry(int32_t v) const {
+  auto e = std::make_shared<Entry>();
+  if (v >= 0 && size_t(v) < impl_->is_blocked.size()) {
+    e->layout = impl_->layout[size_t(v)];
+    e->blocked = impl_->is_blocked[size_t(v)];
+  }
+  return e;
+}
+void OnednnLayouts::set_entry(int32_t v, const std::shared_ptr<const Entry>& e) {
+  if (v < 0) return;
+  impl_->ensure(v);
+  impl_->layout[size_t(v)] = e->layout;
+  impl_->is_blocked[size_t(v)] = e->blocked;
+}
 int64_t OnednnLayouts::value_bytes(int32_t v) const {
   return blocked(v) ? int64_t(impl_->layout[size_t(v)].get_size()) : -1;
 }
@@ -1190,13 +1208,14 @@ CpuRoofline measure_roofline(bool bf16) try {
   };
   run();
   r.flops_per_ms = 2.0 * double(n * n * n) / best_ms(5, run);
-  // A 32 MiB copy: past L2, so this is the bandwidth of the outer cache levels or memory, a
-  // generous floor for activations that mostly live in L2 (one thread's copy).
-  const size_t bytes = size_t(32) << 20;
+  // A 4 MiB copy: past L2 (1-2 MiB), the size of the larger activations at batch 1, so the
+  // bandwidth of the next cache level, a generous floor for activations that mostly live in L2
+  // (one thread's copy). A copy past the last level took 60-100 ms of page faults to set up.
+  const size_t bytes = size_t(4) << 20;
   std::vector<char> from(bytes, 1), to(bytes, 0);
   auto copy = [&] { std::memcpy(to.data(), from.data(), bytes); };
   copy();
-  r.bytes_per_ms = 2.0 * double(bytes) / best_ms(3, copy);
+  r.bytes_per_ms = 2.0 * double(bytes) / best_ms(5, copy);
   return r;
 } catch (const dnnl::error&) {
   return CpuRoofline{};  // no such matmul here (bf16 on an older CPU): unknown

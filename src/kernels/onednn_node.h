@@ -118,6 +118,11 @@ class OnednnLayouts {
   void reset(size_t num_values);
   bool blocked(int32_t value) const;
   int64_t value_bytes(int32_t value) const;  // -1 for a plain value
+  // One value's entry, opaque: trial builds of its producer overwrite it, and putting the kept
+  // build's entry back saves building that one again.
+  struct Entry;
+  std::shared_ptr<const Entry> entry(int32_t value) const;
+  void set_entry(int32_t value, const std::shared_ptr<const Entry>& entry);
   struct Impl;
   Impl& impl() { return *impl_; }
   const Impl& impl() const { return *impl_; }

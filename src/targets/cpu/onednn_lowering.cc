@@ -115,9 +115,9 @@
 // convolution), bytes are src + weights + dst (+ the residual, read again) in the node's dtype,
 // and the rates are measured once per process, dtype and thread count (kernels::cpu_roofline:
 // a 384^3 oneDNN matmul, ~265 GFLOP/s f32 and ~520 bf16 on one core of the dev machine, and a
-// 32 MiB copy). The copy's bandwidth is that of the outer caches or memory while activations at
-// batch 1 mostly live in L2, so the floor is generous for memory-bound kernels: a kernel
-// flagged far from it really is. The per-call fixed cost (oneDNN's execute, tens of
+// 4 MiB copy; about 5 ms). The copy's bandwidth is that of the cache level past L2 while
+// activations at batch 1 mostly live in L2, so the floor is generous for memory-bound kernels:
+// a kernel flagged far from it really is. The per-call fixed cost (oneDNN's execute, tens of
 // microseconds at most) is not in the floor, hence kTooShortToMeasureMs. Measured with oneDNN
 // 2.6 on the dev machine, one thread, 3x3 stride 1, the best layout's kernel against the FLOP
 // floor (f32 / bf16): channels per group 1 (depthwise) 2.1 / 3.9x, 2: 13-21x / 15-20x,
@@ -229,6 +229,19 @@ struct OnednnLowering::Impl {
   std::string static_check(int32_t n) const;
   void decide_blockable(const std::vector<bool>& eligible);
   kernels::OnednnNodeDesc describe_node(int32_t n);
+  // Zero-filled, 64-byte aligned memory for timing calls; grows, never shrinks.
+  struct TimingArena {
+    std::unique_ptr<char[]> data;
+    int64_t bytes = 0;
+    char* at_least(int64_t n) {
+      if (n > bytes) {
+        data.reset(new char[size_t(n + 64)]());
+        bytes = n;
+      }
+      char* p = data.get();
+      return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+    }
+  } timing_arena;
   class NodeTimer;
   struct LayoutDecision {
     std::string conv_layout, note;
@@ -405,9 +418,11 @@ kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
 // and writes them (blocked values at their padded size), timed by kernels::CallTimer.
 class OnednnLowering::Impl::NodeTimer {
  public:
+  // Buffers come from `arena`, shared by every timer of the lowering (their contents do not
+  // matter, and the timers run one after another): page faults once, not per candidate.
   NodeTimer(std::shared_ptr<kernels::OnednnNode> node, const kernels::OnednnNodeDesc& d,
-            const kernels::OnednnLayouts& layouts)
-      : node_(std::move(node)) {
+            const kernels::OnednnLayouts& layouts, TimingArena& arena)
+      : node_(std::move(node)), arena_(arena) {
     const int64_t elt = d.bf16 ? 2 : 4;
     auto bytes_of = [&](const kernels::OnednnOperand& o) {
       if (o.value >= 0 && layouts.blocked(o.value)) return layouts.value_bytes(o.value);
@@ -415,28 +430,30 @@ class OnednnLowering::Impl::NodeTimer {
       for (int64_t x : o.dims) n *= x;
       return n;
     };
+    auto place = [&](int64_t bytes) {
+      int64_t at = bytes_;
+      bytes_ += (bytes + 63) / 64 * 64;
+      return at;
+    };
     for (size_t k = 0; k < d.inputs.size() && k < 4; ++k)
-      if (d.inputs[k].value >= 0) in_[k] = buffer(bytes_of(d.inputs[k]));
-    out_ = buffer(bytes_of(d.output));
-    scratch_ = buffer(std::max<int64_t>(node_->scratch_bytes(), 64));
+      if (d.inputs[k].value >= 0) in_at_[k] = place(bytes_of(d.inputs[k]));
+    out_at_ = place(bytes_of(d.output));
+    scratch_at_ = place(std::max<int64_t>(node_->scratch_bytes(), 64));
   }
   double call_ms() {
+    char* base = arena_.at_least(bytes_);
+    const void* in[4] = {nullptr, nullptr, nullptr, nullptr};
+    for (int k = 0; k < 4; ++k)
+      if (in_at_[k] >= 0) in[k] = base + in_at_[k];
     kernels::CallTimer t;
-    node_->run(in_, out_, scratch_);
+    node_->run(in, base + out_at_, base + scratch_at_);
     return t.elapsed_ms();
   }
 
  private:
-  char* buffer(int64_t bytes) {
-    buffers_.emplace_back(new char[size_t(bytes + 128)]());
-    char* p = buffers_.back().get();
-    return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
-  }
   std::shared_ptr<kernels::OnednnNode> node_;
-  std::vector<std::unique_ptr<char[]>> buffers_;
-  const void* in_[4] = {nullptr, nullptr, nullptr, nullptr};
-  void* out_ = nullptr;
-  void* scratch_ = nullptr;
+  TimingArena& arena_;
+  int64_t bytes_ = 0, in_at_[4] = {-1, -1, -1, -1}, out_at_ = 0, scratch_at_ = 0;
 };
 
 namespace {
@@ -462,8 +479,8 @@ double conv_floor_ms(const kernels::OnednnNodeDesc& d) {
 }  // namespace
 
 // Note [measured convolution layout], Note [convolution roofline]: the layout to pin ("" for
-// the default build) and what explain says about it. Builds candidates, which leaves their
-// output layouts in the layouts table: the caller builds the kept one again.
+// the default build) and what explain says about it. Its trial builds leave their output
+// layouts in the layouts table: the caller puts the default's entry back or builds the chosen.
 OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
     int32_t n, const kernels::ConstantSource& constants) {
   const std::string first = nodes[size_t(n)]->implementation();
@@ -471,6 +488,7 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
   // Timed on one thread, by its CPU time: on a shared machine, OpenMP threads that wait at
   // barriers for a descheduled sibling made one call 100x slower and layouts' ranks random.
   // (The caller builds the kept one for its own thread count.)
+  const int caller_threads = kernels::cpu_threads();
   kernels::ScopedCpuThreads one_thread(1);
   std::string note;
   struct Candidate {
@@ -483,11 +501,12 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
   if (!reference) {
     const double floor_ms = conv_floor_ms(descs[size_t(n)]);
     if (floor_ms <= 0) return {"", "", false};  // nothing built
-    // The default built again for this one thread (a primitive runs with the thread count it
-    // was created for); its second call decides, and only a slow-looking one is timed again.
+    // The default built again for one thread unless it was (a primitive runs with the thread
+    // count it was created for); its second call decides, only a slow-looking one is timed again.
     auto timer = std::make_unique<NodeTimer>(
-        kernels::OnednnNode::build(descs[size_t(n)], layouts, constants), descs[size_t(n)],
-        layouts);
+        caller_threads == 1 ? nodes[size_t(n)]
+                            : kernels::OnednnNode::build(descs[size_t(n)], layouts, constants),
+        descs[size_t(n)], layouts, timing_arena);
     timer->call_ms();  // warm-up: the first call of a primitive initializes it
     double default_ms = timer->call_ms();
     const double far_ms = std::max(options.measure_above_roofline * floor_ms,
@@ -512,7 +531,7 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
                                cand->lowered() ? cand->implementation() + " not timed" : "none");
       continue;
     }
-    auto timer = std::make_unique<NodeTimer>(cand, d, layouts);
+    auto timer = std::make_unique<NodeTimer>(cand, d, layouts, timing_arena);
     timer->call_ms();  // warm-up
     candidates.push_back({d, cand->implementation(), std::move(timer)});
   }
@@ -559,6 +578,8 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
       "onednn conv layout 1\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {}", anonymous.to_json(),
       nodes[size_t(n)]->description(), onednn::cpu_isa_name(), kernels::cpu_threads(),
       DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, options.measure_above_roofline);
+  const ValueId y = node.outputs[0];
+  const std::shared_ptr<const kernels::OnednnLayouts::Entry> kept = layouts.entry(y);
   LayoutDecision decision;
   std::string stored;
   if (tuning_get(key, &stored) && stored.find('\n') != std::string::npos) {
@@ -573,7 +594,10 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
     }
   }
   layout_note[size_t(n)] = decision.note;
-  if (decision.conv_layout.empty() && !decision.built_others) return;
+  if (decision.conv_layout.empty()) {
+    if (decision.built_others) layouts.set_entry(y, kept);  // the default's build is kept
+    return;
+  }
   descs[size_t(n)].conv_layout = decision.conv_layout;
   // Built again last, so that the layouts table holds the kept build's output layout.
   nodes[size_t(n)] = kernels::OnednnNode::build(descs[size_t(n)], layouts, constants);
