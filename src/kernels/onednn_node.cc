@@ -51,6 +51,28 @@
 // the primitive computes into a scratch temporary (reordered into the output last), the copy
 // runs as usual and aliasing is still safe.
 //
+// Note [matched convolution layouts]
+// A convolution whose src layout is given (a blocked value from the producer: Note [layout
+// choice] in targets/cpu/onednn_lowering.cc) is created with dst format_tag::any. oneDNN 2.6's
+// direct jit kernels (jit:avx512_core, jit_bf16, jit:avx2) then resolve dst to their own
+// preferred blocked layout, which they accept only when src has it too; brgconv takes nhwc but
+// not grouped convolutions with fewer than 24-32 channels per group. So a grouped conv after an
+// nhwc producer got `ref:any` (regnet_x_400mf, regnet_y_400mf, resnext50_32x4d: every grouped
+// 3x3 took 20-125 ms; the same shapes run as jit:avx512_core in 0.03-0.5 ms with src and dst
+// both nhwc), and nChw16c src with 4 or 8 channels per group has only `ref:any` whatever dst
+// is. build_conv therefore tries (src, dst) pairs in order: (given src, any), (given src, the
+// src's own layout), (any + a reorder from the given src, any), and takes the first that oneDNN
+// runs with a non-reference kernel, else the first it runs at all. Where `any` already gets a
+// jit kernel nothing changes. Checked with every layout pair on the dev machine (oneDNN 2.6,
+// avx512_core_bf16): for 1, 2, 4, 8, 16, 32 channels per group, f32 and bf16, src nhwc with dst
+// nhwc always has a jit kernel; nChw16c only for depthwise or with 16 or more channels per
+// group, nChw8c (f32) only for depthwise or with 8 or more.
+// The same kernels take a sum post-op only with scale 1 (a residual scaled by 0.5 or -1 got
+// ref:any in every layout, also plain nchw), so where the scale leaves only the reference
+// kernel, the residual's copy into dst applies it (an eltwise_linear, which may run in place
+// when the residual already is the output buffer; a scaling reorder where the layouts differ)
+// and the post-op adds with scale 1.
+
 #include "kernels/onednn_node.h"
 
 #include <omp.h>
@@ -60,6 +82,9 @@
 #include <bit>
 #include <cfloat>
 #include <cstring>
+#include <ctime>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <optional>
 
@@ -152,6 +177,14 @@ std::string format_name(const memory::desc& md, std::string_view letters) {
   for (int i = 0; i < blk.inner_nblks; ++i)
     s += fmt::format("{}{}", blk.inner_blks[i], names[size_t(blk.inner_idxs[i])]);
   return s;
+}
+
+// The tag among the activation layouts convolutions compute in (nchw, nhwc, nChw16c, nChw8c)
+// that `md` (of dims `dims`) is, if any.
+std::optional<Tag> activation_tag(const memory::desc& md, const memory::dims& dims, DT dt) {
+  for (Tag t : {Tag::nhwc, Tag::nChw16c, Tag::nChw8c, Tag::nchw})
+    if (same_layout(md, memory::desc(dims, dt, t))) return t;
+  return std::nullopt;
 }
 
 const char* dt_name(DT dt) { return dt == DT::bf16 ? "bf16" : dt == DT::f32 ? "f32" : "?"; }
@@ -341,11 +374,25 @@ class PlanBuilder {
     plan_.steps.push_back(std::move(s));
   }
 
-  void reorder(const memory& from, const memory& to, bool residual_copy = false) {
+  // scale != 1: `to` = scale * `from` (the residual of a sum post-op scaled in its copy).
+  void reorder(const memory& from, const memory& to, bool residual_copy = false,
+               float scale = 1.0f) {
+    dnnl::primitive_attr attr = user_scratchpad_attr();
+    if (scale != 1.0f) attr.set_output_scales(0, {scale});
     dnnl::reorder::primitive_desc pd(cpu_engine(), from.get_desc(), cpu_engine(), to.get_desc(),
-                                     user_scratchpad_attr());
+                                     attr);
     step(dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
          residual_copy);
+  }
+
+  // `to` = scale * `from`, elementwise (oneDNN's eltwise_linear, which may run in place); the
+  // two have one layout.
+  void scale(const memory& from, const memory& to, float scale) {
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_inference,
+                                  dnnl::algorithm::eltwise_linear, to.get_desc(), scale, 0.0f);
+    dnnl::eltwise_forward::primitive_desc pd(d, user_scratchpad_attr(), cpu_engine());
+    step(dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
+         {{DNNL_ARG_SRC, from}, {DNNL_ARG_DST, to}});
   }
 
   void finish() {
@@ -411,6 +458,24 @@ void OnednnLayouts::reset(size_t num_values) {
 }
 bool OnednnLayouts::blocked(int32_t v) const {
   return v >= 0 && size_t(v) < impl_->is_blocked.size() && impl_->is_blocked[size_t(v)];
+}
+struct OnednnLayouts::Entry {
+  memory::desc layout;
+  bool blocked = false;
+};
+std::shared_ptr<const OnednnLayouts::Entry> OnednnLayouts::entry(int32_t v) const {
+  auto e = std::make_shared<Entry>();
+  if (v >= 0 && size_t(v) < impl_->is_blocked.size()) {
+    e->layout = impl_->layout[size_t(v)];
+    e->blocked = impl_->is_blocked[size_t(v)];
+  }
+  return e;
+}
+void OnednnLayouts::set_entry(int32_t v, const std::shared_ptr<const Entry>& e) {
+  if (v < 0) return;
+  impl_->ensure(v);
+  impl_->layout[size_t(v)] = e->layout;
+  impl_->is_blocked[size_t(v)] = e->blocked;
 }
 int64_t OnednnLayouts::value_bytes(int32_t v) const {
   return blocked(v) ? int64_t(impl_->layout[size_t(v)].get_size()) : -1;
@@ -560,6 +625,10 @@ void Builder::build_conv(Plan& p) {
                       d.stride[1] == 1 && d.dilation[0] == 1 && d.dilation[1] == 1;
   memory::desc want_w = any_md(wd, dt);
   dnnl::primitive_attr attr = make_attr(epi);
+  // Where the sum post-op's scale has only a reference kernel (oneDNN 2.6's direct jit
+  // convolutions take sum with scale 1 only), the residual's copy into dst applies the scale
+  // and the post-op adds with scale 1.
+  float residual_copy_scale = 1.0f;
   memory::dims strides = {d.stride[0], d.stride[1]};
   memory::dims dil = {d.dilation[0] - 1, d.dilation[1] - 1};  // oneDNN: 0 = dense
   memory::dims pl = {d.pad_begin[0], d.pad_begin[1]}, pr = {d.pad_end[0], d.pad_end[1]};
@@ -583,26 +652,52 @@ void Builder::build_conv(Plan& p) {
     bias_choices = {memory::desc()};
   else
     bias_choices = {memory::desc(bd, DT::f32, Tag::x), memory::desc(bd, dt, Tag::x)};
-  std::vector<memory::desc> src_choices = {want_src};
-  if (blocked_src && d.conv_layout.empty()) src_choices.push_back(any_md(xd, dt));  // then reorder from x's layout
+  // Note [matched convolution layouts]: (src, dst) pairs in order of preference; the first
+  // that oneDNN runs with a jit kernel wins, else the first it runs at all.
+  struct LayoutChoice {
+    memory::desc src, dst;
+  };
+  std::vector<LayoutChoice> layout_choices = {{want_src, want_dst}};
+  if (blocked_src && d.conv_layout.empty()) {
+    if (want_dst.data.format_kind == dnnl_format_kind_any)
+      if (std::optional<Tag> t = activation_tag(x_md, xd, dt))
+        layout_choices.push_back({want_src, memory::desc(yd, dt, *t)});
+    layout_choices.push_back({any_md(xd, dt), want_dst});  // then reorder from x's layout
+  }
   std::optional<dnnl::primitive_desc> pd;
-  memory::desc bias_md;
+  memory::desc bias_md, chosen_dst = want_dst;
   std::vector<dnnl::algorithm> algs = {dnnl::algorithm::convolution_direct};
   if (try_winograd) algs.insert(algs.begin(), dnnl::algorithm::convolution_winograd);
-  for (dnnl::algorithm a : algs) {
-    conv_alg = a;
-    for (const memory::desc& src : src_choices) {
-      for (const memory::desc& b : bias_choices) {
-        pd = try_pd<dnnl::primitive_desc>([&] { return make(src, b); });
-        if (pd) {
-          bias_md = b;
-          break;
+  std::vector<float> copy_scales = {1.0f};
+  if (epi.has_residual && epi.sum_scale != 1.0f) copy_scales.push_back(epi.sum_scale);
+  bool jit = false;
+  for (size_t ai = 0; ai < algs.size() && !pd; ++ai) {
+    conv_alg = algs[ai];
+    for (float copy_scale : copy_scales) {
+      Epilogue e = epi;
+      e.sum_scale /= copy_scale;
+      attr = make_attr(e);
+      for (size_t ci = 0; ci < layout_choices.size() && !jit; ++ci) {
+        const LayoutChoice& c = layout_choices[ci];
+        want_dst = c.dst;
+        for (const memory::desc& b : bias_choices) {
+          std::optional<dnnl::primitive_desc> cand =
+              try_pd<dnnl::primitive_desc>([&] { return make(c.src, b); });
+          if (!cand) continue;
+          jit = std::string_view(cand->impl_info_str()).rfind("ref", 0) != 0;
+          if (!pd || jit) {
+            pd = std::move(cand);
+            bias_md = b;
+            chosen_dst = c.dst;
+            residual_copy_scale = copy_scale;
+          }
+          break;  // the bias's dtype does not change which kernel runs
         }
       }
-      if (pd) break;
+      if (jit) break;
     }
-    if (pd) break;
   }
+  want_dst = chosen_dst;
   if (!pd) {
     p.why_not = fmt::format("oneDNN has no {} implementation for this case ({})",
                             transposed ? "deconvolution" : "convolution", dt_name(dt));
@@ -637,7 +732,14 @@ void Builder::build_conv(Plan& p) {
     else
       p.residual_alias = same_layout(r_md, dst_md) ? Plan::Alias::SkipCopy
                                                    : Plan::Alias::Unsafe;
-    b.reorder(r_mem, dst_mem, /*residual_copy=*/true);
+    if (residual_copy_scale == 1.0f) {
+      b.reorder(r_mem, dst_mem, /*residual_copy=*/true);
+    } else if (same_layout(r_md, dst_md)) {
+      // Never skipped: where the residual already is the output buffer this scales in place.
+      b.scale(r_mem, dst_mem, residual_copy_scale);
+    } else {
+      b.reorder(r_mem, dst_mem, /*residual_copy=*/true, residual_copy_scale);
+    }
   }
   memory w_mem = prepack(b, w_user, constant(w), w_md);
   dnnl::primitive prim(*pd);
@@ -665,10 +767,12 @@ void Builder::build_conv(Plan& p) {
   if (d.dilation[0] != 1 || d.dilation[1] != 1)
     geo_str += fmt::format(" d{}x{}", d.dilation[0], d.dilation[1]);
   p.description = fmt::format(
-      "{} {} {}->{} {} {} src {} -> dst {}, weights {}{}{}", d.op, geo_str,
+      "{} {} {}->{} {} {} src {} -> dst {}, weights {}{}{}{}", d.op, geo_str,
       xd[1], yd[1], dt_name(dt), pd->impl_info_str(), format_name(src_md, "nchw"),
       format_name(dst_md, "nchw"), format_name(w_md, gr == 1 ? "oihw" : "goihw"),
-      epilogue_str(epi), reorders.empty() ? "" : "; reorders:" + reorders);
+      epilogue_str(epi),
+      residual_copy_scale == 1.0f ? "" : fmt::format(" (the residual scaled in its copy)"),
+      reorders.empty() ? "" : "; reorders:" + reorders);
   p.implementation = pd->impl_info_str();
   p.lowered = true;
 }
@@ -1052,6 +1156,80 @@ void OnednnNode::run(Instance& inst, const void* const* inputs, void* output,
                 int(st));
   }
   dnnl_stream_wait(strm);
+}
+
+// ---- roofline ---------------------------------------------------------------------------------
+namespace {
+int64_t clock_ns(clockid_t clock) {
+  timespec ts;
+  clock_gettime(clock, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
+
+CallTimer::CallTimer()
+    : wall_ns_(clock_ns(CLOCK_MONOTONIC)),
+      cpu_ns_(clock_ns(CLOCK_THREAD_CPUTIME_ID)),
+      one_thread_(omp_get_max_threads() == 1) {}
+
+double CallTimer::elapsed_ms() const {
+  int64_t ns = clock_ns(CLOCK_MONOTONIC) - wall_ns_;
+  if (one_thread_) ns = std::min(ns, clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu_ns_);
+  return double(ns) * 1e-6;
+}
+
+namespace {
+template <typename F>
+double best_ms(int runs, F&& f) {
+  double best = 1e300;
+  for (int i = 0; i < runs; ++i) {
+    CallTimer t;
+    f();
+    best = std::min(best, t.elapsed_ms());
+  }
+  return best;
+}
+
+CpuRoofline measure_roofline(bool bf16) try {
+  CpuRoofline r;
+  // A 384^3 matmul: brgemm at the ISA's best on one core (113 MFLOP, ~0.4 ms f32), large
+  // enough that its fixed costs vanish and small enough to sit in L2.
+  const memory::dim n = 384;
+  DT dt = bf16 ? DT::bf16 : DT::f32;
+  memory::desc md({n, n}, dt, Tag::ab);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), cpu_engine());
+  memory a(md, cpu_engine()), b(md, cpu_engine()), c(md, cpu_engine());
+  for (memory* m : {&a, &b, &c}) std::memset(m->get_data_handle(), 0, md.get_size());
+  dnnl::matmul mm(pd);
+  dnnl::stream& s = cpu_stream();
+  auto run = [&] {
+    mm.execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    s.wait();
+  };
+  run();
+  r.flops_per_ms = 2.0 * double(n * n * n) / best_ms(5, run);
+  // A 4 MiB copy: past L2 (1-2 MiB), the size of the larger activations at batch 1, so the
+  // bandwidth of the next cache level, a generous floor for activations that mostly live in L2
+  // (one thread's copy). A copy past the last level took 60-100 ms of page faults to set up.
+  const size_t bytes = size_t(4) << 20;
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  auto copy = [&] { std::memcpy(to.data(), from.data(), bytes); };
+  copy();
+  r.bytes_per_ms = 2.0 * double(bytes) / best_ms(5, copy);
+  return r;
+} catch (const dnnl::error&) {
+  return CpuRoofline{};  // no such matmul here (bf16 on an older CPU): unknown
+}
+}  // namespace
+
+const CpuRoofline& cpu_roofline(bool bf16) {
+  static std::mutex mu;
+  static std::map<std::pair<bool, int>, CpuRoofline> measured;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(bf16, omp_get_max_threads());
+  auto it = measured.find(key);
+  if (it == measured.end()) it = measured.emplace(key, measure_roofline(bf16)).first;
+  return it->second;
 }
 
 // ---- JSON -------------------------------------------------------------------------------------

@@ -38,6 +38,30 @@ class ScopedCpuThreads {
   int saved_;
 };
 
+// What this CPU sustains, measured once per process, dtype and OpenMP thread count (Note
+// [convolution roofline] in targets/cpu/onednn_lowering.cc): a oneDNN matmul's FLOP rate and a
+// large copy's bandwidth. The compiler reads it to tell a kernel far from what its FLOPs and
+// bytes need from a merely busy one. Costs a few milliseconds, the first time only; zeros where
+// it cannot be measured (no bf16 matmul on this CPU).
+struct CpuRoofline {
+  double flops_per_ms = 0;  // multiply-adds count 2
+  double bytes_per_ms = 0;  // read + written
+};
+const CpuRoofline& cpu_roofline(bool bf16);
+
+// The time of a call on this thread, for measurements on a shared machine: wall-clock time, or,
+// with one OpenMP thread, the thread's CPU time where that is less (time spent descheduled for
+// other processes is not the kernel's). Started at construction.
+class CallTimer {
+ public:
+  CallTimer();
+  double elapsed_ms() const;
+
+ private:
+  int64_t wall_ns_, cpu_ns_;
+  bool one_thread_;
+};
+
 // One tensor a node reads or writes.
 struct OnednnOperand {
   int32_t value = -1;          // the value's id (the key of its layout in OnednnLayouts); -1: absent
@@ -94,6 +118,11 @@ class OnednnLayouts {
   void reset(size_t num_values);
   bool blocked(int32_t value) const;
   int64_t value_bytes(int32_t value) const;  // -1 for a plain value
+  // One value's entry, opaque: trial builds of its producer overwrite it, and putting the kept
+  // build's entry back saves building that one again.
+  struct Entry;
+  std::shared_ptr<const Entry> entry(int32_t value) const;
+  void set_entry(int32_t value, const std::shared_ptr<const Entry>& entry);
   struct Impl;
   Impl& impl() { return *impl_; }
   const Impl& impl() const { return *impl_; }

@@ -557,6 +557,14 @@ std::vector<OpSample> samples_conv2d(Generator& g) {
        conv_attrs({1, 1}, {0, 1}, {1, 1}, 1), "non-contiguous input and weight"},
       {{r({1, 2, 6, 6}), r({2, 2, 2, 2}), r({2})}, conv_attrs({2, 2}, {0, 0}, {1, 1}, 1),
        "2x2 stride 2"},
+      // Grouped with several channels per group (regnet, resnext), where oneDNN's layouts
+      // and kernels differ by channels per group (Note [matched convolution layouts]).
+      {{r({1, 32, 7, 9}), r({32, 8, 3, 3}), r({32})}, conv_attrs({2, 2}, {1, 1}, {1, 1}, 4),
+       "grouped, 8 per group, stride 2, non-square"},
+      {{r({2, 32, 8, 6}), r({32, 4, 3, 3}), Tensor()}, conv_attrs({1, 1}, {2, 2}, {2, 2}, 8),
+       "grouped, 4 per group, dilation 2, no bias"},
+      {{r({1, 32, 6, 6}), r({32, 16, 3, 3}), r({32})}, conv_attrs({1, 1}, {1, 0, 1, 2}, {1, 1}, 2),
+       "grouped, 16 per group, asymmetric padding"},
   };
 }
 

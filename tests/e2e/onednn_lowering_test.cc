@@ -624,6 +624,99 @@ TEST(OnednnLowering, ResnetBlockAfterDefaultPasses) {
     }
 }
 
+// ---- grouped convolutions ------------------------------------------------------------------------
+// x -> 1x1 conv (the producer, whose output may stay blocked) -> grouped 3x3 fused conv -> 1x1
+// conv -> output: the grouped conv's src layout is the producer's. oneDNN 2.6 has only its
+// reference kernel for such a conv with dst `any` (Note [matched convolution layouts] in
+// kernels/onednn_node.cc): the lowering must find a jit kernel without falling back to
+// measuring, on every shape of regnet / resnext's kind (channels per group 2, 4, 8, 16, stride
+// 2, dilation, non-square, residual, activations).
+struct GroupedSpec {
+  int64_t c, groups, h, w, stride = 1, dilation = 1;
+  bool residual = false;
+  const char* act = "relu";
+};
+
+TEST(OnednnLowering, GroupedConvAfterProducerGetsAJitKernel) {
+  std::vector<GroupedSpec> specs = {
+      {.c = 64, .groups = 16, .h = 12, .w = 12},                             // 4 per group
+      {.c = 64, .groups = 8, .h = 12, .w = 9, .stride = 2, .act = "silu"},   // 8, non-square
+      {.c = 64, .groups = 4, .h = 10, .w = 10, .residual = true},            // 16, residual
+      {.c = 32, .groups = 16, .h = 9, .w = 11, .dilation = 2, .act = "none"},  // 2, dilated
+      {.c = 128, .groups = 32, .h = 14, .w = 14, .stride = 2},               // resnext's 4 x 32
+  };
+  for (DType dt : test_dtypes())
+    for (const GroupedSpec& s : specs) {
+      SCOPED_TRACE(fmt::format("{} C={} groups={} {}x{} stride {} dilation {} residual {} {}",
+                               dtype_name(dt), s.c, s.groups, s.h, s.w, s.stride, s.dilation,
+                               s.residual, s.act));
+      Generator gen(kSeed + uint64_t(s.c + s.groups));
+      Graph g;
+      int64_t cpg = s.c / s.groups;
+      ValueId x = g.add_input("x", TensorType(dt, Shape{1, s.c, s.h, s.w}));
+      auto param = [&](const char* name, Dims d, double scale) {
+        return g.add_param(name, randn(gen, d, dt, scale));
+      };
+      double inv = 1.0 / std::sqrt(double(s.c));
+      ValueId p = g.add_node1(OpId::Conv2d, {x, param("w0", {s.c, s.c, 1, 1}, inv), param("b0", {s.c}, 0.5)},
+                              {}, "producer");
+      Attrs a{{"stride", Ints{s.stride, s.stride}},
+              {"padding", Ints{s.dilation, s.dilation}},
+              {"dilation", Ints{s.dilation, s.dilation}},
+              {"groups", s.groups},
+              {"activation", std::string(s.act)},
+              {"sum_scale", 0.5}};
+      std::vector<ValueId> in = {p, param("wg", {s.c, cpg, 3, 3}, 1.0 / std::sqrt(double(cpg * 9))),
+                                 param("bg", {s.c}, 0.5)};
+      if (s.residual) in.push_back(p);
+      ValueId grouped = g.add_node1(OpId::FusedConv2d, in, a, "grouped");
+      g.outputs = {g.add_node1(OpId::Conv2d, {grouped, param("w2", {16, s.c, 1, 1}, inv)}, {},
+                               "consumer")};
+      TensorList inputs = {randn(gen, {1, s.c, s.h, s.w}, dt)};
+      auto low = check_graph(g, inputs, double(s.c), OnednnOptions{});
+      std::string d = low->describe(1);
+      EXPECT_NE(d.find(fmt::format(" g{}", s.groups)), std::string::npos) << d;
+      EXPECT_EQ(d.find("ref:any src"), std::string::npos) << d;  // the kernel that runs
+      EXPECT_EQ(d.find("default ref"), std::string::npos) << d;  // found without measuring
+    }
+}
+
+// Every convolution on a jit kernel is timed once and says how far it is from its roofline;
+// one past OnednnOptions::measure_above_roofline gets its layout measured against the others
+// (Note [measured convolution layout]). A depthwise conv on a plain NCHW input is such a case
+// on the dev machine (brdgmm_dw behind nchw<->nhwc reorders, 3x its roofline; jit_dw behind
+// nChw16c reorders, 2.5x faster); the thresholds 0 and infinity make the test independent of
+// the machine's speed: 0 measures it, and the GEMM candidate (x64:gemm:jit, 5-13x slower than
+// the depthwise kernels) must not win; infinity never measures.
+TEST(OnednnLowering, TimedConvolutionsFarFromTheirRooflineAreMeasured) {
+  for (DType dt : test_dtypes()) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator gen(kSeed + 3);
+    Graph g;
+    const int64_t c = 96;
+    ValueId x = g.add_input("x", TensorType(dt, Shape{1, c, 56, 56}));
+    ValueId w = g.add_param("w", randn(gen, {c, 1, 3, 3}, dt, 1.0 / 3.0));
+    ValueId b = g.add_param("b", randn(gen, {c}, dt, 0.5));
+    g.outputs = {g.add_node1(OpId::FusedConv2d, {x, w, b},
+                             {{"padding", Ints{1, 1}}, {"groups", c},
+                              {"activation", std::string("relu")}},
+                             "dw")};
+    TensorList inputs = {randn(gen, {1, c, 56, 56}, dt)};
+    std::string d = check_graph(g, inputs, 9.0, OnednnOptions{})->describe(0);
+    EXPECT_NE(d.find("x its roofline"), std::string::npos) << d;  // timed
+    std::string measured =
+        check_graph(g, inputs, 9.0, OnednnOptions{.measure_above_roofline = 0})->describe(0);
+    EXPECT_NE(measured.find("layout measured: default"), std::string::npos) << measured;
+    std::string kernel = measured.substr(0, measured.find(';'));  // the one that runs
+    EXPECT_EQ(kernel.find("gemm"), std::string::npos) << measured;
+    EXPECT_EQ(kernel.find("ref:any"), std::string::npos) << measured;
+    std::string never =
+        check_graph(g, inputs, 9.0, OnednnOptions{.measure_above_roofline = HUGE_VAL})->describe(0);
+    EXPECT_NE(never.find("x its roofline"), std::string::npos) << never;
+    EXPECT_EQ(never.find("layout measured"), std::string::npos) << never;
+  }
+}
+
 // ---- what is not lowered ------------------------------------------------------------------------
 TEST(OnednnLowering, NonConstantWeightIsNotLowered) {
   Graph g;

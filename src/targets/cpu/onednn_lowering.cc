@@ -67,16 +67,64 @@
 // + AMX) runs a 2x2 stride-2 conv_transpose2d 64->128 at 100x88 whose src arrives in nhwc (the
 // brgconv before it) as `ref:any` in nhwc: 5.7 s a call under a concurrent build, where the
 // jit kernels take milliseconds (PointPillars' upsampling, issue #17: 70 ms, 94% of the model).
-// A fixed rule cannot know which shapes those are, so the lowering measures: when a
-// convolution's implementation is a reference kernel (the cost model: ~100x slower than any
-// jit kernel, never worth timing), it builds the convolution again with its src and dst
-// pinned to each of blocked (nChw16c / nChw8c), nhwc and nchw, times every candidate that gets a
-// non-reference implementation (one warm-up call, best of three, zero-filled buffers; about a
-// millisecond each) and keeps the fastest; a candidate earlier in that order wins unless a later
-// one is 10% faster, so that noise does not flip the choice. The choice is part of the node's
-// descriptor (OnednnNodeDesc::conv_layout), so a package rebuilds exactly it, and explain
-// shows the measurements. A convolution whose implementation is a jit kernel is never timed:
-// compile time stays as it was for the models where oneDNN chooses well.
+// Grouped convolutions were the same story (regnet, resnext: 20-125 ms a call) until the kernels
+// layer tried the src's own layout for dst (Note [matched convolution layouts] in
+// kernels/onednn_node.cc). And a jit kernel can be slow too: a depthwise conv reading and
+// writing plain NCHW values (efficientnet_b0's, between SiLU and squeeze-excite loop kernels)
+// gets brdgmm_dw in nhwc behind two transposing reorders, 0.26-0.56 ms a call at 3.1-3.9x its
+// roofline, where jit_dw in nChw16c behind blocking reorders takes 0.10-0.21 ms. A fixed rule
+// cannot know which shapes those are, so the lowering measures, in two steps:
+//   - a convolution whose implementation is a reference kernel is never timed itself (~100-1000x
+//     slower than any jit kernel: one call can take a second);
+//   - any other convolution is timed (a warm-up call, then one call) and compared with its
+//     roofline (Note [convolution roofline]); only when it takes more than
+//     OnednnOptions::measure_above_roofline (3x) that time, and more than kTooShortToMeasureMs
+//     (20 us: below that a call is mostly fixed cost that no layout removes), it is timed again
+//     (best of four) and, if still far, measured against the alternatives. 3x rather than #17's
+//     5x: a kernel between the two is worth a look, and measuring costs milliseconds.
+// Measuring builds the convolution again with its src and dst pinned to each of blocked
+// (nChw16c / nChw8c), nhwc and nchw, and times every candidate that gets a non-reference
+// implementation (this node's reorders included) together with a timed default, in five
+// interleaved rounds, each candidate's best: a burst of other work then slows every candidate
+// of a round instead of all calls of one. After a reference default, a candidate earlier in
+// that order wins unless a later one is 10% faster, so that noise does not flip the choice; a
+// timed default stays unless a candidate takes less than kReplaceDefaultBelow (0.75) of its
+// time, because the default's layout is the one its neighbours computed in, and a new one may
+// cost reorders there that this node's time does not show.
+// Every timing runs on one thread, the primitives built for one thread, and counts the
+// thread's CPU time where that is less than the wall-clock time (kernels::CallTimer): on this
+// shared 2-core machine, two OpenMP threads waiting at barriers for a descheduled sibling made
+// single calls 10-100x slower and the candidates' ranks random (a brgconv default "3.4 ms"
+// where it takes 0.27). The per-thread efficiency of a kernel is what the roofline check
+// wants, and the kept build is made afterwards for the caller's thread count.
+// The decision is part of the node's descriptor (OnednnNodeDesc::conv_layout), so a package
+// rebuilds exactly it, and it is kept in the tuning store (support/tuning_store.h), keyed by the
+// convolution without its graph's names, its default build's description, the ISA, the thread
+// count and oneDNN's version: a later compile on this machine decides the same without timing
+// (a measured choice could otherwise differ between two compiles of one model, and packages
+// are byte-identical across compiles: package.deterministic_across_processes). explain shows
+// the measurements: every timed convolution says its time and its ratio to the roofline
+// ("0.262 ms, 2.3x its roofline 0.116 ms"), so the kernels that stay far from it are visible.
+// Cost, the first time only: two calls of every convolution on one thread and a second build
+// of it (about two single-thread inferences of the model's convolutions), plus a few
+// milliseconds per measured one.
+//
+// Note [convolution roofline]
+// The least time a convolution needs on this CPU: max(FLOPs / the CPU's FLOP rate, bytes / its
+// bandwidth), where FLOPs count 2 per multiply-add (N * O * OH * OW * C/g * kh * kw for a
+// convolution), bytes are src + weights + dst (+ the residual, read again) in the node's dtype,
+// and the rates are measured once per process, dtype and thread count (kernels::cpu_roofline:
+// a 384^3 oneDNN matmul, ~265 GFLOP/s f32 and ~520 bf16 on one core of the dev machine, and a
+// 4 MiB copy; about 5 ms). The copy's bandwidth is that of the cache level past L2 while
+// activations at batch 1 mostly live in L2, so the floor is generous for memory-bound kernels:
+// a kernel flagged far from it really is. The per-call fixed cost (oneDNN's execute, tens of
+// microseconds at most) is not in the floor, hence kTooShortToMeasureMs. Measured with oneDNN
+// 2.6 on the dev machine, one thread, 3x3 stride 1, the best layout's kernel against the FLOP
+// floor (f32 / bf16): channels per group 1 (depthwise) 2.1 / 3.9x, 2: 13-21x / 15-20x,
+// 3: 7-10x / 11-12x, 4: 4.6-5.7x / 5.0-5.4x, 6: 3.8-4.8x / 3.6-4.1x, 8: 2.6x / 2.5x,
+// 12: 5.4x / 3.7-4.0x, 16: 1.3x / 1.2x, 24 and up: 1.0-1.8x. So grouped convolutions with 2-6
+// or 12 channels per group stay far from their roofline whatever the layout; no oneDNN layout
+// fixes them.
 //
 // Note [linear choice]
 // linear / fused_linear flatten x to [M, K] and run either inner_product (weights [N, K]) or
@@ -94,7 +142,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <map>
@@ -102,9 +149,12 @@
 
 #include <fmt/format.h>
 
+#include <oneapi/dnnl/dnnl_version.h>
+
 #include "core/error.h"
 #include "kernels/onednn_node.h"
 #include "ops/onednn.h"
+#include "support/tuning_store.h"
 
 namespace kiln::cpu {
 
@@ -179,8 +229,29 @@ struct OnednnLowering::Impl {
   std::string static_check(int32_t n) const;
   void decide_blockable(const std::vector<bool>& eligible);
   kernels::OnednnNodeDesc describe_node(int32_t n);
-  void avoid_reference_conv(int32_t n, const kernels::ConstantSource& constants);
-  double time_node_ms(const kernels::OnednnNode& node, const kernels::OnednnNodeDesc& d);
+  // Zero-filled, 64-byte aligned memory for timing calls; grows, never shrinks.
+  struct TimingArena {
+    std::unique_ptr<char[]> data;
+    int64_t bytes = 0;
+    char* at_least(int64_t n) {
+      if (n > bytes) {
+        data.reset(new char[size_t(n + 64)]());
+        bytes = n;
+      }
+      char* p = data.get();
+      return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+    }
+  } timing_arena;
+  class NodeTimer;
+  struct LayoutDecision {
+    std::string conv_layout, note;
+    bool built_others = false;  // the layouts table holds another build's output layout
+  };
+  LayoutDecision measure_conv_layout(int32_t n, const kernels::ConstantSource& constants);
+  void choose_conv_layout(int32_t n, const kernels::ConstantSource& constants);
+  // Note [convolution roofline].
+  static constexpr double kTooShortToMeasureMs = 0.02;
+  static constexpr double kReplaceDefaultBelow = 0.75;
   bool is_constant(ValueId v) const {
     ValueKind k = g.value(v).kind;
     return k == ValueKind::Param || k == ValueKind::Const;
@@ -343,74 +414,199 @@ kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
   return d;
 }
 
-// Note [measured convolution layout]: one call's best of three on zero-filled buffers sized as
-// the node reads and writes them (blocked values at their padded size).
-double OnednnLowering::Impl::time_node_ms(const kernels::OnednnNode& node,
-                                          const kernels::OnednnNodeDesc& d) {
-  const int64_t elt = d.bf16 ? 2 : 4;
-  std::vector<std::unique_ptr<char[]>> buffers;
-  auto buffer = [&](int64_t bytes) -> char* {
-    buffers.emplace_back(new char[size_t(bytes + 128)]());
-    char* p = buffers.back().get();
-    return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
-  };
-  auto bytes_of = [&](const kernels::OnednnOperand& o) {
-    if (o.value >= 0 && layouts.blocked(o.value)) return layouts.value_bytes(o.value);
-    int64_t n = elt;
-    for (int64_t x : o.dims) n *= x;
+// Note [measured convolution layout]: a node's calls on zero-filled buffers sized as it reads
+// and writes them (blocked values at their padded size), timed by kernels::CallTimer.
+class OnednnLowering::Impl::NodeTimer {
+ public:
+  // Buffers come from `arena`, shared by every timer of the lowering (their contents do not
+  // matter, and the timers run one after another): page faults once, not per candidate.
+  NodeTimer(std::shared_ptr<kernels::OnednnNode> node, const kernels::OnednnNodeDesc& d,
+            const kernels::OnednnLayouts& layouts, TimingArena& arena)
+      : node_(std::move(node)), arena_(arena) {
+    const int64_t elt = d.bf16 ? 2 : 4;
+    auto bytes_of = [&](const kernels::OnednnOperand& o) {
+      if (o.value >= 0 && layouts.blocked(o.value)) return layouts.value_bytes(o.value);
+      int64_t n = elt;
+      for (int64_t x : o.dims) n *= x;
+      return n;
+    };
+    auto place = [&](int64_t bytes) {
+      int64_t at = bytes_;
+      bytes_ += (bytes + 63) / 64 * 64;
+      return at;
+    };
+    for (size_t k = 0; k < d.inputs.size() && k < 4; ++k)
+      if (d.inputs[k].value >= 0) in_at_[k] = place(bytes_of(d.inputs[k]));
+    out_at_ = place(bytes_of(d.output));
+    scratch_at_ = place(std::max<int64_t>(node_->scratch_bytes(), 64));
+  }
+  double call_ms() {
+    char* base = arena_.at_least(bytes_);
+    const void* in[4] = {nullptr, nullptr, nullptr, nullptr};
+    for (int k = 0; k < 4; ++k)
+      if (in_at_[k] >= 0) in[k] = base + in_at_[k];
+    kernels::CallTimer t;
+    node_->run(in, base + out_at_, base + scratch_at_);
+    return t.elapsed_ms();
+  }
+
+ private:
+  std::shared_ptr<kernels::OnednnNode> node_;
+  TimingArena& arena_;
+  int64_t bytes_ = 0, in_at_[4] = {-1, -1, -1, -1}, out_at_ = 0, scratch_at_ = 0;
+};
+
+namespace {
+// Note [convolution roofline]: the least time a convolution's arithmetic and traffic need on
+// this CPU (multiply-adds at the matmul's rate, or activations and weights read and the output
+// written at the copy's bandwidth, whichever is longer); 0 when the CPU's rates are unknown.
+double conv_floor_ms(const kernels::OnednnNodeDesc& d) {
+  const kernels::CpuRoofline& r = kernels::cpu_roofline(d.bf16);
+  if (r.flops_per_ms <= 0 || r.bytes_per_ms <= 0) return 0;
+  const std::vector<int64_t>&x = d.inputs.at(0).dims, &w = d.inputs.at(1).dims, &y = d.output.dims;
+  auto numel = [](const std::vector<int64_t>& v) {
+    double n = 1;
+    for (int64_t e : v) n *= double(e);
     return n;
   };
-  const void* in[4] = {nullptr, nullptr, nullptr, nullptr};
-  for (size_t k = 0; k < d.inputs.size() && k < 4; ++k)
-    if (d.inputs[k].value >= 0) in[k] = buffer(bytes_of(d.inputs[k]));
-  void* out = buffer(bytes_of(d.output));
-  void* scratch = buffer(std::max<int64_t>(node.scratch_bytes(), 64));
-  node.run(in, out, scratch);  // warm-up: first-touch, caches
-  double best = 1e300;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    node.run(in, out, scratch);
-    auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
-  return best;
+  // conv: every output element sums C/g * kh * kw products (w is [O, C/g, kh, kw]); the
+  // transposed conv: every input element scatters into O/g * kh * kw (w is [C, O/g, kh, kw]).
+  bool transposed = d.op == "conv_transpose2d";
+  double flops = 2.0 * (transposed ? numel(x) : numel(y)) * double(w[1] * w[2] * w[3]);
+  double bytes = (numel(x) + numel(w) + numel(y) * (d.has_residual ? 2 : 1)) * (d.bf16 ? 2 : 4);
+  return std::max(flops / r.flops_per_ms, bytes / r.bytes_per_ms);
 }
+}  // namespace
 
-void OnednnLowering::Impl::avoid_reference_conv(int32_t n,
-                                                const kernels::ConstantSource& constants) {
-  const Node& node = g.nodes[size_t(n)];
-  if (node.op != OpId::Conv2d && node.op != OpId::FusedConv2d && node.op != OpId::ConvTranspose2d)
-    return;
+// Note [measured convolution layout], Note [convolution roofline]: the layout to pin ("" for
+// the default build) and what explain says about it. Its trial builds leave their output
+// layouts in the layouts table: the caller puts the default's entry back or builds the chosen.
+OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
+    int32_t n, const kernels::ConstantSource& constants) {
   const std::string first = nodes[size_t(n)]->implementation();
-  if (first.rfind("ref", 0) != 0 || !options.allow_blocked) return;
-  std::string note = fmt::format("layout measured (default {} not timed):", first);
-  std::optional<kernels::OnednnNodeDesc> best;
-  double best_ms = 0;
+  const bool reference = first.rfind("ref", 0) == 0;
+  // Timed on one thread, by its CPU time: on a shared machine, OpenMP threads that wait at
+  // barriers for a descheduled sibling made one call 100x slower and layouts' ranks random.
+  // (The caller builds the kept one for its own thread count.)
+  const int caller_threads = kernels::cpu_threads();
+  kernels::ScopedCpuThreads one_thread(1);
+  std::string note;
+  struct Candidate {
+    std::optional<kernels::OnednnNodeDesc> desc;  // none: the default build
+    std::string implementation;
+    std::unique_ptr<NodeTimer> timer;
+    double ms = 1e300;
+  };
+  std::vector<Candidate> candidates;
+  const double floor_ms = conv_floor_ms(descs[size_t(n)]);
+  if (!reference) {
+    if (floor_ms <= 0) return {"", "", false};  // nothing built
+    // The default built again for one thread unless it was (a primitive runs with the thread
+    // count it was created for); its second call decides, only a slow-looking one is timed again.
+    auto timer = std::make_unique<NodeTimer>(
+        caller_threads == 1 ? nodes[size_t(n)]
+                            : kernels::OnednnNode::build(descs[size_t(n)], layouts, constants),
+        descs[size_t(n)], layouts, timing_arena);
+    timer->call_ms();  // warm-up: the first call of a primitive initializes it
+    double default_ms = timer->call_ms();
+    const double far_ms = std::max(options.measure_above_roofline * floor_ms,
+                                   options.measure_above_roofline > 0 ? kTooShortToMeasureMs : 0);
+    for (int i = 0; i < 3 && default_ms > far_ms; ++i)
+      default_ms = std::min(default_ms, timer->call_ms());
+    note = fmt::format("{:.3f} ms, {:.1f}x its roofline {:.4f} ms", default_ms,
+                       default_ms / floor_ms, floor_ms);
+    if (default_ms <= far_ms) return {"", note, true};
+    note += "; layout measured:";
+    candidates.push_back({std::nullopt, first, std::move(timer)});
+  } else {
+    note = fmt::format("layout measured (default {} not timed):", first);
+  }
+  std::string not_timed;
   for (const char* layout : {"blocked", "nhwc", "nchw"}) {
     kernels::OnednnNodeDesc d = descs[size_t(n)];
     d.conv_layout = layout;
     std::shared_ptr<kernels::OnednnNode> cand = kernels::OnednnNode::build(d, layouts, constants);
     if (!cand->lowered() || cand->implementation().rfind("ref", 0) == 0) {
-      note += fmt::format(" {} {};", layout,
-                          cand->lowered() ? cand->implementation() + " not timed" : "none");
+      not_timed += fmt::format(" {} {};", layout,
+                               cand->lowered() ? cand->implementation() + " not timed" : "none");
       continue;
     }
-    double ms = time_node_ms(*cand, d);
-    note += fmt::format(" {} {} {:.3f} ms;", layout, cand->implementation(), ms);
-    if (!best || ms < 0.9 * best_ms) {
-      best = d;
-      best_ms = ms;
+    auto timer = std::make_unique<NodeTimer>(cand, d, layouts, timing_arena);
+    timer->call_ms();  // warm-up
+    candidates.push_back({d, cand->implementation(), std::move(timer)});
+  }
+  // Interleaved rounds, each candidate's best: a burst of other work on the machine slows
+  // every candidate of a round rather than one candidate's every call. Each timed call follows
+  // an untimed one of the same candidate: the candidate before it (the GEMM's im2col buffer)
+  // left the caches cold, which made the same kernel 40% slower in the first slot of a round.
+  for (int round = 0; round < 5; ++round)
+    for (Candidate& c : candidates) {
+      c.timer->call_ms();
+      c.ms = std::min(c.ms, c.timer->call_ms());
+    }
+  // A reference default: the first candidate in order wins unless a later one is 10% faster.
+  // A timed default (the first candidate): replaced only below kReplaceDefaultBelow of its time.
+  const Candidate* best = nullptr;
+  for (const Candidate& c : candidates) {
+    note += fmt::format(" {} {} {:.3f} ms;", c.desc ? c.desc->conv_layout : "default",
+                        c.implementation, c.ms);
+    double margin = !reference && best == &candidates.front() ? kReplaceDefaultBelow : 0.9;
+    if (!best || c.ms < margin * best->ms) best = &c;
+  }
+  note += not_timed;
+  if (best && best->desc) {
+    note += fmt::format(" chose {}", best->desc->conv_layout);
+    if (floor_ms > 0) note += fmt::format(" ({:.1f}x its roofline)", best->ms / floor_ms);
+    return {best->desc->conv_layout, note, true};
+  }
+  note += " kept the default";
+  return {"", note, true};
+}
+
+// Note [measured convolution layout]: the decision for the node as built (descs[n], nodes[n]),
+// from the tuning store when an earlier compile on this machine measured the same convolution.
+void OnednnLowering::Impl::choose_conv_layout(int32_t n,
+                                              const kernels::ConstantSource& constants) {
+  const Node& node = g.nodes[size_t(n)];
+  if (node.op != OpId::Conv2d && node.op != OpId::FusedConv2d && node.op != OpId::ConvTranspose2d)
+    return;
+  if (!options.allow_blocked) return;
+  // The key: the convolution without its graph's names (shapes, geometry, epilogue, options),
+  // the layouts and kernel its default build got, the machine, the thread count.
+  kernels::OnednnNodeDesc anonymous = descs[size_t(n)];
+  anonymous.node.clear();
+  for (kernels::OnednnOperand* o : {&anonymous.output}) o->value = -1;
+  for (kernels::OnednnOperand& o : anonymous.inputs) {
+    o.value = o.value < 0 ? -1 : 0;
+    if (!o.constant.empty()) o.constant = "constant";
+  }
+  const std::string key = fmt::format(
+      "onednn conv layout 1\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {}", anonymous.to_json(),
+      nodes[size_t(n)]->description(), onednn::cpu_isa_name(), kernels::cpu_threads(),
+      DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, options.measure_above_roofline);
+  const ValueId y = node.outputs[0];
+  const std::shared_ptr<const kernels::OnednnLayouts::Entry> kept = layouts.entry(y);
+  LayoutDecision decision;
+  std::string stored;
+  if (tuning_get(key, &stored) && stored.find('\n') != std::string::npos) {
+    decision.conv_layout = stored.substr(0, stored.find('\n'));
+    decision.note = stored.substr(stored.find('\n') + 1) + " (from the tuning store)";
+  } else {
+    decision = measure_conv_layout(n, constants);
+    try {
+      tuning_put(key, decision.conv_layout + "\n" + decision.note);
+    } catch (const std::exception&) {
+      // An unwritable cache only costs the next compile the measurement.
     }
   }
-  if (best) {
-    descs[size_t(n)] = *best;
-    note += fmt::format(" chose {}", best->conv_layout);
-  } else {
-    note += " kept the default";
+  layout_note[size_t(n)] = decision.note;
+  if (decision.conv_layout.empty()) {
+    if (decision.built_others) layouts.set_entry(y, kept);  // the default's build is kept
+    return;
   }
+  descs[size_t(n)].conv_layout = decision.conv_layout;
   // Built again last, so that the layouts table holds the kept build's output layout.
   nodes[size_t(n)] = kernels::OnednnNode::build(descs[size_t(n)], layouts, constants);
-  layout_note[size_t(n)] = note;
 }
 
 // ---- public API -------------------------------------------------------------------------------
@@ -464,7 +660,7 @@ OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& exter
       im.descs[n] = im.describe_node(int32_t(n));
       im.nodes[n] = kernels::OnednnNode::build(im.descs[n], im.layouts, constants);
       if (im.nodes[n]->lowered()) {
-        im.avoid_reference_conv(int32_t(n), constants);
+        im.choose_conv_layout(int32_t(n), constants);
         continue;
       }
       im.why_not[n] = im.nodes[n]->why_not();

@@ -54,6 +54,10 @@ struct OnednnOptions {
   LinearImpl linear = LinearImpl::Auto;
   ConvPolicy conv = ConvPolicy::Auto;
   std::vector<StridedOperand> matmul_strides;
+  // A convolution whose one timed call takes more than this many times its roofline gets its
+  // layout measured (Note [measured convolution layout] in onednn_lowering.cc); 0 measures every
+  // convolution, infinity none but those on a reference kernel.
+  double measure_above_roofline = 3.0;
 };
 
 class OnednnLowering {
