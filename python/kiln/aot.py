@@ -197,7 +197,8 @@ def export(model, args, path, *, kwargs=None, device=None, mode="default", dtype
                   f"package: {why}", KilnExportWarning, stacklevel=2)
     manifest = {
         "format": FORMAT,
-        "note": "graph folder: IR text + safetensors; .kiln packages for CUDA (issue #14) replace it",
+        "note": "graph folder: IR text + safetensors; .kiln packages for CUDA and for symbolic "
+                "sizes (issue #14) replace it",
         "kiln_version": _kiln.version(),
         "torch_version": torch.__version__,
         "mode": mode,

@@ -494,10 +494,7 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
       try {
         run_launches(c, in);
-        if (c.status_host)
-          check(cudaMemcpyAsync(c.status_host, c.status_owner.get(), 2 * sizeof(int64_t),
-                                cudaMemcpyDeviceToHost, s),
-                "cudaMemcpyAsync of the status record");
+        copy_status_back(c);
       } catch (...) {
         cudaStreamEndCapture(s, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -513,10 +510,7 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
     check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(c.graph_exec), s), "cudaGraphLaunch");
   } else {
     run_launches(c, in);
-    if (c.status_host)
-      check(cudaMemcpyAsync(c.status_host, c.status_owner.get(), 2 * sizeof(int64_t),
-                            cudaMemcpyDeviceToHost, s),
-            "cudaMemcpyAsync of the status record");
+    copy_status_back(c);
   }
   char* const* b = c.slots.data();
   bool strided_outputs = false;
@@ -553,6 +547,13 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       t.copy_(view.device() == t.device() ? view : view.contiguous().to(t.device()));
     }
   }
+}
+
+void Executable::copy_status_back(Context& c) {
+  if (!c.status_host) return;
+  check(cudaMemcpyAsync(c.status_host, c.status_owner.get(), 2 * sizeof(int64_t),
+                        cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(c.stream)),
+        "cudaMemcpyAsync of the status record");
 }
 
 void Executable::fail_device_check(Context& c) {

@@ -183,6 +183,9 @@ class Executable {
   void run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tensor* out, size_t num_outputs);
   void run_launches(Context& c, const Tensor* args);
   void check_inputs(const Tensor* in, size_t num_inputs, size_t num_outputs) const;
+  // Note [Device status]: queue the record's copy to the host on the context's stream; and,
+  // after the stream finished with a code set, clear the record and throw.
+  void copy_status_back(Context& c);
   [[noreturn]] void fail_device_check(Context& c);
 
   int64_t arena_bytes_ = 0;
