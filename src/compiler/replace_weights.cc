@@ -223,14 +223,8 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
                                      const std::string& weights_path, const std::string& out_path) {
   auto t0 = std::chrono::steady_clock::now();
   ReplaceWeightsReport rep;
-  std::string bytes;
-  if (!read_whole_file(package_path, &bytes))
-    fail_kind(ErrorKind::InvalidArgument, "package '{}': cannot read the file: {}", package_path,
-              errno_text(errno));
   uint32_t version = 0;
-  std::vector<PackageSection> sections = parse_package_container(bytes, package_path, &version);
-  bytes.clear();
-  bytes.shrink_to_fit();
+  std::vector<PackageSection> sections = read_package_sections(package_path, &version);
   PackageSection* weights_section = nullptr;
   const PackageSection* source_section = nullptr;
   for (PackageSection& s : sections) {

@@ -599,20 +599,27 @@ LoadedPackage load_package(const std::string& path) {
   return load_package_bytes(std::string_view(static_cast<const char*>(map), size), path);
 }
 
-std::string explain_package(const std::string& path) {
+std::vector<PackageSection> read_package_sections(const std::string& path, uint32_t* version,
+                                                  size_t* file_bytes) {
   std::string bytes;
   if (!read_whole_file(path, &bytes))
     fail_kind(ErrorKind::InvalidArgument, "package '{}': cannot read the file: {}", path,
               errno_text(errno));
+  if (file_bytes) *file_bytes = bytes.size();
+  return parse_package_container(bytes, path, version);
+}
+
+std::string explain_package(const std::string& path) {
   uint32_t version = 0;
-  std::vector<PackageSection> sections = parse_package_container(bytes, path, &version);
+  size_t file_bytes = 0;
+  std::vector<PackageSection> sections = read_package_sections(path, &version, &file_bytes);
   json m;
   try {
     m = json::parse(sections[0].bytes);
   } catch (const std::exception& e) {
     bad(path, fmt::format("section 'manifest': {}", e.what()));
   }
-  std::string s = fmt::format("package {} ({} bytes, format version {})\n", path, bytes.size(),
+  std::string s = fmt::format("package {} ({} bytes, format version {})\n", path, file_bytes,
                               version);
   for (const PackageSection& sec : sections)
     s += fmt::format("  section {:<12} {:>12} bytes  sha256 {}\n", sec.name, sec.bytes.size(),

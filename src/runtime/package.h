@@ -35,6 +35,11 @@ std::string package_container(const std::vector<PackageSection>& sections);
 std::vector<PackageSection> parse_package_container(std::string_view bytes,
                                                     const std::string& source,
                                                     uint32_t* version = nullptr);
+// parse_package_container over the whole file at `path` (an unreadable file is an
+// InvalidArgument error naming it); `file_bytes`, when given, receives the file's size.
+std::vector<PackageSection> read_package_sections(const std::string& path,
+                                                  uint32_t* version = nullptr,
+                                                  size_t* file_bytes = nullptr);
 
 // ---- writing ------------------------------------------------------------------------------------
 // What the manifest records besides the Executable: where it came from and how it was built.
