@@ -19,11 +19,14 @@ export LD_LIBRARY_PATH="$KILN_DIR:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_L
 SYSTEMS="${KILN_COMPARE_SYSTEMS:-kiln-compiled,kiln-compiled-reduce-overhead,torch-eager,torch-compile-reduce-overhead}"
 for spec in ${KILN_COMPARE:-bf16:1:resnet50,vit_b_16,bert_base}; do
   IFS=: read -r dt batch models <<< "$spec"
+  # One folder per spec (models included): two specs of one dtype and batch must not overwrite
+  # each other's tables.
+  tag="$dt-b$batch-${models//,/+}"
   t0=$SECONDS
   timeout "${KILN_COMPARE_TIMEOUT:-200}" python3 "$REPO/bench/compare.py" --device cuda \
     --kiln "$KILN_DIR/kiln" --models "$models" --systems "$SYSTEMS" --dtype "$dt" --batch "$batch" \
     --iters "${KILN_COMPARE_ITERS:-100}" --rounds "${KILN_COMPARE_ROUNDS:-2}" --threads 2 \
-    --compile-budget 120 --quiet --out "$OUT/compare-$dt-b$batch" > "$OUT/compare-$dt-b$batch.log" 2>&1
+    --compile-budget 120 --quiet --out "$OUT/compare-$tag" > "$OUT/compare-$tag.log" 2>&1
   echo "compare $dt batch $batch ($models): exit $? ($((SECONDS - t0)) s)"
 done
 for m in ${KILN_BENCH_MODELS:-}; do
