@@ -64,7 +64,7 @@ is_base_lib() {
 # 540 MB, cuDNN's engines 250 MB) and the GPU machine has its own (CUDA 13 under
 # /usr/local/cuda/lib64, cuDNN 9.14 as a system library), which must be the ones used: a cuDNN
 # 9.19 front library next to 9.14 engine libraries would not load. Kiln opens NVRTC, cuBLASLt
-# and cuDNN with dlopen (src/targets/cuda/dynamic_library.h), so ldd does not list them today;
+# and cuDNN with dlopen (src/kernels/cuda/dynamic_library.h), so ldd does not list them today;
 # this guards against a future link.
 is_cuda_toolkit_lib() {
   case "$1" in

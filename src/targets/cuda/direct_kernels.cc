@@ -49,7 +49,7 @@
 
 #include "core/error.h"
 #include "lower/loop_ir.h"
-#include "targets/cuda/cuda_driver.h"
+#include "kernels/cuda/cuda_driver.h"
 #include "targets/cuda/emitter.h"
 
 namespace kiln::cuda {

@@ -59,7 +59,7 @@
 #include "support/files.h"
 #include "support/hash.h"
 #include "support/strings.h"
-#include "targets/cuda/dynamic_library.h"
+#include "kernels/cuda/dynamic_library.h"
 
 namespace kiln::cuda {
 

@@ -1,4 +1,4 @@
-#include "targets/cuda/dynamic_library.h"
+#include "kernels/cuda/dynamic_library.h"
 
 #include <dlfcn.h>
 

@@ -17,7 +17,7 @@
 // statistics M + log(L) written to a [B,H,Sq,1] float32 output that lives in the plan's
 // workspace (some engine versions only match the form with statistics). The first form that
 // has an engine is used; sdpa_supported() reports both failures otherwise.
-#include "targets/cuda/cudnn_sdpa.h"
+#include "kernels/cuda/cudnn_sdpa.h"
 
 #include <cudnn_graph.h>
 #include <cuda_runtime_api.h>
@@ -30,7 +30,7 @@
 
 #include "core/cuda_runtime.h"
 #include "core/error.h"
-#include "targets/cuda/cudnn_backend.h"
+#include "kernels/cuda/cudnn_backend.h"
 
 namespace kiln::cuda {
 

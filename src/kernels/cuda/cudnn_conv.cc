@@ -10,7 +10,7 @@
 // [c_in, c_out/g, kh, kw], "dy" = x [n, c_in, h, w] and "dx" = y [n, c_out, oh, ow], where
 // oh = (h - 1) * stride - pad_pre - pad_post + dilation * (kh - 1) + 1 + output_padding. The
 // forward relation oh -> h rounds down, so output_padding (< stride) needs no extra attribute.
-#include "targets/cuda/cudnn_conv.h"
+#include "kernels/cuda/cudnn_conv.h"
 
 #include <cudnn_graph.h>
 
@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "targets/cuda/cudnn_backend.h"
+#include "kernels/cuda/cudnn_backend.h"
 
 namespace kiln::cuda {
 

@@ -18,7 +18,7 @@
 //
 // Versions: cuDNN 9.x keeps its ABI within the major version; version() requires 9 and the
 // engines available are whatever the loaded library offers (GraphPlans asks, never assumes).
-#include "targets/cuda/cudnn_backend.h"
+#include "kernels/cuda/cudnn_backend.h"
 
 #include <cudnn_graph.h>
 #include <cuda_runtime_api.h>
@@ -30,7 +30,7 @@
 
 #include "core/cuda_runtime.h"
 #include "core/error.h"
-#include "targets/cuda/dynamic_library.h"
+#include "kernels/cuda/dynamic_library.h"
 
 namespace kiln::cuda::cudnn {
 namespace {

@@ -8,7 +8,7 @@
 // so the pointer types can be taken from cuda.h with decltype. The table is filled once per
 // process; where no device or driver exists it stays empty and every call reports
 // "no CUDA device: <reason>" (the reason is the runtime's, as in core/cuda_runtime.cc).
-#include "targets/cuda/cuda_driver.h"
+#include "kernels/cuda/cuda_driver.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>

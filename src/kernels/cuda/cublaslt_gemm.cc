@@ -25,7 +25,7 @@
 // Threads. The matmul descriptor carries the bias pointer, which changes per call; run() sets
 // it and enqueues the matmul under the plan's mutex (enqueueing only: the GEMM runs
 // asynchronously on the caller's stream).
-#include "targets/cuda/cublaslt_gemm.h"
+#include "kernels/cuda/cublaslt_gemm.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -38,7 +38,7 @@
 
 #include "core/cuda_runtime.h"
 #include "core/error.h"
-#include "targets/cuda/dynamic_library.h"
+#include "kernels/cuda/dynamic_library.h"
 
 namespace kiln::cuda {
 namespace {
