@@ -22,10 +22,10 @@
 #include "core/cuda_runtime.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "targets/cuda/cublaslt_gemm.h"
-#include "targets/cuda/cuda_driver.h"
-#include "targets/cuda/cudnn_conv.h"
-#include "targets/cuda/cudnn_sdpa.h"
+#include "kernels/cuda/cublaslt_gemm.h"
+#include "kernels/cuda/cuda_driver.h"
+#include "kernels/cuda/cudnn_conv.h"
+#include "kernels/cuda/cudnn_sdpa.h"
 #include "targets/cuda/nvrtc.h"
 
 extern char** environ;
