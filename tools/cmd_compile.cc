@@ -1,5 +1,5 @@
-// kiln compile MODEL|MODEL.onnx -o model.kiln: compile for the CPU and write a deployment
-// package (runtime/package.h, docs/package.md).
+// kiln compile MODEL|MODEL.onnx -o model.kiln [--device cpu|cuda]: compile and write a
+// deployment package (runtime/package.h, docs/package.md).
 #include <omp.h>
 
 #include <chrono>
@@ -29,9 +29,9 @@ struct CompileArgs {
 
 void compile_command(const CompileArgs& a) {
   if (a.output.empty()) fail("compile: -o model.kiln is required");
-  if (a.device != "cpu")
-    fail_kind(ErrorKind::NotSupported, "compile: --device {}: packages are CPU packages so far",
-              a.device);
+  if (a.device != "cpu" && a.device != "cuda")
+    fail("compile: --device expected cpu or cuda, found '{}'", a.device);
+  const Device device = a.device == "cuda" ? Device::cuda(0) : Device::cpu();
   if (a.mode != "default" && a.mode != "reduce-overhead" && a.mode != "max-autotune")
     fail("compile: --mode expected default, reduce-overhead or max-autotune, found '{}'", a.mode);
   if (a.batch < 1) fail("compile: --batch expected >= 1, found {}", a.batch);
@@ -44,7 +44,7 @@ void compile_command(const CompileArgs& a) {
   auto t0 = std::chrono::steady_clock::now();
   // Zoo models and ONNX files alike: captured as one graph (ONNX through the graph interpreter,
   // concrete shapes for --batch) and compiled with the caller's options.
-  BenchTarget m = load_bench_target(a.model, a.batch, a.seed);
+  BenchTarget m = load_bench_target(a.model, a.batch, a.seed, device);
   Graph source;
   auto compiled = nn::compile_captured_graph(m.compile, m.inputs, options, &source);
   PackageInfo info;
@@ -64,7 +64,7 @@ void add_compile_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("compile", "Compile a model into a deployment package (.kiln)");
   cmd->add_option("model", a.model, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("-o,--output", a.output, "The package to write (model.kiln)")->required();
-  cmd->add_option("--device", a.device, "cpu (default; the only one so far)");
+  cmd->add_option("--device", a.device, "cpu (default) | cuda (compiled on this machine's GPU)");
   cmd->add_option("--mode", a.mode, "default | reduce-overhead | max-autotune");
   cmd->add_option("--knobs", a.knobs, "Target configuration, e.g. conv=nChw16c,vec=256");
   cmd->add_option("--dtype", a.dtype,

@@ -197,6 +197,7 @@ BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t 
       }
     };
     t.compile = [m](const CompileOptions& o) { return compile(m->module, o); };
+    t.state = m->module->state_dict();
     return t;
   }
   Graph cpu_graph = import_onnx(target);

@@ -225,6 +225,8 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   exe->keep_alive.push_back(lib);
   if (loops.keep_alive) exe->keep_alive.push_back(loops.keep_alive);
   exe->kernel_library_path = loops.library_path;
+  exe->device_modules = std::move(loops.device_modules);
+  for (Executable::DeviceModule& dm : lib->device_modules()) exe->device_modules.push_back(std::move(dm));
   // Every constant by name (what a package's weights section holds): those with a slot, then
   // those only the library kernels read (their records name them).
   {

@@ -362,7 +362,7 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
   std::vector<uint8_t> w = safetensors_bytes(weights);
   weights_section->bytes.assign(w.begin(), w.end());
   std::vector<uint8_t>().swap(w);
-  std::string out = package_container(sections);
+  std::string out = package_container(sections, version);
   rep.package_bytes = int64_t(out.size());
   AtomicFile f(out_path, "replace-weights");
   f.write(out);

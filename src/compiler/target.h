@@ -125,6 +125,8 @@ class LibraryKernels {
                                   const std::vector<MemRef>& outputs, MemRef scratch,
                                   MemRef status) const = 0;
   virtual std::vector<Executable::DeviceCheck> device_checks() const { return {}; }
+  // The device code modules the launches run kernels of (Executable::device_modules).
+  virtual std::vector<Executable::DeviceModule> device_modules() const { return {}; }
 };
 
 // What the driver passes to the library lowering besides the nodes.
@@ -149,6 +151,7 @@ struct LoopBuild {
   std::vector<TunableLaunch> tunable;        // per-launch runtime parameters (thread counts)
   std::shared_ptr<void> keep_alive;          // the loaded module
   std::string library_path;                  // its shared object (what a package carries)
+  std::vector<Executable::DeviceModule> device_modules;  // its device code (what a package carries)
   std::vector<Executable::DeviceCheck> device_checks;  // what its kernels may report (status)
   bool cache_hit = false;                    // the module came from the kernel cache
   double build_s = 0;                        // the toolchain's wall time (0 on a hit)

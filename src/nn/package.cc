@@ -39,7 +39,10 @@ const bool g_registered = [] {
   register_backend("package", [](const Graph& g, const BackendOptions& o) -> std::unique_ptr<CompiledGraph> {
     KILN_CHECK(t_capture, "the 'package' backend is used by nn::compile_module_graph only");
     compiler::Options opts = *t_capture->options;
-    std::shared_ptr<compiler::CompiledExecutable> c = compiler::compile(g, Device::cpu(), opts);
+    // The device of the graph's inputs, as the "inductor" backend decides it: a model called
+    // with CUDA tensors (and holding CUDA weights) makes a CUDA package.
+    Device d = o.device ? *o.device : g.inputs.empty() ? Device::cpu() : g.type(g.inputs[0]).device;
+    std::shared_ptr<compiler::CompiledExecutable> c = compiler::compile(g, d, opts);
     t_capture->compiled = c;
     if (t_capture->source) *t_capture->source = g;
     t_capture->graphs++;

@@ -417,12 +417,24 @@ void Executable::run_cpu(Context& c, const Tensor* in, size_t num_inputs, Tensor
 
 void Executable::run_buffers(const void* const* in, size_t num_inputs, void* const* out,
                              size_t num_outputs) {
-  if (!device_.is_cpu())
-    fail("compiled graph: run_buffers takes host buffers; this executable runs on {}",
-         device_.str());
   if (num_inputs != inputs.size() || num_outputs != outputs.size())
     fail("compiled graph: expected {} inputs and {} outputs, got {} and {}", inputs.size(),
          outputs.size(), num_inputs, num_outputs);
+  if (!device_.is_cpu()) {
+    // CUDA: the host buffers as tensors; run() copies them in (one async copy each) and the
+    // outputs back. The tensor handles are this call's only allocations.
+    std::vector<Tensor> in_t(num_inputs), out_t(num_outputs);
+    for (size_t i = 0; i < num_inputs; ++i) {
+      if (!in[i]) fail("compiled graph: input {} ('{}') is null", i, inputs[i].name);
+      in_t[i] = Tensor::from_blob(const_cast<void*>(in[i]), inputs[i].sizes, inputs[i].dtype);
+    }
+    for (size_t i = 0; i < num_outputs; ++i) {
+      if (!out[i]) fail("compiled graph: output {} is null", i);
+      out_t[i] = Tensor::from_blob(out[i], outputs[i].sizes, outputs[i].dtype);
+    }
+    run(in_t.data(), num_inputs, out_t.data(), num_outputs);
+    return;
+  }
   if (has_eager_launch_)
     fail("compiled graph: it has eager launches, which need input tensors; use run()");
   Lease lease(*this);

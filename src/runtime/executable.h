@@ -109,6 +109,14 @@ class Executable {
   // kernels' shared object (its path; empty when there are no loop kernels).
   std::vector<ConstantSpec> constants;
   std::string kernel_library_path;
+  // CUDA: the modules its kernels come from (cubins NVRTC built for `arch`), by name: what a
+  // package's kernels.cuda section holds (Note [CUDA launch records] in launch_cuda.cc).
+  struct DeviceModule {
+    std::string name;
+    std::string arch;  // "sm_90"
+    std::shared_ptr<const std::string> image;
+  };
+  std::vector<DeviceModule> device_modules;
   int num_slots() const { return int(initial_slots_.size()); }
 
   // Checks inputs (count, dtype, shape; a CUDA executable takes host or device inputs) and
@@ -121,8 +129,9 @@ class Executable {
   // Allocates fresh output tensors (on the executable's device) and runs.
   TensorList run(const TensorList& inputs);
   // The same over raw host buffers (the C API): inputs[i] and outputs[i] contiguous in the
-  // specs' dtypes and shapes. CPU executables without eager launches (packages) only. No heap
-  // allocation in steady state, strided-view outputs aside (copied through tensor views).
+  // specs' dtypes and shapes; executables without eager launches (packages) only. CPU: no heap
+  // allocation in steady state, strided-view outputs aside (copied through tensor views). CUDA:
+  // the buffers are copied to the device and the outputs back (a few tensor handles per call).
   void run_buffers(const void* const* inputs, size_t num_inputs, void* const* outputs,
                    size_t num_outputs);
   // Runs launch i alone over the slots of the execution context the last run() released (the
@@ -154,6 +163,7 @@ class Executable {
   };
   void set_device_status(int slot, std::vector<DeviceCheck> checks);
   const std::vector<DeviceCheck>& device_checks() const { return device_checks_; }
+  int device_status_slot() const { return status_slot_; }
 
   // CUDA, reduce-overhead: from the next run on, the launch list is captured into a CUDA graph
   // once per execution context and replayed (Note [Executable]). Inputs are then always copied

@@ -16,6 +16,14 @@ namespace kiln::kernels {
 class OnednnNode;
 class OnednnLayouts;
 }  // namespace kiln::kernels
+namespace kiln::cuda {
+class CudaKernel;
+class CudaModule;
+class GemmPlan;
+class ConvPlan;
+struct GemmDesc;
+struct ConvDesc;
+}  // namespace kiln::cuda
 
 namespace kiln {
 
@@ -68,6 +76,50 @@ struct ConcatPart {
 Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t outer,
                                       int64_t out_chunk_bytes, MemRef out);
 
+// ---- CUDA launches (Note [CUDA launch records] in launch_cuda.cc) ------------------------------
+// One kernel of one of the executable's CUDA modules (Executable::device_modules, by name): a
+// generated loop kernel (every argument a slot's base, offset 0) or a direct kernel (inputs,
+// outputs, then the status record), launched on the execution context's stream.
+struct CudaKernelSpec {
+  std::string module;  // the module's name
+  std::string kernel;  // the extern "C" __global__ function
+  unsigned grid = 0;   // blocks (x); 0: nothing to do
+  unsigned block = 1;  // threads per block (x)
+  unsigned shared = 0; // dynamic shared memory per block, bytes
+  std::vector<MemRef> args;  // one pointer parameter each: slots[slot] + byte_offset
+};
+Executable::Launch make_cuda_kernel_launch(const cuda::CudaKernel& kernel, CudaKernelSpec spec);
+
+// A cuBLASLt GEMM, D = op(A) op(B) (+ bias), with the plan made by the compiler (or the loader).
+// `plan` null: a launch for a package only (a cross-build without a GPU), which fails if run;
+// its record leaves the algorithm to the loader. With a plan, the record pins the plan's
+// algorithm (the loader refuses a cuBLASLt that does not offer the same one).
+struct CublasltBuffers {
+  MemRef a, b, bias, d, workspace;
+  int64_t workspace_bytes = 0;  // the scratch region's size (>= the algorithm's workspace)
+};
+Executable::Launch make_cublaslt_launch(const cuda::GemmDesc& desc,
+                                        std::shared_ptr<const cuda::GemmPlan> plan,
+                                        CublasltBuffers buffers);
+
+// A cuDNN convolution (graph plan with its selected engine), optionally followed by a bias
+// kernel (a direct kernel of the executable's library module) where no engine fuses the bias.
+// `plan` null: a launch for a package only, as above; the record then leaves the engine to the
+// loader.
+struct CudnnConvBuffers {
+  MemRef x, w, bias, y, workspace;
+  int64_t workspace_bytes = 0;
+};
+Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
+                                          std::shared_ptr<const cuda::ConvPlan> plan,
+                                          CudnnConvBuffers buffers,
+                                          const cuda::CudaKernel* bias_kernel,
+                                          CudaKernelSpec bias_spec);
+
+// A launch that cannot run in this process (a cross-build for a GPU that is not here) but has
+// a record for a package: running it fails with `why`.
+Executable::Launch make_record_only_launch(LaunchRecord record, std::string why);
+
 // What rebuilding a launch needs from the package being loaded.
 struct LaunchEnv {
   std::function<void*(const std::string& symbol)> symbol;  // in the kernels' shared object; null if absent
@@ -77,6 +129,8 @@ struct LaunchEnv {
   // every buffer a rebuilt launch reads or writes through the slot table is checked against it,
   // so an edited manifest cannot make a launch reach outside its buffers. Null: not checked.
   std::function<int64_t(int32_t slot)> slot_bytes;
+  // CUDA packages: the package's loaded module of this name (null when it has none).
+  std::function<std::shared_ptr<const cuda::CudaModule>(const std::string& name)> cuda_module;
 };
 
 // Rebuilds a launch from its record; `where` names it in errors ("launch 3 'k2_add'"). Throws

@@ -45,7 +45,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/cuda_runtime.h"
 #include "core/error.h"
+#include "kernels/cuda/cuda_driver.h"
 #include "kernels/onednn_node.h"
 #include "runtime/launch_library.h"
 #include "runtime/safetensors.h"
@@ -68,7 +70,7 @@ struct SectionKind {
   uint32_t since;
 };
 constexpr SectionKind kSectionOrder[] = {
-    {"manifest", 1}, {"weights", 1}, {"kernels.cpu", 1}, {"source", 2}};
+    {"manifest", 1}, {"weights", 1}, {"kernels.cpu", 1}, {"kernels.cuda", 3}, {"source", 2}};
 
 void put_u32(std::string& s, size_t at, uint32_t v) { std::memcpy(&s[at], &v, 4); }
 void put_u64(std::string& s, size_t at, uint64_t v) { std::memcpy(&s[at], &v, 8); }
@@ -102,7 +104,10 @@ json dims_json(const Dims& d) {
 }  // namespace
 
 // ---- container ----------------------------------------------------------------------------------
-std::string package_container(const std::vector<PackageSection>& sections) {
+std::string package_container(const std::vector<PackageSection>& sections, uint32_t version) {
+  KILN_CHECK(version >= kOldestPackageFormatVersion && version <= kPackageFormatVersion,
+             "package: format version {} ({}..{})", version, kOldestPackageFormatVersion,
+             kPackageFormatVersion);
   KILN_CHECK(!sections.empty() && sections.size() <= kMaxSections,
              "package: {} sections (1..{})", sections.size(), kMaxSections);
   size_t table_end = kHeaderBytes + kEntryBytes * sections.size();
@@ -117,7 +122,7 @@ std::string package_container(const std::vector<PackageSection>& sections) {
   size_t file_size = offsets.back() + sections.back().bytes.size();
   std::string out(file_size, '\0');
   std::memcpy(&out[0], kMagic, 8);
-  put_u32(out, 8, kPackageFormatVersion);
+  put_u32(out, 8, version);
   put_u32(out, 12, uint32_t(sections.size()));
   put_u64(out, 16, file_size);
   for (size_t i = 0; i < sections.size(); ++i) {
@@ -214,7 +219,7 @@ std::vector<SectionView> parse_sections(std::string_view b, const std::string& s
       bad(source, fmt::format("section '{}': unknown to format version {}", s.name, version));
     if (k < next)
       bad(source, fmt::format("section '{}': out of order (the format's order is manifest, "
-                              "weights, kernels.cpu, source)", s.name));
+                              "weights, kernels.cpu, kernels.cuda, source)", s.name));
     next = k + 1;
   }
   if (out.size() < 2 || out[0].name != "manifest" || out[1].name != "weights")
@@ -225,10 +230,12 @@ std::vector<SectionView> parse_sections(std::string_view b, const std::string& s
 
 // ---- writing --------------------------------------------------------------------------------------
 std::string package_bytes(const Executable& exe, const PackageInfo& info) {
-  KILN_CHECK(exe.device().is_cpu(), "package: only CPU executables can be packaged so far (this "
-             "one is for {})", exe.device().str());
+  const bool cuda = exe.device().is_cuda();
+  KILN_CHECK(exe.device().is_cpu() || cuda, "package: executables for {} cannot be packaged",
+             exe.device().str());
+  const uint32_t version = cuda ? kPackageFormatVersion : kCpuPackageFormatVersion;
   json m;
-  m["format_version"] = kPackageFormatVersion;
+  m["format_version"] = version;
   m["kiln_version"] = KILN_VERSION;
   m["model"] = info.model;
   m["mode"] = info.mode;
@@ -236,7 +243,44 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   m["knobs"] = info.knobs;
   m["autotune"] = info.autotune;
   m["precision"] = info.precision;
-  m["target"] = {{"device", "cpu"}, {"isa", host_isa()}, {"threads", kernels::cpu_threads()}};
+  std::string cuda_kernels;
+  if (cuda) {
+    // Note [CUDA packages]: the modules' cubins one after another (64-byte aligned) in the
+    // kernels.cuda section, listed by name in the manifest; the target is their architecture.
+    // The modules' architecture (all alike), else (library calls only) the device's.
+    std::string arch;
+    if (!exe.device_modules.empty()) {
+      arch = exe.device_modules[0].arch;
+    } else {
+      CudaDeviceInfo dev = cuda_device_info(exe.device().index);
+      if (dev.error.empty()) arch = fmt::format("sm_{}{}", dev.sm_major, dev.sm_minor);
+    }
+    json mods = json::array();
+    for (const Executable::DeviceModule& dm : exe.device_modules) {
+      KILN_CHECK(dm.image && !dm.image->empty(), "package: CUDA module '{}' has no image", dm.name);
+      if (dm.arch != arch)
+        fail_kind(ErrorKind::Internal, "package: CUDA modules for two architectures ({}, {})",
+                  arch, dm.arch);
+      cuda_kernels.resize(align_up(cuda_kernels.size()), '\0');
+      mods.push_back({{"name", dm.name}, {"arch", dm.arch}, {"offset", cuda_kernels.size()},
+                      {"size", dm.image->size()}});
+      cuda_kernels += *dm.image;
+    }
+    KILN_CHECK(!arch.empty(), "package: no CUDA architecture is known for this executable");
+    m["target"] = {{"device", "cuda"}, {"arch", arch}};
+    m["cuda_modules"] = mods;
+    m["cuda_graph"] = exe.graph_mode();
+    json status = nullptr;
+    if (exe.device_status_slot() >= 0) {
+      json checks = json::array();
+      for (const Executable::DeviceCheck& c : exe.device_checks())
+        checks.push_back({{"code", c.code}, {"prefix", c.prefix}, {"suffix", c.suffix}});
+      status = {{"slot", exe.device_status_slot()}, {"checks", checks}};
+    }
+    m["status"] = status;
+  } else {
+    m["target"] = {{"device", "cpu"}, {"isa", host_isa()}, {"threads", kernels::cpu_threads()}};
+  }
   m["arena_bytes"] = exe.arena_bytes();
   m["num_slots"] = exe.num_slots();
   json ins = json::array(), outs = json::array(), consts = json::array(), launches = json::array();
@@ -256,7 +300,7 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
                 "its weights uniquely", c.name);
     consts.push_back({{"name", c.name}, {"slot", c.slot}, {"dtype", dtype_name(c.data.dtype())},
                       {"shape", dims_json(c.data.sizes())}});
-    weights.emplace_back(c.name, c.data);
+    weights.emplace_back(c.name, c.data.device().is_cpu() ? c.data : c.data.to(Device::cpu()));
   }
   for (size_t i = 0; i < exe.launches.size(); ++i) {
     const Executable::Launch& l = exe.launches[i];
@@ -282,12 +326,14 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
                 exe.kernel_library_path);
   }
   m["kernels"] = kernels.empty() ? json(nullptr) : json("kernels.cpu");
+  if (cuda) m["kernels"] = cuda_kernels.empty() ? json(nullptr) : json("kernels.cuda");
   std::vector<uint8_t> w = safetensors_bytes(weights);
   std::vector<PackageSection> sections = {
       {"manifest", m.dump(1)}, {"weights", std::string(w.begin(), w.end())}};
   if (!kernels.empty()) sections.push_back({"kernels.cpu", std::move(kernels)});
+  if (!cuda_kernels.empty()) sections.push_back({"kernels.cuda", std::move(cuda_kernels)});
   if (!info.source.empty()) sections.push_back({"source", info.source});
-  return package_container(sections);
+  return package_container(sections, version);
 }
 
 void write_package(const Executable& exe, const PackageInfo& info, const std::string& path) {
@@ -374,6 +420,28 @@ int64_t nbytes_of(const Dims& d, DType t) {
 
 }  // namespace
 
+namespace {
+// Note [CUDA packages]: a cubin built for sm_XY runs on a GPU of the same major version and a
+// minor version >= Y (CUDA's binary compatibility); anything else is refused here, with how to
+// rebuild, rather than by the driver's "no kernel image" at the first launch.
+void check_cuda_target(const std::string& arch, const std::string& model, const std::string& source) {
+  require_cuda_device(0, "loading a CUDA package");
+  CudaDeviceInfo dev = cuda_device_info(0);
+  int major = 0, minor = 0;
+  std::string digits = arch.substr(3);
+  major = std::stoi(digits.substr(0, digits.size() - 1));
+  minor = digits.back() - '0';
+  if (dev.sm_major != major || dev.sm_minor < minor)
+    fail_kind(ErrorKind::NotSupported,
+              "package '{}': its CUDA kernels are built for {} and this GPU ({}) is sm_{}{}: a "
+              "cubin runs only on its own major architecture at an equal or newer minor version. "
+              "Rebuild the package for this GPU with `kiln compile {} -o {} --device cuda` (on "
+              "this machine) or `--arch sm_{}{}` (anywhere)",
+              source, arch, dev.name, dev.sm_major, dev.sm_minor,
+              model.empty() ? "MODEL" : model, source, dev.sm_major, dev.sm_minor);
+}
+}  // namespace
+
 LoadedPackage load_package_bytes(std::string_view bytes, const std::string& source) {
   uint32_t out_version = 0;
   std::vector<SectionView> sections = parse_sections(bytes, source, &out_version);
@@ -384,7 +452,8 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
   std::string_view weights_bytes = sections[1].bytes;
   out.weights_bytes = int64_t(weights_bytes.size());
   const std::string_view* kernels = find_section(sections, "kernels.cpu");
-  out.kernels_bytes = kernels ? int64_t(kernels->size()) : 0;
+  const std::string_view* cuda_kernels = find_section(sections, "kernels.cuda");
+  out.kernels_bytes = kernels ? int64_t(kernels->size()) : cuda_kernels ? int64_t(cuda_kernels->size()) : 0;
   const std::string_view* source_section = find_section(sections, "source");
   out.source_bytes = source_section ? int64_t(source_section->size()) : 0;
 
@@ -398,24 +467,41 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
     out.model = m.at("model").get<std::string>();
     out.mode = m.at("mode").get<std::string>();
     const json& t = m.at("target");
-    if (t.at("device").get<std::string>() != "cpu")
-      throw std::out_of_range("target.device: this runtime loads cpu packages");
-    out.isa = t.at("isa").get<std::string>();
-    out.threads = t.at("threads").get<int>();
-    if (out.threads < 1 || out.threads > 65536)
-      throw std::out_of_range(fmt::format("target.threads: {} is not a thread count", out.threads));
-    if (kernels && m.at("kernels") != "kernels.cpu")
-      throw std::out_of_range("kernels: a kernels.cpu section is present but not named");
-    if (!kernels && !m.at("kernels").is_null())
-      throw std::out_of_range("kernels: names a kernels.cpu section the package lacks");
+    out.device = t.at("device").get<std::string>();
+    if (out.device == "cpu") {
+      out.isa = t.at("isa").get<std::string>();
+      out.threads = t.at("threads").get<int>();
+      if (out.threads < 1 || out.threads > 65536)
+        throw std::out_of_range(fmt::format("target.threads: {} is not a thread count", out.threads));
+      if (cuda_kernels) throw std::out_of_range("a cpu package with a kernels.cuda section");
+      if (kernels && m.at("kernels") != "kernels.cpu")
+        throw std::out_of_range("kernels: a kernels.cpu section is present but not named");
+      if (!kernels && !m.at("kernels").is_null())
+        throw std::out_of_range("kernels: names a kernels.cpu section the package lacks");
+    } else if (out.device == "cuda") {
+      out.arch = t.at("arch").get<std::string>();
+      if (out.arch.size() < 5 || out.arch.size() > 8 || out.arch.compare(0, 3, "sm_") != 0 ||
+          out.arch.find_first_not_of("0123456789", 3) != std::string::npos)
+        throw std::out_of_range(fmt::format("target.arch: '{}' is not an architecture (sm_90)", out.arch));
+      if (kernels) throw std::out_of_range("a cuda package with a kernels.cpu section");
+      if (cuda_kernels && m.at("kernels") != "kernels.cuda")
+        throw std::out_of_range("kernels: a kernels.cuda section is present but not named");
+      if (!cuda_kernels && !m.at("kernels").is_null())
+        throw std::out_of_range("kernels: names a kernels.cuda section the package lacks");
+    } else {
+      throw std::out_of_range("target.device: this runtime loads cpu and cuda packages");
+    }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     bad(source, fmt::format("section 'manifest': {}", e.what()));
   }
 
+  const bool cuda = out.device == "cuda";
+  if (cuda) check_cuda_target(out.arch, out.model, source);
   // The CPU check: the kernels were compiled with -march=native on a machine with these features.
-  std::vector<std::string> missing = missing_isa_features(out.isa, host_isa());
+  std::vector<std::string> missing = cuda ? std::vector<std::string>{}
+                                          : missing_isa_features(out.isa, host_isa());
   if (!missing.empty()) {
     std::string list;
     for (const std::string& f : missing) list += (list.empty() ? "" : ", ") + f;
@@ -433,7 +519,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
         std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(weights_bytes.data()),
                                  weights_bytes.size()),
         source + ": section 'weights'");
-    for (auto& [name, t] : w.tensors) weights.emplace(name, t);
+    for (auto& [name, t] : w.tensors) weights.emplace(name, cuda ? t.to(Device::cuda(0)) : t);
   } catch (const Error& e) {
     bad(source, fmt::format("section 'weights': {}", e.what()));
   }
@@ -443,7 +529,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
     int num_slots = m.at("num_slots").get<int>();
     if (arena < 0 || arena > (int64_t(1) << 44) || num_slots < 1 || num_slots > (1 << 20))
       throw std::out_of_range("arena_bytes or num_slots out of range");
-    exe->init(arena, num_slots, Device::cpu());
+    exe->init(arena, num_slots, cuda ? Device::cuda(0) : Device::cpu());
     std::vector<bool> slot_used(size_t(num_slots), false);
     auto check_slot = [&](int64_t slot, const std::string& what) {
       if (slot < 0 || slot >= num_slots) throw std::out_of_range(what + ": slot out of range");
@@ -507,6 +593,46 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       }
       exe->outputs.push_back(std::move(o));
     }
+    // Note [Device status]: the record's slot and what its codes mean (CUDA packages).
+    int status_slot = -1;
+    if (cuda && !m.at("status").is_null()) {
+      where = "manifest: status";
+      const json& st = m.at("status");
+      status_slot = st.at("slot").get<int>();
+      check_slot(status_slot, where);
+      if (status_slot == 0 || slot_used[size_t(status_slot)]) throw std::out_of_range("slot taken");
+      slot_used[size_t(status_slot)] = true;
+      std::vector<Executable::DeviceCheck> checks;
+      for (const json& c : st.at("checks")) {
+        Executable::DeviceCheck dc{c.at("code").get<int64_t>(), c.at("prefix").get<std::string>(),
+                                   c.at("suffix").get<std::string>()};
+        if (dc.code <= 0) throw std::out_of_range("status codes are positive");
+        checks.push_back(std::move(dc));
+      }
+      if (checks.empty()) throw std::out_of_range("a status record without checks");
+      exe->set_device_status(status_slot, std::move(checks));
+    }
+    // The CUDA modules, loaded on the device (the driver checks each cubin).
+    std::map<std::string, std::shared_ptr<const cuda::CudaModule>> modules;
+    if (cuda && cuda_kernels) {
+      where = "manifest: cuda_modules";
+      size_t prev_end = 0;
+      for (const json& d : m.at("cuda_modules")) {
+        std::string name = d.at("name").get<std::string>();
+        where = "manifest: cuda module '" + name + "'";
+        if (d.at("arch").get<std::string>() != out.arch)
+          throw std::out_of_range("its architecture differs from target.arch");
+        uint64_t off = d.at("offset").get<uint64_t>(), size = d.at("size").get<uint64_t>();
+        if (off < prev_end || off % kAlign != 0 || off > cuda_kernels->size() ||
+            size > cuda_kernels->size() - off || size == 0)
+          throw std::out_of_range("offset and size lie outside section 'kernels.cuda' or overlap");
+        prev_end = off + size;
+        if (modules.count(name)) throw std::out_of_range("two modules have this name");
+        modules[name] = cuda::CudaModule::load(cuda_kernels->substr(off, size), 0,
+                                               source + ":" + name);
+      }
+      exe->keep_alive.push_back(std::make_shared<decltype(modules)>(modules));
+    }
     where = "manifest: launches";
     if (kernels) lib = load_kernels(*kernels, source);
     if (lib) exe->keep_alive.push_back(lib);
@@ -523,12 +649,18 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       return it->second;
     };
     env.onednn_layouts = &layouts;
+    if (cuda)
+      env.cuda_module = [&modules](const std::string& name) -> std::shared_ptr<const cuda::CudaModule> {
+        auto it = modules.find(name);
+        return it == modules.end() ? nullptr : it->second;
+      };
     std::vector<int64_t> slot_bytes(size_t(num_slots), 0);
     slot_bytes[0] = arena;
     for (const Executable::InputSpec& in : exe->inputs)
       slot_bytes[size_t(in.slot)] = nbytes_of(in.sizes, in.dtype);
     for (const Executable::ConstantSpec& c : exe->constants)
       if (c.slot > 0) slot_bytes[size_t(c.slot)] = c.data.nbytes();
+    if (status_slot > 0) slot_bytes[size_t(status_slot)] = 16;  // {code, value}
     env.slot_bytes = [&slot_bytes](int32_t slot) -> int64_t {
       return slot >= 0 && size_t(slot) < slot_bytes.size() ? slot_bytes[size_t(slot)] : 0;
     };
@@ -540,6 +672,11 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       std::string name = j.at("name").get<std::string>();
       std::string lw = fmt::format("package '{}': section 'manifest': launch {} ('{}')", source, i, name);
       LaunchRecord r{j.at("kind").get<std::string>(), j.at("params").dump()};
+      // A launch runs where its device's memory is: host kernels on a CUDA package's device
+      // pointers (or the reverse) would fault.
+      const bool cuda_kind = r.kind == "cuda_kernel" || r.kind == "cublaslt" || r.kind == "cudnn_conv";
+      if (cuda_kind != cuda)
+        throw std::out_of_range(fmt::format("{}: a {} launch in a {} package", lw, r.kind, out.device));
       if (r.kind == "onednn") {  // its buffers must lie in the slot table and the arena
         const json& p = j.at("params");
         std::vector<json> refs(p.at("inputs").begin(), p.at("inputs").end());
@@ -562,6 +699,12 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
     throw;
   } catch (const std::exception& e) {
     bad(source, fmt::format("section 'manifest': {}: {}", where, e.what()));
+  }
+  if (cuda && m.contains("cuda_graph") && m.at("cuda_graph").is_boolean() &&
+      m.at("cuda_graph").get<bool>()) {
+    std::string why;
+    if (!exe->use_cuda_graph(&why))
+      bad(source, fmt::format("section 'manifest': cuda_graph: {}", why));
   }
   exe->prepare();
   out.exe = std::move(exe);

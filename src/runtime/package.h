@@ -16,19 +16,23 @@
 
 namespace kiln {
 
-// The version this Kiln writes, and the oldest it reads (docs/package.md, "Version policy"):
-// version 2 added the optional `source` section and the manifest's `precision`.
-inline constexpr uint32_t kPackageFormatVersion = 2;
+// The newest version this Kiln reads and writes, and the oldest it reads (docs/package.md,
+// "Version policy"): version 2 added the optional `source` section and the manifest's
+// `precision`; version 3 CUDA packages (the `kernels.cuda` section). A package is written with
+// the lowest version that holds it: CPU packages are still version 2.
+inline constexpr uint32_t kPackageFormatVersion = 3;
+inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------
 struct PackageSection {
-  std::string name;   // "manifest" | "weights" | "kernels.cpu" | "source"
+  std::string name;   // "manifest" | "weights" | "kernels.cpu" | "kernels.cuda" | "source"
   std::string bytes;
 };
 // The file's bytes for these sections, in this order (hashes computed here), as format version
-// kPackageFormatVersion.
-std::string package_container(const std::vector<PackageSection>& sections);
+// `version`.
+std::string package_container(const std::vector<PackageSection>& sections,
+                              uint32_t version = kCpuPackageFormatVersion);
 // Verifies header, format version, section table, order and every section's SHA-256; throws
 // kiln::Error (ParseError) naming `source` and the section at fault. `version`, when given,
 // receives the header's format version.
@@ -54,7 +58,7 @@ struct PackageInfo {
   // --replace-weights`: compiler/replace_weights.h); empty: no such section.
   std::string source;
 };
-// The package bytes of `exe` (a CPU Executable whose every launch has a record). Throws
+// The package bytes of `exe` (a CPU or CUDA Executable whose every launch has a record). Throws
 // kiln::Error naming the launch and its graph nodes when one cannot be serialized (an eager
 // kernel), so no package that would run differently is ever written.
 std::string package_bytes(const Executable& exe, const PackageInfo& info);
@@ -66,9 +70,11 @@ struct LoadedPackage {
   std::shared_ptr<Executable> exe;
   std::string manifest;  // the manifest's JSON text
   std::string model, mode, kiln_version, isa;
+  std::string device = "cpu";  // "cpu" | "cuda"
+  std::string arch;            // CUDA: the architecture its kernels were built for ("sm_90")
   uint32_t format_version = 0;
   int threads = 0;       // the OpenMP thread count it was built with
-  int64_t file_bytes = 0, weights_bytes = 0, kernels_bytes = 0, source_bytes = 0;
+  int64_t file_bytes = 0, weights_bytes = 0, kernels_bytes = 0, source_bytes = 0;  // kernels: cpu or cuda
 };
 // Reads, verifies and loads a package: the format version, every section's hash, this CPU's
 // features against the package's requirement, then the kernels' shared object (from a memfd)

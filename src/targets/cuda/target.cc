@@ -39,6 +39,7 @@
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "lower/scheduler.h"
+#include "runtime/launch_library.h"
 #include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_driver.h"
 #include "kernels/cuda/cudnn_conv.h"
@@ -70,7 +71,6 @@ int multiprocessors() {
   return n;
 }
 
-char* ptr(char* const* b, const MemRef& m) { return m.slot >= 0 ? b[m.slot] + m.byte_offset : nullptr; }
 
 // ---- library kernels --------------------------------------------------------------------------
 
@@ -79,10 +79,10 @@ struct LibNode {
   std::string why_not;
   std::string describe;
   // Gemm
-  std::unique_ptr<GemmPlan> gemm;
+  std::shared_ptr<GemmPlan> gemm;
   int gemm_a = 0, gemm_b = 1, gemm_bias = -1;  // input indices
   // Conv
-  std::unique_ptr<ConvPlan> conv;
+  std::shared_ptr<ConvPlan> conv;
   bool conv_bias_kernel = false;  // the bias is added by a direct kernel after the convolution
   // Direct kernels (and the conv bias kernel): a kernel of the library program, with its
   // arguments as (input index | output index) lists.
@@ -95,67 +95,6 @@ struct LibNode {
   Executable::DeviceCheck check;
   CudaKernel kernel;
 };
-
-// Read-only while it runs (pointers come from the context's slots, the workspace from its
-// arena), so every execution context shares it; the cuBLASLt and cuDNN plans guard the little
-// state they change per call (a bias pointer, a variant pack) themselves.
-struct LibLaunch {
-  const LibNode* node = nullptr;
-  std::vector<MemRef> in, out;
-  MemRef scratch;
-  size_t scratch_bytes = 0;
-  MemRef status;
-};
-
-void launch_direct(const LibNode& n, const LibLaunch& s, const Executable::RunContext& c) {
-  if (n.blocks == 0) return;
-  void* argv[kMaxKernelPointerArgs];
-  char* ptrs[kMaxKernelPointerArgs];
-  size_t k = 0;
-  for (int i : n.arg_inputs) ptrs[k++] = ptr(c.slots, s.in[size_t(i)]);
-  for (int o : n.arg_outputs) ptrs[k++] = ptr(c.slots, s.out[size_t(o)]);
-  if (n.reports) ptrs[k++] = ptr(c.slots, s.status);
-  for (size_t i = 0; i < k; ++i) argv[i] = &ptrs[i];
-  LaunchConfig cfg;
-  cfg.grid.x = unsigned(n.blocks);
-  cfg.block.x = unsigned(n.threads);
-  cfg.stream = c.stream;
-  n.kernel.launch(cfg, argv);
-}
-
-void run_library(void* state, const Executable::RunContext& c) {
-  const auto* s = static_cast<const LibLaunch*>(state);
-  const LibNode& n = *s->node;
-  switch (n.kind) {
-    case LibNode::Kind::Gemm: {
-      GemmArgs a;
-      a.a = ptr(c.slots, s->in[size_t(n.gemm_a)]);
-      a.b = ptr(c.slots, s->in[size_t(n.gemm_b)]);
-      a.d = ptr(c.slots, s->out[0]);
-      if (n.gemm_bias >= 0) a.bias = ptr(c.slots, s->in[size_t(n.gemm_bias)]);
-      a.workspace = s->scratch_bytes ? ptr(c.slots, s->scratch) : nullptr;
-      a.workspace_bytes = s->scratch_bytes;
-      a.stream = c.stream;
-      n.gemm->run(a);
-      break;
-    }
-    case LibNode::Kind::Conv: {
-      ConvArgs a;
-      a.x = ptr(c.slots, s->in[0]);
-      a.w = ptr(c.slots, s->in[1]);
-      a.y = ptr(c.slots, s->out[0]);
-      if (n.conv->desc().bias) a.bias = ptr(c.slots, s->in[2]);
-      a.workspace = s->scratch_bytes ? ptr(c.slots, s->scratch) : nullptr;
-      a.workspace_bytes = s->scratch_bytes;
-      a.stream = c.stream;
-      n.conv->run(a);
-      if (n.conv_bias_kernel) launch_direct(n, *s, c);
-      break;
-    }
-    case LibNode::Kind::Direct: launch_direct(n, *s, c); break;
-    case LibNode::Kind::None: KILN_ASSERT(false);
-  }
-}
 
 class CudaLibraryKernels final : public compiler::LibraryKernels {
  public:
@@ -180,6 +119,8 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       CudaCompileRequest req = direct_program(
           source, (g.name.empty() ? std::string("graph") : g.name) + "_lib", device_arch(kDevice));
       program_ = compile_cuda(req);
+      program_name_ = req.program_name;
+      arch_ = req.arch;
       module_ = CudaModule::load(program_->cubin, kDevice, req.program_name);
       for (LibNode& ln : nodes_)
         if (!ln.kernel_name.empty()) ln.kernel = module_->kernel(ln.kernel_name);
@@ -204,22 +145,44 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   Executable::Launch bind(int32_t node, const std::vector<MemRef>& inputs,
                           const std::vector<MemRef>& outputs, MemRef scratch,
                           MemRef status) const override {
-    auto st = std::make_shared<LibLaunch>();
-    st->node = &nodes_[size_t(node)];
-    st->status = status;
-    if (st->node->reports && status.slot < 0)
-      fail_kind(ErrorKind::Internal, "cuda: node {} reports bad indices but has no status record", node);
-    st->in = inputs;
-    st->out = outputs;
-    st->scratch = scratch;
-    st->scratch_bytes = size_t(scratch_bytes());
-    Executable::Launch l;
-    l.fn = run_library;
-    l.state = st.get();
-    l.owner = std::move(st);
     const LibNode& ln = nodes_[size_t(node)];
-    l.kind = ln.kind == LibNode::Kind::Gemm ? "cublaslt" : ln.kind == LibNode::Kind::Conv ? "cudnn" : "cuda";
-    return l;
+    if (ln.reports && status.slot < 0)
+      fail_kind(ErrorKind::Internal, "cuda: node {} reports bad indices but has no status record", node);
+    auto at = [](const std::vector<MemRef>& v, int i) { return i >= 0 && size_t(i) < v.size() ? v[size_t(i)] : MemRef{}; };
+    // The direct kernel's (or the bias kernel's) arguments: inputs, outputs, then the status.
+    CudaKernelSpec spec;
+    if (!ln.kernel_name.empty()) {
+      spec.module = program_name_;
+      spec.kernel = ln.kernel_name;
+      spec.grid = unsigned(ln.blocks);
+      spec.block = unsigned(ln.threads);
+      for (int i : ln.arg_inputs) spec.args.push_back(at(inputs, i));
+      for (int o : ln.arg_outputs) spec.args.push_back(at(outputs, o));
+      if (ln.reports) spec.args.push_back(status);
+    }
+    const int64_t ws = scratch_bytes();
+    switch (ln.kind) {
+      case LibNode::Kind::Gemm: {
+        CublasltBuffers b{at(inputs, ln.gemm_a), at(inputs, ln.gemm_b), at(inputs, ln.gemm_bias),
+                          at(outputs, 0), scratch, ws};
+        return make_cublaslt_launch(ln.gemm->desc(), ln.gemm, b);
+      }
+      case LibNode::Kind::Conv: {
+        CudnnConvBuffers b{at(inputs, 0), at(inputs, 1),
+                           ln.conv->desc().bias || ln.conv_bias_kernel ? at(inputs, 2) : MemRef{},
+                           at(outputs, 0), scratch, ws};
+        return make_cudnn_conv_launch(ln.conv->desc(), ln.conv, b,
+                                      ln.conv_bias_kernel ? &ln.kernel : nullptr,
+                                      ln.conv_bias_kernel ? std::move(spec) : CudaKernelSpec{});
+      }
+      case LibNode::Kind::Direct: return make_cuda_kernel_launch(ln.kernel, std::move(spec));
+      case LibNode::Kind::None: break;
+    }
+    fail_kind(ErrorKind::Internal, "cuda: node {} was not lowered to a library kernel", node);
+  }
+  std::vector<Executable::DeviceModule> device_modules() const override {
+    if (!program_) return {};
+    return {{program_name_, arch_, std::make_shared<const std::string>(program_->cubin)}};
   }
 
  private:
@@ -231,6 +194,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   std::vector<LibNode> nodes_;
   size_t scratch_ = 0;
   std::shared_ptr<const CompiledCubin> program_;
+  std::string program_name_, arch_;
   std::shared_ptr<CudaModule> module_;
 };
 
@@ -391,25 +355,6 @@ void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t inde
   source += k.source;
 }
 
-// ---- loop kernels -------------------------------------------------------------------------------
-
-struct LoopLaunch {
-  CudaKernel kernel;
-  LaunchConfig config;
-  std::vector<int32_t> slots;
-};
-
-void run_loop(void* state, const Executable::RunContext& c) {
-  auto* l = static_cast<LoopLaunch*>(state);
-  if (l->config.grid.x == 0) return;
-  void* argv[kMaxKernelPointerArgs];
-  for (size_t i = 0; i < l->slots.size(); ++i)
-    argv[i] = const_cast<char**>(&c.slots[l->slots[i]]);
-  LaunchConfig cfg = l->config;
-  cfg.stream = c.stream;
-  l->kernel.launch(cfg, argv);
-}
-
 // ---- the target ---------------------------------------------------------------------------------
 
 class CudaTarget final : public compiler::Target {
@@ -476,20 +421,15 @@ class CudaTarget final : public compiler::Target {
     out.build_s = cubin->compile_seconds;
     std::shared_ptr<CudaModule> module = CudaModule::load(cubin->cubin, kDevice, name);
     out.keep_alive = module;
+    out.device_modules.push_back({name, req.arch, std::make_shared<const std::string>(cubin->cubin)});
     for (const CudaKernelInfo& k : prog.kernels) {
-      auto st = std::make_shared<LoopLaunch>();
-      st->kernel = module->kernel(k.name);
-      st->config.grid.x = unsigned(k.blocks);
-      st->config.block.x = unsigned(std::max(k.threads, 1));
-      st->slots = k.slots;
-      if (st->slots.size() > size_t(kMaxKernelPointerArgs))
-        fail_kind(ErrorKind::NotSupported, "cuda: kernel {} has {} pointer arguments (at most {})",
-                  k.name, st->slots.size(), kMaxKernelPointerArgs);
-      Executable::Launch l;
-      l.fn = run_loop;
-      l.state = st.get();
-      l.owner = std::move(st);
-      l.name = k.name;
+      CudaKernelSpec spec;
+      spec.module = name;
+      spec.kernel = k.name;
+      spec.grid = unsigned(k.blocks);
+      spec.block = unsigned(std::max(k.threads, 1));
+      for (int32_t slot : k.slots) spec.args.push_back(MemRef{slot, 0});
+      Executable::Launch l = make_cuda_kernel_launch(module->kernel(k.name), std::move(spec));
       l.kind = "loop";
       out.launches.push_back(std::move(l));
       out.vectorized.push_back(false);

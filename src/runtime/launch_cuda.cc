@@ -1,0 +1,539 @@
+// CUDA launches from plain data. See launch_library.h.
+//
+// Note [CUDA launch records]
+// The CUDA target makes its launches here, and a CUDA package's loader rebuilds them here from
+// their records (Note [Launch records] in launch_library.cc), so a loaded package runs the same
+// code over the same state as the compiled Executable:
+//   cuda_kernel {"module", "kernel", "grid", "block", "shared", "args": [[slot, offset]...]}:
+//           kernel `kernel` of the executable's CUDA module `module` (a cubin NVRTC built; a
+//           package's `kernels.cuda` section holds them), each argument a pointer into a slot.
+//           Loop kernels take slot bases (their offsets are compiled in, and trusted as built,
+//           like the CPU's shared object); direct kernels take their buffers, then the status
+//           record (Note [Device status]).
+//   cublaslt {"desc": GemmDesc, "algo": [8 x u64] | null, "a", "b", "bias", "d", "workspace":
+//           [slot, offset], "workspace_bytes"}: a cuBLASLt GEMM. The algorithm is cuBLASLt's
+//           opaque cublasLtMatmulAlgo_t: the loader never hands recorded bytes to cuBLASLt, it
+//           asks the heuristic for its candidates and takes the one with the same bytes, else
+//           refuses (another cuBLASLt or GPU would compute differently). null (a cross-build
+//           made without a GPU): the heuristic's first choice within the workspace.
+//   cudnn_conv {"desc": ConvDesc, "engine": tag | null, "x", "w", "bias", "y", "workspace",
+//           "workspace_bytes", "bias_kernel": cuda_kernel params | null}: a cuDNN graph plan;
+//           the engine by cuDNN's tag (engine id and knobs), found among the plan's candidates
+//           or refused as above; null: the first candidate whose workspace fits.
+// Buffers are checked against their slots' sizes (LaunchEnv::slot_bytes) from the descriptors,
+// so an edited manifest cannot point a library call outside its memory.
+#include <cstring>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "kernels/cuda/cublaslt_gemm.h"
+#include "kernels/cuda/cuda_driver.h"
+#include "kernels/cuda/cudnn_conv.h"
+#include "runtime/launch_library.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+json ref_json(MemRef r) { return json::array({r.slot, r.byte_offset}); }
+
+MemRef ref_from(const json& j) {
+  auto v = j.get<std::vector<int64_t>>();
+  if (v.size() != 2 || v[0] < -1 || v[0] > (int64_t(1) << 30) || v[1] < 0 ||
+      v[1] > (int64_t(1) << 44))
+    throw std::out_of_range("a buffer reference must be [slot >= -1, offset >= 0]");
+  return MemRef{int32_t(v[0]), v[1]};
+}
+
+char* ptr(char* const* slots, const MemRef& m) {
+  return m.slot >= 0 ? slots[m.slot] + m.byte_offset : nullptr;
+}
+
+void check_buffer(LaunchEnv& env, MemRef r, int64_t bytes, const std::string& where,
+                  const char* what) {
+  if (r.slot < 0) fail_kind(ErrorKind::ParseError, "{}: buffer '{}' has no slot", where, what);
+  if (!env.slot_bytes) return;
+  int64_t have = env.slot_bytes(r.slot);
+  if (bytes < 0 || r.byte_offset > have || bytes > have - r.byte_offset)
+    fail_kind(ErrorKind::ParseError, "{}: buffer '{}' of {} bytes at slot {} offset {} lies "
+              "outside the slot's {} bytes", where, what, bytes, r.slot, r.byte_offset, have);
+}
+
+// ---- plain kernels ------------------------------------------------------------------------------
+struct KernelState {
+  cuda::CudaKernel kernel;
+  CudaKernelSpec spec;
+};
+
+void launch_kernel(const KernelState& k, const Executable::RunContext& c) {
+  if (k.spec.grid == 0) return;
+  void* argv[cuda::kMaxKernelPointerArgs];
+  char* ptrs[cuda::kMaxKernelPointerArgs];
+  const size_t n = k.spec.args.size();
+  for (size_t i = 0; i < n; ++i) {
+    ptrs[i] = ptr(c.slots, k.spec.args[i]);
+    argv[i] = &ptrs[i];
+  }
+  cuda::LaunchConfig cfg;
+  cfg.grid.x = k.spec.grid;
+  cfg.block.x = k.spec.block;
+  cfg.shared_bytes = k.spec.shared;
+  cfg.stream = c.stream;
+  k.kernel.launch(cfg, argv);
+}
+
+void run_kernel(void* s, const Executable::RunContext& c) {
+  launch_kernel(*static_cast<const KernelState*>(s), c);
+}
+
+json kernel_json(const CudaKernelSpec& s) {
+  json args = json::array();
+  for (const MemRef& r : s.args) args.push_back(ref_json(r));
+  return {{"module", s.module}, {"kernel", s.kernel}, {"grid", s.grid}, {"block", s.block},
+          {"shared", s.shared}, {"args", args}};
+}
+
+// ---- cuBLASLt -----------------------------------------------------------------------------------
+struct GemmState {
+  std::shared_ptr<const cuda::GemmPlan> plan;
+  CublasltBuffers buf;
+  std::string why;  // plan null: why it cannot run here
+};
+
+void run_gemm(void* s, const Executable::RunContext& c) {
+  const auto* g = static_cast<const GemmState*>(s);
+  if (!g->plan) [[unlikely]]
+    fail_kind(ErrorKind::NotSupported, "{}", g->why);
+  cuda::GemmArgs a;
+  a.a = ptr(c.slots, g->buf.a);
+  a.b = ptr(c.slots, g->buf.b);
+  a.d = ptr(c.slots, g->buf.d);
+  a.bias = ptr(c.slots, g->buf.bias);
+  a.workspace = g->buf.workspace_bytes ? ptr(c.slots, g->buf.workspace) : nullptr;
+  a.workspace_bytes = size_t(g->buf.workspace_bytes);
+  a.stream = c.stream;
+  g->plan->run(a);
+}
+
+json gemm_desc_json(const cuda::GemmDesc& d) {
+  return {{"dtype", dtype_name(d.dtype)}, {"m", d.m}, {"n", d.n}, {"k", d.k},
+          {"trans_a", d.trans_a}, {"trans_b", d.trans_b}, {"lda", d.lda}, {"ldb", d.ldb},
+          {"ldc", d.ldc}, {"ldd", d.ldd}, {"batch", d.batch}, {"stride_a", d.stride_a},
+          {"stride_b", d.stride_b}, {"stride_c", d.stride_c}, {"stride_d", d.stride_d},
+          {"alpha", d.alpha}, {"beta", d.beta},
+          {"epilogue", cuda::gemm_epilogue_name(d.epilogue)}, {"allow_tf32", d.allow_tf32},
+          {"alignment_bytes", d.alignment_bytes}};
+}
+
+DType dtype_from(const json& j) {
+  std::string name = j.get<std::string>();
+  DType t;
+  if (!parse_dtype(name, &t)) throw std::out_of_range("unknown dtype '" + name + "'");
+  return t;
+}
+
+cuda::GemmDesc gemm_desc_from(const json& j) {
+  cuda::GemmDesc d;
+  d.dtype = dtype_from(j.at("dtype"));
+  d.m = j.at("m").get<int64_t>();
+  d.n = j.at("n").get<int64_t>();
+  d.k = j.at("k").get<int64_t>();
+  d.trans_a = j.at("trans_a").get<bool>();
+  d.trans_b = j.at("trans_b").get<bool>();
+  d.lda = j.at("lda").get<int64_t>();
+  d.ldb = j.at("ldb").get<int64_t>();
+  d.ldc = j.at("ldc").get<int64_t>();
+  d.ldd = j.at("ldd").get<int64_t>();
+  d.batch = j.at("batch").get<int64_t>();
+  d.stride_a = j.at("stride_a").get<int64_t>();
+  d.stride_b = j.at("stride_b").get<int64_t>();
+  d.stride_c = j.at("stride_c").get<int64_t>();
+  d.stride_d = j.at("stride_d").get<int64_t>();
+  d.alpha = j.at("alpha").get<float>();
+  d.beta = j.at("beta").get<float>();
+  std::string ep = j.at("epilogue").get<std::string>();
+  bool found = false;
+  for (cuda::GemmEpilogue e : {cuda::GemmEpilogue::None, cuda::GemmEpilogue::Bias,
+                               cuda::GemmEpilogue::Relu, cuda::GemmEpilogue::BiasRelu,
+                               cuda::GemmEpilogue::Gelu, cuda::GemmEpilogue::BiasGelu})
+    if (ep == cuda::gemm_epilogue_name(e)) {
+      d.epilogue = e;
+      found = true;
+    }
+  if (!found) throw std::out_of_range("unknown GEMM epilogue '" + ep + "'");
+  d.allow_tf32 = j.at("allow_tf32").get<bool>();
+  d.alignment_bytes = j.at("alignment_bytes").get<int>();
+  constexpr int64_t kMax = int64_t(1) << 31;
+  for (int64_t v : {d.m, d.n, d.k, d.batch})
+    if (v < 1 || v > kMax) throw std::out_of_range("GEMM sizes must lie in [1, 2^31]");
+  for (int64_t v : {d.lda, d.ldb, d.ldc, d.ldd})
+    if (v < 0 || v > kMax) throw std::out_of_range("GEMM leading dimensions out of range");
+  for (int64_t v : {d.stride_a, d.stride_b, d.stride_c, d.stride_d})
+    if (v < -1 || v > (int64_t(1) << 40)) throw std::out_of_range("GEMM batch strides out of range");
+  if (d.beta != 0.0f) throw std::out_of_range("GEMM records with beta != 0 are not written by Kiln");
+  if (d.alignment_bytes < 1 || d.alignment_bytes > 256)
+    throw std::out_of_range("GEMM alignment out of range");
+  return d;
+}
+
+// Bytes spanned by a stored [rows, cols] matrix with row stride ld (0: cols) over a batch.
+int64_t matrix_span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride,
+                    DType t) {
+  if (ld == 0) ld = cols;
+  if (ld < cols) throw std::out_of_range("a leading dimension is smaller than its row");
+  int64_t one = (rows - 1) * ld + cols;
+  if (stride == -1) stride = rows * ld;
+  return ((batch - 1) * stride + one) * dtype_size(t);
+}
+
+json algo_json(const cuda::GemmAlgo& a) {
+  json v = json::array();
+  for (uint64_t x : a.opaque) v.push_back(fmt::format("{:016x}", x));
+  return v;
+}
+
+// ---- cuDNN convolutions -------------------------------------------------------------------------
+struct ConvState {
+  std::shared_ptr<const cuda::ConvPlan> plan;
+  CudnnConvBuffers buf;
+  bool has_bias_kernel = false;
+  KernelState bias;
+  std::string why;
+};
+
+void run_conv(void* s, const Executable::RunContext& c) {
+  const auto* v = static_cast<const ConvState*>(s);
+  if (!v->plan) [[unlikely]]
+    fail_kind(ErrorKind::NotSupported, "{}", v->why);
+  cuda::ConvArgs a;
+  a.x = ptr(c.slots, v->buf.x);
+  a.w = ptr(c.slots, v->buf.w);
+  a.y = ptr(c.slots, v->buf.y);
+  if (v->plan->desc().bias) a.bias = ptr(c.slots, v->buf.bias);
+  a.workspace = v->buf.workspace_bytes ? ptr(c.slots, v->buf.workspace) : nullptr;
+  a.workspace_bytes = size_t(v->buf.workspace_bytes);
+  a.stream = c.stream;
+  v->plan->run(a);
+  if (v->has_bias_kernel) launch_kernel(v->bias, c);
+}
+
+json pair_json(const std::array<int64_t, 2>& p) { return json::array({p[0], p[1]}); }
+std::array<int64_t, 2> pair_from(const json& j, int64_t lo) {
+  auto v = j.get<std::vector<int64_t>>();
+  if (v.size() != 2 || v[0] < lo || v[1] < lo || v[0] > 4096 || v[1] > 4096)
+    throw std::out_of_range("a convolution pair is out of range");
+  return {v[0], v[1]};
+}
+
+json conv_desc_json(const cuda::ConvDesc& d) {
+  return {{"kind", d.kind == cuda::ConvKind::Forward ? "forward" : "transpose"},
+          {"dtype", dtype_name(d.dtype)},
+          {"layout", d.layout == cuda::ConvLayout::NCHW ? "nchw" : "nhwc"},
+          {"n", d.n}, {"c_in", d.c_in}, {"h", d.h}, {"w", d.w}, {"c_out", d.c_out},
+          {"kh", d.kh}, {"kw", d.kw}, {"groups", d.groups}, {"stride", pair_json(d.stride)},
+          {"pad_pre", pair_json(d.pad_pre)}, {"pad_post", pair_json(d.pad_post)},
+          {"dilation", pair_json(d.dilation)}, {"output_padding", pair_json(d.output_padding)},
+          {"bias", d.bias}, {"residual", d.residual}, {"relu", d.relu},
+          {"allow_tf32", d.allow_tf32}, {"alignment_bytes", d.alignment_bytes}};
+}
+
+cuda::ConvDesc conv_desc_from(const json& j) {
+  cuda::ConvDesc d;
+  std::string kind = j.at("kind").get<std::string>(), layout = j.at("layout").get<std::string>();
+  if (kind != "forward" && kind != "transpose") throw std::out_of_range("unknown conv kind");
+  if (layout != "nchw" && layout != "nhwc") throw std::out_of_range("unknown conv layout");
+  d.kind = kind == "forward" ? cuda::ConvKind::Forward : cuda::ConvKind::Transpose;
+  d.layout = layout == "nchw" ? cuda::ConvLayout::NCHW : cuda::ConvLayout::NHWC;
+  d.dtype = dtype_from(j.at("dtype"));
+  d.n = j.at("n").get<int64_t>();
+  d.c_in = j.at("c_in").get<int64_t>();
+  d.h = j.at("h").get<int64_t>();
+  d.w = j.at("w").get<int64_t>();
+  d.c_out = j.at("c_out").get<int64_t>();
+  d.kh = j.at("kh").get<int64_t>();
+  d.kw = j.at("kw").get<int64_t>();
+  d.groups = j.at("groups").get<int64_t>();
+  for (int64_t v : {d.n, d.c_in, d.h, d.w, d.c_out, d.kh, d.kw, d.groups})
+    if (v < 1 || v > (int64_t(1) << 24)) throw std::out_of_range("convolution sizes out of range");
+  d.stride = pair_from(j.at("stride"), 1);
+  d.pad_pre = pair_from(j.at("pad_pre"), 0);
+  d.pad_post = pair_from(j.at("pad_post"), 0);
+  d.dilation = pair_from(j.at("dilation"), 1);
+  d.output_padding = pair_from(j.at("output_padding"), 0);
+  d.bias = j.at("bias").get<bool>();
+  d.residual = j.at("residual").get<bool>();
+  d.relu = j.at("relu").get<bool>();
+  d.allow_tf32 = j.at("allow_tf32").get<bool>();
+  d.alignment_bytes = j.at("alignment_bytes").get<int>();
+  if (d.residual) throw std::out_of_range("convolution records with a residual are not written by Kiln");
+  if (d.alignment_bytes < 1 || d.alignment_bytes > 256)
+    throw std::out_of_range("convolution alignment out of range");
+  return d;
+}
+
+// ---- rebuilding ---------------------------------------------------------------------------------
+std::pair<cuda::CudaKernel, CudaKernelSpec> kernel_from(const json& p, LaunchEnv& env,
+                                                        const std::string& where) {
+  CudaKernelSpec s;
+  s.module = p.at("module").get<std::string>();
+  s.kernel = p.at("kernel").get<std::string>();
+  int64_t grid = p.at("grid").get<int64_t>(), block = p.at("block").get<int64_t>(),
+          shared = p.at("shared").get<int64_t>();
+  if (grid < 0 || grid > 0x7fffffff || block < 1 || block > 1024 || shared < 0 || shared > 48 * 1024)
+    throw std::out_of_range("kernel geometry out of range (grid < 2^31, block 1..1024, shared "
+                            "memory <= 48 KiB)");
+  s.grid = unsigned(grid);
+  s.block = unsigned(block);
+  s.shared = unsigned(shared);
+  for (const json& a : p.at("args")) {
+    MemRef r = ref_from(a);
+    check_buffer(env, r, 0, where, "kernel argument");
+    s.args.push_back(r);
+  }
+  if (s.args.size() > size_t(cuda::kMaxKernelPointerArgs))
+    throw std::out_of_range("too many kernel arguments");
+  if (!env.cuda_module)
+    fail_kind(ErrorKind::ParseError, "{}: the package has no CUDA kernels section", where);
+  std::shared_ptr<const cuda::CudaModule> m = env.cuda_module(s.module);
+  if (!m)
+    fail_kind(ErrorKind::ParseError, "{}: section 'kernels.cuda' has no module '{}'", where,
+              s.module);
+  if (!m->has_kernel(s.kernel))
+    fail_kind(ErrorKind::ParseError, "{}: module '{}' of section 'kernels.cuda' has no kernel '{}'",
+              where, s.module, s.kernel);
+  return {m->kernel(s.kernel), std::move(s)};
+}
+
+Executable::Launch rebuild_cuda_kernel(const LaunchRecord& r, LaunchEnv& env,
+                                       const std::string& where) {
+  auto [k, spec] = kernel_from(json::parse(r.params), env, where);
+  return make_cuda_kernel_launch(k, std::move(spec));
+}
+
+Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
+                                    const std::string& where) {
+  json p = json::parse(r.params);
+  cuda::GemmDesc d = gemm_desc_from(p.at("desc"));
+  CublasltBuffers b;
+  b.a = ref_from(p.at("a"));
+  b.b = ref_from(p.at("b"));
+  b.bias = ref_from(p.at("bias"));
+  b.d = ref_from(p.at("d"));
+  b.workspace = ref_from(p.at("workspace"));
+  b.workspace_bytes = p.at("workspace_bytes").get<int64_t>();
+  if (b.workspace_bytes < 0 || b.workspace_bytes > (int64_t(1) << 34))
+    throw std::out_of_range("workspace_bytes out of range");
+  // Every operand inside its slot: A stored [M, K] (or [K, M]), B [K, N] (or [N, K]), D [M, N].
+  check_buffer(env, b.a, matrix_span(d.trans_a ? d.k : d.m, d.trans_a ? d.m : d.k, d.lda,
+                                     d.batch, d.stride_a, d.dtype), where, "A");
+  check_buffer(env, b.b, matrix_span(d.trans_b ? d.n : d.k, d.trans_b ? d.k : d.n, d.ldb,
+                                     d.batch, d.stride_b, d.dtype), where, "B");
+  check_buffer(env, b.d, matrix_span(d.m, d.n, d.ldd, d.batch, d.stride_d, d.dtype), where, "D");
+  if (cuda::gemm_epilogue_has_bias(d.epilogue))
+    check_buffer(env, b.bias, d.n * dtype_size(d.dtype), where, "bias");
+  else if (b.bias.slot >= 0)
+    throw std::out_of_range("a bias buffer for an epilogue without a bias");
+  if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
+  std::shared_ptr<cuda::GemmPlan> plan = cuda::GemmPlan::create(d);
+  const json& algo = p.at("algo");
+  if (algo.is_null()) {  // a cross-build: the heuristic's first choice within the workspace
+    std::vector<cuda::GemmAlgo> cs = plan->candidates(8);
+    const cuda::GemmAlgo* pick = nullptr;
+    for (const cuda::GemmAlgo& a : cs)
+      if (int64_t(a.workspace_bytes) <= b.workspace_bytes) {
+        pick = &a;
+        break;
+      }
+    if (!pick)
+      fail_kind(ErrorKind::NotSupported, "{}: cuBLASLt offers no algorithm for {} within the "
+                "package's {} bytes of workspace", where, plan->describe(), b.workspace_bytes);
+    plan->set_algo(*pick);
+  } else {
+    auto words = algo.get<std::vector<std::string>>();
+    if (words.size() != 8) throw std::out_of_range("algo must be 8 hexadecimal words");
+    uint64_t want[8];
+    for (size_t i = 0; i < 8; ++i) want[i] = std::stoull(words[i], nullptr, 16);
+    bool found = false;
+    for (const cuda::GemmAlgo& a : plan->candidates(8))
+      if (std::memcmp(a.opaque, want, sizeof want) == 0) {
+        if (int64_t(a.workspace_bytes) > b.workspace_bytes)
+          fail_kind(ErrorKind::ParseError, "{}: the recorded algorithm needs {} bytes of "
+                    "workspace, the package reserves {}", where, a.workspace_bytes,
+                    b.workspace_bytes);
+        plan->set_algo(a);
+        found = true;
+        break;
+      }
+    if (!found)
+      fail_kind(ErrorKind::Runtime,
+                "{}: cuBLASLt on this machine does not offer the algorithm the package was built "
+                "with for {} (another cuBLASLt version or GPU), so it would not compute the same "
+                "results; rebuild the package here with `kiln compile ... --device cuda`",
+                where, plan->describe());
+  }
+  return make_cublaslt_launch(d, std::move(plan), b);
+}
+
+Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
+                                      const std::string& where) {
+  json p = json::parse(r.params);
+  cuda::ConvDesc d = conv_desc_from(p.at("desc"));
+  CudnnConvBuffers b;
+  b.x = ref_from(p.at("x"));
+  b.w = ref_from(p.at("w"));
+  b.bias = ref_from(p.at("bias"));
+  b.y = ref_from(p.at("y"));
+  b.workspace = ref_from(p.at("workspace"));
+  b.workspace_bytes = p.at("workspace_bytes").get<int64_t>();
+  if (b.workspace_bytes < 0 || b.workspace_bytes > (int64_t(1) << 34))
+    throw std::out_of_range("workspace_bytes out of range");
+  std::array<int64_t, 4> y = cuda::conv_output_dims(d);  // InvalidArgument for impossible shapes
+  const int64_t es = dtype_size(d.dtype);
+  bool transposed = d.kind == cuda::ConvKind::Transpose;
+  int64_t w_elems = transposed ? d.c_in * (d.c_out / d.groups) * d.kh * d.kw
+                               : d.c_out * (d.c_in / d.groups) * d.kh * d.kw;
+  check_buffer(env, b.x, d.n * d.c_in * d.h * d.w * es, where, "x");
+  check_buffer(env, b.w, w_elems * es, where, "w");
+  check_buffer(env, b.y, y[0] * y[1] * y[2] * y[3] * es, where, "y");
+  if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
+  const json& bk = p.at("bias_kernel");
+  if (d.bias || !bk.is_null()) check_buffer(env, b.bias, d.c_out * es, where, "bias");
+  std::shared_ptr<cuda::ConvPlan> plan = cuda::ConvPlan::create(d);
+  const json& engine = p.at("engine");
+  if (engine.is_null()) {  // a cross-build: the first engine whose workspace fits
+    bool found = false;
+    for (const cuda::ConvEngine& e : plan->candidates())
+      if (int64_t(e.workspace_bytes) <= b.workspace_bytes) {
+        plan->select(e.index);
+        found = true;
+        break;
+      }
+    if (!found)
+      fail_kind(ErrorKind::NotSupported, "{}: cuDNN offers no engine for {} within the package's "
+                "{} bytes of workspace", where, cuda::describe(d), b.workspace_bytes);
+  } else {
+    std::string tag = engine.get<std::string>();
+    if (!plan->select_tag(tag))
+      fail_kind(ErrorKind::Runtime,
+                "{}: cuDNN on this machine does not offer the engine the package was built with "
+                "for {} ({}: another cuDNN version or GPU), so it would not compute the same "
+                "results; rebuild the package here with `kiln compile ... --device cuda`",
+                where, cuda::describe(d), tag);
+    if (int64_t(plan->workspace_bytes()) > b.workspace_bytes)
+      fail_kind(ErrorKind::ParseError, "{}: engine {} needs {} bytes of workspace, the package "
+                "reserves {}", where, tag, plan->workspace_bytes(), b.workspace_bytes);
+  }
+  if (bk.is_null()) return make_cudnn_conv_launch(d, std::move(plan), b, nullptr, {});
+  auto [k, spec] = kernel_from(bk, env, where);
+  return make_cudnn_conv_launch(d, std::move(plan), b, &k, std::move(spec));
+}
+
+const bool g_registered = [] {
+  register_launch_kind("cuda_kernel", rebuild_cuda_kernel);
+  register_launch_kind("cublaslt", rebuild_cublaslt);
+  register_launch_kind("cudnn_conv", rebuild_cudnn_conv);
+  return true;
+}();
+
+}  // namespace
+
+Executable::Launch make_cuda_kernel_launch(const cuda::CudaKernel& kernel, CudaKernelSpec spec) {
+  if (spec.args.size() > size_t(cuda::kMaxKernelPointerArgs))
+    fail_kind(ErrorKind::NotSupported, "cuda: kernel {} has {} pointer arguments (at most {})",
+              spec.kernel, spec.args.size(), cuda::kMaxKernelPointerArgs);
+  auto state = std::make_shared<KernelState>();
+  state->kernel = kernel;
+  state->spec = std::move(spec);
+  Executable::Launch l;
+  l.fn = run_kernel;
+  l.state = state.get();
+  l.name = state->spec.kernel;
+  l.kind = "cuda";
+  l.record = [state] { return LaunchRecord{"cuda_kernel", kernel_json(state->spec).dump()}; };
+  l.owner = std::move(state);
+  return l;
+}
+
+Executable::Launch make_cublaslt_launch(const cuda::GemmDesc& desc,
+                                        std::shared_ptr<const cuda::GemmPlan> plan,
+                                        CublasltBuffers buffers) {
+  auto state = std::make_shared<GemmState>();
+  state->plan = std::move(plan);
+  state->buf = buffers;
+  state->why = fmt::format("cuda: GEMM {}x{}x{} was compiled for a package only (a cross-build "
+                           "without a GPU): load the package on the GPU to run it",
+                           desc.m, desc.n, desc.k);
+  Executable::Launch l;
+  l.fn = run_gemm;
+  l.state = state.get();
+  l.kind = "cublaslt";
+  l.record = [state, desc] {
+    const CublasltBuffers& b = state->buf;
+    json p = {{"desc", gemm_desc_json(desc)},
+              {"algo", state->plan ? algo_json(state->plan->algo()) : json(nullptr)},
+              {"a", ref_json(b.a)}, {"b", ref_json(b.b)}, {"bias", ref_json(b.bias)},
+              {"d", ref_json(b.d)}, {"workspace", ref_json(b.workspace)},
+              {"workspace_bytes", b.workspace_bytes}};
+    return LaunchRecord{"cublaslt", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
+Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
+                                          std::shared_ptr<const cuda::ConvPlan> plan,
+                                          CudnnConvBuffers buffers,
+                                          const cuda::CudaKernel* bias_kernel,
+                                          CudaKernelSpec bias_spec) {
+  auto state = std::make_shared<ConvState>();
+  state->plan = std::move(plan);
+  state->buf = buffers;
+  state->has_bias_kernel = !bias_spec.kernel.empty();
+  if (bias_kernel) state->bias.kernel = *bias_kernel;
+  state->bias.spec = std::move(bias_spec);
+  state->why = fmt::format("cuda: {} was compiled for a package only (a cross-build without a "
+                           "GPU): load the package on the GPU to run it", cuda::describe(desc));
+  Executable::Launch l;
+  l.fn = run_conv;
+  l.state = state.get();
+  l.kind = "cudnn";
+  l.record = [state, desc] {
+    const CudnnConvBuffers& b = state->buf;
+    json p = {{"desc", conv_desc_json(desc)},
+              {"engine", state->plan ? json(state->plan->engine().tag) : json(nullptr)},
+              {"x", ref_json(b.x)}, {"w", ref_json(b.w)}, {"bias", ref_json(b.bias)},
+              {"y", ref_json(b.y)}, {"workspace", ref_json(b.workspace)},
+              {"workspace_bytes", b.workspace_bytes},
+              {"bias_kernel", state->has_bias_kernel ? kernel_json(state->bias.spec) : json(nullptr)}};
+    return LaunchRecord{"cudnn_conv", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
+namespace {
+struct RecordOnly {
+  LaunchRecord record;
+  std::string why;
+};
+void run_record_only(void* s, const Executable::RunContext&) {
+  fail_kind(ErrorKind::NotSupported, "{}", static_cast<const RecordOnly*>(s)->why);
+}
+}  // namespace
+
+Executable::Launch make_record_only_launch(LaunchRecord record, std::string why) {
+  auto state = std::make_shared<RecordOnly>(RecordOnly{std::move(record), std::move(why)});
+  Executable::Launch l;
+  l.fn = run_record_only;
+  l.state = state.get();
+  l.kind = "cuda";
+  l.record = [state] { return state->record; };
+  l.owner = std::move(state);
+  return l;
+}
+
+}  // namespace kiln
