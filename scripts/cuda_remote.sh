@@ -16,6 +16,7 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 cd "$HERE"
 export LD_LIBRARY_PATH="$HERE:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KILN_C_RUN="${KILN_C_RUN:-$HERE/kiln_c_run}"  # the C example, for the package tests
 models=("$@")
 [[ ${#models[@]} -gt 0 ]] || models=(mlp resnet18 bert_base)
 

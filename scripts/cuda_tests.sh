@@ -28,7 +28,7 @@ if [[ "$BUILD_DIR" == "$ROOT/build" && -x "$ROOT/scripts/build.sh" ]]; then
 elif [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja
 fi
-ninja -C "$BUILD_DIR" -j"$JOBS" kiln_cuda_tests kiln_op_tests kiln_cli kiln_concurrent_bench kiln_capture_bench
+ninja -C "$BUILD_DIR" -j"$JOBS" kiln_cuda_tests kiln_op_tests kiln_cli kiln_concurrent_bench kiln_capture_bench kiln_c_run
 
 TESTS="$BUILD_DIR/tests/kiln_cuda_tests"
 OPS="$BUILD_DIR/tests/kiln_op_tests"
@@ -37,7 +37,9 @@ CLI="$BUILD_DIR/kiln"
 # the per-call cost of check_host_values.
 CONC="$BUILD_DIR/bench/kiln_concurrent_bench"
 CAPB="$BUILD_DIR/bench/kiln_capture_bench"
-for f in "$TESTS" "$OPS" "$CLI" "$CONC" "$CAPB"; do
+# The C example: CudaPackage.RunsInSeparateProcess... runs a package with it (KILN_C_RUN).
+CRUN="$BUILD_DIR/tests/kiln_c_run"
+for f in "$TESTS" "$OPS" "$CLI" "$CONC" "$CAPB" "$CRUN"; do
   [[ -x "$f" ]] || { echo "cuda_tests.sh: $f was not built" >&2; exit 1; }
 done
 
@@ -49,6 +51,7 @@ strip --strip-debug -o "$STAGE/kiln_op_tests" "$OPS"
 strip --strip-debug -o "$STAGE/kiln" "$CLI"
 strip --strip-debug -o "$STAGE/kiln_concurrent_bench" "$CONC"
 strip --strip-debug -o "$STAGE/kiln_capture_bench" "$CAPB"
+strip --strip-debug -o "$STAGE/kiln_c_run" "$CRUN"
 cp "$ROOT/scripts/cuda_remote.sh" "$STAGE/run.sh"
 
 # Every library the two binaries load (ldd lists indirect ones too), minus the C/C++ runtime
@@ -72,7 +75,7 @@ is_cuda_toolkit_lib() {
   esac
   return 1
 }
-for bin in "$TESTS" "$OPS" "$CLI" "$CONC" "$CAPB"; do
+for bin in "$TESTS" "$OPS" "$CLI" "$CONC" "$CAPB" "$CRUN"; do
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
 done | sort -u | while read -r lib; do
   name="$(basename "$lib")"

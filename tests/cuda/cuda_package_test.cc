@@ -1,0 +1,301 @@
+// CUDA deployment packages (docs/package.md, Note [CUDA launch records] in
+// runtime/launch_cuda.cc): zoo models compiled on the GPU, packaged, loaded and run give outputs
+// bitwise equal to the in-process compiled run on fresh inputs, in default and reduce-overhead
+// (CUDA graph) mode and under bf16 autocast; a package runs in a separate process (the C
+// example, linked against the runtime alone) with no compiler or Python on PATH and no cache
+// directory; the same model packaged twice gives the same bytes; the status record reports a bad
+// index from a loaded package as from the compiled run; manifests edited and re-hashed (another
+// architecture, a host launch, a cuBLASLt algorithm or cuDNN engine this machine does not offer)
+// are refused by the loader's checks, not by the hash.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../support/compare.h"
+#include "../support/files.h"
+#include "compiler/compile.h"
+#include "compiler/package.h"
+#include "core/cuda_runtime.h"
+#include "core/error.h"
+#include "ir/graph.h"
+#include "nn/models/zoo.h"
+#include "nn/package.h"
+#include "runtime/package.h"
+
+using namespace kiln;
+using json = nlohmann::json;
+
+namespace {
+
+const Device kCuda = Device::cuda(0);
+
+TensorList to_device(const TensorList& in) {
+  TensorList out;
+  for (const Tensor& t : in) out.push_back(t.to(kCuda));
+  return out;
+}
+
+void expect_bitwise(const Tensor& got_any, const Tensor& want_any, const std::string& what) {
+  Tensor got = got_any.to(Device::cpu()).contiguous(), want = want_any.to(Device::cpu()).contiguous();
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_GT(test::max_abs(want), 0.0) << what << ": an all-zero output proves nothing";
+  EXPECT_EQ(test::first_byte_difference(got, want), "") << what;
+}
+
+struct Packaged {
+  nn::ZooModel model;
+  std::shared_ptr<compiler::CompiledExecutable> compiled;
+  std::string path;
+};
+
+Packaged package_zoo(const std::string& name, const std::string& dir, const std::string& mode,
+                     DType precision = DType::Float32) {
+  Packaged p{nn::make_zoo_model(name, 1, 7), nullptr, dir + "/" + name + "-" + mode + ".kiln"};
+  p.model.module->to(kCuda);
+  compiler::Options o;
+  o.mode = mode;
+  o.precision = precision;
+  p.compiled = nn::export_package(p.model.module, to_device(p.model.inputs), o, name, p.path);
+  return p;
+}
+
+std::string load_error(std::string_view bytes) {
+  try {
+    load_package_bytes(bytes, "edited.kiln");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The package with its manifest edited by `edit` and every hash recomputed, so that only the
+// loader's semantic checks stand between the edit and a run.
+std::string edited(const std::string& path, const std::function<void(json&)>& edit) {
+  uint32_t version = 0;
+  std::vector<PackageSection> sections = read_package_sections(path, &version);
+  json m = json::parse(sections[0].bytes);
+  edit(m);
+  sections[0].bytes = m.dump(1);
+  return package_container(sections, version);
+}
+
+}  // namespace
+
+// ---- zoo models: package == in-process compiled, bitwise ---------------------------------------
+struct ZooCase {
+  std::string model, mode;
+  DType precision = DType::Float32;
+};
+
+class CudaPackageZoo : public testing::TestWithParam<ZooCase> {};
+
+TEST_P(CudaPackageZoo, LoadedPackageMatchesCompiledRunBitwise) {
+  const ZooCase& c = GetParam();
+  test::TempDir dir;
+  Packaged p = package_zoo(c.model, dir.path, c.mode, c.precision);
+  LoadedPackage loaded = load_package(p.path);
+  EXPECT_EQ(loaded.device, "cuda");
+  CudaDeviceInfo dev = cuda_device_info(0);
+  EXPECT_EQ(loaded.arch, "sm_" + std::to_string(dev.sm_major) + std::to_string(dev.sm_minor));
+  EXPECT_EQ(loaded.exe->device(), kCuda);
+  EXPECT_EQ(loaded.exe->graph_mode(), c.mode == "reduce-overhead");
+  for (uint64_t seed : {101u, 202u}) {
+    TensorList in = to_device(nn::zoo_example_inputs(c.model, 1, seed));
+    TensorList want = p.compiled->run(in);
+    TensorList got = loaded.exe->run(in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      expect_bitwise(got[i], want[i], c.model + " " + c.mode + " output " + std::to_string(i) +
+                                          " seed " + std::to_string(seed));
+    // Host inputs are copied in by the package as by the compiled run.
+    TensorList host_in;
+    for (const Tensor& t : in) host_in.push_back(t.to(Device::cpu()));
+    TensorList from_host = loaded.exe->run(host_in);
+    for (size_t i = 0; i < want.size(); ++i)
+      expect_bitwise(from_host[i], want[i], c.model + " from host inputs");
+  }
+  std::printf("%s %s %s: package %lld bytes (weights %lld, cubins %lld), %zu launches\n",
+              c.model.c_str(), c.mode.c_str(), dtype_name(c.precision),
+              (long long)loaded.file_bytes, (long long)loaded.weights_bytes,
+              (long long)loaded.kernels_bytes, loaded.exe->launches.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, CudaPackageZoo,
+    testing::Values(ZooCase{"mlp", "default"}, ZooCase{"vfe", "default"},
+                    ZooCase{"resnet18", "default"}, ZooCase{"resnet18", "reduce-overhead"},
+                    ZooCase{"resnet50", "reduce-overhead"}, ZooCase{"vit_b_16", "default"},
+                    ZooCase{"bert_base", "reduce-overhead"},
+                    ZooCase{"resnet18", "default", DType::BFloat16},
+                    ZooCase{"bert_base", "default", DType::BFloat16}),
+    [](const testing::TestParamInfo<ZooCase>& i) {
+      std::string n = i.param.model + "_" + (i.param.mode == "default" ? "default" : "graph");
+      if (i.param.precision != DType::Float32) n += std::string("_") + dtype_name(i.param.precision);
+      return n;
+    });
+
+// ---- determinism ----------------------------------------------------------------------------------
+TEST(CudaPackage, SameModelTwiceGivesIdenticalBytes) {
+  test::TempDir dir;
+  Packaged a = package_zoo("resnet18", dir.path, "default");
+  std::string first = test::read_bytes(a.path);
+  std::filesystem::rename(a.path, dir.path + "/first.kiln");
+  Packaged b = package_zoo("resnet18", dir.path, "default");
+  std::string second = test::read_bytes(b.path);
+  ASSERT_FALSE(first.empty());
+  EXPECT_TRUE(first == second) << "two CUDA packages of resnet18 differ";
+}
+
+// ---- a separate process: the C example, runtime only, bare environment ------------------------
+TEST(CudaPackage, RunsInSeparateProcessWithoutCompilerOrCache) {
+  const char* c_run = std::getenv("KILN_C_RUN");
+  std::string runner = c_run && *c_run ? c_run : KILN_C_RUN;
+  ASSERT_TRUE(std::filesystem::exists(runner)) << runner << " (set KILN_C_RUN)";
+  test::TempDir dir;
+  Packaged p = package_zoo("resnet18", dir.path, "reduce-overhead");
+  TensorList in = nn::zoo_example_inputs("resnet18", 1, 303);
+  TensorList want = p.compiled->run(to_device(in));
+  std::vector<std::string> args = {runner, p.path};
+  for (size_t i = 0; i < in.size(); ++i) {
+    std::string f = dir.path + "/in" + std::to_string(i) + ".bin";
+    std::ofstream(f, std::ios::binary)
+        .write(static_cast<const char*>(in[i].raw_data()), std::streamsize(in[i].nbytes()));
+    args.push_back("-i");
+    args.push_back(f);
+  }
+  args.push_back("-o");
+  args.push_back(dir.path + "/out");
+  // No compiler, no Python on PATH; HOME an empty directory (no ~/.cache/kiln); no
+  // KILN_CACHE_DIR. The library path stays: the GPU machine finds the staged libraries by it.
+  std::string home = dir.path + "/home";
+  std::filesystem::create_directories(home);
+  std::vector<std::string> env = {"PATH=" + dir.path + "/nothing", "HOME=" + home};
+  if (const char* lp = std::getenv("LD_LIBRARY_PATH")) env.push_back(std::string("LD_LIBRARY_PATH=") + lp);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::vector<char*> av, ev;
+    for (std::string& a : args) av.push_back(a.data());
+    av.push_back(nullptr);
+    for (std::string& e : env) ev.push_back(e.data());
+    ev.push_back(nullptr);
+    execve(av[0], av.data(), ev.data());
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "kiln_c_run failed: " << status;
+  for (size_t i = 0; i < want.size(); ++i) {
+    std::string bytes = test::read_bytes(dir.path + "/out" + std::to_string(i) + ".bin");
+    ASSERT_EQ(int64_t(bytes.size()), want[i].nbytes());
+    Tensor got = Tensor::empty(want[i].sizes(), want[i].dtype());
+    std::memcpy(got.raw_data(), bytes.data(), bytes.size());
+    expect_bitwise(got, want[i], "resnet18 output " + std::to_string(i) + " from kiln_c_run");
+  }
+}
+
+// ---- the status record travels with the package ------------------------------------------------
+TEST(CudaPackage, OutOfRangeIndexFromALoadedPackageNamesTheNode) {
+  Graph g;
+  ValueId x = g.add_input("x", TensorType{DType::Float32, to_shape(Dims{5, 3})});
+  ValueId idx = g.add_input("idx", TensorType{DType::Int64, to_shape(Dims{4})});
+  ValueId y = g.add_node(OpId::IndexSelect, {x, idx}, {{"dim", int64_t(0)}}, "pick.rows")[0];
+  g.outputs = {g.add_node(OpId::Relu, {y}, {}, "pick.relu")[0]};
+  Generator gen(3);
+  Tensor tx = Tensor::randn({5, 3}, gen);
+  Tensor good = Tensor::empty({4}, DType::Int64), bad = Tensor::empty({4}, DType::Int64);
+  const int64_t g_idx[4] = {4, -5, 0, 2}, b_idx[4] = {4, 1, 7, 2};
+  std::memcpy(good.raw_data(), g_idx, sizeof g_idx);
+  std::memcpy(bad.raw_data(), b_idx, sizeof b_idx);
+  test::TempDir dir;
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    compiler::Options o;
+    o.mode = mode;
+    auto compiled = compiler::compile(g, kCuda, o);
+    std::string path = dir.path + "/pick-" + mode + ".kiln";
+    PackageInfo info;
+    info.model = "pick";
+    compiler::write_package(g, *compiled, o, info, path);
+    LoadedPackage loaded = load_package(path);
+    ASSERT_GE(loaded.exe->device_status_slot(), 0) << mode;
+    for (int round = 0; round < 2; ++round) {
+      TensorList want = compiled->run({tx, good});
+      TensorList got = loaded.exe->run({tx, good});
+      expect_bitwise(got[0], want[0], std::string("pick ") + mode);
+      std::string msg;
+      try {
+        loaded.exe->run({tx, bad});
+      } catch (const Error& e) {
+        msg = e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+      }
+      EXPECT_NE(msg.find("index_select 'pick.rows': index 7 is out of range for dim 0 of x of "
+                         "size 5 (valid range [-5, 4])"), std::string::npos) << mode << ": " << msg;
+    }
+  }
+}
+
+// ---- checks at load: edited and re-hashed manifests --------------------------------------------
+TEST(CudaPackage, EditedManifestsAreRefusedByTheLoadersChecks) {
+  test::TempDir dir;
+  Packaged p = package_zoo("resnet18", dir.path, "default");
+  ASSERT_EQ(load_error(test::read_bytes(p.path)), "");  // the unedited package loads
+  CudaDeviceInfo dev = cuda_device_info(0);
+  // Another architecture: an older major, a newer minor, a newer major.
+  for (const std::string& arch :
+       {std::string("sm_80"), fmt::format("sm_{}{}", dev.sm_major, dev.sm_minor + 1),
+        fmt::format("sm_{}0", dev.sm_major + 1)}) {
+    std::string err = load_error(edited(p.path, [&](json& m) {
+      m["target"]["arch"] = arch;
+      for (json& mod : m["cuda_modules"]) mod["arch"] = arch;
+    }));
+    EXPECT_NE(err.find("built for " + arch), std::string::npos) << arch << ": " << err;
+    EXPECT_NE(err.find("Rebuild the package"), std::string::npos) << err;
+  }
+  // A host launch kind in a CUDA package (its function would get device pointers).
+  std::string err = load_error(edited(p.path, [](json& m) { m["launches"][0]["kind"] = "loop"; }));
+  EXPECT_NE(err.find("a loop launch in a cuda package"), std::string::npos) << err;
+  // A cuBLASLt algorithm and a cuDNN engine this machine does not offer.
+  bool gemm = false, conv = false;
+  err = load_error(edited(p.path, [&](json& m) {
+    for (json& l : m["launches"])
+      if (l["kind"] == "cublaslt" && !gemm) {
+        l["params"]["algo"][0] = "00000000deadbeef";
+        gemm = true;
+      }
+  }));
+  ASSERT_TRUE(gemm) << "resnet18 has a cuBLASLt launch (its classifier)";
+  EXPECT_NE(err.find("does not offer the algorithm"), std::string::npos) << err;
+  err = load_error(edited(p.path, [&](json& m) {
+    for (json& l : m["launches"])
+      if (l["kind"] == "cudnn_conv" && !conv) {
+        l["params"]["engine"] = "no-such-engine";
+        conv = true;
+      }
+  }));
+  ASSERT_TRUE(conv);
+  EXPECT_NE(err.find("does not offer the engine"), std::string::npos) << err;
+  // A kernel argument outside the arena, a module that is not there.
+  err = load_error(edited(p.path, [](json& m) {
+    for (json& l : m["launches"])
+      if (l["kind"] == "cublaslt") l["params"]["d"][1] = int64_t(1) << 40;
+  }));
+  EXPECT_NE(err.find("lies outside"), std::string::npos) << err;
+  err = load_error(edited(p.path, [](json& m) {
+    for (json& l : m["launches"])
+      if (l["kind"] == "cuda_kernel") l["params"]["module"] = "elsewhere";
+  }));
+  EXPECT_NE(err.find("no module 'elsewhere'"), std::string::npos) << err;
+}
