@@ -96,7 +96,6 @@ void load_inputs(const RunArgs& a, nn::ZooModel& m) {
 // `kiln run model.kiln`: load the package (timed), run it once on the given or random inputs,
 // write/print the outputs. Only the runtime runs: no compiler, no capture.
 void run_package(const RunArgs& a) {
-  if (a.device != "cpu") fail_kind(ErrorKind::NotSupported, "run: packages are CPU packages so far");
   if (a.threads < 0) fail("--threads must be >= 0, got {}", a.threads);
   if (a.threads > 0) omp_set_num_threads(a.threads);
   auto t0 = std::chrono::steady_clock::now();
@@ -134,6 +133,7 @@ void run_package(const RunArgs& a) {
   j["package"] = a.target;
   j["model"] = p.model;
   j["load_s"] = load_s;
+  j["device"] = p.device;
   j["first_call_s"] = first_s;
   nlohmann::json outs = nlohmann::json::array();
   for (size_t i = 0; i < out.size(); ++i) {

@@ -457,8 +457,6 @@ BenchResult run_bench(const BenchOptions& o) {
   // A .kiln package: loaded by the runtime (timed: load_s), run on caller-owned buffers with
   // fresh random inputs of its declared shapes; no compile.
   const bool package = o.target.size() > 5 && o.target.substr(o.target.size() - 5) == ".kiln";
-  if (package && cuda)
-    fail_kind(ErrorKind::NotSupported, "bench: packages are CPU packages so far (--device cpu)");
   std::optional<LoadedPackage> pkg;
   std::optional<double> load_s;
   TensorList pkg_outputs;
@@ -469,11 +467,16 @@ BenchResult run_bench(const BenchOptions& o) {
     auto t0 = std::chrono::steady_clock::now();
     pkg = load_package(o.target);
     load_s = seconds_since(t0);
+    if (pkg->device != (cuda ? "cuda" : "cpu"))
+      fail("bench: {} is a {} package: run it with --device {}", o.target, pkg->device, pkg->device);
     m.name = o.target;
     m.inputs = package_inputs(*pkg->exe, o.seed);
+    // CUDA: inputs and outputs on the device, as a caller that keeps its tensors there runs it.
+    if (cuda)
+      for (Tensor& t : m.inputs) t = t.to(device);
     for (const Tensor& t : m.inputs) pkg_in.push_back(t.raw_data());
     for (const Executable::OutputSpec& s : pkg->exe->outputs) {
-      pkg_outputs.push_back(Tensor::empty(s.sizes, s.dtype));
+      pkg_outputs.push_back(cuda ? Tensor::empty(s.sizes, s.dtype, device) : Tensor::empty(s.sizes, s.dtype));
       pkg_out.push_back(pkg_outputs.back().raw_data());
     }
   } else {
@@ -504,7 +507,10 @@ BenchResult run_bench(const BenchOptions& o) {
     r.batch = pkg->exe->inputs.empty() || pkg->exe->inputs[0].sizes.empty()
                   ? 1 : pkg->exe->inputs[0].sizes[0];
     r.arena_bytes = pkg->exe->arena_bytes();
-    call = [&] { pkg->exe->run_buffers(pkg_in.data(), pkg_in.size(), pkg_out.data(), pkg_out.size()); };
+    if (cuda)
+      call = [&] { pkg->exe->run(m.inputs.data(), m.inputs.size(), pkg_outputs.data(), pkg_outputs.size()); };
+    else
+      call = [&] { pkg->exe->run_buffers(pkg_in.data(), pkg_in.size(), pkg_out.data(), pkg_out.size()); };
   } else if (o.backend == "compiled") {
     copts.backend = best_compile_backend();
     r.backend = "compiled(" + copts.backend + ")";
