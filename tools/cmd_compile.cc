@@ -21,7 +21,7 @@ namespace kiln::cli {
 namespace {
 
 struct CompileArgs {
-  std::string model, output, mode = "default", knobs, device = "cpu", dtype = "float32";
+  std::string model, output, mode = "default", knobs, device = "cpu", dtype = "float32", arch;
   int64_t batch = 1;
   uint64_t seed = 0;
   int threads = 0;
@@ -31,7 +31,11 @@ void compile_command(const CompileArgs& a) {
   if (a.output.empty()) fail("compile: -o model.kiln is required");
   if (a.device != "cpu" && a.device != "cuda")
     fail("compile: --device expected cpu or cuda, found '{}'", a.device);
-  const Device device = a.device == "cuda" ? Device::cuda(0) : Device::cpu();
+  if (!a.arch.empty() && a.device != "cuda")
+    fail("compile: --arch {} is a CUDA architecture: add --device cuda", a.arch);
+  // A cross-build captures the model on the host and compiles it for the architecture, with no
+  // GPU (Note [CUDA cross-builds]); otherwise the model runs where it is compiled for.
+  const Device device = a.device == "cuda" && a.arch.empty() ? Device::cuda(0) : Device::cpu();
   if (a.mode != "default" && a.mode != "reduce-overhead" && a.mode != "max-autotune")
     fail("compile: --mode expected default, reduce-overhead or max-autotune, found '{}'", a.mode);
   if (a.batch < 1) fail("compile: --batch expected >= 1, found {}", a.batch);
@@ -40,6 +44,7 @@ void compile_command(const CompileArgs& a) {
   compiler::Options options;
   options.mode = a.mode;
   options.precision = parse_precision(a.dtype, "compile: --dtype");
+  options.arch = a.arch;
   if (!a.knobs.empty()) options.knobs = compiler::parse_knobs(a.knobs, "compile --knobs");
   auto t0 = std::chrono::steady_clock::now();
   // Zoo models and ONNX files alike: captured as one graph (ONNX through the graph interpreter,
@@ -66,6 +71,9 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("-o,--output", a.output, "The package to write (model.kiln)")->required();
   cmd->add_option("--device", a.device, "cpu (default) | cuda (compiled on this machine's GPU)");
   cmd->add_option("--mode", a.mode, "default | reduce-overhead | max-autotune");
+  cmd->add_option("--arch", a.arch,
+                  "With --device cuda: cross-build for this GPU architecture (sm_90) on a machine "
+                  "without one; cuBLASLt/cuDNN choices are made when the package is loaded");
   cmd->add_option("--knobs", a.knobs, "Target configuration, e.g. conv=nChw16c,vec=256");
   cmd->add_option("--dtype", a.dtype,
                   "float32 (default) | bfloat16 | float16 (f32 bf16 f16): run a float32 model in "

@@ -8,7 +8,7 @@ namespace kiln::compiler {
 
 MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
                                const std::vector<bool>& view_is_copy, const LibraryKernels& lib,
-                               const Target& target) {
+                               const Target& target, bool place_constants) {
   MemoryAssignment m;
   PlanOptions po;
   po.node_step = s.node_step;
@@ -34,7 +34,8 @@ MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
       throw_error(ErrorKind::InvalidArgument,
                   fmt::format("compiler: parameter '%{}' has no data (IR text declares weights by "
                               "type only; load them before compiling)", val.name));
-    val.data = target.place_constant(val.data);
+    // A cross-build keeps its constants on the host: they go into the package, not a device.
+    if (place_constants) val.data = target.place_constant(val.data);
     m.constants.emplace_back(slot, val.data);
     m.mem[v] = {slot++, 0};
   }

@@ -34,6 +34,6 @@ struct MemoryAssignment {
 
 MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
                                const std::vector<bool>& view_is_copy, const LibraryKernels& lib,
-                               const Target& target);
+                               const Target& target, bool place_constants = true);
 
 }  // namespace kiln::compiler

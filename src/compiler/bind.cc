@@ -209,7 +209,8 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
 
 BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
                                 const MemoryAssignment& m, std::shared_ptr<LibraryKernels> lib,
-                                LoopBuild loops, const Target& target) {
+                                LoopBuild loops, const Target& target,
+                                const std::string& cross_arch) {
   BoundExecutable out;
   auto exe = std::make_shared<Executable>();
   out.exe = exe;
@@ -428,6 +429,12 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
                                                    "the target has no status record",
                                                    target.name()));
     exe->set_device_status(m.status.slot, std::move(checks));
+  }
+  if (!cross_arch.empty()) {  // nothing runs here: no arena, no context (Options::arch)
+    exe->set_not_runnable(fmt::format(
+        "this executable was cross-built for {} without a GPU (compiler::Options::arch): write it "
+        "as a package and load that on a {} GPU", cross_arch, cross_arch));
+    return out;
   }
   exe->prepare();
   return out;

@@ -34,6 +34,6 @@ struct BoundExecutable {
 BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
                                 const MemoryAssignment& m,
                                 std::shared_ptr<LibraryKernels> lib, LoopBuild loops,
-                                const Target& target);
+                                const Target& target, const std::string& cross_arch = "");
 
 }  // namespace kiln::compiler

@@ -118,7 +118,8 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
     for (const lower::LoopKernel& k : s.loops) text += lower::loop_kernel_str(g, k);
     std::fprintf(stderr, "[kiln] schedule of graph '%s':\n%s", g.name.c_str(), text.c_str());
   }
-  MemoryAssignment mem = assign_memory(g, s, copied.view_is_copy, *lib, target);  // 6. memory
+  MemoryAssignment mem = assign_memory(g, s, copied.view_is_copy, *lib, target,  // 6. memory
+                                       /*place_constants=*/opt.arch.empty());
   rep.schedule_s = seconds_since(t1);
 
   t1 = std::chrono::steady_clock::now();
@@ -128,7 +129,8 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   rep.codegen_s = seconds_since(t1);
 
   t1 = std::chrono::steady_clock::now();
-  BoundExecutable bound = bind_executable(g, s, mem, lib, std::move(loops), target);  // 8. bind
+  BoundExecutable bound = bind_executable(g, s, mem, lib, std::move(loops), target,  // 8. bind
+                                          opt.arch);
   rep.bind_s = seconds_since(t1);
 
   rep.nodes = int(g.nodes.size());
@@ -256,6 +258,16 @@ std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& ta
     fail("compiler: mode expected default | reduce-overhead | max-autotune, found '{}'",
          options.mode);
   check_precision(options.precision, "compiler");
+  if (!options.arch.empty()) {
+    // A cross-build: the CUDA target reads the architecture as its `arch` knob.
+    if (!target.device().is_cuda())
+      fail("compiler: arch '{}' is a CUDA architecture; the {} target takes none", options.arch,
+           target.name());
+    if (options.mode == "max-autotune")
+      fail("compiler: max-autotune times candidates on the device; a cross-build (arch '{}') "
+           "cannot: use default or reduce-overhead", options.arch);
+    options.knobs.set("arch", options.arch);
+  }
   Built b = options.mode == "max-autotune"
                 ? autotune(graph, target, options,
                            [&](const Knobs& k) { return build(graph, target, options, merge_knobs(options.knobs, k)); })

@@ -48,6 +48,13 @@ struct Options {
   // Tests only: a kernel whose name contains this gets a compile error (checks that errors in
   // generated code name the kernel and that capture falls back to eager).
   std::string inject_error_into;
+  // Cross-build (Note [CUDA cross-builds] in targets/cuda/target.cc): compile for a CUDA GPU of
+  // this architecture ("sm_90") without using a device, so that a machine without a GPU (CI)
+  // builds packages. Library choices that need the device (cuBLASLt algorithms, cuDNN engines)
+  // are left to the package's loader; the Executable cannot run here and is written as a
+  // package. Empty: compile for the device that is present. CUDA target, default and
+  // reduce-overhead modes only.
+  std::string arch;
 };
 
 // What the compiler made of a graph (explain, bench, tests).

@@ -41,11 +41,16 @@ const bool g_registered = [] {
     compiler::Options opts = *t_capture->options;
     // The device of the graph's inputs, as the "inductor" backend decides it: a model called
     // with CUDA tensors (and holding CUDA weights) makes a CUDA package.
+    // A cross-build (Options::arch) compiles the captured (host) graph for CUDA.
     Device d = o.device ? *o.device : g.inputs.empty() ? Device::cpu() : g.type(g.inputs[0]).device;
+    if (!opts.arch.empty()) d = Device::cuda(0);
     std::shared_ptr<compiler::CompiledExecutable> c = compiler::compile(g, d, opts);
     t_capture->compiled = c;
     if (t_capture->source) *t_capture->source = g;
     t_capture->graphs++;
+    // A cross-built executable cannot run here; capture's own call of the graph (it runs what
+    // it captured once) runs the graph's eager kernels on the host instead.
+    if (!opts.arch.empty()) return find_backend("eager")(g, BackendOptions{});
     return std::make_unique<SharedCompiled>(c);
   }, /*priority=*/-100);
   return true;

@@ -210,6 +210,8 @@ int Executable::num_contexts() const {
 }
 
 std::unique_ptr<Executable::Context> Executable::make_context() {
+  // Every call needs a context, and only the first calls make one: the check costs nothing later.
+  if (!not_runnable_.empty()) fail_kind(ErrorKind::NotSupported, "{}", not_runnable_);
   KILN_ASSERT(!initial_slots_.empty());
   auto c = std::make_unique<Context>();
   std::unique_lock<std::mutex> cuda_lock;
@@ -582,6 +584,7 @@ void Executable::fail_device_check(Context& c) {
 }
 
 TensorList Executable::run(const TensorList& in) {
+  if (!not_runnable_.empty()) fail_kind(ErrorKind::NotSupported, "{}", not_runnable_);
   TensorList out;
   out.reserve(outputs.size());
   for (const OutputSpec& o : outputs) out.push_back(Tensor::empty(o.sizes, o.dtype, device_));

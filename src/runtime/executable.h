@@ -170,6 +170,11 @@ class Executable {
   // into the context's fixed staging buffers. Returns false (and says why in *why) when the
   // launches cannot be captured (an eager launch runs on the legacy default stream).
   bool use_cuda_graph(std::string* why);
+
+  // A cross-build (compiler::Options::arch): launches and records for a package, but no device
+  // to run on; every call fails with `why`. Instead of prepare().
+  void set_not_runnable(std::string why) { not_runnable_ = std::move(why); }
+  bool runnable() const { return not_runnable_.empty(); }
   bool graph_mode() const { return graph_requested_; }
 
   // Per-launch timing for profiles: when set on this thread, each launch is bracketed by
@@ -204,6 +209,7 @@ class Executable {
   bool graph_requested_ = false;
   bool has_eager_launch_ = false;  // set by prepare()
   int status_slot_ = -1;           // Note [Device status]
+  std::string not_runnable_;       // set_not_runnable
   std::vector<DeviceCheck> device_checks_;
   std::unique_ptr<Pool> pool_;
 };

@@ -90,6 +90,13 @@ void run_kernel(void* s, const Executable::RunContext& c) {
   launch_kernel(*static_cast<const KernelState*>(s), c);
 }
 
+// A kernel of a module that was built but not loaded (a cross-build).
+void run_unloaded_kernel(void* s, const Executable::RunContext&) {
+  fail_kind(ErrorKind::NotSupported, "cuda: kernel {} was compiled for a package only (a "
+            "cross-build without a GPU): load the package on the GPU to run it",
+            static_cast<const KernelState*>(s)->spec.kernel);
+}
+
 json kernel_json(const CudaKernelSpec& s) {
   json args = json::array();
   for (const MemRef& r : s.args) args.push_back(ref_json(r));
@@ -449,7 +456,7 @@ Executable::Launch make_cuda_kernel_launch(const cuda::CudaKernel& kernel, CudaK
   state->kernel = kernel;
   state->spec = std::move(spec);
   Executable::Launch l;
-  l.fn = run_kernel;
+  l.fn = kernel.valid() ? run_kernel : run_unloaded_kernel;
   l.state = state.get();
   l.name = state->spec.kernel;
   l.kind = "cuda";
@@ -511,27 +518,6 @@ Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
               {"bias_kernel", state->has_bias_kernel ? kernel_json(state->bias.spec) : json(nullptr)}};
     return LaunchRecord{"cudnn_conv", p.dump()};
   };
-  l.owner = std::move(state);
-  return l;
-}
-
-namespace {
-struct RecordOnly {
-  LaunchRecord record;
-  std::string why;
-};
-void run_record_only(void* s, const Executable::RunContext&) {
-  fail_kind(ErrorKind::NotSupported, "{}", static_cast<const RecordOnly*>(s)->why);
-}
-}  // namespace
-
-Executable::Launch make_record_only_launch(LaunchRecord record, std::string why) {
-  auto state = std::make_shared<RecordOnly>(RecordOnly{std::move(record), std::move(why)});
-  Executable::Launch l;
-  l.fn = run_record_only;
-  l.state = state.get();
-  l.kind = "cuda";
-  l.record = [state] { return state->record; };
   l.owner = std::move(state);
   return l;
 }

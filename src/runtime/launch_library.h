@@ -116,10 +116,6 @@ Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
                                           const cuda::CudaKernel* bias_kernel,
                                           CudaKernelSpec bias_spec);
 
-// A launch that cannot run in this process (a cross-build for a GPU that is not here) but has
-// a record for a package: running it fails with `why`.
-Executable::Launch make_record_only_launch(LaunchRecord record, std::string why);
-
 // What rebuilding a launch needs from the package being loaded.
 struct LaunchEnv {
   std::function<void*(const std::string& symbol)> symbol;  // in the kernels' shared object; null if absent

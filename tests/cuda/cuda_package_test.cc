@@ -299,3 +299,37 @@ TEST(CudaPackage, EditedManifestsAreRefusedByTheLoadersChecks) {
   }));
   EXPECT_NE(err.find("no module 'elsewhere'"), std::string::npos) << err;
 }
+
+// ---- a cross-built package (Note [CUDA cross-builds]) on this GPU -----------------------------
+// Built from the host model with --arch set to this GPU's architecture, as a machine without a
+// GPU builds it; the loader picks cuBLASLt's and cuDNN's first choices. Not bitwise the package
+// compiled here (other library kernels may be picked, the bias runs as its own kernel), so it is
+// compared with the compiled run within float32 rounding, on fresh inputs.
+TEST(CudaPackage, CrossBuiltPackageRunsOnThisGpu) {
+  CudaDeviceInfo dev = cuda_device_info(0);
+  const std::string arch = "sm_" + std::to_string(dev.sm_major) + std::to_string(dev.sm_minor);
+  test::TempDir dir;
+  for (const char* name : {"resnet18", "bert_base"}) {
+    for (const char* mode : {"default", "reduce-overhead"}) {
+      nn::ZooModel host = nn::make_zoo_model(name, 1, 7);
+      compiler::Options o;
+      o.mode = mode;
+      o.arch = arch;
+      std::string path = dir.path + "/" + name + "-" + mode + "-cross.kiln";
+      nn::export_package(host.module, host.inputs, o, name, path);
+      LoadedPackage loaded = load_package(path);
+      EXPECT_EQ(loaded.arch, arch);
+      Packaged native = package_zoo(name, dir.path, mode);
+      TensorList in = to_device(nn::zoo_example_inputs(name, 1, 404));
+      TensorList want = native.compiled->run(in);
+      TensorList got = loaded.exe->run(in);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        Tensor w = want[i].to(Device::cpu()), g = got[i].to(Device::cpu());
+        ASSERT_GT(test::max_abs(w), 0.0);
+        EXPECT_TRUE(test::close(g, w, test::Tolerance::of_max_ref(1e-4)))
+            << name << " " << mode << " output " << i << " cross-built vs compiled here";
+      }
+    }
+  }
+}

@@ -22,6 +22,7 @@
 #include "../support/compare.h"
 #include "compiler/compile.h"
 #include "compiler/package.h"
+#include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "ir/graph.h"
 #include "kernels/onednn_node.h"
@@ -489,4 +490,93 @@ TEST(Package, EagerLaunchIsRefusedNamingTheNode) {
     EXPECT_NE(std::string(e.what()).find("eager"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// ---- CUDA cross-builds (Note [CUDA cross-builds] in targets/cuda/target.cc) ---------------------
+// Without a GPU (CI): a CUDA package for sm_90 is built from a host model. Its device code is
+// NVRTC's cubins, its library calls are descriptors whose algorithm and engine the loader picks;
+// it is deterministic, and loading it here fails with "no CUDA device" rather than crashing. (On
+// the GPU machine, CudaPackage.CrossBuiltPackageRunsOnThisGpu loads and runs such packages.)
+TEST(Package, CudaCrossBuildWithoutAGpu) {
+  TempDir dir;
+  nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
+  compiler::Options o;
+  o.arch = "sm_90";
+  std::string path = dir.path + "/resnet18-sm90.kiln";
+  auto compiled = nn::export_package(m.module, m.inputs, o, "resnet18", path);
+  uint32_t version = 0;
+  std::vector<PackageSection> sections = read_package_sections(path, &version);
+  EXPECT_EQ(version, kPackageFormatVersion);
+  ASSERT_GE(sections.size(), 3u);
+  EXPECT_EQ(sections[2].name, "kernels.cuda");
+  nlohmann::json manifest = nlohmann::json::parse(sections[0].bytes);
+  EXPECT_EQ(manifest["target"]["device"], "cuda");
+  EXPECT_EQ(manifest["target"]["arch"], "sm_90");
+  int convs = 0, gemms = 0, kernels = 0;
+  for (const nlohmann::json& l : manifest["launches"]) {
+    std::string kind = l["kind"];
+    if (kind == "cudnn_conv") {
+      ++convs;
+      EXPECT_TRUE(l["params"]["engine"].is_null());
+    } else if (kind == "cublaslt") {
+      ++gemms;
+      EXPECT_TRUE(l["params"]["algo"].is_null());
+    } else {
+      EXPECT_EQ(kind, "cuda_kernel");
+      ++kernels;
+    }
+  }
+  EXPECT_EQ(convs, 20);  // resnet18's convolutions
+  EXPECT_EQ(gemms, 1);   // its classifier
+  EXPECT_GT(kernels, 0);
+  // Every cubin is an ELF image for the architecture asked.
+  for (const nlohmann::json& mod : manifest["cuda_modules"]) {
+    EXPECT_EQ(mod["arch"], "sm_90");
+    std::string_view image = std::string_view(sections[2].bytes).substr(mod["offset"].get<size_t>(), 4);
+    EXPECT_EQ(image, std::string_view("\x7f" "ELF", 4));
+  }
+  // Deterministic, as CPU packages are.
+  std::string again_path = dir.path + "/again.kiln";
+  nn::export_package(m.module, m.inputs, o, "resnet18", again_path);
+  EXPECT_TRUE(read_bytes(path) == read_bytes(again_path)) << "two cross-builds differ";
+  // The compiled executable cannot run here; the package loads only on a GPU.
+  try {
+    compiled->run(m.inputs);
+    ADD_FAILURE() << "a cross-built executable ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cross-built for sm_90"), std::string::npos) << e.what();
+  }
+  if (cuda_device_count() == 0) {
+    std::string err = load_error(read_bytes(path));
+    EXPECT_NE(err.find("no CUDA device"), std::string::npos) << err;
+  }
+  // What a cross-build refuses: another target, max-autotune, a malformed architecture.
+  auto error_of = [&](compiler::Options opts, Device device) -> std::string {
+    try {
+      nn::ZooModel small = nn::make_zoo_model("mlp", 1, 7);
+      Graph g;
+      nn::compile_module_graph(small.module, small.inputs, opts, &g);
+      compiler::compile(g, device, opts);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  compiler::Options autotune = o;
+  autotune.mode = "max-autotune";
+  EXPECT_NE(error_of(autotune, Device::cuda(0)).find("cannot: use default or reduce-overhead"),
+            std::string::npos);
+  compiler::Options bad = o;
+  bad.arch = "sm_x";
+  EXPECT_NE(error_of(bad, Device::cuda(0)).find("not a CUDA architecture"), std::string::npos);
+  try {
+    Graph g;
+    nn::ZooModel small = nn::make_zoo_model("mlp", 1, 7);
+    compiler::Options plain;
+    nn::compile_module_graph(small.module, small.inputs, plain, &g);
+    compiler::compile(g, Device::cpu(), o);
+    ADD_FAILURE() << "arch on the CPU target was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the cpu target takes none"), std::string::npos) << e.what();
+  }
 }

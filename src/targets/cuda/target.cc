@@ -71,6 +71,68 @@ int multiprocessors() {
   return n;
 }
 
+// Note [CUDA cross-builds]
+// compiler::Options::arch = "sm_90" (the `arch` knob) compiles for a GPU that is not here:
+//   - NVRTC builds the cubins for that architecture (it needs no GPU); nothing is loaded;
+//   - grids are sized for the architecture's usual multiprocessor count (kSmCount: the
+//     datacenter part of each generation; the `sms` knob overrides it), which changes only how
+//     work is split, never what is computed per element;
+//   - cuBLASLt and cuDNN cannot be asked without a device: GEMMs and convolutions are recorded as
+//     descriptors with kCrossWorkspaceBytes of scratch each, and the loader picks the
+//     heuristic's first algorithm / engine within it (Note [CUDA launch records]); a
+//     convolution's bias always runs as its own kernel (whether an engine fuses it is the
+//     device's to say);
+//   - constants stay on the host and the Executable is marked not runnable: it is written as a
+//     package (runtime/package.h), which the loader checks against the GPU it finds.
+// A package built on the GPU itself pins its choices instead and is bitwise the compiled run; a
+// cross-built one computes the same ops with possibly other library kernels (tests compare it
+// within float32 rounding).
+constexpr int64_t kCrossWorkspaceBytes = int64_t(32) << 20;
+
+struct SmCount {
+  const char* arch;
+  int sms;
+};
+constexpr SmCount kSmCount[] = {{"sm_70", 80},  {"sm_75", 40},  {"sm_80", 108}, {"sm_86", 84},
+                                {"sm_87", 16},  {"sm_89", 128}, {"sm_90", 132}, {"sm_100", 148},
+                                {"sm_120", 84}};
+
+// What the build is for: the device here, or (the `arch` knob) a cross-build.
+struct BuildFor {
+  std::string arch;
+  int sms = 0;
+  bool cross = false;
+};
+
+BuildFor build_for(const Knobs& knobs) {
+  BuildFor b;
+  const std::string* arch = knobs.find("arch");
+  if (!arch) {
+    b.arch = device_arch(kDevice);
+    b.sms = std::max(multiprocessors(), 1);
+    return b;
+  }
+  b.cross = true;
+  b.arch = *arch;
+  if (b.arch.size() < 5 || b.arch.size() > 7 || b.arch.compare(0, 3, "sm_") != 0 ||
+      b.arch.find_first_not_of("0123456789", 3) != std::string::npos)
+    fail("cuda: arch '{}' is not a CUDA architecture (e.g. sm_90)", b.arch);
+  b.sms = 0;
+  for (const SmCount& s : kSmCount)
+    if (b.arch == s.arch) b.sms = s.sms;
+  if (const std::string* sms = knobs.find("sms")) {
+    try {
+      b.sms = std::stoi(*sms);
+    } catch (const std::exception&) {
+      b.sms = -1;
+    }
+    if (b.sms < 1 || b.sms > 1024) fail("cuda: knob sms={} is not a multiprocessor count", *sms);
+  }
+  if (b.sms == 0)
+    fail("cuda: no multiprocessor count is known for {}: give it as the knob sms=N", b.arch);
+  return b;
+}
+
 
 // ---- library kernels --------------------------------------------------------------------------
 
@@ -80,9 +142,11 @@ struct LibNode {
   std::string describe;
   // Gemm
   std::shared_ptr<GemmPlan> gemm;
+  GemmDesc gemm_desc;  // a cross-build's GEMM: no plan, the descriptor only
   int gemm_a = 0, gemm_b = 1, gemm_bias = -1;  // input indices
   // Conv
   std::shared_ptr<ConvPlan> conv;
+  ConvDesc conv_desc;  // a cross-build's convolution: no plan, the descriptor only
   bool conv_bias_kernel = false;  // the bias is added by a direct kernel after the convolution
   // Direct kernels (and the conv bias kernel): a kernel of the library program, with its
   // arguments as (input index | output index) lists.
@@ -98,7 +162,8 @@ struct LibNode {
 
 class CudaLibraryKernels final : public compiler::LibraryKernels {
  public:
-  CudaLibraryKernels(const Graph& g, const std::vector<int32_t>& nodes) {
+  CudaLibraryKernels(const Graph& g, const std::vector<int32_t>& nodes, BuildFor build)
+      : build_(std::move(build)) {
     nodes_.resize(g.nodes.size());
     std::string source;
     for (int32_t i : nodes) {
@@ -114,16 +179,20 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       }
       if (ln.gemm) scratch_ = std::max(scratch_, ln.gemm->workspace_bytes());
       if (ln.conv) scratch_ = std::max(scratch_, ln.conv->workspace_bytes());
+      if (build_.cross && (ln.kind == LibNode::Kind::Gemm || ln.kind == LibNode::Kind::Conv))
+        scratch_ = std::max(scratch_, size_t(kCrossWorkspaceBytes));
     }
     if (!source.empty()) {
       CudaCompileRequest req = direct_program(
-          source, (g.name.empty() ? std::string("graph") : g.name) + "_lib", device_arch(kDevice));
+          source, (g.name.empty() ? std::string("graph") : g.name) + "_lib", build_.arch);
       program_ = compile_cuda(req);
       program_name_ = req.program_name;
       arch_ = req.arch;
-      module_ = CudaModule::load(program_->cubin, kDevice, req.program_name);
-      for (LibNode& ln : nodes_)
-        if (!ln.kernel_name.empty()) ln.kernel = module_->kernel(ln.kernel_name);
+      if (!build_.cross) {  // a cross-build loads nothing (Note [CUDA cross-builds])
+        module_ = CudaModule::load(program_->cubin, kDevice, req.program_name);
+        for (LibNode& ln : nodes_)
+          if (!ln.kernel_name.empty()) ln.kernel = module_->kernel(ln.kernel_name);
+      }
     }
   }
 
@@ -165,13 +234,14 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       case LibNode::Kind::Gemm: {
         CublasltBuffers b{at(inputs, ln.gemm_a), at(inputs, ln.gemm_b), at(inputs, ln.gemm_bias),
                           at(outputs, 0), scratch, ws};
-        return make_cublaslt_launch(ln.gemm->desc(), ln.gemm, b);
+        return make_cublaslt_launch(ln.gemm ? ln.gemm->desc() : ln.gemm_desc, ln.gemm, b);
       }
       case LibNode::Kind::Conv: {
+        const ConvDesc& d = ln.conv ? ln.conv->desc() : ln.conv_desc;
         CudnnConvBuffers b{at(inputs, 0), at(inputs, 1),
-                           ln.conv->desc().bias || ln.conv_bias_kernel ? at(inputs, 2) : MemRef{},
+                           d.bias || ln.conv_bias_kernel ? at(inputs, 2) : MemRef{},
                            at(outputs, 0), scratch, ws};
-        return make_cudnn_conv_launch(ln.conv->desc(), ln.conv, b,
+        return make_cudnn_conv_launch(d, ln.conv, b,
                                       ln.conv_bias_kernel ? &ln.kernel : nullptr,
                                       ln.conv_bias_kernel ? std::move(spec) : CudaKernelSpec{});
       }
@@ -194,6 +264,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   std::vector<LibNode> nodes_;
   size_t scratch_ = 0;
   std::shared_ptr<const CompiledCubin> program_;
+  BuildFor build_;
   std::string program_name_, arch_;
   std::shared_ptr<CudaModule> module_;
 };
@@ -266,8 +337,15 @@ void CudaLibraryKernels::plan_gemm(const Graph& g, const Node& n, LibNode& ln) {
   }
   if (d.m == 0 || d.n == 0) fail_kind(ErrorKind::NotSupported, "an empty output");
   if (d.k == 0) fail_kind(ErrorKind::NotSupported, "K = 0 (the output is the bias or zeros)");
-  ln.gemm = GemmPlan::create(d);
   ln.kind = LibNode::Kind::Gemm;
+  if (build_.cross) {  // Note [CUDA cross-builds]: the loader asks cuBLASLt
+    ln.gemm_desc = d;
+    ln.describe = fmt::format("gemm {} {}x{}x{} batch {}{} (cuBLASLt algorithm chosen at load)",
+                              dtype_name(dt), d.m, d.n, d.k, d.batch,
+                              d.epilogue == GemmEpilogue::Bias ? " epilogue bias" : "");
+    return;
+  }
+  ln.gemm = GemmPlan::create(d);
   ln.describe = ln.gemm->describe();
 }
 
@@ -308,7 +386,13 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
   }
   bool bias = n.inputs.size() > 2 && n.inputs[2] != kNoValue;
   std::string why;
-  if (bias) {
+  if (build_.cross) {  // Note [CUDA cross-builds]: the loader asks cuDNN; the bias as a kernel
+    std::array<int64_t, 4> od = conv_output_dims(d);
+    if (od != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
+      fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
+    ln.conv_desc = d;
+    ln.conv_bias_kernel = bias;
+  } else if (bias) {
     d.bias = true;
     ln.conv = ConvPlan::try_create(d, &why);
     if (!ln.conv) {  // no engine fuses the bias: the convolution, then a bias kernel
@@ -316,17 +400,20 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
       ln.conv_bias_kernel = true;
     }
   }
-  if (!ln.conv) ln.conv = ConvPlan::create(d);
-  if (ln.conv->output_dims() != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
-    fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
+  if (!build_.cross) {
+    if (!ln.conv) ln.conv = ConvPlan::create(d);
+    if (ln.conv->output_dims() != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
+      fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
+  }
   ln.kind = LibNode::Kind::Conv;
-  ln.describe = ::kiln::cuda::describe(d) + " engine " + ln.conv->engine().tag +
+  ln.describe = ::kiln::cuda::describe(d) + " engine " +
+                (ln.conv ? ln.conv->engine().tag : std::string("chosen at load")) +
                 (ln.conv_bias_kernel ? " + bias kernel" : "");
   if (ln.conv_bias_kernel) {
     ln.kernel_name = fmt::format("kn_bias_{}", index);
     int64_t total = numel(y), plane = y[2] * y[3], c = y[1];
     ln.threads = 256;
-    ln.blocks = std::min<int64_t>((total + 255) / 256, int64_t(multiprocessors()) * 16);
+    ln.blocks = std::min<int64_t>((total + 255) / 256, int64_t(build_.sms) * 16);
     ln.arg_inputs = {2};
     ln.arg_outputs = {0};
     source += fmt::format(
@@ -342,7 +429,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
 
 void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                                      std::string& source) {
-  DirectKernel k = plan_direct_kernel(g, n, index, int64_t(std::max(multiprocessors(), 1)) * 16);
+  DirectKernel k = plan_direct_kernel(g, n, index, int64_t(build_.sms) * 16);
   ln.kernel_name = k.name;
   ln.blocks = k.blocks;
   ln.threads = k.threads;
@@ -391,19 +478,21 @@ class CudaTarget final : public compiler::Target {
   std::unique_ptr<compiler::LibraryKernels> lower_library(const Graph& g,
                                                           const std::vector<int32_t>& nodes,
                                                           compiler::LibraryRequest,
-                                                          const Knobs&) const override {
-    require_cuda_device(kDevice, "compiling for CUDA");
-    return std::make_unique<CudaLibraryKernels>(g, nodes);
+                                                          const Knobs& knobs) const override {
+    BuildFor build = build_for(knobs);
+    if (!build.cross) require_cuda_device(kDevice, "compiling for CUDA");
+    return std::make_unique<CudaLibraryKernels>(g, nodes, std::move(build));
   }
 
   compiler::LoopBuild build_loops(const Graph& g, const lower::Schedule& s,
                                   const std::vector<MemRef>& mem, MemRef status,
-                                  const compiler::Options& options, const Knobs&) const override {
+                                  const compiler::Options& options, const Knobs& knobs) const override {
     CudaCodegenOptions co;
     co.inject_error_into = options.inject_error_into;
     co.status_slot = status.slot;
     co.vectorize = options.vectorize;
-    int64_t max_blocks = int64_t(std::max(multiprocessors(), 1)) * 32;
+    BuildFor build = build_for(knobs);
+    int64_t max_blocks = int64_t(build.sms) * 32;
     std::string name = g.name.empty() ? "graph" : g.name;
     CudaProgram prog = generate_cuda(g, s, mem, name, max_blocks, co);
     compiler::LoopBuild out;
@@ -415,12 +504,15 @@ class CudaTarget final : public compiler::Target {
     CudaCompileRequest req;
     req.source = prog.source;
     req.program_name = name;
-    req.arch = device_arch(kDevice);
+    req.arch = build.arch;
     std::shared_ptr<const CompiledCubin> cubin = compile_cuda(req);
     out.cache_hit = cubin->cache_hit;
     out.build_s = cubin->compile_seconds;
-    std::shared_ptr<CudaModule> module = CudaModule::load(cubin->cubin, kDevice, name);
-    out.keep_alive = module;
+    std::shared_ptr<CudaModule> module;
+    if (!build.cross) {  // a cross-build loads nothing (Note [CUDA cross-builds])
+      module = CudaModule::load(cubin->cubin, kDevice, name);
+      out.keep_alive = module;
+    }
     out.device_modules.push_back({name, req.arch, std::make_shared<const std::string>(cubin->cubin)});
     for (const CudaKernelInfo& k : prog.kernels) {
       CudaKernelSpec spec;
@@ -429,7 +521,8 @@ class CudaTarget final : public compiler::Target {
       spec.grid = unsigned(k.blocks);
       spec.block = unsigned(std::max(k.threads, 1));
       for (int32_t slot : k.slots) spec.args.push_back(MemRef{slot, 0});
-      Executable::Launch l = make_cuda_kernel_launch(module->kernel(k.name), std::move(spec));
+      Executable::Launch l =
+          make_cuda_kernel_launch(module ? module->kernel(k.name) : CudaKernel{}, std::move(spec));
       l.kind = "loop";
       out.launches.push_back(std::move(l));
       out.vectorized.push_back(false);
