@@ -232,7 +232,12 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
         total += (int64_t(numel(inputs[i].sizes)) * dtype_size(inputs[i].dtype) + 255) / 256 * 256;
       }
       c->staging_owner = allocate_device_arena(total, device_.index);
-      for (size_t i = 0; i < inputs.size(); ++i) c->staging.push_back(c->staging_owner.get() + off[i]);
+      // By slot, not by position: the caller may reorder `inputs` after a context exists (a
+      // package takes its inputs in call order, nn::compile_captured_graph), and each buffer
+      // must stay the size of its own input.
+      c->staging.assign(initial_slots_.size(), nullptr);
+      for (size_t i = 0; i < inputs.size(); ++i)
+        c->staging[size_t(inputs[i].slot)] = c->staging_owner.get() + off[i];
     }
     if (status_slot_ >= 0) {
       c->status_owner = allocate_device_arena(2 * sizeof(int64_t), device_.index);  // zeroed
@@ -493,10 +498,11 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       continue;
     }
     Tensor src = t.is_contiguous() ? t : t.contiguous();
-    check(cudaMemcpyAsync(c.staging[i], src.raw_data(), src.nbytes(),
+    char* staging = c.staging[size_t(sp.slot)];
+    check(cudaMemcpyAsync(staging, src.raw_data(), src.nbytes(),
                           src.device().is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, s),
           "cudaMemcpyAsync of an input");
-    c.slots[size_t(sp.slot)] = c.staging[i];
+    c.slots[size_t(sp.slot)] = staging;
     // A temporary (a non-contiguous input made contiguous) must live until its copy ran.
     if (!same_tensor(src, t)) check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }

@@ -13,7 +13,8 @@
 //   cublaslt {"desc": GemmDesc, "algo": [8 x u64] | null, "a", "b", "bias", "d", "workspace":
 //           [slot, offset], "workspace_bytes"}: a cuBLASLt GEMM. The algorithm is cuBLASLt's
 //           opaque cublasLtMatmulAlgo_t: the loader never hands recorded bytes to cuBLASLt, it
-//           asks the heuristic for its candidates and takes the one with the same bytes, else
+//           asks the heuristic for its choice (and then its candidates) and takes the one with
+//           the same bytes, else
 //           refuses (another cuBLASLt or GPU would compute differently). null (a cross-build
 //           made without a GPU): the heuristic's first choice within the workspace.
 //   cudnn_conv {"desc": ConvDesc, "engine": tag | null, "x", "w", "bias", "y", "workspace",
@@ -364,8 +365,13 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
     if (words.size() != 8) throw std::out_of_range("algo must be 8 hexadecimal words");
     uint64_t want[8];
     for (size_t i = 0; i < 8; ++i) want[i] = std::stoull(words[i], nullptr, 16);
+    // The plan's own choice first (the heuristic asked for one algorithm, as at compile time:
+    // asked for eight, cuBLASLt may rank others first), then the other candidates (a tuned
+    // choice).
     bool found = false;
-    for (const cuda::GemmAlgo& a : plan->candidates(8))
+    std::vector<cuda::GemmAlgo> cs = {plan->algo()};
+    for (const cuda::GemmAlgo& a : plan->candidates(8)) cs.push_back(a);
+    for (const cuda::GemmAlgo& a : cs)
       if (std::memcmp(a.opaque, want, sizeof want) == 0) {
         if (int64_t(a.workspace_bytes) > b.workspace_bytes)
           fail_kind(ErrorKind::ParseError, "{}: the recorded algorithm needs {} bytes of "
