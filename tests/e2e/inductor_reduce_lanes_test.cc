@@ -168,3 +168,35 @@ TEST(InductorLaneReductions, TransposedReadComputesTheReferenceValues) {
   test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(2e-5, 2e-5));
   EXPECT_TRUE(cmp.ok()) << cmp.str() << "\n" << compiled->summary();
 }
+
+// Note [scalar layer_norm statistics]: ConvNeXt's layer_norm over the channels of a permuted
+// NCHW value reads its normalized dim with a stride, so it has no SIMD lanes; its statistics are
+// two passes in double. Values far from zero (mean 50, spread 1) check that the variance is taken
+// around the mean, not from the raw sums.
+TEST(InductorLaneReductions, StridedLayerNormMatchesTheReference) {
+  Graph g;
+  g.name = "strided_layer_norm";
+  ValueId x = g.add_input("x", TensorType(f32, Shape{2, 24, 5, 7}));
+  ValueId w = g.add_input("w", TensorType(f32, Shape{24}));
+  ValueId b = g.add_input("b", TensorType(f32, Shape{24}));
+  ValueId xp = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 2, 3, 1}}}, "to_nhwc");
+  ValueId y = g.add_node1(OpId::LayerNorm, {xp, w, b},
+                          {{"normalized_shape", Ints{24}}, {"eps", 1e-6}}, "norm");
+  g.outputs = {y};
+  auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+  for (uint64_t seed : {81u, 82u, 83u}) {
+    Generator gen(seed);
+    Tensor xv = Tensor::randn({2, 24, 5, 7}, gen, f32);
+    float* p = xv.data<float>();
+    for (int64_t i = 0; i < xv.numel(); ++i) p[i] += 50.0f;
+    TensorList in = {xv, Tensor::randn({24}, gen, f32), Tensor::randn({24}, gen, f32)};
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    Tensor want = run(as_float64(g), in64)[0];
+    Tensor got = compiled->run(in)[0];
+    // The inputs are exact; the normalized values are O(1) with float32 rounding of x - mean
+    // (|x| ~ 50: 50 * 2^-24 ~ 3e-6 absolute) times |w| ~ 3.
+    test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(1e-4, 1e-4));
+    EXPECT_TRUE(cmp.ok()) << cmp.str() << "\n" << compiled->summary();
+  }
+}

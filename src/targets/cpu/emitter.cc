@@ -617,7 +617,26 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
   std::vector<bool> wx = lower::expr_closure(k_, x);
   std::string bv, bs;
   // Pass 1: statistics.
-  if (ln) {
+  if (ln && !vec) {
+    // Note [scalar layer_norm statistics]: without SIMD lanes (a normalized dim read with a
+    // stride: ConvNeXt's layer_norm over the channels of a permuted NCHW value), two passes in
+    // double: the sum, then the sum of squared deviations from the mean. Welford's update
+    // divides once per element, a dependency chain of ~25 cycles; these are additions (and as
+    // accurate: the deviations are taken from the exact-to-double mean).
+    bs.clear();
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  s_s += double(v{1});\n", bi, x);
+    out += fmt::format("{}double s_s = 0;\n", ind);
+    reduce_loops(out, k_, ind, false, "", bs);
+    out += fmt::format("{}const double mean_s = s_s / {}.0;\n{}double m2_s = 0;\n", ind, nm.count, ind);
+    bs.clear();
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  {{ const double d = double(v{1}) - mean_s; m2_s += d * d; }}\n", bi, x);
+    reduce_loops(out, k_, ind, false, "", bs);
+    double eps = nm.attrs->get_float("eps");
+    out += fmt::format("{0}const float mean = float(mean_s);\n{0}const float rstd = float(1.0 / std::sqrt(m2_s / {1}.0 + {2}));\n",
+                       ind, nm.count, num(eps));
+  } else if (ln) {
     out += fmt::format("{}double mean_s = 0, m2_s = 0; i64 n_s = 0;\n", ind);
     if (vec) out += fmt::format("#ifdef KN_W\n{}VF vmean = vset(0.0f), vm2 = vset(0.0f); i64 vn = 0;\n#endif\n", ind);
     if (vec) {
