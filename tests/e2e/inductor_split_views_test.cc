@@ -1,4 +1,4 @@
-// Split inside compiled CPU graphs (Note [split as slices] in ops/shape.cc): the CPU target
+// Split and concat of views inside compiled CPU graphs (Note [split as slices] in ops/shape.cc): the CPU target
 // decomposes split into slices, which the loop kernels read in place, so a GRU cell's gates
 // (one linear's output split three ways along the features, each piece into its own pointwise
 // chain) cost no copy launch; a piece that is a graph output or a matmul operand is still
@@ -13,6 +13,7 @@
 #include "compiler/compile.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
+#include "runtime/package.h"
 
 using namespace kiln;
 
@@ -82,6 +83,60 @@ TEST(InductorSplitViews, GruGatesSplitWithoutCopyLaunchesAndMatchTheReference) {
       test::Comparison c = test::compare(got[i], want[i], test::Tolerance::rel(1e-4, 1e-4));
       EXPECT_TRUE(c.ok()) << "output " << i << " seed " << seed << ": " << c.str() << "\n"
                           << compiled->summary();
+    }
+  }
+}
+
+// Note [concat part geometry] (compiler/bind.cc): concat over views, as swin_t exports them —
+// torch.roll as two slices concatenated (along H: contiguous blocks of the base; along W:
+// strided rows), patch merging as four step-2 slices concatenated along the channels — plus a
+// transposed part and an odd channel count (no widening). The runtime's byte copies must give
+// exactly the reference's values, and a package of the graph the same bits.
+TEST(InductorSplitViews, ConcatOfViewsMatchesTheReferenceAndPackages) {
+  for (int64_t c : {int64_t(8), int64_t(5)}) {
+    SCOPED_TRACE(fmt::format("{} channels", c));
+    Graph g;
+    g.name = "concat_views";
+    // Computed values (views of graph inputs get copies first: compiler/insert_copies.h).
+    ValueId x = g.add_node1(OpId::Neg, {g.add_input("x", TensorType(f32, Shape{1, 6, 8, c}))}, {}, "nx");
+    ValueId t = g.add_node1(OpId::Neg, {g.add_input("t", TensorType(f32, Shape{1, 8, 6, c}))}, {}, "nt");
+    auto slice = [&](ValueId v, int64_t dim, int64_t a, int64_t b, int64_t step, const char* name) {
+      return g.add_node1(OpId::Slice, {v}, {{"dim", dim}, {"start", a}, {"end", b}, {"step", step}},
+                         name);
+    };
+    auto cat = [&](std::vector<ValueId> parts, int64_t dim, const char* name) {
+      return g.add_node1(OpId::Concat, parts, {{"dim", dim}}, name);
+    };
+    ValueId h = cat({slice(x, 1, 4, 6, 1, "h_tail"), slice(x, 1, 0, 4, 1, "h_head")}, 1, "roll_h");
+    ValueId w = cat({slice(h, 2, 5, 8, 1, "w_tail"), slice(h, 2, 0, 5, 1, "w_head")}, 2, "roll_w");
+    ValueId x0 = slice(slice(w, 1, 0, 6, 2, "r0"), 2, 0, 8, 2, "c0");
+    ValueId x1 = slice(slice(w, 1, 1, 6, 2, "r1"), 2, 0, 8, 2, "c1");
+    ValueId x2 = slice(slice(w, 1, 0, 6, 2, "r2"), 2, 1, 8, 2, "c2");
+    ValueId x3 = slice(slice(w, 1, 1, 6, 2, "r3"), 2, 1, 8, 2, "c3");
+    ValueId merged = cat({x0, x1, x2, x3}, 3, "merge");
+    ValueId tt = g.add_node1(OpId::Transpose, {t}, {{"dim0", int64_t(1)}, {"dim1", int64_t(2)}}, "tt");
+    ValueId mixed = cat({tt, w}, 3, "mixed");
+    g.outputs = {w, merged, mixed};
+    auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+    EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
+    int concats = 0;
+    for (const std::string& k : compiled->report().kernels)
+      concats += k.find("[runtime kernel concat]") != std::string::npos;
+    EXPECT_EQ(concats, 4) << compiled->summary();
+    LoadedPackage loaded =
+        load_package_bytes(package_bytes(compiled->executable(), PackageInfo{}), "concat_views");
+    for (uint64_t seed : {91u, 92u}) {
+      Generator gen(seed);
+      TensorList in = {Tensor::randn({1, 6, 8, c}, gen, f32), Tensor::randn({1, 8, 6, c}, gen, f32)};
+      TensorList in64 = {in[0].to(DType::Float64), in[1].to(DType::Float64)};
+      TensorList want = run(as_float64(g), in64);
+      TensorList got = compiled->run(in), pkg = loaded.exe->run(in);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(test::close(got[i], want[i].to(f32), test::Tolerance::exact()))
+            << "output " << i << " seed " << seed << "\n" << compiled->summary();
+        EXPECT_TRUE(test::close(pkg[i], got[i], test::Tolerance::exact())) << "packaged output " << i;
+      }
     }
   }
 }
