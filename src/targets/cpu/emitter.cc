@@ -654,23 +654,35 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
     double eps = nm.attrs->get_float("eps");
     out += fmt::format("{0}const float mean = float(mean_s);\n{0}const float rstd = float(1.0 / std::sqrt(m2_s / {1}.0 + {2}));\n",
                        ind, nm.count, num(eps));
-  } else {
+  } else if (vec) {
+    // Note [softmax statistics]: with SIMD lanes, the row's max, then the sum of exp(x - max):
+    // two exps per element in all (this one and pass 2's) and no per-lane merge. The online form
+    // below (running max and rescaled sum per lane) takes two exps per element in pass 1 and a
+    // scalar exp per lane to merge, which short rows (window attention's 49) pay for per row.
     out += fmt::format("{}float m_s = -INFINITY, s_s = 0;\n", ind);
-    if (vec) out += fmt::format("#ifdef KN_W\n{}VF vm = vset(-INFINITY), vs = vset(0.0f);\n#endif\n", ind);
-    if (vec) {
-      emit_exprs(bv, wx, Level::Full, true, bi + "  ");
-      // A lane that has seen only -inf keeps sum 0: exp(-inf - -inf) would be NaN, and a NaN
-      // sum survives every later element of the lane (the scalar loop resets through m_s).
-      bv += fmt::format("{0}  {{ const VF mn = vmax(vm, v{1}); vs = vsel(veq(mn, vset(-INFINITY)), vset(0.0f), vs * vexp(vm - mn) + vexp(v{1} - mn)); vm = mn; }}\n", bi, x);
-    }
+    out += fmt::format("#ifdef KN_W\n{}VF vm = vset(-INFINITY), vs = vset(0.0f);\n#endif\n", ind);
+    emit_exprs(bv, wx, Level::Full, true, bi + "  ");
+    bv += fmt::format("{0}  vm = vmax(vm, v{1});\n", bi, x);
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  m_s = kn_max(m_s, (float)v{1});\n", bi, x);
+    reduce_loops(out, k_, ind, true, bv, bs);
+    out += fmt::format("#ifdef KN_W\n{}m_s = kn_max(m_s, vmax_all(vm));\n#endif\n", ind);
+    bv.clear();
+    bs.clear();
+    emit_exprs(bv, wx, Level::Full, true, bi + "  ");
+    bv += fmt::format("{0}  vs = vs + vexp(v{1} - vset(m_s));\n", bi, x);
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  s_s += std::exp((float)v{1} - m_s);\n", bi, x);
+    reduce_loops(out, k_, ind, true, bv, bs);
+    out += fmt::format("#ifdef KN_W\n{}s_s += vsum(vs);\n#endif\n", ind);
+  } else {
+    // The scalar kernel: the online form (one pass: running max, rescaled sum).
+    out += fmt::format("{}float m_s = -INFINITY, s_s = 0;\n", ind);
     emit_exprs(bs, wx, Level::Full, false, bi + "  ");
     bs += fmt::format("{0}  {{ const float xv = (float)v{1}; const float mn = kn_max(m_s, xv); s_s = (m_s == -INFINITY ? 0.0f : s_s * std::exp(m_s - mn)) + std::exp(xv - mn); m_s = mn; }}\n", bi, x);
-    reduce_loops(out, k_, ind, vec, bv, bs);
-    if (vec)
-      out += fmt::format(
-          "#ifdef KN_W\n{0}{{\n{0}  float lm[KN_W], ls[KN_W];\n{0}  std::memcpy(lm, &vm, sizeof(lm)); std::memcpy(ls, &vs, sizeof(ls));\n"
-          "{0}  for (int l = 0; l < KN_W; ++l) {{\n{0}    if (lm[l] == -INFINITY) continue;\n{0}    const float mn = kn_max(m_s, lm[l]);\n"
-          "{0}    s_s = (m_s == -INFINITY ? 0.0f : s_s * std::exp(m_s - mn)) + ls[l] * std::exp(lm[l] - mn); m_s = mn;\n{0}  }}\n{0}}}\n#endif\n", ind);
+    reduce_loops(out, k_, ind, false, "", bs);
+  }
+  if (!ln) {
     if (nm.op == OpId::Softmax) out += fmt::format("{}const float inv_s = 1.0f / s_s;\n", ind);
     else out += fmt::format("{}const float log_s = std::log(s_s);\n", ind);
   }
