@@ -87,6 +87,39 @@ std::string node_list(const Graph& g, const std::vector<int32_t>& nodes) {
   return s;
 }
 
+// Note [concat part geometry]: the runtime copies a strided part element by element (a memcpy
+// of elem_bytes per element), which made swin_t's torch.roll (slices concatenated) ~4 ns an
+// element. Two rewrites of the same bytes: a view that is a contiguous block of its base (a slice
+// of leading dims: strides are its sizes' row-major strides) is a contiguous part, copied with
+// one memcpy per outer block; otherwise, while the innermost dim is contiguous on both sides
+// (stride 1), pairs of elements become one element of twice the bytes, up to 16 bytes (the
+// largest element the runtime takes), when every other stride and the source offset stay whole
+// (the destination offset is in bytes already).
+bool contiguous_block(const lower::ViewGeometry& geo) {
+  Dims want = contiguous_strides(Dims(geo.sizes.begin(), geo.sizes.end()));
+  for (size_t d = 0; d < geo.sizes.size(); ++d)
+    if (geo.sizes[d] != 1 && geo.strides[d] != want[d]) return false;  // a size-1 dim's stride is moot
+  return true;
+}
+
+void widen_elements(ConcatPart& p) {
+  const size_t r = p.sizes.size();
+  while (r > 0 && p.elem_bytes * 2 <= 16 && p.sizes[r - 1] % 2 == 0 && p.strides[r - 1] == 1 &&
+         p.dst_strides[r - 1] == 1 && p.elem_offset % 2 == 0) {
+    bool even = true;
+    for (size_t d = 0; d + 1 < r; ++d)
+      even = even && p.strides[d] % 2 == 0 && p.dst_strides[d] % 2 == 0;
+    if (!even) break;
+    for (size_t d = 0; d + 1 < r; ++d) {
+      p.strides[d] /= 2;
+      p.dst_strides[d] /= 2;
+    }
+    p.sizes[r - 1] /= 2;
+    p.elem_offset /= 2;
+    p.elem_bytes *= 2;
+  }
+}
+
 // A node the runtime's kernel library runs without its eager kernel (runtime/launch_library.h),
 // so that the Executable stays packageable: embedding, concat and split on the CPU, over buffers
 // or views of concrete shapes (byte copies: bitwise what the eager kernels compute).
@@ -125,9 +158,16 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
         parts.push_back({m.mem[size_t(v)], chunk, at});
       } else if (s.virtual_view[size_t(v)]) {
         // A view (a permuted activation, an expanded parameter): copied element by element from
-        // its base buffer.
+        // its base buffer, or as a contiguous part (Note [concat part geometry]).
         const lower::ViewGeometry& geo = s.views[size_t(v)];
         if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != size_t(r)) return {};
+        if (contiguous_block(geo) && geo.offset >= 0 && g.type(geo.base).dtype == yt.dtype) {
+          MemRef src = m.mem[size_t(geo.base)];
+          src.byte_offset += geo.offset * elt;
+          parts.push_back({src, chunk, at});
+          at += chunk;
+          continue;
+        }
         ConcatPart part;
         part.src = m.mem[size_t(geo.base)];
         part.dst_offset = at;
@@ -138,6 +178,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
         part.elem_bytes = elt;
         for (int64_t st : part.strides)
           if (st < 0) return {};
+        widen_elements(part);
         parts.push_back(std::move(part));
       } else {
         return {};
@@ -183,6 +224,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
       part.elem_offset = geo.offset + start * geo.strides[size_t(dim)];
       part.elem_bytes = dtype_size(xt.dtype);
       start += len;
+      widen_elements(part);
       parts.push_back(std::move(part));
     }
     return make_concat_launch(std::move(parts), 0, 0, m.mem[size_t(n.outputs[0])]);

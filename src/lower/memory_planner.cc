@@ -176,6 +176,14 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
     if (is_output[size_t(v)]) buffer_has_output[size_t(buf)] = true;
   };
 
+  // Views in row-major order over the start of their owner's buffer: reshape-likes of an owner
+  // or of such a view (a reshape of one is a view too, not a copy: PointPillars' view(-1, C)
+  // and view back around a batch norm folded away).
+  std::vector<bool> row_major(g.values.size(), false);
+  auto reshape_like = [](OpId op) {
+    return op == OpId::Reshape || op == OpId::Flatten || op == OpId::Squeeze ||
+           op == OpId::Unsqueeze;
+  };
   for (int32_t i = 0; i < n_nodes; ++i) {
     const Node& node = g.nodes[size_t(i)];
     const OpDef& d = op_def(node.op);
@@ -194,7 +202,8 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
                                  xp.kind == PlanKind::Copy);
       // reshape/flatten are views only when the input's strides allow it; IR types are logical,
       // so only a buffer's contiguous owner is known to allow it.
-      bool may_copy = (node.op == OpId::Reshape || node.op == OpId::Flatten) && !owner;
+      bool contiguous = owner || (!external && xp.kind == PlanKind::View && row_major[size_t(x)]);
+      bool may_copy = (node.op == OpId::Reshape || node.op == OpId::Flatten) && !contiguous;
       for (ValueId o : node.outputs) {
         plan.values[size_t(o)].alias_of = x;
         bool shares_output = !external && buffer_has_output[size_t(xp.buffer)];
@@ -204,6 +213,7 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
           plan.values[size_t(o)].kind = PlanKind::External;
         } else {
           join(o, xp.buffer, PlanKind::View);
+          row_major[size_t(o)] = contiguous && reshape_like(node.op);
         }
         if (plan.values[size_t(o)].kind == PlanKind::View ||
             plan.values[size_t(o)].kind == PlanKind::External)

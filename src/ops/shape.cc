@@ -21,6 +21,7 @@
 #include <cstring>
 #include <optional>
 
+#include "ops/api.h"
 #include "ops/dispatch.h"
 #include "ops/kernel_util.h"
 
@@ -568,6 +569,24 @@ void kernel_split(const KernelContext& ctx) {
   }
 }
 
+// Note [split as slices]: the pieces are slices of x. A compiler that folds views into the
+// loads of their readers (the CPU target decomposes split) then reads each piece where it lies
+// instead of copying it out first: a GRU cell's gates, split from one linear's output, cost no
+// copy. Where a piece must be materialized (a graph output, a library kernel's input) the
+// compiler's view handling copies it.
+TensorList decompose_split(std::span<const Tensor> in, const Attrs& attrs) {
+  const Tensor& x = in[0];
+  int dim = axis_index(attrs.get_int("dim"), x.dim());
+  TensorList out;
+  int64_t at = 0;
+  for (const SymInt& s : attrs.get_shape("sizes")) {
+    int64_t n = s.value();
+    out.push_back(slice(x, dim, at, at + n));
+    at += n;
+  }
+  return out;
+}
+
 // ---- pad -------------------------------------------------------------------------------------
 enum class PadMode { Constant, Reflect, Replicate };
 
@@ -953,6 +972,7 @@ void register_shape_ops() {
                                  infer_split, kernel_split, false, samples_split, {"Split"});
   split.attrs = {{"sizes", AttrType::Ints, {}}, {"dim", AttrType::Int, int64_t(0)}};
   split.num_outputs = -1;
+  split.decompose = decompose_split;
 
   define_shape_op(OpId::Pad, "pad the last n dims (ONNX order [begins..., ends...]; negative "
                   "pads crop); mode constant | reflect | replicate", infer_pad, kernel_pad, false,

@@ -1,6 +1,8 @@
 #include "passes/algebraic_simplify.h"
 
+#include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "passes/graph_rewrite.h"
 
@@ -191,10 +193,84 @@ Rewrite exact_cast_chain(const Match& m) {
   return Rewrite::node(OpId::Cast, {x}, {{"dtype", m.out.dtype}});
 }
 
+// ---- composed activations -------------------------------------------------------------------
+// The value of a scalar float param or const (one element) of the new graph.
+std::optional<double> scalar_data(const GraphBuilder& b, ValueId v) {
+  if (v == kNoValue) return std::nullopt;
+  ValueKind k = b.dst().value(v).kind;
+  if (k != ValueKind::Const && k != ValueKind::Param) return std::nullopt;
+  Tensor t = b.data_of(v);
+  if (!t.defined() || !t.has_storage() || t.numel() != 1 || !is_floating(t.dtype()))
+    return std::nullopt;
+  if (!t.device().is_cpu()) t = t.to(Device::cpu());
+  t = t.contiguous();
+  return load_f64(t.raw_data(), t.dtype());
+}
+
+// Whether v is a scalar within a float32 rounding (and a little) of `want`.
+bool scalar_near(const GraphBuilder& b, ValueId v, double want) {
+  std::optional<double> x = scalar_data(b, v);
+  return x && std::fabs(*x - want) <= 1e-6 * std::fabs(want);
+}
+
+// Note [erf GELU]: exporters write GELU (approximate="none") as its formula,
+//   x * (0.5 * (1 + erf(x / sqrt(2))))   (torch.onnx: Div, Erf, Add, Mul, Mul)
+// in any association of the three factors x, 0.5 and (1 + erf(...)), with x / sqrt(2) also as
+// x * (1 / sqrt(2)). As one gelu node it fuses into a linear or convolution before it (a oneDNN
+// post-op, fuse-epilogues) instead of a loop kernel over the whole activation. The rule matches
+// at the outer mul: its factors, with one of its two inputs opened if that is a mul, must be
+// exactly x, the scalar 0.5 and 1 + erf(u) with u = x / sqrt(2) for that same x. The factor
+// nodes stay for their other uses (dce drops them otherwise). Unlike the identities above, the
+// scalars may be params: ONNX exports hold them as initializers. A graph is compiled for its
+// params' values (capture guards them), and replace-weights reruns the passes and checks that
+// they make the package's constants, so a changed 0.5 cannot silently keep a gelu.
+Rewrite erf_gelu(const Match& m) {
+  const GraphBuilder& b = m.b;
+  if (!is_floating(m.out.dtype)) return Rewrite();
+  // x from u = x / sqrt(2) or x * (1 / sqrt(2)).
+  auto x_of_scaled = [&](ValueId u) -> ValueId {
+    const Node* n = b.producer_of(u);
+    if (!n || n->inputs.size() != 2) return kNoValue;
+    if (n->op == OpId::Div && scalar_near(b, n->inputs[1], std::sqrt(2.0))) return n->inputs[0];
+    if (n->op == OpId::Mul) {
+      if (scalar_near(b, n->inputs[1], std::sqrt(0.5))) return n->inputs[0];
+      if (scalar_near(b, n->inputs[0], std::sqrt(0.5))) return n->inputs[1];
+    }
+    return kNoValue;
+  };
+  // x if t = 1 + erf(x / sqrt(2)) (either order of the add).
+  auto x_of_one_plus_erf = [&](ValueId t) -> ValueId {
+    const Node* add = b.producer_of(t);
+    if (!add || add->op != OpId::Add || add->inputs.size() != 2) return kNoValue;
+    for (int i = 0; i < 2; ++i) {
+      if (!scalar_near(b, add->inputs[size_t(1 - i)], 1.0)) continue;
+      const Node* erf = b.producer_of(add->inputs[size_t(i)]);
+      if (erf && erf->op == OpId::Erf) return x_of_scaled(erf->inputs[0]);
+    }
+    return kNoValue;
+  };
+  for (int open = 0; open < 2; ++open) {
+    const Node* inner = m.input_from(size_t(open), OpId::Mul);
+    if (!inner || inner->inputs.size() != 2) continue;
+    ValueId f[3] = {inner->inputs[0], inner->inputs[1], m.in[size_t(1 - open)]};
+    for (int half = 0; half < 3; ++half) {
+      if (!scalar_near(b, f[half], 0.5)) continue;
+      ValueId a = f[(half + 1) % 3], c = f[(half + 2) % 3];
+      for (int swap = 0; swap < 2; ++swap, std::swap(a, c)) {
+        // a: x, c: 1 + erf(x / sqrt(2)).
+        if (x_of_one_plus_erf(c) != a || !same_value_type(b.dst().type(a), m.out)) continue;
+        return Rewrite::node(OpId::Gelu, {a}, {{"approximate", std::string("none")}});
+      }
+    }
+  }
+  return Rewrite();
+}
+
 // Note [Rule order]: for one op, rules are tried top to bottom and the first that applies wins.
 const Rule kRules[] = {
     {OpId::Mul, "mul(x, 1) -> x", rhs_neutral<1>},
     {OpId::Mul, "mul(1, x) -> x", lhs_neutral<1>},
+    {OpId::Mul, "x * 0.5 * (1 + erf(x / sqrt(2))) -> gelu(x)", erf_gelu},
     {OpId::Div, "div(x, 1) -> x", rhs_neutral<1>},
     {OpId::Add, "add(x, 0) -> x", rhs_neutral<0>},
     {OpId::Add, "add(0, x) -> x", lhs_neutral<0>},
@@ -287,7 +363,7 @@ class AlgebraicSimplifyPass : public Pass {
   std::string_view name() const override { return "algebraic-simplify"; }
   std::string_view description() const override {
     return "x*1, x+0, identity reshapes/permutes/casts, reshape and transpose chains, "
-           "exact cast chains, double negation";
+           "exact cast chains, double negation, erf GELU formulas as gelu";
   }
   bool run(Graph& g) override { return simplify_algebra(g).rewrites > 0; }
 };

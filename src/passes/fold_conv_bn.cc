@@ -91,21 +91,39 @@ FoldConvBnResult fold_conv_bn(Graph& g) {
   std::vector<int> uses = live_use_counts(g);
   std::vector<std::optional<Fold>> fold_at(g.nodes.size());  // by producer index
   std::vector<bool> folded_bn(g.nodes.size(), false);
+  // A folded batch norm that read a reshape of the linear: by the reshape's index, the batch
+  // norm's output, which then reads the rewritten reshape.
+  std::vector<ValueId> bn_after_reshape(g.nodes.size(), kNoValue);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& bn = g.nodes[i];
     if (bn.op != OpId::BatchNorm) continue;
     const Value& x = g.value(bn.inputs[0]);
     if (x.kind != ValueKind::NodeOutput || uses[size_t(bn.inputs[0])] != 1) continue;
     size_t p = size_t(x.producer);
+    std::optional<size_t> reshape;
+    // Note [batch norm over a flattened linear]: BatchNorm1d over [B*S, C] of a linear's
+    // [B, S, C] output (PointPillars' pillar encoder: linear, view(-1, C), batch norm,
+    // view back) folds like the rank-2 case: the reshape keeps the last dim, which is the
+    // batch norm's channel dim, so every row is normalized per output feature.
+    if (g.nodes[p].op == OpId::Reshape && x.type.rank() == 2) {
+      const Value& lx = g.value(g.nodes[p].inputs[0]);
+      if (lx.kind == ValueKind::NodeOutput && uses[size_t(g.nodes[p].inputs[0])] == 1 &&
+          g.nodes[size_t(lx.producer)].op == OpId::Linear && lx.type.rank() >= 2 &&
+          lx.type.shape.back() == x.type.shape.back()) {
+        reshape = p;
+        p = size_t(lx.producer);
+      }
+    }
     const Node& prod = g.nodes[p];
-    bool conv = prod.op == OpId::Conv2d;
-    bool linear = prod.op == OpId::Linear && x.type.rank() == 2;
+    bool conv = prod.op == OpId::Conv2d && !reshape;
+    bool linear = prod.op == OpId::Linear && (x.type.rank() == 2);
     if (!conv && !linear) continue;
     if (!is_concrete(g.type(prod.inputs[1]).shape)) continue;
     std::optional<Fold> f = plan_fold(g, p, i);
     if (!f) continue;
     fold_at[p] = std::move(f);
     folded_bn[i] = true;
+    if (reshape) bn_after_reshape[*reshape] = bn.outputs[0];
     ++(conv ? result.conv_folded : result.linear_folded);
   }
   if (result.conv_folded + result.linear_folded == 0) return result;
@@ -120,6 +138,7 @@ FoldConvBnResult fold_conv_bn(Graph& g) {
       for (ValueId v : n.inputs) reads_dropped = reads_dropped || (v != kNoValue && !b.is_mapped(v));
       if (reads_dropped && !live[i]) continue;  // dead code reading a folded conv: drop it too
       b.copy_node(n);
+      if (bn_after_reshape[i] != kNoValue) b.set_map(bn_after_reshape[i], b.map(n.outputs[0]));
       continue;
     }
     const Fold& f = *fold_at[i];
@@ -132,7 +151,10 @@ FoldConvBnResult fold_conv_bn(Graph& g) {
     ValueId bias = f.as_params ? b.add_param(f.bias, b_name) : b.add_const(f.bias, b_name);
     ValueId y = b.add_node1(n.op, {b.map(n.inputs[0]), w, bias}, n.attrs, n.name,
                             g.value(n.outputs[0]).name);
-    b.set_map(g.nodes[f.bn].outputs[0], y);
+    if (g.value(g.nodes[f.bn].inputs[0]).producer == int32_t(i))
+      b.set_map(g.nodes[f.bn].outputs[0], y);
+    else
+      b.set_map(n.outputs[0], y);  // the reshape between them reads it, then stands for the bn
   }
   g = b.finish();
   return result;

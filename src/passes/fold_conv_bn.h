@@ -6,6 +6,9 @@
 //                                  b'[o] = (b[o] - mean[o]) * s[o] + beta[o]   (b, beta absent: 0)
 //   y = batch_norm(linear(x, W, b), ...), linear output of rank 2 ([N, features], so batch norm's
 //     channel dim 1 is the feature dim) -> linear(x, W', b') the same way.
+//   y = batch_norm(reshape(linear(x, W, b)), ...), the reshape to rank 2 keeping the last dim (the
+//     features) and used only there -> reshape(linear(x, W', b')) (BatchNorm1d over a flattened
+//     [B, S, features] activation, Note [batch norm over a flattened linear]).
 //
 // W', b' are computed in float64 from the data of W, b, mean, var, gamma, beta (consts, or
 // params: inference graphs freeze them) and stored in the conv's dtype, as new params when any

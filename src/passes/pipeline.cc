@@ -11,6 +11,7 @@
 #include "passes/default_pipeline.h"
 #include "passes/fold_conv_bn.h"
 #include "passes/fuse_epilogues.h"
+#include "passes/matmul_to_linear.h"
 
 namespace kiln {
 
@@ -21,6 +22,7 @@ constexpr PassEntry kPasses[] = {
     {"decompose", [] { return make_decompose_pass(); }, false},  // norm ops stay whole for now
     {"algebraic-simplify", make_algebraic_simplify_pass, true},
     {"constant-fold", [] { return make_constant_fold_pass(); }, true},
+    {"matmul-to-linear", make_matmul_to_linear_pass, true},
     {"fold-conv-bn", make_fold_conv_bn_pass, true},
     {"cse", make_cse_pass, true},
     {"fuse-epilogues", make_fuse_epilogues_pass, true},

@@ -77,3 +77,43 @@ TEST(InductorMaskedSoftmax, SafeSoftmaxMatchesTheInterpreter) {
     }
   }
 }
+
+// Note [softmax statistics] in targets/cpu/emitter.cc: with SIMD lanes, softmax and log_softmax
+// take the row's max and then the sum of exp(x - max). Rows of window attention's length (49:
+// three vectors and a scalar tail at 16 lanes), shorter and longer ones, a scaled prologue and
+// an epilogue; values up to +-80 (exp overflows float32 without the max), lone -inf entries,
+// whole -inf rows and a NaN (both give the reference's NaN rows). Compared with the float64
+// reference on fresh inputs: NaN exactly where it has NaN.
+TEST(InductorMaskedSoftmax, RowsOfAnyLengthMatchTheFloat64Reference) {
+  for (int64_t len : {int64_t(49), int64_t(7), int64_t(100)}) {
+    for (OpId op : {OpId::Softmax, OpId::LogSoftmax}) {
+      SCOPED_TRACE(std::string(op_def(op).name) + " rows of " + std::to_string(len));
+      Graph g;
+      g.name = "rows";
+      const Shape s{3, 6, len};
+      ValueId x = g.add_input("x", TensorType(DType::Float32, s));
+      ValueId k = g.add_const(Tensor::scalar(0.5f), "scale");
+      ValueId sm = g.add_node1(op, {g.add_node1(OpId::Mul, {x, k})}, {{"dim", int64_t(-1)}});
+      g.outputs = {g.add_node1(OpId::Mul, {sm, k})};
+      auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+      Graph g64 = g;
+      for (Value& v : g64.values) {
+        v.type.dtype = DType::Float64;
+        if (v.data.defined()) v.data = v.data.to(DType::Float64);
+      }
+      for (uint64_t seed : {21u, 22u}) {
+        Generator gen(seed);
+        Tensor xv = Tensor::rand({3, 6, len}, gen, -160.0, 160.0, DType::Float32);
+        float* p = xv.data<float>();
+        const float ninf = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < len; ++j) p[2 * len + j] = ninf;  // row 2: all -inf
+        p[5 * len + len / 2] = std::numeric_limits<float>::quiet_NaN();  // row 5: a NaN
+        for (int64_t i : {int64_t(7), len + 3, 9 * len + len - 1}) p[i] = ninf;  // lone ones
+        Tensor want = run(g64, {xv.to(DType::Float64)})[0];
+        Tensor got = compiled->run({xv})[0];
+        EXPECT_TRUE(test::close(got, want.to(DType::Float32), test::Tolerance::rel(1e-5, 1e-5)))
+            << compiled->summary();
+      }
+    }
+  }
+}

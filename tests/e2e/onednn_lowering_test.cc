@@ -503,6 +503,45 @@ TEST(OnednnLowering, MatmulBatchedBroadcast) {
     }
 }
 
+// Note [matmul batch folded into rows]: a b without batch (every batch dim 1) shared by a's
+// batches runs as one 2-D product over a's rows, with a constant b prepacked; b with a real
+// batch, or a strided a, keeps the batched product.
+TEST(OnednnLowering, MatmulSharedWeightFoldsBatchIntoRows) {
+  struct Spec {
+    Dims a, b;
+    bool b_const;
+    std::string want;  // in describe()
+  };
+  std::vector<Spec> specs = {
+      {{50, 1, 96}, {96, 40}, true, "matmul [50,96]x[96,40]->[50,40]"},  // [L, B, E] @ W
+      {{1, 50, 96}, {1, 96, 40}, true, "matmul [50,96]x[96,40]->[50,40]"},
+      {{2, 3, 5, 96}, {1, 1, 96, 40}, true, "matmul [30,96]x[96,40]->[30,40]"},
+      {{6, 7, 96}, {96, 40}, false, "matmul [42,96]x[96,40]->[42,40]"},  // activation b
+      {{3, 7, 96}, {96}, false, "matmul [21,96]x[96,1]->[21,1]"},       // 1-D b
+      {{2, 5, 96}, {2, 96, 40}, true, "matmul [2,5,96]x[2,96,40]->[2,5,40]"},  // batched b
+  };
+  for (DType dt : test_dtypes())
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const Spec& s = specs[i];
+      SCOPED_TRACE(fmt::format("{} {} x {}", dtype_name(dt), to_string(s.a), to_string(s.b)));
+      Generator gen(kSeed + 100 + i);
+      Graph g;
+      ValueId a = g.add_input("a", TensorType(dt, to_shape(s.a)));
+      TensorList inputs = {randn(gen, s.a, dt)};
+      ValueId b;
+      if (s.b_const) {
+        b = g.add_param("b", randn(gen, s.b, dt));
+      } else {
+        b = g.add_input("b", TensorType(dt, to_shape(s.b)));
+        inputs.push_back(randn(gen, s.b, dt));
+      }
+      g.outputs = {g.add_node1(OpId::Matmul, {a, b}, {}, "mm")};
+      auto low = check_graph(g, inputs, 96.0 * 96.0, OnednnOptions{});
+      std::string d = low->describe(0);
+      EXPECT_NE(d.find(s.want), std::string::npos) << d;
+    }
+}
+
 // ---- pooling ------------------------------------------------------------------------------------
 TEST(OnednnLowering, Pooling) {
   struct Spec {

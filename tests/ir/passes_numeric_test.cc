@@ -542,10 +542,64 @@ graph @g(%x: DT[2, 4, 5, 5]) {
   }
 }
 
+// An exported transformer MLP: MatMul by a weight param, the bias add, GELU as its erf formula
+// with the scalars as params (ONNX initializers), then the second MatMul. The default pipeline
+// makes it a fused_linear with the bias and GELU and a plain linear (Note [erf GELU],
+// passes/matmul_to_linear.h): no matmul, erf or pointwise node left, and the results agree with
+// the original graph run in float64.
+TEST(PassesNumeric, ExportedMlpBecomesFusedLinears) {
+  const char* text = R"(
+graph @mlp(%x: f32[2, 5, 8]) {
+  param %w1: f32[8, 12]
+  param %b1: f32[12]
+  param %w2: f32[12, 8]
+  param %s2: f32[]
+  param %one: f32[]
+  param %half: f32[]
+  %m = matmul(%x, %w1)
+  %y = add(%b1, %m)
+  %d = div(%y, %s2)
+  %e = erf(%d)
+  %t = add(%e, %one)
+  %u = mul(%y, %t)
+  %g = mul(%u, %half)
+  %z = matmul(%g, %w2)
+  return %z
+}
+)";
+  Graph before = parse_graph(text, "test");
+  Generator gen(base_seed() ^ 17);
+  fill_params(before, gen);
+  for (Value& v : before.values) {
+    if (v.name == "s2") v.data = Tensor::scalar(std::sqrt(2.0), DType::Float32);
+    if (v.name == "one") v.data = Tensor::scalar(1.0, DType::Float32);
+    if (v.name == "half") v.data = Tensor::scalar(0.5, DType::Float32);
+  }
+  Graph after = before;
+  std::vector<std::string> passes = {"default"};
+  ASSERT_TRUE(run_passes(after, passes));
+  EXPECT_EQ(count_op(after, OpId::FusedLinear), 1) << print_graph(after);
+  EXPECT_EQ(count_op(after, OpId::Linear), 1) << print_graph(after);
+  for (OpId op : {OpId::Matmul, OpId::Erf, OpId::Mul, OpId::Add, OpId::Div, OpId::Gelu})
+    EXPECT_EQ(count_op(after, op), 0) << op_def(op).name << "\n" << print_graph(after);
+  Graph before64 = before;
+  for (Value& v : before64.values) {
+    v.type.dtype = DType::Float64;
+    if (v.data.defined()) v.data = v.data.to(DType::Float64);
+  }
+  for (int round = 0; round < 2; ++round) {
+    TensorList in = random_inputs(before, gen);
+    Tensor want = run(before64, {in[0].to(DType::Float64)})[0];
+    Tensor got = run(after, in)[0];
+    test::Comparison c = test::compare(got, want, test::Tolerance::rel(1e-4, 1e-4));
+    EXPECT_TRUE(c.ok()) << c.str() << "\n" << print_graph(after);
+  }
+}
+
 TEST(PassesNumeric, DefaultPipelineIsTheTableOrder) {
   EXPECT_EQ(default_pipeline(),
-            (std::vector<std::string>{"algebraic-simplify", "constant-fold", "fold-conv-bn", "cse",
-                                      "fuse-epilogues", "dce"}));
+            (std::vector<std::string>{"algebraic-simplify", "constant-fold", "matmul-to-linear",
+                                      "fold-conv-bn", "cse", "fuse-epilogues", "dce"}));
   for (const PassEntry& e : registered_passes()) {
     std::unique_ptr<Pass> p = e.make();
     EXPECT_EQ(p->name(), e.name);

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
+
+#include <fmt/format.h>
 
 #include "frontends/onnx/importer.h"
 #include "frontends/onnx/op_table.h"
@@ -358,6 +361,52 @@ TEST(OnnxImport, AveragePoolExcludingAsymmetricPadsAndCeil) {
         want.push_back(sum / count);
       }
   expect_close(out[0], want, {1, 2, oh, ow});
+}
+
+// GoogLeNet's MaxPool(3, 2, ceil_mode=1): one max_pool2d (no -inf Pad before it, which ran an
+// eager kernel), with ONNX's output size and values, the last window clipped at the border.
+TEST(OnnxImport, MaxPoolCeilModeIsOneMaxPool) {
+  Generator gen(fresh_seed());
+  struct Case {
+    int64_t h, w, k, s, p;
+  };
+  for (const Case& cs : {Case{13, 13, 3, 2, 0}, Case{14, 9, 3, 2, 1}, Case{8, 11, 2, 3, 0}}) {
+    SCOPED_TRACE(fmt::format("{}x{} k{} s{} p{}", cs.h, cs.w, cs.k, cs.s, cs.p));
+    Tensor x = Tensor::randn({1, 3, cs.h, cs.w}, gen);
+    ModelBuilder m;
+    m.input("x", DType::Float32, {1, 3, cs.h, cs.w})
+        .node("MaxPool", {"x"}, {"y"},
+              {{"kernel_shape", std::vector<int64_t>{cs.k, cs.k}},
+               {"strides", std::vector<int64_t>{cs.s, cs.s}},
+               {"pads", std::vector<int64_t>{cs.p, cs.p, cs.p, cs.p}},
+               {"ceil_mode", int64_t(1)}})
+        .output("y", DType::Float32);
+    Graph g = m.import();
+    std::multiset<std::string> ops = node_ops(g);
+    EXPECT_EQ(ops.count("max_pool2d"), 1u);
+    EXPECT_EQ(ops.count("pad"), 0u);
+    // ONNX's ceil-mode size, minus a last window that would start in the end padding.
+    auto out_size = [&](int64_t in) {
+      int64_t o = (in + 2 * cs.p - cs.k + cs.s - 1) / cs.s + 1;
+      if ((o - 1) * cs.s >= in + cs.p) --o;
+      return o;
+    };
+    int64_t oh = out_size(cs.h), ow = out_size(cs.w);
+    std::vector<double> xv = values(x), want;
+    for (int c = 0; c < 3; ++c)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          double mx = -std::numeric_limits<double>::infinity();
+          for (int64_t a = 0; a < cs.k; ++a)
+            for (int64_t b = 0; b < cs.k; ++b) {
+              int64_t h = i * cs.s + a - cs.p, w = j * cs.s + b - cs.p;
+              if (h < 0 || h >= cs.h || w < 0 || w >= cs.w) continue;
+              mx = std::max(mx, xv[size_t((c * cs.h + h) * cs.w + w)]);
+            }
+          want.push_back(mx);
+        }
+    expect_close(run(g, {x})[0], want, {1, 3, oh, ow});
+  }
 }
 
 TEST(OnnxImport, SoftmaxOpset11FlattensOpset13DoesNot) {

@@ -421,14 +421,21 @@ void conv_pool(NodeCtx& c) {
   Window w = resolve_window(c, x, kernel, ceil);
   DType dt = c.dtype(x);
   bool store_col = c.attr_int("storage_order", 0) != 0;
-  if (K == PoolKind::Max && w.n == 2 && is_floating(dt) && !ceil && !c.wants_output(1) &&
+  if (K == PoolKind::Max && w.n == 2 && is_floating(dt) && !c.wants_output(1) &&
       w.pb[0] == w.pe[0] && w.pb[1] == w.pe[1] && 2 * w.pb[0] <= w.k[0] && 2 * w.pb[1] <= w.k[1]) {
     // Symmetric pads: Kiln's max_pool2d pads with -inf itself (one op, and the CPU compiler can
-    // keep the oneDNN layout of a convolution feeding it).
-    c.out(0, c.op1(OpId::MaxPool2d, {x}, {{"kernel_size", Ints(w.k)}, {"stride", Ints(w.s)},
-                                           {"padding", Ints{w.pb[0], w.pb[1]}},
-                                           {"dilation", Ints(w.d)}, {"ceil_mode", false}}));
-    return;
+    // keep the oneDNN layout of a convolution feeding it). ceil_mode too: max_pool2d's ceil
+    // mode is PyTorch's, which resolve_window follows (a last window starting in the end
+    // padding dropped); GoogLeNet's ceil-mode pools were an explicit -inf pad (an eager kernel)
+    // plus a pool. The output size is checked against the window's all the same.
+    V y = c.op1(OpId::MaxPool2d, {x}, {{"kernel_size", Ints(w.k)}, {"stride", Ints(w.s)},
+                                       {"padding", Ints{w.pb[0], w.pb[1]}},
+                                       {"dilation", Ints(w.d)}, {"ceil_mode", ceil}});
+    Shape ys = c.shape(y);
+    if (!ceil || (ys[2] == SymInt(w.out[0]) && ys[3] == SymInt(w.out[1]))) {
+      c.out(0, y);
+      return;
+    }
   }
   if (K == PoolKind::Max) {
     // Integer inputs pool exactly in float32 (8-bit) or float64 (32/64-bit).

@@ -7,6 +7,9 @@
 //     spaces, chunks of the innermost dim) with `omp parallel for collapse`.
 //   Reduce: parallel over the kept dims; per kept point, vector + scalar accumulators over the
 //     reduce dims (var: a second pass for the sum of squared deviations), then the epilogue.
+//     A reduction whose innermost reduce dim is strided but whose innermost kept dim is
+//     contiguous (max over the points of [P, N, C], sum over H of NCHW) runs its lanes across
+//     that kept dim instead (Note [lane reductions]).
 //   Norm: parallel over the kept dims; pass 1 computes statistics (softmax: running max and
 //     rescaled sum per lane; layer_norm: Welford per lane, lanes merged with Chan's formula),
 //     pass 2 recomputes the prologue, normalizes, runs the epilogue and stores.
@@ -66,6 +69,7 @@ class KernelEmitter {
   std::string sload(int load) const;
   void emit_pointwise(std::string& out, bool vec);
   void emit_reduce(std::string& out, bool vec);
+  void emit_reduce_lanes(std::string& out);
   void emit_norm(std::string& out, bool vec);
   void emit_scatter(std::string& out);
   std::string indexed_code(int e) const;
@@ -77,6 +81,7 @@ class KernelEmitter {
   const LoopKernel& k_;
   const std::vector<MemRef>& mem_;
   const CpuCodegenOptions& opt_;
+  int vdim_ = -1;  // the dim the SIMD lanes run along: the innermost, or a lane reduction's
 };
 
 // Note [kernel threads]
@@ -125,7 +130,7 @@ std::string KernelEmitter::sload(int li) const { return lower::load_expr(k_, li)
 
 std::string KernelEmitter::vload(int li) const {
   const Access& a = k_.loads[size_t(li)];
-  int64_t inner = a.strides[size_t(n() - 1)];
+  int64_t inner = a.strides[size_t(vdim_ >= 0 ? vdim_ : n() - 1)];
   if (inner == 0) {
     std::string p = fmt::format("L{}[{}]", li, index(a.strides));
     if (a.dtype == DType::BFloat16) p = "kn_bf16_f32(" + p + ")";
@@ -333,6 +338,45 @@ bool loop_vectorizable(const LoopKernel& k) {
   return true;
 }
 
+// Note [lane reductions]
+// The usual SIMD reduction runs its lanes along the innermost reduced dim, which needs that dim
+// contiguous. A reduction over an outer dim of the data (PointPillars' max over the points of
+// each pillar, [P, N, C] -> [P, C]; a sum over H of NCHW) has its innermost reduce dim strided
+// and its innermost kept dim contiguous: its lanes run across KN_W neighbouring outputs of the
+// innermost kept dim instead, each lane walking the reduce dims in the scalar loop's order with
+// the scalar loop's operations, so every output is bitwise what the scalar kernel computes. The
+// epilogue and the stores are vectors too. Taken when the usual vector path is not possible and
+// every load is contiguous or broadcast along that kept dim, every store happens after the
+// reduction (kept level) and is contiguous along it, and everything is SIMD-able (var keeps the
+// scalar kernel: its second pass is not written for lanes).
+bool lane_reducible(const LoopKernel& k) {
+  if (k.kind != LoopKind::Reduce || k.anchor < 0 || k.kept_dims() < 1 || k.reduce_dims < 1)
+    return false;
+  const LoopExpr& red = k.exprs[size_t(k.anchor)];
+  if (red.kind != LoopExpr::Kind::Reduce) return false;
+  if (red.op != OpId::Sum && red.op != OpId::Mean && red.op != OpId::Max && red.op != OpId::Min &&
+      red.op != OpId::Prod)
+    return false;
+  if (red.dtype != DType::Float32 && red.dtype != DType::BFloat16) return false;
+  const size_t vd = size_t(k.kept_dims() - 1);
+  for (const Access& a : k.loads) {
+    if (!vec_dtype(a.dtype)) return false;
+    if (a.strides[vd] != 0 && a.strides[vd] != 1) return false;
+    if (a.dtype == DType::Bool && a.strides[vd] != 0) return false;
+  }
+  for (const lower::LoopStore& st : k.stores) {
+    if (k.exprs[size_t(st.expr)].level != Level::Kept) return false;
+    if (st.access.dtype != DType::Float32 && st.access.dtype != DType::BFloat16) return false;
+    if (st.access.strides[vd] != 1) return false;
+  }
+  for (const LoopExpr& e : k.exprs) {
+    if (!vec_dtype(e.dtype)) return false;
+    if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
+    if (e.kind == LoopExpr::Kind::Indexed || e.kind == LoopExpr::Kind::Norm) return false;
+  }
+  return true;
+}
+
 namespace {
 
 void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
@@ -499,6 +543,70 @@ void KernelEmitter::emit_reduce(std::string& out, bool vec) {
   out += "  }\n";
 }
 
+// Note [lane reductions]: blocks of KN_W outputs along the innermost kept dim (vd); a full block
+// is one vector accumulator walking the reduce dims, a partial one (the tail) the scalar loop.
+void KernelEmitter::emit_reduce_lanes(std::string& out) {
+  const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
+  const int x = red.args[0];
+  const OpId op = red.op;
+  const int kept = k_.kept_dims(), r = n(), vd = kept - 1;
+  const int64_t S = k_.sizes[size_t(vd)];
+  const char* init = op == OpId::Max ? "-INFINITY" : op == OpId::Min ? "INFINITY" : op == OpId::Prod ? "1" : "0";
+  auto combine = [&](const std::string& a, const std::string& v, bool vv) -> std::string {
+    switch (op) {
+      case OpId::Max: return vv ? fmt::format("{0} = vmax({0}, {1});", a, v) : fmt::format("{0} = kn_max({0}, (float){1});", a, v);
+      case OpId::Min: return vv ? fmt::format("{0} = vmin({0}, {1});", a, v) : fmt::format("{0} = kn_min({0}, (float){1});", a, v);
+      case OpId::Prod: return vv ? fmt::format("{0} = {0} * {1};", a, v) : fmt::format("{0} *= (float){1};", a, v);
+      default: return vv ? fmt::format("{0} = {0} + {1};", a, v) : fmt::format("{0} += (float){1};", a, v);
+    }
+  };
+  out += "#ifdef KN_W\n  const i64 lw_ = KN_W;\n#else\n  const i64 lw_ = 1;\n#endif\n";
+  if (par())
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", kept);
+  for (int t = 0; t < vd; ++t)
+    out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
+  out += fmt::format("  for (i64 c_ = 0; c_ < ({0} + lw_ - 1) / lw_; ++c_)\n  {{\n", S);
+  out += fmt::format("    const i64 j0_ = c_ * lw_, j1_ = j0_ + lw_ < {0} ? j0_ + lw_ : {0};\n", S);
+  out += fmt::format("    i64 i{} = j0_;\n", vd);
+  std::vector<bool> want = lower::expr_closure(k_, x);
+  std::vector<bool> all(k_.exprs.size(), true);
+  // Every reduce dim, in order, around the prologue and the accumulation.
+  auto loops = [&](std::string& o, const std::string& ind, bool vec) {
+    std::string in = ind;
+    for (int t = kept; t < r; ++t) {
+      o += fmt::format("{0}for (i64 i{1} = 0; i{1} < {2}; ++i{1}) {{\n", in, t, k_.sizes[size_t(t)]);
+      in += "  ";
+    }
+    emit_exprs(o, want, Level::Full, vec, in);
+    o += in + combine(vec ? "vacc" : "acc", fmt::format("v{}", x), vec) + "\n";
+    for (int t = kept; t < r; ++t) {
+      in.resize(in.size() - 2);
+      o += in + "}\n";
+    }
+  };
+  // A full block of lanes.
+  out += "#ifdef KN_W\n    if (j1_ - j0_ == KN_W) {\n";
+  out += fmt::format("      VF vacc = vset({});\n", init);
+  loops(out, "      ", true);
+  std::string rv = op == OpId::Mean ? fmt::format("vacc / vset((float){})", red.count) : "vacc";
+  if (red.dtype == DType::BFloat16) rv = "vrbf16(" + rv + ")";
+  out += fmt::format("      const VF v{} = {};\n", k_.anchor, rv);
+  emit_exprs(out, all, Level::Kept, true, "      ");
+  emit_stores(out, Level::Kept, true, "      ");
+  out += fmt::format("      i{} = j1_;\n    }}\n#endif\n", vd);
+  // The tail: the scalar kernel's per-output code.
+  out += fmt::format("    for (; i{0} < j1_; ++i{0}) {{\n", vd);
+  out += fmt::format("      float acc = {};\n", init);
+  loops(out, "      ", false);
+  std::string rs = op == OpId::Mean ? fmt::format("acc / (float){}", red.count) : "acc";
+  rs = fmt::format("({})({})", compute_type(red.dtype), rs);
+  if (red.dtype == DType::BFloat16) rs = "kn_rbf16(" + rs + ")";
+  out += fmt::format("      const {} v{} = {};\n", compute_type(red.dtype), k_.anchor, rs);
+  emit_exprs(out, all, Level::Kept, false, "      ");
+  emit_stores(out, Level::Kept, false, "      ");
+  out += "    }\n  }\n";
+}
+
 void KernelEmitter::emit_norm(std::string& out, bool vec) {
   const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
   const int x = nm.args[0];
@@ -509,7 +617,26 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
   std::vector<bool> wx = lower::expr_closure(k_, x);
   std::string bv, bs;
   // Pass 1: statistics.
-  if (ln) {
+  if (ln && !vec) {
+    // Note [scalar layer_norm statistics]: without SIMD lanes (a normalized dim read with a
+    // stride: ConvNeXt's layer_norm over the channels of a permuted NCHW value), two passes in
+    // double: the sum, then the sum of squared deviations from the mean. Welford's update
+    // divides once per element, a dependency chain of ~25 cycles; these are additions (and as
+    // accurate: the deviations are taken from the exact-to-double mean).
+    bs.clear();
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  s_s += double(v{1});\n", bi, x);
+    out += fmt::format("{}double s_s = 0;\n", ind);
+    reduce_loops(out, k_, ind, false, "", bs);
+    out += fmt::format("{}const double mean_s = s_s / {}.0;\n{}double m2_s = 0;\n", ind, nm.count, ind);
+    bs.clear();
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  {{ const double d = double(v{1}) - mean_s; m2_s += d * d; }}\n", bi, x);
+    reduce_loops(out, k_, ind, false, "", bs);
+    double eps = nm.attrs->get_float("eps");
+    out += fmt::format("{0}const float mean = float(mean_s);\n{0}const float rstd = float(1.0 / std::sqrt(m2_s / {1}.0 + {2}));\n",
+                       ind, nm.count, num(eps));
+  } else if (ln) {
     out += fmt::format("{}double mean_s = 0, m2_s = 0; i64 n_s = 0;\n", ind);
     if (vec) out += fmt::format("#ifdef KN_W\n{}VF vmean = vset(0.0f), vm2 = vset(0.0f); i64 vn = 0;\n#endif\n", ind);
     if (vec) {
@@ -527,23 +654,35 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
     double eps = nm.attrs->get_float("eps");
     out += fmt::format("{0}const float mean = float(mean_s);\n{0}const float rstd = float(1.0 / std::sqrt(m2_s / {1}.0 + {2}));\n",
                        ind, nm.count, num(eps));
-  } else {
+  } else if (vec) {
+    // Note [softmax statistics]: with SIMD lanes, the row's max, then the sum of exp(x - max):
+    // two exps per element in all (this one and pass 2's) and no per-lane merge. The online form
+    // below (running max and rescaled sum per lane) takes two exps per element in pass 1 and a
+    // scalar exp per lane to merge, which short rows (window attention's 49) pay for per row.
     out += fmt::format("{}float m_s = -INFINITY, s_s = 0;\n", ind);
-    if (vec) out += fmt::format("#ifdef KN_W\n{}VF vm = vset(-INFINITY), vs = vset(0.0f);\n#endif\n", ind);
-    if (vec) {
-      emit_exprs(bv, wx, Level::Full, true, bi + "  ");
-      // A lane that has seen only -inf keeps sum 0: exp(-inf - -inf) would be NaN, and a NaN
-      // sum survives every later element of the lane (the scalar loop resets through m_s).
-      bv += fmt::format("{0}  {{ const VF mn = vmax(vm, v{1}); vs = vsel(veq(mn, vset(-INFINITY)), vset(0.0f), vs * vexp(vm - mn) + vexp(v{1} - mn)); vm = mn; }}\n", bi, x);
-    }
+    out += fmt::format("#ifdef KN_W\n{}VF vm = vset(-INFINITY), vs = vset(0.0f);\n#endif\n", ind);
+    emit_exprs(bv, wx, Level::Full, true, bi + "  ");
+    bv += fmt::format("{0}  vm = vmax(vm, v{1});\n", bi, x);
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  m_s = kn_max(m_s, (float)v{1});\n", bi, x);
+    reduce_loops(out, k_, ind, true, bv, bs);
+    out += fmt::format("#ifdef KN_W\n{}m_s = kn_max(m_s, vmax_all(vm));\n#endif\n", ind);
+    bv.clear();
+    bs.clear();
+    emit_exprs(bv, wx, Level::Full, true, bi + "  ");
+    bv += fmt::format("{0}  vs = vs + vexp(v{1} - vset(m_s));\n", bi, x);
+    emit_exprs(bs, wx, Level::Full, false, bi + "  ");
+    bs += fmt::format("{0}  s_s += std::exp((float)v{1} - m_s);\n", bi, x);
+    reduce_loops(out, k_, ind, true, bv, bs);
+    out += fmt::format("#ifdef KN_W\n{}s_s += vsum(vs);\n#endif\n", ind);
+  } else {
+    // The scalar kernel: the online form (one pass: running max, rescaled sum).
+    out += fmt::format("{}float m_s = -INFINITY, s_s = 0;\n", ind);
     emit_exprs(bs, wx, Level::Full, false, bi + "  ");
     bs += fmt::format("{0}  {{ const float xv = (float)v{1}; const float mn = kn_max(m_s, xv); s_s = (m_s == -INFINITY ? 0.0f : s_s * std::exp(m_s - mn)) + std::exp(xv - mn); m_s = mn; }}\n", bi, x);
-    reduce_loops(out, k_, ind, vec, bv, bs);
-    if (vec)
-      out += fmt::format(
-          "#ifdef KN_W\n{0}{{\n{0}  float lm[KN_W], ls[KN_W];\n{0}  std::memcpy(lm, &vm, sizeof(lm)); std::memcpy(ls, &vs, sizeof(ls));\n"
-          "{0}  for (int l = 0; l < KN_W; ++l) {{\n{0}    if (lm[l] == -INFINITY) continue;\n{0}    const float mn = kn_max(m_s, lm[l]);\n"
-          "{0}    s_s = (m_s == -INFINITY ? 0.0f : s_s * std::exp(m_s - mn)) + ls[l] * std::exp(lm[l] - mn); m_s = mn;\n{0}  }}\n{0}}}\n#endif\n", ind);
+    reduce_loops(out, k_, ind, false, "", bs);
+  }
+  if (!ln) {
     if (nm.op == OpId::Softmax) out += fmt::format("{}const float inv_s = 1.0f / s_s;\n", ind);
     else out += fmt::format("{}const float log_s = std::log(s_s);\n", ind);
   }
@@ -640,11 +779,13 @@ std::string KernelEmitter::emit(bool* vectorized) {
     const LoopExpr& a = k_.exprs[size_t(k_.anchor)];
     if (a.dtype == DType::Float64 || k_.exprs[size_t(a.args[0])].dtype == DType::Float64) vec = false;
   }
-  *vectorized = vec;
+  const bool lanes = !vec && opt_.vectorize && lane_reducible(k_);
+  if (lanes) vdim_ = k_.kept_dims() - 1;
+  *vectorized = vec || lanes;
   std::string out = fmt::format("// kiln-kernel: {}\n// {} over [{}]", k_.name, lower::loop_kind_name(k_.kind),
                                 fmt::join(k_.sizes, ", "));
   if (k_.reduce_dims) out += fmt::format(", last {} reduced", k_.reduce_dims);
-  out += vec ? ", SIMD\n" : ", scalar\n";
+  out += vec ? ", SIMD\n" : lanes ? fmt::format(", SIMD across dim {}\n", vdim_) : ", scalar\n";
   for (int32_t ni : k_.nodes) {
     const Node& nd = g_.nodes[size_t(ni)];
     out += fmt::format("//   node '{}': {} -> %{}\n", nd.name, op_def(nd.op).name,
@@ -671,7 +812,7 @@ std::string KernelEmitter::emit(bool* vectorized) {
   }
   switch (k_.kind) {
     case LoopKind::Pointwise: emit_pointwise(out, vec); break;
-    case LoopKind::Reduce: emit_reduce(out, vec); break;
+    case LoopKind::Reduce: lanes ? emit_reduce_lanes(out) : emit_reduce(out, vec); break;
     case LoopKind::Norm: emit_norm(out, vec); break;
     case LoopKind::Scatter: break;
   }

@@ -52,4 +52,8 @@ CpuUnit generate_cpu(const Graph& g, const lower::Schedule& s, const std::vector
 // zero inner stride, all operations available on vectors).
 bool loop_vectorizable(const lower::LoopKernel& k);
 
+// Whether reduce kernel k can run its SIMD lanes across its innermost kept dim instead (Note
+// [lane reductions] in emitter.cc); used where loop_vectorizable(k) is false.
+bool lane_reducible(const lower::LoopKernel& k);
+
 }  // namespace kiln::cpu

@@ -87,7 +87,9 @@ class CpuTarget final : public compiler::Target {
   const compiler::OpSupportTable& support() const override { return cpu_support(); }
 
   std::vector<OpId> decompositions() const override {
-    return {OpId::BatchNorm, OpId::GroupNorm, OpId::ScaledDotProductAttention};
+    // Split becomes slices (Note [split as slices] in ops/shape.cc): views the loop kernels read
+    // in place, where split's runtime kernel copied every piece out.
+    return {OpId::BatchNorm, OpId::GroupNorm, OpId::ScaledDotProductAttention, OpId::Split};
   }
 
   bool generates(const Graph& g, const Node& n) const override {
