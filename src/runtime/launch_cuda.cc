@@ -284,6 +284,12 @@ cuda::ConvDesc conv_desc_from(const json& j) {
 }
 
 // ---- rebuilding ---------------------------------------------------------------------------------
+void workspace_from(const json& p, MemRef* ref, int64_t* bytes) {
+  *ref = ref_from(p.at("workspace"));
+  *bytes = p.at("workspace_bytes").get<int64_t>();
+  if (*bytes < 0 || *bytes > (int64_t(1) << 34)) throw std::out_of_range("workspace_bytes out of range");
+}
+
 std::pair<cuda::CudaKernel, CudaKernelSpec> kernel_from(const json& p, LaunchEnv& env,
                                                         const std::string& where) {
   CudaKernelSpec s;
@@ -331,10 +337,7 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
   b.b = ref_from(p.at("b"));
   b.bias = ref_from(p.at("bias"));
   b.d = ref_from(p.at("d"));
-  b.workspace = ref_from(p.at("workspace"));
-  b.workspace_bytes = p.at("workspace_bytes").get<int64_t>();
-  if (b.workspace_bytes < 0 || b.workspace_bytes > (int64_t(1) << 34))
-    throw std::out_of_range("workspace_bytes out of range");
+  workspace_from(p, &b.workspace, &b.workspace_bytes);
   // Every operand inside its slot: A stored [M, K] (or [K, M]), B [K, N] (or [N, K]), D [M, N].
   check_buffer(env, b.a, matrix_span(d.trans_a ? d.k : d.m, d.trans_a ? d.m : d.k, d.lda,
                                      d.batch, d.stride_a, d.dtype), where, "A");
@@ -400,10 +403,7 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
   b.w = ref_from(p.at("w"));
   b.bias = ref_from(p.at("bias"));
   b.y = ref_from(p.at("y"));
-  b.workspace = ref_from(p.at("workspace"));
-  b.workspace_bytes = p.at("workspace_bytes").get<int64_t>();
-  if (b.workspace_bytes < 0 || b.workspace_bytes > (int64_t(1) << 34))
-    throw std::out_of_range("workspace_bytes out of range");
+  workspace_from(p, &b.workspace, &b.workspace_bytes);
   std::array<int64_t, 4> y = cuda::conv_output_dims(d);  // InvalidArgument for impossible shapes
   const int64_t es = dtype_size(d.dtype);
   bool transposed = d.kind == cuda::ConvKind::Transpose;

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/compare.h"
+#include "../support/process.h"
 #include "../support/files.h"
 #include "compiler/compile.h"
 #include "compiler/package.h"
@@ -183,20 +184,8 @@ TEST(CudaPackage, RunsInSeparateProcessWithoutCompilerOrCache) {
   std::filesystem::create_directories(home);
   std::vector<std::string> env = {"PATH=" + dir.path + "/nothing", "HOME=" + home};
   if (const char* lp = std::getenv("LD_LIBRARY_PATH")) env.push_back(std::string("LD_LIBRARY_PATH=") + lp);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    std::vector<char*> av, ev;
-    for (std::string& a : args) av.push_back(a.data());
-    av.push_back(nullptr);
-    for (std::string& e : env) ev.push_back(e.data());
-    ev.push_back(nullptr);
-    execve(av[0], av.data(), ev.data());
-    _exit(127);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "kiln_c_run failed: " << status;
+  int status = test::run_with_env(args, env);
+  ASSERT_EQ(status, 0) << "kiln_c_run failed: " << status;
   for (size_t i = 0; i < want.size(); ++i) {
     std::string bytes = test::read_bytes(dir.path + "/out" + std::to_string(i) + ".bin");
     ASSERT_EQ(int64_t(bytes.size()), want[i].nbytes());

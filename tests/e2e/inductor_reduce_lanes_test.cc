@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/graph_inputs.h"
 #include "compiler/compile.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
@@ -84,17 +85,6 @@ TensorList case_inputs(const Case& c, const Graph& g, uint64_t seed) {
   return in;
 }
 
-// g with every float value widened to float64: the oracle sees the numbers the compiled graph sees.
-Graph as_float64(const Graph& g) {
-  Graph h = g;
-  for (Value& v : h.values) {
-    if (!is_floating(v.type.dtype)) continue;
-    v.type.dtype = DType::Float64;
-    if (v.data.defined()) v.data = v.data.to(DType::Float64);
-  }
-  return h;
-}
-
 }  // namespace
 
 TEST(InductorLaneReductions, OuterDimReductionsAreSimdAndMatchTheReferenceAndTheScalarKernel) {
@@ -116,7 +106,7 @@ TEST(InductorLaneReductions, OuterDimReductionsAreSimdAndMatchTheReferenceAndThe
         TensorList in = case_inputs(c, g, seed);
         TensorList in64;
         for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
-        Tensor want = run(as_float64(g), in64)[0];
+        Tensor want = run(test::as_float64(g), in64)[0];
         Tensor got = simd->run(in)[0];
         Tensor got_scalar = scalar->run(in)[0];
         // float32: a sum of up to 42 terms of O(1) rounds at most ~42 * 2^-24 relative to the
@@ -163,7 +153,7 @@ TEST(InductorLaneReductions, TransposedReadComputesTheReferenceValues) {
   auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
   Generator gen(61);
   TensorList in = {Tensor::randn({20, 9, 6}, gen, f32)};
-  Tensor want = run(as_float64(g), {in[0].to(DType::Float64)})[0];
+  Tensor want = run(test::as_float64(g), {in[0].to(DType::Float64)})[0];
   Tensor got = compiled->run(in)[0];
   test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(2e-5, 2e-5));
   EXPECT_TRUE(cmp.ok()) << cmp.str() << "\n" << compiled->summary();
@@ -192,7 +182,7 @@ TEST(InductorLaneReductions, StridedLayerNormMatchesTheReference) {
     TensorList in = {xv, Tensor::randn({24}, gen, f32), Tensor::randn({24}, gen, f32)};
     TensorList in64;
     for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
-    Tensor want = run(as_float64(g), in64)[0];
+    Tensor want = run(test::as_float64(g), in64)[0];
     Tensor got = compiled->run(in)[0];
     // The inputs are exact; the normalized values are O(1) with float32 rounding of x - mean
     // (|x| ~ 50: 50 * 2^-24 ~ 3e-6 absolute) times |w| ~ 3.

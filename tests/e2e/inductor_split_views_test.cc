@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/graph_inputs.h"
 #include "compiler/compile.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
@@ -20,16 +21,6 @@ using namespace kiln;
 namespace {
 
 const DType f32 = DType::Float32;
-
-Graph as_float64(const Graph& g) {
-  Graph h = g;
-  for (Value& v : h.values) {
-    if (!is_floating(v.type.dtype)) continue;
-    v.type.dtype = DType::Float64;
-    if (v.data.defined()) v.data = v.data.to(DType::Float64);
-  }
-  return h;
-}
 
 // h' = (1 - z) * n + z * h with [r, z, n] split from gi = x W_i^T and gh = h W_h^T (a GRU cell
 // without biases), plus a piece of gh returned as it is and one fed to a matmul.
@@ -75,7 +66,7 @@ TEST(InductorSplitViews, GruGatesSplitWithoutCopyLaunchesAndMatchTheReference) {
     Generator gen(seed);
     TensorList in = {Tensor::randn({12, 20}, gen, f32), Tensor::randn({12, 24}, gen, f32)};
     TensorList in64 = {in[0].to(DType::Float64), in[1].to(DType::Float64)};
-    TensorList want = run(as_float64(g), in64);
+    TensorList want = run(test::as_float64(g), in64);
     TensorList got = compiled->run(in);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < got.size(); ++i) {
@@ -129,7 +120,7 @@ TEST(InductorSplitViews, ConcatOfViewsMatchesTheReferenceAndPackages) {
       Generator gen(seed);
       TensorList in = {Tensor::randn({1, 6, 8, c}, gen, f32), Tensor::randn({1, 8, 6, c}, gen, f32)};
       TensorList in64 = {in[0].to(DType::Float64), in[1].to(DType::Float64)};
-      TensorList want = run(as_float64(g), in64);
+      TensorList want = run(test::as_float64(g), in64);
       TensorList got = compiled->run(in), pkg = loaded.exe->run(in);
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < got.size(); ++i) {

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/graph_inputs.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
 #include "ops/onednn.h"
@@ -120,21 +121,10 @@ TensorList run_lowered(const Graph& g, const OnednnLowering& low, const TensorLi
   return outs;
 }
 
-// g with every float value (types and weight data) widened to float64.
-Graph as_float64(const Graph& g) {
-  Graph h = g;
-  for (Value& v : h.values) {
-    if (!is_floating(v.type.dtype)) continue;
-    v.type.dtype = DType::Float64;
-    if (v.data.defined()) v.data = v.data.to(DType::Float64);
-  }
-  return h;
-}
-
 TensorList oracle(const Graph& g, const TensorList& inputs) {
   TensorList in64;
   for (const Tensor& t : inputs) in64.push_back(t.to(DType::Float64));
-  return run(as_float64(g), in64);
+  return run(test::as_float64(g), in64);
 }
 
 // "" when every element is within tolerance (tests/support/compare.h); else the report.

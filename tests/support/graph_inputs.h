@@ -48,4 +48,16 @@ inline TensorList graph_test_inputs(const Graph& g, const TensorList& call_input
   return in;
 }
 
+// g with every float value widened to float64: the float64 oracle sees the numbers the compiled
+// graph sees.
+inline Graph as_float64(const Graph& g) {
+  Graph h = g;
+  for (Value& v : h.values) {
+    if (!is_floating(v.type.dtype)) continue;
+    v.type.dtype = DType::Float64;
+    if (v.data.defined()) v.data = v.data.to(DType::Float64);
+  }
+  return h;
+}
+
 }  // namespace kiln::test
