@@ -272,10 +272,13 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
     fail_kind(ErrorKind::ParseError, "package '{}': section 'source': unknown precision '{}'",
               package_path, src.precision);
   Device device;
+  // The passes need no device: a CUDA package's weights are remade here as a CPU package's
+  // are (the target decides the pipeline, e.g. its decompositions), and stored as host copies.
   if (src.target == "cpu") device = Device::cpu();
+  else if (src.target == "cuda") device = Device::cuda(0);
   else
     fail_kind(ErrorKind::NotSupported, "package '{}': section 'source': target '{}' (this Kiln "
-              "replaces the weights of cpu packages)", package_path, src.target);
+              "replaces the weights of cpu and cuda packages)", package_path, src.target);
   const Target& target = target_for(device);
   if (pipeline_names(target, precision) != src.pipeline)
     fail_kind(ErrorKind::NotSupported,

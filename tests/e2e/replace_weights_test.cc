@@ -178,6 +178,36 @@ INSTANTIATE_TEST_SUITE_P(
       return i.param.model + "_" + dtype_name(i.param.precision);
     });
 
+// ---- CUDA packages: a cross-build (Options::arch) needs no GPU, so it is tested here ------------
+// replace-weights of the sm_90 package built with weights A, given B's, is byte for byte the
+// sm_90 package built with B: the CUDA target's pipeline (its decompositions, autocast) remade
+// the weights; the manifest and the cubins are kept. (Running CUDA packages: tests/cuda.)
+TEST(PackageReplaceWeights, CudaCrossBuiltPackageGivesThePackageBuiltWithTheNewWeights) {
+  TempDir dir;
+  for (DType precision : {DType::Float32, DType::BFloat16}) {
+    std::string a_path = dir.path + "/a.kiln", b_path = dir.path + "/b.kiln";
+    std::string r_path = dir.path + "/replaced.kiln", w_path = dir.path + "/b.safetensors";
+    auto build = [&](uint64_t seed, const std::string& path) {
+      nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
+      randomize_state(*m.module, seed);
+      compiler::Options o;
+      o.precision = precision;
+      o.arch = "sm_90";
+      nn::export_package(m.module, m.inputs, o, "resnet18", path);
+      return m;
+    };
+    build(1, a_path);
+    nn::ZooModel b = build(2, b_path);
+    b.module->save(w_path);
+    compiler::ReplaceWeightsReport rep = compiler::replace_weights(a_path, w_path, r_path);
+    std::printf("resnet18 sm_90 %s: %s\n", dtype_name(precision), rep.str().c_str());
+    std::string replaced = read_bytes(r_path), want = read_bytes(b_path);
+    EXPECT_NE(read_bytes(a_path), want) << "weights A and B gave the same package: nothing tested";
+    EXPECT_TRUE(replaced == want) << dtype_name(precision) << ": the replaced package differs "
+                                  << "from the one built with B in " << first_difference(replaced, want);
+  }
+}
+
 // ---- errors -------------------------------------------------------------------------------------
 class PackageReplaceWeightsErrors : public testing::Test {
  protected:
