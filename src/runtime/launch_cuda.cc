@@ -33,6 +33,7 @@
 #include "kernels/cuda/cuda_driver.h"
 #include "kernels/cuda/cudnn_conv.h"
 #include "runtime/launch_library.h"
+#include "runtime/launch_records.h"
 
 namespace kiln {
 
@@ -40,28 +41,18 @@ namespace {
 
 using json = nlohmann::json;
 
-json ref_json(MemRef r) { return json::array({r.slot, r.byte_offset}); }
-
-MemRef ref_from(const json& j) {
-  auto v = j.get<std::vector<int64_t>>();
-  if (v.size() != 2 || v[0] < -1 || v[0] > (int64_t(1) << 30) || v[1] < 0 ||
-      v[1] > (int64_t(1) << 44))
-    throw std::out_of_range("a buffer reference must be [slot >= -1, offset >= 0]");
-  return MemRef{int32_t(v[0]), v[1]};
-}
+using records::ref_from;
+using records::ref_json;
 
 char* ptr(char* const* slots, const MemRef& m) {
   return m.slot >= 0 ? slots[m.slot] + m.byte_offset : nullptr;
 }
 
+// Every buffer a CUDA launch names must be present (slot >= 0) and inside its slot.
 void check_buffer(LaunchEnv& env, MemRef r, int64_t bytes, const std::string& where,
                   const char* what) {
   if (r.slot < 0) fail_kind(ErrorKind::ParseError, "{}: buffer '{}' has no slot", where, what);
-  if (!env.slot_bytes) return;
-  int64_t have = env.slot_bytes(r.slot);
-  if (bytes < 0 || r.byte_offset > have || bytes > have - r.byte_offset)
-    fail_kind(ErrorKind::ParseError, "{}: buffer '{}' of {} bytes at slot {} offset {} lies "
-              "outside the slot's {} bytes", where, what, bytes, r.slot, r.byte_offset, have);
+  records::check_buffer(env, r, bytes, where, what);
 }
 
 // ---- plain kernels ------------------------------------------------------------------------------
@@ -137,16 +128,9 @@ json gemm_desc_json(const cuda::GemmDesc& d) {
           {"alignment_bytes", d.alignment_bytes}};
 }
 
-DType dtype_from(const json& j) {
-  std::string name = j.get<std::string>();
-  DType t;
-  if (!parse_dtype(name, &t)) throw std::out_of_range("unknown dtype '" + name + "'");
-  return t;
-}
-
 cuda::GemmDesc gemm_desc_from(const json& j) {
   cuda::GemmDesc d;
-  d.dtype = dtype_from(j.at("dtype"));
+  d.dtype = records::dtype_from(j.at("dtype"), "desc");
   d.m = j.at("m").get<int64_t>();
   d.n = j.at("n").get<int64_t>();
   d.k = j.at("k").get<int64_t>();
@@ -256,7 +240,7 @@ cuda::ConvDesc conv_desc_from(const json& j) {
   if (layout != "nchw" && layout != "nhwc") throw std::out_of_range("unknown conv layout");
   d.kind = kind == "forward" ? cuda::ConvKind::Forward : cuda::ConvKind::Transpose;
   d.layout = layout == "nchw" ? cuda::ConvLayout::NCHW : cuda::ConvLayout::NHWC;
-  d.dtype = dtype_from(j.at("dtype"));
+  d.dtype = records::dtype_from(j.at("dtype"), "desc");
   d.n = j.at("n").get<int64_t>();
   d.c_in = j.at("c_in").get<int64_t>();
   d.h = j.at("h").get<int64_t>();

@@ -32,12 +32,47 @@
 
 #include "core/error.h"
 #include "kernels/onednn_node.h"
+#include "runtime/launch_records.h"
 
 namespace kiln {
+
+namespace records {
+
+nlohmann::json ref_json(MemRef r) { return nlohmann::json::array({r.slot, r.byte_offset}); }
+
+MemRef ref_from(const nlohmann::json& j) {
+  auto v = j.get<std::vector<int64_t>>();
+  if (v.size() != 2 || v[0] < -1 || v[0] > (int64_t(1) << 30) || v[1] < 0 ||
+      v[1] > (int64_t(1) << 44))
+    throw std::out_of_range("a buffer reference must be [slot >= -1, offset >= 0]");
+  return MemRef{int32_t(v[0]), v[1]};
+}
+
+void check_buffer(LaunchEnv& env, MemRef r, int64_t bytes, const std::string& where,
+                  const char* what) {
+  if (!env.slot_bytes || r.slot < 0) return;
+  int64_t have = env.slot_bytes(r.slot);
+  if (bytes < 0 || r.byte_offset < 0 || r.byte_offset > have || bytes > have - r.byte_offset)
+    fail_kind(ErrorKind::ParseError, "{}: {} of {} bytes at slot {} offset {} lies outside the "
+              "slot's {} bytes", where, what ? fmt::format("buffer '{}'", what) : "a buffer",
+              bytes, r.slot, r.byte_offset, have);
+}
+
+DType dtype_from(const nlohmann::json& j, const std::string& where) {
+  std::string name = j.get<std::string>();
+  DType t;
+  if (!parse_dtype(name, &t)) throw std::out_of_range(where + ": unknown dtype '" + name + "'");
+  return t;
+}
+
+}  // namespace records
 
 namespace {
 
 using json = nlohmann::json;
+using records::check_buffer;
+using records::ref_from;
+using records::ref_json;
 
 // ---- loop kernels -----------------------------------------------------------------------------
 struct LoopState {
@@ -155,29 +190,11 @@ void run_concat(void* s, const Executable::RunContext& c) {
   }
 }
 
-json ref_json(MemRef r) { return json::array({r.slot, r.byte_offset}); }
-
-MemRef ref_from(const json& j, int num_slots_hint) {
-  auto v = j.get<std::vector<int64_t>>();
-  if (v.size() != 2 || v[0] < -1 || v[0] > (int64_t(1) << 30) || v[1] < 0)
-    throw std::out_of_range("a buffer reference must be [slot >= -1, offset >= 0]");
-  return MemRef{int32_t(v[0]), v[1]};
-}
-
 std::mutex& registry_mutex() {
   static std::mutex m;
   return m;
 }
 std::map<std::string, LaunchRebuildFn>& registry();
-
-// A buffer of `bytes` at `r` must lie inside its slot's memory (LaunchEnv::slot_bytes).
-void check_buffer(LaunchEnv& env, MemRef r, int64_t bytes, const std::string& where) {
-  if (!env.slot_bytes || r.slot < 0) return;
-  int64_t have = env.slot_bytes(r.slot);
-  if (bytes < 0 || r.byte_offset < 0 || r.byte_offset > have || bytes > have - r.byte_offset)
-    fail_kind(ErrorKind::ParseError, "{}: a buffer of {} bytes at slot {} offset {} lies outside "
-              "the slot's {} bytes", where, bytes, r.slot, r.byte_offset, have);
-}
 
 Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
   json p = json::parse(r.params);
@@ -202,9 +219,9 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
   std::string desc_json = p.at("desc").dump();
   kernels::OnednnNodeDesc desc = kernels::OnednnNodeDesc::from_json(desc_json, where);
   std::vector<MemRef> inputs;
-  for (const json& j : p.at("inputs")) inputs.push_back(ref_from(j, 0));
+  for (const json& j : p.at("inputs")) inputs.push_back(ref_from(j));
   if (inputs.size() > 4) throw std::out_of_range("at most 4 inputs");
-  MemRef out = ref_from(p.at("output"), 0), scratch = ref_from(p.at("scratch"), 0);
+  MemRef out = ref_from(p.at("output")), scratch = ref_from(p.at("scratch"));
   if (out.slot < 0 || scratch.slot < 0) throw std::out_of_range("output and scratch need a slot");
   std::string expect = p.at("expect").get<std::string>();
   KILN_ASSERT(env.onednn_layouts);
@@ -277,8 +294,8 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
 Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv& env,
                                        const std::string& where) {
   json p = json::parse(r.params);
-  MemRef table = ref_from(p.at("table"), 0), indices = ref_from(p.at("indices"), 0),
-         out = ref_from(p.at("out"), 0);
+  MemRef table = ref_from(p.at("table")), indices = ref_from(p.at("indices")),
+         out = ref_from(p.at("out"));
   int64_t rows = p.at("rows").get<int64_t>(), row_bytes = p.at("row_bytes").get<int64_t>(),
           count = p.at("count").get<int64_t>();
   if (table.slot < 0 || indices.slot < 0 || out.slot < 0 || rows < 1 || row_bytes < 0 || count < 0)
@@ -296,7 +313,7 @@ Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv& env,
 Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
   json p = json::parse(r.params);
   int64_t outer = p.at("outer").get<int64_t>(), out_chunk = p.at("out_chunk_bytes").get<int64_t>();
-  MemRef out = ref_from(p.at("out"), 0);
+  MemRef out = ref_from(p.at("out"));
   constexpr int64_t kMax = int64_t(1) << 40;
   if (outer < 0 || outer > kMax || out_chunk < 0 || out_chunk > kMax || out.slot < 0 ||
       (outer > 0 && out_chunk > kMax / outer))
@@ -305,7 +322,7 @@ Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const s
   for (const json& j : p.at("parts")) {
     if (j.is_object()) {  // a strided part
       ConcatPart part;
-      part.src = ref_from(j.at("src"), 0);
+      part.src = ref_from(j.at("src"));
       part.dst_offset = j.at("dst_offset").get<int64_t>();
       part.sizes = j.at("sizes").get<std::vector<int64_t>>();
       part.strides = j.at("strides").get<std::vector<int64_t>>();
@@ -330,7 +347,7 @@ Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const s
         }
         if (last_src > kMax || last_dst > kMax) throw std::out_of_range("concat: part too large");
       }
-      if (j.contains("dst")) part.dst = ref_from(j.at("dst"), 0);
+      if (j.contains("dst")) part.dst = ref_from(j.at("dst"));
       if (!empty) {
         check_buffer(env, part.src, (last_src + 1) * part.elem_bytes, where);
         if (part.dst.slot >= 0)

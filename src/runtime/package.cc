@@ -50,6 +50,7 @@
 #include "kernels/cuda/cuda_driver.h"
 #include "kernels/onednn_node.h"
 #include "runtime/launch_library.h"
+#include "runtime/launch_records.h"
 #include "runtime/safetensors.h"
 #include "support/files.h"
 #include "support/hash.h"
@@ -392,12 +393,6 @@ std::shared_ptr<KernelLibrary> load_kernels(std::string_view bytes, const std::s
   return lib;
 }
 
-DType dtype_of(const json& j, const std::string& where) {
-  DType d;
-  if (!parse_dtype(j.get<std::string>(), &d)) throw std::out_of_range(where + ": unknown dtype");
-  return d;
-}
-
 Dims dims_of(const json& j) {
   Dims d;
   auto v = j.get<std::vector<int64_t>>();
@@ -540,7 +535,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       where = "manifest: constant '" + name + "'";
       auto it = weights.find(name);
       if (it == weights.end()) throw std::out_of_range("absent from the weights section");
-      DType dt = dtype_of(c.at("dtype"), where);
+      DType dt = records::dtype_from(c.at("dtype"), where);
       Dims shape = dims_of(c.at("shape"));
       if (it->second.dtype() != dt || it->second.sizes() != shape)
         throw std::out_of_range("the weights section holds a tensor of another dtype or shape");
@@ -558,7 +553,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       Executable::InputSpec in;
       in.name = j.at("name").get<std::string>();
       where = "manifest: input '" + in.name + "'";
-      in.dtype = dtype_of(j.at("dtype"), where);
+      in.dtype = records::dtype_from(j.at("dtype"), where);
       in.sizes = dims_of(j.at("shape"));
       in.slot = j.at("slot").get<int32_t>();
       check_slot(in.slot, where);
@@ -570,7 +565,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       Executable::OutputSpec o;
       o.name = j.at("name").get<std::string>();
       where = "manifest: output '" + o.name + "'";
-      o.dtype = dtype_of(j.at("dtype"), where);
+      o.dtype = records::dtype_from(j.at("dtype"), where);
       o.sizes = dims_of(j.at("shape"));
       o.slot = j.at("slot").get<int32_t>();
       check_slot(o.slot, where);
@@ -631,7 +626,6 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
         modules[name] = cuda::CudaModule::load(cuda_kernels->substr(off, size), 0,
                                                source + ":" + name);
       }
-      exe->keep_alive.push_back(std::make_shared<decltype(modules)>(modules));
     }
     where = "manifest: launches";
     if (kernels) lib = load_kernels(*kernels, source);
