@@ -13,6 +13,7 @@
 
 #include "../support/compare.h"
 #include "../support/graph_inputs.h"
+#include "pick_rows.h"
 #include "capture/compile.h"
 #include "compiler/backend.h"
 #include "compiler/compile.h"
@@ -180,11 +181,7 @@ std::string error_of_run(compiler::CompiledExecutable& exe, const TensorList& in
   return "";
 }
 
-Tensor ints_tensor(const Dims& d, std::vector<int64_t> v, DType dt) {
-  Tensor t = Tensor::empty(d, DType::Int64);
-  std::copy(v.begin(), v.end(), t.data<int64_t>());
-  return t.to(dt);
-}
+using test::ints_tensor;
 
 TEST(CudaDeviceStatus, IntegerDivisionAndPowerReportBadValuesNamingTheNode) {
   for (DType dt : {DType::Int32, DType::Int64, DType::UInt8}) {
@@ -231,21 +228,13 @@ TEST(CudaDeviceStatus, IntegerDivisionAndPowerReportBadValuesNamingTheNode) {
 }
 
 TEST(CudaDeviceStatus, OutOfRangeIndicesFailLikeTheCpu) {
-  Graph g;
-  ValueId x = g.add_input("x", TensorType{DType::Float32, to_shape(Dims{5, 3})});
-  ValueId idx = g.add_input("idx", TensorType{DType::Int64, to_shape(Dims{4})});
-  ValueId y = g.add_node(OpId::IndexSelect, {x, idx}, {{"dim", int64_t(0)}}, "pick.rows")[0];
-  g.outputs = {g.add_node(OpId::Relu, {y}, {}, "pick.relu")[0]};
-  Generator gen(3);
-  Tensor tx = Tensor::randn({5, 3}, gen);
-  Tensor good = ints_tensor({4}, {4, -5, 0, 2}, DType::Int64);
-  Tensor bad = ints_tensor({4}, {4, 1, 7, 2}, DType::Int64);
   // The CPU's compiled index check names the node and the index with the same words
   // (lower::index_check); the GPU machine cannot link CPU kernels (no SLEEF there), so the
   // expected text is written out and the CPU eager kernel gives the error kind and the values.
-  const std::string expected =
-      "index_select 'pick.rows': index 7 is out of range for dim 0 of x of size 5 (valid range "
-      "[-5, 4])";
+  const test::PickRows c = test::pick_rows_case();
+  const Graph& g = c.g;
+  const Tensor &tx = c.x, &good = c.good, &bad = c.bad;
+  const std::string& expected = c.expected;
   auto eager = find_backend("eager")(g, BackendOptions{});
   ErrorKind cpu_kind{};
   std::string cpu_msg;

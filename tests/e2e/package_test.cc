@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/compare.h"
-#include "../support/process.h"
+#include "../support/c_run.h"
 #include "compiler/compile.h"
 #include "compiler/package.h"
 #include "core/cuda_runtime.h"
@@ -202,30 +202,14 @@ TEST(Package, RunsInSeparateProcessWithoutCompilerOrCache) {
   Packaged p = package_zoo("resnet18", dir.path);
   TensorList in = fresh_inputs(p.model.inputs, 303);
   TensorList want = p.compiled->run(in);
-  std::vector<std::string> args = {KILN_C_RUN, p.path};
-  for (size_t i = 0; i < in.size(); ++i) {
-    std::string f = dir.path + "/in" + std::to_string(i) + ".bin";
-    std::ofstream(f, std::ios::binary)
-        .write(static_cast<const char*>(in[i].raw_data()), std::streamsize(in[i].nbytes()));
-    args.push_back("-i");
-    args.push_back(f);
-  }
-  args.push_back("-o");
-  args.push_back(dir.path + "/out");
-  // No compiler, no Python on PATH; HOME an empty directory (no ~/.cache/kiln); no
-  // KILN_CACHE_DIR; the thread count the package was built with.
-  std::string home = dir.path + "/home";
-  std::filesystem::create_directories(home);
-  std::vector<std::string> env = {"PATH=" + dir.path + "/nothing", "HOME=" + home,
-                                  "OMP_NUM_THREADS=" + std::to_string(load_package(p.path).threads)};
-  int status = test::run_with_env(args, env);
-  ASSERT_EQ(status, 0) << "kiln_c_run failed: " << status;
+  // Bare environment (test::run_c_example), with the thread count the package was built with.
+  test::CRunResult r = test::run_c_example(
+      KILN_C_RUN, p.path, in, want, dir.path,
+      {"OMP_NUM_THREADS=" + std::to_string(load_package(p.path).threads)});
+  ASSERT_EQ(r.status, 0) << "kiln_c_run failed: " << r.status;
   for (size_t i = 0; i < want.size(); ++i) {
-    std::string bytes = read_bytes(dir.path + "/out" + std::to_string(i) + ".bin");
-    ASSERT_EQ(int64_t(bytes.size()), want[i].nbytes());
-    Tensor got = Tensor::empty(want[i].sizes(), want[i].dtype());
-    std::memcpy(got.raw_data(), bytes.data(), bytes.size());
-    expect_bitwise(got, want[i], "resnet18 output " + std::to_string(i) + " from kiln_c_run");
+    ASSERT_TRUE(r.outputs[i].defined()) << "kiln_c_run wrote output " << i << " with another size";
+    expect_bitwise(r.outputs[i], want[i], "resnet18 output " + std::to_string(i) + " from kiln_c_run");
   }
 }
 
