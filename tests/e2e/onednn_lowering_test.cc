@@ -459,6 +459,24 @@ TEST(OnednnLowering, LinearAndFusedLinear) {
         }
 }
 
+// a @ b with a the graph input "a" and b a parameter (b_const) or the input "b"; the inputs,
+// fresh N(0, 1) values, go to *inputs.
+Graph matmul_graph(Generator& gen, const Dims& ad, const Dims& bd, bool b_const, DType dt,
+                   TensorList* inputs) {
+  Graph g;
+  ValueId a = g.add_input("a", TensorType(dt, to_shape(ad)));
+  inputs->push_back(randn(gen, ad, dt));
+  ValueId b;
+  if (b_const) {
+    b = g.add_param("b", randn(gen, bd, dt));
+  } else {
+    b = g.add_input("b", TensorType(dt, to_shape(bd)));
+    inputs->push_back(randn(gen, bd, dt));
+  }
+  g.outputs = {g.add_node1(OpId::Matmul, {a, b}, {}, "mm")};
+  return g;
+}
+
 TEST(OnednnLowering, MatmulBatchedBroadcast) {
   struct Spec {
     Dims a, b;
@@ -478,17 +496,8 @@ TEST(OnednnLowering, MatmulBatchedBroadcast) {
       const Spec& s = specs[i];
       SCOPED_TRACE(fmt::format("{} {} x {}", dtype_name(dt), to_string(s.a), to_string(s.b)));
       Generator gen(kSeed + i);
-      Graph g;
-      ValueId a = g.add_input("a", TensorType(dt, to_shape(s.a)));
-      TensorList inputs = {randn(gen, s.a, dt)};
-      ValueId b;
-      if (s.b_const) {
-        b = g.add_param("b", randn(gen, s.b, dt));
-      } else {
-        b = g.add_input("b", TensorType(dt, to_shape(s.b)));
-        inputs.push_back(randn(gen, s.b, dt));
-      }
-      g.outputs = {g.add_node1(OpId::Matmul, {a, b}, {}, "mm")};
+      TensorList inputs;
+      Graph g = matmul_graph(gen, s.a, s.b, s.b_const, dt, &inputs);
       check_graph(g, inputs, 16.0 * 16.0, OnednnOptions{});  // inputs are N(0,1): |y| ~ sqrt(K)
     }
 }
@@ -515,17 +524,8 @@ TEST(OnednnLowering, MatmulSharedWeightFoldsBatchIntoRows) {
       const Spec& s = specs[i];
       SCOPED_TRACE(fmt::format("{} {} x {}", dtype_name(dt), to_string(s.a), to_string(s.b)));
       Generator gen(kSeed + 100 + i);
-      Graph g;
-      ValueId a = g.add_input("a", TensorType(dt, to_shape(s.a)));
-      TensorList inputs = {randn(gen, s.a, dt)};
-      ValueId b;
-      if (s.b_const) {
-        b = g.add_param("b", randn(gen, s.b, dt));
-      } else {
-        b = g.add_input("b", TensorType(dt, to_shape(s.b)));
-        inputs.push_back(randn(gen, s.b, dt));
-      }
-      g.outputs = {g.add_node1(OpId::Matmul, {a, b}, {}, "mm")};
+      TensorList inputs;
+      Graph g = matmul_graph(gen, s.a, s.b, s.b_const, dt, &inputs);
       auto low = check_graph(g, inputs, 96.0 * 96.0, OnednnOptions{});
       std::string d = low->describe(0);
       EXPECT_NE(d.find(s.want), std::string::npos) << d;
