@@ -264,6 +264,12 @@ std::vector<OpSample> samples_sdpa(Generator& g) {
        plain, "non-contiguous q, k, v"},
       {{sample_randn(g, {2, 1, 8}), sample_randn(g, {2, 1, 8}), sample_randn(g, {2, 1, 8})},
        causal, "L = S = 1"},
+      // Sizes past one tile of a flash-style kernel (the CUDA target's: 32 query rows, 64 keys).
+      {{sample_randn(g, {2, 40, 16}), sample_randn(g, {2, 100, 16}), sample_randn(g, {2, 100, 8}),
+        sample_bool_mask(g, {40, 100})},
+       plain, "40 queries x 100 keys, bool mask"},
+      {{sample_randn(g, {1, 2, 70, 8}), sample_randn(g, {1, 2, 70, 8}), sample_randn(g, {1, 2, 70, 40})},
+       causal, "causal 70 x 70, Ev = 40"},
   };
 }
 

@@ -5,8 +5,8 @@
 //
 // Tolerances: the CPU test's (tests/e2e/autocast_zoo_test.cc, Note [Autocast tolerances]: units
 // of 2^-8 for bfloat16 and 2^-11 for float16, 3-4x what the CPU measures) doubled, because the
-// CUDA target rounds at different places (fused ops and attention are decomposed into separate
-// kernels, cuBLASLt and cuDNN pick their own accumulation orders) and these tolerances have not
+// CUDA target rounds at different places (fused ops are decomposed into separate kernels,
+// attention runs as one kernel, cuBLASLt and cuDNN pick their own accumulation orders) and these tolerances have not
 // been measured on a GPU yet: tighten them to ~3x the first GPU run's printed errors.
 #include <gtest/gtest.h>
 

@@ -240,7 +240,8 @@ TEST(CudaDirectKernels, EverySampleOfEveryDirectOpCompilesWithNvrtc) {
       {OpId::GridSample, 99}, {OpId::AdaptiveAvgPool2d, 99}, {OpId::Matmul, 99},
       {OpId::Linear, 99}, {OpId::Conv2d, 99}, {OpId::ConvTranspose2d, 99},
       {OpId::MaxPool2d, 2}, {OpId::AvgPool2d, 2}, {OpId::Concat, 2}, {OpId::Split, 2},
-      {OpId::Embedding, 2}, {OpId::IndexSelect, 2}, {OpId::Argmax, 2}, {OpId::Argmin, 2}};
+      {OpId::Embedding, 2}, {OpId::IndexSelect, 2}, {OpId::Argmax, 2}, {OpId::Argmin, 2},
+      {OpId::ScaledDotProductAttention, 99}};
   std::vector<cuda::CudaCompileRequest> reqs;
   int kernels = 0;
   for (auto [id, max_samples] : ops) {

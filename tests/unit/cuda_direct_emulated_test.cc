@@ -1,8 +1,9 @@
 // The CUDA direct kernels' numbers without a GPU: the generated kernel source
 // (targets/cuda/direct_kernels.h) compiled as host C++ under a small CUDA shim — blocks run one
 // after another, a block's 256 threads one after another, or as 256 std::threads meeting at a
-// std::barrier for kernels that call __syncthreads (the GEMM) — and compared with the op's
-// float64 reference kernel on every sample in every dtype, with the op harness's tolerances.
+// std::barrier for kernels that call __syncthreads (the GEMM) or shuffle within warps (attention)
+// — and compared with the op's float64 reference kernel on every sample in every dtype, with the
+// op harness's tolerances.
 // This checks the kernels' index arithmetic and semantics (pad modes, gather/scatter index
 // rules, upsample tables, grid_sample, GEMM tiling and broadcasting, convolutions); it does not
 // check the device's float rounding (no FMA here, as the program's --fmad=false) or anything
@@ -13,6 +14,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -43,6 +45,18 @@ static std::barrier<>* kn_bar = nullptr;
 #define __shared__ static
 #define __launch_bounds__(n)
 static inline void __syncthreads() { kn_bar->arrive_and_wait(); }
+static inline void __syncwarp() { kn_bar->arrive_and_wait(); }
+// A warp shuffle over the block's 256 emulated threads: every thread calls it the same number
+// of times (the kernels keep shuffles out of divergent code), so two block barriers order it.
+template <typename T>
+static inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  static T kn_lanes[256];
+  kn_lanes[threadIdx.x] = v;
+  kn_bar->arrive_and_wait();
+  T r = kn_lanes[threadIdx.x ^ unsigned(lane_mask)];
+  kn_bar->arrive_and_wait();
+  return r;
+}
 static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
 #define __noinline__
@@ -191,7 +205,8 @@ struct HostKernels {
       size_t nargs = k->arg_inputs.size() + k->arg_outputs.size() + (k->reports ? 1 : 0);
       std::string args;
       for (size_t i = 0; i < nargs; ++i) args += fmt::format("{}a[{}]", i ? ", " : "", i);
-      bool sync = k->source.find("__syncthreads") != std::string::npos;
+      bool sync = k->source.find("__syncthreads") != std::string::npos ||
+                  k->source.find("__shfl_xor_sync") != std::string::npos;
       src += fmt::format("extern \"C\" void {0}_launch(char** a, int blocks) {{ kn_launch(blocks, {1}, [&] {{ {0}({2}); }}); }}\n",
                          k->name, sync ? "true" : "false", args);
     }
@@ -374,12 +389,84 @@ TEST(CudaDirectEmulatedPieces, ManyPiecesConcatAndSplitMatchTheReference) {
   }
 }
 
+// The flash-style attention kernel (Note [CUDA flash attention]) where the op's samples do not
+// reach: rows whose every key is masked (NaN, as the reference: a float mask of -inf and a bool
+// mask of false), no keys at all (S = 0: zeros), and head sizes too large to stage in shared
+// memory (K and V read from global memory).
+TEST(CudaDirectEmulatedAttention, MaskedRowsNoKeysAndLargeHeadsMatchTheReference) {
+  Generator gen(23);
+  Graph g;
+  TensorList ins;
+  auto input = [&](const char* name, Tensor t) {
+    ins.push_back(t);
+    return g.add_input(name, t.type());
+  };
+  auto randn = [&](Dims d) { return Tensor::randn(d, gen); };
+  const double inf = std::numeric_limits<double>::infinity();
+  // 1: float mask [3, 70]: row 1 all -inf (70 keys: two key tiles), row 2 -inf in the first tile
+  Tensor fmask = randn({3, 70});
+  for (int j = 0; j < 70; ++j) {
+    fmask.data<float>()[70 + j] = float(-inf);
+    if (j < 64) fmask.data<float>()[140 + j] = float(-inf);
+  }
+  ValueId q1 = input("q1", randn({2, 3, 8})), k1 = input("k1", randn({2, 70, 8}));
+  ValueId v1 = input("v1", randn({2, 70, 4})), m1 = input("m1", fmask);
+  g.add_node(OpId::ScaledDotProductAttention, {q1, k1, v1, m1}, {{"is_causal", false}}, "float_masked_rows");
+  // 2: bool mask [2, 3, 5] with row 0 of batch 1 all false
+  Tensor bmask = Tensor::empty(Dims{2, 3, 5}, DType::Bool);
+  for (int i = 0; i < 30; ++i) bmask.data<bool>()[i] = (i % 3) != 1;
+  for (int j = 0; j < 5; ++j) bmask.data<bool>()[15 + j] = false;
+  ValueId q2 = input("q2", randn({2, 3, 4})), k2 = input("k2", randn({2, 5, 4}));
+  ValueId v2 = input("v2", randn({2, 5, 6})), m2 = input("m2", bmask);
+  g.add_node(OpId::ScaledDotProductAttention, {q2, k2, v2, m2}, {{"is_causal", false}}, "bool_masked_row");
+  // 3: no keys
+  ValueId q3 = input("q3", randn({2, 3, 4})), k3 = input("k3", randn({2, 0, 4}));
+  ValueId v3 = input("v3", randn({2, 0, 5}));
+  g.add_node(OpId::ScaledDotProductAttention, {q3, k3, v3}, {{"is_causal", false}}, "no_keys");
+  // 4: head size 300 (not staged), causal
+  ValueId q4 = input("q4", randn({1, 5, 300})), k4 = input("k4", randn({1, 40, 300}));
+  ValueId v4 = input("v4", randn({1, 40, 300}));
+  g.add_node(OpId::ScaledDotProductAttention, {q4, k4, v4}, {{"is_causal", true}}, "large_heads");
+  std::vector<cuda::DirectKernel> ks;
+  for (size_t i = 0; i < g.nodes.size(); ++i) ks.push_back(cuda::plan_direct_kernel(g, g.nodes[i], int32_t(i), 3));
+  EXPECT_NE(ks[0].describe.find("in shared memory"), std::string::npos) << ks[0].describe;
+  EXPECT_NE(ks[3].describe.find("read from global memory"), std::string::npos) << ks[3].describe;
+  HostKernels host({&ks[0], &ks[1], &ks[2], &ks[3]}, "attention");
+  ASSERT_EQ(host.error, "");
+  const OpDef& op = op_def(OpId::ScaledDotProductAttention);
+  size_t at = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    TensorList in(ins.begin() + std::ptrdiff_t(at), ins.begin() + std::ptrdiff_t(at + n.inputs.size()));
+    at += n.inputs.size();
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(is_floating(t.dtype()) ? t.to(DType::Float64) : t);
+    Tensor want = run_reference(op, g, n, in64)[0];
+    Tensor got = host.run(ks[i], g, n, in)[0];
+    EXPECT_EQ(compare(want, got, tolerance(DType::Float32, op.tolerance_scale)), "") << n.name;
+    const float* o = got.data<float>();
+    if (n.name == "float_masked_rows") {
+      // [2, 3, 4]: row 1 of each batch NaN, rows 0 and 2 finite
+      for (int b = 0; b < 2; ++b)
+        for (int e = 0; e < 4; ++e) {
+          EXPECT_TRUE(std::isnan(o[b * 12 + 4 + e])) << b << "," << e;
+          EXPECT_TRUE(std::isfinite(o[b * 12 + e]) && std::isfinite(o[b * 12 + 8 + e])) << b << "," << e;
+        }
+    }
+    if (n.name == "bool_masked_row")
+      for (int e = 0; e < 6; ++e) EXPECT_TRUE(std::isnan(o[18 + e])) << e;
+    if (n.name == "no_keys")
+      for (int64_t e = 0; e < got.numel(); ++e) EXPECT_EQ(o[e], 0.0f) << e;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, CudaDirectEmulated,
                          testing::Values(OpId::Pad, OpId::Gather, OpId::ScatterAdd, OpId::Upsample,
                                          OpId::GridSample, OpId::AdaptiveAvgPool2d, OpId::Matmul,
                                          OpId::Linear, OpId::Conv2d, OpId::ConvTranspose2d,
                                          OpId::MaxPool2d, OpId::AvgPool2d, OpId::Embedding,
-                                         OpId::IndexSelect, OpId::Concat, OpId::Split),
+                                         OpId::IndexSelect, OpId::Concat, OpId::Split,
+                                         OpId::ScaledDotProductAttention),
                          [](const testing::TestParamInfo<OpId>& i) { return std::string(op_def(i.param).name); });
 
 }  // namespace

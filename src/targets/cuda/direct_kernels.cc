@@ -366,6 +366,224 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
   body += fmt::format("    y[i] = {};\n  }}\n", store_acc(dt, "acc"));
 }
 
+
+// ---- attention --------------------------------------------------------------------------------
+// Note [CUDA flash attention]
+// scaled_dot_product_attention as one kernel that never writes the score matrix: a block of
+// 8 warps takes kAttnWarps * rows query rows of one batch item, walks the keys in tiles of
+// `bc` (K and V tiles staged in shared memory as float, or double for float64, when they fit),
+// and keeps per row the running maximum m, the running sum l and the output accumulator, each
+// lane holding the output features d = lane + 32 v. Per key tile and row: every lane scores
+// bc / 32 keys (dot product over E, times the scale, then the mask: a bool mask or causal
+// pattern gives -inf, a float mask is added), the warp reduces the tile maximum and the sum of
+// p = exp(s - m') with xor-shuffle trees (a fixed order: bitwise reproducible), and rescales.
+// Semantics are the reference's (Note [SDPA semantics]): a row whose every score is -inf is
+// NaN (m stays -inf; while it does, the tile's p are exp(s - 0), i.e. 0, so nothing is
+// accumulated early), S = 0 gives 0, NaN scores propagate through p and l. Causal tiles that lie
+// wholly right of the block's last row are skipped (they add exactly 0).
+constexpr int kAttnWarps = 8;
+
+struct AttnOperand {
+  Dims dims;           // the operand's own dims
+  Dims batch_stride;   // per output batch dim, 0 where broadcast
+};
+
+AttnOperand attn_operand(const Dims& d, const Dims& out_batch, size_t tail) {
+  AttnOperand a;
+  a.dims = d;
+  Dims s = row_major_strides(d);
+  size_t rb = d.size() - tail;  // the operand's batch rank
+  for (size_t i = 0; i < out_batch.size(); ++i) {
+    size_t off = out_batch.size() - i;  // distance from the right end of the batch dims
+    if (off > rb) {
+      a.batch_stride.push_back(0);
+      continue;
+    }
+    size_t k = rb - off;
+    a.batch_stride.push_back(d[k] == 1 ? 0 : s[k]);
+  }
+  return a;
+}
+
+void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectKernel& k,
+                           std::string& params, std::string& body) {
+  DType dt = g.type(n.outputs[0]).dtype;
+  if (!is_floating(dt))
+    fail_kind(ErrorKind::NotSupported, "attention takes floating dtypes, not {}", dtype_name(dt));
+  const bool f64 = dt == DType::Float64;
+  const char* T = cuda_storage(dt);
+  const char* A = f64 ? "double" : "float";
+  auto load = [&](DType d, const std::string& v) { return f64 && d == dt ? "(" + v + ")" : to_float(d, v); };
+  Dims qd = dims_of(g.type(n.inputs[0])), kd = dims_of(g.type(n.inputs[1]));
+  Dims vd = dims_of(g.type(n.inputs[2])), od = dims_of(g.type(n.outputs[0]));
+  const int64_t L = qd[qd.size() - 2], E = qd.back(), S = kd[kd.size() - 2], EV = vd.back();
+  Dims batch(od.begin(), od.end() - 2);
+  const int64_t nbatch = numel(batch);
+  AttnOperand qa = attn_operand(qd, batch, 2), ka = attn_operand(kd, batch, 2);
+  AttnOperand va = attn_operand(vd, batch, 2);
+  const bool has_mask = has_input(n, 3);
+  const bool causal = n.attrs.get_bool("is_causal");
+  DType mdt = DType::Bool;
+  AttnOperand ma;
+  int64_t msi = 0, msj = 0;  // the mask's strides along L and S (0 where broadcast)
+  if (has_mask) {
+    const TensorType& mt = g.type(n.inputs[3]);
+    mdt = mt.dtype;
+    Dims md = dims_of(mt);
+    while (md.size() < batch.size() + 2) md.insert(0, 1);
+    ma = attn_operand(md, batch, 2);
+    Dims ms = row_major_strides(md);
+    msi = md[md.size() - 2] == 1 ? 0 : ms[md.size() - 2];
+    msj = md.back() == 1 ? 0 : ms.back();
+  }
+  const double scale = n.attrs.has("scale") ? n.attrs.get_float("scale") : 1.0 / std::sqrt(double(E));
+  const std::string scale_lit = f64 ? dlit(scale) : flit(float(scale));
+  const std::string neg_inf = f64 ? "(-__longlong_as_double(0x7ff0000000000000LL))" : "(-INFINITY)";
+  const std::string nan = f64 ? "__longlong_as_double(0x7ff8000000000000LL)" : "__int_as_float(0x7fc00000)";
+  // Rows per warp, key tile and staging: the largest that keep the static shared memory under
+  // 44 KiB and the per-lane accumulators small.
+  const int64_t nv = std::max<int64_t>((EV + 31) / 32, 1);
+  const int64_t esz = f64 ? 8 : 4, E1 = std::max<int64_t>(E, 1), EV1 = std::max<int64_t>(EV, 1);
+  int64_t rows = 1, bc = 32;
+  bool staged = false;
+  auto smem = [&](int64_t r, int64_t c) {
+    return esz * (c * (E1 + 1) + c * EV1 + kAttnWarps * r * E1 + kAttnWarps * c);
+  };
+  for (int64_t r : {4, 2, 1}) {
+    if (r > 1 && (r * nv > 32 || kAttnWarps * r > 2 * std::max<int64_t>(L, 1))) continue;
+    for (int64_t c : {64, 32})
+      if (!staged && smem(r, c) <= 44 * 1024) {
+        rows = r;
+        bc = c;
+        staged = true;
+      }
+    if (staged) break;
+  }
+  const int64_t qt = kAttnWarps * rows;  // query rows per block
+  const int64_t qtiles = (L + qt - 1) / qt;
+  const int64_t tiles = nbatch * qtiles;
+  k.blocks = EV > 0 ? std::min(tiles, max_blocks) : 0;  // 0: an empty output
+  k.threads = 256;
+  k.arg_inputs = {0, 1, 2};
+  params = "char* q_, char* k_, char* v_, ";
+  if (has_mask) {
+    k.arg_inputs.push_back(3);
+    params += "char* m_, ";
+  }
+  params += "char* o_";
+  k.arg_outputs = {0};
+  body += fmt::format("  const {0}* q = (const {0}*)q_; const {0}* kk = (const {0}*)k_; "
+                      "const {0}* v = (const {0}*)v_; {0}* o = ({0}*)o_;\n", T);
+  if (has_mask) body += fmt::format("  const {0}* mk = (const {0}*)m_;\n", cuda_storage(mdt));
+  body += "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n";
+  if (staged) {
+    body += fmt::format("  __shared__ {0} ks[{1}][{2}];\n  __shared__ {0} vs[{1}][{3}];\n"
+                        "  __shared__ {0} qs[{4}][{5}];\n",
+                        A, bc, E1 + 1, EV1, qt, E1);
+  }
+  body += fmt::format("  __shared__ {0} ps[{1}][{2}];\n", A, kAttnWarps, bc);
+  body += fmt::format("  for (long long t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", tiles);
+  body += fmt::format("    const long long bt = t / {0}LL, i0 = (t % {0}LL) * {1}LL;\n", qtiles, qt);
+  body += "    long long qoff = 0, koff = 0, voff = 0, moff = 0;\n";
+  if (!batch.empty()) {
+    body += coords(batch, "bt", "cb");
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (qa.batch_stride[i]) body += fmt::format("    qoff += cb{} * {}LL;\n", i, qa.batch_stride[i]);
+      if (ka.batch_stride[i]) body += fmt::format("    koff += cb{} * {}LL;\n", i, ka.batch_stride[i]);
+      if (va.batch_stride[i]) body += fmt::format("    voff += cb{} * {}LL;\n", i, va.batch_stride[i]);
+      if (has_mask && ma.batch_stride[i]) body += fmt::format("    moff += cb{} * {}LL;\n", i, ma.batch_stride[i]);
+    }
+  }
+  body += "    (void)koff; (void)voff; (void)moff;\n";
+  // Operand access: staged tiles or global memory.
+  std::string QS = staged ? fmt::format("qs[warp * {} + r][e]", rows)
+                          : load(dt, fmt::format("q[qoff + i * {}LL + e]", E));
+  std::string KS = staged ? "ks[jj][e]" : load(dt, fmt::format("kk[koff + (j0 + jj) * {}LL + e]", E));
+  std::string VS = staged ? "vs[jj][d]" : load(dt, fmt::format("v[voff + (j0 + jj) * {}LL + d]", EV));
+  if (staged) {
+    body += fmt::format("    for (int x = threadIdx.x; x < {}; x += 256) {{\n", qt * E);
+    body += fmt::format("      const int r = x / {0}, e = x % {0}; const long long i = i0 + r;\n", E1);
+    body += fmt::format("      qs[r][e] = i < {}LL ? {} : ({})0;\n    }}\n", L,
+                        load(dt, fmt::format("q[qoff + i * {}LL + e]", E)), A);
+  }
+  body += fmt::format("    {0} m[{1}], l[{1}], acc[{1}][{2}];\n", A, rows, nv);
+  body += fmt::format("    for (int r = 0; r < {}; ++r) {{ m[r] = {}; l[r] = 0; for (int c = 0; c < {}; ++c) acc[r][c] = 0; }}\n",
+                      rows, neg_inf, nv);
+  std::string send = causal ? fmt::format("(i0 + {0}LL < {1}LL ? i0 + {0}LL : {1}LL)", qt, S)
+                            : fmt::format("{}LL", S);
+  body += fmt::format("    const long long send = {};\n", send);
+  body += fmt::format("    for (long long j0 = 0; j0 < send; j0 += {}) {{\n", bc);
+  body += fmt::format("      const int bcn = send - j0 < {0} ? (int)(send - j0) : {0};\n", bc);
+  if (staged) {
+    body += "      __syncthreads();\n";
+    body += fmt::format("      for (int x = threadIdx.x; x < {} * bcn; x += 256) {{\n", E);
+    body += fmt::format("        const int jj = x / {0}, e = x % {0};\n", E1);
+    body += fmt::format("        ks[jj][e] = {};\n      }}\n", load(dt, fmt::format("kk[koff + (j0 + jj) * {}LL + e]", E)));
+    body += fmt::format("      for (int x = threadIdx.x; x < {} * bcn; x += 256) {{\n", EV);
+    body += fmt::format("        const int jj = x / {0}, d = x % {0};\n", EV1);
+    body += fmt::format("        vs[jj][d] = {};\n      }}\n", load(dt, fmt::format("v[voff + (j0 + jj) * {}LL + d]", EV)));
+    body += "      __syncthreads();\n";
+  }
+  body += fmt::format("      for (int r = 0; r < {}; ++r) {{\n", rows);
+  body += fmt::format("        const long long i = i0 + warp * {} + r;\n", rows);
+  body += fmt::format("        {} s[{}];\n", A, bc / 32);
+  body += fmt::format("        {} tmax = {};\n", A, neg_inf);
+  body += fmt::format("        for (int c = 0; c < {}; ++c) {{\n", bc / 32);
+  body += "          const int jj = lane + 32 * c; const long long j = j0 + jj;\n";
+  body += fmt::format("          {} x = {};\n", A, neg_inf);
+  std::string valid = fmt::format("jj < bcn && i < {}LL", L);
+  if (causal) valid += " && j <= i";
+  if (has_mask && mdt == DType::Bool) valid += " && mk[moff + i * " + std::to_string(msi) + "LL + j * " + std::to_string(msj) + "LL] != 0";
+  body += fmt::format("          if ({}) {{\n", valid);
+  body += fmt::format("            {} dot = 0;\n", A);
+  body += fmt::format("            for (int e = 0; e < {}; ++e) dot += {} * {};\n", E, QS, KS);
+  body += fmt::format("            x = dot * {};\n", scale_lit);
+  if (has_mask && mdt != DType::Bool)
+    body += fmt::format("            x += {};\n", load(mdt, fmt::format("mk[moff + i * {}LL + j * {}LL]", msi, msj)));
+  body += "          }\n";
+  body += "          s[c] = x;\n";
+  body += f64 ? "          tmax = fmax(tmax, x);\n" : "          tmax = fmaxf(tmax, x);\n";
+  body += "        }\n";
+  const char* fmx = f64 ? "fmax" : "fmaxf";
+  const char* ex = f64 ? "exp" : "expf";
+  body += fmt::format("        for (int w = 16; w > 0; w >>= 1) tmax = {}(tmax, __shfl_xor_sync(0xffffffffu, tmax, w));\n", fmx);
+  body += fmt::format("        const {0} mn = {1}(m[r], tmax);\n", A, fmx);
+  body += fmt::format("        const {0} mu = mn == {1} ? ({0})0 : mn;\n", A, neg_inf);
+  body += fmt::format("        const {0} alpha = {1}(m[r] - mu);\n", A, ex);
+  body += fmt::format("        {} psum = 0;\n", A);
+  body += fmt::format("        for (int c = 0; c < {}; ++c) {{ const {} p = {}(s[c] - mu); ps[warp][lane + 32 * c] = p; psum += p; }}\n",
+                      bc / 32, A, ex);
+  body += "        for (int w = 16; w > 0; w >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, w);\n";
+  body += "        l[r] = l[r] * alpha + psum;\n        m[r] = mn;\n";
+  body += "        __syncwarp();\n";
+  body += fmt::format("        for (int c = 0; c < {}; ++c) {{\n", nv);
+  body += "          const int d = lane + 32 * c;\n";
+  body += fmt::format("          {} a = acc[r][c] * alpha;\n", A);
+  body += fmt::format("          if (d < {}) for (int jj = 0; jj < bcn; ++jj) a += ps[warp][jj] * {};\n", EV, VS);
+  body += "          acc[r][c] = a;\n        }\n";
+  body += "        __syncwarp();\n";
+  body += "      }\n    }\n";
+  // Store: S = 0 is an empty sum (0); a row with every score -inf is NaN.
+  body += fmt::format("    for (int r = 0; r < {}; ++r) {{\n", rows);
+  body += fmt::format("      const long long i = i0 + warp * {} + r;\n", rows);
+  body += fmt::format("      if (i >= {}LL) continue;\n", L);
+  body += fmt::format("      for (int c = 0; c < {}; ++c) {{\n", nv);
+  body += "        const int d = lane + 32 * c;\n";
+  body += fmt::format("        if (d >= {}) continue;\n", EV);
+  std::string value = S == 0 ? fmt::format("({})0", A)
+                             : fmt::format("(m[r] == {} ? {} : acc[r][c] / l[r])", neg_inf, nan);
+  body += fmt::format("        o[bt * {}LL + i * {}LL + d] = {};\n", L * EV, EV, store_acc(dt, value));
+  body += "      }\n    }\n";
+  if (staged) body += "    __syncthreads();\n";
+  body += "  }\n";
+  k.describe = fmt::format(
+      "scaled_dot_product_attention flash kernel ({}, batch {} x [{}x{}] keys {} values {}{}{}; "
+      "{} query rows per block, key tiles of {}{}, score matrix never stored)",
+      dtype_name(dt), nbatch, L, E, S, EV, causal ? ", causal" : "",
+      has_mask ? fmt::format(", {} mask", dtype_name(mdt)) : "", qt, bc,
+      staged ? " in shared memory" : " read from global memory");
+}
+
 }  // namespace
 
 std::string gemm_needs_direct_kernel(const Graph& g, const Node& n) {
@@ -831,6 +1049,9 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       break;
     case OpId::Conv2d: case OpId::ConvTranspose2d:
       plan_conv_kernel(g, n, max_blocks, k, params, body);
+      break;
+    case OpId::ScaledDotProductAttention:
+      plan_attention_kernel(g, n, max_blocks, k, params, body);
       break;
     default:
       fail_kind(ErrorKind::NotSupported, "op '{}' has no CUDA direct kernel", op_def(n.op).name);

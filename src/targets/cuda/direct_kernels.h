@@ -34,7 +34,8 @@ struct DirectKernel {
 // with at most `max_blocks` blocks. Every input is read as a contiguous row-major tensor (the
 // compiler copies views first). Throws NotSupported (or InvalidArgument) naming the reason when
 // the op, dtype or shape has none. Covers: max/avg pooling, adaptive_avg_pool2d, concat, split,
-// embedding, index_select, gather, scatter_add, pad, upsample, grid_sample, argmax/argmin, and
+// embedding, index_select, gather, scatter_add, pad, upsample, grid_sample, argmax/argmin,
+// scaled_dot_product_attention (a flash-style kernel: Note [CUDA flash attention]), and
 // direct GEMM (matmul, linear) and convolution (conv2d, conv_transpose2d) kernels for the
 // dtypes and shapes the libraries do not take.
 DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks);

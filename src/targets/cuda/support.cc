@@ -18,6 +18,7 @@ constexpr OpSupport kIndex{false, true, false, "direct CUDA kernel, sizes as lit
 constexpr OpSupport kScatter{false, true, false, "direct CUDA kernel, each output gathers its contributions in index order (deterministic, no atomics)"};
 constexpr OpSupport kResample{false, true, false, "direct CUDA kernel, the reference's coordinate tables as literals"};
 constexpr OpSupport kArg{false, true, false, "direct CUDA kernel, one thread per output (first index on ties, NaN wins)"};
+constexpr OpSupport kAttention{false, true, false, "flash-style direct CUDA kernel (online softmax in f32, the score matrix never stored; any mask, causal, broadcast batch dims)"};
 constexpr OpSupport kView{false, false, false, "a view: folded into the indexing of its readers"};
 constexpr OpSupport kDecomposed{false, false, false, "decomposed by the compiler pipeline into ops this target runs"};
 
@@ -96,7 +97,7 @@ constexpr compiler::OpSupportTable kCuda = compiler::make_support_table({
     {OpId::IndexSelect, kGather},
     {OpId::Embedding, kGather},
     {OpId::ScatterAdd, kScatter},
-    {OpId::ScaledDotProductAttention, kDecomposed},
+    {OpId::ScaledDotProductAttention, kAttention},
     {OpId::Upsample, kResample},
     {OpId::GridSample, kResample},
     {OpId::FusedConv2d, kDecomposed},

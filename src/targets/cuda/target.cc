@@ -19,6 +19,9 @@
 //   kernels with every size a literal (Note [CUDA direct kernels] in direct_kernels.cc; an
 //   out-of-range index is reported through the status record and fails the call as the
 //   reference does), generated per graph into one NVRTC program of their own (--fmad=false).
+//   scaled_dot_product_attention: one flash-style direct kernel per node (Note [CUDA flash
+//   attention] in direct_kernels.cc): the score matrix is never stored, every mask form and
+//   dtype of the reference, a fully masked row NaN as the reference.
 // fused_conv2d and fused_linear are decomposed by the compiler pipeline on this target: the
 // convolution or GEMM runs in the library and the residual add and activation become generated
 // pointwise code (the GPU-speed issue fuses them back into epilogues). Everything pointwise,
@@ -453,8 +456,7 @@ class CudaTarget final : public compiler::Target {
   const compiler::OpSupportTable& support() const override { return cuda_support(); }
 
   std::vector<OpId> decompositions() const override {
-    return {OpId::BatchNorm, OpId::GroupNorm, OpId::ScaledDotProductAttention,
-            OpId::FusedConv2d, OpId::FusedLinear};
+    return {OpId::BatchNorm, OpId::GroupNorm, OpId::FusedConv2d, OpId::FusedLinear};
   }
 
   bool generates(const Graph& g, const Node& n) const override {
