@@ -46,6 +46,8 @@ static std::barrier<>* kn_bar = nullptr;
 #define __launch_bounds__(n)
 static inline void __syncthreads() { kn_bar->arrive_and_wait(); }
 static inline void __syncwarp() { kn_bar->arrive_and_wait(); }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+static inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
 // A warp shuffle over the block's 256 emulated threads: every thread calls it the same number
 // of times (the kernels keep shuffles out of divergent code), so two block barriers order it.
 template <typename T>

@@ -440,14 +440,14 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, Di
   const std::string scale_lit = f64 ? dlit(scale) : flit(float(scale));
   const std::string neg_inf = f64 ? "(-__longlong_as_double(0x7ff0000000000000LL))" : "(-INFINITY)";
   const std::string nan = f64 ? "__longlong_as_double(0x7ff8000000000000LL)" : "__int_as_float(0x7fc00000)";
-  // Rows per warp, key tile and staging: the largest that keep the static shared memory under
-  // 44 KiB and the per-lane accumulators small.
+  // Rows per warp, key tile and staging: the most rows and the largest tile that keep the static
+  // shared memory under 44 KiB and the per-lane scores and accumulators small.
   const int64_t nv = std::max<int64_t>((EV + 31) / 32, 1);
   const int64_t esz = f64 ? 8 : 4, E1 = std::max<int64_t>(E, 1), EV1 = std::max<int64_t>(EV, 1);
   int64_t rows = 1, bc = 32;
   bool staged = false;
   auto smem = [&](int64_t r, int64_t c) {
-    return esz * (c * (E1 + 1) + c * EV1 + kAttnWarps * r * E1 + kAttnWarps * c);
+    return esz * (c * (E1 + 1) + c * EV1 + kAttnWarps * r * E1 + kAttnWarps * r * c);
   };
   for (int64_t r : {4, 2, 1}) {
     if (r > 1 && (r * nv > 32 || kAttnWarps * r > 2 * std::max<int64_t>(L, 1))) continue;
@@ -459,6 +459,11 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, Di
       }
     if (staged) break;
   }
+  if (!staged) {  // K and V from global memory: rows as the accumulators allow
+    rows = nv <= 8 ? 4 : nv <= 16 ? 2 : 1;
+    while (rows > 1 && kAttnWarps * rows > 2 * std::max<int64_t>(L, 1)) rows /= 2;
+  }
+  const int64_t kc = bc / 32;            // keys per lane and tile
   const int64_t qt = kAttnWarps * rows;  // query rows per block
   const int64_t qtiles = (L + qt - 1) / qt;
   const int64_t tiles = nbatch * qtiles;
@@ -472,18 +477,21 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, Di
   }
   params += "char* o_";
   k.arg_outputs = {0};
+  const char* fma = f64 ? "__fma_rn" : "__fmaf_rn";  // explicit: the program has --fmad=false
+  const char* fmx = f64 ? "fmax" : "fmaxf";
+  const char* ex = f64 ? "exp" : "expf";
   body += fmt::format("  const {0}* q = (const {0}*)q_; const {0}* kk = (const {0}*)k_; "
                       "const {0}* v = (const {0}*)v_; {0}* o = ({0}*)o_;\n", T);
   if (has_mask) body += fmt::format("  const {0}* mk = (const {0}*)m_;\n", cuda_storage(mdt));
   body += "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n";
-  if (staged) {
+  if (staged)
     body += fmt::format("  __shared__ {0} ks[{1}][{2}];\n  __shared__ {0} vs[{1}][{3}];\n"
                         "  __shared__ {0} qs[{4}][{5}];\n",
                         A, bc, E1 + 1, EV1, qt, E1);
-  }
-  body += fmt::format("  __shared__ {0} ps[{1}][{2}];\n", A, kAttnWarps, bc);
+  body += fmt::format("  __shared__ {0} ps[{1}][{2}][{3}];\n", A, kAttnWarps, rows, bc);
   body += fmt::format("  for (long long t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", tiles);
-  body += fmt::format("    const long long bt = t / {0}LL, i0 = (t % {0}LL) * {1}LL;\n", qtiles, qt);
+  body += fmt::format("    const long long bt = t / {0}LL, i0 = (t % {0}LL) * {1}LL + warp * {2};\n",
+                      qtiles, qt, rows);
   body += "    long long qoff = 0, koff = 0, voff = 0, moff = 0;\n";
   if (!batch.empty()) {
     body += coords(batch, "bt", "cb");
@@ -494,22 +502,21 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, Di
       if (has_mask && ma.batch_stride[i]) body += fmt::format("    moff += cb{} * {}LL;\n", i, ma.batch_stride[i]);
     }
   }
-  body += "    (void)koff; (void)voff; (void)moff;\n";
-  // Operand access: staged tiles or global memory.
-  std::string QS = staged ? fmt::format("qs[warp * {} + r][e]", rows)
-                          : load(dt, fmt::format("q[qoff + i * {}LL + e]", E));
-  std::string KS = staged ? "ks[jj][e]" : load(dt, fmt::format("kk[koff + (j0 + jj) * {}LL + e]", E));
-  std::string VS = staged ? "vs[jj][d]" : load(dt, fmt::format("v[voff + (j0 + jj) * {}LL + d]", EV));
+  body += "    (void)moff;\n";
+  // i0: this warp's first row; its rows are i0 .. i0 + rows - 1.
+  std::string qload = load(dt, fmt::format("q[qoff + (i0 + r) * {}LL + e]", E));
+  std::string kload = load(dt, fmt::format("kk[koff + (j0 + jj) * {}LL + e]", E));
+  std::string vload = load(dt, fmt::format("v[voff + (j0 + jj) * {}LL + d]", EV));
   if (staged) {
-    body += fmt::format("    for (int x = threadIdx.x; x < {}; x += 256) {{\n", qt * E);
-    body += fmt::format("      const int r = x / {0}, e = x % {0}; const long long i = i0 + r;\n", E1);
-    body += fmt::format("      qs[r][e] = i < {}LL ? {} : ({})0;\n    }}\n", L,
-                        load(dt, fmt::format("q[qoff + i * {}LL + e]", E)), A);
+    body += "    __syncthreads();\n";
+    body += fmt::format("    for (int x = lane; x < {} * {}; x += 32) {{\n", rows, E);
+    body += fmt::format("      const int r = x / {0}, e = x % {0};\n", E1);
+    body += fmt::format("      qs[warp * {} + r][e] = i0 + r < {}LL ? {} : ({})0;\n    }}\n", rows, L, qload, A);
   }
   body += fmt::format("    {0} m[{1}], l[{1}], acc[{1}][{2}];\n", A, rows, nv);
   body += fmt::format("    for (int r = 0; r < {}; ++r) {{ m[r] = {}; l[r] = 0; for (int c = 0; c < {}; ++c) acc[r][c] = 0; }}\n",
                       rows, neg_inf, nv);
-  std::string send = causal ? fmt::format("(i0 + {0}LL < {1}LL ? i0 + {0}LL : {1}LL)", qt, S)
+  std::string send = causal ? fmt::format("(i0 - warp * {0} + {1}LL < {2}LL ? i0 - warp * {0} + {1}LL : {2}LL)", rows, qt, S)
                             : fmt::format("{}LL", S);
   body += fmt::format("    const long long send = {};\n", send);
   body += fmt::format("    for (long long j0 = 0; j0 < send; j0 += {}) {{\n", bc);
@@ -518,54 +525,72 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, Di
     body += "      __syncthreads();\n";
     body += fmt::format("      for (int x = threadIdx.x; x < {} * bcn; x += 256) {{\n", E);
     body += fmt::format("        const int jj = x / {0}, e = x % {0};\n", E1);
-    body += fmt::format("        ks[jj][e] = {};\n      }}\n", load(dt, fmt::format("kk[koff + (j0 + jj) * {}LL + e]", E)));
+    body += fmt::format("        ks[jj][e] = {};\n      }}\n", kload);
     body += fmt::format("      for (int x = threadIdx.x; x < {} * bcn; x += 256) {{\n", EV);
     body += fmt::format("        const int jj = x / {0}, d = x % {0};\n", EV1);
-    body += fmt::format("        vs[jj][d] = {};\n      }}\n", load(dt, fmt::format("v[voff + (j0 + jj) * {}LL + d]", EV)));
+    body += fmt::format("        vs[jj][d] = {};\n      }}\n", vload);
     body += "      __syncthreads();\n";
   }
+  // Scores of this warp's rows x the lane's keys lane + 32 c: register tiles, one K value per
+  // key and one (broadcast) Q value per row per feature.
+  body += fmt::format("      {} s[{}][{}];\n", A, rows, kc);
+  body += fmt::format("      for (int r = 0; r < {}; ++r) for (int c = 0; c < {}; ++c) s[r][c] = 0;\n", rows, kc);
+  body += fmt::format("      for (int e = 0; e < {}; ++e) {{\n", E);
+  body += fmt::format("        {} kv[{}];\n", A, kc);
+  if (staged) {
+    body += fmt::format("        for (int c = 0; c < {}; ++c) kv[c] = ks[lane + 32 * c][e];\n", kc);
+  } else {
+    body += fmt::format("        for (int c = 0; c < {}; ++c) {{ const int jj = lane + 32 * c; kv[c] = jj < bcn ? {} : ({})0; }}\n",
+                        kc, kload, A);
+  }
+  body += fmt::format("        for (int r = 0; r < {}; ++r) {{\n", rows);
+  body += fmt::format("          const {} qv = {};\n", A,
+                      staged ? fmt::format("qs[warp * {} + r][e]", rows)
+                             : fmt::format("i0 + r < {}LL ? {} : ({})0", L, qload, A));
+  body += fmt::format("          for (int c = 0; c < {}; ++c) s[r][c] = {}(qv, kv[c], s[r][c]);\n        }}\n      }}\n", kc, fma);
+  // Scale, mask, then the online softmax per row.
   body += fmt::format("      for (int r = 0; r < {}; ++r) {{\n", rows);
-  body += fmt::format("        const long long i = i0 + warp * {} + r;\n", rows);
-  body += fmt::format("        {} s[{}];\n", A, bc / 32);
+  body += "        const long long i = i0 + r;\n";
   body += fmt::format("        {} tmax = {};\n", A, neg_inf);
-  body += fmt::format("        for (int c = 0; c < {}; ++c) {{\n", bc / 32);
+  body += fmt::format("        for (int c = 0; c < {}; ++c) {{\n", kc);
   body += "          const int jj = lane + 32 * c; const long long j = j0 + jj;\n";
-  body += fmt::format("          {} x = {};\n", A, neg_inf);
   std::string valid = fmt::format("jj < bcn && i < {}LL", L);
   if (causal) valid += " && j <= i";
-  if (has_mask && mdt == DType::Bool) valid += " && mk[moff + i * " + std::to_string(msi) + "LL + j * " + std::to_string(msj) + "LL] != 0";
+  if (has_mask && mdt == DType::Bool)
+    valid += fmt::format(" && mk[moff + i * {}LL + j * {}LL] != 0", msi, msj);
+  body += fmt::format("          {} x = {};\n", A, neg_inf);
   body += fmt::format("          if ({}) {{\n", valid);
-  body += fmt::format("            {} dot = 0;\n", A);
-  body += fmt::format("            for (int e = 0; e < {}; ++e) dot += {} * {};\n", E, QS, KS);
-  body += fmt::format("            x = dot * {};\n", scale_lit);
+  body += fmt::format("            x = s[r][c] * {};\n", scale_lit);
   if (has_mask && mdt != DType::Bool)
     body += fmt::format("            x += {};\n", load(mdt, fmt::format("mk[moff + i * {}LL + j * {}LL]", msi, msj)));
   body += "          }\n";
-  body += "          s[c] = x;\n";
-  body += f64 ? "          tmax = fmax(tmax, x);\n" : "          tmax = fmaxf(tmax, x);\n";
-  body += "        }\n";
-  const char* fmx = f64 ? "fmax" : "fmaxf";
-  const char* ex = f64 ? "exp" : "expf";
+  body += fmt::format("          s[r][c] = x;\n          tmax = {}(tmax, x);\n        }}\n", fmx);
   body += fmt::format("        for (int w = 16; w > 0; w >>= 1) tmax = {}(tmax, __shfl_xor_sync(0xffffffffu, tmax, w));\n", fmx);
   body += fmt::format("        const {0} mn = {1}(m[r], tmax);\n", A, fmx);
   body += fmt::format("        const {0} mu = mn == {1} ? ({0})0 : mn;\n", A, neg_inf);
   body += fmt::format("        const {0} alpha = {1}(m[r] - mu);\n", A, ex);
   body += fmt::format("        {} psum = 0;\n", A);
-  body += fmt::format("        for (int c = 0; c < {}; ++c) {{ const {} p = {}(s[c] - mu); ps[warp][lane + 32 * c] = p; psum += p; }}\n",
-                      bc / 32, A, ex);
+  body += fmt::format("        for (int c = 0; c < {}; ++c) {{ const {} p = {}(s[r][c] - mu); ps[warp][r][lane + 32 * c] = p; psum += p; }}\n",
+                      kc, A, ex);
   body += "        for (int w = 16; w > 0; w >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, w);\n";
   body += "        l[r] = l[r] * alpha + psum;\n        m[r] = mn;\n";
-  body += "        __syncwarp();\n";
+  body += fmt::format("        for (int c = 0; c < {}; ++c) acc[r][c] *= alpha;\n      }}\n", nv);
+  body += "      __syncwarp();\n";
+  // acc += P V: one (broadcast) P value per row and one V value per feature per key.
+  body += "      for (int jj = 0; jj < bcn; ++jj) {\n";
+  body += fmt::format("        {} pv[{}];\n", A, rows);
+  body += fmt::format("        for (int r = 0; r < {}; ++r) pv[r] = ps[warp][r][jj];\n", rows);
   body += fmt::format("        for (int c = 0; c < {}; ++c) {{\n", nv);
   body += "          const int d = lane + 32 * c;\n";
-  body += fmt::format("          {} a = acc[r][c] * alpha;\n", A);
-  body += fmt::format("          if (d < {}) for (int jj = 0; jj < bcn; ++jj) a += ps[warp][jj] * {};\n", EV, VS);
-  body += "          acc[r][c] = a;\n        }\n";
-  body += "        __syncwarp();\n";
-  body += "      }\n    }\n";
+  body += fmt::format("          if (d < {}) {{\n", EV);
+  body += fmt::format("            const {} vv = {};\n", A, staged ? "vs[jj][d]" : vload);
+  body += fmt::format("            for (int r = 0; r < {}; ++r) acc[r][c] = {}(pv[r], vv, acc[r][c]);\n", rows, fma);
+  body += "          }\n        }\n      }\n";
+  body += "      __syncwarp();\n";
+  body += "    }\n";
   // Store: S = 0 is an empty sum (0); a row with every score -inf is NaN.
   body += fmt::format("    for (int r = 0; r < {}; ++r) {{\n", rows);
-  body += fmt::format("      const long long i = i0 + warp * {} + r;\n", rows);
+  body += "      const long long i = i0 + r;\n";
   body += fmt::format("      if (i >= {}LL) continue;\n", L);
   body += fmt::format("      for (int c = 0; c < {}; ++c) {{\n", nv);
   body += "        const int d = lane + 32 * c;\n";
@@ -574,7 +599,6 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, Di
                              : fmt::format("(m[r] == {} ? {} : acc[r][c] / l[r])", neg_inf, nan);
   body += fmt::format("        o[bt * {}LL + i * {}LL + d] = {};\n", L * EV, EV, store_acc(dt, value));
   body += "      }\n    }\n";
-  if (staged) body += "    __syncthreads();\n";
   body += "  }\n";
   k.describe = fmt::format(
       "scaled_dot_product_attention flash kernel ({}, batch {} x [{}x{}] keys {} values {}{}{}; "
