@@ -22,6 +22,7 @@
 #include "nn/compile.h"
 #include "nn/models/zoo.h"
 #include "ops/api.h"
+#include "ops/op.h"
 
 using namespace kiln;
 
@@ -257,6 +258,92 @@ TEST(CudaDeviceStatus, OutOfRangeIndicesFailLikeTheCpu) {
       std::string msg = error_of_run(*exe, {tx, bad}, &kind);
       EXPECT_EQ(kind, cpu_kind) << msg << "\ncpu eager: " << cpu_msg;
       EXPECT_NE(msg.find(expected), std::string::npos) << msg;
+    }
+  }
+}
+
+// scaled_dot_product_attention compiled for CUDA runs as one flash-style kernel (Note [CUDA flash
+// attention]) at the sizes models use — ViT's 197 tokens, BERT's padding mask, causal 300, head
+// sizes 128 and 256 (the latter reads K and V from global memory), broadcast batch dims in float64
+// — against the float64 reference on fresh random inputs, per dtype's tolerance (the op harness's,
+// times the op's tolerance scale); rows whose every key is masked are NaN exactly where the
+// reference's are; the CUDA-graph replay is bitwise equal to the plain run; no score matrix (no
+// softmax or matmul kernel) appears in the compiled graph.
+TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
+  struct Case {
+    std::string name;
+    Dims q, k, v;
+    DType dt;
+    int mask = 0;  // 0 none, 1 BERT-style float padding mask [B,1,1,S], 2 bool mask with dead rows
+    bool causal = false;
+  };
+  std::vector<Case> cases;
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
+    cases.push_back({"vit", {1, 12, 197, 64}, {1, 12, 197, 64}, {1, 12, 197, 64}, dt});
+  for (DType dt : {DType::Float32, DType::BFloat16})
+    cases.push_back({"bert_padding", {2, 12, 128, 64}, {2, 12, 128, 64}, {2, 12, 128, 64}, dt, 1});
+  for (DType dt : {DType::Float32, DType::Float16})
+    cases.push_back({"causal", {1, 4, 300, 64}, {1, 4, 300, 64}, {1, 4, 300, 64}, dt, 0, true});
+  cases.push_back({"dead_rows", {2, 2, 5, 16}, {2, 2, 70, 16}, {2, 2, 70, 8}, DType::Float32, 2});
+  cases.push_back({"head128", {1, 2, 100, 128}, {1, 2, 90, 128}, {1, 2, 90, 128}, DType::Float32});
+  cases.push_back({"head256_global", {1, 2, 50, 256}, {1, 2, 77, 256}, {1, 2, 77, 256}, DType::Float32});
+  cases.push_back({"broadcast_f64", {2, 3, 40, 32}, {3, 60, 32}, {1, 60, 16}, DType::Float64});
+  const OpDef& op = op_def(OpId::ScaledDotProductAttention);
+  Generator gen(2026);
+  for (const Case& c : cases) {
+    const std::string label = c.name + " " + dtype_name(c.dt);
+    TensorList in = {Tensor::randn(c.q, gen).to(c.dt), Tensor::randn(c.k, gen).to(c.dt),
+                     Tensor::randn(c.v, gen).to(c.dt)};
+    const int64_t S = c.k[c.k.size() - 2], L = c.q[c.q.size() - 2];
+    if (c.mask == 1) {  // batch 1 pads its last 40 keys
+      Tensor m = Tensor::empty(Dims{c.q[0], 1, 1, S}, DType::Float32);
+      for (int64_t b = 0; b < c.q[0]; ++b)
+        for (int64_t j = 0; j < S; ++j)
+          m.data<float>()[b * S + j] = b == 1 && j >= S - 40 ? -INFINITY : 0.0f;
+      in.push_back(m.to(c.dt));
+    } else if (c.mask == 2) {  // [B, 1, L, S]: row 3 of batch 0 attends nothing
+      Tensor m = Tensor::empty(Dims{c.q[0], 1, L, S}, DType::Bool);
+      for (int64_t x = 0; x < m.numel(); ++x) m.data<bool>()[x] = gen.uniform() < 0.5;
+      for (int64_t b = 0; b < c.q[0]; ++b)
+        for (int64_t i = 0; i < L; ++i) m.data<bool>()[(b * L + i) * S + (i * 7) % S] = true;
+      for (int64_t j = 0; j < S; ++j) m.data<bool>()[3 * S + j] = false;
+      in.push_back(m);
+    }
+    Graph g;
+    std::vector<ValueId> ids;
+    for (size_t i = 0; i < in.size(); ++i) ids.push_back(g.add_input(fmt::format("in{}", i), in[i].type()));
+    g.outputs = g.add_node(OpId::ScaledDotProductAttention, ids, {{"is_causal", c.causal}}, "attn");
+    // The float64 reference on the same (rounded) inputs.
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(is_floating(t.dtype()) ? t.to(DType::Float64).contiguous() : t);
+    std::vector<TensorType> types = {g.type(g.outputs[0])};
+    types[0].dtype = DType::Float64;
+    Dims out_dims;
+    for (size_t d = 0; d < types[0].shape.size(); ++d) out_dims.push_back(types[0].shape[d].value());
+    TensorList want = {Tensor::empty(out_dims, DType::Float64)};
+    KernelContext ctx{op, std::span<const Tensor>(in64), std::span<Tensor>(want), g.nodes[0].attrs,
+                      std::span<const TensorType>(types)};
+    op.reference(ctx);
+    Tensor first;
+    for (const char* mode : {"default", "reduce-overhead"}) {
+      compiler::Options o;
+      o.mode = mode;
+      auto exe = compiler::compile(g, Device::cuda(0), o);
+      const std::string summary = exe->summary();
+      EXPECT_EQ(exe->report().eager_launches, 0) << label << "\n" << summary;
+      EXPECT_NE(summary.find("flash kernel"), std::string::npos) << label << "\n" << summary;
+      EXPECT_EQ(summary.find("softmax"), std::string::npos) << label << "\n" << summary;
+      Tensor got = exe->run(in)[0].to(Device::cpu());
+      EXPECT_TRUE(test::close(got.to(DType::Float64), want[0],
+                              test::Tolerance::for_dtype(c.dt).scaled(op.tolerance_scale)))
+          << label << " " << mode;
+      if (c.mask == 2) {
+        const Tensor f = got.to(DType::Float32).contiguous();
+        const int64_t ev = c.v.back();
+        for (int64_t e = 0; e < ev; ++e) EXPECT_TRUE(std::isnan(f.data<float>()[3 * ev + e])) << label << " dead row";
+      }
+      if (!first.defined()) first = got;
+      else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
     }
   }
 }
