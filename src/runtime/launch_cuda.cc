@@ -21,6 +21,9 @@
 //           "workspace_bytes", "bias_kernel": cuda_kernel params | null}: a cuDNN graph plan;
 //           the engine by cuDNN's tag (engine id and knobs), found among the plan's candidates
 //           or refused as above; null: the first candidate whose workspace fits.
+//   cudnn_sdpa {"desc": SdpaDesc, "engine": tag, "q", "k", "v", "o", "workspace",
+//           "workspace_bytes"}: cuDNN's fused attention (no mask: none or causal), the engine
+//           found by its tag among the plan's candidates or refused as above.
 // Buffers are checked against their slots' sizes (LaunchEnv::slot_bytes) from the descriptors,
 // so an edited manifest cannot point a library call outside its memory.
 #include <cstring>
@@ -32,6 +35,7 @@
 #include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_driver.h"
 #include "kernels/cuda/cudnn_conv.h"
+#include "kernels/cuda/cudnn_sdpa.h"
 #include "runtime/launch_library.h"
 #include "runtime/launch_records.h"
 
@@ -267,6 +271,52 @@ cuda::ConvDesc conv_desc_from(const json& j) {
   return d;
 }
 
+// ---- cuDNN fused attention ----------------------------------------------------------------------
+struct SdpaState {
+  std::shared_ptr<const cuda::SdpaPlan> plan;
+  CudnnSdpaBuffers buf;
+};
+
+void run_sdpa(void* s, const Executable::RunContext& c) {
+  const auto* v = static_cast<const SdpaState*>(s);
+  cuda::SdpaArgs a;
+  a.q = ptr(c.slots, v->buf.q);
+  a.k = ptr(c.slots, v->buf.k);
+  a.v = ptr(c.slots, v->buf.v);
+  a.o = ptr(c.slots, v->buf.o);
+  a.workspace = v->buf.workspace_bytes ? ptr(c.slots, v->buf.workspace) : nullptr;
+  a.workspace_bytes = size_t(v->buf.workspace_bytes);
+  a.stream = c.stream;
+  v->plan->run(a);
+}
+
+json sdpa_desc_json(const cuda::SdpaDesc& d) {
+  return {{"dtype", dtype_name(d.dtype)}, {"batch", d.batch}, {"heads", d.heads},
+          {"seq_q", d.seq_q}, {"seq_kv", d.seq_kv}, {"head_dim", d.head_dim},
+          {"head_dim_v", d.head_dim_v ? d.head_dim_v : d.head_dim}, {"scale", d.scale},
+          {"causal", d.causal}, {"alignment_bytes", d.alignment_bytes}};
+}
+
+cuda::SdpaDesc sdpa_desc_from(const json& j) {
+  cuda::SdpaDesc d;
+  d.dtype = records::dtype_from(j.at("dtype"), "desc");
+  d.batch = j.at("batch").get<int64_t>();
+  d.heads = j.at("heads").get<int64_t>();
+  d.seq_q = j.at("seq_q").get<int64_t>();
+  d.seq_kv = j.at("seq_kv").get<int64_t>();
+  d.head_dim = j.at("head_dim").get<int64_t>();
+  d.head_dim_v = j.at("head_dim_v").get<int64_t>();
+  for (int64_t v : {d.batch, d.heads, d.seq_q, d.seq_kv, d.head_dim, d.head_dim_v})
+    if (v < 1 || v > (int64_t(1) << 24)) throw std::out_of_range("attention sizes out of range");
+  d.scale = j.at("scale").get<double>();
+  if (!(d.scale > 0 && d.scale < 1e6)) throw std::out_of_range("attention scale out of range");
+  d.causal = j.at("causal").get<bool>();
+  d.alignment_bytes = j.at("alignment_bytes").get<int>();
+  if (d.alignment_bytes < 1 || d.alignment_bytes > 256)
+    throw std::out_of_range("attention alignment out of range");
+  return d;
+}
+
 // ---- rebuilding ---------------------------------------------------------------------------------
 void workspace_from(const json& p, MemRef* ref, int64_t* bytes) {
   *ref = ref_from(p.at("workspace"));
@@ -429,10 +479,53 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
   return make_cudnn_conv_launch(d, std::move(plan), b, &k, std::move(spec));
 }
 
+Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
+                                      const std::string& where) {
+  json p = json::parse(r.params);
+  cuda::SdpaDesc d = sdpa_desc_from(p.at("desc"));
+  CudnnSdpaBuffers b;
+  b.q = ref_from(p.at("q"));
+  b.k = ref_from(p.at("k"));
+  b.v = ref_from(p.at("v"));
+  b.o = ref_from(p.at("o"));
+  workspace_from(p, &b.workspace, &b.workspace_bytes);
+  const int64_t es = dtype_size(d.dtype), bh = d.batch * d.heads;
+  check_buffer(env, b.q, bh * d.seq_q * d.head_dim * es, where, "q");
+  check_buffer(env, b.k, bh * d.seq_kv * d.head_dim * es, where, "k");
+  check_buffer(env, b.v, bh * d.seq_kv * d.head_dim_v * es, where, "v");
+  check_buffer(env, b.o, bh * d.seq_q * d.head_dim_v * es, where, "o");
+  if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
+  std::string why;
+  std::unique_ptr<cuda::SdpaPlan> plan = cuda::SdpaPlan::try_create(d, &why);
+  if (!plan)
+    fail_kind(ErrorKind::NotSupported, "{}: cuDNN on this machine has no fused attention engine "
+              "for {} ({}); rebuild the package here with `kiln compile ... --device cuda`",
+              where, cuda::describe(d), why);
+  const std::string tag = p.at("engine").get<std::string>();
+  bool found = false;
+  for (const cuda::SdpaEngine& e : plan->candidates())
+    if (e.tag == tag) {
+      plan->select(e.index);
+      found = true;
+      break;
+    }
+  if (!found)
+    fail_kind(ErrorKind::Runtime,
+              "{}: cuDNN on this machine does not offer the attention engine the package was "
+              "built with for {} ({}: another cuDNN version or GPU), so it would not compute the "
+              "same results; rebuild the package here with `kiln compile ... --device cuda`",
+              where, cuda::describe(d), tag);
+  if (int64_t(plan->workspace_bytes()) > b.workspace_bytes)
+    fail_kind(ErrorKind::ParseError, "{}: engine {} needs {} bytes of workspace, the package "
+              "reserves {}", where, tag, plan->workspace_bytes(), b.workspace_bytes);
+  return make_cudnn_sdpa_launch(std::move(plan), b);
+}
+
 const bool g_registered = [] {
   register_launch_kind("cuda_kernel", rebuild_cuda_kernel);
   register_launch_kind("cublaslt", rebuild_cublaslt);
   register_launch_kind("cudnn_conv", rebuild_cudnn_conv);
+  register_launch_kind("cudnn_sdpa", rebuild_cudnn_sdpa);
   return true;
 }();
 
@@ -507,6 +600,29 @@ Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
               {"workspace_bytes", b.workspace_bytes},
               {"bias_kernel", state->has_bias_kernel ? kernel_json(state->bias.spec) : json(nullptr)}};
     return LaunchRecord{"cudnn_conv", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
+Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> plan,
+                                          CudnnSdpaBuffers buffers) {
+  if (!plan) fail_kind(ErrorKind::Internal, "cuda: a cuDNN attention launch needs its plan");
+  auto state = std::make_shared<SdpaState>();
+  state->plan = std::move(plan);
+  state->buf = buffers;
+  Executable::Launch l;
+  l.fn = run_sdpa;
+  l.state = state.get();
+  l.kind = "cudnn";
+  l.record = [state] {
+    const CudnnSdpaBuffers& b = state->buf;
+    json p = {{"desc", sdpa_desc_json(state->plan->desc())},
+              {"engine", state->plan->engine().tag},
+              {"q", ref_json(b.q)}, {"k", ref_json(b.k)}, {"v", ref_json(b.v)},
+              {"o", ref_json(b.o)}, {"workspace", ref_json(b.workspace)},
+              {"workspace_bytes", b.workspace_bytes}};
+    return LaunchRecord{"cudnn_sdpa", p.dump()};
   };
   l.owner = std::move(state);
   return l;

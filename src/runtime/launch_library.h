@@ -21,8 +21,10 @@ class CudaKernel;
 class CudaModule;
 class GemmPlan;
 class ConvPlan;
+class SdpaPlan;
 struct GemmDesc;
 struct ConvDesc;
+struct SdpaDesc;
 }  // namespace kiln::cuda
 
 namespace kiln {
@@ -115,6 +117,16 @@ Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
                                           CudnnConvBuffers buffers,
                                           const cuda::CudaKernel* bias_kernel,
                                           CudaKernelSpec bias_spec);
+
+// cuDNN's fused attention (flash attention graph plan with its selected engine), o = softmax(q k^T
+// scale [+ causal]) v over contiguous [B, H, S, D] buffers. Always made with a plan (cross-builds
+// run attention as a direct kernel instead); the record pins the engine by its tag.
+struct CudnnSdpaBuffers {
+  MemRef q, k, v, o, workspace;
+  int64_t workspace_bytes = 0;
+};
+Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> plan,
+                                          CudnnSdpaBuffers buffers);
 
 // What rebuilding a launch needs from the package being loaded.
 struct LaunchEnv {

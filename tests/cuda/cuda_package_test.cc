@@ -141,7 +141,8 @@ INSTANTIATE_TEST_SUITE_P(
                     ZooCase{"resnet50", "reduce-overhead"}, ZooCase{"vit_b_16", "default"},
                     ZooCase{"bert_base", "reduce-overhead"},
                     ZooCase{"resnet18", "default", DType::BFloat16},
-                    ZooCase{"bert_base", "default", DType::BFloat16}),
+                    ZooCase{"bert_base", "default", DType::BFloat16},
+                    ZooCase{"vit_b_16", "reduce-overhead", DType::BFloat16}),
     [](const testing::TestParamInfo<ZooCase>& i) {
       std::string n = i.param.model + "_" + (i.param.mode == "default" ? "default" : "graph");
       if (i.param.precision != DType::Float32) n += std::string("_") + dtype_name(i.param.precision);
@@ -266,6 +267,39 @@ TEST(CudaPackage, EditedManifestsAreRefusedByTheLoadersChecks) {
       if (l["kind"] == "cuda_kernel") l["params"]["module"] = "elsewhere";
   }));
   EXPECT_NE(err.find("no module 'elsewhere'"), std::string::npos) << err;
+}
+
+// cuDNN's fused attention in a package (vit_b_16 in bfloat16: Note [CUDA attention]): the record
+// pins the engine; an engine this machine does not offer is refused, as are buffers outside the
+// arena.
+TEST(CudaPackage, CudnnAttentionEngineIsPinnedAndAnUnknownOneRefused) {
+  test::TempDir dir;
+  Packaged p = package_zoo("vit_b_16", dir.path, "default", DType::BFloat16);
+  ASSERT_EQ(load_error(test::read_bytes(p.path)), "");
+  uint32_t version = 0;
+  json m = json::parse(read_package_sections(p.path, &version)[0].bytes);
+  int sdpa = 0;
+  for (const json& l : m["launches"])
+    if (l["kind"] == "cudnn_sdpa") {
+      ++sdpa;
+      EXPECT_FALSE(l["params"]["engine"].get<std::string>().empty());
+    }
+  EXPECT_EQ(sdpa, 12) << "one fused attention per encoder layer";
+  bool edited_one = false;
+  std::string err = load_error(edited(p.path, [&](json& mm) {
+    for (json& l : mm["launches"])
+      if (l["kind"] == "cudnn_sdpa" && !edited_one) {
+        l["params"]["engine"] = "no-such-engine";
+        edited_one = true;
+      }
+  }));
+  ASSERT_TRUE(edited_one);
+  EXPECT_NE(err.find("does not offer the attention engine"), std::string::npos) << err;
+  err = load_error(edited(p.path, [](json& mm) {
+    for (json& l : mm["launches"])
+      if (l["kind"] == "cudnn_sdpa") l["params"]["o"][1] = int64_t(1) << 40;
+  }));
+  EXPECT_NE(err.find("lies outside"), std::string::npos) << err;
 }
 
 // ---- a cross-built package (Note [CUDA cross-builds]) on this GPU -----------------------------

@@ -18,7 +18,7 @@ constexpr OpSupport kIndex{false, true, false, "direct CUDA kernel, sizes as lit
 constexpr OpSupport kScatter{false, true, false, "direct CUDA kernel, each output gathers its contributions in index order (deterministic, no atomics)"};
 constexpr OpSupport kResample{false, true, false, "direct CUDA kernel, the reference's coordinate tables as literals"};
 constexpr OpSupport kArg{false, true, false, "direct CUDA kernel, one thread per output (first index on ties, NaN wins)"};
-constexpr OpSupport kAttention{false, true, false, "flash-style direct CUDA kernel (online softmax in f32, the score matrix never stored; any mask, causal, broadcast batch dims)"};
+constexpr OpSupport kAttention{false, true, false, "cuDNN fused flash attention (f16/bf16, no mask input); otherwise a flash-style direct CUDA kernel (online softmax in f32, any mask, broadcast batch dims); the score matrix is never stored"};
 constexpr OpSupport kView{false, false, false, "a view: folded into the indexing of its readers"};
 constexpr OpSupport kDecomposed{false, false, false, "decomposed by the compiler pipeline into ops this target runs"};
 

@@ -32,6 +32,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -46,6 +47,7 @@
 #include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_driver.h"
 #include "kernels/cuda/cudnn_conv.h"
+#include "kernels/cuda/cudnn_sdpa.h"
 #include "targets/cuda/direct_kernels.h"
 #include "targets/cuda/emitter.h"
 #include "targets/cuda/nvrtc.h"
@@ -140,7 +142,7 @@ BuildFor build_for(const Knobs& knobs) {
 // ---- library kernels --------------------------------------------------------------------------
 
 struct LibNode {
-  enum class Kind { None, Gemm, Conv, Direct } kind = Kind::None;
+  enum class Kind { None, Gemm, Conv, Sdpa, Direct } kind = Kind::None;
   std::string why_not;
   std::string describe;
   // Gemm
@@ -151,6 +153,8 @@ struct LibNode {
   std::shared_ptr<ConvPlan> conv;
   ConvDesc conv_desc;  // a cross-build's convolution: no plan, the descriptor only
   bool conv_bias_kernel = false;  // the bias is added by a direct kernel after the convolution
+  // Sdpa: cuDNN's fused attention
+  std::shared_ptr<SdpaPlan> sdpa;
   // Direct kernels (and the conv bias kernel): a kernel of the library program, with its
   // arguments as (input index | output index) lists.
   std::string kernel_name;
@@ -182,6 +186,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       }
       if (ln.gemm) scratch_ = std::max(scratch_, ln.gemm->workspace_bytes());
       if (ln.conv) scratch_ = std::max(scratch_, ln.conv->workspace_bytes());
+      if (ln.sdpa) scratch_ = std::max(scratch_, ln.sdpa->workspace_bytes());
       if (build_.cross && (ln.kind == LibNode::Kind::Gemm || ln.kind == LibNode::Kind::Conv))
         scratch_ = std::max(scratch_, size_t(kCrossWorkspaceBytes));
     }
@@ -248,6 +253,10 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
                                       ln.conv_bias_kernel ? &ln.kernel : nullptr,
                                       ln.conv_bias_kernel ? std::move(spec) : CudaKernelSpec{});
       }
+      case LibNode::Kind::Sdpa: {
+        CudnnSdpaBuffers b{at(inputs, 0), at(inputs, 1), at(inputs, 2), at(outputs, 0), scratch, ws};
+        return make_cudnn_sdpa_launch(ln.sdpa, b);
+      }
       case LibNode::Kind::Direct: return make_cuda_kernel_launch(ln.kernel, std::move(spec));
       case LibNode::Kind::None: break;
     }
@@ -264,6 +273,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   void plan_gemm(const Graph& g, const Node& n, LibNode& ln);
   void plan_conv(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
   void plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
+  std::string plan_sdpa(const Graph& g, const Node& n, LibNode& ln);
 
   std::vector<LibNode> nodes_;
   size_t scratch_ = 0;
@@ -294,8 +304,74 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
         fail_kind(ErrorKind::NotSupported, "global average pooling is generated code");
       plan_direct(g, n, index, ln, source);
       break;
+    case OpId::ScaledDotProductAttention: {
+      // cuDNN's fused attention where it takes the node, else the flash-style direct kernel.
+      std::string why = plan_sdpa(g, n, ln);
+      if (!why.empty()) {
+        plan_direct(g, n, index, ln, source);
+        ln.describe += " [not cuDNN: " + why + "]";
+      }
+      break;
+    }
     default: plan_direct(g, n, index, ln, source); break;
   }
+}
+
+// Note [CUDA attention]
+// scaled_dot_product_attention runs as cuDNN's fused flash attention where all of these hold,
+// else as the direct flash-style kernel (Note [CUDA flash attention] in direct_kernels.cc):
+//   - float16 or bfloat16 (cuDNN has no fused float32 engine);
+//   - no mask input (none, or is_causal): a fully masked row is NaN in Kiln's semantics, and
+//     cuDNN's kernels guard the row maximum (sdpa_fully_masked_row_is_nan), so a mask that may
+//     mask a whole row goes to the direct kernel, which follows the reference; a causal row
+//     always attends its first key;
+//   - q, k and v with the same batch dims (no broadcasting), read as [B, H, S, D] (the last
+//     batch dim is H, the others multiply into B);
+//   - compiled on the GPU (a cross-build has no cuDNN to ask: the direct kernel, which computes
+//     the same function on every GPU);
+//   - cuDNN offers an engine (head dims multiples of 8 and at most 256, sm_80 and later).
+// Returns "" when ln is planned as cuDNN attention, else why not.
+std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, LibNode& ln) {
+  if (build_.cross) return "a cross-build (no cuDNN to ask)";
+  DType dt = g.type(n.outputs[0]).dtype;
+  if (dt != DType::Float16 && dt != DType::BFloat16)
+    return fmt::format("{} (cuDNN fuses float16 and bfloat16)", dtype_name(dt));
+  if (n.inputs.size() > 3 && n.inputs[3] != kNoValue)
+    return "an explicit mask (a fully masked row must be NaN)";
+  Dims q = dims_of(g.type(n.inputs[0])), k = dims_of(g.type(n.inputs[1]));
+  Dims v = dims_of(g.type(n.inputs[2]));
+  if (q.size() != k.size() || q.size() != v.size() ||
+      !std::equal(q.begin(), q.end() - 2, k.begin()) || !std::equal(q.begin(), q.end() - 2, v.begin()))
+    return "batch dims that broadcast";
+  SdpaDesc d;
+  d.dtype = dt;
+  d.device = kDevice;
+  const size_t r = q.size();
+  d.heads = r >= 3 ? q[r - 3] : 1;
+  d.batch = 1;
+  for (size_t i = 0; i + 3 < r; ++i) d.batch *= q[i];
+  d.seq_q = q[r - 2];
+  d.head_dim = q[r - 1];
+  d.seq_kv = k[r - 2];
+  d.head_dim_v = v[r - 1];
+  if (d.batch * d.heads * d.seq_q * d.seq_kv * d.head_dim * d.head_dim_v == 0) return "an empty tensor";
+  d.scale = n.attrs.has("scale") ? n.attrs.get_float("scale") : 1.0 / std::sqrt(double(d.head_dim));
+  if (!(d.scale > 0)) return "a scale that is not positive";
+  d.causal = n.attrs.get_bool("is_causal");
+  std::string why;
+  std::unique_ptr<SdpaPlan> plan;
+  try {
+    plan = SdpaPlan::try_create(d, &why);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::NotSupported && e.kind() != ErrorKind::InvalidArgument) throw;
+    return e.message();
+  }
+  if (!plan) return why;
+  ln.sdpa = std::move(plan);
+  ln.kind = LibNode::Kind::Sdpa;
+  ln.describe = ::kiln::cuda::describe(d) + " cuDNN fused flash attention, engine " +
+                ln.sdpa->engine().tag;
+  return "";
 }
 
 void CudaLibraryKernels::plan_gemm(const Graph& g, const Node& n, LibNode& ln) {
