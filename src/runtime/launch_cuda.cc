@@ -522,10 +522,10 @@ Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
 }
 
 const bool g_registered = [] {
-  register_launch_kind("cuda_kernel", rebuild_cuda_kernel);
-  register_launch_kind("cublaslt", rebuild_cublaslt);
-  register_launch_kind("cudnn_conv", rebuild_cudnn_conv);
-  register_launch_kind("cudnn_sdpa", rebuild_cudnn_sdpa);
+  register_launch_kind("cuda_kernel", Device::cuda(), rebuild_cuda_kernel);
+  register_launch_kind("cublaslt", Device::cuda(), rebuild_cublaslt);
+  register_launch_kind("cudnn_conv", Device::cuda(), rebuild_cudnn_conv);
+  register_launch_kind("cudnn_sdpa", Device::cuda(), rebuild_cudnn_sdpa);
   return true;
 }();
 

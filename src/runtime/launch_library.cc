@@ -194,7 +194,11 @@ std::mutex& registry_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::string, LaunchRebuildFn>& registry();
+struct LaunchKind {
+  Device device;  // where the launch's buffers live: a package of the other device is refused
+  LaunchRebuildFn fn;
+};
+std::map<std::string, LaunchKind>& registry();
 
 Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
   json p = json::parse(r.params);
@@ -371,11 +375,11 @@ Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const s
   return make_concat_launch(std::move(parts), outer, out_chunk, out);
 }
 
-std::map<std::string, LaunchRebuildFn>& registry() {
-  static std::map<std::string, LaunchRebuildFn> r = {{"loop", rebuild_loop},
-                                                     {"onednn", rebuild_onednn},
-                                                     {"gather_rows", rebuild_gather_rows},
-                                                     {"concat", rebuild_concat}};
+std::map<std::string, LaunchKind>& registry() {
+  static std::map<std::string, LaunchKind> r = {{"loop", {Device::cpu(), rebuild_loop}},
+                                                {"onednn", {Device::cpu(), rebuild_onednn}},
+                                                {"gather_rows", {Device::cpu(), rebuild_gather_rows}},
+                                                {"concat", {Device::cpu(), rebuild_concat}}};
   return r;
 }
 
@@ -508,10 +512,14 @@ Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     auto it = registry().find(record.kind);
-    if (it == registry().end())
-      fail_kind(ErrorKind::ParseError, "{}: unknown launch kind '{}' (this runtime knows loop, "
-                "onednn, gather_rows, concat)", where, record.kind);
-    fn = it->second;
+    if (it == registry().end()) {
+      std::string known;
+      for (const auto& [kind, entry] : registry()) known += (known.empty() ? "" : ", ") + kind;
+      fail_kind(ErrorKind::ParseError, "{}: unknown launch kind '{}' (this runtime knows {}); "
+                "the package was written by a newer Kiln: load it with that runtime",
+                where, record.kind, known);
+    }
+    fn = it->second.fn;
   }
   try {
     return fn(record, env, where);
@@ -522,9 +530,16 @@ Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
   }
 }
 
-void register_launch_kind(const std::string& kind, LaunchRebuildFn fn) {
+void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[kind] = std::move(fn);
+  registry()[kind] = LaunchKind{device, std::move(fn)};
+}
+
+std::optional<Device> launch_kind_device(const std::string& kind) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(kind);
+  if (it == registry().end()) return std::nullopt;
+  return it->second.device;
 }
 
 }  // namespace kiln

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -147,7 +148,10 @@ using LaunchRebuildFn =
     std::function<Executable::Launch(const LaunchRecord&, LaunchEnv&, const std::string& where)>;
 Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
                                   const std::string& where);
-// Registers a launch kind (the runtime registers "loop" and "onednn" itself).
-void register_launch_kind(const std::string& kind, LaunchRebuildFn fn);
+// Registers a launch kind and the device whose memory its buffers are in (the runtime registers
+// the host kinds "loop", "onednn", "gather_rows" and "concat" itself).
+void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn);
+// The device of a registered launch kind; nullopt for a kind this runtime does not know.
+std::optional<Device> launch_kind_device(const std::string& kind);
 
 }  // namespace kiln

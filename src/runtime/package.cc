@@ -668,8 +668,9 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
       LaunchRecord r{j.at("kind").get<std::string>(), j.at("params").dump()};
       // A launch runs where its device's memory is: host kernels on a CUDA package's device
       // pointers (or the reverse) would fault.
-      const bool cuda_kind = r.kind == "cuda_kernel" || r.kind == "cublaslt" || r.kind == "cudnn_conv";
-      if (cuda_kind != cuda)
+      // (An unknown kind is left to rebuild_launch, whose error lists the kinds it knows.)
+      const std::optional<Device> kind_device = launch_kind_device(r.kind);
+      if (kind_device && kind_device->is_cuda() != cuda)
         throw std::out_of_range(fmt::format("{}: a {} launch in a {} package", lw, r.kind, out.device));
       if (r.kind == "onednn") {  // its buffers must lie in the slot table and the arena
         const json& p = j.at("params");

@@ -30,6 +30,7 @@
 #include "kiln/kiln_runtime.h"
 #include "nn/models/zoo.h"
 #include "nn/package.h"
+#include "runtime/launch_library.h"
 #include "runtime/package.h"
 #include "support/hash.h"
 #include "support/host_isa.h"
@@ -441,6 +442,24 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
     EXPECT_TRUE(err.find("manifest") != std::string::npos || err.find("launch") != std::string::npos)
         << e.what << ": " << err;
   }
+}
+
+// Every device launch kind the runtime registers is refused in a CPU package (its buffers would be
+// device pointers dereferenced on the host), naming the launch and the kind.
+TEST_F(PackageCorrupt, ACudaLaunchInACpuPackageIsRefusedNamingTheKind) {
+  for (const char* kind : {"cuda_kernel", "cublaslt", "cudnn_conv", "cudnn_sdpa"}) {
+    ASSERT_TRUE(launch_kind_device(kind).has_value()) << kind << " is not registered";
+    EXPECT_TRUE(launch_kind_device(kind)->is_cuda()) << kind;
+    std::vector<PackageSection> edited = *sections_;
+    nlohmann::json m = nlohmann::json::parse(edited[0].bytes);
+    m["launches"][0]["kind"] = kind;
+    edited[0].bytes = m.dump(1);
+    std::string err = load_error(package_container(edited));
+    EXPECT_NE(err.find(std::string("a ") + kind + " launch in a cpu package"), std::string::npos)
+        << err;
+  }
+  for (const char* kind : {"loop", "onednn", "gather_rows", "concat"})
+    EXPECT_TRUE(launch_kind_device(kind).has_value() && launch_kind_device(kind)->is_cpu()) << kind;
 }
 
 // ---- a launch that cannot be serialized ---------------------------------------------------------

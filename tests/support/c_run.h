@@ -45,7 +45,7 @@ inline CRunResult run_c_example(const std::string& runner, const std::string& pa
   for (size_t i = 0; i < like.size(); ++i) {
     std::string bytes = read_bytes(dir + "/out" + std::to_string(i) + ".bin");
     Tensor got;
-    if (r.status == 0 && int64_t(bytes.size()) == like[i].nbytes()) {
+    if (r.status == 0 && bytes.size() == size_t(like[i].nbytes())) {
       got = Tensor::empty(like[i].sizes(), like[i].dtype());
       std::memcpy(got.raw_data(), bytes.data(), bytes.size());
     }
