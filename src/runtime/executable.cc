@@ -21,9 +21,8 @@
 // context it used last (the one run_launch and autotuning see). The launch loop itself reads
 // the context's state array: one indirect call per launch, as before.
 //
-// CUDA. The arena lives on the device; every context has its own (blocking) stream, so its work
-// is ordered with the legacy default stream that eager CUDA kernels use. Inputs already on the
-// device are bound in place; host inputs are copied into the context's staging buffer for that
+// CUDA. The arena lives on the device; every context has its own stream (Note [CUDA streams of
+// contexts] below). Inputs already on the device are bound in place; host inputs are copied into the context's staging buffer for that
 // input (one async copy each). Launches enqueue on the context's stream; outputs are copied
 // (asynchronously, on the stream) into the tensors the caller gives — on the device or the host
 // — and the call waits for the stream before it returns, so the outputs are the caller's,
@@ -34,6 +33,22 @@
 // and copy the outputs out: one graph launch instead of one launch per kernel. Creating a
 // context (cudaMalloc, cudaMemset on the legacy stream) and capturing a graph take one mutex of
 // the executable, so that no context of it is set up while another is being captured.
+//
+// Note [CUDA streams of contexts]
+// Eager CUDA kernels, Tensor::to and the allocator's zeroing use the legacy default stream. A
+// blocking stream would order a call after that work by itself, but it also makes every
+// legacy-stream operation of any thread wait for it — and while a context's stream is being
+// captured into a CUDA graph, such an operation from another thread (a cudaMemcpy of a result)
+// fails ("operation would make the legacy stream depend on a capturing blocking stream") and
+// breaks the capture. So a context's stream is non-blocking, and the ordering is explicit: a
+// call whose inputs or outputs include device tensors first makes its stream wait for an event
+// recorded on the legacy stream (about two microseconds of host time); a context's setup
+// synchronizes the legacy stream once (the zeroing of its arena); every call waits for its own
+// stream before it returns, so what the caller queues afterwards sees finished outputs. The
+// exception is an executable with an eager launch (default mode only: such a launch cannot be
+// captured), whose kernels run on the legacy stream between the context stream's: it keeps a
+// blocking stream, which orders the two both ways. CudaConcurrentCalls.* (tests/cuda) calls
+// compiled models from four threads in both modes against the single-thread results, bitwise.
 #include "runtime/executable.h"
 
 #include <cuda_runtime_api.h>
@@ -118,11 +133,15 @@ struct Executable::Context {
   std::vector<char*> staging;
   void* graph = nullptr;       // cudaGraph_t
   void* graph_exec = nullptr;  // cudaGraphExec_t
+  // A non-blocking stream's wait on the legacy default stream (cudaEvent_t; null for a blocking
+  // stream): Note [CUDA streams of contexts].
+  void* legacy_ready = nullptr;
   // Note [Device status]: the record on the device, and its pinned host copy.
   std::shared_ptr<char> status_owner;
   int64_t* status_host = nullptr;
 
   ~Context() {
+    if (legacy_ready) cudaEventDestroy(static_cast<cudaEvent_t>(legacy_ready));
     if (status_host) cudaFreeHost(status_host);
     if (graph_exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec));
     if (graph) cudaGraphDestroy(static_cast<cudaGraph_t>(graph));
@@ -219,9 +238,18 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
     cuda_lock = std::unique_lock<std::mutex>(pool_->cuda_setup);
     c->arena = allocate_device_arena(arena_bytes_, device_.index);
     check(cudaSetDevice(device_.index), "cudaSetDevice");
+    // Note [CUDA streams of contexts]: non-blocking unless a launch runs on the legacy stream.
+    const bool eager = std::any_of(launches.begin(), launches.end(),
+                                   [](const Launch& l) { return l.kind == "eager"; });
     cudaStream_t s = nullptr;
-    check(cudaStreamCreate(&s), "cudaStreamCreate");
+    check(cudaStreamCreateWithFlags(&s, eager ? cudaStreamDefault : cudaStreamNonBlocking),
+          "cudaStreamCreateWithFlags");
     c->stream = s;
+    if (!eager) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      c->legacy_ready = e;
+    }
     if (!inputs.empty()) {
       // One device block for all inputs that may need staging (host inputs, every input in
       // graph mode), 256-byte aligned each.
@@ -246,6 +274,9 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
       c->status_host = static_cast<int64_t*>(host);
       c->status_host[0] = c->status_host[1] = 0;
     }
+    // The arena's and staging's zeroing ran on the legacy stream, which a non-blocking stream
+    // does not wait for by itself.
+    check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (context setup)");
   } else {
     c->arena = allocate_host_arena(arena_bytes_);
   }
@@ -488,6 +519,19 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
                           size_t num_outputs) {
   cudaStream_t s = static_cast<cudaStream_t>(c.stream);
   check(cudaSetDevice(device_.index), "cudaSetDevice");
+  if (c.legacy_ready) {
+    // Note [CUDA streams of contexts]: device tensors of the caller may still be written (or,
+    // for outputs, read) by work queued on the legacy stream; the call's work waits for it.
+    bool on_device = false;
+    for (size_t i = 0; i < num_inputs && !on_device; ++i) on_device = in[i].device() == device_;
+    for (size_t i = 0; i < num_outputs && !on_device; ++i)
+      on_device = out[i].defined() && out[i].device() == device_;
+    if (on_device) {
+      cudaEvent_t e = static_cast<cudaEvent_t>(c.legacy_ready);
+      check(cudaEventRecord(e, cudaStreamLegacy), "cudaEventRecord (legacy stream)");
+      check(cudaStreamWaitEvent(s, e, 0), "cudaStreamWaitEvent (legacy stream)");
+    }
+  }
   // Inputs: in place when on the device and contiguous (not in graph mode), else one async copy
   // into the input's staging buffer.
   for (size_t i = 0; i < num_inputs; ++i) {

@@ -23,10 +23,10 @@
 // Executable synchronizes its stream). Eager mode is for graph breaks, fallback and
 // interactive use; compiled graphs remain the fast path.
 //
-// Ordering: the executable runs on its own (blocking) stream, which orders itself after work
-// queued earlier on the legacy default stream (where the hand-written eager kernels launch),
-// and the call returns after the device finished, so the outputs are ready for whatever runs
-// next. Views are not compiled (a compiled graph would return a copy): view ops run their
+// Ordering: the executable runs on its own stream, which waits for work queued earlier on the
+// legacy default stream (where the hand-written eager kernels launch) when it is given device
+// tensors (Note [CUDA streams of contexts] in runtime/executable.cc), and the call returns after
+// the device finished, so the outputs are ready for whatever runs next. Views are not compiled (a compiled graph would return a copy): view ops run their
 // metadata kernel on every device (ops/shape.cc).
 //
 // Bound by compiled graphs: the compiler's bind phase (compiler/bind.cc) uses only

@@ -1,0 +1,147 @@
+// One compiled CUDA model called from several threads at once (Note [Execution contexts] in
+// runtime/executable.cc): each calling thread takes an execution context — its own arena,
+// stream, input staging and CUDA graph — while cuBLASLt and cuDNN plans are shared and guard
+// what they change per call (the bias pointer, the cuDNN variant pack) with a lock. Every
+// result must be bitwise the one a single thread gets for the same inputs: a context that
+// shared an arena or a stream with another, or a library plan that enqueued with another
+// call's pointers, shows up as a difference. The CPU's concurrency tests are
+// tests/e2e/concurrent_calls_test.cc. CudaStreamOrder.* checks the ordering of a call with eager
+// work on the legacy stream.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../support/compare.h"
+#include "capture/compile.h"
+#include "core/cuda_runtime.h"
+#include "nn/compile.h"
+#include "nn/models/zoo.h"
+#include "ops/api.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Case {
+  const char* model;
+  const char* mode;
+  DType precision;
+};
+
+class CudaConcurrentCalls : public testing::TestWithParam<Case> {};
+
+TEST_P(CudaConcurrentCalls, FourThreadsGetBitwiseTheSingleThreadResults) {
+  const Case c = GetParam();
+  const Device cuda = Device::cuda(0);
+  constexpr int kThreads = 4, kSets = 2, kRounds = 3;
+  nn::ZooModel model = nn::make_zoo_model(c.model, /*batch=*/1, /*seed=*/11);
+  model.module->to(cuda);
+  CompileOptions co;
+  co.mode = c.mode;
+  co.precision = c.precision;
+  CompiledFunction f = compile(model.module, co);
+
+  // Per thread, kSets input sets of fresh random values, and what one thread alone gets for
+  // each.
+  std::vector<std::vector<TensorList>> in(kThreads, std::vector<TensorList>(kSets));
+  std::vector<std::vector<TensorList>> want(kThreads, std::vector<TensorList>(kSets));
+  Generator gen(77);
+  for (int t = 0; t < kThreads; ++t)
+    for (int s = 0; s < kSets; ++s) {
+      for (const Tensor& x : model.inputs) {
+        Tensor v = x;
+        if (is_floating(x.dtype())) {
+          v = Tensor::randn(x.sizes(), gen, x.dtype());
+        } else {  // token ids: fresh ones in the zoo's range; a 0/1 mask as it is
+          std::vector<double> vals = x.to_vector<double>();
+          int64_t lo = int64_t(*std::min_element(vals.begin(), vals.end()));
+          int64_t hi = int64_t(*std::max_element(vals.begin(), vals.end()));
+          if (hi > 1) v = Tensor::randint(x.sizes(), gen, lo, hi + 1, x.dtype());
+        }
+        in[t][s].push_back(v.to(cuda));
+      }
+      for (const Tensor& y : f(in[t][s])) {
+        ASSERT_EQ(y.device(), cuda) << c.model;
+        Tensor host = y.to(Device::cpu());
+        if (is_floating(host.dtype())) {
+          ASSERT_TRUE(test::usable_reference(host)) << c.model;
+        }
+        want[t][s].push_back(host);
+      }
+    }
+  // Distinct inputs give distinct outputs (else the comparison below could not tell threads
+  // apart).
+  ASSERT_NE(test::first_byte_difference(want[0][0][0], want[1][0][0]), "") << c.model;
+
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        TensorList out;
+        for (int r = 0; r < kRounds; ++r)
+          for (int s = 0; s < kSets; ++s) {
+            f.run_into(in[t][s], out);
+            for (size_t i = 0; i < out.size(); ++i) {
+              std::string d = test::first_byte_difference(out[i].to(Device::cpu()), want[t][s][i]);
+              if (!d.empty() && errors[t].empty())
+                errors[t] = "round " + std::to_string(r) + " set " + std::to_string(s) +
+                            " output " + std::to_string(i) + ": " + d;
+            }
+          }
+      } catch (const std::exception& e) {
+        errors[t] = std::string("threw: ") + e.what();
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(errors[t], "") << c.model << " " << c.mode << " " << dtype_name(c.precision)
+                             << ": thread " << t;
+}
+
+// Note [CUDA streams of contexts]: a compiled call runs on a non-blocking stream, so it must wait
+// explicitly for eager work still queued on the legacy stream that writes its device input, and
+// for eager work that reads the caller's device output buffer before run_into overwrites it.
+// Each eager producer below is long (a chain over 16M elements) and nothing synchronizes
+// between it and the compiled call.
+TEST(CudaStreamOrder, CompiledCallsWaitForEagerWorkOnTheirDeviceTensors) {
+  const Device cuda = Device::cuda(0);
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    CompileOptions co;
+    co.strict = true;
+    co.mode = mode;
+    CompiledFunction f = compile([](const TensorList& in) { return TensorList{relu(in[0]) * 2.0}; }, co);
+    Generator gen(9);
+    Tensor host = Tensor::randn({1 << 24}, gen);
+    Tensor dev = host.to(cuda);
+    TensorList out;
+    f.run_into({dev}, out);  // compiles, makes the context and (reduce-overhead) captures
+    for (int round = 0; round < 3; ++round) {
+      // The input is rewritten by eager kernels queued just before the call.
+      Tensor x = exp(mul(dev, 1e-3 * (round + 1)));
+      for (int k = 0; k < 8; ++k) x = add(mul(x, 0.5), 0.25);
+      f.run_into({x}, out);
+      Tensor want = mul(relu(x), 2.0).to(Device::cpu());  // eager on the device, then synchronized
+      EXPECT_EQ(test::first_byte_difference(out[0].to(Device::cpu()), want), "") << mode << " round " << round;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, CudaConcurrentCalls,
+    testing::Values(Case{"resnet18", "default", DType::Float32},
+                    Case{"resnet18", "reduce-overhead", DType::Float32},
+                    Case{"vit_b_16", "reduce-overhead", DType::BFloat16},  // cuDNN attention
+                    Case{"bert_base", "default", DType::Float32},          // flash kernel, mask
+                    Case{"branchy", "reduce-overhead", DType::Float32}),   // graph breaks
+    [](const testing::TestParamInfo<Case>& i) {
+      std::string n = std::string(i.param.model) + "_" + i.param.mode + "_" + dtype_name(i.param.precision);
+      for (char& ch : n)
+        if (ch == '-') ch = '_';
+      return n;
+    });
+
+}  // namespace
