@@ -502,14 +502,7 @@ Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
               "for {} ({}); rebuild the package here with `kiln compile ... --device cuda`",
               where, cuda::describe(d), why);
   const std::string tag = p.at("engine").get<std::string>();
-  bool found = false;
-  for (const cuda::SdpaEngine& e : plan->candidates())
-    if (e.tag == tag) {
-      plan->select(e.index);
-      found = true;
-      break;
-    }
-  if (!found)
+  if (!plan->select_tag(tag))
     fail_kind(ErrorKind::Runtime,
               "{}: cuDNN on this machine does not offer the attention engine the package was "
               "built with for {} ({}: another cuDNN version or GPU), so it would not compute the "

@@ -301,6 +301,22 @@ std::vector<SdpaEngine> SdpaPlan::candidates() const {
   return out;
 }
 
+bool SdpaPlan::select_tag(const std::string& tag) {
+  // As ConvPlan::select_tag: the first engine is finalized already, the others only on demand.
+  const cudnn::PlanCandidate& first = impl_->graph.first();
+  if (first.tag == tag) {
+    selected_ = {first.tag, first.workspace_bytes + impl_->stats_bytes, 0};
+    return true;
+  }
+  const auto& cs = impl_->graph.candidates();
+  for (size_t i = 0; i < cs.size(); ++i)
+    if (cs[i].tag == tag) {
+      select(int(i));
+      return true;
+    }
+  return false;
+}
+
 void SdpaPlan::select(int index) {
   const auto& cs = impl_->graph.candidates();
   if (index < 0 || size_t(index) >= cs.size())

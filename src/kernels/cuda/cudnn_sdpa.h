@@ -91,6 +91,9 @@ class SdpaPlan {
 
   std::vector<SdpaEngine> candidates() const;
   void select(int index);
+  // Selects the candidate with this tag (false when none has it) without finalizing the other
+  // candidates when it is the first.
+  bool select_tag(const std::string& tag);
   const SdpaEngine& engine() const { return selected_; }
   size_t workspace_bytes() const { return selected_.workspace_bytes; }
   const SdpaDesc& desc() const { return desc_; }
