@@ -390,6 +390,9 @@ std::string BenchResult::json(int indent) const {
   j["warm_compile_cache_hit"] = opt(warm_compile_cache_hit);
   j["first_call_s"] = first_call_s;
   j["load_s"] = load_s ? json(*load_s) : json(nullptr);
+  json phases = json::object();
+  for (const auto& [name, sec] : load_phases_s) phases[name] = sec;
+  j["load_phases_s"] = load_s ? phases : json(nullptr);
   j["p50_ms"] = p50_ms;
   j["p90_ms"] = p90_ms;
   j["p99_ms"] = p99_ms;
@@ -484,6 +487,7 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   BenchResult r;
   r.load_s = load_s;
+  if (pkg) r.load_phases_s = pkg->load_phases;
   r.model = m.name;
   r.device = o.device;
   r.mode = o.mode;

@@ -87,6 +87,7 @@ struct BenchResult {
   std::optional<bool> warm_compile_cache_hit;
   double first_call_s = 0;
   std::optional<double> load_s;  // a .kiln package: load_package's wall time
+  std::vector<std::pair<std::string, double>> load_phases_s;  // ... and where it went (LoadedPackage)
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0, min_ms = 0, mean_ms = 0, stddev_ms = 0;
   // Every timed call's latency in ms, in call order: the samples the statistics above come from.
   std::vector<double> samples_ms;

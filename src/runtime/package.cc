@@ -438,9 +438,21 @@ void check_cuda_target(const std::string& arch, const std::string& model, const 
 }  // namespace
 
 LoadedPackage load_package_bytes(std::string_view bytes, const std::string& source) {
+  LoadedPackage out;
+  auto lap = std::chrono::steady_clock::now();
+  auto phase = [&](const std::string& name) {  // adds the time since the last phase to `name`
+    auto now = std::chrono::steady_clock::now();
+    double s = std::chrono::duration<double>(now - lap).count();
+    lap = now;
+    for (auto& [n, t] : out.load_phases)
+      if (n == name) {
+        t += s;
+        return;
+      }
+    out.load_phases.emplace_back(name, s);
+  };
   uint32_t out_version = 0;
   std::vector<SectionView> sections = parse_sections(bytes, source, &out_version);
-  LoadedPackage out;
   out.format_version = out_version;
   out.file_bytes = int64_t(bytes.size());
   out.manifest = std::string(sections[0].bytes);
@@ -493,7 +505,11 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
   }
 
   const bool cuda = out.device == "cuda";
-  if (cuda) check_cuda_target(out.arch, out.model, source);
+  phase("verify");
+  if (cuda) {
+    check_cuda_target(out.arch, out.model, source);
+    phase("device");
+  }
   // The CPU check: the kernels were compiled with -march=native on a machine with these features.
   std::vector<std::string> missing = cuda ? std::vector<std::string>{}
                                           : missing_isa_features(out.isa, host_isa());
@@ -518,6 +534,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
   } catch (const Error& e) {
     bad(source, fmt::format("section 'weights': {}", e.what()));
   }
+  phase("weights");
   std::shared_ptr<KernelLibrary> lib;
   try {
     int64_t arena = m.at("arena_bytes").get<int64_t>();
@@ -630,6 +647,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
     where = "manifest: launches";
     if (kernels) lib = load_kernels(*kernels, source);
     if (lib) exe->keep_alive.push_back(lib);
+    phase("kernels");
     kernels::OnednnLayouts layouts;
     LaunchEnv env;
     if (lib)
@@ -684,7 +702,9 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
             throw std::out_of_range(lw + ": a buffer reference is out of range");
         }
       }
+      phase("manifest");
       Executable::Launch l = rebuild_launch(r, env, lw);
+      phase("launches " + r.kind);
       l.name = name;
       l.nodes = j.at("nodes").get<std::string>();
       exe->launches.push_back(std::move(l));
@@ -701,7 +721,9 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
     if (!exe->use_cuda_graph(&why))
       bad(source, fmt::format("section 'manifest': cuda_graph: {}", why));
   }
+  phase("manifest");
   exe->prepare();
+  phase("prepare");
   out.exe = std::move(exe);
   return out;
 }

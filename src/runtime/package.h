@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -75,6 +76,13 @@ struct LoadedPackage {
   uint32_t format_version = 0;
   int threads = 0;       // the OpenMP thread count it was built with
   int64_t file_bytes = 0, weights_bytes = 0, kernels_bytes = 0, source_bytes = 0;  // kernels: cpu or cuda
+  // Where the load's wall time went, in seconds, in load order: "verify" (container and section
+  // hashes), "device" (CUDA: the device and its context), "weights" (parsed, and uploaded for
+  // CUDA), "kernels" (the signature, the CPU shared object or the CUDA modules), "manifest" (the
+  // launch records parsed and checked), "launches <kind>" (each launch kind's rebuilds: oneDNN
+  // primitives, cuBLASLt and cuDNN plans, ...), "prepare" (the first execution context: arena,
+  // stream, staging).
+  std::vector<std::pair<std::string, double>> load_phases;
 };
 // Reads, verifies and loads a package: the format version, every section's hash, this CPU's
 // features against the package's requirement, then the kernels' shared object (from a memfd)
