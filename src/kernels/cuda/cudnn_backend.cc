@@ -401,6 +401,14 @@ const PlanCandidate& GraphPlans::first() const {
   return candidates_[0];
 }
 
+int GraphPlans::find_tag(const std::string& tag) const {
+  if (first().tag == tag) return 0;
+  const std::vector<PlanCandidate>& cs = candidates();
+  for (size_t i = 1; i < cs.size(); ++i)
+    if (cs[i].tag == tag) return int(i);
+  return -1;
+}
+
 const std::vector<PlanCandidate>& GraphPlans::candidates() const {
   std::lock_guard<std::mutex> lock(plans_mu_);
   if (!pending_.empty()) finalize_pending(/*all=*/true, nullptr);

@@ -252,20 +252,11 @@ void ConvPlan::select(int index) {
 }
 
 bool ConvPlan::select_tag(const std::string& tag) {
-  // The heuristic's first engine is finalized already; the others are finalized only when asked
-  // for (up to a second each): a package loader whose engine is the first pays for none.
-  const cudnn::PlanCandidate& first = impl_->graph.first();
-  if (first.tag == tag) {
-    selected_ = {first.tag, first.workspace_bytes, first.tensor_cores, 0};
-    return true;
-  }
-  const auto& cs = impl_->graph.candidates();
-  for (size_t i = 0; i < cs.size(); ++i)
-    if (cs[i].tag == tag) {
-      select(int(i));
-      return true;
-    }
-  return false;
+  const int i = impl_->graph.find_tag(tag);
+  if (i < 0) return false;
+  const cudnn::PlanCandidate& c = i == 0 ? impl_->graph.first() : impl_->graph.candidates()[size_t(i)];
+  selected_ = {c.tag, c.workspace_bytes, c.tensor_cores, i};
+  return true;
 }
 
 void ConvPlan::run(const ConvArgs& a) const {

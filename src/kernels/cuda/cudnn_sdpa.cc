@@ -302,19 +302,11 @@ std::vector<SdpaEngine> SdpaPlan::candidates() const {
 }
 
 bool SdpaPlan::select_tag(const std::string& tag) {
-  // As ConvPlan::select_tag: the first engine is finalized already, the others only on demand.
-  const cudnn::PlanCandidate& first = impl_->graph.first();
-  if (first.tag == tag) {
-    selected_ = {first.tag, first.workspace_bytes + impl_->stats_bytes, 0};
-    return true;
-  }
-  const auto& cs = impl_->graph.candidates();
-  for (size_t i = 0; i < cs.size(); ++i)
-    if (cs[i].tag == tag) {
-      select(int(i));
-      return true;
-    }
-  return false;
+  const int i = impl_->graph.find_tag(tag);
+  if (i < 0) return false;
+  const cudnn::PlanCandidate& c = i == 0 ? impl_->graph.first() : impl_->graph.candidates()[size_t(i)];
+  selected_ = {c.tag, c.workspace_bytes + impl_->stats_bytes, i};
+  return true;
 }
 
 void SdpaPlan::select(int index) {

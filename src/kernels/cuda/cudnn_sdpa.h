@@ -91,8 +91,8 @@ class SdpaPlan {
 
   std::vector<SdpaEngine> candidates() const;
   void select(int index);
-  // Selects the candidate with this tag (false when none has it) without finalizing the other
-  // candidates when it is the first.
+  // Selects the candidate with this tag (false when none has it); the other candidates are
+  // finalized only when it is not the first (cudnn::GraphPlans::find_tag).
   bool select_tag(const std::string& tag);
   const SdpaEngine& engine() const { return selected_; }
   size_t workspace_bytes() const { return selected_.workspace_bytes; }
