@@ -22,17 +22,18 @@
 // the context's state array: one indirect call per launch, as before.
 //
 // CUDA. The arena lives on the device; every context has its own stream (Note [CUDA streams of
-// contexts] below). Inputs already on the device are bound in place; host inputs are copied into the context's staging buffer for that
-// input (one async copy each). Launches enqueue on the context's stream; outputs are copied
-// (asynchronously, on the stream) into the tensors the caller gives — on the device or the host
-// — and the call waits for the stream before it returns, so the outputs are the caller's,
-// complete, and nothing of a later call can overwrite them (the rule torch's CUDA-graph outputs
-// lack). reduce-overhead (use_cuda_graph): a context's first run captures the launch list into a
-// CUDA graph over that context's arena and staging buffers (fixed addresses), with every input
-// copied into its staging buffer; later runs on the context copy the inputs in, replay its graph
-// and copy the outputs out: one graph launch instead of one launch per kernel. Creating a
-// context (cudaMalloc, cudaMemset on the legacy stream) and capturing a graph take one mutex of
-// the executable, so that no context of it is set up while another is being captured.
+// contexts] below). Inputs already on the device are bound in place; host inputs are copied into
+// the context's staging buffer for that input (one async copy each). Launches enqueue on the
+// context's stream; outputs are copied (asynchronously, on the stream) into the tensors the caller
+// gives — on the device or the host — and the call waits for the stream before it returns, so the
+// outputs are the caller's, complete, and nothing of a later call can overwrite them (the rule
+// torch's CUDA-graph outputs lack). reduce-overhead (use_cuda_graph): a context's first run
+// captures the launch list into a CUDA graph over that context's arena and staging buffers (fixed
+// addresses), with every input copied into its staging buffer; later runs on the context copy the
+// inputs in, replay its graph and copy the outputs out: one graph launch instead of one launch per
+// kernel. Creating a context (cudaMalloc, cudaMemset on the legacy stream) and capturing a graph
+// take one mutex of the executable, so that no context of it is set up while another is being
+// captured.
 //
 // Note [CUDA streams of contexts]
 // Eager CUDA kernels, Tensor::to and the allocator's zeroing use the legacy default stream. A
@@ -238,14 +239,13 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
     cuda_lock = std::unique_lock<std::mutex>(pool_->cuda_setup);
     c->arena = allocate_device_arena(arena_bytes_, device_.index);
     check(cudaSetDevice(device_.index), "cudaSetDevice");
-    // Note [CUDA streams of contexts]: non-blocking unless a launch runs on the legacy stream.
-    const bool eager = std::any_of(launches.begin(), launches.end(),
-                                   [](const Launch& l) { return l.kind == "eager"; });
+    // Note [CUDA streams of contexts]: non-blocking unless a launch runs on the legacy stream
+    // (has_eager_launch_ is set by prepare(), which makes the first context).
     cudaStream_t s = nullptr;
-    check(cudaStreamCreateWithFlags(&s, eager ? cudaStreamDefault : cudaStreamNonBlocking),
-          "cudaStreamCreateWithFlags");
+    const unsigned flags = has_eager_launch_ ? cudaStreamDefault : cudaStreamNonBlocking;
+    check(cudaStreamCreateWithFlags(&s, flags), "cudaStreamCreateWithFlags");
     c->stream = s;
-    if (!eager) {
+    if (!has_eager_launch_) {
       cudaEvent_t e = nullptr;
       check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
       c->legacy_ready = e;

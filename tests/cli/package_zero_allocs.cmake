@@ -1,8 +1,9 @@
 # package.zero_allocs_steady_state: `kiln compile mlp -o mlp.kiln`, then `kiln bench mlp.kiln`
 # (the runtime alone: load, run on caller-owned buffers): a steady-state call of the package
 # (generated loop kernels only) does no heap allocation (tools/alloc_counter.cc counts), the
-# bench JSON carries load_s and load_phases_s (every phase, none longer than the load). The count for resnet18 (oneDNN convolutions, whose execute()
-# allocates a few small objects inside oneDNN) is printed for the record. Counts, not timings.
+# bench JSON carries load_s and load_phases_s (every phase, none longer than the load). The
+# count for resnet18 (oneDNN convolutions, whose execute() allocates a few small objects inside
+# oneDNN) is printed for the record. Counts, not timings.
 # Usage: cmake -DKILN=<path to kiln> -P package_zero_allocs.cmake
 string(RANDOM LENGTH 8 tag)
 set(dir "$ENV{TMPDIR}")

@@ -103,10 +103,10 @@ TEST_P(CudaConcurrentCalls, FourThreadsGetBitwiseTheSingleThreadResults) {
 }
 
 // Note [CUDA streams of contexts]: a compiled call runs on a non-blocking stream, so it must wait
-// explicitly for eager work still queued on the legacy stream that writes its device input, and
-// for eager work that reads the caller's device output buffer before run_into overwrites it.
+// explicitly for eager work still queued on the legacy stream that writes its device input.
 // Each eager producer below is long (a chain over 16M elements) and nothing synchronizes
-// between it and the compiled call.
+// between it and the compiled call. (The other half of the rule, eager work still reading a
+// device output buffer that run_into overwrites, has no test yet.)
 TEST(CudaStreamOrder, CompiledCallsWaitForEagerWorkOnTheirDeviceTensors) {
   const Device cuda = Device::cuda(0);
   for (const char* mode : {"default", "reduce-overhead"}) {

@@ -401,12 +401,16 @@ const PlanCandidate& GraphPlans::first() const {
   return candidates_[0];
 }
 
-int GraphPlans::find_tag(const std::string& tag) const {
-  if (first().tag == tag) return 0;
+const PlanCandidate* GraphPlans::find_tag(const std::string& tag, int* index) const {
+  *index = 0;
+  if (first().tag == tag) return &first();
   const std::vector<PlanCandidate>& cs = candidates();
   for (size_t i = 1; i < cs.size(); ++i)
-    if (cs[i].tag == tag) return int(i);
-  return -1;
+    if (cs[i].tag == tag) {
+      *index = int(i);
+      return &cs[i];
+    }
+  return nullptr;
 }
 
 const std::vector<PlanCandidate>& GraphPlans::candidates() const {

@@ -119,10 +119,10 @@ class GraphPlans {
   const PlanCandidate& first() const;
   // Every configuration that builds; [0] is first().
   const std::vector<PlanCandidate>& candidates() const;
-  // The index (in candidates()) of the configuration with this tag, or -1. The first is
-  // finalized already; the others are finalized only when the tag is not the first's (up to a
-  // second each): a package loader whose pinned engine is the first pays for none.
-  int find_tag(const std::string& tag) const;
+  // The configuration with this tag (and its index in candidates() in *index), or null. The
+  // first is finalized already; the others are finalized only when the tag is not the first's
+  // (up to a second each): a package loader whose pinned engine is the first pays for none.
+  const PlanCandidate* find_tag(const std::string& tag, int* index) const;
   // Drops the graph, its plans and the kept variant pack (before the descriptors that build()
   // referenced are destroyed).
   void reset();

@@ -252,10 +252,10 @@ void ConvPlan::select(int index) {
 }
 
 bool ConvPlan::select_tag(const std::string& tag) {
-  const int i = impl_->graph.find_tag(tag);
-  if (i < 0) return false;
-  const cudnn::PlanCandidate& c = i == 0 ? impl_->graph.first() : impl_->graph.candidates()[size_t(i)];
-  selected_ = {c.tag, c.workspace_bytes, c.tensor_cores, i};
+  int i = 0;
+  const cudnn::PlanCandidate* c = impl_->graph.find_tag(tag, &i);
+  if (!c) return false;
+  selected_ = {c->tag, c->workspace_bytes, c->tensor_cores, i};
   return true;
 }
 

@@ -26,8 +26,9 @@
 // Ordering: the executable runs on its own stream, which waits for work queued earlier on the
 // legacy default stream (where the hand-written eager kernels launch) when it is given device
 // tensors (Note [CUDA streams of contexts] in runtime/executable.cc), and the call returns after
-// the device finished, so the outputs are ready for whatever runs next. Views are not compiled (a compiled graph would return a copy): view ops run their
-// metadata kernel on every device (ops/shape.cc).
+// the device finished, so the outputs are ready for whatever runs next. Views are not compiled
+// (a compiled graph would return a copy): view ops run their metadata kernel on every device
+// (ops/shape.cc).
 //
 // Bound by compiled graphs: the compiler's bind phase (compiler/bind.cc) uses only
 // OpDef::eager_cuda for a node it has no other kernel for, never this fallback, so a node the
