@@ -36,6 +36,7 @@
 #include "kernels/cuda/cuda_driver.h"
 #include "kernels/cuda/cudnn_conv.h"
 #include "kernels/cuda/cudnn_sdpa.h"
+#include "kernels/cuda/graph_replay.h"
 #include "runtime/launch_library.h"
 #include "runtime/launch_records.h"
 
@@ -107,19 +108,43 @@ struct GemmState {
   std::string why;  // plan null: why it cannot run here
 };
 
+// Note [Library calls replayed as graphs] (kernels/cuda/graph_replay.cc): the libraries allocate
+// on the host inside their enqueue calls (cublasLtMatmul for half-precision GEMMs,
+// cudnnBackendExecute always), so each execution context replays its library calls as small
+// CUDA graphs keyed on their pointers.
+struct GemmCall {
+  const GemmState* state;
+  cuda::GemmArgs args;
+};
+
+void enqueue_gemm(void* p, void* stream) {
+  auto* call = static_cast<GemmCall*>(p);
+  call->args.stream = stream;
+  call->state->plan->run(call->args);
+}
+
+struct GemmLocal {
+  explicit GemmLocal(const GemmState* s) : state(s) {}
+  const GemmState* state;
+  cuda::GraphReplay replay;
+};
+
 void run_gemm(void* s, const Executable::RunContext& c) {
-  const auto* g = static_cast<const GemmState*>(s);
+  auto* local = static_cast<GemmLocal*>(s);
+  const GemmState* g = local->state;
   if (!g->plan) [[unlikely]]
     fail_kind(ErrorKind::NotSupported, "{}", g->why);
-  cuda::GemmArgs a;
+  GemmCall call{g, {}};
+  cuda::GemmArgs& a = call.args;
   a.a = ptr(c.slots, g->buf.a);
   a.b = ptr(c.slots, g->buf.b);
   a.d = ptr(c.slots, g->buf.d);
   a.bias = ptr(c.slots, g->buf.bias);
   a.workspace = g->buf.workspace_bytes ? ptr(c.slots, g->buf.workspace) : nullptr;
   a.workspace_bytes = size_t(g->buf.workspace_bytes);
-  a.stream = c.stream;
-  g->plan->run(a);
+  const void* key[] = {a.a, a.b, static_cast<const void*>(a.d), a.bias,
+                       static_cast<const void*>(a.workspace)};
+  local->replay.run(c.stream, key, 5, enqueue_gemm, &call);
 }
 
 json gemm_desc_json(const cuda::GemmDesc& d) {
@@ -201,20 +226,56 @@ struct ConvState {
   std::string why;
 };
 
+// Replayed per context like the GEMMs above: the convolution with its bias kernel as one graph.
+struct ConvCall {
+  const ConvState* state;
+  cuda::ConvArgs args;
+  const Executable::RunContext* ctx;
+};
+
+void enqueue_conv(void* p, void* stream) {
+  auto* call = static_cast<ConvCall*>(p);
+  call->args.stream = stream;
+  call->state->plan->run(call->args);
+  if (call->state->has_bias_kernel) {
+    Executable::RunContext on = *call->ctx;
+    on.stream = stream;
+    launch_kernel(call->state->bias, on);
+  }
+}
+
+struct ConvLocal {
+  explicit ConvLocal(const ConvState* s) : state(s) {}
+  const ConvState* state;
+  cuda::GraphReplay replay;
+};
+
 void run_conv(void* s, const Executable::RunContext& c) {
-  const auto* v = static_cast<const ConvState*>(s);
+  auto* local = static_cast<ConvLocal*>(s);
+  const ConvState* v = local->state;
   if (!v->plan) [[unlikely]]
     fail_kind(ErrorKind::NotSupported, "{}", v->why);
-  cuda::ConvArgs a;
+  ConvCall call{v, {}, &c};
+  cuda::ConvArgs& a = call.args;
   a.x = ptr(c.slots, v->buf.x);
   a.w = ptr(c.slots, v->buf.w);
   a.y = ptr(c.slots, v->buf.y);
   if (v->plan->desc().bias) a.bias = ptr(c.slots, v->buf.bias);
   a.workspace = v->buf.workspace_bytes ? ptr(c.slots, v->buf.workspace) : nullptr;
   a.workspace_bytes = size_t(v->buf.workspace_bytes);
-  a.stream = c.stream;
-  v->plan->run(a);
-  if (v->has_bias_kernel) launch_kernel(v->bias, c);
+  // The key: every pointer of the call, the bias kernel's arguments included.
+  const void* key[cuda::GraphReplay::kMaxKey];
+  int n = 0;
+  for (const void* p : {a.x, a.w, static_cast<const void*>(a.y), a.bias, a.residual,
+                        static_cast<const void*>(a.workspace)})
+    key[n++] = p;
+  int total = n;
+  if (v->has_bias_kernel) {
+    total += int(v->bias.spec.args.size());
+    if (total <= cuda::GraphReplay::kMaxKey)
+      for (const MemRef& r : v->bias.spec.args) key[n++] = ptr(c.slots, r);
+  }
+  local->replay.run(c.stream, key, total, enqueue_conv, &call);
 }
 
 json pair_json(const std::array<int64_t, 2>& p) { return json::array({p[0], p[1]}); }
@@ -277,17 +338,37 @@ struct SdpaState {
   CudnnSdpaBuffers buf;
 };
 
+struct SdpaCall {
+  const SdpaState* state;
+  cuda::SdpaArgs args;
+};
+
+void enqueue_sdpa(void* p, void* stream) {
+  auto* call = static_cast<SdpaCall*>(p);
+  call->args.stream = stream;
+  call->state->plan->run(call->args);
+}
+
+struct SdpaLocal {
+  explicit SdpaLocal(const SdpaState* s) : state(s) {}
+  const SdpaState* state;
+  cuda::GraphReplay replay;
+};
+
 void run_sdpa(void* s, const Executable::RunContext& c) {
-  const auto* v = static_cast<const SdpaState*>(s);
-  cuda::SdpaArgs a;
+  auto* local = static_cast<SdpaLocal*>(s);
+  const SdpaState* v = local->state;
+  SdpaCall call{v, {}};
+  cuda::SdpaArgs& a = call.args;
   a.q = ptr(c.slots, v->buf.q);
   a.k = ptr(c.slots, v->buf.k);
   a.v = ptr(c.slots, v->buf.v);
   a.o = ptr(c.slots, v->buf.o);
   a.workspace = v->buf.workspace_bytes ? ptr(c.slots, v->buf.workspace) : nullptr;
   a.workspace_bytes = size_t(v->buf.workspace_bytes);
-  a.stream = c.stream;
-  v->plan->run(a);
+  const void* key[] = {a.q, a.k, a.v, static_cast<const void*>(a.o),
+                       static_cast<const void*>(a.workspace)};
+  local->replay.run(c.stream, key, 5, enqueue_sdpa, &call);
 }
 
 json sdpa_desc_json(const cuda::SdpaDesc& d) {
@@ -552,8 +633,11 @@ Executable::Launch make_cublaslt_launch(const cuda::GemmDesc& desc,
                            desc.m, desc.n, desc.k);
   Executable::Launch l;
   l.fn = run_gemm;
-  l.state = state.get();
+  l.state = nullptr;  // every context has its own (make_local): run_gemm takes a GemmLocal
   l.kind = "cublaslt";
+  l.make_local = [s = state.get()](char* const*) -> std::shared_ptr<void> {
+    return std::make_shared<GemmLocal>(s);
+  };
   l.record = [state, desc] {
     const CublasltBuffers& b = state->buf;
     json p = {{"desc", gemm_desc_json(desc)},
@@ -582,8 +666,11 @@ Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
                            "GPU): load the package on the GPU to run it", cuda::describe(desc));
   Executable::Launch l;
   l.fn = run_conv;
-  l.state = state.get();
+  l.state = nullptr;  // every context has its own (make_local): run_conv takes a ConvLocal
   l.kind = "cudnn";
+  l.make_local = [s = state.get()](char* const*) -> std::shared_ptr<void> {
+    return std::make_shared<ConvLocal>(s);
+  };
   l.record = [state, desc] {
     const CudnnConvBuffers& b = state->buf;
     json p = {{"desc", conv_desc_json(desc)},
@@ -606,8 +693,11 @@ Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> 
   state->buf = buffers;
   Executable::Launch l;
   l.fn = run_sdpa;
-  l.state = state.get();
+  l.state = nullptr;  // every context has its own (make_local): run_sdpa takes an SdpaLocal
   l.kind = "cudnn";
+  l.make_local = [s = state.get()](char* const*) -> std::shared_ptr<void> {
+    return std::make_shared<SdpaLocal>(s);
+  };
   l.record = [state] {
     const CudnnSdpaBuffers& b = state->buf;
     json p = {{"desc", sdpa_desc_json(state->plan->desc())},

@@ -105,8 +105,8 @@ TEST_P(CudaConcurrentCalls, FourThreadsGetBitwiseTheSingleThreadResults) {
 // Note [CUDA streams of contexts]: a compiled call runs on a non-blocking stream, so it must wait
 // explicitly for eager work still queued on the legacy stream that writes its device input.
 // Each eager producer below is long (a chain over 16M elements) and nothing synchronizes
-// between it and the compiled call. (The other half of the rule, eager work still reading a
-// device output buffer that run_into overwrites, has no test yet.)
+// between it and the compiled call. The other half of the rule (eager work still reading a
+// device output buffer that run_into overwrites) is CompiledCallsWaitForEagerReadersOfTheirOutputs.
 TEST(CudaStreamOrder, CompiledCallsWaitForEagerWorkOnTheirDeviceTensors) {
   const Device cuda = Device::cuda(0);
   for (const char* mode : {"default", "reduce-overhead"}) {
@@ -126,6 +126,41 @@ TEST(CudaStreamOrder, CompiledCallsWaitForEagerWorkOnTheirDeviceTensors) {
       f.run_into({x}, out);
       Tensor want = mul(relu(x), 2.0).to(Device::cpu());  // eager on the device, then synchronized
       EXPECT_EQ(test::first_byte_difference(out[0].to(Device::cpu()), want), "") << mode << " round " << round;
+    }
+  }
+}
+
+// The output half: eager work queued on the legacy stream still reads the device tensor that the
+// next run_into overwrites. A long eager chain on an unrelated tensor goes first, so that the
+// reader runs late; the compiled call must not write the output before the reader has read it.
+TEST(CudaStreamOrder, CompiledCallsWaitForEagerReadersOfTheirOutputs) {
+  const Device cuda = Device::cuda(0);
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    CompileOptions co;
+    co.strict = true;
+    co.mode = mode;
+    CompiledFunction f = compile([](const TensorList& in) { return TensorList{relu(in[0]) * 2.0}; }, co);
+    Generator gen(19);
+    constexpr int64_t kN = 1 << 22;
+    Tensor busy = Tensor::randn({1 << 24}, gen).to(cuda);
+    std::vector<Tensor> inputs;
+    for (int round = 0; round < 4; ++round) inputs.push_back(Tensor::randn({kN}, gen).to(cuda));
+    TensorList out;
+    f.run_into({inputs[0]}, out);  // compiles, makes the context and (reduce-overhead) captures
+    ASSERT_EQ(out[0].device(), cuda);
+    for (int round = 1; round < 4; ++round) {
+      // What the reader must see: the output of the previous call, copied after a full sync.
+      Tensor before = out[0].to(Device::cpu());
+      Tensor y = busy;
+      for (int k = 0; k < 12; ++k) y = add(mul(y, 0.5), 0.25);  // ~12 passes over 64 MiB
+      Tensor read = mul(out[0], 3.0);  // queued after the chain: reads the old output late
+      f.run_into({inputs[size_t(round)]}, out);
+      Tensor want = mul(before, 3.0);
+      EXPECT_EQ(test::first_byte_difference(read.to(Device::cpu()), want), "") << mode << " round " << round;
+      // And the call itself computed the new output.
+      Tensor now = mul(relu(inputs[size_t(round)]), 2.0).to(Device::cpu());
+      EXPECT_EQ(test::first_byte_difference(out[0].to(Device::cpu()), now), "") << mode << " round " << round;
+      ASSERT_NE(test::first_byte_difference(before, now), "");
     }
   }
 }
