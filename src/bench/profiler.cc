@@ -20,6 +20,7 @@
 #include "support/files.h"
 #include "nn/models/zoo.h"
 #include "bench/bench.h"
+#include "passes/autocast.h"
 
 namespace kiln {
 
@@ -184,6 +185,10 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
     fail("profile: --backend expected eager or compiled, found '{}'", o.backend);
   if (o.mode != "default" && o.mode != "reduce-overhead" && o.mode != "max-autotune")
     fail("profile: --mode expected default, reduce-overhead or max-autotune, found '{}'", o.mode);
+  const DType precision = parse_precision(o.dtype, "profile: --dtype");
+  if (precision != DType::Float32 && o.backend != "compiled")
+    fail("profile: --dtype {} applies to the compiled run (--backend compiled); --backend eager "
+         "runs the model as written, in float32", dtype_name(precision));
   if (o.iters < 1) fail("profile: --iters expected >= 1, found {}", o.iters);
   if (o.warmup < 0) fail("profile: --warmup expected >= 0, found {}", o.warmup);
   if (o.batch < 1) fail("profile: --batch expected >= 1, found {}", o.batch);
@@ -215,6 +220,7 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
     CompileOptions copts;
     copts.backend = best_compile_backend();
     copts.mode = o.mode;
+    copts.precision = precision;
     run.backend = "compiled(" + copts.backend + ")";
     prof.begin_span("capture/compile");
     compiled = m.compile(copts);

@@ -94,6 +94,7 @@ struct ProfileOptions {
   std::string device = "cpu";      // cpu | cuda
   std::string backend = "compiled";  // eager | compiled
   std::string mode = "default";      // compile mode: default | reduce-overhead | max-autotune
+  std::string dtype = "float32";     // the compiled run's precision, as bench's --dtype
   int64_t batch = 1;
   int iters = 10;
   int warmup = 1;

@@ -43,7 +43,8 @@
 // fails ("operation would make the legacy stream depend on a capturing blocking stream") and
 // breaks the capture. So a context's stream is non-blocking, and the ordering is explicit: a
 // call whose inputs or outputs include device tensors first makes its stream wait for an event
-// recorded on the legacy stream (about two microseconds of host time); a context's setup
+// recorded on the legacy stream (about two microseconds of host time), and again after making
+// a non-contiguous device input contiguous (a gather queued on the legacy stream); a context's setup
 // synchronizes the legacy stream once (the zeroing of its arena); every call waits for its own
 // stream before it returns, so what the caller queues afterwards sees finished outputs. The
 // exception is an executable with an eager launch (default mode only: such a launch cannot be
@@ -542,6 +543,12 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       continue;
     }
     Tensor src = t.is_contiguous() ? t : t.contiguous();
+    if (c.legacy_ready && !same_tensor(src, t) && src.device() == device_) {
+      // The gather into `src` was just queued on the legacy stream, after the wait above.
+      cudaEvent_t e = static_cast<cudaEvent_t>(c.legacy_ready);
+      check(cudaEventRecord(e, cudaStreamLegacy), "cudaEventRecord (legacy stream)");
+      check(cudaStreamWaitEvent(s, e, 0), "cudaStreamWaitEvent (legacy stream)");
+    }
     char* staging = c.staging[size_t(sp.slot)];
     check(cudaMemcpyAsync(staging, src.raw_data(), src.nbytes(),
                           src.device().is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, s),

@@ -130,6 +130,30 @@ TEST(CudaStreamOrder, CompiledCallsWaitForEagerWorkOnTheirDeviceTensors) {
   }
 }
 
+// A non-contiguous device input is gathered into a contiguous temporary on the legacy stream
+// inside the call, after the call's wait on the legacy stream: the copy into the context's
+// staging buffer must wait for that gather too. (Found by the op harness's non-contiguous
+// samples of conv2d and attention, which run through compiled executables, when context streams
+// became non-blocking.) A large transposed input makes the gather long.
+TEST(CudaStreamOrder, NonContiguousDeviceInputsAreGatheredBeforeTheyAreCopiedIn) {
+  const Device cuda = Device::cuda(0);
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    CompileOptions co;
+    co.strict = true;
+    co.mode = mode;
+    CompiledFunction f = compile([](const TensorList& in) { return TensorList{relu(in[0]) * 2.0}; }, co);
+    Generator gen(23);
+    for (int round = 0; round < 3; ++round) {
+      Tensor x = Tensor::randn({4096, 4096}, gen).to(cuda);
+      Tensor xt = transpose(x, 0, 1);  // a view: non-contiguous
+      ASSERT_FALSE(xt.is_contiguous());
+      TensorList out = f({xt});
+      Tensor want = mul(relu(xt.contiguous()), 2.0).to(Device::cpu());
+      EXPECT_EQ(test::first_byte_difference(out[0].to(Device::cpu()), want), "") << mode << " round " << round;
+    }
+  }
+}
+
 // The output half: eager work queued on the legacy stream still reads the device tensor that the
 // next run_into overwrites. A long eager chain on an unrelated tensor goes first, so that the
 // reader runs late; the compiled call must not write the output before the reader has read it.

@@ -166,6 +166,50 @@ TEST(GraphReplay, ACallThatCannotBeCapturedRunsDirectlyFromThenOn) {
   cuda_ok(cudaGetLastError(), "cudaGetLastError");
 }
 
+// What a library registers with at_capture_end inside its enqueue runs once the capture has
+// ended (cuDNN unlocks its shared handle there), and capturing_stream() names the capture only
+// while it lasts.
+struct EndProbe {
+  void* buf = nullptr;
+  void* stream = nullptr;
+  int calls = 0;
+  int capturing_at_end = -1;
+  bool named_during = false;
+};
+void probe_at_end(void* p) {
+  auto* e = static_cast<EndProbe*>(p);
+  ++e->calls;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(static_cast<cudaStream_t>(e->stream), &st);
+  e->capturing_at_end = st != cudaStreamCaptureStatusNone;
+}
+void enqueue_probe(void* ctx, void* stream) {
+  auto* e = static_cast<EndProbe*>(ctx);
+  e->stream = stream;
+  if (cudaMemsetAsync(e->buf, 0x5a, 64, static_cast<cudaStream_t>(stream)) != cudaSuccess)
+    fail_kind(ErrorKind::Runtime, "cudaMemsetAsync failed");
+  e->named_during = cuda::GraphReplay::capturing_stream() == stream;
+  if (e->named_during) cuda::GraphReplay::at_capture_end(probe_at_end, e);
+}
+
+TEST(GraphReplay, AtCaptureEndRunsAfterTheCaptureEnded) {
+  DeviceBuffers d;
+  cuda::GraphReplay r(/*enabled=*/true);
+  EndProbe e;
+  e.buf = d.a;
+  const void* key[] = {d.a};
+  r.run(d.stream, key, 1, enqueue_probe, &e);  // direct: not a capture
+  EXPECT_FALSE(e.named_during);
+  EXPECT_EQ(e.calls, 0);
+  r.run(d.stream, key, 1, enqueue_probe, &e);  // captured
+  EXPECT_TRUE(e.named_during);
+  EXPECT_EQ(e.calls, 1);
+  EXPECT_EQ(e.capturing_at_end, 0);
+  EXPECT_EQ(cuda::GraphReplay::capturing_stream(), nullptr);
+  EXPECT_EQ(r.stats().captures, 1);
+  cuda_ok(cudaStreamSynchronize(d.stream), "cudaStreamSynchronize");
+}
+
 TEST(GraphReplay, DisabledAlwaysRunsDirectly) {
   DeviceBuffers d;
   cuda::GraphReplay r(/*enabled=*/false);

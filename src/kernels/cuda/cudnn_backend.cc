@@ -31,6 +31,7 @@
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "kernels/cuda/dynamic_library.h"
+#include "kernels/cuda/graph_replay.h"
 
 namespace kiln::cuda::cudnn {
 namespace {
@@ -501,6 +502,18 @@ bool GraphPlans::build(int device, const std::vector<const Descriptor*>& ops,
   return true;
 }
 
+namespace {
+// The handle this thread holds locked until its library-call capture ends (see execute).
+thread_local Handle* t_capture_holds = nullptr;
+
+void release_after_capture(void* p) {
+  auto* h = static_cast<Handle*>(p);
+  api().set_stream(static_cast<cudnnHandle_t>(h->handle), nullptr);  // off the captured stream
+  t_capture_holds = nullptr;
+  h->mu.unlock();
+}
+}  // namespace
+
 void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointers, size_t count,
                          void* workspace, size_t workspace_bytes, void* stream) const {
   const PlanCandidate* found = nullptr;
@@ -538,7 +551,15 @@ void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointer
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != device_)
     check_cuda(cudaSetDevice(device_), what_.c_str());
-  std::lock_guard<std::mutex> handle_lock(h.mu);
+  // The handle is shared by every thread, and cudnnSetStream works on the stream the handle had
+  // before. Left on a stream that a library-call capture (Note [Library calls replayed as
+  // graphs]) is still recording, another thread's next cudnnSetStream reaches into that capture
+  // from outside: a SIGSEGV in cuEventRecord under cudnnSetStream, four threads on the H200. So
+  // during such a capture the handle stays locked until the capture has ended, and is then put
+  // back on the legacy stream (at_capture_end).
+  const bool replay_capture = stream && stream == GraphReplay::capturing_stream();
+  std::unique_lock<std::mutex> handle_lock(h.mu, std::defer_lock);
+  if (!(replay_capture && t_capture_holds == &h)) handle_lock.lock();
   cudnnStatus_t s = a.set_stream(static_cast<cudnnHandle_t>(h.handle),
                                  static_cast<cudaStream_t>(stream));
   if (s != CUDNN_STATUS_SUCCESS)
@@ -546,6 +567,11 @@ void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointer
   s = a.execute(static_cast<cudnnHandle_t>(h.handle),
                 static_cast<cudnnBackendDescriptor_t>(c.plan.get()),
                 static_cast<cudnnBackendDescriptor_t>(last_pack_.get()));
+  if (replay_capture && handle_lock.owns_lock()) {
+    t_capture_holds = &h;
+    handle_lock.release();
+    GraphReplay::at_capture_end(release_after_capture, &h);
+  }
   if (s != CUDNN_STATUS_SUCCESS)
     fail_kind(ErrorKind::Runtime, "{}: cudnnBackendExecute (plan {}) failed: {}", what_, c.tag,
               status_text(s));

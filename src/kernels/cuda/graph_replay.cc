@@ -98,7 +98,43 @@ class CaptureStream {
   cudaStream_t stream_ = nullptr;
 };
 
+// The capture in progress on this thread (Note [Library calls replayed as graphs]), and what to
+// call when it ends.
+struct CaptureState {
+  void* stream = nullptr;
+  void (*fns[GraphReplay::kMaxAtCaptureEnd])(void*) = {};
+  void* args[GraphReplay::kMaxAtCaptureEnd] = {};
+  int n = 0;
+};
+thread_local CaptureState t_capture;
+
+// Marks the thread as capturing on `stream`; when destroyed (the capture ended or failed), runs
+// the functions registered meanwhile.
+class CaptureScope {
+ public:
+  explicit CaptureScope(void* stream) { t_capture.stream = stream; }
+  void end() {
+    CaptureState& c = t_capture;
+    c.stream = nullptr;
+    while (c.n > 0) {
+      --c.n;
+      c.fns[c.n](c.args[c.n]);
+    }
+  }
+  ~CaptureScope() { end(); }
+};
+
 }  // namespace
+
+void* GraphReplay::capturing_stream() { return t_capture.stream; }
+
+void GraphReplay::at_capture_end(void (*fn)(void*), void* arg) {
+  CaptureState& c = t_capture;
+  KILN_ASSERT(c.stream && c.n < kMaxAtCaptureEnd);
+  c.fns[c.n] = fn;
+  c.args[c.n] = arg;
+  ++c.n;
+}
 
 bool GraphReplay::enabled_by_default() {
   static const bool on = [] {
@@ -160,13 +196,17 @@ void GraphReplay::capture(const void* const* key, int n, EnqueueFn enqueue, void
   cudaStream_t cs = stream.get();
   check(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   bool enqueued = true;
-  try {
-    enqueue(ctx, cs);
-  } catch (...) {
-    enqueued = false;  // the direct run after give_up() reports it, if it is real
-  }
   cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(cs, &graph);
+  cudaError_t ended = cudaSuccess;
+  {
+    CaptureScope scope(cs);
+    try {
+      enqueue(ctx, cs);
+    } catch (...) {
+      enqueued = false;  // the direct run after give_up() reports it, if it is real
+    }
+    ended = cudaStreamEndCapture(cs, &graph);
+  }  // the capture has ended: what the library holds until then is released
   if (!enqueued || ended != cudaSuccess || !graph) {
     if (graph) cudaGraphDestroy(graph);
     give_up();
