@@ -49,6 +49,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--mode", o.mode, "default | reduce-overhead | max-autotune (compile mode)");
   cmd->add_option("--iters", o.iters, "Profiled iterations (default 10)");
   cmd->add_option("--warmup", o.warmup, "Warm-up iterations (default 1)");
+  cmd->add_option("--dtype", o.dtype, "float32 | bfloat16 | float16 (or f32, bf16, f16): the compiled run's precision (as bench's --dtype); default float32");
   cmd->add_option("--batch", o.batch, "Batch size (default 1)");
   cmd->add_option("--device", o.device, "cpu | cuda (default cpu; CUDA: each kernel timed between device synchronizations)");
   cmd->add_option("--threads", o.threads, "Intra-op threads (default: all cores)");

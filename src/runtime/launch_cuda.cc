@@ -123,14 +123,21 @@ void enqueue_gemm(void* p, void* stream) {
   call->state->plan->run(call->args);
 }
 
-struct GemmLocal {
-  explicit GemmLocal(const GemmState* s) : state(s) {}
-  const GemmState* state;
+// A library launch's state in one execution context: the shared state and the call's replay.
+template <typename State>
+struct Replayed {
+  explicit Replayed(const State* s) : state(s) {}
+  const State* state;
   cuda::GraphReplay replay;
 };
 
+template <typename State>
+Executable::LocalStateFn replayed_local(const State* s) {
+  return [s](char* const*) -> std::shared_ptr<void> { return std::make_shared<Replayed<State>>(s); };
+}
+
 void run_gemm(void* s, const Executable::RunContext& c) {
-  auto* local = static_cast<GemmLocal*>(s);
+  auto* local = static_cast<Replayed<GemmState>*>(s);
   const GemmState* g = local->state;
   if (!g->plan) [[unlikely]]
     fail_kind(ErrorKind::NotSupported, "{}", g->why);
@@ -244,14 +251,8 @@ void enqueue_conv(void* p, void* stream) {
   }
 }
 
-struct ConvLocal {
-  explicit ConvLocal(const ConvState* s) : state(s) {}
-  const ConvState* state;
-  cuda::GraphReplay replay;
-};
-
 void run_conv(void* s, const Executable::RunContext& c) {
-  auto* local = static_cast<ConvLocal*>(s);
+  auto* local = static_cast<Replayed<ConvState>*>(s);
   const ConvState* v = local->state;
   if (!v->plan) [[unlikely]]
     fail_kind(ErrorKind::NotSupported, "{}", v->why);
@@ -349,14 +350,8 @@ void enqueue_sdpa(void* p, void* stream) {
   call->state->plan->run(call->args);
 }
 
-struct SdpaLocal {
-  explicit SdpaLocal(const SdpaState* s) : state(s) {}
-  const SdpaState* state;
-  cuda::GraphReplay replay;
-};
-
 void run_sdpa(void* s, const Executable::RunContext& c) {
-  auto* local = static_cast<SdpaLocal*>(s);
+  auto* local = static_cast<Replayed<SdpaState>*>(s);
   const SdpaState* v = local->state;
   SdpaCall call{v, {}};
   cuda::SdpaArgs& a = call.args;
@@ -633,11 +628,9 @@ Executable::Launch make_cublaslt_launch(const cuda::GemmDesc& desc,
                            desc.m, desc.n, desc.k);
   Executable::Launch l;
   l.fn = run_gemm;
-  l.state = nullptr;  // every context has its own (make_local): run_gemm takes a GemmLocal
+  l.state = nullptr;  // every context has its own (make_local): run_gemm takes a Replayed<GemmState>
   l.kind = "cublaslt";
-  l.make_local = [s = state.get()](char* const*) -> std::shared_ptr<void> {
-    return std::make_shared<GemmLocal>(s);
-  };
+  l.make_local = replayed_local(state.get());
   l.record = [state, desc] {
     const CublasltBuffers& b = state->buf;
     json p = {{"desc", gemm_desc_json(desc)},
@@ -666,11 +659,9 @@ Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
                            "GPU): load the package on the GPU to run it", cuda::describe(desc));
   Executable::Launch l;
   l.fn = run_conv;
-  l.state = nullptr;  // every context has its own (make_local): run_conv takes a ConvLocal
+  l.state = nullptr;  // every context has its own (make_local): run_conv takes a Replayed<ConvState>
   l.kind = "cudnn";
-  l.make_local = [s = state.get()](char* const*) -> std::shared_ptr<void> {
-    return std::make_shared<ConvLocal>(s);
-  };
+  l.make_local = replayed_local(state.get());
   l.record = [state, desc] {
     const CudnnConvBuffers& b = state->buf;
     json p = {{"desc", conv_desc_json(desc)},
@@ -693,11 +684,9 @@ Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> 
   state->buf = buffers;
   Executable::Launch l;
   l.fn = run_sdpa;
-  l.state = nullptr;  // every context has its own (make_local): run_sdpa takes an SdpaLocal
+  l.state = nullptr;  // every context has its own (make_local): run_sdpa takes a Replayed<SdpaState>
   l.kind = "cudnn";
-  l.make_local = [s = state.get()](char* const*) -> std::shared_ptr<void> {
-    return std::make_shared<SdpaLocal>(s);
-  };
+  l.make_local = replayed_local(state.get());
   l.record = [state] {
     const CudnnSdpaBuffers& b = state->buf;
     json p = {{"desc", sdpa_desc_json(state->plan->desc())},

@@ -102,6 +102,15 @@ TEST_P(CudaConcurrentCalls, FourThreadsGetBitwiseTheSingleThreadResults) {
                              << ": thread " << t;
 }
 
+// relu(x) * 2 compiled for `mode`: the stream-order tests' graph (generated kernels only, so its
+// context's stream is non-blocking).
+CompiledFunction compile_relu_twice(const char* mode) {
+  CompileOptions co;
+  co.strict = true;
+  co.mode = mode;
+  return compile([](const TensorList& in) { return TensorList{relu(in[0]) * 2.0}; }, co);
+}
+
 // Note [CUDA streams of contexts]: a compiled call runs on a non-blocking stream, so it must wait
 // explicitly for eager work still queued on the legacy stream that writes its device input.
 // Each eager producer below is long (a chain over 16M elements) and nothing synchronizes
@@ -110,10 +119,7 @@ TEST_P(CudaConcurrentCalls, FourThreadsGetBitwiseTheSingleThreadResults) {
 TEST(CudaStreamOrder, CompiledCallsWaitForEagerWorkOnTheirDeviceTensors) {
   const Device cuda = Device::cuda(0);
   for (const char* mode : {"default", "reduce-overhead"}) {
-    CompileOptions co;
-    co.strict = true;
-    co.mode = mode;
-    CompiledFunction f = compile([](const TensorList& in) { return TensorList{relu(in[0]) * 2.0}; }, co);
+    CompiledFunction f = compile_relu_twice(mode);
     Generator gen(9);
     Tensor host = Tensor::randn({1 << 24}, gen);
     Tensor dev = host.to(cuda);
@@ -138,10 +144,7 @@ TEST(CudaStreamOrder, CompiledCallsWaitForEagerWorkOnTheirDeviceTensors) {
 TEST(CudaStreamOrder, NonContiguousDeviceInputsAreGatheredBeforeTheyAreCopiedIn) {
   const Device cuda = Device::cuda(0);
   for (const char* mode : {"default", "reduce-overhead"}) {
-    CompileOptions co;
-    co.strict = true;
-    co.mode = mode;
-    CompiledFunction f = compile([](const TensorList& in) { return TensorList{relu(in[0]) * 2.0}; }, co);
+    CompiledFunction f = compile_relu_twice(mode);
     Generator gen(23);
     for (int round = 0; round < 3; ++round) {
       Tensor x = Tensor::randn({4096, 4096}, gen).to(cuda);
@@ -160,10 +163,7 @@ TEST(CudaStreamOrder, NonContiguousDeviceInputsAreGatheredBeforeTheyAreCopiedIn)
 TEST(CudaStreamOrder, CompiledCallsWaitForEagerReadersOfTheirOutputs) {
   const Device cuda = Device::cuda(0);
   for (const char* mode : {"default", "reduce-overhead"}) {
-    CompileOptions co;
-    co.strict = true;
-    co.mode = mode;
-    CompiledFunction f = compile([](const TensorList& in) { return TensorList{relu(in[0]) * 2.0}; }, co);
+    CompiledFunction f = compile_relu_twice(mode);
     Generator gen(19);
     constexpr int64_t kN = 1 << 22;
     Tensor busy = Tensor::randn({1 << 24}, gen).to(cuda);
