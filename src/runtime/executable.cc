@@ -66,6 +66,7 @@
 #include "core/allocator.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
+#include "kernels/cuda/graph_replay.h"
 
 namespace kiln {
 
@@ -562,17 +563,22 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       // This context's graph, over its arena and staging buffers (Note [Execution contexts]).
       std::lock_guard<std::mutex> setup(pool_->cuda_setup);
       cudaGraph_t graph = nullptr;
-      check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-      try {
-        run_launches(c, in);
-        copy_status_back(c);
-      } catch (...) {
-        cudaStreamEndCapture(s, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        cudaGetLastError();
-        throw;
+      {
+        // Library state held for the capture (cuDNN's shared handle) is released when the
+        // scope closes, after the capture has ended (Note [Library calls replayed as graphs]).
+        cuda::GraphReplay::CaptureScope scope(s);
+        check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+        try {
+          run_launches(c, in);
+          copy_status_back(c);
+        } catch (...) {
+          cudaStreamEndCapture(s, &graph);
+          if (graph) cudaGraphDestroy(graph);
+          cudaGetLastError();
+          throw;
+        }
+        check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
       }
-      check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
       c.graph = graph;
       cudaGraphExec_t exec = nullptr;
       check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");

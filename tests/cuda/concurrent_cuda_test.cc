@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,6 +101,63 @@ TEST_P(CudaConcurrentCalls, FourThreadsGetBitwiseTheSingleThreadResults) {
   for (int t = 0; t < kThreads; ++t)
     EXPECT_EQ(errors[t], "") << c.model << " " << c.mode << " " << dtype_name(c.precision)
                              << ": thread " << t;
+}
+
+// One thread keeps capturing reduce-overhead graphs of resnet18 (a new compiled function each
+// time: its first call captures every cuDNN convolution into the context's graph) while another
+// calls a default-mode resnet18 with a new device input each time (its first convolution reads
+// the input in place, so it calls cuDNN directly every call, on the one shared cuDNN handle).
+// The handle must never be left on a stream that is being captured (cudnn_backend.cc,
+// GraphPlans::execute); every result bitwise its single-thread value.
+TEST(CudaConcurrentCalls, ReduceOverheadCapturesBesideDefaultModeCudnnCalls) {
+  const Device cuda = Device::cuda(0);
+  nn::ZooModel model = nn::make_zoo_model("resnet18", /*batch=*/1, /*seed=*/13);
+  model.module->to(cuda);
+  CompileOptions co;
+  co.strict = true;
+  CompiledFunction direct = compile(model.module, co);
+  Generator gen(41);
+  constexpr int kInputs = 6;
+  std::vector<Tensor> in;
+  std::vector<Tensor> want;
+  for (int i = 0; i < kInputs; ++i) {
+    in.push_back(Tensor::randn(model.inputs[0].sizes(), gen).to(cuda));
+    want.push_back(direct({in.back()})[0].to(Device::cpu()));
+  }
+  ASSERT_TRUE(test::usable_reference(want[0]));
+  std::atomic<bool> done{false};
+  std::string err_a, err_b;
+  std::thread a([&] {
+    try {
+      CompileOptions ro = co;
+      ro.mode = "reduce-overhead";
+      for (int k = 0; k < 6; ++k) {
+        CompiledFunction f = compile(model.module, ro);
+        std::string d = test::first_byte_difference(f({in[size_t(k)]})[0].to(Device::cpu()), want[size_t(k)]);
+        if (!d.empty() && err_a.empty()) err_a = "capture " + std::to_string(k) + ": " + d;
+      }
+    } catch (const std::exception& e) {
+      err_a = std::string("threw: ") + e.what();
+    }
+    done = true;
+  });
+  std::thread b([&] {
+    try {
+      int calls = 0;
+      while (!done || calls < 12) {
+        const int i = calls++ % kInputs;
+        Tensor fresh = in[size_t(i)].clone();  // a new address every call
+        std::string d = test::first_byte_difference(direct({fresh})[0].to(Device::cpu()), want[size_t(i)]);
+        if (!d.empty() && err_b.empty()) err_b = "call " + std::to_string(calls) + ": " + d;
+      }
+    } catch (const std::exception& e) {
+      err_b = std::string("threw: ") + e.what();
+    }
+  });
+  a.join();
+  b.join();
+  EXPECT_EQ(err_a, "") << "reduce-overhead thread";
+  EXPECT_EQ(err_b, "") << "default-mode thread";
 }
 
 // relu(x) * 2 compiled for `mode`: the stream-order tests' graph (generated kernels only, so its

@@ -531,6 +531,18 @@ void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointer
     fail("{}: the workspace pointer is null ({} bytes needed)", what_, c.workspace_bytes);
   const CudnnApi& a = api();
   Handle& h = handle_for(device_, what_);
+  // The handle is shared by every thread, and cudnnSetStream works on the stream the handle had
+  // before. Left on a stream that is still being captured (a library call replayed as a graph,
+  // Note [Library calls replayed as graphs], or reduce-overhead's whole executable), another
+  // thread's next cudnnSetStream reaches into that capture from outside: a SIGSEGV in
+  // cuEventRecord under cudnnSetStream, four threads on the H200. So during a capture scope
+  // (GraphReplay::CaptureScope) the handle stays locked until the capture has ended, and is then
+  // put back on the legacy stream (at_capture_end). The handle's lock is taken before the plan's
+  // variant-pack lock, always, so that a thread holding the handle through a capture that runs
+  // several plans never waits for a pack lock held by a thread waiting for the handle.
+  const bool in_capture = stream && stream == GraphReplay::capturing_stream();
+  std::unique_lock<std::mutex> handle_lock(h.mu, std::defer_lock);
+  if (!(in_capture && t_capture_holds == &h)) handle_lock.lock();
   std::lock_guard<std::mutex> pack_lock(pack_mu_);
   const bool same = last_pack_.get() && last_workspace_ == workspace &&
                     last_uids_.size() == count &&
@@ -551,15 +563,6 @@ void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointer
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != device_)
     check_cuda(cudaSetDevice(device_), what_.c_str());
-  // The handle is shared by every thread, and cudnnSetStream works on the stream the handle had
-  // before. Left on a stream that a library-call capture (Note [Library calls replayed as
-  // graphs]) is still recording, another thread's next cudnnSetStream reaches into that capture
-  // from outside: a SIGSEGV in cuEventRecord under cudnnSetStream, four threads on the H200. So
-  // during such a capture the handle stays locked until the capture has ended, and is then put
-  // back on the legacy stream (at_capture_end).
-  const bool replay_capture = stream && stream == GraphReplay::capturing_stream();
-  std::unique_lock<std::mutex> handle_lock(h.mu, std::defer_lock);
-  if (!(replay_capture && t_capture_holds == &h)) handle_lock.lock();
   cudnnStatus_t s = a.set_stream(static_cast<cudnnHandle_t>(h.handle),
                                  static_cast<cudaStream_t>(stream));
   if (s != CUDNN_STATUS_SUCCESS)
@@ -567,7 +570,7 @@ void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointer
   s = a.execute(static_cast<cudnnHandle_t>(h.handle),
                 static_cast<cudnnBackendDescriptor_t>(c.plan.get()),
                 static_cast<cudnnBackendDescriptor_t>(last_pack_.get()));
-  if (replay_capture && handle_lock.owns_lock()) {
+  if (in_capture && handle_lock.owns_lock()) {
     t_capture_holds = &h;
     handle_lock.release();
     GraphReplay::at_capture_end(release_after_capture, &h);

@@ -108,23 +108,21 @@ struct CaptureState {
 };
 thread_local CaptureState t_capture;
 
-// Marks the thread as capturing on `stream`; when destroyed (the capture ended or failed), runs
-// the functions registered meanwhile.
-class CaptureScope {
- public:
-  explicit CaptureScope(void* stream) { t_capture.stream = stream; }
-  void end() {
-    CaptureState& c = t_capture;
-    c.stream = nullptr;
-    while (c.n > 0) {
-      --c.n;
-      c.fns[c.n](c.args[c.n]);
-    }
-  }
-  ~CaptureScope() { end(); }
-};
-
 }  // namespace
+
+GraphReplay::CaptureScope::CaptureScope(void* stream) {
+  KILN_ASSERT(!t_capture.stream && t_capture.n == 0);
+  t_capture.stream = stream;
+}
+
+GraphReplay::CaptureScope::~CaptureScope() {
+  CaptureState& c = t_capture;
+  c.stream = nullptr;
+  while (c.n > 0) {
+    --c.n;
+    c.fns[c.n](c.args[c.n]);
+  }
+}
 
 void* GraphReplay::capturing_stream() { return t_capture.stream; }
 

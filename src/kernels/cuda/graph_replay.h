@@ -38,13 +38,24 @@ class GraphReplay {
   // call directly (so a real error of the call surfaces as its own).
   void run(void* stream, const void* const* key, int n, EnqueueFn enqueue, void* ctx);
 
-  // The stream on which the calling thread is capturing a library call right now (inside
-  // run()'s enqueue), else nullptr; and a function to call right after that capture ends (also
-  // when it fails), at most kMaxAtCaptureEnd per capture. A library whose shared state (cuDNN's
-  // handle and its stream) must not be left pointing at a capturing stream holds it until then.
+  // The stream the calling thread is capturing inside a CaptureScope (a library call's capture
+  // in run(), or an executable's whole-graph capture), else nullptr; and a function to call
+  // right after that capture ends (also when it fails), at most kMaxAtCaptureEnd per scope. A
+  // library whose shared state (cuDNN's handle and its stream) must not be left pointing at a
+  // capturing stream holds it until then.
   static void* capturing_stream();
   static constexpr int kMaxAtCaptureEnd = 4;
   static void at_capture_end(void (*fn)(void*), void* arg);
+
+  // Open from just before cudaStreamBeginCapture(stream) to just after cudaStreamEndCapture;
+  // the destructor runs what at_capture_end registered. Not nested: one per thread at a time.
+  class CaptureScope {
+   public:
+    explicit CaptureScope(void* stream);
+    ~CaptureScope();
+    CaptureScope(const CaptureScope&) = delete;
+    CaptureScope& operator=(const CaptureScope&) = delete;
+  };
 
   struct Stats {
     int64_t direct = 0, captures = 0, replays = 0;
