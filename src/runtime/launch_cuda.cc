@@ -27,6 +27,8 @@
 // Buffers are checked against their slots' sizes (LaunchEnv::slot_bytes) from the descriptors,
 // so an edited manifest cannot point a library call outside its memory.
 #include <cstring>
+#include <initializer_list>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -209,13 +211,33 @@ cuda::GemmDesc gemm_desc_from(const json& j) {
 }
 
 // Bytes spanned by a stored [rows, cols] matrix with row stride ld (0: cols) over a batch.
+// a * b and a + b of the sizes a record implies, refused rather than overflowed (an edited record
+// may hold any values in the ranges its parser accepts).
+int64_t mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r))
+    throw std::out_of_range("buffer sizes overflow");
+  return r;
+}
+int64_t add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r))
+    throw std::out_of_range("buffer sizes overflow");
+  return r;
+}
+int64_t product(std::initializer_list<int64_t> factors) {
+  int64_t r = 1;
+  for (int64_t f : factors) r = mul(r, f);
+  return r;
+}
+
 int64_t matrix_span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride,
                     DType t) {
   if (ld == 0) ld = cols;
   if (ld < cols) throw std::out_of_range("a leading dimension is smaller than its row");
-  int64_t one = (rows - 1) * ld + cols;
-  if (stride == -1) stride = rows * ld;
-  return ((batch - 1) * stride + one) * dtype_size(t);
+  int64_t one = add(mul(rows - 1, ld), cols);
+  if (stride == -1) stride = mul(rows, ld);
+  return mul(add(mul(batch - 1, stride), one), dtype_size(t));
 }
 
 json algo_json(const cuda::GemmAlgo& a) {
@@ -400,8 +422,8 @@ void workspace_from(const json& p, MemRef* ref, int64_t* bytes) {
   if (*bytes < 0 || *bytes > (int64_t(1) << 34)) throw std::out_of_range("workspace_bytes out of range");
 }
 
-std::pair<cuda::CudaKernel, CudaKernelSpec> kernel_from(const json& p, LaunchEnv& env,
-                                                        const std::string& where) {
+// The record's kernel, checked (geometry, arguments inside their slots) without a GPU.
+CudaKernelSpec parse_kernel(const json& p, LaunchEnv& env, const std::string& where) {
   CudaKernelSpec s;
   s.module = p.at("module").get<std::string>();
   s.kernel = p.at("kernel").get<std::string>();
@@ -417,9 +439,15 @@ std::pair<cuda::CudaKernel, CudaKernelSpec> kernel_from(const json& p, LaunchEnv
     MemRef r = ref_from(a);
     check_buffer(env, r, 0, where, "kernel argument");
     s.args.push_back(r);
+    if (s.args.size() > size_t(cuda::kMaxKernelPointerArgs))
+      throw std::out_of_range("too many kernel arguments");
   }
-  if (s.args.size() > size_t(cuda::kMaxKernelPointerArgs))
-    throw std::out_of_range("too many kernel arguments");
+  return s;
+}
+
+std::pair<cuda::CudaKernel, CudaKernelSpec> kernel_from(const json& p, LaunchEnv& env,
+                                                        const std::string& where) {
+  CudaKernelSpec s = parse_kernel(p, env, where);
   if (!env.cuda_module)
     fail_kind(ErrorKind::ParseError, "{}: the package has no CUDA kernels section", where);
   std::shared_ptr<const cuda::CudaModule> m = env.cuda_module(s.module);
@@ -438,11 +466,21 @@ Executable::Launch rebuild_cuda_kernel(const LaunchRecord& r, LaunchEnv& env,
   return make_cuda_kernel_launch(k, std::move(spec));
 }
 
-Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
-                                    const std::string& where) {
+// A cublaslt record, checked without a GPU: the descriptor's ranges, every operand inside its
+// slot, the recorded algorithm's form.
+struct GemmRecord {
+  cuda::GemmDesc desc;
+  CublasltBuffers buf;
+  bool has_algo = false;  // false: a cross-build's null
+  uint64_t algo[8] = {};
+};
+
+GemmRecord parse_cublaslt(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
   json p = json::parse(r.params);
-  cuda::GemmDesc d = gemm_desc_from(p.at("desc"));
-  CublasltBuffers b;
+  GemmRecord g;
+  cuda::GemmDesc& d = g.desc;
+  d = gemm_desc_from(p.at("desc"));
+  CublasltBuffers& b = g.buf;
   b.a = ref_from(p.at("a"));
   b.b = ref_from(p.at("b"));
   b.bias = ref_from(p.at("bias"));
@@ -455,13 +493,33 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
                                      d.batch, d.stride_b, d.dtype), where, "B");
   check_buffer(env, b.d, matrix_span(d.m, d.n, d.ldd, d.batch, d.stride_d, d.dtype), where, "D");
   if (cuda::gemm_epilogue_has_bias(d.epilogue))
-    check_buffer(env, b.bias, d.n * dtype_size(d.dtype), where, "bias");
+    check_buffer(env, b.bias, mul(d.n, dtype_size(d.dtype)), where, "bias");
   else if (b.bias.slot >= 0)
     throw std::out_of_range("a bias buffer for an epilogue without a bias");
   if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
-  std::shared_ptr<cuda::GemmPlan> plan = cuda::GemmPlan::create(d);
   const json& algo = p.at("algo");
-  if (algo.is_null()) {  // a cross-build: the heuristic's first choice within the workspace
+  if (!algo.is_null()) {
+    auto words = algo.get<std::vector<std::string>>();
+    if (words.size() != 8) throw std::out_of_range("algo must be 8 hexadecimal words");
+    for (size_t i = 0; i < 8; ++i) {
+      const std::string& w = words[i];
+      if (w.empty() || w.size() > 16 ||
+          w.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+        throw std::out_of_range("algo must be 8 hexadecimal words of at most 16 digits");
+      g.algo[i] = std::stoull(w, nullptr, 16);
+    }
+    g.has_algo = true;
+  }
+  return g;
+}
+
+Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
+                                    const std::string& where) {
+  GemmRecord g = parse_cublaslt(r, env, where);
+  const cuda::GemmDesc& d = g.desc;
+  const CublasltBuffers& b = g.buf;
+  std::shared_ptr<cuda::GemmPlan> plan = cuda::GemmPlan::create(d);
+  if (!g.has_algo) {  // a cross-build: the heuristic's first choice within the workspace
     std::vector<cuda::GemmAlgo> cs = plan->candidates(8);
     const cuda::GemmAlgo* pick = nullptr;
     for (const cuda::GemmAlgo& a : cs)
@@ -474,10 +532,7 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
                 "package's {} bytes of workspace", where, plan->describe(), b.workspace_bytes);
     plan->set_algo(*pick);
   } else {
-    auto words = algo.get<std::vector<std::string>>();
-    if (words.size() != 8) throw std::out_of_range("algo must be 8 hexadecimal words");
-    uint64_t want[8];
-    for (size_t i = 0; i < 8; ++i) want[i] = std::stoull(words[i], nullptr, 16);
+    const uint64_t* want = g.algo;
     // The plan's own choice first (the heuristic asked for one algorithm, as at compile time:
     // asked for eight, cuBLASLt may rank others first), then the other candidates (a tuned
     // choice).
@@ -485,7 +540,7 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
     std::vector<cuda::GemmAlgo> cs = {plan->algo()};
     for (const cuda::GemmAlgo& a : plan->candidates(8)) cs.push_back(a);
     for (const cuda::GemmAlgo& a : cs)
-      if (std::memcmp(a.opaque, want, sizeof want) == 0) {
+      if (std::memcmp(a.opaque, want, sizeof g.algo) == 0) {
         if (int64_t(a.workspace_bytes) > b.workspace_bytes)
           fail_kind(ErrorKind::ParseError, "{}: the recorded algorithm needs {} bytes of "
                     "workspace, the package reserves {}", where, a.workspace_bytes,
@@ -504,11 +559,21 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
   return make_cublaslt_launch(d, std::move(plan), b);
 }
 
-Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
-                                      const std::string& where) {
+// A cudnn_conv record, checked without a GPU: the descriptor (and the output shape it
+// implies), every buffer inside its slot, the bias kernel's record.
+struct ConvRecord {
+  cuda::ConvDesc desc;
+  CudnnConvBuffers buf;
+  std::optional<std::string> engine;  // null: a cross-build
+  std::optional<json> bias_kernel;
+};
+
+ConvRecord parse_cudnn_conv(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
   json p = json::parse(r.params);
-  cuda::ConvDesc d = conv_desc_from(p.at("desc"));
-  CudnnConvBuffers b;
+  ConvRecord c;
+  cuda::ConvDesc& d = c.desc;
+  d = conv_desc_from(p.at("desc"));
+  CudnnConvBuffers& b = c.buf;
   b.x = ref_from(p.at("x"));
   b.w = ref_from(p.at("w"));
   b.bias = ref_from(p.at("bias"));
@@ -517,17 +582,30 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
   std::array<int64_t, 4> y = cuda::conv_output_dims(d);  // InvalidArgument for impossible shapes
   const int64_t es = dtype_size(d.dtype);
   bool transposed = d.kind == cuda::ConvKind::Transpose;
-  int64_t w_elems = transposed ? d.c_in * (d.c_out / d.groups) * d.kh * d.kw
-                               : d.c_out * (d.c_in / d.groups) * d.kh * d.kw;
-  check_buffer(env, b.x, d.n * d.c_in * d.h * d.w * es, where, "x");
-  check_buffer(env, b.w, w_elems * es, where, "w");
-  check_buffer(env, b.y, y[0] * y[1] * y[2] * y[3] * es, where, "y");
+  int64_t w_elems = transposed ? product({d.c_in, d.c_out / d.groups, d.kh, d.kw})
+                               : product({d.c_out, d.c_in / d.groups, d.kh, d.kw});
+  check_buffer(env, b.x, product({d.n, d.c_in, d.h, d.w, es}), where, "x");
+  check_buffer(env, b.w, mul(w_elems, es), where, "w");
+  check_buffer(env, b.y, product({y[0], y[1], y[2], y[3], es}), where, "y");
   if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
   const json& bk = p.at("bias_kernel");
-  if (d.bias || !bk.is_null()) check_buffer(env, b.bias, d.c_out * es, where, "bias");
-  std::shared_ptr<cuda::ConvPlan> plan = cuda::ConvPlan::create(d);
+  if (d.bias || !bk.is_null()) check_buffer(env, b.bias, mul(d.c_out, es), where, "bias");
+  if (!bk.is_null()) {
+    parse_kernel(bk, env, where);
+    c.bias_kernel = bk;
+  }
   const json& engine = p.at("engine");
-  if (engine.is_null()) {  // a cross-build: the first engine whose workspace fits
+  if (!engine.is_null()) c.engine = engine.get<std::string>();
+  return c;
+}
+
+Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
+                                      const std::string& where) {
+  ConvRecord rec = parse_cudnn_conv(r, env, where);
+  const cuda::ConvDesc& d = rec.desc;
+  const CudnnConvBuffers& b = rec.buf;
+  std::shared_ptr<cuda::ConvPlan> plan = cuda::ConvPlan::create(d);
+  if (!rec.engine) {  // a cross-build: the first engine whose workspace fits
     bool found = false;
     for (const cuda::ConvEngine& e : plan->candidates())
       if (int64_t(e.workspace_bytes) <= b.workspace_bytes) {
@@ -539,7 +617,7 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
       fail_kind(ErrorKind::NotSupported, "{}: cuDNN offers no engine for {} within the package's "
                 "{} bytes of workspace", where, cuda::describe(d), b.workspace_bytes);
   } else {
-    std::string tag = engine.get<std::string>();
+    const std::string& tag = *rec.engine;
     if (!plan->select_tag(tag))
       fail_kind(ErrorKind::Runtime,
                 "{}: cuDNN on this machine does not offer the engine the package was built with "
@@ -550,34 +628,51 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
       fail_kind(ErrorKind::ParseError, "{}: engine {} needs {} bytes of workspace, the package "
                 "reserves {}", where, tag, plan->workspace_bytes(), b.workspace_bytes);
   }
-  if (bk.is_null()) return make_cudnn_conv_launch(d, std::move(plan), b, nullptr, {});
-  auto [k, spec] = kernel_from(bk, env, where);
+  if (!rec.bias_kernel) return make_cudnn_conv_launch(d, std::move(plan), b, nullptr, {});
+  auto [k, spec] = kernel_from(*rec.bias_kernel, env, where);
   return make_cudnn_conv_launch(d, std::move(plan), b, &k, std::move(spec));
 }
 
-Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
-                                      const std::string& where) {
+// A cudnn_sdpa record, checked without a GPU: the descriptor, every buffer inside its slot.
+struct SdpaRecord {
+  cuda::SdpaDesc desc;
+  CudnnSdpaBuffers buf;
+  std::string engine;
+};
+
+SdpaRecord parse_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
   json p = json::parse(r.params);
-  cuda::SdpaDesc d = sdpa_desc_from(p.at("desc"));
-  CudnnSdpaBuffers b;
+  SdpaRecord rec;
+  cuda::SdpaDesc& d = rec.desc;
+  d = sdpa_desc_from(p.at("desc"));
+  CudnnSdpaBuffers& b = rec.buf;
   b.q = ref_from(p.at("q"));
   b.k = ref_from(p.at("k"));
   b.v = ref_from(p.at("v"));
   b.o = ref_from(p.at("o"));
   workspace_from(p, &b.workspace, &b.workspace_bytes);
-  const int64_t es = dtype_size(d.dtype), bh = d.batch * d.heads;
-  check_buffer(env, b.q, bh * d.seq_q * d.head_dim * es, where, "q");
-  check_buffer(env, b.k, bh * d.seq_kv * d.head_dim * es, where, "k");
-  check_buffer(env, b.v, bh * d.seq_kv * d.head_dim_v * es, where, "v");
-  check_buffer(env, b.o, bh * d.seq_q * d.head_dim_v * es, where, "o");
+  const int64_t es = dtype_size(d.dtype), bh = mul(d.batch, d.heads);
+  check_buffer(env, b.q, product({bh, d.seq_q, d.head_dim, es}), where, "q");
+  check_buffer(env, b.k, product({bh, d.seq_kv, d.head_dim, es}), where, "k");
+  check_buffer(env, b.v, product({bh, d.seq_kv, d.head_dim_v, es}), where, "v");
+  check_buffer(env, b.o, product({bh, d.seq_q, d.head_dim_v, es}), where, "o");
   if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
+  rec.engine = p.at("engine").get<std::string>();
+  return rec;
+}
+
+Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
+                                      const std::string& where) {
+  SdpaRecord rec = parse_cudnn_sdpa(r, env, where);
+  const cuda::SdpaDesc& d = rec.desc;
+  const CudnnSdpaBuffers& b = rec.buf;
   std::string why;
   std::unique_ptr<cuda::SdpaPlan> plan = cuda::SdpaPlan::try_create(d, &why);
   if (!plan)
     fail_kind(ErrorKind::NotSupported, "{}: cuDNN on this machine has no fused attention engine "
               "for {} ({}); rebuild the package here with `kiln compile ... --device cuda`",
               where, cuda::describe(d), why);
-  const std::string tag = p.at("engine").get<std::string>();
+  const std::string& tag = rec.engine;
   if (!plan->select_tag(tag))
     fail_kind(ErrorKind::Runtime,
               "{}: cuDNN on this machine does not offer the attention engine the package was "
@@ -591,10 +686,23 @@ Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
 }
 
 const bool g_registered = [] {
-  register_launch_kind("cuda_kernel", Device::cuda(), rebuild_cuda_kernel);
-  register_launch_kind("cublaslt", Device::cuda(), rebuild_cublaslt);
-  register_launch_kind("cudnn_conv", Device::cuda(), rebuild_cudnn_conv);
-  register_launch_kind("cudnn_sdpa", Device::cuda(), rebuild_cudnn_sdpa);
+  // Each with its parse-only check (validate_launch_record), which needs no GPU.
+  register_launch_kind("cuda_kernel", Device::cuda(), rebuild_cuda_kernel,
+                       [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+                         parse_kernel(json::parse(r.params), env, where);
+                       });
+  register_launch_kind("cublaslt", Device::cuda(), rebuild_cublaslt,
+                       [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+                         parse_cublaslt(r, env, where);
+                       });
+  register_launch_kind("cudnn_conv", Device::cuda(), rebuild_cudnn_conv,
+                       [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+                         parse_cudnn_conv(r, env, where);
+                       });
+  register_launch_kind("cudnn_sdpa", Device::cuda(), rebuild_cudnn_sdpa,
+                       [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+                         parse_cudnn_sdpa(r, env, where);
+                       });
   return true;
 }();
 

@@ -50,7 +50,11 @@ MemRef ref_from(const nlohmann::json& j) {
 
 void check_buffer(LaunchEnv& env, MemRef r, int64_t bytes, const std::string& where,
                   const char* what) {
-  if (!env.slot_bytes || r.slot < 0) return;
+  if (r.slot < 0) return;
+  if (env.num_slots >= 0 && r.slot >= env.num_slots)
+    fail_kind(ErrorKind::ParseError, "{}: {} is in slot {}, but the slot table has {} slots",
+              where, what ? fmt::format("buffer '{}'", what) : "a buffer", r.slot, env.num_slots);
+  if (!env.slot_bytes) return;
   int64_t have = env.slot_bytes(r.slot);
   if (bytes < 0 || r.byte_offset < 0 || r.byte_offset > have || bytes > have - r.byte_offset)
     fail_kind(ErrorKind::ParseError, "{}: {} of {} bytes at slot {} offset {} lies outside the "
@@ -197,6 +201,7 @@ std::mutex& registry_mutex() {
 struct LaunchKind {
   Device device;  // where the launch's buffers live: a package of the other device is refused
   LaunchRebuildFn fn;
+  LaunchValidateFn validate;  // may be empty
 };
 std::map<std::string, LaunchKind>& registry();
 
@@ -376,10 +381,10 @@ Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const s
 }
 
 std::map<std::string, LaunchKind>& registry() {
-  static std::map<std::string, LaunchKind> r = {{"loop", {Device::cpu(), rebuild_loop}},
-                                                {"onednn", {Device::cpu(), rebuild_onednn}},
-                                                {"gather_rows", {Device::cpu(), rebuild_gather_rows}},
-                                                {"concat", {Device::cpu(), rebuild_concat}}};
+  static std::map<std::string, LaunchKind> r = {{"loop", {Device::cpu(), rebuild_loop, {}}},
+                                                {"onednn", {Device::cpu(), rebuild_onednn, {}}},
+                                                {"gather_rows", {Device::cpu(), rebuild_gather_rows, {}}},
+                                                {"concat", {Device::cpu(), rebuild_concat, {}}}};
   return r;
 }
 
@@ -506,21 +511,25 @@ Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t out
   return l;
 }
 
+namespace {
+// The registered kind of `record`, or the error that lists the known ones.
+LaunchKind find_launch_kind(const LaunchRecord& record, const std::string& where) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(record.kind);
+  if (it == registry().end()) {
+    std::string known;
+    for (const auto& [kind, entry] : registry()) known += (known.empty() ? "" : ", ") + kind;
+    fail_kind(ErrorKind::ParseError, "{}: unknown launch kind '{}' (this runtime knows {}); "
+              "the package was written by a newer Kiln: load it with that runtime",
+              where, record.kind, known);
+  }
+  return it->second;
+}
+}  // namespace
+
 Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
                                   const std::string& where) {
-  LaunchRebuildFn fn;
-  {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    auto it = registry().find(record.kind);
-    if (it == registry().end()) {
-      std::string known;
-      for (const auto& [kind, entry] : registry()) known += (known.empty() ? "" : ", ") + kind;
-      fail_kind(ErrorKind::ParseError, "{}: unknown launch kind '{}' (this runtime knows {}); "
-                "the package was written by a newer Kiln: load it with that runtime",
-                where, record.kind, known);
-    }
-    fn = it->second.fn;
-  }
+  LaunchRebuildFn fn = find_launch_kind(record, where).fn;
   try {
     return fn(record, env, where);
   } catch (const Error&) {
@@ -530,9 +539,23 @@ Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
   }
 }
 
-void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn) {
+bool validate_launch_record(const LaunchRecord& record, LaunchEnv& env, const std::string& where) {
+  LaunchValidateFn fn = find_launch_kind(record, where).validate;
+  if (!fn) return false;
+  try {
+    fn(record, env, where);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail_kind(ErrorKind::ParseError, "{}: malformed {} launch: {}", where, record.kind, e.what());
+  }
+  return true;
+}
+
+void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn,
+                          LaunchValidateFn validate) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[kind] = LaunchKind{device, std::move(fn)};
+  registry()[kind] = LaunchKind{device, std::move(fn), std::move(validate)};
 }
 
 std::optional<Device> launch_kind_device(const std::string& kind) {

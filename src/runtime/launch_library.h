@@ -138,6 +138,9 @@ struct LaunchEnv {
   // every buffer a rebuilt launch reads or writes through the slot table is checked against it,
   // so an edited manifest cannot make a launch reach outside its buffers. Null: not checked.
   std::function<int64_t(int32_t slot)> slot_bytes;
+  // The slot table's size: a buffer in a slot at or past it is refused (-1: not checked). A slot
+  // of 0 bytes exists (an empty input); a slot past the table would index outside it at run time.
+  int32_t num_slots = -1;
   // CUDA packages: the package's loaded module of this name (null when it has none).
   std::function<std::shared_ptr<const cuda::CudaModule>(const std::string& name)> cuda_module;
 };
@@ -148,9 +151,21 @@ using LaunchRebuildFn =
     std::function<Executable::Launch(const LaunchRecord&, LaunchEnv&, const std::string& where)>;
 Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
                                   const std::string& where);
-// Registers a launch kind and the device whose memory its buffers are in (the runtime registers
-// the host kinds "loop", "onednn", "gather_rows" and "concat" itself).
-void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn);
+// A launch kind's parse-only check of a record: everything rebuild checks that needs no device
+// and no kernels (descriptor ranges, every buffer inside its slot per env.slot_bytes, the form of
+// recorded choices). Throws as rebuild does.
+using LaunchValidateFn =
+    std::function<void(const LaunchRecord&, LaunchEnv&, const std::string& where)>;
+// Registers a launch kind, the device whose memory its buffers are in and, optionally, its
+// parse-only check (the runtime registers the host kinds "loop", "onednn", "gather_rows" and
+// "concat" itself, without one).
+void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn,
+                          LaunchValidateFn validate = {});
+// Runs the kind's parse-only check of `record` (the CUDA kinds have one, so a CUDA package's
+// records can be checked, and fuzzed, on a machine without a GPU). False when the kind has no
+// such check; throws kiln::Error (ParseError, naming `where`) for an unknown kind or a record
+// the check rejects.
+bool validate_launch_record(const LaunchRecord& record, LaunchEnv& env, const std::string& where);
 // The device of a registered launch kind; nullopt for a kind this runtime does not know.
 std::optional<Device> launch_kind_device(const std::string& kind);
 

@@ -676,6 +676,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
     env.slot_bytes = [&slot_bytes](int32_t slot) -> int64_t {
       return slot >= 0 && size_t(slot) < slot_bytes.size() ? slot_bytes[size_t(slot)] : 0;
     };
+    env.num_slots = int32_t(num_slots);
     // oneDNN nodes are rebuilt for the thread count the writer planned their scratch for (Note
     // [oneDNN thread count] in kernels/onednn_node.cc: a call with more threads is capped).
     kernels::ScopedCpuThreads writer_threads(out.threads);

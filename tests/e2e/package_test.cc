@@ -17,6 +17,7 @@
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "../support/compare.h"
@@ -460,6 +461,118 @@ TEST_F(PackageCorrupt, ACudaLaunchInACpuPackageIsRefusedNamingTheKind) {
   }
   for (const char* kind : {"loop", "onednn", "gather_rows", "concat"})
     EXPECT_TRUE(launch_kind_device(kind).has_value() && launch_kind_device(kind)->is_cpu()) << kind;
+}
+
+// ---- CUDA launch records checked without a GPU ----------------------------------------------------
+// validate_launch_record runs the parse-only half of each CUDA kind's rebuild (what the loader
+// checks before it creates any cuBLASLt or cuDNN plan), so an edited CUDA package's records are
+// checked, and fuzzed (tests/fuzz/launch_record_fuzz.cc), on machines without a GPU. Records as
+// a cross-build (`kiln compile mlp|resnet18 --device cuda --arch sm_90`) writes them.
+class CudaLaunchRecords : public testing::Test {
+ protected:
+  void SetUp() override {
+    env_.slot_bytes = [](int32_t slot) -> int64_t {
+      static const int64_t bytes[6] = {int64_t(1) << 26, int64_t(1) << 22, 4096, 256,
+                                       int64_t(1) << 20, int64_t(1) << 24};
+      return slot >= 0 && slot < 6 ? bytes[slot] : 0;
+    };
+    env_.num_slots = 6;
+  }
+  // The error of validating `params` as `kind` ("" when it validates).
+  std::string error_of(const char* kind, const nlohmann::json& params) {
+    try {
+      EXPECT_TRUE(validate_launch_record({kind, params.dump()}, env_, "launch 7 ('x')")) << kind;
+      return "";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::ParseError) << e.what();
+      EXPECT_NE(std::string(e.what()).find("launch 7 ('x')"), std::string::npos) << e.what();
+      return e.what();
+    }
+  }
+  static nlohmann::json gemm() {
+    return nlohmann::json::parse(R"({"a":[1,0],"algo":null,"b":[2,0],"bias":[3,0],"d":[0,0],
+      "desc":{"alignment_bytes":16,"allow_tf32":false,"alpha":1.0,"batch":1,"beta":0.0,
+      "dtype":"float32","epilogue":"bias","k":10,"lda":0,"ldb":0,"ldc":0,"ldd":0,"m":1,"n":50,
+      "stride_a":-1,"stride_b":-1,"stride_c":-1,"stride_d":-1,"trans_a":false,"trans_b":true},
+      "workspace":[0,512],"workspace_bytes":4096})");
+  }
+  static nlohmann::json conv() {
+    return nlohmann::json::parse(R"({"bias":[5,0],"bias_kernel":{"args":[[5,0],[0,0]],"block":256,
+      "grid":2112,"kernel":"kn_bias_0","module":"graph0_lib","shared":0},
+      "desc":{"alignment_bytes":16,"allow_tf32":false,"bias":false,"c_in":3,"c_out":64,
+      "dilation":[1,1],"dtype":"float32","groups":1,"h":224,"kh":7,"kind":"forward","kw":7,
+      "layout":"nchw","n":1,"output_padding":[0,0],"pad_post":[3,3],"pad_pre":[3,3],"relu":false,
+      "residual":false,"stride":[2,2],"w":224},"engine":null,"w":[4,0],"workspace":[0,4014080],
+      "workspace_bytes":33554432,"x":[1,0],"y":[0,0]})");
+  }
+  static nlohmann::json sdpa() {
+    return nlohmann::json::parse(R"({"desc":{"dtype":"bfloat16","batch":1,"heads":12,"seq_q":197,
+      "seq_kv":197,"head_dim":64,"head_dim_v":64,"scale":0.125,"causal":false,
+      "alignment_bytes":16},"engine":"eng9_k3=64","q":[0,0],"k":[0,302592],"v":[0,605184],
+      "o":[0,907776],"workspace":[0,1210368],"workspace_bytes":0})");
+  }
+  LaunchEnv env_;
+};
+
+TEST_F(CudaLaunchRecords, RecordsAsWrittenAreAccepted) {
+  EXPECT_EQ(error_of("cublaslt", gemm()), "");
+  nlohmann::json g = gemm();
+  g["algo"] = nlohmann::json::array();
+  for (int i = 0; i < 8; ++i) g["algo"].push_back(fmt::format("{:016x}", 0x1234u * unsigned(i)));
+  EXPECT_EQ(error_of("cublaslt", g), "");
+  EXPECT_EQ(error_of("cudnn_conv", conv()), "");
+  EXPECT_EQ(error_of("cudnn_sdpa", sdpa()), "");
+  EXPECT_EQ(error_of("cuda_kernel", conv()["bias_kernel"]), "");
+  // Host kinds have no parse-only check (their rebuild needs the kernels' shared object).
+  EXPECT_FALSE(validate_launch_record({"loop", "{}"}, env_, "launch 0"));
+}
+
+TEST_F(CudaLaunchRecords, EditedRecordsAreRefusedNamingWhatIsWrong) {
+  auto expect = [&](const char* kind, const nlohmann::json& p, const std::string& want) {
+    std::string err = error_of(kind, p);
+    EXPECT_NE(err.find(want), std::string::npos) << kind << ": want '" << want << "' in: " << err;
+  };
+  nlohmann::json g = gemm();
+  g["d"] = {4, (1 << 20) - 64};  // D (200 bytes) past the end of slot 4
+  expect("cublaslt", g, "buffer 'D' of 200 bytes at slot 4 offset 1048512 lies outside");
+  g = gemm();
+  g["algo"] = std::vector<std::string>(8, "0x12");
+  expect("cublaslt", g, "hexadecimal");
+  g = gemm();
+  g["desc"]["m"] = int64_t(1) << 31;
+  g["desc"]["batch"] = int64_t(1) << 31;
+  g["desc"]["stride_d"] = int64_t(1) << 40;
+  expect("cublaslt", g, "overflow");
+  nlohmann::json c = conv();
+  for (const char* k : {"n", "c_in", "h", "w"}) c["desc"][k] = int64_t(1) << 24;
+  c["desc"]["c_out"] = int64_t(1) << 24;
+  expect("cudnn_conv", c, "overflow");
+  c = conv();
+  c["bias_kernel"]["block"] = 0;
+  expect("cudnn_conv", c, "kernel geometry out of range");
+  c = conv();
+  c["x"] = {3, 0};  // the input (602112 bytes) in a 256-byte slot
+  expect("cudnn_conv", c, "buffer 'x'");
+  nlohmann::json a = sdpa();
+  a["desc"]["head_dim"] = int64_t(1) << 24;
+  a["desc"]["seq_q"] = int64_t(1) << 24;
+  a["desc"]["heads"] = int64_t(1) << 24;
+  expect("cudnn_sdpa", a, "overflow");
+  a = sdpa();
+  a["o"] = {2, 0};
+  expect("cudnn_sdpa", a, "buffer 'o'");
+  a = sdpa();
+  a.erase("engine");
+  expect("cudnn_sdpa", a, "malformed cudnn_sdpa launch");
+  expect("cuda_kernel", nlohmann::json::parse(R"({"args":[[9,0]],"block":32,"grid":1,
+      "kernel":"k","module":"m","shared":0})"),
+         "buffer 'kernel argument' is in slot 9, but the slot table has 6 slots");
+  try {
+    validate_launch_record({"tensorrt_engine", "{}"}, env_, "launch 1");
+    FAIL() << "an unknown kind validated";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown launch kind 'tensorrt_engine'"), std::string::npos) << e.what();
+  }
 }
 
 // ---- a launch that cannot be serialized ---------------------------------------------------------
