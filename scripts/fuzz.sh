@@ -35,7 +35,7 @@ if [[ ! -f "$BUILD/build.ninja" ]]; then
         -DKILN_FUZZ=ON -DKILN_PYTHON=OFF >/dev/null
 fi
 cmake -B "$BUILD" -DKILN_FUZZ_SECONDS="$SECONDS_EACH" -DKILN_FUZZ_SEED="$SEED" >/dev/null
-names=(ir onnx npy safetensors package)
+names=(ir onnx npy safetensors package launch_record)
 targets=()
 for n in "${names[@]}"; do targets+=("kiln_fuzz_$n" "kiln_fuzz_replay_$n"); done
 targets+=(kiln_sanitize_tests)

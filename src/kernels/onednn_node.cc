@@ -94,6 +94,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "core/error.h"
+#include "kernels/json_numbers.h"
 
 namespace kiln::kernels {
 
@@ -1313,7 +1314,7 @@ std::string OnednnNodeDesc::to_json() const {
 
 OnednnNodeDesc OnednnNodeDesc::from_json(std::string_view text, const std::string& where) {
   try {
-    json j = json::parse(text);
+    json j = parse_untrusted_json(text);
     OnednnNodeDesc d;
     d.op = j.at("op").get<std::string>();
     d.node = j.at("node").get<std::string>();

@@ -39,6 +39,7 @@
 #include "kernels/cuda/cudnn_conv.h"
 #include "kernels/cuda/cudnn_sdpa.h"
 #include "kernels/cuda/graph_replay.h"
+#include "kernels/json_numbers.h"
 #include "runtime/launch_library.h"
 #include "runtime/launch_records.h"
 
@@ -462,7 +463,7 @@ std::pair<cuda::CudaKernel, CudaKernelSpec> kernel_from(const json& p, LaunchEnv
 
 Executable::Launch rebuild_cuda_kernel(const LaunchRecord& r, LaunchEnv& env,
                                        const std::string& where) {
-  auto [k, spec] = kernel_from(json::parse(r.params), env, where);
+  auto [k, spec] = kernel_from(kernels::parse_untrusted_json(r.params), env, where);
   return make_cuda_kernel_launch(k, std::move(spec));
 }
 
@@ -476,7 +477,7 @@ struct GemmRecord {
 };
 
 GemmRecord parse_cublaslt(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
-  json p = json::parse(r.params);
+  json p = kernels::parse_untrusted_json(r.params);
   GemmRecord g;
   cuda::GemmDesc& d = g.desc;
   d = gemm_desc_from(p.at("desc"));
@@ -569,7 +570,7 @@ struct ConvRecord {
 };
 
 ConvRecord parse_cudnn_conv(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
-  json p = json::parse(r.params);
+  json p = kernels::parse_untrusted_json(r.params);
   ConvRecord c;
   cuda::ConvDesc& d = c.desc;
   d = conv_desc_from(p.at("desc"));
@@ -641,7 +642,7 @@ struct SdpaRecord {
 };
 
 SdpaRecord parse_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
-  json p = json::parse(r.params);
+  json p = kernels::parse_untrusted_json(r.params);
   SdpaRecord rec;
   cuda::SdpaDesc& d = rec.desc;
   d = sdpa_desc_from(p.at("desc"));
@@ -689,7 +690,7 @@ const bool g_registered = [] {
   // Each with its parse-only check (validate_launch_record), which needs no GPU.
   register_launch_kind("cuda_kernel", Device::cuda(), rebuild_cuda_kernel,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
-                         parse_kernel(json::parse(r.params), env, where);
+                         parse_kernel(kernels::parse_untrusted_json(r.params), env, where);
                        });
   register_launch_kind("cublaslt", Device::cuda(), rebuild_cublaslt,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {

@@ -32,6 +32,7 @@
 
 #include "core/error.h"
 #include "kernels/onednn_node.h"
+#include "kernels/json_numbers.h"
 #include "runtime/launch_records.h"
 
 namespace kiln {
@@ -206,7 +207,7 @@ struct LaunchKind {
 std::map<std::string, LaunchKind>& registry();
 
 Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
-  json p = json::parse(r.params);
+  json p = kernels::parse_untrusted_json(r.params);
   std::string symbol = p.at("symbol").get<std::string>();
   int threads = p.at("threads").get<int>();
   if (threads < 0) throw std::out_of_range("threads must be >= 0");
@@ -224,7 +225,7 @@ Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std
 }
 
 Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
-  json p = json::parse(r.params);
+  json p = kernels::parse_untrusted_json(r.params);
   std::string desc_json = p.at("desc").dump();
   kernels::OnednnNodeDesc desc = kernels::OnednnNodeDesc::from_json(desc_json, where);
   std::vector<MemRef> inputs;
@@ -302,7 +303,7 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
 
 Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv& env,
                                        const std::string& where) {
-  json p = json::parse(r.params);
+  json p = kernels::parse_untrusted_json(r.params);
   MemRef table = ref_from(p.at("table")), indices = ref_from(p.at("indices")),
          out = ref_from(p.at("out"));
   int64_t rows = p.at("rows").get<int64_t>(), row_bytes = p.at("row_bytes").get<int64_t>(),
@@ -320,7 +321,7 @@ Executable::Launch rebuild_gather_rows(const LaunchRecord& r, LaunchEnv& env,
 }
 
 Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
-  json p = json::parse(r.params);
+  json p = kernels::parse_untrusted_json(r.params);
   int64_t outer = p.at("outer").get<int64_t>(), out_chunk = p.at("out_chunk_bytes").get<int64_t>();
   MemRef out = ref_from(p.at("out"));
   constexpr int64_t kMax = int64_t(1) << 40;

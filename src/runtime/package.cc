@@ -48,6 +48,7 @@
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_driver.h"
+#include "kernels/json_numbers.h"
 #include "kernels/onednn_node.h"
 #include "runtime/launch_library.h"
 #include "runtime/launch_records.h"
@@ -467,7 +468,7 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
   json m;
   std::string where = "manifest";
   try {
-    m = json::parse(out.manifest);
+    m = kernels::parse_untrusted_json(out.manifest);
     if (m.at("format_version").get<uint32_t>() != out.format_version)
       throw std::out_of_range("format_version differs from the header's");
     out.kiln_version = m.at("kiln_version").get<std::string>();
@@ -776,7 +777,7 @@ std::string explain_package(const std::string& path) {
   std::vector<PackageSection> sections = read_package_sections(path, &version, &file_bytes);
   json m;
   try {
-    m = json::parse(sections[0].bytes);
+    m = kernels::parse_untrusted_json(sections[0].bytes);
   } catch (const std::exception& e) {
     bad(path, fmt::format("section 'manifest': {}", e.what()));
   }
@@ -814,7 +815,7 @@ std::string explain_package(const std::string& path) {
           std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(sec.bytes.data()),
                                    sec.bytes.size()),
           path + ": section 'source'");
-      json params = json::parse(src.metadata.at("params"));
+      json params = kernels::parse_untrusted_json(src.metadata.at("params"));
       s += fmt::format("source parameters ({}; `kiln package --replace-weights` takes these):\n",
                        params.size());
       for (const json& p : params)

@@ -536,6 +536,9 @@ TEST_F(CudaLaunchRecords, EditedRecordsAreRefusedNamingWhatIsWrong) {
   g["d"] = {4, (1 << 20) - 64};  // D (200 bytes) past the end of slot 4
   expect("cublaslt", g, "buffer 'D' of 200 bytes at slot 4 offset 1048512 lies outside");
   g = gemm();
+  g["desc"]["m"] = 2.2e79;  // nlohmann would cast it to int64: undefined (the fuzzer's finding)
+  expect("cublaslt", g, "a number in the JSON is out of range");
+  g = gemm();
   g["algo"] = std::vector<std::string>(8, "0x12");
   expect("cublaslt", g, "hexadecimal");
   g = gemm();
