@@ -115,16 +115,21 @@ struct GemmState {
 // on the host inside their enqueue calls (cublasLtMatmul for half-precision GEMMs,
 // cudnnBackendExecute always), so each execution context replays its library calls as small
 // CUDA graphs keyed on their pointers.
-struct GemmCall {
-  const GemmState* state;
-  cuda::GemmArgs args;
+// One call of a plan (its launch's shared state, the call's arguments), enqueued on the stream
+// GraphReplay gives: the context's, or the capture's.
+template <typename State, typename Args>
+struct PlanCall {
+  const State* state;
+  Args args;
 };
 
-void enqueue_gemm(void* p, void* stream) {
-  auto* call = static_cast<GemmCall*>(p);
+template <typename Call>
+void enqueue_plan(void* p, void* stream) {
+  auto* call = static_cast<Call*>(p);
   call->args.stream = stream;
   call->state->plan->run(call->args);
 }
+using GemmCall = PlanCall<GemmState, cuda::GemmArgs>;
 
 // A library launch's state in one execution context: the shared state and the call's replay.
 template <typename State>
@@ -154,7 +159,7 @@ void run_gemm(void* s, const Executable::RunContext& c) {
   a.workspace_bytes = size_t(g->buf.workspace_bytes);
   const void* key[] = {a.a, a.b, static_cast<const void*>(a.d), a.bias,
                        static_cast<const void*>(a.workspace)};
-  local->replay.run(c.stream, key, 5, enqueue_gemm, &call);
+  local->replay.run(c.stream, key, 5, enqueue_plan<GemmCall>, &call);
 }
 
 json gemm_desc_json(const cuda::GemmDesc& d) {
@@ -362,16 +367,7 @@ struct SdpaState {
   CudnnSdpaBuffers buf;
 };
 
-struct SdpaCall {
-  const SdpaState* state;
-  cuda::SdpaArgs args;
-};
-
-void enqueue_sdpa(void* p, void* stream) {
-  auto* call = static_cast<SdpaCall*>(p);
-  call->args.stream = stream;
-  call->state->plan->run(call->args);
-}
+using SdpaCall = PlanCall<SdpaState, cuda::SdpaArgs>;
 
 void run_sdpa(void* s, const Executable::RunContext& c) {
   auto* local = static_cast<Replayed<SdpaState>*>(s);
@@ -386,7 +382,7 @@ void run_sdpa(void* s, const Executable::RunContext& c) {
   a.workspace_bytes = size_t(v->buf.workspace_bytes);
   const void* key[] = {a.q, a.k, a.v, static_cast<const void*>(a.o),
                        static_cast<const void*>(a.workspace)};
-  local->replay.run(c.stream, key, 5, enqueue_sdpa, &call);
+  local->replay.run(c.stream, key, 5, enqueue_plan<SdpaCall>, &call);
 }
 
 json sdpa_desc_json(const cuda::SdpaDesc& d) {
