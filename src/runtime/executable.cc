@@ -521,6 +521,12 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
                           size_t num_outputs) {
   cudaStream_t s = static_cast<cudaStream_t>(c.stream);
   check(cudaSetDevice(device_.index), "cudaSetDevice");
+  // The context's stream waits for the work queued so far on the legacy stream.
+  auto wait_for_legacy_stream = [&] {
+    cudaEvent_t e = static_cast<cudaEvent_t>(c.legacy_ready);
+    check(cudaEventRecord(e, cudaStreamLegacy), "cudaEventRecord (legacy stream)");
+    check(cudaStreamWaitEvent(s, e, 0), "cudaStreamWaitEvent (legacy stream)");
+  };
   if (c.legacy_ready) {
     // Note [CUDA streams of contexts]: device tensors of the caller may still be written (or,
     // for outputs, read) by work queued on the legacy stream; the call's work waits for it.
@@ -528,11 +534,7 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
     for (size_t i = 0; i < num_inputs && !on_device; ++i) on_device = in[i].device() == device_;
     for (size_t i = 0; i < num_outputs && !on_device; ++i)
       on_device = out[i].defined() && out[i].device() == device_;
-    if (on_device) {
-      cudaEvent_t e = static_cast<cudaEvent_t>(c.legacy_ready);
-      check(cudaEventRecord(e, cudaStreamLegacy), "cudaEventRecord (legacy stream)");
-      check(cudaStreamWaitEvent(s, e, 0), "cudaStreamWaitEvent (legacy stream)");
-    }
+    if (on_device) wait_for_legacy_stream();
   }
   // Inputs: in place when on the device and contiguous (not in graph mode), else one async copy
   // into the input's staging buffer.
@@ -544,12 +546,8 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       continue;
     }
     Tensor src = t.is_contiguous() ? t : t.contiguous();
-    if (c.legacy_ready && !same_tensor(src, t) && src.device() == device_) {
-      // The gather into `src` was just queued on the legacy stream, after the wait above.
-      cudaEvent_t e = static_cast<cudaEvent_t>(c.legacy_ready);
-      check(cudaEventRecord(e, cudaStreamLegacy), "cudaEventRecord (legacy stream)");
-      check(cudaStreamWaitEvent(s, e, 0), "cudaStreamWaitEvent (legacy stream)");
-    }
+    // The gather into `src` was just queued on the legacy stream, after the wait above.
+    if (c.legacy_ready && !same_tensor(src, t) && src.device() == device_) wait_for_legacy_stream();
     char* staging = c.staging[size_t(sp.slot)];
     check(cudaMemcpyAsync(staging, src.raw_data(), src.nbytes(),
                           src.device().is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, s),

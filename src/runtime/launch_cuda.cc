@@ -216,7 +216,6 @@ cuda::GemmDesc gemm_desc_from(const json& j) {
   return d;
 }
 
-// Bytes spanned by a stored [rows, cols] matrix with row stride ld (0: cols) over a batch.
 // a * b and a + b of the sizes a record implies, refused rather than overflowed (an edited record
 // may hold any values in the ranges its parser accepts).
 int64_t mul(int64_t a, int64_t b) {
@@ -237,6 +236,7 @@ int64_t product(std::initializer_list<int64_t> factors) {
   return r;
 }
 
+// Bytes spanned by a stored [rows, cols] matrix with row stride ld (0: cols) over a batch.
 int64_t matrix_span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride,
                     DType t) {
   if (ld == 0) ld = cols;
@@ -442,9 +442,8 @@ CudaKernelSpec parse_kernel(const json& p, LaunchEnv& env, const std::string& wh
   return s;
 }
 
-std::pair<cuda::CudaKernel, CudaKernelSpec> kernel_from(const json& p, LaunchEnv& env,
-                                                        const std::string& where) {
-  CudaKernelSpec s = parse_kernel(p, env, where);
+// The checked record's kernel in the package's loaded modules.
+cuda::CudaKernel load_kernel(const CudaKernelSpec& s, LaunchEnv& env, const std::string& where) {
   if (!env.cuda_module)
     fail_kind(ErrorKind::ParseError, "{}: the package has no CUDA kernels section", where);
   std::shared_ptr<const cuda::CudaModule> m = env.cuda_module(s.module);
@@ -454,12 +453,13 @@ std::pair<cuda::CudaKernel, CudaKernelSpec> kernel_from(const json& p, LaunchEnv
   if (!m->has_kernel(s.kernel))
     fail_kind(ErrorKind::ParseError, "{}: module '{}' of section 'kernels.cuda' has no kernel '{}'",
               where, s.module, s.kernel);
-  return {m->kernel(s.kernel), std::move(s)};
+  return m->kernel(s.kernel);
 }
 
 Executable::Launch rebuild_cuda_kernel(const LaunchRecord& r, LaunchEnv& env,
                                        const std::string& where) {
-  auto [k, spec] = kernel_from(kernels::parse_untrusted_json(r.params), env, where);
+  CudaKernelSpec spec = parse_kernel(kernels::parse_untrusted_json(r.params), env, where);
+  cuda::CudaKernel k = load_kernel(spec, env, where);
   return make_cuda_kernel_launch(k, std::move(spec));
 }
 
@@ -562,7 +562,7 @@ struct ConvRecord {
   cuda::ConvDesc desc;
   CudnnConvBuffers buf;
   std::optional<std::string> engine;  // null: a cross-build
-  std::optional<json> bias_kernel;
+  std::optional<CudaKernelSpec> bias_kernel;
 };
 
 ConvRecord parse_cudnn_conv(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
@@ -587,10 +587,7 @@ ConvRecord parse_cudnn_conv(const LaunchRecord& r, LaunchEnv& env, const std::st
   if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
   const json& bk = p.at("bias_kernel");
   if (d.bias || !bk.is_null()) check_buffer(env, b.bias, mul(d.c_out, es), where, "bias");
-  if (!bk.is_null()) {
-    parse_kernel(bk, env, where);
-    c.bias_kernel = bk;
-  }
+  if (!bk.is_null()) c.bias_kernel = parse_kernel(bk, env, where);
   const json& engine = p.at("engine");
   if (!engine.is_null()) c.engine = engine.get<std::string>();
   return c;
@@ -626,8 +623,8 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
                 "reserves {}", where, tag, plan->workspace_bytes(), b.workspace_bytes);
   }
   if (!rec.bias_kernel) return make_cudnn_conv_launch(d, std::move(plan), b, nullptr, {});
-  auto [k, spec] = kernel_from(*rec.bias_kernel, env, where);
-  return make_cudnn_conv_launch(d, std::move(plan), b, &k, std::move(spec));
+  cuda::CudaKernel k = load_kernel(*rec.bias_kernel, env, where);
+  return make_cudnn_conv_launch(d, std::move(plan), b, &k, std::move(*rec.bias_kernel));
 }
 
 // A cudnn_sdpa record, checked without a GPU: the descriptor, every buffer inside its slot.

@@ -528,9 +528,11 @@ LaunchKind find_launch_kind(const LaunchRecord& record, const std::string& where
 }
 }  // namespace
 
-Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
-                                  const std::string& where) {
-  LaunchRebuildFn fn = find_launch_kind(record, where).fn;
+namespace {
+// Runs fn(record, env, where): a parse failure of another type (a JSON access, a range) becomes
+// the ParseError that names the launch.
+template <typename Fn>
+auto read_record(const Fn& fn, const LaunchRecord& record, LaunchEnv& env, const std::string& where) {
   try {
     return fn(record, env, where);
   } catch (const Error&) {
@@ -539,17 +541,17 @@ Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
     fail_kind(ErrorKind::ParseError, "{}: malformed {} launch: {}", where, record.kind, e.what());
   }
 }
+}  // namespace
+
+Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
+                                  const std::string& where) {
+  return read_record(find_launch_kind(record, where).fn, record, env, where);
+}
 
 bool validate_launch_record(const LaunchRecord& record, LaunchEnv& env, const std::string& where) {
   LaunchValidateFn fn = find_launch_kind(record, where).validate;
   if (!fn) return false;
-  try {
-    fn(record, env, where);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail_kind(ErrorKind::ParseError, "{}: malformed {} launch: {}", where, record.kind, e.what());
-  }
+  read_record(fn, record, env, where);
   return true;
 }
 

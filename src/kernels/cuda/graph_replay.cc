@@ -25,7 +25,7 @@
 // the caller's own stream is being captured (reduce-overhead records the whole executable), the
 // call runs directly into that outer capture. One GraphReplay serves one launch of one
 // execution context, which a single thread holds at a time, so it needs no lock. The CUDA
-// driver itself still allocates now and then (measured: once per 20-30 calls, on its own thread
+// driver itself still allocates now and then (measured: once per 30-100 calls, on its own thread
 // or inside cuGraphLaunch), never per call.
 #include "kernels/cuda/graph_replay.h"
 
@@ -44,13 +44,6 @@
 namespace kiln::cuda {
 
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    fail_kind(ErrorKind::Runtime, "graph replay: {} failed: {}", what, cudaGetErrorString(e));
-  }
-}
 
 bool same_key(const void* const* a, int na, const void* const* b, int nb) {
   return na == nb && std::equal(a, a + na, b);
@@ -71,7 +64,7 @@ CaptureStreams& capture_streams() {
 class CaptureStream {
  public:
   CaptureStream() {
-    check(cudaGetDevice(&device_), "cudaGetDevice");
+    check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
     CaptureStreams& p = capture_streams();
     {
       std::lock_guard<std::mutex> lock(p.mu);
@@ -82,7 +75,7 @@ class CaptureStream {
           return;
         }
     }
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   }
   ~CaptureStream() {
     CaptureStreams& p = capture_streams();
@@ -154,7 +147,7 @@ void GraphReplay::run(void* stream, const void* const* key, int n, EnqueueFn enq
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing");
+  check_cuda(cudaStreamIsCapturing(s, &status), "cudaStreamIsCapturing");
   if (status != cudaStreamCaptureStatusNone) {  // part of the caller's own graph
     ++stats_.direct;
     enqueue(ctx, stream);
@@ -162,7 +155,7 @@ void GraphReplay::run(void* stream, const void* const* key, int n, EnqueueFn enq
   }
   if (same_key(key, n, captured_, captured_n_)) {
     ++stats_.replays;
-    check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s), "cudaGraphLaunch");
+    check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s), "cudaGraphLaunch");
     return;
   }
   if (!same_key(key, n, last_, last_n_)) {  // a new key: direct, and remembered
@@ -179,7 +172,7 @@ void GraphReplay::run(void* stream, const void* const* key, int n, EnqueueFn enq
     return;
   }
   ++stats_.captures;
-  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s), "cudaGraphLaunch");
+  check_cuda(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s), "cudaGraphLaunch");
 }
 
 void GraphReplay::capture(const void* const* key, int n, EnqueueFn enqueue, void* ctx) {
@@ -192,7 +185,7 @@ void GraphReplay::capture(const void* const* key, int n, EnqueueFn enqueue, void
   };
   CaptureStream stream;
   cudaStream_t cs = stream.get();
-  check(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  check_cuda(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
   bool enqueued = true;
   cudaGraph_t graph = nullptr;
   cudaError_t ended = cudaSuccess;
