@@ -170,6 +170,9 @@ class Target {
 
   // Ops the compiler pipeline decomposes (passes/pipeline.h: compiler_pipeline).
   virtual std::vector<OpId> decompositions() const = 0;
+  // Nodes of those ops that this target still runs whole (its library fuses them: CUDA's
+  // fused_conv2d with a relu epilogue is one cuDNN graph).
+  virtual bool keeps_whole(const Graph& g, const Node& n) const { return false; }
   // Whether node n of g gets generated loop code (support() and the emitter's dtype rules).
   virtual bool generates(const Graph& g, const Node& n) const = 0;
   // Why node n cannot run on this target at all, in words for the error ("" when nothing

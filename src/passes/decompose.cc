@@ -138,12 +138,16 @@ DecomposeResult decompose_ops(Graph& g, const DecomposeOptions& options) {
 
   DecomposeResult result;
   bool any = false;
-  for (const Node& n : g.nodes) any = any || (selected[size_t(n.op)] && concrete_types(g, n));
+  auto chosen = [&](const Node& n) {
+    return selected[size_t(n.op)] && concrete_types(g, n) &&
+           !(options.keep_node && options.keep_node(g, n));
+  };
+  for (const Node& n : g.nodes) any = any || chosen(n);
   if (!any) return result;
 
   GraphBuilder b(g);
   for (const Node& n : g.nodes) {
-    if (!selected[size_t(n.op)] || !concrete_types(g, n)) {
+    if (!chosen(n)) {
       b.copy_node(n);
       continue;
     }

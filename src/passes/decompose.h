@@ -15,12 +15,17 @@
 // except `keep` (by default the ops the CPU backend runs whole: fused_conv2d and fused_linear,
 // which map to oneDNN post-ops; see default_kept_whole()).
 //
+// `keep_node`, when set, keeps a selected node whole where it answers true (a target that runs
+// some nodes of an op whole in its library and decomposes the others: CUDA's fused_conv2d with a
+// relu epilogue goes to cuDNN whole, one with a gelu is decomposed).
+//
 // Expects: a valid graph. Nodes whose input shapes are symbolic are left whole (fake tensors
 // need concrete sizes). A decomposition that reads tensor data on the host cannot be traced:
 // that is a bug in the op record and fails with an error naming the op and the node.
 // Guarantees: no node of a selected op with concrete input shapes remains; values outside the
 // replaced nodes keep their ids' names.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,6 +36,7 @@ namespace kiln {
 struct DecomposeOptions {
   std::vector<OpId> ops;   // decompose exactly these (empty: all with a decomposition but keep)
   std::vector<OpId> keep;  // used when `ops` is empty
+  std::function<bool(const Graph&, const Node&)> keep_node;  // per node; see above
 };
 
 // The ops the CPU backend keeps whole by default.

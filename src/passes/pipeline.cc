@@ -46,8 +46,9 @@ std::vector<std::unique_ptr<Pass>> autocast_pipeline(DType precision) {
   return passes;
 }
 
-std::vector<std::unique_ptr<Pass>> compiler_pipeline(const std::vector<OpId>& decompose,
-                                                     DType precision) {
+std::vector<std::unique_ptr<Pass>> compiler_pipeline(
+    const std::vector<OpId>& decompose, DType precision,
+    std::function<bool(const Graph&, const Node&)> keep_node) {
   std::vector<std::unique_ptr<Pass>> passes;
   for (const std::string& name : default_pipeline()) passes.push_back(find_pass(name));
   // After the inference passes (batch norm folded in float32), before the decompositions (a
@@ -56,6 +57,7 @@ std::vector<std::unique_ptr<Pass>> compiler_pipeline(const std::vector<OpId>& de
   if (!decompose.empty()) {
     DecomposeOptions o;
     o.ops = decompose;
+    o.keep_node = std::move(keep_node);
     passes.push_back(make_decompose_pass(o));
     for (const char* cleanup : {"constant-fold", "cse", "dce"}) passes.push_back(find_pass(cleanup));
   }

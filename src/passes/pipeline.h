@@ -10,6 +10,7 @@
 //   - autocast_pipeline(precision): nothing for float32; else autocast to `precision`, then
 //     algebraic-simplify, cse, dce (the eager backend runs this alone).
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -18,7 +19,9 @@
 namespace kiln {
 
 std::vector<std::unique_ptr<Pass>> autocast_pipeline(DType precision);
-std::vector<std::unique_ptr<Pass>> compiler_pipeline(const std::vector<OpId>& decompose,
-                                                     DType precision = DType::Float32);
+// `keep_node`: the nodes of `decompose`'s ops to keep whole (DecomposeOptions::keep_node).
+std::vector<std::unique_ptr<Pass>> compiler_pipeline(
+    const std::vector<OpId>& decompose, DType precision = DType::Float32,
+    std::function<bool(const Graph&, const Node&)> keep_node = {});
 
 }  // namespace kiln

@@ -17,22 +17,31 @@
 //           the same bytes, else
 //           refuses (another cuBLASLt or GPU would compute differently). null (a cross-build
 //           made without a GPU): the heuristic's first choice within the workspace.
-//   cudnn_conv {"desc": ConvDesc, "engine": tag | null, "x", "w", "bias", "y", "workspace",
-//           "workspace_bytes", "bias_kernel": cuda_kernel params | null}: a cuDNN graph plan;
-//           the engine by cuDNN's tag (engine id and knobs), found among the plan's candidates
-//           or refused as above; null: the first candidate whose workspace fits.
+//   cudnn_conv {"desc": ConvDesc, "engine": tag | null, "x", "w", "bias", "y", "residual",
+//           "workspace", "workspace_bytes", "pre": [cuda_kernel params], "post": [...],
+//           "w_krsc": bool}: a cuDNN graph plan between direct kernels (layout changes into and
+//           out of the scratch region, the epilogue no engine fused); x, y and residual are
+//           what cuDNN reads and writes; w_krsc: w holds KCRS, the plan reads a KRSC copy made
+//           per context. The engine by cuDNN's tag (engine id and knobs), found among the plan's
+//           candidates or refused as above; null: the first candidate whose workspace fits.
+//           Format version 3's records (no residual, pre, post or w_krsc; a "bias_kernel" run
+//           after the convolution) load as before.
 //   cudnn_sdpa {"desc": SdpaDesc, "engine": tag, "q", "k", "v", "o", "workspace",
 //           "workspace_bytes"}: cuDNN's fused attention (no mask: none or causal), the engine
 //           found by its tag among the plan's candidates or refused as above.
 // Buffers are checked against their slots' sizes (LaunchEnv::slot_bytes) from the descriptors,
 // so an edited manifest cannot point a library call outside its memory.
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <mutex>
 #include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_driver.h"
@@ -255,13 +264,53 @@ json algo_json(const cuda::GemmAlgo& a) {
 // ---- cuDNN convolutions -------------------------------------------------------------------------
 struct ConvState {
   std::shared_ptr<const cuda::ConvPlan> plan;
+  cuda::ConvDesc desc;
   CudnnConvBuffers buf;
-  bool has_bias_kernel = false;
-  KernelState bias;
+  std::vector<KernelState> pre, post;
+  bool w_krsc = false;
+  std::vector<int32_t> key_slots;  // every slot the call reads or writes, once
   std::string why;
+  // w_krsc: the KRSC copies of the filters the contexts were made with, by source buffer.
+  mutable std::mutex krsc_mu;
+  mutable std::vector<std::pair<const void*, std::shared_ptr<char>>> krsc;
+
+  const void* krsc_filter(const void* src) const;
 };
 
-// Replayed per context like the GEMMs above: the convolution with its bias kernel as one graph.
+// The filter as KRSC ([K][R][S][C]; dims [K, C, R, S] of the stored KCRS), copied once per
+// source buffer: a context is made off the run path, and the weights of a loaded executable do
+// not change (replacing them makes a new package, hence new launches).
+const void* ConvState::krsc_filter(const void* src) const {
+  std::lock_guard<std::mutex> lock(krsc_mu);
+  for (const auto& [from, copy] : krsc)
+    if (from == src) return copy.get();
+  const bool t = desc.kind == cuda::ConvKind::Transpose;
+  const int64_t k = t ? desc.c_in : desc.c_out, c = (t ? desc.c_out : desc.c_in) / desc.groups;
+  const int64_t rs = desc.kh * desc.kw, es = dtype_size(desc.dtype);
+  const size_t bytes = size_t(k * c * rs * es);
+  std::vector<char> kcrs(bytes), out(bytes);
+  cuda_memcpy(kcrs.data(), src, bytes, CopyKind::DeviceToHost);
+  for (int64_t ki = 0; ki < k; ++ki)
+    for (int64_t ci = 0; ci < c; ++ci)
+      for (int64_t p = 0; p < rs; ++p)
+        std::memcpy(out.data() + ((ki * rs + p) * c + ci) * es,
+                    kcrs.data() + ((ki * c + ci) * rs + p) * es, size_t(es));
+  std::shared_ptr<char> copy = allocate_device_arena(int64_t(bytes), desc.device);
+  cuda_memcpy(copy.get(), out.data(), bytes, CopyKind::HostToDevice);
+  krsc.emplace_back(src, copy);
+  return copy.get();
+}
+
+// One execution context's convolution: the shared state, its replay, the filter it reads.
+struct ConvLocal {
+  explicit ConvLocal(const ConvState* s) : state(s) {}
+  const ConvState* state;
+  cuda::GraphReplay replay;
+  const void* w_krsc = nullptr;
+};
+
+// Replayed per context like the GEMMs above: the kernels before, the convolution and the
+// kernels after, as one graph.
 struct ConvCall {
   const ConvState* state;
   cuda::ConvArgs args;
@@ -270,41 +319,36 @@ struct ConvCall {
 
 void enqueue_conv(void* p, void* stream) {
   auto* call = static_cast<ConvCall*>(p);
+  Executable::RunContext on = *call->ctx;
+  on.stream = stream;
+  for (const KernelState& k : call->state->pre) launch_kernel(k, on);
   call->args.stream = stream;
   call->state->plan->run(call->args);
-  if (call->state->has_bias_kernel) {
-    Executable::RunContext on = *call->ctx;
-    on.stream = stream;
-    launch_kernel(call->state->bias, on);
-  }
+  for (const KernelState& k : call->state->post) launch_kernel(k, on);
 }
 
 void run_conv(void* s, const Executable::RunContext& c) {
-  auto* local = static_cast<Replayed<ConvState>*>(s);
+  auto* local = static_cast<ConvLocal*>(s);
   const ConvState* v = local->state;
   if (!v->plan) [[unlikely]]
     fail_kind(ErrorKind::NotSupported, "{}", v->why);
   ConvCall call{v, {}, &c};
   cuda::ConvArgs& a = call.args;
+  const cuda::ConvDesc& d = v->plan->desc();
   a.x = ptr(c.slots, v->buf.x);
-  a.w = ptr(c.slots, v->buf.w);
+  a.w = local->w_krsc ? local->w_krsc : ptr(c.slots, v->buf.w);
   a.y = ptr(c.slots, v->buf.y);
-  if (v->plan->desc().bias) a.bias = ptr(c.slots, v->buf.bias);
+  if (d.bias) a.bias = ptr(c.slots, v->buf.bias);
+  if (d.residual) a.residual = ptr(c.slots, v->buf.residual);
   a.workspace = v->buf.workspace_bytes ? ptr(c.slots, v->buf.workspace) : nullptr;
   a.workspace_bytes = size_t(v->buf.workspace_bytes);
-  // The key: every pointer of the call, the bias kernel's arguments included.
+  // The key: the base of every slot the call (kernels included) reads or writes; offsets and the
+  // context's own filter copy are fixed.
   const void* key[cuda::GraphReplay::kMaxKey];
-  int n = 0;
-  for (const void* p : {a.x, a.w, static_cast<const void*>(a.y), a.bias, a.residual,
-                        static_cast<const void*>(a.workspace)})
-    key[n++] = p;
-  int total = n;
-  if (v->has_bias_kernel) {
-    total += int(v->bias.spec.args.size());
-    if (total <= cuda::GraphReplay::kMaxKey)
-      for (const MemRef& r : v->bias.spec.args) key[n++] = ptr(c.slots, r);
-  }
-  local->replay.run(c.stream, key, total, enqueue_conv, &call);
+  const int n = int(v->key_slots.size());
+  if (n <= cuda::GraphReplay::kMaxKey)
+    for (int i = 0; i < n; ++i) key[i] = c.slots[v->key_slots[size_t(i)]];
+  local->replay.run(c.stream, key, n, enqueue_conv, &call);
 }
 
 json pair_json(const std::array<int64_t, 2>& p) { return json::array({p[0], p[1]}); }
@@ -355,7 +399,6 @@ cuda::ConvDesc conv_desc_from(const json& j) {
   d.relu = j.at("relu").get<bool>();
   d.allow_tf32 = j.at("allow_tf32").get<bool>();
   d.alignment_bytes = j.at("alignment_bytes").get<int>();
-  if (d.residual) throw std::out_of_range("convolution records with a residual are not written by Kiln");
   if (d.alignment_bytes < 1 || d.alignment_bytes > 256)
     throw std::out_of_range("convolution alignment out of range");
   return d;
@@ -557,12 +600,14 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
 }
 
 // A cudnn_conv record, checked without a GPU: the descriptor (and the output shape it
-// implies), every buffer inside its slot, the bias kernel's record.
+// implies), every buffer inside its slot, the kernels' records. Records of format version 3
+// have no "residual", "pre", "post" or "w_krsc" and may have a "bias_kernel" (a post kernel).
 struct ConvRecord {
   cuda::ConvDesc desc;
   CudnnConvBuffers buf;
   std::optional<std::string> engine;  // null: a cross-build
-  std::optional<CudaKernelSpec> bias_kernel;
+  std::vector<CudaKernelSpec> pre, post;
+  bool w_krsc = false;
 };
 
 ConvRecord parse_cudnn_conv(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
@@ -575,19 +620,33 @@ ConvRecord parse_cudnn_conv(const LaunchRecord& r, LaunchEnv& env, const std::st
   b.w = ref_from(p.at("w"));
   b.bias = ref_from(p.at("bias"));
   b.y = ref_from(p.at("y"));
+  if (p.contains("residual")) b.residual = ref_from(p.at("residual"));
   workspace_from(p, &b.workspace, &b.workspace_bytes);
   std::array<int64_t, 4> y = cuda::conv_output_dims(d);  // InvalidArgument for impossible shapes
   const int64_t es = dtype_size(d.dtype);
   bool transposed = d.kind == cuda::ConvKind::Transpose;
   int64_t w_elems = transposed ? product({d.c_in, d.c_out / d.groups, d.kh, d.kw})
                                : product({d.c_out, d.c_in / d.groups, d.kh, d.kw});
+  const int64_t y_bytes = product({y[0], y[1], y[2], y[3], es});
   check_buffer(env, b.x, product({d.n, d.c_in, d.h, d.w, es}), where, "x");
   check_buffer(env, b.w, mul(w_elems, es), where, "w");
-  check_buffer(env, b.y, product({y[0], y[1], y[2], y[3], es}), where, "y");
+  check_buffer(env, b.y, y_bytes, where, "y");
   if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
-  const json& bk = p.at("bias_kernel");
-  if (d.bias || !bk.is_null()) check_buffer(env, b.bias, mul(d.c_out, es), where, "bias");
-  if (!bk.is_null()) c.bias_kernel = parse_kernel(bk, env, where);
+  if (d.bias || b.bias.slot >= 0) check_buffer(env, b.bias, mul(d.c_out, es), where, "bias");
+  if (d.residual || b.residual.slot >= 0) check_buffer(env, b.residual, y_bytes, where, "residual");
+  if (p.contains("w_krsc")) c.w_krsc = p.at("w_krsc").get<bool>();
+  if (c.w_krsc && d.layout != cuda::ConvLayout::NHWC)
+    throw std::out_of_range("a filter reordered to KRSC for a convolution that is not NHWC");
+  auto kernels = [&](const char* key, std::vector<CudaKernelSpec>& out) {
+    if (!p.contains(key)) return;
+    const json& list = p.at(key);
+    if (!list.is_array() || list.size() > 8) throw std::out_of_range("convolution kernel lists hold at most 8");
+    for (const json& k : list) out.push_back(parse_kernel(k, env, where));
+  };
+  kernels("pre", c.pre);
+  kernels("post", c.post);
+  if (p.contains("bias_kernel") && !p.at("bias_kernel").is_null())
+    c.post.insert(c.post.begin(), parse_kernel(p.at("bias_kernel"), env, where));
   const json& engine = p.at("engine");
   if (!engine.is_null()) c.engine = engine.get<std::string>();
   return c;
@@ -622,9 +681,14 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
       fail_kind(ErrorKind::ParseError, "{}: engine {} needs {} bytes of workspace, the package "
                 "reserves {}", where, tag, plan->workspace_bytes(), b.workspace_bytes);
   }
-  if (!rec.bias_kernel) return make_cudnn_conv_launch(d, std::move(plan), b, nullptr, {});
-  cuda::CudaKernel k = load_kernel(*rec.bias_kernel, env, where);
-  return make_cudnn_conv_launch(d, std::move(plan), b, &k, std::move(*rec.bias_kernel));
+  CudnnConvKernels k;
+  std::vector<cuda::CudaKernel> loaded;
+  loaded.reserve(rec.pre.size() + rec.post.size());
+  for (const CudaKernelSpec& s : rec.pre) k.pre_loaded.push_back(&loaded.emplace_back(load_kernel(s, env, where)));
+  for (const CudaKernelSpec& s : rec.post) k.post_loaded.push_back(&loaded.emplace_back(load_kernel(s, env, where)));
+  k.pre = std::move(rec.pre);
+  k.post = std::move(rec.post);
+  return make_cudnn_conv_launch(d, std::move(plan), b, k, rec.w_krsc);
 }
 
 // A cudnn_sdpa record, checked without a GPU: the descriptor, every buffer inside its slot.
@@ -748,30 +812,56 @@ Executable::Launch make_cublaslt_launch(const cuda::GemmDesc& desc,
 
 Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
                                           std::shared_ptr<const cuda::ConvPlan> plan,
-                                          CudnnConvBuffers buffers,
-                                          const cuda::CudaKernel* bias_kernel,
-                                          CudaKernelSpec bias_spec) {
+                                          CudnnConvBuffers buffers, const CudnnConvKernels& kernels,
+                                          bool w_krsc) {
   auto state = std::make_shared<ConvState>();
   state->plan = std::move(plan);
+  state->desc = desc;
   state->buf = buffers;
-  state->has_bias_kernel = !bias_spec.kernel.empty();
-  if (bias_kernel) state->bias.kernel = *bias_kernel;
-  state->bias.spec = std::move(bias_spec);
+  state->w_krsc = w_krsc;
+  auto add = [&](const std::vector<CudaKernelSpec>& specs,
+                 const std::vector<const cuda::CudaKernel*>& loaded, std::vector<KernelState>& out) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      KernelState k;
+      if (i < loaded.size() && loaded[i]) k.kernel = *loaded[i];
+      k.spec = specs[i];
+      out.push_back(std::move(k));
+    }
+  };
+  add(kernels.pre, kernels.pre_loaded, state->pre);
+  add(kernels.post, kernels.post_loaded, state->post);
+  std::vector<int32_t>& ks = state->key_slots;
+  auto key = [&](const MemRef& r) {
+    if (r.slot >= 0 && std::find(ks.begin(), ks.end(), r.slot) == ks.end()) ks.push_back(r.slot);
+  };
+  for (const MemRef& r : {buffers.x, buffers.w, buffers.bias, buffers.y, buffers.residual, buffers.workspace})
+    key(r);
+  for (const auto* list : {&state->pre, &state->post})
+    for (const KernelState& k : *list)
+      for (const MemRef& r : k.spec.args) key(r);
   state->why = fmt::format("cuda: {} was compiled for a package only (a cross-build without a "
                            "GPU): load the package on the GPU to run it", cuda::describe(desc));
   Executable::Launch l;
   l.fn = run_conv;
-  l.state = nullptr;  // every context has its own (make_local): run_conv takes a Replayed<ConvState>
+  l.state = nullptr;  // every context has its own (make_local): run_conv takes a ConvLocal
   l.kind = "cudnn";
-  l.make_local = replayed_local(state.get());
-  l.record = [state, desc] {
+  const ConvState* shared = state.get();
+  l.make_local = [shared](char* const* slots) -> std::shared_ptr<void> {
+    auto local = std::make_shared<ConvLocal>(shared);
+    if (shared->w_krsc && shared->plan) local->w_krsc = shared->krsc_filter(ptr(slots, shared->buf.w));
+    return local;
+  };
+  l.record = [state] {
     const CudnnConvBuffers& b = state->buf;
-    json p = {{"desc", conv_desc_json(desc)},
+    json pre = json::array(), post = json::array();
+    for (const KernelState& k : state->pre) pre.push_back(kernel_json(k.spec));
+    for (const KernelState& k : state->post) post.push_back(kernel_json(k.spec));
+    json p = {{"desc", conv_desc_json(state->desc)},
               {"engine", state->plan ? json(state->plan->engine().tag) : json(nullptr)},
               {"x", ref_json(b.x)}, {"w", ref_json(b.w)}, {"bias", ref_json(b.bias)},
-              {"y", ref_json(b.y)}, {"workspace", ref_json(b.workspace)},
-              {"workspace_bytes", b.workspace_bytes},
-              {"bias_kernel", state->has_bias_kernel ? kernel_json(state->bias.spec) : json(nullptr)}};
+              {"y", ref_json(b.y)}, {"residual", ref_json(b.residual)},
+              {"workspace", ref_json(b.workspace)}, {"workspace_bytes", b.workspace_bytes},
+              {"pre", pre}, {"post", post}, {"w_krsc", state->w_krsc}};
     return LaunchRecord{"cudnn_conv", p.dump()};
   };
   l.owner = std::move(state);

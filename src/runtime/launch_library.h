@@ -105,19 +105,27 @@ Executable::Launch make_cublaslt_launch(const cuda::GemmDesc& desc,
                                         std::shared_ptr<const cuda::GemmPlan> plan,
                                         CublasltBuffers buffers);
 
-// A cuDNN convolution (graph plan with its selected engine), optionally followed by a bias
-// kernel (a direct kernel of the executable's library module) where no engine fuses the bias.
-// `plan` null: a launch for a package only, as above; the record then leaves the engine to the
-// loader.
+// A cuDNN convolution (graph plan with its selected engine) between direct kernels of the
+// executable's library module: `pre` kernels run before it (layout changes of x and the
+// residual into the scratch region), `post` kernels after it (the epilogue no engine fused, the
+// layout change of y out of the scratch region). x, y and residual are the buffers cuDNN reads
+// and writes, in the plan's layout. `w_krsc`: the w buffer holds a KCRS filter (a weight as the
+// model stores it) and the plan reads KRSC: each execution context is made with a KRSC copy
+// (made once per source buffer on the device, shared by the contexts). `plan` null: a launch
+// for a package only, as above; the record then leaves the engine to the loader. See Note
+// [CUDA convolution layouts] in targets/cuda/target.cc.
 struct CudnnConvBuffers {
-  MemRef x, w, bias, y, workspace;
+  MemRef x, w, bias, y, residual, workspace;
   int64_t workspace_bytes = 0;
+};
+struct CudnnConvKernels {
+  std::vector<CudaKernelSpec> pre, post;
+  std::vector<const cuda::CudaKernel*> pre_loaded, post_loaded;  // empty: not loaded (cross-build)
 };
 Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
                                           std::shared_ptr<const cuda::ConvPlan> plan,
-                                          CudnnConvBuffers buffers,
-                                          const cuda::CudaKernel* bias_kernel,
-                                          CudaKernelSpec bias_spec);
+                                          CudnnConvBuffers buffers, const CudnnConvKernels& kernels,
+                                          bool w_krsc);
 
 // cuDNN's fused attention (flash attention graph plan with its selected engine), o = softmax(q k^T
 // scale [+ causal]) v over contiguous [B, H, S, D] buffers. Always made with a plan (cross-builds

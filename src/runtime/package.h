@@ -19,9 +19,11 @@ namespace kiln {
 
 // The newest version this Kiln reads and writes, and the oldest it reads (docs/package.md,
 // "Version policy"): version 2 added the optional `source` section and the manifest's
-// `precision`; version 3 CUDA packages (the `kernels.cuda` section). A package is written with
-// the lowest version that holds it: CPU packages are still version 2.
-inline constexpr uint32_t kPackageFormatVersion = 3;
+// `precision`; version 3 CUDA packages (the `kernels.cuda` section); version 4 CUDA convolution
+// records with a residual, kernels around the convolution and KRSC filters (a version-3 runtime
+// would ignore those keys and compute something else). A package is written with the lowest
+// version that holds it: CPU packages are still version 2, CUDA packages are 4.
+inline constexpr uint32_t kPackageFormatVersion = 4;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 

@@ -144,6 +144,7 @@ INSTANTIATE_TEST_SUITE_P(
                     CudaAutocastCase{"vfe", DType::Float16, 4},
                     CudaAutocastCase{"resnet18", DType::BFloat16, 4},
                     CudaAutocastCase{"resnet18", DType::Float16, 4},
+                    CudaAutocastCase{"resnet50", DType::BFloat16, 4},
                     CudaAutocastCase{"bert_base", DType::BFloat16, 16},
                     CudaAutocastCase{"bert_base", DType::Float16, 8}),
     cuda_case_name);
@@ -174,3 +175,64 @@ TEST(CudaAutocastCapture, KilnCompileRunsTheModelLowOnCuda) {
 }
 
 }  // namespace
+
+// Note [CUDA convolution layouts]: half-precision ResNet-18 computes its convolution chains
+// channels-last (transposing where a chain meets the pool and the head) with bias, residual and
+// relu fused into cuDNN's graphs. Each combination of layout policy (auto, nchw) and epilogue
+// (fused, kernel) must match the float32 run within the low-precision tolerance, and
+// reduce-overhead must replay the convolutions' kernels bitwise.
+TEST(CudaConvLayouts, ChannelsLastAndEpilogueKernelsMatchFloat32) {
+  register_autocast_grabber();
+  nn::ZooModel model = nn::make_zoo_model("resnet18", /*batch=*/1, /*seed=*/11);
+  std::vector<Graph> graphs;
+  g_autocast_sink = &graphs;
+  CompileOptions co;
+  co.backend = "test-autocast-grabber";
+  compile(model.module, co)(model.inputs);
+  g_autocast_sink = nullptr;
+  ASSERT_EQ(graphs.size(), 1u);
+  const Graph& g = graphs[0];
+  TensorList in = test::graph_test_inputs(g, model.inputs, true, 3100);
+  TensorList want = compiler::compile(g, Device::cuda(0), {})->run(in);
+  TensorList cpu = find_backend("eager")(g, BackendOptions{})->run(in);
+  ASSERT_TRUE(test::usable_reference(cpu[0]));
+  ASSERT_TRUE(test::close(want[0].to(Device::cpu()), cpu[0],
+                          test::Tolerance::of_scale(test::max_abs(cpu[0]), 1e-4)));
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    const double unit = dt == DType::BFloat16 ? 1.0 / 256 : 1.0 / 2048;
+    for (const char* knobs : {"", "conv=nchw", "conv_epilogue=kernel", "conv=nchw,conv_epilogue=kernel"}) {
+      std::string where = fmt::format("resnet18 {} knobs '{}'", dtype_name(dt), knobs);
+      compiler::Options o;
+      o.precision = dt;
+      o.knobs = compiler::parse_knobs(knobs, "test");
+      auto exe = compiler::compile(g, Device::cuda(0), o);
+      const std::string summary = exe->summary();
+      const bool nchw = std::string(knobs).find("conv=nchw") != std::string::npos;
+      const bool kernel = std::string(knobs).find("kernel") != std::string::npos;
+      EXPECT_EQ(summary.find(" NHWC ") != std::string::npos, !nchw) << where << "\n" << summary;
+      if (!nchw) {
+        EXPECT_NE(summary.find("[x NCHW->NHWC]"), std::string::npos) << where << "\n" << summary;
+        EXPECT_NE(summary.find("[y NHWC->NCHW]"), std::string::npos) << where << "\n" << summary;
+        EXPECT_NE(summary.find("[residual NCHW->NHWC]"), std::string::npos) << where << "\n" << summary;
+      }
+      if (kernel)
+        EXPECT_NE(summary.find("epilogue kernel (+bias+residual+relu)"), std::string::npos)
+            << where << "\n" << summary;
+      EXPECT_EQ(exe->report().eager_launches, 0) << where;
+      TensorList got = exe->run(in);
+      Tensor a = got[0].to(Device::cpu()), b = want[0].to(Device::cpu());
+      const double scale = test::max_abs(b);
+      test::Comparison cmp = test::compare(a, b, test::Tolerance::of_scale(scale, 8 * unit));
+      EXPECT_TRUE(cmp.ok()) << where << ": " << cmp.str();
+      EXPECT_GT(std::fabs(cmp.worst_diff), 0.0) << where << ": bitwise equal to float32";
+      std::printf("%s: max |low - f32| / max |f32| = %.3g (%.2f units)\n", where.c_str(),
+                  std::fabs(cmp.worst_diff) / scale, std::fabs(cmp.worst_diff) / scale / unit);
+      compiler::Options ro = o;
+      ro.mode = "reduce-overhead";
+      auto replay = compiler::compile(g, Device::cuda(0), ro);
+      for (int call = 0; call < 3; ++call)
+        EXPECT_EQ(test::first_byte_difference(replay->run(in)[0], got[0]), "")
+            << where << " reduce-overhead call " << call;
+    }
+  }
+}

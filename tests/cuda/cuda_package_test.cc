@@ -141,6 +141,7 @@ INSTANTIATE_TEST_SUITE_P(
                     ZooCase{"resnet50", "reduce-overhead"}, ZooCase{"vit_b_16", "default"},
                     ZooCase{"bert_base", "reduce-overhead"},
                     ZooCase{"resnet18", "default", DType::BFloat16},
+                    ZooCase{"resnet50", "default", DType::BFloat16},
                     ZooCase{"bert_base", "default", DType::BFloat16},
                     ZooCase{"vit_b_16", "reduce-overhead", DType::BFloat16}),
     [](const testing::TestParamInfo<ZooCase>& i) {

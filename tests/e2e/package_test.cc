@@ -505,6 +505,20 @@ class CudaLaunchRecords : public testing::Test {
       "residual":false,"stride":[2,2],"w":224},"engine":null,"w":[4,0],"workspace":[0,4014080],
       "workspace_bytes":33554432,"x":[1,0],"y":[0,0]})");
   }
+  // As this Kiln writes it (format version 4): a channels-last bfloat16 convolution with its
+  // residual moved into the scratch region by a pre kernel and y moved out by a post kernel.
+  static nlohmann::json conv_nhwc() {
+    return nlohmann::json::parse(R"({"bias":[5,0],"residual":[0,2097152],"w_krsc":true,
+      "pre":[{"args":[[1,0],[0,1048576]],"block":256,"grid":784,"kernel":"kn_conv_x_3",
+      "module":"graph0_lib","shared":0}],
+      "post":[{"args":[[0,4194304],[0,6291456]],"block":256,"grid":784,"kernel":"kn_conv_y_3",
+      "module":"graph0_lib","shared":0}],
+      "desc":{"alignment_bytes":16,"allow_tf32":false,"bias":true,"c_in":64,"c_out":64,
+      "dilation":[1,1],"dtype":"bfloat16","groups":1,"h":56,"kh":3,"kind":"forward","kw":3,
+      "layout":"nhwc","n":1,"output_padding":[0,0],"pad_post":[1,1],"pad_pre":[1,1],"relu":true,
+      "residual":true,"stride":[1,1],"w":56},"engine":"eng0","w":[4,0],"workspace":[0,0],
+      "workspace_bytes":1048576,"x":[0,1048576],"y":[0,4194304]})");
+  }
   static nlohmann::json sdpa() {
     return nlohmann::json::parse(R"({"desc":{"dtype":"bfloat16","batch":1,"heads":12,"seq_q":197,
       "seq_kv":197,"head_dim":64,"head_dim_v":64,"scale":0.125,"causal":false,
@@ -520,7 +534,8 @@ TEST_F(CudaLaunchRecords, RecordsAsWrittenAreAccepted) {
   g["algo"] = nlohmann::json::array();
   for (int i = 0; i < 8; ++i) g["algo"].push_back(fmt::format("{:016x}", 0x1234u * unsigned(i)));
   EXPECT_EQ(error_of("cublaslt", g), "");
-  EXPECT_EQ(error_of("cudnn_conv", conv()), "");
+  EXPECT_EQ(error_of("cudnn_conv", conv()), "");  // a version-3 record (its bias_kernel)
+  EXPECT_EQ(error_of("cudnn_conv", conv_nhwc()), "");
   EXPECT_EQ(error_of("cudnn_sdpa", sdpa()), "");
   EXPECT_EQ(error_of("cuda_kernel", conv()["bias_kernel"]), "");
   // Host kinds have no parse-only check (their rebuild needs the kernels' shared object).
@@ -556,6 +571,18 @@ TEST_F(CudaLaunchRecords, EditedRecordsAreRefusedNamingWhatIsWrong) {
   c = conv();
   c["x"] = {3, 0};  // the input (602112 bytes) in a 256-byte slot
   expect("cudnn_conv", c, "buffer 'x'");
+  c = conv_nhwc();
+  c["residual"] = {3, 0};  // the residual (401408 bytes) in a 256-byte slot
+  expect("cudnn_conv", c, "buffer 'residual'");
+  c = conv_nhwc();
+  c["desc"]["layout"] = "nchw";
+  expect("cudnn_conv", c, "KRSC for a convolution that is not NHWC");
+  c = conv_nhwc();
+  for (int i = 0; i < 8; ++i) c["pre"].push_back(c["pre"][0]);
+  expect("cudnn_conv", c, "at most 8");
+  c = conv_nhwc();
+  c["post"][0]["args"][1] = {9, 0};
+  expect("cudnn_conv", c, "slot 9");
   nlohmann::json a = sdpa();
   a["desc"]["head_dim"] = int64_t(1) << 24;
   a["desc"]["seq_q"] = int64_t(1) << 24;

@@ -8,7 +8,8 @@ using compiler::OpSupport;
 constexpr OpSupport kPointwise{true, false, false, "CUDA C pointwise kernel (NVRTC), fused with neighbouring pointwise ops"};
 constexpr OpSupport kReduce{true, false, false, "block-per-row reduction kernel with fused prologue and epilogue, warp shuffles, no atomics"};
 constexpr OpSupport kNorm{true, false, false, "block-per-row norm kernel (float statistics) with fused prologue and epilogue"};
-constexpr OpSupport kConv{false, true, false, "cuDNN graph (NCHW), bias fused where an engine takes it; float64: a direct CUDA kernel"};
+constexpr OpSupport kConv{false, true, false, "cuDNN graph (channels-last between half-precision convolutions, else NCHW), bias fused where an engine takes it; float64: a direct CUDA kernel"};
+constexpr OpSupport kFusedConv{false, true, false, "cuDNN graph with bias, residual and relu fused where an engine takes them (else an epilogue kernel); other epilogues and float64: decomposed"};
 constexpr OpSupport kGemm{false, true, false, "cuBLASLt (f32/f16/bf16; bias epilogue; batched with broadcast operands); float64, integers, partial batch broadcast, K = 0: a direct tiled CUDA GEMM kernel"};
 constexpr OpSupport kPool{false, true, false, "direct CUDA kernel, sizes as literals"};
 constexpr OpSupport kCopy{false, true, false, "direct CUDA copy kernel, sizes as literals"};
@@ -100,7 +101,7 @@ constexpr compiler::OpSupportTable kCuda = compiler::make_support_table({
     {OpId::ScaledDotProductAttention, kAttention},
     {OpId::Upsample, kResample},
     {OpId::GridSample, kResample},
-    {OpId::FusedConv2d, kDecomposed},
+    {OpId::FusedConv2d, kFusedConv},
     {OpId::FusedLinear, kDecomposed}});
 }  // namespace
 

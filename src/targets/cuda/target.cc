@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -107,10 +108,20 @@ struct BuildFor {
   std::string arch;
   int sms = 0;
   bool cross = false;
+  bool conv_nhwc = true;  // knob conv=auto|nchw: Note [CUDA convolution layouts]
+  bool conv_fuse = true;  // knob conv_epilogue=fused|kernel (kernel: tests of the epilogue kernel)
 };
 
 BuildFor build_for(const Knobs& knobs) {
   BuildFor b;
+  const std::string conv = knobs.get("conv", "auto");
+  if (conv != "auto" && conv != "nchw")
+    fail("cuda: knob conv={} is not a convolution layout policy (auto or nchw)", conv);
+  b.conv_nhwc = conv == "auto";
+  const std::string epilogue = knobs.get("conv_epilogue", "fused");
+  if (epilogue != "fused" && epilogue != "kernel")
+    fail("cuda: knob conv_epilogue={} is not fused or kernel", epilogue);
+  b.conv_fuse = epilogue == "fused";
   const std::string* arch = knobs.find("arch");
   if (!arch) {
     b.arch = device_arch(kDevice);
@@ -141,6 +152,21 @@ BuildFor build_for(const Knobs& knobs) {
 
 // ---- library kernels --------------------------------------------------------------------------
 
+// A direct kernel around a convolution; each argument a node input, a node output or an offset
+// into the scratch region.
+struct KernelArg {
+  enum class Of : uint8_t { Input, Output, Scratch } of = Of::Input;
+  int index = 0;
+  int64_t offset = 0;
+};
+struct ConvKernel {
+  std::string name;
+  int64_t blocks = 0;
+  int threads = 256;
+  std::vector<KernelArg> args;
+  CudaKernel kernel;
+};
+
 struct LibNode {
   enum class Kind { None, Gemm, Conv, Sdpa, Direct } kind = Kind::None;
   std::string why_not;
@@ -149,10 +175,16 @@ struct LibNode {
   std::shared_ptr<GemmPlan> gemm;
   GemmDesc gemm_desc;  // a cross-build's GEMM: no plan, the descriptor only
   int gemm_a = 0, gemm_b = 1, gemm_bias = -1;  // input indices
-  // Conv
+  // Conv (Note [CUDA convolution layouts])
   std::shared_ptr<ConvPlan> conv;
   ConvDesc conv_desc;  // a cross-build's convolution: no plan, the descriptor only
-  bool conv_bias_kernel = false;  // the bias is added by a direct kernel after the convolution
+  int conv_residual = -1;  // input index of the residual (fused_conv2d), -1: none
+  // Where cuDNN reads x and the residual and writes y: the node's own buffer (-1) or this
+  // offset into the scratch region (the value is stored in the other layout).
+  int64_t conv_x_at = -1, conv_r_at = -1, conv_y_at = -1;
+  int64_t conv_ws_bytes = 0;  // the workspace region at the start of the scratch region
+  bool conv_w_krsc = false;
+  std::vector<ConvKernel> conv_pre, conv_post;
   // Sdpa: cuDNN's fused attention
   std::shared_ptr<SdpaPlan> sdpa;
   // Direct kernels (and the conv bias kernel): a kernel of the library program, with its
@@ -171,24 +203,36 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
  public:
   CudaLibraryKernels(const Graph& g, const std::vector<int32_t>& nodes, BuildFor build)
       : build_(std::move(build)) {
-    nodes_.resize(g.nodes.size());
+    // Note [CUDA convolution layouts]: plan with the layouts chosen; a convolution that cuDNN
+    // cannot run channels-last is planned again in NCHW, with every value next to it.
+    std::vector<bool> excluded(g.nodes.size(), false);
     std::string source;
-    for (int32_t i : nodes) {
-      LibNode& ln = nodes_[size_t(i)];
-      const Node& n = g.nodes[size_t(i)];
-      try {
-        plan(g, n, i, ln, source);
-      } catch (const Error& e) {
-        if (e.kind() != ErrorKind::NotSupported && e.kind() != ErrorKind::InvalidArgument) throw;
-        ln = LibNode{};  // nothing of a half-made plan (a kernel name without its source) stays
-        ln.kind = LibNode::Kind::None;
-        ln.why_not = e.message();
+    for (;;) {
+      choose_layouts(g, nodes, excluded);
+      nodes_.assign(g.nodes.size(), LibNode{});
+      scratch_ = 0;
+      source.clear();
+      int32_t failed = -1;
+      for (int32_t i : nodes) {
+        LibNode& ln = nodes_[size_t(i)];
+        const Node& n = g.nodes[size_t(i)];
+        try {
+          plan(g, n, i, ln, source);
+        } catch (const Error& e) {
+          if (e.kind() != ErrorKind::NotSupported && e.kind() != ErrorKind::InvalidArgument) throw;
+          ln = LibNode{};  // nothing of a half-made plan (a kernel name without its source) stays
+          ln.kind = LibNode::Kind::None;
+          ln.why_not = e.message();
+          if (nhwc_conv_[size_t(i)]) failed = i;
+        }
+        if (failed >= 0) break;
+        if (ln.gemm) scratch_ = std::max(scratch_, ln.gemm->workspace_bytes());
+        if (ln.sdpa) scratch_ = std::max(scratch_, ln.sdpa->workspace_bytes());
+        if (build_.cross && ln.kind == LibNode::Kind::Gemm)
+          scratch_ = std::max(scratch_, size_t(kCrossWorkspaceBytes));
       }
-      if (ln.gemm) scratch_ = std::max(scratch_, ln.gemm->workspace_bytes());
-      if (ln.conv) scratch_ = std::max(scratch_, ln.conv->workspace_bytes());
-      if (ln.sdpa) scratch_ = std::max(scratch_, ln.sdpa->workspace_bytes());
-      if (build_.cross && (ln.kind == LibNode::Kind::Gemm || ln.kind == LibNode::Kind::Conv))
-        scratch_ = std::max(scratch_, size_t(kCrossWorkspaceBytes));
+      if (failed < 0) break;
+      excluded[size_t(failed)] = true;
     }
     if (!source.empty()) {
       CudaCompileRequest req = direct_program(
@@ -198,8 +242,11 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       arch_ = req.arch;
       if (!build_.cross) {  // a cross-build loads nothing (Note [CUDA cross-builds])
         module_ = CudaModule::load(program_->cubin, kDevice, req.program_name);
-        for (LibNode& ln : nodes_)
+        for (LibNode& ln : nodes_) {
           if (!ln.kernel_name.empty()) ln.kernel = module_->kernel(ln.kernel_name);
+          for (auto* list : {&ln.conv_pre, &ln.conv_post})
+            for (ConvKernel& k : *list) k.kernel = module_->kernel(k.name);
+        }
       }
     }
   }
@@ -238,6 +285,9 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       if (ln.reports) spec.args.push_back(status);
     }
     const int64_t ws = scratch_bytes();
+    auto n_inputs_has = [](const std::vector<MemRef>& v, int i) {
+      return i >= 0 && size_t(i) < v.size() && v[size_t(i)].slot >= 0;
+    };
     switch (ln.kind) {
       case LibNode::Kind::Gemm: {
         CublasltBuffers b{at(inputs, ln.gemm_a), at(inputs, ln.gemm_b), at(inputs, ln.gemm_bias),
@@ -246,12 +296,38 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       }
       case LibNode::Kind::Conv: {
         const ConvDesc& d = ln.conv ? ln.conv->desc() : ln.conv_desc;
-        CudnnConvBuffers b{at(inputs, 0), at(inputs, 1),
-                           d.bias || ln.conv_bias_kernel ? at(inputs, 2) : MemRef{},
-                           at(outputs, 0), scratch, ws};
-        return make_cudnn_conv_launch(d, ln.conv, b,
-                                      ln.conv_bias_kernel ? &ln.kernel : nullptr,
-                                      ln.conv_bias_kernel ? std::move(spec) : CudaKernelSpec{});
+        auto scratch_at = [&](int64_t off) { return MemRef{scratch.slot, scratch.byte_offset + off}; };
+        auto arg = [&](const KernelArg& k) {
+          switch (k.of) {
+            case KernelArg::Of::Input: return at(inputs, k.index);
+            case KernelArg::Of::Output: return at(outputs, k.index);
+            case KernelArg::Of::Scratch: return scratch_at(k.offset);
+          }
+          return MemRef{};
+        };
+        CudnnConvBuffers b;
+        b.x = ln.conv_x_at >= 0 ? scratch_at(ln.conv_x_at) : at(inputs, 0);
+        b.w = at(inputs, 1);
+        b.bias = n_inputs_has(inputs, 2) ? at(inputs, 2) : MemRef{};
+        b.y = ln.conv_y_at >= 0 ? scratch_at(ln.conv_y_at) : at(outputs, 0);
+        if (ln.conv_residual >= 0)
+          b.residual = ln.conv_r_at >= 0 ? scratch_at(ln.conv_r_at) : at(inputs, ln.conv_residual);
+        b.workspace = scratch;
+        b.workspace_bytes = ln.conv_ws_bytes;
+        CudnnConvKernels k;
+        for (auto [from, to, loaded] : {std::tuple{&ln.conv_pre, &k.pre, &k.pre_loaded},
+                                        std::tuple{&ln.conv_post, &k.post, &k.post_loaded}})
+          for (const ConvKernel& ck : *from) {
+            CudaKernelSpec cs;
+            cs.module = program_name_;
+            cs.kernel = ck.name;
+            cs.grid = unsigned(ck.blocks);
+            cs.block = unsigned(ck.threads);
+            for (const KernelArg& a : ck.args) cs.args.push_back(arg(a));
+            to->push_back(std::move(cs));
+            if (module_) loaded->push_back(&ck.kernel);
+          }
+        return make_cudnn_conv_launch(d, ln.conv, b, k, ln.conv_w_krsc);
       }
       case LibNode::Kind::Sdpa: {
         CudnnSdpaBuffers b{at(inputs, 0), at(inputs, 1), at(inputs, 2), at(outputs, 0), scratch, ws};
@@ -272,10 +348,14 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   void plan(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
   void plan_gemm(const Graph& g, const Node& n, LibNode& ln);
   void plan_conv(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
+  void choose_layouts(const Graph& g, const std::vector<int32_t>& nodes,
+                      const std::vector<bool>& excluded);
   void plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
   std::string plan_sdpa(const Graph& g, const Node& n, LibNode& ln);
 
   std::vector<LibNode> nodes_;
+  std::vector<bool> nhwc_conv_;   // by node: computes channels-last
+  std::vector<bool> nhwc_value_;  // by value: stored channels-last
   size_t scratch_ = 0;
   std::shared_ptr<const CompiledCubin> program_;
   BuildFor build_;
@@ -294,7 +374,7 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
       if (gemm_needs_direct_kernel(g, n).empty()) plan_gemm(g, n, ln);
       else plan_direct(g, n, index, ln, source);
       break;
-    case OpId::Conv2d: case OpId::ConvTranspose2d:
+    case OpId::Conv2d: case OpId::ConvTranspose2d: case OpId::FusedConv2d:
       if (library_dtype(g.type(n.inputs[0]).dtype)) plan_conv(g, n, index, ln, source);
       else plan_direct(g, n, index, ln, source);  // float64: the direct convolution kernel
       break;
@@ -429,6 +509,69 @@ void CudaLibraryKernels::plan_gemm(const Graph& g, const Node& n, LibNode& ln) {
   ln.describe = ln.gemm->describe();
 }
 
+// Note [CUDA convolution layouts]
+// cuDNN's tensor-core convolutions compute channels-last: given NCHW half-precision tensors,
+// its engines transpose around the convolution, or run slower kernels. So, for float16 and
+// bfloat16 (knob conv=auto, the default; conv=nchw keeps everything NCHW):
+//   - a convolution computes NHWC (filter KRSC) when its channels per group are multiples of 8
+//     (tensor-core tiles), its filter is a weight (a KRSC copy is made once per execution
+//     context's weights: CudnnConvBuffers::w_krsc) and the build is on the GPU (a cross-build
+//     cannot ask cuDNN: NCHW);
+//   - a value is stored NHWC when its producer and all its readers are such convolutions (as x,
+//     or as a fused_conv2d's residual) and it is not a graph output: between convolutions
+//     nothing else sees it (no generated kernel, view or output reads it), so the rest of the
+//     compiler keeps treating every value as plain NCHW;
+//   - where a channels-last convolution meets an NCHW value (the first convolution after a
+//     pool, the last before the head), a transpose kernel moves it through the scratch region
+//     before (x, residual) or after (y) the convolution, in the same launch.
+// fused_conv2d stays whole on this target where cuDNN can run its epilogue (Target::keeps_whole:
+// relu or none, a residual at scale 1): the graph tried first is conv + bias + residual + relu,
+// then conv + bias, then the bare convolution, and an epilogue kernel after the convolution
+// does what the engine did not fuse (always so in a cross-build). If cuDNN cannot run a
+// convolution channels-last at all, it and the values next to it are planned again in NCHW.
+// ResNet-50 in bfloat16: all but the stem convolution compute NHWC, two values are transposed.
+// The knob conv_epilogue=kernel skips the fused graphs (the epilogue kernel always runs), so that
+// tests reach that path on a GPU whose engines fuse everything.
+bool nhwc_candidate(const Graph& g, const Node& n) {
+  if (n.op != OpId::Conv2d && n.op != OpId::FusedConv2d) return false;
+  const TensorType& xt = g.type(n.inputs[0]);
+  const TensorType& wt = g.type(n.inputs[1]);
+  if (xt.dtype != DType::Float16 && xt.dtype != DType::BFloat16) return false;
+  if (xt.shape.size() != 4 || wt.shape.size() != 4 || !concrete(xt) || !concrete(wt)) return false;
+  ValueKind wk = g.value(n.inputs[1]).kind;
+  if (wk != ValueKind::Param && wk != ValueKind::Const) return false;
+  const int64_t groups = n.attrs.get_int("groups");
+  const int64_t c_in = xt.shape[1].value(), c_out = wt.shape[0].value();
+  return groups > 0 && (c_in / groups) % 8 == 0 && (c_out / groups) % 8 == 0;
+}
+
+void CudaLibraryKernels::choose_layouts(const Graph& g, const std::vector<int32_t>& nodes,
+                                        const std::vector<bool>& excluded) {
+  nhwc_conv_.assign(g.nodes.size(), false);
+  nhwc_value_.assign(g.values.size(), false);
+  if (build_.cross || !build_.conv_nhwc) return;
+  for (int32_t i : nodes)
+    nhwc_conv_[size_t(i)] = !excluded[size_t(i)] && nhwc_candidate(g, g.nodes[size_t(i)]);
+  // Whether every use of each value is as x or residual of a channels-last convolution.
+  std::vector<bool> used(g.values.size(), false), only_convs(g.values.size(), true);
+  for (size_t j = 0; j < g.nodes.size(); ++j) {
+    const Node& n = g.nodes[j];
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      ValueId v = n.inputs[k];
+      if (v == kNoValue) continue;
+      used[size_t(v)] = true;
+      bool as_conv = nhwc_conv_[j] && (k == 0 || (k == 3 && n.op == OpId::FusedConv2d));
+      if (!as_conv) only_convs[size_t(v)] = false;
+    }
+  }
+  for (ValueId v : g.outputs) only_convs[size_t(v)] = false;
+  for (int32_t i : nodes) {
+    if (!nhwc_conv_[size_t(i)]) continue;
+    ValueId y = g.nodes[size_t(i)].outputs[0];
+    nhwc_value_[size_t(y)] = used[size_t(y)] && only_convs[size_t(y)];
+  }
+}
+
 void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                                    std::string& source) {
   const TensorType& xt = g.type(n.inputs[0]);
@@ -437,11 +580,13 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
   if (!library_dtype(dt) || wt.dtype != dt)
     fail_kind(ErrorKind::NotSupported, "cuDNN convolutions here take float32, float16 or bfloat16");
   bool transposed = n.op == OpId::ConvTranspose2d;
+  bool fused = n.op == OpId::FusedConv2d;
   Dims x = dims_of(xt), w = dims_of(wt), y = dims_of(g.type(n.outputs[0]));
+  const bool nhwc = nhwc_conv_[size_t(index)];
   ConvDesc d;
   d.kind = transposed ? ConvKind::Transpose : ConvKind::Forward;
   d.dtype = dt;
-  d.layout = ConvLayout::NCHW;
+  d.layout = nhwc ? ConvLayout::NHWC : ConvLayout::NCHW;
   d.device = kDevice;
   d.n = x[0];
   d.c_in = x[1];
@@ -464,47 +609,143 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
     const Ints& op = n.attrs.get_ints("output_padding");
     d.output_padding = {op[0], op[1]};
   }
-  bool bias = n.inputs.size() > 2 && n.inputs[2] != kNoValue;
-  std::string why;
-  if (build_.cross) {  // Note [CUDA cross-builds]: the loader asks cuDNN; the bias as a kernel
+  const bool bias = n.inputs.size() > 2 && n.inputs[2] != kNoValue;
+  const bool residual = fused && n.inputs.size() > 3 && n.inputs[3] != kNoValue;
+  bool relu = false;
+  if (fused) {
+    const std::string& act = n.attrs.get_string("activation");
+    if ((act != "none" && act != "relu") || (residual && n.attrs.get_float("sum_scale") != 1.0))
+      fail_kind(ErrorKind::Internal, "cuda: fused_conv2d '{}' with an epilogue cuDNN cannot run "
+                "was kept whole", n.name);
+    relu = act == "relu";
+  }
+  if (residual) ln.conv_residual = 3;
+  if (build_.cross) {  // Note [CUDA cross-builds]: the loader asks cuDNN; the epilogue as a kernel
     std::array<int64_t, 4> od = conv_output_dims(d);
     if (od != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
       fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
     ln.conv_desc = d;
-    ln.conv_bias_kernel = bias;
-  } else if (bias) {
-    d.bias = true;
-    ln.conv = ConvPlan::try_create(d, &why);
-    if (!ln.conv) {  // no engine fuses the bias: the convolution, then a bias kernel
-      d.bias = false;
-      ln.conv_bias_kernel = true;
-    }
-  }
-  if (!build_.cross) {
-    if (!ln.conv) ln.conv = ConvPlan::create(d);
+  } else {
+    // The most the engines fuse: bias, residual and relu; then the bias alone; then nothing.
+    std::vector<ConvDesc> tries;
+    ConvDesc t = d;
+    t.bias = bias;
+    t.residual = residual;
+    t.relu = relu;
+    if ((residual || relu) && build_.conv_fuse) tries.push_back(t);
+    t.residual = t.relu = false;
+    if (bias && build_.conv_fuse) tries.push_back(t);
+    tries.push_back(d);
+    std::string why;
+    for (size_t i = 0; i + 1 < tries.size() && !ln.conv; ++i) ln.conv = ConvPlan::try_create(tries[i], &why);
+    if (!ln.conv) ln.conv = ConvPlan::create(tries.back());
+    d = ln.conv->desc();
     if (ln.conv->output_dims() != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
       fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
   }
   ln.kind = LibNode::Kind::Conv;
+  ln.conv_w_krsc = nhwc;
+  const bool bias_left = bias && !d.bias, residual_left = residual && !d.residual;
+  const bool relu_left = relu && !d.relu;
+
+  // The scratch region: the workspace, then the values this convolution sees in its own layout.
+  auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
+  ln.conv_ws_bytes = up(build_.cross ? kCrossWorkspaceBytes : int64_t(ln.conv->workspace_bytes()));
+  int64_t end = ln.conv_ws_bytes;
+  const int64_t es = dtype_size(dt);
+  const bool x_moved = nhwc != nhwc_value_[size_t(n.inputs[0])];
+  const bool r_moved = residual && nhwc != nhwc_value_[size_t(n.inputs[3])];
+  const bool y_moved = nhwc != nhwc_value_[size_t(n.outputs[0])];
+  if (x_moved) { ln.conv_x_at = end; end += up(numel(x) * es); }
+  if (r_moved) { ln.conv_r_at = end; end += up(numel(y) * es); }
+  if (y_moved) { ln.conv_y_at = end; end += up(numel(y) * es); }
+  scratch_ = std::max(scratch_, size_t(end));
+
+  using Of = KernelArg::Of;
+  const int64_t blocks_cap = int64_t(build_.sms) * 16;
+  const char* storage = cuda_storage(dt);
+  // A layout change of a [n, c, h, w] value: NCHW -> NHWC (to_nhwc) or back.
+  auto transpose = [&](const std::string& name, const Dims& dims, bool to_nhwc, KernelArg from,
+                       KernelArg to, const char* what) {
+    const int64_t total = numel(dims), c = dims[1], h = dims[2], wd = dims[3];
+    ConvKernel k;
+    k.name = name;
+    k.blocks = std::max<int64_t>(1, std::min<int64_t>((total + 255) / 256, blocks_cap));
+    k.args = {from, to};
+    // i walks the destination; the source index follows from its coordinates.
+    std::string src_index;
+    // NCHW -> NHWC: i = ((n*H*W) + hw)*C + ch; src = ((n*C + ch)*H*W + hw).
+    if (to_nhwc)
+      src_index = fmt::format("(i / {0}LL) * {0}LL + (i % {1}LL) * {2}LL + (i % {0}LL) / {1}LL",
+                              h * wd * c, c, h * wd);
+    else  // NHWC -> NCHW: i = ((n*C + ch)*H*W + hw); src = (n*H*W + hw)*C + ch.
+      src_index = fmt::format("(i / {0}LL) * {0}LL + (i % {1}LL) * {2}LL + (i % {0}LL) / {1}LL",
+                              c * h * wd, h * wd, c);
+    source += fmt::format(
+        "// kiln-kernel: {0}\n// {1} of {2} '{3}', {4}\nextern \"C\" __global__ void {0}(char* src_, char* dst_) {{\n"
+        "  const {5}* src = (const {5}*)src_; {5}* dst = ({5}*)dst_;\n"
+        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {6}LL; i += (long long)gridDim.x * blockDim.x)\n"
+        "    dst[i] = src[{7}];\n}}\n\n",
+        k.name, what, op_def(n.op).name, n.name, to_nhwc ? "NCHW -> NHWC" : "NHWC -> NCHW",
+        storage, total, src_index);
+    return k;
+  };
+  if (x_moved)
+    ln.conv_pre.push_back(transpose(fmt::format("kn_conv_x_{}", index), x, nhwc,
+                                    {Of::Input, 0, 0}, {Of::Scratch, 0, ln.conv_x_at}, "x"));
+  if (r_moved)
+    ln.conv_pre.push_back(transpose(fmt::format("kn_conv_res_{}", index), y, nhwc,
+                                    {Of::Input, 3, 0}, {Of::Scratch, 0, ln.conv_r_at}, "the residual"));
+  if (bias_left || residual_left || relu_left) {
+    // The epilogue no engine fused, on y as the convolution wrote it (its layout, d.layout).
+    const int64_t total = numel(y), plane = y[2] * y[3], c = y[1];
+    ConvKernel k;
+    k.name = fmt::format("kn_conv_epilogue_{}", index);
+    k.blocks = std::max<int64_t>(1, std::min<int64_t>((total + 255) / 256, blocks_cap));
+    KernelArg yarg = y_moved ? KernelArg{Of::Scratch, 0, ln.conv_y_at} : KernelArg{Of::Output, 0, 0};
+    KernelArg rarg = r_moved ? KernelArg{Of::Scratch, 0, ln.conv_r_at} : KernelArg{Of::Input, 3, 0};
+    k.args = {yarg};
+    std::string params = "char* y_", loads = fmt::format("  {0}* y = ({0}*)y_;\n", storage);
+    std::string expr = to_float(dt, "y[i]");
+    const std::string ch = nhwc ? fmt::format("i % {}LL", c) : fmt::format("(i / {}LL) % {}LL", plane, c);
+    if (bias_left) {
+      k.args.push_back({Of::Input, 2, 0});
+      params += ", char* bias_";
+      loads += fmt::format("  const {0}* bias = (const {0}*)bias_;\n", storage);
+      expr += " + " + to_float(dt, "bias[" + ch + "]");
+    }
+    if (residual_left) {
+      k.args.push_back(rarg);
+      params += ", char* res_";
+      loads += fmt::format("  const {0}* res = (const {0}*)res_;\n", storage);
+    }
+    // Rounded as the engines and the decomposition round: the sum with the bias in float, then
+    // stored; the residual added to the stored value, then stored; relu on that.
+    std::string body = fmt::format("    {} v = {};\n", storage, from_float(dt, expr));
+    if (residual_left)
+      body += fmt::format("    v = {};\n", from_float(dt, to_float(dt, "v") + " + " + to_float(dt, "res[i]")));
+    if (relu_left)
+      body += fmt::format("    {{ float f = {}; v = (f > 0.0f || f != f) ? v : {}; }}\n",
+                          to_float(dt, "v"), from_float(dt, "0.0f"));
+    source += fmt::format(
+        "// kiln-kernel: {0}\n// the epilogue of {1} '{2}'\nextern \"C\" __global__ void {0}({3}) {{\n{4}"
+        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {5}LL; i += (long long)gridDim.x * blockDim.x) {{\n"
+        "{6}    y[i] = v;\n  }}\n}}\n\n",
+        k.name, op_def(n.op).name, n.name, params, loads, total, body);
+    ln.conv_post.push_back(std::move(k));
+  }
+  if (y_moved)
+    ln.conv_post.push_back(transpose(fmt::format("kn_conv_y_{}", index), y, !nhwc,
+                                     {Of::Scratch, 0, ln.conv_y_at}, {Of::Output, 0, 0}, "y"));
+  std::string left;
+  if (bias_left) left += "+bias";
+  if (residual_left) left += "+residual";
+  if (relu_left) left += "+relu";
   ln.describe = ::kiln::cuda::describe(d) + " engine " +
                 (ln.conv ? ln.conv->engine().tag : std::string("chosen at load")) +
-                (ln.conv_bias_kernel ? " + bias kernel" : "");
-  if (ln.conv_bias_kernel) {
-    ln.kernel_name = fmt::format("kn_bias_{}", index);
-    int64_t total = numel(y), plane = y[2] * y[3], c = y[1];
-    ln.threads = 256;
-    ln.blocks = std::min<int64_t>((total + 255) / 256, int64_t(build_.sms) * 16);
-    ln.arg_inputs = {2};
-    ln.arg_outputs = {0};
-    source += fmt::format(
-        "// kiln-kernel: {0}\n// the bias of {1} '{2}'\nextern \"C\" __global__ void {0}(char* bias_, char* y_) {{\n"
-        "  const {3}* bias = (const {3}*)bias_; {3}* y = ({3}*)y_;\n"
-        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {4}LL; i += (long long)gridDim.x * blockDim.x) {{\n"
-        "    const long long ch = (i / {5}LL) % {6}LL;\n"
-        "    y[i] = {7};\n  }}\n}}\n\n",
-        ln.kernel_name, op_def(n.op).name, n.name, cuda_storage(dt), total, plane, c,
-        from_float(dt, to_float(dt, "y[i]") + " + " + to_float(dt, "bias[ch]")));
-  }
+                (left.empty() ? "" : " + epilogue kernel (" + left + ")") +
+                (x_moved ? " [x NCHW->NHWC]" : "") + (r_moved ? " [residual NCHW->NHWC]" : "") +
+                (y_moved ? " [y NHWC->NCHW]" : "");
 }
 
 void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln,
@@ -533,6 +774,15 @@ class CudaTarget final : public compiler::Target {
 
   std::vector<OpId> decompositions() const override {
     return {OpId::BatchNorm, OpId::GroupNorm, OpId::FusedConv2d, OpId::FusedLinear};
+  }
+
+  // Note [CUDA convolution layouts]: fused_conv2d with an epilogue cuDNN's graphs express.
+  bool keeps_whole(const Graph& g, const Node& n) const override {
+    if (n.op != OpId::FusedConv2d || !library_dtype(g.type(n.inputs[0]).dtype)) return false;
+    const std::string& act = n.attrs.get_string("activation");
+    if (act != "none" && act != "relu") return false;
+    bool residual = n.inputs.size() > 3 && n.inputs[3] != kNoValue;
+    return !residual || n.attrs.get_float("sum_scale") == 1.0;
   }
 
   bool generates(const Graph& g, const Node& n) const override {
