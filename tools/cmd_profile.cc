@@ -20,9 +20,12 @@ void profile_command(const ProfileOptions& o, const std::string& trace) {
               (long long)run.ops_per_iteration);
   if (run.graph_ops >= 0) std::printf(" (%lld in captured graphs)", (long long)run.graph_ops);
   std::printf("\n  times are self times (nested decomposition ops are counted separately)\n");
-  if (o.device == "cuda")
-    std::printf("  CUDA: every op and launch is timed between device synchronizations (its device "
-                "time plus one synchronization); reduce-overhead replays one CUDA graph\n");
+  if (o.device == "cuda" && o.backend == "compiled")
+    std::printf("  CUDA: each launch's device time, from events recorded on its stream around it "
+                "(read once per iteration); reduce-overhead replays one CUDA graph (one launch)\n");
+  else if (o.device == "cuda")
+    std::printf("  CUDA: every op is timed between device synchronizations (its device time plus "
+                "one synchronization)\n");
   std::printf("\n");
   std::printf("  %-24s %8s %11s %11s %8s  %s\n", "op", "calls", "total ms", "mean ms", "share",
               "top call sites (calls)");
@@ -35,6 +38,10 @@ void profile_command(const ProfileOptions& o, const std::string& trace) {
     total += s.total_ms;
   }
   std::printf("  %-24s %8s %11.4f\n", "total", "", total);
+  if (run.device_ms >= 0)
+    std::printf("\n  per call: %.4f ms of device time in %.4f ms host-observed (the GPU is busy "
+                "%.0f%% of the call; the rest is launching, synchronizing and host work)\n",
+                run.device_ms, run.call_ms, run.call_ms > 0 ? 100.0 * run.device_ms / run.call_ms : 0.0);
   if (!trace.empty()) std::printf("\ntrace: %s (%zu events)\n", trace.c_str(), prof.events().size());
 }
 
@@ -51,7 +58,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--warmup", o.warmup, "Warm-up iterations (default 1)");
   cmd->add_option("--dtype", o.dtype, "float32 | bfloat16 | float16 (or f32, bf16, f16): the compiled run's precision (as bench's --dtype); default float32");
   cmd->add_option("--batch", o.batch, "Batch size (default 1)");
-  cmd->add_option("--device", o.device, "cpu | cuda (default cpu; CUDA: each kernel timed between device synchronizations)");
+  cmd->add_option("--device", o.device, "cpu | cuda (default cpu; CUDA: each launch's device time from events on its stream)");
   cmd->add_option("--threads", o.threads, "Intra-op threads (default: all cores)");
   cmd->add_option("--seed", o.seed, "Seed for weights and inputs (default 0)");
   cmd->add_option("--trace", trace, "Write a Chrome trace-event JSON file here");

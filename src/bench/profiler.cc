@@ -64,6 +64,37 @@ void Profiler::stop() {
   active_ = false;
 }
 
+void Profiler::set_cuda_events(int index) {
+  cuda_events_ = std::make_unique<CudaEventLog>(index);
+  sync_cuda_device_ = -1;
+}
+
+// Reads the pending launches' device times (one synchronization) and adds each launch's place on
+// the device's timeline: its start relative to the first pending launch's, after that launch's
+// host start.
+void Profiler::resolve_device_times() {
+  if (pending_.empty()) return;
+  cuda_events_->synchronize();
+  const Pending& first = pending_.front();
+  const int64_t base_ns = events_[first.index].start_ns;
+  for (const Pending& p : pending_) {
+    ProfileEvent& e = events_[p.index];
+    const int64_t dev_ns = int64_t(cuda_events_->elapsed_ms(p.begin, p.end) * 1e6);
+    e.self_ns = dev_ns;
+    e.device_timed = true;
+    ProfileEvent g;
+    g.name = e.name;
+    g.cat = "gpu";
+    g.site = e.site;
+    g.start_ns = base_ns + int64_t(cuda_events_->elapsed_ms(first.begin, p.begin) * 1e6);
+    g.dur_ns = g.self_ns = dev_ns;
+    g.tid = 0;  // the device's row
+    events_.push_back(std::move(g));
+  }
+  pending_.clear();
+  cuda_events_->clear();
+}
+
 void Profiler::begin_span(const std::string& name) {
   stack_.push_back({name, nullptr, 0, false, now_ns(), 0, {}});
 }
@@ -71,6 +102,7 @@ void Profiler::end_span() {
   KILN_CHECK(!stack_.empty() && !stack_.back().is_op,
              "Profiler::end_span: no open span (found {})",
              stack_.empty() ? "nothing open" : "an open op");
+  resolve_device_times();  // inside the span: its time includes waiting for the device
   close(false);
 }
 
@@ -87,13 +119,17 @@ void Profiler::op_end(OpId) {
   sync_device();
   if (!stack_.empty() && stack_.back().is_op) close(true);
 }
-void Profiler::launch_begin(const Executable::Launch& l) {
+void Profiler::launch_begin(const Executable::Launch& l, const Executable::RunContext& ctx) {
   sync_device();
-  stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes});
+  int event = cuda_events_ ? cuda_events_->record(ctx.stream) : -1;
+  stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes, event});
 }
-void Profiler::launch_end(const Executable::Launch&) {
+void Profiler::launch_end(const Executable::Launch&, const Executable::RunContext& ctx) {
   sync_device();
-  if (!stack_.empty() && stack_.back().is_op) close(true);
+  if (stack_.empty() || !stack_.back().is_op) return;
+  const int begin = stack_.back().event;
+  close(true);
+  if (begin >= 0) pending_.push_back({events_.size() - 1, begin, cuda_events_->record(ctx.stream)});
 }
 
 void Profiler::close(bool is_op) {
@@ -165,8 +201,16 @@ std::string Profiler::chrome_trace() const {
                         {"ts", double(e->start_ns) / 1e3}, {"dur", double(e->dur_ns) / 1e3},
                         {"pid", pid},      {"tid", e->tid}};
     if (e->cat == "op") j["args"] = {{"site", e->site}, {"depth", e->depth}};
+    if (e->cat == "op" && e->device_timed) j["args"]["device_us"] = double(e->self_ns) / 1e3;
+    if (e->cat == "gpu") j["args"] = {{"nodes", e->site}};
     events.push_back(std::move(j));
   }
+  // Row names: the device's row (tid 0) holds the launches at their device times.
+  bool gpu = false;
+  for (const ProfileEvent* e : sorted) gpu = gpu || e->cat == "gpu";
+  if (gpu)
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+                      {"args", {{"name", "GPU (device time)"}}}});
   nlohmann::json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
   return doc.dump();
 }
@@ -199,10 +243,12 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   const bool cuda = o.device == "cuda";
   if (cuda) {
     require_cuda_device(0, "profile: --device cuda");
-    // Kernels run asynchronously: each op and launch is bracketed by a device synchronization,
-    // so its time is the device time of that kernel (plus one synchronization, ~8 us on an
-    // H200), as CUDA_LAUNCH_BLOCKING profiles are.
-    prof.set_cuda_sync(0);
+    // Kernels run asynchronously. Compiled: each launch is bracketed by CUDA events on its
+    // stream, read once per iteration, so its time is its device time and the launches run as
+    // they would unprofiled. Eager: each op is bracketed by device synchronizations (its device
+    // time plus one synchronization, ~8 us on an H200), as CUDA_LAUNCH_BLOCKING profiles are.
+    if (o.backend == "compiled") prof.set_cuda_events(0);
+    else prof.set_cuda_sync(0);
   }
   BenchTarget m = load_bench_target(o.target, o.batch, o.seed, cuda ? Device::cuda(0) : Device::cpu());
 
@@ -254,6 +300,16 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   }
   run.ops_per_iteration = top / o.iters;
   run.table = prof.aggregate(since);
+  if (cuda && o.backend == "compiled") {
+    int64_t device_ns = 0, call_ns = 0;
+    for (size_t i = first_timed; i < prof.events().size(); ++i) {
+      const ProfileEvent& e = prof.events()[i];
+      if (e.cat == "op" && e.device_timed) device_ns += e.self_ns;
+      if (e.cat == "span" && e.name == "iteration") call_ns += e.dur_ns;
+    }
+    run.device_ms = double(device_ns) / 1e6 / o.iters;
+    run.call_ms = double(call_ns) / 1e6 / o.iters;
+  }
   return run;
 }
 

@@ -3,9 +3,11 @@
 // written as Chrome trace-event JSON. Used by `kiln profile` (tools/cmd_profile.cc).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/cuda_runtime.h"
 #include "ops/dispatch.h"
 #include "runtime/executable.h"
 
@@ -20,6 +22,9 @@ struct ProfileEvent {
   int64_t self_ns = 0;   // dur minus nested ops (decompositions calling back into call_op)
   int depth = 0;         // op nesting depth (0 = called by model/interpreter code)
   int tid = 0;
+  // A launch timed on the device (Profiler::set_cuda_events): self_ns is its device time (dur_ns
+  // stays the host's enqueue time); cat "gpu" events place it on the device's timeline.
+  bool device_timed = false;
 };
 
 struct OpStat {
@@ -43,6 +48,11 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
   // CUDA: synchronize device `index` before every op and launch begins and ends, so each
   // event times that kernel on the device (-1: never, the default).
   void set_cuda_sync(int index) { sync_cuda_device_ = index; }
+  // CUDA: time every launch with events recorded on its stream before and after it, read at
+  // the end of each span (one synchronization per iteration): the launch's self time is its
+  // device time, with nothing between launches that the measurement adds. Ops are not
+  // synchronized in this mode (host times).
+  void set_cuda_events(int index);
 
   // Starts/stops observing ops on the calling thread.
   void start();
@@ -53,8 +63,8 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
 
   void op_begin(OpId op, const std::source_location& loc) override;
   void op_end(OpId op) override;
-  void launch_begin(const Executable::Launch& l) override;
-  void launch_end(const Executable::Launch& l) override;
+  void launch_begin(const Executable::Launch& l, const Executable::RunContext& ctx) override;
+  void launch_end(const Executable::Launch& l, const Executable::RunContext& ctx) override;
 
   // Completed events, in completion order.
   const std::vector<ProfileEvent>& events() const { return events_; }
@@ -69,6 +79,7 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
 
  private:
   void sync_device();
+  void resolve_device_times();
   struct Open {
     std::string name;
     const char* file;
@@ -77,11 +88,18 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
     int64_t start_ns;
     int64_t child_ns;
     std::string site_text;  // launches: the graph nodes
+    int event = -1;         // set_cuda_events: the event recorded before the launch
+  };
+  struct Pending {  // a launch whose device time is not read yet
+    size_t index;   // into events_
+    int begin, end;
   };
   int64_t now_ns() const;
   void close(bool is_op);
   int64_t origin_ns_;
   int sync_cuda_device_ = -1;
+  std::unique_ptr<CudaEventLog> cuda_events_;
+  std::vector<Pending> pending_;
   std::vector<Open> stack_;
   std::vector<ProfileEvent> events_;
   OpObserver* prev_ = nullptr;
@@ -108,6 +126,9 @@ struct ProfileRun {
   int64_t ops_per_iteration = 0;  // top-level (depth 0) op launches per timed iteration
   int64_t graph_ops = -1;         // ops in the captured graphs (compiled backend), else -1
   std::vector<OpStat> table;      // from the timed iterations only
+  // CUDA, compiled: per timed iteration, the sum of the launches' device times and the
+  // host-observed time of the call (device_ms / call_ms: how busy the call keeps the GPU).
+  double device_ms = -1, call_ms = -1;
 };
 
 // Profiles `iters` iterations of a zoo model (after warm-up) with `profiler` observing. The

@@ -117,6 +117,49 @@ double CudaEventTimer::elapsed_ms() {
   return double(ms);
 }
 
+CudaEventLog::CudaEventLog(int index) : index_(index) {
+  require_cuda_device(index, "CudaEventLog");
+}
+
+CudaEventLog::~CudaEventLog() {
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+int CudaEventLog::record(void* stream) {
+  if (used_ == int(events_.size())) {
+    check_cuda(cudaSetDevice(index_), "cudaSetDevice");
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+    events_.push_back(e);
+  }
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(events_[size_t(used_)]),
+                             static_cast<cudaStream_t>(stream)),
+             "cudaEventRecord");
+  return used_++;
+}
+
+void CudaEventLog::synchronize() {
+  if (used_ > 0)
+    check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[size_t(used_ - 1)])),
+               "cudaEventSynchronize");
+  // Events of other streams may finish after the last one recorded.
+  for (int i = 0; i < used_; ++i)
+    check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[size_t(i)])),
+               "cudaEventSynchronize");
+}
+
+double CudaEventLog::elapsed_ms(int a, int b) const {
+  KILN_CHECK(a >= 0 && b >= 0 && a < used_ && b < used_, "CudaEventLog: events {} and {} of {}",
+             a, b, used_);
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[size_t(a)]),
+                                  static_cast<cudaEvent_t>(events_[size_t(b)])),
+             "cudaEventElapsedTime");
+  return double(ms);
+}
+
+void CudaEventLog::clear() { used_ = 0; }
+
 // ---- caching allocator -----------------------------------------------------------------------
 // Note [CUDA caching allocator]
 // cudaMalloc/cudaFree synchronize the device and cost tens of microseconds, so freed blocks are

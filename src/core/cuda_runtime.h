@@ -2,6 +2,7 @@
 // exists. Binaries link the static cudart (which loads the driver at run time), never -lcuda.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace kiln {
 
@@ -50,6 +51,28 @@ class CudaEventTimer {
   int index_;
   void* start_ = nullptr;  // cudaEvent_t
   void* stop_ = nullptr;
+};
+
+// Events recorded on any stream and read together after one synchronization: `kiln profile
+// --device cuda` brackets every launch with two, so each launch's device time is measured
+// without a synchronization between launches. Events are created on first use and reused
+// after clear().
+class CudaEventLog {
+ public:
+  explicit CudaEventLog(int index);
+  ~CudaEventLog();
+  CudaEventLog(const CudaEventLog&) = delete;
+  CudaEventLog& operator=(const CudaEventLog&) = delete;
+  int record(void* stream);  // cudaStream_t (nullptr: the legacy stream); the event's index
+  void synchronize();        // waits for every recorded event
+  double elapsed_ms(int a, int b) const;  // after synchronize()
+  void clear();              // forgets the recorded events (keeps them for reuse)
+  int size() const { return used_; }
+
+ private:
+  int index_;
+  std::vector<void*> events_;  // cudaEvent_t
+  int used_ = 0;
 };
 
 }  // namespace kiln

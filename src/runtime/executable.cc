@@ -380,9 +380,9 @@ void Executable::run_launches(Context& c, const Tensor* args) {
   if (t_timer) {
     for (size_t i = 0; i < n; ++i) {
       const Launch& l = launches[i];
-      t_timer->launch_begin(l);
+      t_timer->launch_begin(l, ctx);
       l.fn(states[i], ctx);
-      t_timer->launch_end(l);
+      t_timer->launch_end(l, ctx);
     }
   } else {
     for (size_t i = 0; i < n; ++i) launches[i].fn(states[i], ctx);

@@ -178,11 +178,12 @@ class Executable {
   bool graph_mode() const { return graph_requested_; }
 
   // Per-launch timing for profiles: when set on this thread, each launch is bracketed by
-  // launch_begin / launch_end (one branch per call when unset).
+  // launch_begin / launch_end (one branch per call when unset); `ctx` is the launch's (its
+  // stream: where a profiler records device events).
   struct LaunchTimer {
     virtual ~LaunchTimer() = default;
-    virtual void launch_begin(const Launch& l) = 0;
-    virtual void launch_end(const Launch& l) = 0;
+    virtual void launch_begin(const Launch& l, const RunContext& ctx) = 0;
+    virtual void launch_end(const Launch& l, const RunContext& ctx) = 0;
   };
   // Returns the previous timer.
   static LaunchTimer* set_launch_timer(LaunchTimer* t);

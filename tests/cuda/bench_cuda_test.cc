@@ -21,6 +21,7 @@
 #include "core/cuda_runtime.h"
 #include "ops/api.h"
 #include "bench/bench.h"
+#include "bench/profiler.h"
 
 namespace kiln {
 namespace {
@@ -343,6 +344,42 @@ TEST(BenchCuda, PeakResetAndEventTimer) {
   EXPECT_GT(ms, 0);
   EXPECT_TRUE(std::isfinite(ms));
   EXPECT_GE(cuda_allocator_stats(0).peak_allocated_bytes, after.allocated_bytes + (size_t(16) << 20));
+}
+
+
+// `kiln profile --device cuda` (compiled): every launch timed on the device by events around it
+// on its stream, read once per iteration; the device times add up to less than the call, and the
+// Chrome trace carries each launch on the GPU's row.
+TEST(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
+  Profiler p;
+  ProfileOptions o;
+  o.target = "resnet18";
+  o.device = "cuda";
+  o.dtype = "bfloat16";
+  o.iters = 3;
+  ProfileRun run = run_profile(o, p);
+  ASSERT_FALSE(run.table.empty());
+  ASSERT_GT(run.device_ms, 0.0);
+  EXPECT_LE(run.device_ms, run.call_ms);
+  int64_t launches = 0, timed = 0, gpu = 0;
+  for (const ProfileEvent& e : p.events()) {
+    if (e.cat == "op" && !e.site.empty() && e.site.find(": ") != std::string::npos) {
+      ++launches;
+      if (e.device_timed) {
+        ++timed;
+        EXPECT_GT(e.self_ns, 0) << e.name;
+      }
+    }
+    if (e.cat == "gpu") ++gpu;
+  }
+  EXPECT_GT(launches, 20);  // resnet18: 20 convolutions and more
+  EXPECT_EQ(timed, launches);
+  EXPECT_EQ(gpu, launches);
+  json doc = json::parse(p.chrome_trace());
+  int gpu_rows = 0;
+  for (const json& e : doc["traceEvents"]) gpu_rows += e["tid"] == 0 && e["ph"] == "X";
+  EXPECT_EQ(gpu_rows, gpu);
+  std::printf("resnet18 bf16: %.4f ms device time per call in %.4f ms\n", run.device_ms, run.call_ms);
 }
 
 }  // namespace

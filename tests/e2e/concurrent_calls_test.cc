@@ -215,7 +215,7 @@ struct Rendezvous final : Executable::LaunchTimer {
   std::atomic<int>* arrived = nullptr;
   std::atomic<bool>* met = nullptr;
   bool done = false;
-  void launch_begin(const Executable::Launch&) override {
+  void launch_begin(const Executable::Launch&, const Executable::RunContext&) override {
     if (done) return;
     done = true;
     arrived->fetch_add(1);
@@ -224,7 +224,7 @@ struct Rendezvous final : Executable::LaunchTimer {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     if (arrived->load() >= 2) met->store(true);
   }
-  void launch_end(const Executable::Launch&) override {}
+  void launch_end(const Executable::Launch&, const Executable::RunContext&) override {}
 };
 
 bool two_calls_overlap(const std::function<void()>& call) {
