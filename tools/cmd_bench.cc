@@ -111,8 +111,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--backend", o.backend,
                   "eager | compiled (kiln::compile with the best backend; default compiled)");
   cmd->add_option("--device", o.device,
-                  "cpu | cuda (default cpu; cuda: --backend eager on an .onnx file whose nodes "
-                  "all have CUDA kernels)");
+                  "cpu | cuda (default: a package's own device, else cpu)");
   cmd->add_option("--mode", o.mode, "default | reduce-overhead | max-autotune (compile mode)");
   cmd->add_option("--dtype", o.dtype,
                   "float32 | bfloat16 | float16 (or f32, bf16, f16): run a float32 model in this "

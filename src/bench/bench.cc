@@ -429,8 +429,22 @@ TensorList package_inputs(const Executable& exe, uint64_t seed) {
   return in;
 }
 
-BenchResult run_bench(const BenchOptions& o) {
+// The device a package was built for, from its manifest (no kernels loaded).
+std::string package_device(const std::string& path) {
+  std::vector<PackageSection> sections = read_package_sections(path);
+  try {
+    return nlohmann::json::parse(sections.at(0).bytes).at("target").at("device").get<std::string>();
+  } catch (const std::exception&) {
+    return "cpu";  // load_package below reports what is wrong with the manifest
+  }
+}
+
+BenchResult run_bench(const BenchOptions& given) {
+  BenchOptions o = given;
   if (o.target.empty()) fail("bench: a target (zoo model name) is required");
+  const bool is_package = o.target.size() > 5 && o.target.substr(o.target.size() - 5) == ".kiln";
+  // No --device: a package runs on the device it was built for; a model on the CPU.
+  if (o.device.empty()) o.device = is_package ? package_device(o.target) : "cpu";
   if (o.backend != "eager" && o.backend != "compiled")
     fail("bench: --backend expected eager or compiled, found '{}'", o.backend);
   if (o.mode != "default" && o.mode != "reduce-overhead" && o.mode != "max-autotune")

@@ -19,7 +19,7 @@ namespace kiln {
 struct BenchOptions {
   std::string target;                // zoo model name or .onnx path
   std::string backend = "compiled";  // eager | compiled
-  std::string device = "cpu";        // cpu | cuda
+  std::string device;                // cpu | cuda; empty: a package's own device, else cpu
   std::string mode = "default";      // default | reduce-overhead | max-autotune
   // --dtype: float32 | bfloat16 | float16 (bf16, f16): the compiled run's precision
   // (CompileOptions::precision); anything but float32 with --backend eager is an error.

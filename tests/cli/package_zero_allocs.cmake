@@ -65,4 +65,28 @@ foreach(model mlp resnet18)
     message(FATAL_ERROR "the mlp package allocates ${allocs} times per call; expected 0")
   endif()
 endforeach()
+# Without --device, `kiln bench` runs a package on the device it was built for: a CUDA package
+# cross-built here (no GPU needed) is run on CUDA, which fails cleanly with "no CUDA device" on a
+# machine without one (CI) and runs where there is one.
+execute_process(COMMAND ${KILN} compile mlp --device cuda --arch sm_90 -o ${dir}/mlp-sm90.kiln
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  file(REMOVE_RECURSE "${dir}")
+  message(FATAL_ERROR "kiln compile mlp --device cuda --arch sm_90 exited with ${rc}: ${err}")
+endif()
+execute_process(COMMAND ${KILN} bench ${dir}/mlp-sm90.kiln --iters 5 --json
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0)
+  string(JSON device GET "${out}" device)
+  if(NOT device STREQUAL "cuda")
+    file(REMOVE_RECURSE "${dir}")
+    message(FATAL_ERROR "the CUDA package ran on '${device}': ${out}")
+  endif()
+elseif(NOT rc EQUAL 1 OR NOT err MATCHES "no CUDA device")
+  file(REMOVE_RECURSE "${dir}")
+  message(FATAL_ERROR "kiln bench of a CUDA package without a GPU: exit ${rc}, expected 1 with "
+                      "\"no CUDA device\": ${err}")
+else()
+  message("mlp-sm90.kiln without a GPU: ${err}")
+endif()
 file(REMOVE_RECURSE "${dir}")
