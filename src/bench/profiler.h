@@ -50,8 +50,9 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
   void set_cuda_sync(int index) { sync_cuda_device_ = index; }
   // CUDA: time every launch with events recorded on its stream before and after it, read at
   // the end of each span (one synchronization per iteration): the launch's self time is its
-  // device time, with nothing between launches that the measurement adds. Ops are not
-  // synchronized in this mode (host times).
+  // device time. The first launch of each span holds the stream (CudaEventLog::hold) until the
+  // host has enqueued the rest, so the kernels run back to back and the events time them, not
+  // the host's submissions. Ops are not synchronized in this mode (host times).
   void set_cuda_events(int index);
 
   // Starts/stops observing ops on the calling thread.
@@ -126,8 +127,9 @@ struct ProfileRun {
   int64_t ops_per_iteration = 0;  // top-level (depth 0) op launches per timed iteration
   int64_t graph_ops = -1;         // ops in the captured graphs (compiled backend), else -1
   std::vector<OpStat> table;      // from the timed iterations only
-  // CUDA, compiled: per timed iteration, the sum of the launches' device times and the
-  // host-observed time of the call (device_ms / call_ms: how busy the call keeps the GPU).
+  // CUDA, compiled: per timed iteration, the sum of the launches' device times, and the
+  // host-observed time of a call measured with the profiler off (median; device_ms / call_ms:
+  // how busy the call keeps the GPU, the rest being launches and synchronization).
   double device_ms = -1, call_ms = -1;
 };
 

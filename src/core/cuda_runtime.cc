@@ -5,8 +5,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <cstdint>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/allocator.h"
@@ -136,6 +139,18 @@ int CudaEventLog::record(void* stream) {
                              static_cast<cudaStream_t>(stream)),
              "cudaEventRecord");
   return used_++;
+}
+
+namespace {
+void CUDART_CB sleep_on_stream(void* us) {
+  std::this_thread::sleep_for(std::chrono::microseconds(reinterpret_cast<intptr_t>(us)));
+}
+}  // namespace
+
+void CudaEventLog::hold(void* stream, int microseconds) {
+  check_cuda(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), sleep_on_stream,
+                                reinterpret_cast<void*>(intptr_t(microseconds))),
+             "cudaLaunchHostFunc");
 }
 
 void CudaEventLog::synchronize() {

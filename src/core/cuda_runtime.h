@@ -64,6 +64,10 @@ class CudaEventLog {
   CudaEventLog(const CudaEventLog&) = delete;
   CudaEventLog& operator=(const CudaEventLog&) = delete;
   int record(void* stream);  // cudaStream_t (nullptr: the legacy stream); the event's index
+  // Holds `stream` for `microseconds` (a host function on the stream that sleeps), so that the
+  // launches enqueued after it wait in the queue and then run back to back: the events between
+  // them then time the kernels, not the host's submissions.
+  void hold(void* stream, int microseconds);
   void synchronize();        // waits for every recorded event
   double elapsed_ms(int a, int b) const;  // after synchronize()
   void clear();              // forgets the recorded events (keeps them for reuse)

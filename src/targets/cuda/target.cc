@@ -62,6 +62,7 @@ using compiler::Knobs;
 using compiler::MemRef;
 
 constexpr int kDevice = 0;
+constexpr int64_t kSmallLinearMacs = int64_t(1) << 15;
 
 bool concrete(const TensorType& t) {
   for (size_t i = 0; i < t.shape.size(); ++i)
@@ -798,7 +799,14 @@ class CudaTarget final : public compiler::Target {
   }
 
 
-  compiler::SchedulePolicy policy(const Knobs&) const override { return {}; }
+  // A float32 linear of at most kSmallLinearMacs multiply-adds is a generated block-per-row
+  // reduction (one block per output row, warp shuffles), fused with its neighbours: a cuBLASLt
+  // call for mlp's 10->50 layer costs more than the arithmetic (knob gemv=cublaslt: never).
+  compiler::SchedulePolicy policy(const Knobs& knobs) const override {
+    compiler::SchedulePolicy p;
+    p.small_linear_macs = knobs.get("gemv", "generated") == "cublaslt" ? 0 : kSmallLinearMacs;
+    return p;
+  }
 
   bool library_reads_strided(const Graph&, const Node&, int, const lower::ViewGeometry&) const override {
     return false;
