@@ -6,7 +6,8 @@
 //      interact across neighbours. A candidate that rounds differently from the default
 //      configuration (not `exact`, e.g. Winograd) is first run on the same inputs as the first
 //      candidate (the default configuration) and rejected when its outputs differ by more than
-//      `autotune_tolerance` relative to the largest reference output. Every candidate's second
+//      `autotune_tolerance` relative to the largest reference output (a bfloat16 or float16
+//      compile: 4 units of its precision, 4/256 and 4/2048). Every candidate's second
 //      call is timed once: one over `autotune_slow_cutoff` (10x, +10 ms) slower than the
 //      default's — confirmed by a third call, the faster of the two counting — is rejected there
 //      (a layout the library has only a reference kernel for on this ISA: nChw16c on an AVX2
@@ -161,7 +162,16 @@ Built autotune(const Graph& graph, const Target& target, const Options& options,
   std::string note;
   std::vector<Target::Candidate> cands = target.autotune_candidates(graph, options, &note);
   KILN_ASSERT(!cands.empty());
-  std::string key = "inductor-autotune-v4\n" + target.tuning_context() + "\n" + print_graph(graph);
+  // The precision is part of the key: a bfloat16 compile of a graph is another search than its
+  // float32 one.
+  std::string key = "inductor-autotune-v5\n" + target.tuning_context() + "\n" +
+                    dtype_name(options.precision) + "\n" + print_graph(graph);
+  // The accuracy gate: `autotune_tolerance` for float32; a low-precision compile's candidates
+  // (other library kernels round differently at every layer) within 4 units of its precision.
+  const double tolerance =
+      options.precision == DType::BFloat16 ? std::max(options.autotune_tolerance, 4.0 / 256)
+      : options.precision == DType::Float16 ? std::max(options.autotune_tolerance, 4.0 / 2048)
+                                            : options.autotune_tolerance;
 
   std::string record;  // "NAME" or "NAME\nLAUNCH-RECORD"
   if (tuning_get(key, &record)) {
@@ -215,9 +225,9 @@ Built autotune(const Graph& graph, const Target& target, const Options& options,
     double err = cands[i].exact ? 0 : max_relative_error(out, reference);
     // Accuracy first: a candidate that computes something else is rejected as such whatever its
     // speed (the reason must not depend on how loaded the machine was during one call).
-    if (!(err <= options.autotune_tolerance)) {
+    if (!(err <= tolerance)) {
       rejected[i] = true;
-      notes[i] = fmt::format(" rejected (relative error {:.1e} > {:.0e})", err, options.autotune_tolerance);
+      notes[i] = fmt::format(" rejected (relative error {:.1e} > {:.0e})", err, tolerance);
     } else if (i > 0 && cutoff > 0 && call_s > cutoff * default_call_s + 0.01) {
       rejected[i] = true;
       notes[i] = fmt::format(" rejected (one call {:.1f} ms, over {:g}x the default's {:.3f} ms)",
@@ -263,7 +273,7 @@ Built autotune(const Graph& graph, const Target& target, const Options& options,
     for (const Target::Candidate& v : vs.variants) {
       Built bv = build(merged(cands[best].knobs, v.knobs));
       double err = max_relative_error(bv.exe->run(in), reference);
-      if (!(err <= options.autotune_tolerance)) {
+      if (!(err <= tolerance)) {
         vec_log += fmt::format("{}{} rejected (relative error {:.1e})",
                                vec_log.empty() ? "; variants: " : ", ", v.knobs.str(), err);
         continue;

@@ -236,3 +236,33 @@ TEST(CudaConvLayouts, ChannelsLastAndEpilogueKernelsMatchFloat32) {
     }
   }
 }
+
+// max-autotune on CUDA (Target::autotune_candidates): the default configuration against the
+// library kernels timed (Note [CUDA library kernels timed]) with each convolution layout policy;
+// the winner agrees with the float32 run within bfloat16 rounding.
+TEST(CudaMaxAutotune, TimesLibraryKernelsAndLayoutPolicies) {
+  register_autocast_grabber();
+  nn::ZooModel model = nn::make_zoo_model("resnet18", /*batch=*/1, /*seed=*/13);
+  std::vector<Graph> graphs;
+  g_autocast_sink = &graphs;
+  CompileOptions co;
+  co.backend = "test-autocast-grabber";
+  compile(model.module, co)(model.inputs);
+  g_autocast_sink = nullptr;
+  ASSERT_EQ(graphs.size(), 1u);
+  const Graph& g = graphs[0];
+  TensorList in = test::graph_test_inputs(g, model.inputs, true, 3200);
+  TensorList want = compiler::compile(g, Device::cuda(0), {})->run(in);
+  compiler::Options o;
+  o.precision = DType::BFloat16;
+  o.mode = "max-autotune";
+  o.progress = false;
+  auto exe = compiler::compile(g, Device::cuda(0), o);
+  const std::string log = exe->report().autotune;
+  std::printf("resnet18 bf16 max-autotune:\n%s\n", log.c_str());
+  EXPECT_NE(log.find("kernels=timed"), std::string::npos) << log;
+  EXPECT_NE(log.find("conv=nchw"), std::string::npos) << log;
+  Tensor a = exe->run(in)[0].to(Device::cpu()), b = want[0].to(Device::cpu());
+  ASSERT_TRUE(test::usable_reference(b));
+  EXPECT_TRUE(test::close(a, b, test::Tolerance::of_scale(test::max_abs(b), 8.0 / 256)));
+}

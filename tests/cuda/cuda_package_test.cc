@@ -162,6 +162,41 @@ TEST(CudaPackage, SameModelTwiceGivesIdenticalBytes) {
   EXPECT_TRUE(first == second) << "two CUDA packages of resnet18 differ";
 }
 
+// ---- library kernels timed (Note [CUDA library kernels timed]) -------------------------------------
+// kernels=timed picks each convolution's engine and each GEMM's algorithm by timing; the package
+// pins those choices, so a loaded package computes bitwise what the compiled run did. The
+// choices go to the tuning store: a second compile takes them from there without timing and
+// builds the same package bytes (determinism across compiles). Outputs agree with the heuristic's
+// choices within bfloat16 rounding.
+TEST(CudaPackage, TimedLibraryKernelsArePinnedAndRememberedByTheTuningStore) {
+  test::TempDir dir;
+  nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
+  m.module->to(kCuda);
+  TensorList in = to_device(m.inputs);
+  compiler::Options o;
+  o.precision = DType::BFloat16;
+  o.knobs = compiler::parse_knobs("kernels=timed", "test");
+  const std::string first_path = dir.path + "/first.kiln", second_path = dir.path + "/second.kiln";
+  auto first = nn::export_package(m.module, in, o, "resnet18", first_path);
+  const std::string s1 = first->summary();
+  EXPECT_TRUE(s1.find("(timed ") != std::string::npos || s1.find("timed earlier") != std::string::npos) << s1;
+  auto second = nn::export_package(m.module, in, o, "resnet18", second_path);
+  const std::string s2 = second->summary();
+  EXPECT_EQ(s2.find("(timed "), std::string::npos) << "timed again:\n" << s2;
+  EXPECT_NE(s2.find("timed earlier: tuning store"), std::string::npos) << s2;
+  EXPECT_TRUE(test::read_bytes(first_path) == test::read_bytes(second_path))
+      << "the second compile chose other kernels";
+  LoadedPackage loaded = load_package(first_path);
+  TensorList want = first->run(in), got = loaded.exe->run(in);
+  expect_bitwise(got[0], want[0], "timed resnet18, loaded package");
+  compiler::Options h;
+  h.precision = DType::BFloat16;
+  auto heuristic = nn::export_package(m.module, in, h, "resnet18", dir.path + "/heuristic.kiln");
+  Tensor a = want[0].to(Device::cpu()), b = heuristic->run(in)[0].to(Device::cpu());
+  ASSERT_TRUE(test::usable_reference(b));
+  EXPECT_TRUE(test::close(a, b, test::Tolerance::of_scale(test::max_abs(b), 8.0 / 256)));
+}
+
 // ---- a separate process: the C example, runtime only, bare environment ------------------------
 TEST(CudaPackage, RunsInSeparateProcessWithoutCompilerOrCache) {
   const char* c_run = std::getenv("KILN_C_RUN");

@@ -34,6 +34,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <mutex>
 #include <tuple>
 
@@ -44,9 +46,11 @@
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "lower/scheduler.h"
+#include "support/tuning_store.h"
 #include "runtime/launch_library.h"
 #include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_driver.h"
+#include "kernels/cuda/cudnn_backend.h"
 #include "kernels/cuda/cudnn_conv.h"
 #include "kernels/cuda/cudnn_sdpa.h"
 #include "targets/cuda/direct_kernels.h"
@@ -111,6 +115,7 @@ struct BuildFor {
   bool cross = false;
   bool conv_nhwc = true;  // knob conv=auto|nchw: Note [CUDA convolution layouts]
   bool conv_fuse = true;  // knob conv_epilogue=fused|kernel (kernel: tests of the epilogue kernel)
+  bool timed = false;     // knob kernels=heuristic|timed: Note [CUDA library kernels timed]
 };
 
 BuildFor build_for(const Knobs& knobs) {
@@ -123,6 +128,10 @@ BuildFor build_for(const Knobs& knobs) {
   if (epilogue != "fused" && epilogue != "kernel")
     fail("cuda: knob conv_epilogue={} is not fused or kernel", epilogue);
   b.conv_fuse = epilogue == "fused";
+  const std::string kernels = knobs.get("kernels", "heuristic");
+  if (kernels != "heuristic" && kernels != "timed")
+    fail("cuda: knob kernels={} is not heuristic or timed", kernels);
+  b.timed = kernels == "timed";
   const std::string* arch = knobs.find("arch");
   if (!arch) {
     b.arch = device_arch(kDevice);
@@ -130,6 +139,7 @@ BuildFor build_for(const Knobs& knobs) {
     return b;
   }
   b.cross = true;
+  if (b.timed) fail("cuda: kernels=timed needs the GPU: a cross-build (arch={}) cannot time", *arch);
   b.arch = *arch;
   if (b.arch.size() < 5 || b.arch.size() > 7 || b.arch.compare(0, 3, "sm_") != 0 ||
       b.arch.find_first_not_of("0123456789", 3) != std::string::npos)
@@ -152,6 +162,163 @@ BuildFor build_for(const Knobs& knobs) {
 
 
 // ---- library kernels --------------------------------------------------------------------------
+
+// Note [CUDA library kernels timed]
+// With the knob kernels=timed (max-autotune's candidates on CUDA), each convolution's cuDNN
+// engine configurations and each GEMM's cuBLASLt algorithms (the heuristic's first 8) are
+// timed at compile time on device buffers of the call's sizes (filled with a fixed non-zero
+// byte pattern: engines do not depend on values), in interleaved rounds (each round times 3
+// back-to-back calls of every candidate with events on the legacy stream; a candidate's time is
+// its best round). The fastest replaces the heuristic's choice only when it is at least 3%
+// faster, so noise does not flip choices. A candidate that fails to run is skipped. Choices
+// are kept in the tuning store (support/tuning_store.h) keyed by the GPU, the driver, the
+// library version and the call's descriptor, so a later compile of the same call on the same
+// machine picks the same kernel without timing; a stored choice the library no longer offers
+// is timed again. The choice is what the package records pin (engine tag, algorithm bytes).
+// Different engines round differently (split-K, other tile orders): max-autotune's accuracy
+// gate compares the whole graph with the default configuration's outputs.
+class LibraryTimer {
+ public:
+  ~LibraryTimer() {
+    if (buf_) cudaFree(buf_);
+  }
+  // Device memory of at least `bytes`, 256-byte aligned, filled with the pattern.
+  char* buffer(size_t bytes) {
+    if (bytes > size_) {
+      if (buf_) cudaFree(buf_);
+      buf_ = nullptr;
+      size_ = 0;
+      check_cuda(cudaMalloc(&buf_, bytes), "cudaMalloc (library kernel timing)");
+      check_cuda(cudaMemset(buf_, 0x3C, bytes), "cudaMemset (library kernel timing)");
+      size_ = bytes;
+    }
+    return static_cast<char*>(buf_);
+  }
+  // The index of the fastest of `n` candidates (0 unless another is at least 3% faster) and
+  // the times (ms per call; infinity where the candidate failed).
+  int fastest(int n, const std::function<void(int)>& run, std::vector<double>* ms) {
+    if (!events_) events_ = std::make_unique<CudaEventLog>(kDevice);
+    constexpr int kRounds = 5, kCalls = 3;
+    ms->assign(size_t(n), std::numeric_limits<double>::infinity());
+    std::vector<bool> ok(size_t(n), true);
+    for (int i = 0; i < n; ++i) {  // warm-up, and which candidates run at all
+      try {
+        run(i);
+      } catch (const Error&) {
+        ok[size_t(i)] = false;
+      }
+    }
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (library kernel timing)");
+    for (int r = 0; r < kRounds; ++r)
+      for (int i = 0; i < n; ++i) {
+        if (!ok[size_t(i)]) continue;
+        events_->clear();
+        int a = events_->record(nullptr);
+        for (int c = 0; c < kCalls; ++c) run(i);
+        int b = events_->record(nullptr);
+        events_->synchronize();
+        (*ms)[size_t(i)] = std::min((*ms)[size_t(i)], events_->elapsed_ms(a, b) / kCalls);
+      }
+    int best = 0;
+    for (int i = 1; i < n; ++i)
+      if ((*ms)[size_t(i)] < (*ms)[size_t(best)]) best = i;
+    if (!ok[0] || (*ms)[size_t(best)] < 0.97 * (*ms)[0]) return best;
+    return 0;
+  }
+
+ private:
+  void* buf_ = nullptr;
+  size_t size_ = 0;
+  std::unique_ptr<CudaEventLog> events_;
+};
+
+std::string library_tuning_key(const std::string& what) {
+  CudaDeviceInfo i = cuda_device_info(kDevice);
+  return fmt::format("cuda library kernel v1\n{} sm_{}{}\n{}\ncudnn {}\n{}", i.name, i.sm_major,
+                     i.sm_minor, cuda_driver_version(), cudnn::version(), what);
+}
+
+// Picks the convolution's engine (Note [CUDA library kernels timed]); returns a note for explain.
+std::string tune_conv(ConvPlan& plan, LibraryTimer& timer) {
+  const ConvDesc& d = plan.desc();
+  const std::string key = library_tuning_key("conv " + describe(d));
+  std::string stored;
+  if (tuning_get(key, &stored) && plan.select_tag(stored)) return " (timed earlier: tuning store)";
+  std::vector<ConvEngine> cands = plan.candidates();
+  std::erase_if(cands, [](const ConvEngine& e) { return e.workspace_bytes > (size_t(256) << 20); });
+  if (cands.size() < 2) return "";
+  const std::array<int64_t, 4> y = plan.output_dims();
+  const size_t es = size_t(dtype_size(d.dtype));
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t xb = up(size_t(d.n * d.c_in * d.h * d.w) * es);
+  const size_t wb = up(size_t(d.c_out * (d.c_in / d.groups) * d.kh * d.kw) * es);
+  const size_t yb = up(size_t(y[0] * y[1] * y[2] * y[3]) * es), bb = up(size_t(d.c_out) * es);
+  size_t ws = 0;
+  for (const ConvEngine& e : cands) ws = std::max(ws, e.workspace_bytes);
+  char* m = timer.buffer(xb + wb + 2 * yb + bb + up(ws));
+  ConvArgs a;
+  a.x = m;
+  a.w = m + xb;
+  a.y = m + xb + wb;
+  a.residual = m + xb + wb + yb;
+  a.bias = m + xb + wb + 2 * yb;
+  a.workspace = m + xb + wb + 2 * yb + bb;
+  a.workspace_bytes = ws;
+  std::vector<double> ms;
+  int best = timer.fastest(int(cands.size()), [&](int i) {
+    plan.select(cands[size_t(i)].index);
+    plan.run(a);
+  }, &ms);
+  plan.select(cands[size_t(best)].index);
+  tuning_put(key, plan.engine().tag);
+  return fmt::format(" (timed {} engines: {:.1f} us, the heuristic's {:.1f} us)", cands.size(),
+                     ms[size_t(best)] * 1e3, ms[0] * 1e3);
+}
+
+// Picks the GEMM's algorithm (Note [CUDA library kernels timed]); returns a note for explain.
+std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
+  const GemmDesc& d = plan.desc();
+  const std::string key = library_tuning_key(fmt::format(
+      "{} ld {} {} {} strides {} {} {} alpha {}", plan.describe(), d.lda, d.ldb, d.ldd,
+      d.stride_a, d.stride_b, d.stride_d, d.alpha));
+  std::vector<GemmAlgo> cands = plan.candidates(8);
+  std::string stored;
+  if (tuning_get(key, &stored))
+    for (const GemmAlgo& c : cands) {
+      std::string hex;
+      for (uint64_t x : c.opaque) hex += fmt::format("{:016x}", x);
+      if (hex == stored) {
+        plan.set_algo(c);
+        return " (timed earlier: tuning store)";
+      }
+    }
+  if (cands.size() < 2) return "";
+  const size_t es = size_t(dtype_size(d.dtype));
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  auto span = [&](int64_t rows, int64_t cols, int64_t stride) {
+    return size_t(std::max<int64_t>(stride, rows * cols) * std::max<int64_t>(d.batch, 1));
+  };
+  const size_t ab = up(span(d.m, d.k, d.stride_a) * es), bb = up(span(d.k, d.n, d.stride_b) * es);
+  const size_t db = up(span(d.m, d.n, d.stride_d) * es), biasb = up(size_t(d.n) * es);
+  size_t ws = 0;
+  for (const GemmAlgo& c : cands) ws = std::max(ws, c.workspace_bytes);
+  char* m = timer.buffer(ab + bb + db + biasb + up(ws));
+  GemmArgs a;
+  a.a = m;
+  a.b = m + ab;
+  a.d = m + ab + bb;
+  a.bias = m + ab + bb + db;
+  a.workspace = m + ab + bb + db + biasb;
+  a.workspace_bytes = ws;
+  std::vector<double> ms;
+  int best = timer.fastest(int(cands.size()), [&](int i) { plan.run(a, cands[size_t(i)]); }, &ms);
+  plan.set_algo(cands[size_t(best)]);
+  std::string hex;
+  for (uint64_t x : cands[size_t(best)].opaque) hex += fmt::format("{:016x}", x);
+  tuning_put(key, hex);
+  return fmt::format(" (timed {} algorithms: {:.1f} us, the heuristic's {:.1f} us)", cands.size(),
+                     ms[size_t(best)] * 1e3, ms[0] * 1e3);
+}
 
 // A direct kernel around a convolution; each argument a node input, a node output or an offset
 // into the scratch region.
@@ -362,6 +529,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   BuildFor build_;
   std::string program_name_, arch_;
   std::shared_ptr<CudaModule> module_;
+  LibraryTimer timer_;  // kernels=timed
 };
 
 void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibNode& ln,
@@ -508,6 +676,7 @@ void CudaLibraryKernels::plan_gemm(const Graph& g, const Node& n, LibNode& ln) {
   }
   ln.gemm = GemmPlan::create(d);
   ln.describe = ln.gemm->describe();
+  if (build_.timed) ln.describe += tune_gemm(*ln.gemm, timer_);
 }
 
 // Note [CUDA convolution layouts]
@@ -626,7 +795,9 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
     if (od != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
       fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
     ln.conv_desc = d;
-  } else {
+  }
+  std::string tuned;
+  if (!build_.cross) {
     // The most the engines fuse: bias, residual and relu; then the bias alone; then nothing.
     std::vector<ConvDesc> tries;
     ConvDesc t = d;
@@ -640,6 +811,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
     std::string why;
     for (size_t i = 0; i + 1 < tries.size() && !ln.conv; ++i) ln.conv = ConvPlan::try_create(tries[i], &why);
     if (!ln.conv) ln.conv = ConvPlan::create(tries.back());
+    if (build_.timed) tuned = tune_conv(*ln.conv, timer_);
     d = ln.conv->desc();
     if (ln.conv->output_dims() != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
       fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
@@ -744,7 +916,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
   if (relu_left) left += "+relu";
   ln.describe = ::kiln::cuda::describe(d) + " engine " +
                 (ln.conv ? ln.conv->engine().tag : std::string("chosen at load")) +
-                (left.empty() ? "" : " + epilogue kernel (" + left + ")") +
+                tuned + (left.empty() ? "" : " + epilogue kernel (" + left + ")") +
                 (x_moved ? " [x NCHW->NHWC]" : "") + (r_moved ? " [residual NCHW->NHWC]" : "") +
                 (y_moved ? " [y NHWC->NCHW]" : "");
 }
@@ -876,11 +1048,38 @@ class CudaTarget final : public compiler::Target {
     return c.device() == device() ? c : c.to(device());
   }
 
-  std::vector<Candidate> autotune_candidates(const Graph&, const compiler::Options&,
+  // max-autotune on CUDA: the default configuration, then the library kernels timed
+  // (Note [CUDA library kernels timed]), with each convolution layout policy where there are
+  // half-precision convolutions (Note [CUDA convolution layouts]) and with the GEMV choice where
+  // there are small linears. A cross-build has no GPU to time on: the default only.
+  std::vector<Candidate> autotune_candidates(const Graph& g, const compiler::Options& o,
                                              std::string* note) const override {
-    *note = "; the CUDA search space (cuBLASLt algorithms, cuDNN engines, block sizes) is not "
-            "timed yet: the default configuration";
-    return {Candidate{}};
+    if (o.knobs.find("arch") || !o.arch.empty()) {
+      *note = "; a cross-build cannot time library kernels: the default configuration";
+      return {Candidate{}};
+    }
+    bool half_conv = false, small_linear = false, library = false;
+    for (const Node& n : g.nodes) {
+      half_conv = half_conv || nhwc_candidate(g, n);
+      small_linear = small_linear || lower::small_linear(g, n, kSmallLinearMacs);
+      library = library || n.op == OpId::Conv2d || n.op == OpId::FusedConv2d ||
+                n.op == OpId::ConvTranspose2d || n.op == OpId::Linear || n.op == OpId::Matmul ||
+                n.op == OpId::FusedLinear;
+    }
+    std::vector<Candidate> cands(1);  // the default
+    for (const char* conv : {"auto", "nchw"}) {
+      if (std::strcmp(conv, "nchw") == 0 && !half_conv) continue;
+      for (const char* gemv : {"generated", "cublaslt"}) {
+        if (std::strcmp(gemv, "cublaslt") == 0 && !small_linear) continue;
+        Candidate c;
+        c.exact = false;
+        if (library) c.knobs.set("kernels", "timed");
+        if (half_conv) c.knobs.set("conv", conv);
+        if (small_linear) c.knobs.set("gemv", gemv);
+        if (!c.knobs.items.empty()) cands.push_back(std::move(c));
+      }
+    }
+    return cands;
   }
   Variants autotune_variants(const compiler::CompileReport&) const override { return {}; }
   std::string tune_launches(Executable&, const std::vector<compiler::TunableLaunch>&,
