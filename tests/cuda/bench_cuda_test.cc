@@ -360,7 +360,8 @@ TEST(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
   ProfileRun run = run_profile(o, p);
   ASSERT_FALSE(run.table.empty());
   ASSERT_GT(run.device_ms, 0.0);
-  EXPECT_LE(run.device_ms, run.call_ms);
+  // The events add well under 2 us per launch; the call (measured without them) holds all
+  // the kernels.
   int64_t launches = 0, timed = 0, gpu = 0;
   for (const ProfileEvent& e : p.events()) {
     if (e.cat == "op" && !e.site.empty() && e.site.find(": ") != std::string::npos) {
@@ -375,6 +376,7 @@ TEST(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
   EXPECT_GT(launches, 20);  // resnet18: 20 convolutions and more
   EXPECT_EQ(timed, launches);
   EXPECT_EQ(gpu, launches);
+  EXPECT_LE(run.device_ms, run.call_ms + 0.002 * double(run.ops_per_iteration));
   json doc = json::parse(p.chrome_trace());
   int gpu_rows = 0;
   for (const json& e : doc["traceEvents"]) gpu_rows += e["tid"] == 0 && e["ph"] == "X";
