@@ -179,8 +179,11 @@ BuildFor build_for(const Knobs& knobs) {
 // gate compares the whole graph with the default configuration's outputs.
 class LibraryTimer {
  public:
-  ~LibraryTimer() {
+  ~LibraryTimer() { release(); }
+  void release() {
     if (buf_) cudaFree(buf_);
+    buf_ = nullptr;
+    size_ = 0;
   }
   // Device memory of at least `bytes`, 256-byte aligned, filled with the pattern.
   char* buffer(size_t bytes) {
@@ -402,6 +405,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       if (failed < 0) break;
       excluded[size_t(failed)] = true;
     }
+    timer_.release();  // the timing buffers are not needed past lowering
     if (!source.empty()) {
       CudaCompileRequest req = direct_program(
           source, (g.name.empty() ? std::string("graph") : g.name) + "_lib", build_.arch);
@@ -702,11 +706,14 @@ void CudaLibraryKernels::plan_gemm(const Graph& g, const Node& n, LibNode& ln) {
 // ResNet-50 in bfloat16: all but the stem convolution compute NHWC, two values are transposed.
 // The knob conv_epilogue=kernel skips the fused graphs (the epilogue kernel always runs), so that
 // tests reach that path on a GPU whose engines fuse everything.
-bool nhwc_candidate(const Graph& g, const Node& n) {
+// `precision`: the compile's (autotune_candidates sees the graph before autocast: a float32
+// convolution of a bfloat16 compile is computed in bfloat16).
+bool nhwc_candidate(const Graph& g, const Node& n, DType precision = DType::Float32) {
   if (n.op != OpId::Conv2d && n.op != OpId::FusedConv2d) return false;
   const TensorType& xt = g.type(n.inputs[0]);
   const TensorType& wt = g.type(n.inputs[1]);
-  if (xt.dtype != DType::Float16 && xt.dtype != DType::BFloat16) return false;
+  const DType dt = xt.dtype == DType::Float32 ? precision : xt.dtype;
+  if (dt != DType::Float16 && dt != DType::BFloat16) return false;
   if (xt.shape.size() != 4 || wt.shape.size() != 4 || !concrete(xt) || !concrete(wt)) return false;
   ValueKind wk = g.value(n.inputs[1]).kind;
   if (wk != ValueKind::Param && wk != ValueKind::Const) return false;
@@ -1060,8 +1067,9 @@ class CudaTarget final : public compiler::Target {
     }
     bool half_conv = false, small_linear = false, library = false;
     for (const Node& n : g.nodes) {
-      half_conv = half_conv || nhwc_candidate(g, n);
-      small_linear = small_linear || lower::small_linear(g, n, kSmallLinearMacs);
+      half_conv = half_conv || nhwc_candidate(g, n, o.precision);
+      small_linear = small_linear || (o.precision == DType::Float32 &&
+                                      lower::small_linear(g, n, kSmallLinearMacs));
       library = library || n.op == OpId::Conv2d || n.op == OpId::FusedConv2d ||
                 n.op == OpId::ConvTranspose2d || n.op == OpId::Linear || n.op == OpId::Matmul ||
                 n.op == OpId::FusedLinear;
