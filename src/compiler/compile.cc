@@ -275,12 +275,17 @@ std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& ta
                            [&](const Knobs& k) { return build(graph, target, options, merge_knobs(options.knobs, k)); })
                 : build(graph, target, options, options.knobs);
   // reduce-overhead: where the device has launch overhead to remove, replay a CUDA graph of the
-  // launch list (on the CPU the pre-bound launch list already is the reduced form).
-  if (options.mode == "reduce-overhead" && b.exe->device().is_cuda()) {
+  // launch list (on the CPU the pre-bound launch list already is the reduced form). max-autotune
+  // replays its winner the same way, as torch's max-autotune does: the search picks kernels, the
+  // replay removes the launches' host cost (on the H200, resnet50 bf16 0.474 ms a call through
+  // launches against 0.41 ms replayed).
+  if ((options.mode == "reduce-overhead" || options.mode == "max-autotune") &&
+      b.exe->device().is_cuda()) {
     std::string why;
-    b.report.mode_note = b.exe->use_cuda_graph(&why)
-                             ? "reduce-overhead: CUDA graph replay"
-                             : "reduce-overhead: no CUDA graph (" + why + "); launches as in default";
+    b.report.mode_note +=
+        (b.report.mode_note.empty() ? "" : "; ") +
+        (b.exe->use_cuda_graph(&why) ? options.mode + ": CUDA graph replay"
+                                     : options.mode + ": no CUDA graph (" + why + "); launches as in default");
   }
   return std::make_unique<CompiledExecutable>(b.exe, std::move(b.report));
 }

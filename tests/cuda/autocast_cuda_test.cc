@@ -262,6 +262,9 @@ TEST(CudaMaxAutotune, TimesLibraryKernelsAndLayoutPolicies) {
   std::printf("resnet18 bf16 max-autotune:\n%s\n", log.c_str());
   EXPECT_NE(log.find("kernels=timed"), std::string::npos) << log;
   EXPECT_NE(log.find("conv=nchw"), std::string::npos) << log;
+  // The winner is replayed as a CUDA graph, as in reduce-overhead.
+  EXPECT_NE(exe->report().mode_note.find("max-autotune: CUDA graph replay"), std::string::npos)
+      << exe->report().mode_note;
   Tensor a = exe->run(in)[0].to(Device::cpu()), b = want[0].to(Device::cpu());
   ASSERT_TRUE(test::usable_reference(b));
   EXPECT_TRUE(test::close(a, b, test::Tolerance::of_scale(test::max_abs(b), 8.0 / 256)));
