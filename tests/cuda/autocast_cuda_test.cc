@@ -43,6 +43,20 @@ void register_autocast_grabber() {
   });
 }
 
+// A zoo model's graphs as capture records them for one call, and that call's inputs.
+std::vector<Graph> capture_zoo_graphs(const std::string& name, uint64_t seed, TensorList* inputs) {
+  register_autocast_grabber();
+  nn::ZooModel model = nn::make_zoo_model(name, /*batch=*/1, seed);
+  std::vector<Graph> graphs;
+  g_autocast_sink = &graphs;
+  CompileOptions co;
+  co.backend = "test-autocast-grabber";
+  compile(model.module, co)(model.inputs);
+  g_autocast_sink = nullptr;
+  *inputs = model.inputs;
+  return graphs;
+}
+
 struct CudaAutocastCase {
   std::string model;
   DType dtype;
@@ -55,14 +69,8 @@ TEST_P(CudaAutocast, LowPrecisionMatchesFloat32AndReplayIsBitwiseEqual) {
   const CudaAutocastCase& c = GetParam();
   const double unit = c.dtype == DType::BFloat16 ? 1.0 / 256 : 1.0 / 2048;
   const double tol = 2 * c.units * unit;
-  register_autocast_grabber();
-  nn::ZooModel model = nn::make_zoo_model(c.model, /*batch=*/1, /*seed=*/7);
-  std::vector<Graph> graphs;
-  g_autocast_sink = &graphs;
-  CompileOptions co;
-  co.backend = "test-autocast-grabber";
-  compile(model.module, co)(model.inputs);
-  g_autocast_sink = nullptr;
+  TensorList model_inputs;
+  std::vector<Graph> graphs = capture_zoo_graphs(c.model, /*seed=*/7, &model_inputs);
   ASSERT_FALSE(graphs.empty()) << c.model;
 
   for (size_t gi = 0; gi < graphs.size(); ++gi) {
@@ -70,7 +78,7 @@ TEST_P(CudaAutocast, LowPrecisionMatchesFloat32AndReplayIsBitwiseEqual) {
     std::string where = fmt::format("{} graph {} in {}", c.model, gi, dtype_name(c.dtype));
     // Inputs: the model's own for a whole-graph model (BERT's ids and mask), else fresh random
     // ones of the graph's input types (non-zero floats, 0/1 integers).
-    TensorList in = test::graph_test_inputs(g, model.inputs, graphs.size() == 1, 2000 + gi);
+    TensorList in = test::graph_test_inputs(g, model_inputs, graphs.size() == 1, 2000 + gi);
 
     auto f32 = compiler::compile(g, Device::cuda(0), {});
     compiler::Options lo;
@@ -182,17 +190,11 @@ TEST(CudaAutocastCapture, KilnCompileRunsTheModelLowOnCuda) {
 // (fused, kernel) must match the float32 run within the low-precision tolerance, and
 // reduce-overhead must replay the convolutions' kernels bitwise.
 TEST(CudaConvLayouts, ChannelsLastAndEpilogueKernelsMatchFloat32) {
-  register_autocast_grabber();
-  nn::ZooModel model = nn::make_zoo_model("resnet18", /*batch=*/1, /*seed=*/11);
-  std::vector<Graph> graphs;
-  g_autocast_sink = &graphs;
-  CompileOptions co;
-  co.backend = "test-autocast-grabber";
-  compile(model.module, co)(model.inputs);
-  g_autocast_sink = nullptr;
+  TensorList model_inputs;
+  std::vector<Graph> graphs = capture_zoo_graphs("resnet18", /*seed=*/11, &model_inputs);
   ASSERT_EQ(graphs.size(), 1u);
   const Graph& g = graphs[0];
-  TensorList in = test::graph_test_inputs(g, model.inputs, true, 3100);
+  TensorList in = test::graph_test_inputs(g, model_inputs, true, 3100);
   TensorList want = compiler::compile(g, Device::cuda(0), {})->run(in);
   TensorList cpu = find_backend("eager")(g, BackendOptions{})->run(in);
   ASSERT_TRUE(test::usable_reference(cpu[0]));
@@ -241,17 +243,11 @@ TEST(CudaConvLayouts, ChannelsLastAndEpilogueKernelsMatchFloat32) {
 // library kernels timed (Note [CUDA library kernels timed]) with each convolution layout policy;
 // the winner agrees with the float32 run within bfloat16 rounding.
 TEST(CudaMaxAutotune, TimesLibraryKernelsAndLayoutPolicies) {
-  register_autocast_grabber();
-  nn::ZooModel model = nn::make_zoo_model("resnet18", /*batch=*/1, /*seed=*/13);
-  std::vector<Graph> graphs;
-  g_autocast_sink = &graphs;
-  CompileOptions co;
-  co.backend = "test-autocast-grabber";
-  compile(model.module, co)(model.inputs);
-  g_autocast_sink = nullptr;
+  TensorList model_inputs;
+  std::vector<Graph> graphs = capture_zoo_graphs("resnet18", /*seed=*/13, &model_inputs);
   ASSERT_EQ(graphs.size(), 1u);
   const Graph& g = graphs[0];
-  TensorList in = test::graph_test_inputs(g, model.inputs, true, 3200);
+  TensorList in = test::graph_test_inputs(g, model_inputs, true, 3200);
   TensorList want = compiler::compile(g, Device::cuda(0), {})->run(in);
   compiler::Options o;
   o.precision = DType::BFloat16;
