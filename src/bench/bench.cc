@@ -429,22 +429,12 @@ TensorList package_inputs(const Executable& exe, uint64_t seed) {
   return in;
 }
 
-// The device a package was built for, from its manifest (no kernels loaded).
-std::string package_device(const std::string& path) {
-  std::vector<PackageSection> sections = read_package_sections(path);
-  try {
-    return nlohmann::json::parse(sections.at(0).bytes).at("target").at("device").get<std::string>();
-  } catch (const std::exception&) {
-    return "cpu";  // load_package below reports what is wrong with the manifest
-  }
-}
-
 BenchResult run_bench(const BenchOptions& given) {
   BenchOptions o = given;
   if (o.target.empty()) fail("bench: a target (zoo model name) is required");
   const bool is_package = o.target.size() > 5 && o.target.substr(o.target.size() - 5) == ".kiln";
   // No --device: a package runs on the device it was built for; a model on the CPU.
-  if (o.device.empty()) o.device = is_package ? package_device(o.target) : "cpu";
+  if (o.device.empty()) o.device = is_package ? package_target_device(o.target) : "cpu";
   if (o.backend != "eager" && o.backend != "compiled")
     fail("bench: --backend expected eager or compiled, found '{}'", o.backend);
   if (o.mode != "default" && o.mode != "reduce-overhead" && o.mode != "max-autotune")
@@ -473,14 +463,13 @@ BenchResult run_bench(const BenchOptions& given) {
   if (cuda) cuda_reset_peak_stats(device.index);  // the peak then covers weights, inputs, calls
   // A .kiln package: loaded by the runtime (timed: load_s), run on caller-owned buffers with
   // fresh random inputs of its declared shapes; no compile.
-  const bool package = o.target.size() > 5 && o.target.substr(o.target.size() - 5) == ".kiln";
   std::optional<LoadedPackage> pkg;
   std::optional<double> load_s;
   TensorList pkg_outputs;
   std::vector<const void*> pkg_in;
   std::vector<void*> pkg_out;
   BenchTarget m;
-  if (package) {
+  if (is_package) {
     auto t0 = std::chrono::steady_clock::now();
     pkg = load_package(o.target);
     load_s = seconds_since(t0);
@@ -520,7 +509,7 @@ BenchResult run_bench(const BenchOptions& given) {
   TensorList outputs;  // reused by every compiled call (run_into)
   std::optional<ScopedCacheDir> cold_cache;
   double compile_call_s = 0;  // kiln::compile() itself (capture is lazy: it is cheap)
-  if (package) {
+  if (is_package) {
     r.backend = "package";
     r.batch = pkg->exe->inputs.empty() || pkg->exe->inputs[0].sizes.empty()
                   ? 1 : pkg->exe->inputs[0].sizes[0];
@@ -617,7 +606,7 @@ BenchResult run_bench(const BenchOptions& given) {
     r.peak_device_bytes = int64_t(cuda_allocator_stats(device.index).peak_allocated_bytes);
   }
 
-  if (o.backend == "compiled" && !package) {
+  if (o.backend == "compiled" && !is_package) {
     // The one-off cost: compile() plus the first call, minus what the fastest steady-state call
     // costs (the minimum, not the median: on a loaded machine the median is inflated).
     r.compile_s = std::max(0.0, compile_call_s + r.first_call_s - r.min_ms / 1000.0);

@@ -127,7 +127,7 @@ void Profiler::launch_begin(const Executable::Launch& l, const Executable::RunCo
   sync_device();
   // The first launch of an iteration holds the stream while the host enqueues the rest
   // (CudaEventLog::hold), so the events time the kernels back to back.
-  if (cuda_events_ && pending_.empty() && cuda_events_->size() == 0)
+  if (cuda_events_ && cuda_events_->size() == 0)
     cuda_events_->hold(ctx.stream, kHoldMicroseconds);
   int event = cuda_events_ ? cuda_events_->record(ctx.stream) : -1;
   stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes, event});

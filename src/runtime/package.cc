@@ -783,35 +783,64 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
   return out;
 }
 
+namespace {
+// A package file mapped read-only (an empty file maps to no bytes); errors name the path.
+struct MappedPackage {
+  void* map = nullptr;
+  size_t size = 0;
+  explicit MappedPackage(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      fail_kind(ErrorKind::InvalidArgument, "package '{}': cannot read the file: {}", path,
+                errno_text(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      int err = errno;
+      ::close(fd);
+      fail_kind(ErrorKind::InvalidArgument, "package '{}': not a regular file ({})", path,
+                errno_text(err));
+    }
+    size = size_t(st.st_size);
+    if (size == 0) {
+      ::close(fd);
+      return;
+    }
+    map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED)
+      fail_kind(ErrorKind::Runtime, "package '{}': cannot map the file: {}", path, errno_text(errno));
+  }
+  ~MappedPackage() {
+    if (map) ::munmap(map, size);
+  }
+  MappedPackage(const MappedPackage&) = delete;
+  MappedPackage& operator=(const MappedPackage&) = delete;
+  std::string_view bytes() const {
+    return map ? std::string_view(static_cast<const char*>(map), size) : std::string_view();
+  }
+};
+}  // namespace
+
 // The file is mapped read-only rather than read: the loader hashes and parses it in place and
 // copies only the weights (into tensors) and the kernels (into their memfd).
 LoadedPackage load_package(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    fail_kind(ErrorKind::InvalidArgument, "package '{}': cannot read the file: {}", path,
-              errno_text(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    int err = errno;
-    ::close(fd);
-    fail_kind(ErrorKind::InvalidArgument, "package '{}': not a regular file ({})", path,
-              errno_text(err));
+  MappedPackage file(path);
+  return load_package_bytes(file.bytes(), path);
+}
+
+std::string package_target_device(const std::string& path) {
+  MappedPackage file(path);
+  uint32_t version = 0;
+  std::string_view weights_hash;  // not checked: the weights are not read here
+  std::vector<SectionView> sections =
+      parse_sections(file.bytes(), path, &version, "weights", &weights_hash);
+  try {
+    return kernels::parse_untrusted_json(sections[0].bytes).at("target").at("device").get<std::string>();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    bad(path, fmt::format("section 'manifest': target.device: {}", e.what()));
   }
-  size_t size = size_t(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    return load_package_bytes(std::string_view(), path);
-  }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED)
-    fail_kind(ErrorKind::Runtime, "package '{}': cannot map the file: {}", path, errno_text(errno));
-  struct Unmap {
-    void* p;
-    size_t n;
-    ~Unmap() { ::munmap(p, n); }
-  } unmap{map, size};
-  return load_package_bytes(std::string_view(static_cast<const char*>(map), size), path);
 }
 
 std::vector<PackageSection> read_package_sections(const std::string& path, uint32_t* version,

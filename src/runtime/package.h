@@ -48,6 +48,11 @@ std::vector<PackageSection> read_package_sections(const std::string& path,
                                                   uint32_t* version = nullptr,
                                                   size_t* file_bytes = nullptr);
 
+// The device a package was built for ("cpu" or "cuda"), from its header and manifest (both
+// checked, their hashes included); the weights are neither read nor hashed. Errors as
+// load_package's.
+std::string package_target_device(const std::string& path);
+
 // ---- writing ------------------------------------------------------------------------------------
 // What the manifest records besides the Executable: where it came from and how it was built.
 struct PackageInfo {

@@ -68,6 +68,9 @@ using compiler::MemRef;
 constexpr int kDevice = 0;
 constexpr int64_t kSmallLinearMacs = int64_t(1) << 15;
 
+// Device buffers and scratch regions start at 256-byte boundaries.
+constexpr int64_t round_up_256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
 bool concrete(const TensorType& t) {
   for (size_t i = 0; i < t.shape.size(); ++i)
     if (!t.shape[i].is_concrete()) return false;
@@ -185,7 +188,9 @@ class LibraryTimer {
     buf_ = nullptr;
     size_ = 0;
   }
-  // Device memory of at least `bytes`, 256-byte aligned, filled with the pattern.
+  // Device memory of at least `bytes`, 256-byte aligned, filled with the pattern. cudaMalloc
+  // itself, not the caching allocator (allocate_device_arena): release() gives it back to the
+  // driver after lowering instead of leaving it cached, and out of the peak statistics.
   char* buffer(size_t bytes) {
     if (bytes > size_) {
       if (buf_) cudaFree(buf_);
@@ -252,7 +257,7 @@ std::string tune_conv(ConvPlan& plan, LibraryTimer& timer) {
   if (cands.size() < 2) return "";
   const std::array<int64_t, 4> y = plan.output_dims();
   const size_t es = size_t(dtype_size(d.dtype));
-  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  auto up = [](size_t b) { return size_t(round_up_256(int64_t(b))); };
   const size_t xb = up(size_t(d.n * d.c_in * d.h * d.w) * es);
   const size_t wb = up(size_t(d.c_out * (d.c_in / d.groups) * d.kh * d.kw) * es);
   const size_t yb = up(size_t(y[0] * y[1] * y[2] * y[3]) * es), bb = up(size_t(d.c_out) * es);
@@ -285,19 +290,22 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
       "{} ld {} {} {} strides {} {} {} alpha {}", plan.describe(), d.lda, d.ldb, d.ldd,
       d.stride_a, d.stride_b, d.stride_d, d.alpha));
   std::vector<GemmAlgo> cands = plan.candidates(8);
+  auto hex_of = [](const GemmAlgo& g) {  // the store's form of an algorithm
+    std::string hex;
+    for (uint64_t x : g.opaque) hex += fmt::format("{:016x}", x);
+    return hex;
+  };
   std::string stored;
   if (tuning_get(key, &stored))
     for (const GemmAlgo& c : cands) {
-      std::string hex;
-      for (uint64_t x : c.opaque) hex += fmt::format("{:016x}", x);
-      if (hex == stored) {
+      if (hex_of(c) == stored) {
         plan.set_algo(c);
         return " (timed earlier: tuning store)";
       }
     }
   if (cands.size() < 2) return "";
   const size_t es = size_t(dtype_size(d.dtype));
-  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  auto up = [](size_t b) { return size_t(round_up_256(int64_t(b))); };
   auto span = [&](int64_t rows, int64_t cols, int64_t stride) {
     return size_t(std::max<int64_t>(stride, rows * cols) * std::max<int64_t>(d.batch, 1));
   };
@@ -316,9 +324,7 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
   std::vector<double> ms;
   int best = timer.fastest(int(cands.size()), [&](int i) { plan.run(a, cands[size_t(i)]); }, &ms);
   plan.set_algo(cands[size_t(best)]);
-  std::string hex;
-  for (uint64_t x : cands[size_t(best)].opaque) hex += fmt::format("{:016x}", x);
-  tuning_put(key, hex);
+  tuning_put(key, hex_of(cands[size_t(best)]));
   return fmt::format(" (timed {} algorithms: {:.1f} us, the heuristic's {:.1f} us)", cands.size(),
                      ms[size_t(best)] * 1e3, ms[0] * 1e3);
 }
@@ -354,7 +360,6 @@ struct LibNode {
   // offset into the scratch region (the value is stored in the other layout).
   int64_t conv_x_at = -1, conv_r_at = -1, conv_y_at = -1;
   int64_t conv_ws_bytes = 0;  // the workspace region at the start of the scratch region
-  bool conv_w_krsc = false;
   std::vector<ConvKernel> conv_pre, conv_post;
   // Sdpa: cuDNN's fused attention
   std::shared_ptr<SdpaPlan> sdpa;
@@ -427,7 +432,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     return size_t(node) < nodes_.size() && nodes_[size_t(node)].kind != LibNode::Kind::None;
   }
   int64_t value_bytes(ValueId) const override { return -1; }
-  int64_t scratch_bytes() const override { return int64_t((scratch_ + 255) / 256 * 256); }
+  int64_t scratch_bytes() const override { return round_up_256(int64_t(scratch_)); }
   std::string describe(int32_t node) const override { return nodes_[size_t(node)].describe; }
   std::string why_not(int32_t node) const override {
     return size_t(node) < nodes_.size() ? nodes_[size_t(node)].why_not : "";
@@ -457,9 +462,6 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       if (ln.reports) spec.args.push_back(status);
     }
     const int64_t ws = scratch_bytes();
-    auto n_inputs_has = [](const std::vector<MemRef>& v, int i) {
-      return i >= 0 && size_t(i) < v.size() && v[size_t(i)].slot >= 0;
-    };
     switch (ln.kind) {
       case LibNode::Kind::Gemm: {
         CublasltBuffers b{at(inputs, ln.gemm_a), at(inputs, ln.gemm_b), at(inputs, ln.gemm_bias),
@@ -480,7 +482,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
         CudnnConvBuffers b;
         b.x = ln.conv_x_at >= 0 ? scratch_at(ln.conv_x_at) : at(inputs, 0);
         b.w = at(inputs, 1);
-        b.bias = n_inputs_has(inputs, 2) ? at(inputs, 2) : MemRef{};
+        b.bias = at(inputs, 2);  // slot -1 when the node has none
         b.y = ln.conv_y_at >= 0 ? scratch_at(ln.conv_y_at) : at(outputs, 0);
         if (ln.conv_residual >= 0)
           b.residual = ln.conv_r_at >= 0 ? scratch_at(ln.conv_r_at) : at(inputs, ln.conv_residual);
@@ -499,7 +501,8 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
             to->push_back(std::move(cs));
             if (module_) loaded->push_back(&ck.kernel);
           }
-        return make_cudnn_conv_launch(d, ln.conv, b, k, ln.conv_w_krsc);
+        // Channels-last convolutions read their filter as a KRSC copy of the weight.
+        return make_cudnn_conv_launch(d, ln.conv, b, k, d.layout == ConvLayout::NHWC);
       }
       case LibNode::Kind::Sdpa: {
         CudnnSdpaBuffers b{at(inputs, 0), at(inputs, 1), at(inputs, 2), at(outputs, 0), scratch, ws};
@@ -824,12 +827,11 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
       fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
   }
   ln.kind = LibNode::Kind::Conv;
-  ln.conv_w_krsc = nhwc;
   const bool bias_left = bias && !d.bias, residual_left = residual && !d.residual;
   const bool relu_left = relu && !d.relu;
 
   // The scratch region: the workspace, then the values this convolution sees in its own layout.
-  auto up = [](int64_t b) { return (b + 255) / 256 * 256; };
+  auto up = round_up_256;
   ln.conv_ws_bytes = up(build_.cross ? kCrossWorkspaceBytes : int64_t(ln.conv->workspace_bytes()));
   int64_t end = ln.conv_ws_bytes;
   const int64_t es = dtype_size(dt);
@@ -842,7 +844,9 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
   scratch_ = std::max(scratch_, size_t(end));
 
   using Of = KernelArg::Of;
-  const int64_t blocks_cap = int64_t(build_.sms) * 16;
+  auto blocks_for = [&](int64_t total) {  // a grid-stride loop, at most 16 blocks per SM
+    return std::max<int64_t>(1, std::min<int64_t>((total + 255) / 256, int64_t(build_.sms) * 16));
+  };
   const char* storage = cuda_storage(dt);
   // A layout change of a [n, c, h, w] value: NCHW -> NHWC (to_nhwc) or back.
   auto transpose = [&](const std::string& name, const Dims& dims, bool to_nhwc, KernelArg from,
@@ -850,7 +854,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
     const int64_t total = numel(dims), c = dims[1], h = dims[2], wd = dims[3];
     ConvKernel k;
     k.name = name;
-    k.blocks = std::max<int64_t>(1, std::min<int64_t>((total + 255) / 256, blocks_cap));
+    k.blocks = blocks_for(total);
     k.args = {from, to};
     // i walks the destination; the source index follows from its coordinates.
     std::string src_index;
@@ -881,7 +885,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
     const int64_t total = numel(y), plane = y[2] * y[3], c = y[1];
     ConvKernel k;
     k.name = fmt::format("kn_conv_epilogue_{}", index);
-    k.blocks = std::max<int64_t>(1, std::min<int64_t>((total + 255) / 256, blocks_cap));
+    k.blocks = blocks_for(total);
     KernelArg yarg = y_moved ? KernelArg{Of::Scratch, 0, ln.conv_y_at} : KernelArg{Of::Output, 0, 0};
     KernelArg rarg = r_moved ? KernelArg{Of::Scratch, 0, ln.conv_r_at} : KernelArg{Of::Input, 3, 0};
     k.args = {yarg};
