@@ -170,6 +170,9 @@ class Target {
 
   // Ops the compiler pipeline decomposes (passes/pipeline.h: compiler_pipeline).
   virtual std::vector<OpId> decompositions() const = 0;
+  // Passes of the registry (passes/pipeline.cc) this target runs after the default pipeline,
+  // before autocast (compiler_pipeline): rewrites into what its libraries run best.
+  virtual std::vector<std::string> graph_passes() const { return {}; }
   // Nodes of those ops that this target still runs whole (its library fuses them: CUDA's
   // fused_conv2d with a relu epilogue is one cuDNN graph).
   virtual bool keeps_whole(const Graph& g, const Node& n) const { return false; }

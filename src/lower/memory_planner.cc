@@ -22,9 +22,14 @@
 //     forward pass. This is deliberately conservative: broadcasting first inputs, dtype changes
 //     and multi-output ops never run in place.
 //   - reshape and flatten are views only when the input's strides allow it (Note [View ops]).
-//     IR types are logical, so the planner knows the layout only of a buffer's contiguous owner
-//     (Alloc, InPlace, Copy): a reshape/flatten of any other value (a view, a graph input) is
-//     planned as Copy, a fresh buffer, like the contiguous copy eager makes.
+//     IR types are logical, so the planner knows the layout of a buffer's contiguous owner
+//     (Alloc, InPlace, Copy) and of views of it, whose geometry it resolves through the views
+//     planned so far (lower::resolve_view): a reshape/flatten of a view whose strides allow it
+//     (splitting the features of a slice: [197, 768] at row stride 2304 -> [197, 12, 64]) is a
+//     view; so is one of a graph input, param or const itself (contiguous as kernels read them:
+//     the runtime makes a strided input contiguous first). Of any other value (a view the
+//     strides do not allow, a view of a graph input) it is planned as Copy, a fresh buffer, like
+//     the contiguous copy eager makes.
 //   - Graph outputs never share memory with each other or with memory outside the arena: a view
 //     returned as an output whose buffer already holds an output (or is External) is planned as
 //     Copy, a fresh buffer the compiler fills with the view's elements. (In-place never merges an
@@ -41,6 +46,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "lower/scheduler.h"
+#include "ops/kernel_util.h"
 
 namespace kiln {
 namespace {
@@ -153,7 +160,9 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
     }
 
   std::vector<bool> buffer_has_output;
+  std::vector<bool> copied(g.values.size(), false);  // views planned as Copy so far
   auto new_buffer = [&](ValueId root, PlanKind kind) {
+    if (kind == PlanKind::Copy) copied[size_t(root)] = true;
     ValuePlan& p = plan.values[size_t(root)];
     p.kind = kind;
     p.buffer = int32_t(plan.buffers.size());
@@ -202,8 +211,24 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
                                  xp.kind == PlanKind::Copy);
       // reshape/flatten are views only when the input's strides allow it; IR types are logical,
       // so only a buffer's contiguous owner is known to allow it.
-      bool contiguous = owner || (!external && xp.kind == PlanKind::View && row_major[size_t(x)]);
+      // Graph inputs, params and consts are contiguous as the kernels read them (the runtime
+      // makes a strided input contiguous first; constants are placed contiguous).
+      const ValueKind xk = g.value(x).kind;
+      bool whole_external = xk == ValueKind::Input || xk == ValueKind::Param || xk == ValueKind::Const;
+      bool contiguous = owner || whole_external ||
+                        (!external && xp.kind == PlanKind::View && row_major[size_t(x)]);
       bool may_copy = (node.op == OpId::Reshape || node.op == OpId::Flatten) && !contiguous;
+      if (may_copy && !external && xp.kind == PlanKind::View && node.outputs.size() == 1) {
+        // A view of the arena: its geometry through the views planned so far, and whether the
+        // reshape splits or merges only dims its strides allow.
+        lower::ViewGeometry geo;
+        const TensorType& ot = g.type(node.outputs[0]);
+        if (is_concrete(ot.shape) && lower::resolve_view(g, x, copied, &geo)) {
+          Dims to;
+          for (size_t k = 0; k < ot.shape.size(); ++k) to.push_back(ot.shape[k].value());
+          may_copy = !view_strides(geo.sizes, geo.strides, to).has_value();
+        }
+      }
       for (ValueId o : node.outputs) {
         plan.values[size_t(o)].alias_of = x;
         bool shares_output = !external && buffer_has_output[size_t(xp.buffer)];

@@ -12,6 +12,7 @@
 #include "passes/fold_conv_bn.h"
 #include "passes/fuse_epilogues.h"
 #include "passes/matmul_to_linear.h"
+#include "passes/patch_conv.h"
 
 namespace kiln {
 
@@ -23,6 +24,8 @@ constexpr PassEntry kPasses[] = {
     {"algebraic-simplify", make_algebraic_simplify_pass, true},
     {"constant-fold", [] { return make_constant_fold_pass(); }, true},
     {"matmul-to-linear", make_matmul_to_linear_pass, true},
+    // a target's choice (Target::graph_passes: CUDA), after the default pipeline
+    {"patch-conv-to-linear", make_patch_conv_to_linear_pass, false},
     {"fold-conv-bn", make_fold_conv_bn_pass, true},
     {"cse", make_cse_pass, true},
     {"fuse-epilogues", make_fuse_epilogues_pass, true},
@@ -48,9 +51,11 @@ std::vector<std::unique_ptr<Pass>> autocast_pipeline(DType precision) {
 
 std::vector<std::unique_ptr<Pass>> compiler_pipeline(
     const std::vector<OpId>& decompose, DType precision,
-    std::function<bool(const Graph&, const Node&)> keep_node) {
+    std::function<bool(const Graph&, const Node&)> keep_node,
+    const std::vector<std::string>& target_passes) {
   std::vector<std::unique_ptr<Pass>> passes;
   for (const std::string& name : default_pipeline()) passes.push_back(find_pass(name));
+  for (const std::string& name : target_passes) passes.push_back(find_pass(name));
   // After the inference passes (batch norm folded in float32), before the decompositions (a
   // float32 group_norm decomposes into float32 parts).
   for (auto& p : autocast_pipeline(precision)) passes.push_back(std::move(p));

@@ -28,10 +28,14 @@
 //           after the convolution) load as before.
 //   cudnn_sdpa {"desc": SdpaDesc, "engine": tag, "q", "k", "v", "o", "workspace",
 //           "workspace_bytes"}: cuDNN's fused attention (no mask: none or causal), the engine
-//           found by its tag among the plan's candidates or refused as above.
+//           found by its tag among the plan's candidates or refused as above. The descriptor's
+//           q_stride / k_stride / v_stride ([B, H, S, D] element strides of views read in
+//           place; all zero: contiguous) are new in format version 5; version-4 records have
+//           none and read contiguous operands.
 // Buffers are checked against their slots' sizes (LaunchEnv::slot_bytes) from the descriptors,
 // so an edited manifest cannot point a library call outside its memory.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <initializer_list>
 #include <mutex>
@@ -432,7 +436,21 @@ json sdpa_desc_json(const cuda::SdpaDesc& d) {
   return {{"dtype", dtype_name(d.dtype)}, {"batch", d.batch}, {"heads", d.heads},
           {"seq_q", d.seq_q}, {"seq_kv", d.seq_kv}, {"head_dim", d.head_dim},
           {"head_dim_v", d.head_dim_v ? d.head_dim_v : d.head_dim}, {"scale", d.scale},
-          {"causal", d.causal}, {"alignment_bytes", d.alignment_bytes}};
+          {"causal", d.causal}, {"alignment_bytes", d.alignment_bytes},
+          {"q_stride", d.q_stride}, {"k_stride", d.k_stride}, {"v_stride", d.v_stride}};
+}
+
+// A [B, H, S, D] stride record: absent (format 4) or all zero = contiguous; else the last is 1
+// and the others non-negative (Note [CUDA attention reads views] in targets/cuda/target.cc).
+std::array<int64_t, 4> sdpa_strides_from(const json& j, const char* key) {
+  std::array<int64_t, 4> st{};
+  if (!j.contains(key)) return st;
+  st = j.at(key).get<std::array<int64_t, 4>>();
+  if (st == std::array<int64_t, 4>{}) return st;
+  if (st[3] != 1) throw std::out_of_range("attention feature stride must be 1");
+  for (int64_t v : st)
+    if (v < 0 || v > (int64_t(1) << 40)) throw std::out_of_range("attention strides out of range");
+  return st;
 }
 
 cuda::SdpaDesc sdpa_desc_from(const json& j) {
@@ -452,6 +470,9 @@ cuda::SdpaDesc sdpa_desc_from(const json& j) {
   d.alignment_bytes = j.at("alignment_bytes").get<int>();
   if (d.alignment_bytes < 1 || d.alignment_bytes > 256)
     throw std::out_of_range("attention alignment out of range");
+  d.q_stride = sdpa_strides_from(j, "q_stride");
+  d.k_stride = sdpa_strides_from(j, "k_stride");
+  d.v_stride = sdpa_strides_from(j, "v_stride");
   return d;
 }
 
@@ -713,9 +734,17 @@ SdpaRecord parse_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env, const std::st
   b.o = ref_from(p.at("o"));
   workspace_from(p, &b.workspace, &b.workspace_bytes);
   const int64_t es = dtype_size(d.dtype), bh = mul(d.batch, d.heads);
-  check_buffer(env, b.q, product({bh, d.seq_q, d.head_dim, es}), where, "q");
-  check_buffer(env, b.k, product({bh, d.seq_kv, d.head_dim, es}), where, "k");
-  check_buffer(env, b.v, product({bh, d.seq_kv, d.head_dim_v, es}), where, "v");
+  // Bytes a [B, H, S, D] operand spans: contiguous, or the last element's offset + 1 of a view.
+  auto span = [&](const std::array<int64_t, 4>& st, int64_t s, int64_t dim) {
+    if (st == std::array<int64_t, 4>{}) return product({bh, s, dim, es});
+    int64_t last = 0;
+    const int64_t sizes[4] = {d.batch, d.heads, s, dim};
+    for (int i = 0; i < 4; ++i) last = add(last, mul(sizes[i] - 1, st[size_t(i)]));
+    return mul(add(last, 1), es);
+  };
+  check_buffer(env, b.q, span(d.q_stride, d.seq_q, d.head_dim), where, "q");
+  check_buffer(env, b.k, span(d.k_stride, d.seq_kv, d.head_dim), where, "k");
+  check_buffer(env, b.v, span(d.v_stride, d.seq_kv, d.head_dim_v), where, "v");
   check_buffer(env, b.o, product({bh, d.seq_q, d.head_dim_v, es}), where, "o");
   if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
   rec.engine = p.at("engine").get<std::string>();

@@ -21,9 +21,11 @@ namespace kiln {
 // "Version policy"): version 2 added the optional `source` section and the manifest's
 // `precision`; version 3 CUDA packages (the `kernels.cuda` section); version 4 CUDA convolution
 // records with a residual, kernels around the convolution and KRSC filters (a version-3 runtime
-// would ignore those keys and compute something else). A package is written with the lowest
-// version that holds it: CPU packages are still version 2, CUDA packages are 4.
-inline constexpr uint32_t kPackageFormatVersion = 4;
+// would ignore those keys and compute something else); version 5 cuDNN attention records
+// with strided q, k, v (views read in place; a version-4 runtime would read them contiguous).
+// A package is written with the lowest version that holds it: CPU packages are still version 2,
+// CUDA packages are 5.
+inline constexpr uint32_t kPackageFormatVersion = 5;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 

@@ -352,4 +352,60 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
   }
 }
 
+// Note [CUDA attention reads views]: a packed QKV projection split into q, k, v and seen as
+// [B, H, S, D] feeds attention with no split kernel and no copies: cuDNN (bfloat16, float16)
+// and the direct flash kernel (float32, float64) read the projection's output in place at row
+// stride 3E. Batch 2, so the batch stride matters too. Against the float64 reference of the
+// whole block on the same rounded inputs, in default and reduce-overhead (bitwise equal).
+TEST(CudaAttention, PackedProjectionIsReadInPlace) {
+  const int64_t B = 2, S = 197, E = 256, H = 4, D = E / H;
+  Generator gen(77);
+  for (DType dt : {DType::BFloat16, DType::Float16, DType::Float32, DType::Float64}) {
+    const std::string label = dtype_name(dt);
+    TensorList in = {Tensor::randn({B, S, E}, gen).to(dt),
+                     (Tensor::randn({3 * E, E}, gen) * 0.06).to(dt),
+                     (Tensor::randn({3 * E}, gen) * 0.1).to(dt)};
+    Graph g;
+    ValueId x = g.add_input("x", in[0].type()), w = g.add_input("w", in[1].type());
+    ValueId b = g.add_input("b", in[2].type());
+    ValueId qkv = g.add_node1(OpId::Linear, {x, w, b}, {}, "in_proj");
+    std::vector<ValueId> parts = g.add_node(OpId::Split, {qkv}, {{"sizes", Ints{E, E, E}}, {"dim", int64_t(-1)}}, "split");
+    std::vector<ValueId> heads;
+    for (size_t i = 0; i < 3; ++i) {
+      ValueId r = g.add_node1(OpId::Reshape, {parts[i]}, {{"shape", Ints{B, S, H, D}}}, fmt::format("heads{}", i));
+      heads.push_back(g.add_node1(OpId::Transpose, {r}, {{"dim0", int64_t(1)}, {"dim1", int64_t(2)}}, fmt::format("t{}", i)));
+    }
+    ValueId o = g.add_node1(OpId::ScaledDotProductAttention, heads, {{"is_causal", false}}, "attn");
+    g.outputs = {o};
+    // The float64 reference: the CPU eager kernels on the float64 copies of the rounded inputs.
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    Tensor p64 = linear(in64[0], in64[1], in64[2]);
+    TensorList pp = split(p64, {E, E, E}, -1);
+    auto hd = [&](const Tensor& t) { return transpose(reshape(t, {B, S, H, D}), 1, 2).contiguous(); };
+    Tensor want = scaled_dot_product_attention(hd(pp[0]), hd(pp[1]), hd(pp[2]));
+    Tensor first;
+    for (const char* mode : {"default", "reduce-overhead"}) {
+      compiler::Options opt;
+      opt.mode = mode;
+      auto exe = compiler::compile(g, Device::cuda(0), opt);
+      const std::string summary = exe->summary();
+      EXPECT_EQ(summary.find("split"), std::string::npos) << label << "\n" << summary;
+      EXPECT_EQ(summary.find("copy"), std::string::npos) << label << "\n" << summary;
+      EXPECT_EQ(summary.find("reshape"), std::string::npos) << label << "\n" << summary;
+      EXPECT_EQ(exe->report().loop_kernels, 0) << label << "\n" << summary;
+      const bool cudnn = dt == DType::Float16 || dt == DType::BFloat16;
+      EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : "flash kernel"), std::string::npos)
+          << label << "\n" << summary;
+      Tensor got = exe->run(in)[0].to(Device::cpu());
+      // Two library steps (the projection, then attention) in dt: twice attention's tolerance.
+      EXPECT_TRUE(test::close(got.to(DType::Float64), want,
+                              test::Tolerance::for_dtype(dt).scaled(2 * op_def(OpId::ScaledDotProductAttention).tolerance_scale)))
+          << label << " " << mode;
+      if (!first.defined()) first = got;
+      else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
+    }
+  }
+}
+
 }  // namespace

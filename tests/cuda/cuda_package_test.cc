@@ -324,6 +324,10 @@ TEST(CudaPackage, CudnnAttentionEngineIsPinnedAndAnUnknownOneRefused) {
     if (l["kind"] == "cudnn_sdpa") {
       ++sdpa;
       EXPECT_FALSE(l["params"]["engine"].get<std::string>().empty());
+      // q, k, v read in place from the packed projection [197, 2304] (Note [CUDA attention
+      // reads views]): [B, H, S, D] strides, rows 2304 apart.
+      EXPECT_EQ(l["params"]["desc"]["q_stride"], json({453888, 64, 2304, 1})) << l.dump();
+      EXPECT_EQ(l["params"]["desc"]["v_stride"], json({453888, 64, 2304, 1})) << l.dump();
     }
   EXPECT_EQ(sdpa, 12) << "one fused attention per encoder layer";
   bool edited_one = false;

@@ -525,6 +525,15 @@ class CudaLaunchRecords : public testing::Test {
       "alignment_bytes":16},"engine":"eng9_k3=64","q":[0,0],"k":[0,302592],"v":[0,605184],
       "o":[0,907776],"workspace":[0,1210368],"workspace_bytes":0})");
   }
+  // As this Kiln writes it (format version 5): vit_b_16's attention reading q, k and v in place
+  // from the packed QKV projection [197, 2304] (Note [CUDA attention reads views]).
+  static nlohmann::json sdpa_views() {
+    return nlohmann::json::parse(R"({"desc":{"dtype":"bfloat16","batch":1,"heads":12,"seq_q":197,
+      "seq_kv":197,"head_dim":64,"head_dim_v":64,"scale":0.125,"causal":false,
+      "alignment_bytes":16,"q_stride":[453888,64,2304,1],"k_stride":[453888,64,2304,1],
+      "v_stride":[453888,64,2304,1]},"engine":"eng9_k3=64","q":[0,0],"k":[0,1536],
+      "v":[0,3072],"o":[0,907776],"workspace":[0,1210368],"workspace_bytes":0})");
+  }
   LaunchEnv env_;
 };
 
@@ -536,7 +545,8 @@ TEST_F(CudaLaunchRecords, RecordsAsWrittenAreAccepted) {
   EXPECT_EQ(error_of("cublaslt", g), "");
   EXPECT_EQ(error_of("cudnn_conv", conv()), "");  // a version-3 record (its bias_kernel)
   EXPECT_EQ(error_of("cudnn_conv", conv_nhwc()), "");
-  EXPECT_EQ(error_of("cudnn_sdpa", sdpa()), "");
+  EXPECT_EQ(error_of("cudnn_sdpa", sdpa()), "");  // a version-4 record (no strides: contiguous)
+  EXPECT_EQ(error_of("cudnn_sdpa", sdpa_views()), "");
   EXPECT_EQ(error_of("cuda_kernel", conv()["bias_kernel"]), "");
   // Host kinds have no parse-only check (their rebuild needs the kernels' shared object).
   EXPECT_FALSE(validate_launch_record({"loop", "{}"}, env_, "launch 0"));
@@ -593,6 +603,21 @@ TEST_F(CudaLaunchRecords, EditedRecordsAreRefusedNamingWhatIsWrong) {
   expect("cudnn_sdpa", a, "buffer 'o'");
   a = sdpa();
   a.erase("engine");
+  expect("cudnn_sdpa", a, "malformed cudnn_sdpa launch");
+  // Strided views: the span is the last element's offset + 1, checked against the slot.
+  a = sdpa_views();
+  a["v"] = {4, (1 << 20) - 904704};  // v's view spans 904,704 bytes: fits exactly at the end
+  EXPECT_EQ(error_of("cudnn_sdpa", a), "");
+  a["v"] = {4, (1 << 20) - 904702};
+  expect("cudnn_sdpa", a, "buffer 'v'");
+  a = sdpa_views();
+  a["desc"]["k_stride"] = {453888, 64, int64_t(1) << 30, 1};  // rows far past slot 0
+  expect("cudnn_sdpa", a, "buffer 'k'");
+  a = sdpa_views();
+  a["desc"]["q_stride"] = {453888, 64, 2304, 2};  // the features must be contiguous
+  expect("cudnn_sdpa", a, "malformed cudnn_sdpa launch");
+  a = sdpa_views();
+  a["desc"]["q_stride"] = {453888, -64, 2304, 1};
   expect("cudnn_sdpa", a, "malformed cudnn_sdpa launch");
   expect("cuda_kernel", nlohmann::json::parse(R"({"args":[[9,0]],"block":32,"grid":1,
       "kernel":"k","module":"m","shared":0})"),
@@ -715,3 +740,35 @@ TEST(Package, CudaCrossBuildWithoutAGpu) {
     EXPECT_NE(std::string(e.what()).find("the cpu target takes none"), std::string::npos) << e.what();
   }
 }
+
+// ViT in bfloat16 cross-built for sm_90 (the CUDA pipeline runs without a GPU): its patch
+// embedding is one GEMM (passes/patch_conv.h: no convolution left), and attention reads q, k
+// and v in place from the packed projection (Note [CUDA attention reads views]: no split and
+// no copies before it), so each encoder layer is 4 GEMMs, attention, 1 copy back to [B, S, E],
+// 2 layer-norm kernels and a GELU.
+TEST(Package, CudaCrossBuiltVitHasNoPatchConvolutionAndNoSplit) {
+  TempDir dir;
+  nn::ZooModel m = nn::make_zoo_model("vit_b_16", 1, 7);
+  compiler::Options o;
+  o.arch = "sm_90";
+  o.precision = DType::BFloat16;
+  std::string path = dir.path + "/vit-sm90.kiln";
+  auto compiled = nn::export_package(m.module, m.inputs, o, "vit_b_16", path);
+  const std::string summary = compiled->summary();
+  EXPECT_EQ(summary.find("conv2d"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("split"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("gemm bfloat16 196x768x768"), std::string::npos) << summary;
+  nlohmann::json manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
+  int gemms = 0, convs = 0, kernels = 0;
+  for (const nlohmann::json& l : manifest["launches"]) {
+    gemms += l["kind"] == "cublaslt";
+    convs += l["kind"] == "cudnn_conv";
+    kernels += l["kind"] == "cuda_kernel";
+  }
+  EXPECT_EQ(convs, 0);
+  EXPECT_EQ(gemms, 1 + 12 * 4 + 1);  // patches, 4 per layer, the head
+  // 12 layers x (attention, its copy back, 2 layer norms, GELU) + the patch gather and cast, the
+  // class-token concat and the last layer norm, casts at the ends.
+  EXPECT_LE(kernels, 12 * 5 + 8) << summary;
+}
+

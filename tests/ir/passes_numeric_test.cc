@@ -596,6 +596,55 @@ graph @mlp(%x: f32[2, 5, 8]) {
   }
 }
 
+// patch-conv-to-linear (passes/patch_conv.h): a patch embedding (windows that tile the input)
+// becomes patch rows + one linear, with the weight as a [O, C*kh*kw] param of its own; the
+// result is the convolution's against float64, with and without a bias and for a batch of 2
+// with non-square windows. Convolutions whose windows overlap, pad or skip are left alone.
+TEST(PassesNumeric, PatchConvBecomesOneLinear) {
+  const char* text = R"(
+graph @patches(%x: f32[2, 3, 12, 10], %y: f32[1, 4, 8, 8]) {
+  param %w: f32[6, 3, 4, 5]
+  param %b: f32[6]
+  param %w2: f32[5, 4, 2, 2]
+  param %w3: f32[5, 4, 3, 3]
+  %a = conv2d(%x, %w, %b) {stride = [4, 5], padding = [0, 0], dilation = [1, 1], groups = 1} loc("patch_embed")
+  %c = conv2d(%y, %w2) {stride = [2, 2], padding = [0, 0], dilation = [1, 1], groups = 1}
+  %d = conv2d(%y, %w3) {stride = [3, 3], padding = [1, 1], dilation = [1, 1], groups = 1}
+  %e = conv2d(%y, %w2) {stride = [1, 1], padding = [0, 0], dilation = [1, 1], groups = 1}
+  return %a, %c, %d, %e
+}
+)";
+  Graph before = parse_graph(text, "test");
+  Generator gen(base_seed() ^ 29);
+  fill_params(before, gen);
+  Graph after = before;
+  std::vector<std::string> passes = {"patch-conv-to-linear", "dce"};
+  ASSERT_TRUE(run_passes(after, passes));
+  EXPECT_EQ(count_op(after, OpId::Linear), 2) << print_graph(after);
+  EXPECT_EQ(count_op(after, OpId::Conv2d), 2) << print_graph(after);  // %d pads, %e overlaps
+  bool rows = false;
+  for (const Value& v : after.values) rows = rows || (v.kind == ValueKind::Param && v.name == "w.rows");
+  EXPECT_TRUE(rows) << print_graph(after);
+  Graph before64 = before;
+  for (Value& v : before64.values) {
+    v.type.dtype = DType::Float64;
+    if (v.data.defined()) v.data = v.data.to(DType::Float64);
+  }
+  for (int round = 0; round < 2; ++round) {
+    TensorList in = random_inputs(before, gen);
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    TensorList want = run(before64, in64);
+    TensorList got = run(after, in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
+      test::Comparison c = test::compare(got[i], want[i], test::Tolerance::rel(1e-5, 1e-5));
+      EXPECT_TRUE(c.ok()) << "output " << i << ": " << c.str() << "\n" << print_graph(after);
+    }
+  }
+}
+
 TEST(PassesNumeric, DefaultPipelineIsTheTableOrder) {
   EXPECT_EQ(default_pipeline(),
             (std::vector<std::string>{"algebraic-simplify", "constant-fold", "matmul-to-linear",

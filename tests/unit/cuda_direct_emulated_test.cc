@@ -462,6 +462,42 @@ TEST(CudaDirectEmulatedAttention, MaskedRowsNoKeysAndLargeHeadsMatchTheReference
   }
 }
 
+// Note [CUDA attention reads views]: q, k and v as views of one packed [B, S, 3E] projection
+// (row stride 3E, batch stride S * 3E, each at its own offset), read in place by the kernel
+// planned with their strides; staged (head dim 16) and from global memory (head dim 320).
+TEST(CudaDirectEmulatedAttention, PackedProjectionViewsMatchTheReference) {
+  Generator gen(31);
+  const OpDef& op = op_def(OpId::ScaledDotProductAttention);
+  for (int64_t D : {16, 320}) {
+    const int64_t B = 2, S = 45, H = 3, E = H * D;
+    Tensor packed = Tensor::randn({B, S, 3 * E}, gen);
+    const Dims st = {S * 3 * E, D, 3 * E, 1};
+    TensorList views;
+    Graph g;
+    std::vector<ValueId> ids;
+    for (int64_t i = 0; i < 3; ++i) {
+      views.push_back(packed.as_strided({B, H, S, D}, st, i * E));
+      ids.push_back(g.add_input(fmt::format("in{}", i), views.back().contiguous().type()));
+    }
+    g.add_node(OpId::ScaledDotProductAttention, ids, {{"is_causal", D == 16}}, "packed");
+    cuda::DirectKernel k = cuda::plan_direct_kernel(g, g.nodes[0], 0, 3, {st, st, st});
+    EXPECT_NE(k.describe.find(D == 16 ? "in shared memory" : "read from global memory"),
+              std::string::npos) << k.describe;
+    HostKernels host({&k}, fmt::format("attention_views_{}", D));
+    ASSERT_EQ(host.error, "");
+    TensorList in64;
+    for (const Tensor& t : views) in64.push_back(t.to(DType::Float64).contiguous());
+    Tensor want = run_reference(op, g, g.nodes[0], in64)[0];
+    Tensor got = host.run(k, g, g.nodes[0], views)[0];
+    EXPECT_EQ(compare(want, got, tolerance(DType::Float32, op.tolerance_scale)), "") << "head dim " << D;
+    // The same kernel planned without the strides reads other elements: the strides matter.
+    cuda::DirectKernel plain = cuda::plan_direct_kernel(g, g.nodes[0], 1, 3);
+    HostKernels host_plain({&plain}, fmt::format("attention_plain_{}", D));
+    ASSERT_EQ(host_plain.error, "");
+    EXPECT_NE(compare(want, host_plain.run(plain, g, g.nodes[0], views)[0], tolerance(DType::Float32, op.tolerance_scale)), "");
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, CudaDirectEmulated,
                          testing::Values(OpId::Pad, OpId::Gather, OpId::ScatterAdd, OpId::Upsample,
                                          OpId::GridSample, OpId::AdaptiveAvgPool2d, OpId::Matmul,

@@ -386,12 +386,19 @@ constexpr int kAttnWarps = 8;
 struct AttnOperand {
   Dims dims;           // the operand's own dims
   Dims batch_stride;   // per output batch dim, 0 where broadcast
+  int64_t row_stride = 0;  // between sequence rows (the features are contiguous)
 };
 
-AttnOperand attn_operand(const Dims& d, const Dims& out_batch, size_t tail) {
+// `strides`: the operand's element strides when it is a view read in place (its last stride is
+// 1: Target::library_reads_strided), else empty (row-major).
+AttnOperand attn_operand(const Dims& d, const Dims& out_batch, size_t tail, const Dims& strides = {}) {
   AttnOperand a;
   a.dims = d;
-  Dims s = row_major_strides(d);
+  Dims s = strides.empty() ? row_major_strides(d) : strides;
+  if (!strides.empty() && (strides.size() != d.size() || strides.back() != 1))
+    fail_kind(ErrorKind::Internal, "attention operand strides {} for dims {}", to_string(strides),
+              to_string(d));
+  a.row_stride = d.size() >= 2 ? s[d.size() - 2] : 0;
   size_t rb = d.size() - tail;  // the operand's batch rank
   for (size_t i = 0; i < out_batch.size(); ++i) {
     size_t off = out_batch.size() - i;  // distance from the right end of the batch dims
@@ -405,8 +412,10 @@ AttnOperand attn_operand(const Dims& d, const Dims& out_batch, size_t tail) {
   return a;
 }
 
-void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectKernel& k,
+void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
+                           const std::vector<Dims>& input_strides, DirectKernel& k,
                            std::string& params, std::string& body) {
+  auto strides_of = [&](size_t i) { return i < input_strides.size() ? input_strides[i] : Dims{}; };
   DType dt = g.type(n.outputs[0]).dtype;
   if (!is_floating(dt))
     fail_kind(ErrorKind::NotSupported, "attention takes floating dtypes, not {}", dtype_name(dt));
@@ -419,8 +428,9 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, Di
   const int64_t L = qd[qd.size() - 2], E = qd.back(), S = kd[kd.size() - 2], EV = vd.back();
   Dims batch(od.begin(), od.end() - 2);
   const int64_t nbatch = numel(batch);
-  AttnOperand qa = attn_operand(qd, batch, 2), ka = attn_operand(kd, batch, 2);
-  AttnOperand va = attn_operand(vd, batch, 2);
+  AttnOperand qa = attn_operand(qd, batch, 2, strides_of(0));
+  AttnOperand ka = attn_operand(kd, batch, 2, strides_of(1));
+  AttnOperand va = attn_operand(vd, batch, 2, strides_of(2));
   const bool has_mask = has_input(n, 3);
   const bool causal = n.attrs.get_bool("is_causal");
   DType mdt = DType::Bool;
@@ -504,9 +514,9 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks, Di
   }
   body += "    (void)moff;\n";
   // i0: this warp's first row; its rows are i0 .. i0 + rows - 1.
-  std::string qload = load(dt, fmt::format("q[qoff + (i0 + r) * {}LL + e]", E));
-  std::string kload = load(dt, fmt::format("kk[koff + (j0 + jj) * {}LL + e]", E));
-  std::string vload = load(dt, fmt::format("v[voff + (j0 + jj) * {}LL + d]", EV));
+  std::string qload = load(dt, fmt::format("q[qoff + (i0 + r) * {}LL + e]", qa.row_stride));
+  std::string kload = load(dt, fmt::format("kk[koff + (j0 + jj) * {}LL + e]", ka.row_stride));
+  std::string vload = load(dt, fmt::format("v[voff + (j0 + jj) * {}LL + d]", va.row_stride));
   if (staged) {
     body += "    __syncthreads();\n";
     body += fmt::format("    for (int x = lane; x < {} * {}; x += 32) {{\n", rows, E);
@@ -627,7 +637,8 @@ std::string gemm_needs_direct_kernel(const Graph& g, const Node& n) {
   return "";
 }
 
-DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks) {
+DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks,
+                                const std::vector<Dims>& input_strides) {
   max_blocks = std::max<int64_t>(max_blocks, 1);
   for (ValueId o : n.outputs)
     for (size_t i = 0; i < g.type(o).shape.size(); ++i)
@@ -1075,7 +1086,7 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
       plan_conv_kernel(g, n, max_blocks, k, params, body);
       break;
     case OpId::ScaledDotProductAttention:
-      plan_attention_kernel(g, n, max_blocks, k, params, body);
+      plan_attention_kernel(g, n, max_blocks, input_strides, k, params, body);
       break;
     default:
       fail_kind(ErrorKind::NotSupported, "op '{}' has no CUDA direct kernel", op_def(n.op).name);

@@ -32,13 +32,16 @@ struct DirectKernel {
 
 // Plans node `n` (graph index `index`, which makes the kernel's name unique) as a direct kernel
 // with at most `max_blocks` blocks. Every input is read as a contiguous row-major tensor (the
-// compiler copies views first). Throws NotSupported (or InvalidArgument) naming the reason when
+// compiler copies views first), except where `input_strides[i]` is non-empty: attention reads
+// its q, k and v views in place with those element strides (the last one 1;
+// Note [CUDA attention reads views]). Throws NotSupported (or InvalidArgument) naming the reason when
 // the op, dtype or shape has none. Covers: max/avg pooling, adaptive_avg_pool2d, concat, split,
 // embedding, index_select, gather, scatter_add, pad, upsample, grid_sample, argmax/argmin,
 // scaled_dot_product_attention (a flash-style kernel: Note [CUDA flash attention]), and
 // direct GEMM (matmul, linear) and convolution (conv2d, conv_transpose2d) kernels for the
 // dtypes and shapes the libraries do not take.
-DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks);
+DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks,
+                                const std::vector<Dims>& input_strides = {});
 
 // Why cuBLASLt cannot run this matmul / linear ("" when it can): the dtype (float64, integers),
 // batch dims that broadcast only partially, K = 0 or an empty output. The target then runs the

@@ -42,6 +42,7 @@
 #include <fmt/format.h>
 
 #include "compiler/compile.h"
+#include "compiler/insert_copies.h"
 #include "compiler/target.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
@@ -377,8 +378,16 @@ struct LibNode {
 
 class CudaLibraryKernels final : public compiler::LibraryKernels {
  public:
-  CudaLibraryKernels(const Graph& g, const std::vector<int32_t>& nodes, BuildFor build)
+  CudaLibraryKernels(const Graph& g, const std::vector<int32_t>& nodes, BuildFor build,
+                     const std::vector<compiler::StridedOperand>& strided)
       : build_(std::move(build)) {
+    // Views read in place (Note [CUDA attention reads views]), by node and input.
+    strides_.assign(g.nodes.size(), {});
+    for (const compiler::StridedOperand& s : strided) {
+      std::vector<Dims>& per = strides_[size_t(s.node)];
+      if (per.size() <= size_t(s.input)) per.resize(size_t(s.input) + 1);
+      per[size_t(s.input)] = Dims(s.strides.begin(), s.strides.end());
+    }
     // Note [CUDA convolution layouts]: plan with the layouts chosen; a convolution that cuDNN
     // cannot run channels-last is planned again in NCHW, with every value next to it.
     std::vector<bool> excluded(g.nodes.size(), false);
@@ -526,9 +535,10 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   void choose_layouts(const Graph& g, const std::vector<int32_t>& nodes,
                       const std::vector<bool>& excluded);
   void plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
-  std::string plan_sdpa(const Graph& g, const Node& n, LibNode& ln);
+  std::string plan_sdpa(const Graph& g, const Node& n, int32_t index, LibNode& ln);
 
   std::vector<LibNode> nodes_;
+  std::vector<std::vector<Dims>> strides_;  // by node, by input: element strides of a view read in place
   std::vector<bool> nhwc_conv_;   // by node: computes channels-last
   std::vector<bool> nhwc_value_;  // by value: stored channels-last
   size_t scratch_ = 0;
@@ -562,7 +572,7 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
       break;
     case OpId::ScaledDotProductAttention: {
       // cuDNN's fused attention where it takes the node, else the flash-style direct kernel.
-      std::string why = plan_sdpa(g, n, ln);
+      std::string why = plan_sdpa(g, n, index, ln);
       if (!why.empty()) {
         plan_direct(g, n, index, ln, source);
         ln.describe += " [not cuDNN: " + why + "]";
@@ -587,7 +597,18 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
 //     the same function on every GPU);
 //   - cuDNN offers an engine (head dims multiples of 8 and at most 256, sm_80 and later).
 // Returns "" when ln is planned as cuDNN attention, else why not.
-std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, LibNode& ln) {
+//
+// Note [CUDA attention reads views]
+// Attention reads q, k and v in place where they are views whose feature dim is contiguous
+// (CudaTarget::library_reads_strided; byte offset and every other stride multiples of 16, the
+// alignment cuDNN is promised): the split of a packed QKV projection (a slice: Split decomposes
+// into slices on this target) seen through the [B, S, H, D] -> [B, H, S, D] transpose is such a
+// view, so MultiheadAttention's projection output feeds attention with no split kernel and no
+// copies (vit_b_16: 48 launches a call fewer). cuDNN gets the strides as its tensors' strides
+// ([B, H, S, D] order; batch dims before H must merge into one stride, else the direct kernel
+// runs), the direct flash kernel uses them as its row and batch strides. The package records
+// them (`q_stride`, `k_stride`, `v_stride`; format version 5).
+std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, int32_t index, LibNode& ln) {
   if (build_.cross) return "a cross-build (no cuDNN to ask)";
   DType dt = g.type(n.outputs[0]).dtype;
   if (dt != DType::Float16 && dt != DType::BFloat16)
@@ -614,6 +635,28 @@ std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, LibNode
   d.scale = n.attrs.has("scale") ? n.attrs.get_float("scale") : 1.0 / std::sqrt(double(d.head_dim));
   if (!(d.scale > 0)) return "a scale that is not positive";
   d.causal = n.attrs.get_bool("is_causal");
+  // Views read in place: their strides in [B, H, S, D] order.
+  auto bhsd = [&](int input, const Dims& dims, std::array<int64_t, 4>* out) {
+    const std::vector<Dims>& per = strides_[size_t(index)];
+    if (size_t(input) >= per.size() || per[size_t(input)].empty()) return true;  // contiguous
+    const Dims& st = per[size_t(input)];
+    const size_t rank = dims.size();
+    const int64_t s_st = st[rank - 2];
+    const int64_t h_st = rank >= 3 ? st[rank - 3] : s_st * dims[rank - 2];
+    int64_t b_st = rank >= 4 ? st[rank - 4] : rank == 3 ? h_st * dims[0] : s_st * dims[0];
+    int64_t inner = -1, inner_size = 1;  // the batch dims (those > 1) as one stride
+    for (size_t i = rank >= 3 ? rank - 3 : 0; i-- > 0;) {
+      if (dims[i] == 1) continue;
+      if (inner >= 0 && st[i] != inner * inner_size) return false;
+      if (inner < 0) b_st = st[i];
+      inner = st[i];
+      inner_size = dims[i];
+    }
+    *out = {b_st, h_st, s_st, st[rank - 1]};
+    return true;
+  };
+  if (!bhsd(0, q, &d.q_stride) || !bhsd(1, k, &d.k_stride) || !bhsd(2, v, &d.v_stride))
+    return "a view whose batch dims do not merge into one stride";
   std::string why;
   std::unique_ptr<SdpaPlan> plan;
   try {
@@ -934,7 +977,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
 
 void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                                      std::string& source) {
-  DirectKernel k = plan_direct_kernel(g, n, index, int64_t(build_.sms) * 16);
+  DirectKernel k = plan_direct_kernel(g, n, index, int64_t(build_.sms) * 16, strides_[size_t(index)]);
   ln.kernel_name = k.name;
   ln.blocks = k.blocks;
   ln.threads = k.threads;
@@ -957,8 +1000,14 @@ class CudaTarget final : public compiler::Target {
   const compiler::OpSupportTable& support() const override { return cuda_support(); }
 
   std::vector<OpId> decompositions() const override {
-    return {OpId::BatchNorm, OpId::GroupNorm, OpId::FusedConv2d, OpId::FusedLinear};
+    // Split becomes slices (Note [split as slices] in ops/shape.cc): views that loop kernels
+    // and attention read in place (Note [CUDA attention reads views]).
+    return {OpId::BatchNorm, OpId::GroupNorm, OpId::FusedConv2d, OpId::FusedLinear, OpId::Split};
   }
+
+  // A convolution whose windows tile its input (ViT's patch embedding) as one GEMM
+  // (passes/patch_conv.h): cuDNN's 3-channel NCHW kernel for it is ~10x the GEMM's time.
+  std::vector<std::string> graph_passes() const override { return {"patch-conv-to-linear"}; }
 
   // Note [CUDA convolution layouts]: fused_conv2d with an epilogue cuDNN's graphs express.
   bool keeps_whole(const Graph& g, const Node& n) const override {
@@ -991,17 +1040,32 @@ class CudaTarget final : public compiler::Target {
     return p;
   }
 
-  bool library_reads_strided(const Graph&, const Node&, int, const lower::ViewGeometry&) const override {
-    return false;
+  // Note [CUDA attention reads views]: q, k, v of attention, feature dim contiguous, offset and
+  // other strides 16-byte multiples (cuDNN's alignment), non-negative.
+  bool library_reads_strided(const Graph& g, const Node& n, int k,
+                             const lower::ViewGeometry& geo) const override {
+    if (n.op != OpId::ScaledDotProductAttention || k > 2) return false;
+    const size_t r = geo.sizes.size();
+    if (r < 2 || geo.strides.size() != r || Dims(geo.sizes) != dims_of(g.type(n.inputs[size_t(k)])))
+      return false;
+    const DType dt = g.type(n.inputs[size_t(k)]).dtype;
+    if (!is_floating(dt)) return false;
+    const int64_t es = dtype_size(dt);
+    Dims st = compiler::normalized_strides(geo);
+    if (st[r - 1] != 1 || geo.offset < 0 || (geo.offset * es) % 16 != 0) return false;
+    for (size_t i = 0; i + 1 < r; ++i)
+      if (st[i] < 0 || (st[i] * es) % 16 != 0) return false;
+    return true;
   }
 
   std::unique_ptr<compiler::LibraryKernels> lower_library(const Graph& g,
                                                           const std::vector<int32_t>& nodes,
-                                                          compiler::LibraryRequest,
+                                                          compiler::LibraryRequest request,
                                                           const Knobs& knobs) const override {
     BuildFor build = build_for(knobs);
     if (!build.cross) require_cuda_device(kDevice, "compiling for CUDA");
-    return std::make_unique<CudaLibraryKernels>(g, nodes, std::move(build));
+    return std::make_unique<CudaLibraryKernels>(g, nodes, std::move(build),
+                                                request.strided_operands);
   }
 
   compiler::LoopBuild build_loops(const Graph& g, const lower::Schedule& s,
