@@ -12,6 +12,7 @@
 #include "passes/fold_conv_bn.h"
 #include "passes/fuse_epilogues.h"
 #include "passes/matmul_to_linear.h"
+#include "passes/merge_linears.h"
 #include "passes/patch_conv.h"
 
 namespace kiln {
@@ -26,6 +27,7 @@ constexpr PassEntry kPasses[] = {
     {"matmul-to-linear", make_matmul_to_linear_pass, true},
     // a target's choice (Target::graph_passes: CUDA), after the default pipeline
     {"patch-conv-to-linear", make_patch_conv_to_linear_pass, false},
+    {"merge-sibling-linears", make_merge_sibling_linears_pass, false},
     {"fold-conv-bn", make_fold_conv_bn_pass, true},
     {"cse", make_cse_pass, true},
     {"fuse-epilogues", make_fuse_epilogues_pass, true},

@@ -741,6 +741,26 @@ TEST(Package, CudaCrossBuildWithoutAGpu) {
   }
 }
 
+// BERT in bfloat16 cross-built for sm_90: q, k and v are one GEMM (passes/merge_linears.h)
+// whose slices attention reads in place, so each layer is 4 GEMMs; the package's weights hold
+// the merged projection instead of the three.
+TEST(Package, CudaCrossBuiltBertProjectsQkvInOneGemm) {
+  TempDir dir;
+  nn::ZooModel m = nn::make_zoo_model("bert_base", 1, 7);
+  compiler::Options o;
+  o.arch = "sm_90";
+  o.precision = DType::BFloat16;
+  std::string path = dir.path + "/bert-sm90.kiln";
+  auto compiled = nn::export_package(m.module, m.inputs, o, "bert_base", path);
+  const std::string summary = compiled->summary();
+  EXPECT_NE(summary.find("gemm bfloat16 128x2304x768"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("split"), std::string::npos) << summary;
+  nlohmann::json manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
+  int gemms = 0;
+  for (const nlohmann::json& l : manifest["launches"]) gemms += l["kind"] == "cublaslt";
+  EXPECT_EQ(gemms, 12 * 4 + 1);  // 4 per layer, the pooler
+}
+
 // ViT in bfloat16 cross-built for sm_90 (the CUDA pipeline runs without a GPU): its patch
 // embedding is one GEMM (passes/patch_conv.h: no convolution left), and attention reads q, k
 // and v in place from the packed projection (Note [CUDA attention reads views]: no split and

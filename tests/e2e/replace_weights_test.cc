@@ -182,28 +182,42 @@ INSTANTIATE_TEST_SUITE_P(
 // replace-weights of the sm_90 package built with weights A, given B's, is byte for byte the
 // sm_90 package built with B: the CUDA target's pipeline (its decompositions, autocast) remade
 // the weights; the manifest and the cubins are kept. (Running CUDA packages: tests/cuda.)
+// bert_base and vit_b_16 (bfloat16) go through the CUDA target's own passes too: their merged
+// q/k/v projections and ViT's patch weight as rows are params derived from the weights.
 TEST(PackageReplaceWeights, CudaCrossBuiltPackageGivesThePackageBuiltWithTheNewWeights) {
   TempDir dir;
-  for (DType precision : {DType::Float32, DType::BFloat16}) {
+  const std::pair<const char*, DType> cases[] = {{"resnet18", DType::Float32},
+                                                 {"resnet18", DType::BFloat16},
+                                                 {"bert_base", DType::BFloat16},
+                                                 {"vit_b_16", DType::BFloat16}};
+  for (const auto& [model, precision] : cases) {
     std::string a_path = dir.path + "/a.kiln", b_path = dir.path + "/b.kiln";
     std::string r_path = dir.path + "/replaced.kiln", w_path = dir.path + "/b.safetensors";
     auto build = [&](uint64_t seed, const std::string& path) {
-      nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
+      nn::ZooModel m = nn::make_zoo_model(model, 1, 7);
       randomize_state(*m.module, seed);
       compiler::Options o;
       o.precision = precision;
       o.arch = "sm_90";
-      nn::export_package(m.module, m.inputs, o, "resnet18", path);
+      nn::export_package(m.module, m.inputs, o, model, path);
       return m;
     };
     build(1, a_path);
     nn::ZooModel b = build(2, b_path);
-    b.module->save(w_path);
+    // The state dict and BERT's non-persistent buffers (position and token-type ids), which the
+    // package lists among its parameters too.
+    NamedTensors state = b.module->state_dict();
+    for (const auto& [name, t] : b.module->named_buffers()) {
+      bool have = false;
+      for (const auto& kv : state) have = have || kv.first == name;
+      if (!have) state.emplace_back(name, t);
+    }
+    save_safetensors(w_path, state);
     compiler::ReplaceWeightsReport rep = compiler::replace_weights(a_path, w_path, r_path);
-    std::printf("resnet18 sm_90 %s: %s\n", dtype_name(precision), rep.str().c_str());
+    std::printf("%s sm_90 %s: %s\n", model, dtype_name(precision), rep.str().c_str());
     std::string replaced = read_bytes(r_path), want = read_bytes(b_path);
     EXPECT_NE(read_bytes(a_path), want) << "weights A and B gave the same package: nothing tested";
-    EXPECT_TRUE(replaced == want) << dtype_name(precision) << ": the replaced package differs "
+    EXPECT_TRUE(replaced == want) << model << " " << dtype_name(precision) << ": the replaced package differs "
                                   << "from the one built with B in " << first_difference(replaced, want);
   }
 }

@@ -645,6 +645,66 @@ graph @patches(%x: f32[2, 3, 12, 10], %y: f32[1, 4, 8, 8]) {
   }
 }
 
+// merge-sibling-linears (passes/merge_linears.h): BERT's q, k, v (three linears of one input
+// with biases) become one linear and a split; a linear of another input, one whose output size
+// is not a multiple of 8, and one without a bias beside biased siblings stay. Results against
+// float64, on a [2, 5, 16] input.
+TEST(PassesNumeric, SiblingLinearsBecomeOneLinearAndASplit) {
+  const char* text = R"(
+graph @qkv(%x: f32[2, 5, 16], %y: f32[2, 5, 16]) {
+  param %wq: f32[8, 16]
+  param %bq: f32[8]
+  param %wk: f32[8, 16]
+  param %bk: f32[8]
+  param %wv: f32[16, 16]
+  param %bv: f32[16]
+  param %wo: f32[8, 16]
+  param %wn: f32[8, 16]
+  param %wodd: f32[6, 16]
+  param %bodd: f32[6]
+  %q = linear(%x, %wq, %bq) loc("query")
+  %k = linear(%x, %wk, %bk) loc("key")
+  %v = linear(%x, %wv, %bv) loc("value")
+  %o = linear(%y, %wo)
+  %n = linear(%x, %wn)
+  %odd = linear(%x, %wodd, %bodd)
+  return %q, %k, %v, %o, %n, %odd
+}
+)";
+  Graph before = parse_graph(text, "test");
+  Generator gen(base_seed() ^ 31);
+  fill_params(before, gen);
+  Graph after = before;
+  std::vector<std::string> passes = {"merge-sibling-linears", "dce"};
+  ASSERT_TRUE(run_passes(after, passes));
+  EXPECT_EQ(count_op(after, OpId::Linear), 4) << print_graph(after);  // qkv, o, n, odd
+  EXPECT_EQ(count_op(after, OpId::Split), 1) << print_graph(after);
+  bool merged = false;
+  for (const Value& v : after.values)
+    merged = merged || (v.kind == ValueKind::Param && v.name == "wq.merged" && v.type.shape[0].value() == 32);
+  EXPECT_TRUE(merged) << print_graph(after);
+  EXPECT_NE(after.find_value("q"), kNoValue);
+  EXPECT_NE(after.find_value("v"), kNoValue);
+  Graph before64 = before;
+  for (Value& v : before64.values) {
+    v.type.dtype = DType::Float64;
+    if (v.data.defined()) v.data = v.data.to(DType::Float64);
+  }
+  for (int round = 0; round < 2; ++round) {
+    TensorList in = random_inputs(before, gen);
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    TensorList want = run(before64, in64);
+    TensorList got = run(after, in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
+      test::Comparison c = test::compare(got[i], want[i], test::Tolerance::rel(1e-5, 1e-5));
+      EXPECT_TRUE(c.ok()) << "output " << i << ": " << c.str() << "\n" << print_graph(after);
+    }
+  }
+}
+
 TEST(PassesNumeric, DefaultPipelineIsTheTableOrder) {
   EXPECT_EQ(default_pipeline(),
             (std::vector<std::string>{"algebraic-simplify", "constant-fold", "matmul-to-linear",

@@ -1006,8 +1006,11 @@ class CudaTarget final : public compiler::Target {
   }
 
   // A convolution whose windows tile its input (ViT's patch embedding) as one GEMM
-  // (passes/patch_conv.h): cuDNN's 3-channel NCHW kernel for it is ~10x the GEMM's time.
-  std::vector<std::string> graph_passes() const override { return {"patch-conv-to-linear"}; }
+  // (passes/patch_conv.h): cuDNN's 3-channel NCHW kernel for it is ~10x the GEMM's time. Linears
+  // of one input as one GEMM (passes/merge_linears.h): BERT's q, k, v.
+  std::vector<std::string> graph_passes() const override {
+    return {"patch-conv-to-linear", "merge-sibling-linears"};
+  }
 
   // Note [CUDA convolution layouts]: fused_conv2d with an epilogue cuDNN's graphs express.
   bool keeps_whole(const Graph& g, const Node& n) const override {
