@@ -10,7 +10,8 @@
 //           Loop kernels take slot bases (their offsets are compiled in, and trusted as built,
 //           like the CPU's shared object); direct kernels take their buffers, then the status
 //           record (Note [Device status]).
-//   cublaslt {"desc": GemmDesc, "algo": [8 x u64] | null, "a", "b", "bias", "d", "workspace":
+//   cublaslt {"desc": GemmDesc, "algo": [8 x u64] | null, "algo_config" (format 5: what the
+//           loader matches, Note [cuBLASLt algorithm identity]), "a", "b", "bias", "d", "workspace":
 //           [slot, offset], "workspace_bytes"}: a cuBLASLt GEMM. The algorithm is cuBLASLt's
 //           opaque cublasLtMatmulAlgo_t: the loader never hands recorded bytes to cuBLASLt, it
 //           asks the heuristic for its choice (and then its candidates) and takes the one with
@@ -534,6 +535,9 @@ struct GemmRecord {
   CublasltBuffers buf;
   bool has_algo = false;  // false: a cross-build's null
   uint64_t algo[8] = {};
+  // The algorithm's configuration (Note [cuBLASLt algorithm identity] in cublaslt_gemm.cc);
+  // empty in records before format version 5, which are matched by their bytes.
+  std::string algo_config;
 };
 
 GemmRecord parse_cublaslt(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
@@ -570,6 +574,12 @@ GemmRecord parse_cublaslt(const LaunchRecord& r, LaunchEnv& env, const std::stri
       g.algo[i] = std::stoull(w, nullptr, 16);
     }
     g.has_algo = true;
+    if (p.contains("algo_config")) {
+      g.algo_config = p.at("algo_config").get<std::string>();
+      if (g.algo_config.empty() || g.algo_config.size() > 256 ||
+          g.algo_config.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789 -") != std::string::npos)
+        throw std::out_of_range("algo_config must be the configuration's short text");
+    }
   }
   return g;
 }
@@ -600,11 +610,14 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
     // search goes to 32 because once, in a fresh process, the recorded algorithm of resnet18's
     // float32 classifier was not among the first 8 (tenth session; whether the ranking moved or
     // the bytes differed is not known yet).
+    // Format 5 records match on the algorithm's configuration (Note [cuBLASLt algorithm
+    // identity]): the plan takes cuBLASLt's own candidate, never the recorded bytes.
     bool found = false;
     std::vector<cuda::GemmAlgo> cs = {plan->algo()};
     for (const cuda::GemmAlgo& a : plan->candidates(32)) cs.push_back(a);
     for (const cuda::GemmAlgo& a : cs)
-      if (std::memcmp(a.opaque, want, sizeof g.algo) == 0) {
+      if (g.algo_config.empty() ? std::memcmp(a.opaque, want, sizeof g.algo) == 0
+                                : a.config == g.algo_config) {
         if (int64_t(a.workspace_bytes) > b.workspace_bytes)
           fail_kind(ErrorKind::ParseError, "{}: the recorded algorithm needs {} bytes of "
                     "workspace, the package reserves {}", where, a.workspace_bytes,
@@ -616,9 +629,11 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
     if (!found)
       fail_kind(ErrorKind::Runtime,
                 "{}: cuBLASLt on this machine does not offer the algorithm the package was built "
-                "with for {} (another cuBLASLt version or GPU), so it would not compute the same "
-                "results; rebuild the package here with `kiln compile ... --device cuda`",
-                where, plan->describe());
+                "with ({}) for {} among its first {} candidates (another cuBLASLt version or "
+                "GPU), so it would not compute the same results; rebuild the package here with "
+                "`kiln compile ... --device cuda`",
+                where, g.algo_config.empty() ? std::string("recorded by its bytes") : g.algo_config,
+                plan->describe(), cs.size());
   }
   return make_cublaslt_launch(d, std::move(plan), b);
 }
@@ -836,6 +851,8 @@ Executable::Launch make_cublaslt_launch(const cuda::GemmDesc& desc,
               {"a", ref_json(b.a)}, {"b", ref_json(b.b)}, {"bias", ref_json(b.bias)},
               {"d", ref_json(b.d)}, {"workspace", ref_json(b.workspace)},
               {"workspace_bytes", b.workspace_bytes}};
+    if (state->plan && !state->plan->algo().config.empty())
+      p["algo_config"] = state->plan->algo().config;
     return LaunchRecord{"cublaslt", p.dump()};
   };
   l.owner = std::move(state);

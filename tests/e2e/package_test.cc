@@ -542,6 +542,9 @@ TEST_F(CudaLaunchRecords, RecordsAsWrittenAreAccepted) {
   nlohmann::json g = gemm();
   g["algo"] = nlohmann::json::array();
   for (int i = 0; i < 8; ++i) g["algo"].push_back(fmt::format("{:016x}", 0x1234u * unsigned(i)));
+  EXPECT_EQ(error_of("cublaslt", g), "");  // format 4: matched by its bytes
+  // Format 5: the configuration the loader matches (Note [cuBLASLt algorithm identity]).
+  g["algo_config"] = "id66 tile18 stages35 splitk1 red0 swz0 custom0 inner1 cluster2";
   EXPECT_EQ(error_of("cublaslt", g), "");
   EXPECT_EQ(error_of("cudnn_conv", conv()), "");  // a version-3 record (its bias_kernel)
   EXPECT_EQ(error_of("cudnn_conv", conv_nhwc()), "");
@@ -566,6 +569,12 @@ TEST_F(CudaLaunchRecords, EditedRecordsAreRefusedNamingWhatIsWrong) {
   g = gemm();
   g["algo"] = std::vector<std::string>(8, "0x12");
   expect("cublaslt", g, "hexadecimal");
+  g = gemm();
+  g["algo"] = std::vector<std::string>(8, "12");
+  g["algo_config"] = "id66\ntile18";
+  expect("cublaslt", g, "malformed cublaslt launch");
+  g["algo_config"] = "";
+  expect("cublaslt", g, "malformed cublaslt launch");
   g = gemm();
   g["desc"]["m"] = int64_t(1) << 31;
   g["desc"]["batch"] = int64_t(1) << 31;

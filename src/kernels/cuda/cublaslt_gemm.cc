@@ -60,6 +60,7 @@ struct LtApi {
   decltype(&::cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
   decltype(&::cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
   decltype(&::cublasLtMatmulAlgoGetHeuristic) get_heuristic = nullptr;
+  decltype(&::cublasLtMatmulAlgoConfigGetAttribute) algo_get = nullptr;
   decltype(&::cublasLtMatmul) matmul = nullptr;
   size_t version = 0;
   std::string library;
@@ -94,6 +95,7 @@ LtApi load_cublaslt() {
                   bind_symbol(lib, "cublasLtMatmulPreferenceDestroy", &api.pref_destroy, &missing) &&
                   bind_symbol(lib, "cublasLtMatmulPreferenceSetAttribute", &api.pref_set, &missing) &&
                   bind_symbol(lib, "cublasLtMatmulAlgoGetHeuristic", &api.get_heuristic, &missing) &&
+                  bind_symbol(lib, "cublasLtMatmulAlgoConfigGetAttribute", &api.algo_get, &missing) &&
                   bind_symbol(lib, "cublasLtMatmul", &api.matmul, &missing);
   if (!ok) {
     api.unavailable = fmt::format(
@@ -158,6 +160,31 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
 
 static_assert(sizeof(GemmAlgo::opaque) == sizeof(cublasLtMatmulAlgo_t),
               "GemmAlgo::opaque must hold a cublasLtMatmulAlgo_t");
+
+// Note [cuBLASLt algorithm identity]
+// An algorithm is what its configuration attributes say (algorithm id, tile, stages, split-K,
+// reduction scheme, CTA swizzling, custom option, inner and cluster shapes), read through
+// cublasLtMatmulAlgoConfigGetAttribute; the 64 opaque bytes need not be equal for the same
+// configuration in two processes (a fresh process once did not find a package's recorded bytes
+// among the heuristic's first 32 candidates for resnet18's float32 classifier). Packages record
+// the configuration beside the bytes, and the loader matches on it.
+std::string algo_config(const LtApi& a, const cublasLtMatmulAlgo_t& algo) {
+  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) -> long long {
+    decltype(zero) v = 0;
+    size_t written = 0;
+    if (a.algo_get(&algo, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return -1;
+    return static_cast<long long>(v);
+  };
+  return fmt::format("id{} tile{} stages{} splitk{} red{} swz{} custom{} inner{} cluster{}",
+                     get(CUBLASLT_ALGO_CONFIG_ID, int32_t{}), get(CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t{}),
+                     get(CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t{}),
+                     get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, int32_t{}),
+                     get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, uint32_t{}),
+                     get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, uint32_t{}),
+                     get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, uint32_t{}),
+                     get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, uint16_t{}),
+                     get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, uint16_t{}));
+}
 
 }  // namespace
 
@@ -377,6 +404,7 @@ std::vector<GemmAlgo> GemmPlan::candidates(int max_count) const {
     if (results[size_t(i)].state != CUBLAS_STATUS_SUCCESS) continue;
     GemmAlgo algo;
     std::memcpy(algo.opaque, &results[size_t(i)].algo, sizeof algo.opaque);
+    algo.config = algo_config(a, results[size_t(i)].algo);
     algo.workspace_bytes = results[size_t(i)].workspaceSize;
     algo.waves = results[size_t(i)].wavesCount;
     algo.index = static_cast<int>(out.size());

@@ -67,6 +67,9 @@ struct GemmDesc {
 // cublasLtMatmulAlgo_t bytes; `index` its rank in the heuristic's list (0 = best guess).
 struct GemmAlgo {
   uint64_t opaque[8] = {};
+  // Its configuration as text ("id.. tile.. stages.. ..."): what identifies it across processes
+  // (Note [cuBLASLt algorithm identity] in cublaslt_gemm.cc); empty for one made from bytes.
+  std::string config;
   size_t workspace_bytes = 0;  // what run() needs with this algorithm
   float waves = 0;             // cuBLASLt's device-utilization estimate
   int index = -1;

@@ -291,15 +291,19 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
       "{} ld {} {} {} strides {} {} {} alpha {}", plan.describe(), d.lda, d.ldb, d.ldd,
       d.stride_a, d.stride_b, d.stride_d, d.alpha));
   std::vector<GemmAlgo> cands = plan.candidates(8);
-  auto hex_of = [](const GemmAlgo& g) {  // the store's form of an algorithm
+  // The store's form of an algorithm: its configuration (Note [cuBLASLt algorithm identity] in
+  // kernels/cuda/cublaslt_gemm.cc); entries written before it (the opaque bytes in hex) match
+  // by their bytes.
+  auto hex_of = [](const GemmAlgo& g) {
     std::string hex;
     for (uint64_t x : g.opaque) hex += fmt::format("{:016x}", x);
     return hex;
   };
+  auto form_of = [&](const GemmAlgo& g) { return g.config.empty() ? hex_of(g) : g.config; };
   std::string stored;
   if (tuning_get(key, &stored))
     for (const GemmAlgo& c : cands) {
-      if (hex_of(c) == stored) {
+      if (form_of(c) == stored || hex_of(c) == stored) {
         plan.set_algo(c);
         return " (timed earlier: tuning store)";
       }
@@ -325,7 +329,7 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
   std::vector<double> ms;
   int best = timer.fastest(int(cands.size()), [&](int i) { plan.run(a, cands[size_t(i)]); }, &ms);
   plan.set_algo(cands[size_t(best)]);
-  tuning_put(key, hex_of(cands[size_t(best)]));
+  tuning_put(key, form_of(cands[size_t(best)]));
   return fmt::format(" (timed {} algorithms: {:.1f} us, the heuristic's {:.1f} us)", cands.size(),
                      ms[size_t(best)] * 1e3, ms[0] * 1e3);
 }
