@@ -498,6 +498,34 @@ TEST(CudaDirectEmulatedAttention, PackedProjectionViewsMatchTheReference) {
   }
 }
 
+// A grid of fewer blocks than multiprocessors takes fewer rows per warp (max_blocks: 16 per
+// multiprocessor, here 132 of them): 4 heads x 64 rows are 32 blocks of 8 rows, not 8 of 32;
+// with a float padding mask and in bfloat16, against the reference.
+TEST(CudaDirectEmulatedAttention, SmallGridsTakeOneRowPerWarp) {
+  Generator gen(37);
+  Graph g;
+  TensorList in = {Tensor::randn({1, 4, 64, 64}, gen).to(DType::BFloat16),
+                   Tensor::randn({1, 4, 64, 64}, gen).to(DType::BFloat16),
+                   Tensor::randn({1, 4, 64, 64}, gen).to(DType::BFloat16),
+                   Tensor::zeros({1, 1, 1, 64}, DType::Float32)};
+  for (int j = 50; j < 64; ++j) in[3].data<float>()[j] = -1e30f;  // padded keys
+  in[3] = in[3].to(DType::BFloat16);
+  std::vector<ValueId> ids;
+  for (size_t i = 0; i < in.size(); ++i) ids.push_back(g.add_input(fmt::format("in{}", i), in[i].type()));
+  g.add_node(OpId::ScaledDotProductAttention, ids, {{"is_causal", false}}, "bert_like");
+  cuda::DirectKernel k = cuda::plan_direct_kernel(g, g.nodes[0], 0, 132 * 16);
+  EXPECT_NE(k.describe.find("8 query rows per block"), std::string::npos) << k.describe;
+  EXPECT_EQ(k.blocks, 32) << k.describe;
+  HostKernels host({&k}, "attention_small_grid");
+  ASSERT_EQ(host.error, "");
+  const OpDef& op = op_def(OpId::ScaledDotProductAttention);
+  TensorList in64;
+  for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+  Tensor want = run_reference(op, g, g.nodes[0], in64)[0];
+  Tensor got = host.run(k, g, g.nodes[0], in)[0];
+  EXPECT_EQ(compare(want, got, tolerance(DType::BFloat16, op.tolerance_scale)), "");
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, CudaDirectEmulated,
                          testing::Values(OpId::Pad, OpId::Gather, OpId::ScatterAdd, OpId::Upsample,
                                          OpId::GridSample, OpId::AdaptiveAvgPool2d, OpId::Matmul,

@@ -451,8 +451,16 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
   const std::string neg_inf = f64 ? "(-__longlong_as_double(0x7ff0000000000000LL))" : "(-INFINITY)";
   const std::string nan = f64 ? "__longlong_as_double(0x7ff8000000000000LL)" : "__int_as_float(0x7fc00000)";
   // Rows per warp, key tile and staging: the most rows and the largest tile that keep the static
-  // shared memory under 44 KiB and the per-lane scores and accumulators small.
+  // shared memory under 44 KiB and the per-lane scores and accumulators small, as long as the
+  // grid still has a block per multiprocessor (max_blocks is 16 per multiprocessor): BERT's
+  // 12 heads x 128 rows at 4 rows per warp were 48 blocks on the H200's 132 multiprocessors,
+  // each walking every key for 32 rows; at 1 row per warp they are 192 blocks of a quarter of
+  // the serial work.
   const int64_t nv = std::max<int64_t>((EV + 31) / 32, 1);
+  const int64_t min_blocks = std::max<int64_t>(max_blocks / 16, 1);
+  auto too_few_blocks = [&](int64_t r) {
+    return r > 1 && nbatch * ((L + kAttnWarps * r - 1) / (kAttnWarps * r)) < min_blocks;
+  };
   const int64_t esz = f64 ? 8 : 4, E1 = std::max<int64_t>(E, 1), EV1 = std::max<int64_t>(EV, 1);
   int64_t rows = 1, bc = 32;
   bool staged = false;
@@ -460,7 +468,8 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
     return esz * (c * (E1 + 1) + c * EV1 + kAttnWarps * r * E1 + kAttnWarps * r * c);
   };
   for (int64_t r : {4, 2, 1}) {
-    if (r > 1 && (r * nv > 32 || kAttnWarps * r > 2 * std::max<int64_t>(L, 1))) continue;
+    if (r > 1 && (r * nv > 32 || kAttnWarps * r > 2 * std::max<int64_t>(L, 1) || too_few_blocks(r)))
+      continue;
     for (int64_t c : {64, 32})
       if (!staged && smem(r, c) <= 44 * 1024) {
         rows = r;
@@ -471,7 +480,7 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
   }
   if (!staged) {  // K and V from global memory: rows as the accumulators allow
     rows = nv <= 8 ? 4 : nv <= 16 ? 2 : 1;
-    while (rows > 1 && kAttnWarps * rows > 2 * std::max<int64_t>(L, 1)) rows /= 2;
+    while (rows > 1 && (kAttnWarps * rows > 2 * std::max<int64_t>(L, 1) || too_few_blocks(rows))) rows /= 2;
   }
   const int64_t kc = bc / 32;            // keys per lane and tile
   const int64_t qt = kAttnWarps * rows;  // query rows per block
