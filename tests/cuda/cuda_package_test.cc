@@ -277,17 +277,36 @@ TEST(CudaPackage, EditedManifestsAreRefusedByTheLoadersChecks) {
   // A host launch kind in a CUDA package (its function would get device pointers).
   std::string err = load_error(edited(p.path, [](json& m) { m["launches"][0]["kind"] = "loop"; }));
   EXPECT_NE(err.find("a loop launch in a cuda package"), std::string::npos) << err;
-  // A cuBLASLt algorithm and a cuDNN engine this machine does not offer.
+  // A cuBLASLt algorithm and a cuDNN engine this machine does not offer. A format-5 record is
+  // matched by its configuration (Note [cuBLASLt algorithm identity]): an unknown one is refused,
+  // and its opaque bytes are never used (edited bytes still load, as cuBLASLt's own bytes for
+  // the configuration); a record without a configuration (format 4) is matched by its bytes.
   bool gemm = false, conv = false;
   err = load_error(edited(p.path, [&](json& m) {
     for (json& l : m["launches"])
       if (l["kind"] == "cublaslt" && !gemm) {
-        l["params"]["algo"][0] = "00000000deadbeef";
+        EXPECT_TRUE(l["params"].contains("algo_config")) << l.dump();
+        l["params"]["algo_config"] = "id9999 tile1 stages1 splitk1 red0 swz0 custom0 inner0 cluster0";
         gemm = true;
       }
   }));
   ASSERT_TRUE(gemm) << "resnet18 has a cuBLASLt launch (its classifier)";
-  EXPECT_NE(err.find("does not offer the algorithm"), std::string::npos) << err;
+  EXPECT_NE(err.find("does not offer the algorithm the package was built with (id9999"),
+            std::string::npos) << err;
+  err = load_error(edited(p.path, [&](json& m) {
+    for (json& l : m["launches"])
+      if (l["kind"] == "cublaslt") l["params"]["algo"][0] = "00000000deadbeef";
+  }));
+  EXPECT_EQ(err, "") << "the recorded bytes were used";
+  err = load_error(edited(p.path, [&](json& m) {
+    for (json& l : m["launches"])
+      if (l["kind"] == "cublaslt") {
+        l["params"].erase("algo_config");
+        l["params"]["algo"][0] = "00000000deadbeef";
+      }
+  }));
+  EXPECT_NE(err.find("does not offer the algorithm the package was built with (recorded by its bytes)"),
+            std::string::npos) << err;
   err = load_error(edited(p.path, [&](json& m) {
     for (json& l : m["launches"])
       if (l["kind"] == "cudnn_conv" && !conv) {
