@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -750,54 +751,51 @@ TEST(Package, CudaCrossBuildWithoutAGpu) {
   }
 }
 
-// BERT in bfloat16 cross-built for sm_90: q, k and v are one GEMM (passes/merge_linears.h)
-// whose slices attention reads in place, so each layer is 4 GEMMs; the package's weights hold
-// the merged projection instead of the three.
-TEST(Package, CudaCrossBuiltBertProjectsQkvInOneGemm) {
+namespace {
+// A zoo model in bfloat16 cross-built for sm_90 (the CUDA pipeline runs without a GPU): its
+// compile summary and the count of each launch kind in the package.
+struct CrossBuilt {
+  std::string summary;
+  std::map<std::string, int> launches;
+};
+CrossBuilt cross_build_bf16(const std::string& model) {
   TempDir dir;
-  nn::ZooModel m = nn::make_zoo_model("bert_base", 1, 7);
+  nn::ZooModel m = nn::make_zoo_model(model, 1, 7);
   compiler::Options o;
   o.arch = "sm_90";
   o.precision = DType::BFloat16;
-  std::string path = dir.path + "/bert-sm90.kiln";
-  auto compiled = nn::export_package(m.module, m.inputs, o, "bert_base", path);
-  const std::string summary = compiled->summary();
-  EXPECT_NE(summary.find("gemm bfloat16 128x2304x768"), std::string::npos) << summary;
-  EXPECT_EQ(summary.find("split"), std::string::npos) << summary;
+  const std::string path = dir.path + "/" + model + "-sm90.kiln";
+  CrossBuilt c;
+  c.summary = nn::export_package(m.module, m.inputs, o, model, path)->summary();
   nlohmann::json manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
-  int gemms = 0;
-  for (const nlohmann::json& l : manifest["launches"]) gemms += l["kind"] == "cublaslt";
-  EXPECT_EQ(gemms, 12 * 4 + 1);  // 4 per layer, the pooler
+  for (const nlohmann::json& l : manifest["launches"]) ++c.launches[l["kind"].get<std::string>()];
+  return c;
+}
+}  // namespace
+
+// BERT: q, k and v are one GEMM (passes/merge_linears.h) whose slices attention reads in place,
+// so each layer is 4 GEMMs; the package's weights hold the merged projection instead of the
+// three.
+TEST(Package, CudaCrossBuiltBertProjectsQkvInOneGemm) {
+  CrossBuilt c = cross_build_bf16("bert_base");
+  EXPECT_NE(c.summary.find("gemm bfloat16 128x2304x768"), std::string::npos) << c.summary;
+  EXPECT_EQ(c.summary.find("split"), std::string::npos) << c.summary;
+  EXPECT_EQ(c.launches["cublaslt"], 12 * 4 + 1);  // 4 per layer, the pooler
 }
 
-// ViT in bfloat16 cross-built for sm_90 (the CUDA pipeline runs without a GPU): its patch
-// embedding is one GEMM (passes/patch_conv.h: no convolution left), and attention reads q, k
-// and v in place from the packed projection (Note [CUDA attention reads views]: no split and
-// no copies before it), so each encoder layer is 4 GEMMs, attention, 1 copy back to [B, S, E],
-// 2 layer-norm kernels and a GELU.
+// ViT: its patch embedding is one GEMM (passes/patch_conv.h: no convolution left), and
+// attention reads q, k and v in place from the packed projection (Note [CUDA attention reads
+// views]: no split and no copies before it), so each encoder layer is 4 GEMMs, attention, 1 copy
+// back to [B, S, E], 2 layer-norm kernels and a GELU.
 TEST(Package, CudaCrossBuiltVitHasNoPatchConvolutionAndNoSplit) {
-  TempDir dir;
-  nn::ZooModel m = nn::make_zoo_model("vit_b_16", 1, 7);
-  compiler::Options o;
-  o.arch = "sm_90";
-  o.precision = DType::BFloat16;
-  std::string path = dir.path + "/vit-sm90.kiln";
-  auto compiled = nn::export_package(m.module, m.inputs, o, "vit_b_16", path);
-  const std::string summary = compiled->summary();
-  EXPECT_EQ(summary.find("conv2d"), std::string::npos) << summary;
-  EXPECT_EQ(summary.find("split"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("gemm bfloat16 196x768x768"), std::string::npos) << summary;
-  nlohmann::json manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
-  int gemms = 0, convs = 0, kernels = 0;
-  for (const nlohmann::json& l : manifest["launches"]) {
-    gemms += l["kind"] == "cublaslt";
-    convs += l["kind"] == "cudnn_conv";
-    kernels += l["kind"] == "cuda_kernel";
-  }
-  EXPECT_EQ(convs, 0);
-  EXPECT_EQ(gemms, 1 + 12 * 4 + 1);  // patches, 4 per layer, the head
+  CrossBuilt c = cross_build_bf16("vit_b_16");
+  EXPECT_EQ(c.summary.find("conv2d"), std::string::npos) << c.summary;
+  EXPECT_EQ(c.summary.find("split"), std::string::npos) << c.summary;
+  EXPECT_NE(c.summary.find("gemm bfloat16 196x768x768"), std::string::npos) << c.summary;
+  EXPECT_EQ(c.launches["cudnn_conv"], 0);
+  EXPECT_EQ(c.launches["cublaslt"], 1 + 12 * 4 + 1);  // patches, 4 per layer, the head
   // 12 layers x (attention, its copy back, 2 layer norms, GELU) + the patch gather and cast, the
   // class-token concat and the last layer norm, casts at the ends.
-  EXPECT_LE(kernels, 12 * 5 + 8) << summary;
+  EXPECT_LE(c.launches["cuda_kernel"], 12 * 5 + 8) << c.summary;
 }
 

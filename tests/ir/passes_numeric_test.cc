@@ -83,6 +83,29 @@ TensorList random_inputs(const Graph& g, Generator& gen) {
   return in;
 }
 
+// Every output of `after` against the float64 run of `before` (its params and inputs widened) on
+// two sets of fresh inputs, within a relative `tol`.
+void expect_matches_float64(const Graph& before, const Graph& after, Generator& gen, double tol) {
+  Graph before64 = before;
+  for (Value& v : before64.values) {
+    v.type.dtype = DType::Float64;
+    if (v.data.defined()) v.data = v.data.to(DType::Float64);
+  }
+  for (int round = 0; round < 2; ++round) {
+    TensorList in = random_inputs(before, gen);
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    TensorList want = run(before64, in64);
+    TensorList got = run(after, in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
+      test::Comparison c = test::compare(got[i], want[i], test::Tolerance::rel(tol, tol));
+      EXPECT_TRUE(c.ok()) << "output " << i << ": " << c.str() << "\n" << print_graph(after);
+    }
+  }
+}
+
 std::string with_dtype(std::string text, const char* dt) {
   for (size_t p = text.find("DT"); p != std::string::npos; p = text.find("DT", p))
     text.replace(p, 2, dt);
@@ -625,24 +648,7 @@ graph @patches(%x: f32[2, 3, 12, 10], %y: f32[1, 4, 8, 8]) {
   bool rows = false;
   for (const Value& v : after.values) rows = rows || (v.kind == ValueKind::Param && v.name == "w.rows");
   EXPECT_TRUE(rows) << print_graph(after);
-  Graph before64 = before;
-  for (Value& v : before64.values) {
-    v.type.dtype = DType::Float64;
-    if (v.data.defined()) v.data = v.data.to(DType::Float64);
-  }
-  for (int round = 0; round < 2; ++round) {
-    TensorList in = random_inputs(before, gen);
-    TensorList in64;
-    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
-    TensorList want = run(before64, in64);
-    TensorList got = run(after, in);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
-      test::Comparison c = test::compare(got[i], want[i], test::Tolerance::rel(1e-5, 1e-5));
-      EXPECT_TRUE(c.ok()) << "output " << i << ": " << c.str() << "\n" << print_graph(after);
-    }
-  }
+  expect_matches_float64(before, after, gen, 1e-5);
 }
 
 // merge-sibling-linears (passes/merge_linears.h): BERT's q, k, v (three linears of one input
@@ -685,24 +691,7 @@ graph @qkv(%x: f32[2, 5, 16], %y: f32[2, 5, 16]) {
   EXPECT_TRUE(merged) << print_graph(after);
   EXPECT_NE(after.find_value("q"), kNoValue);
   EXPECT_NE(after.find_value("v"), kNoValue);
-  Graph before64 = before;
-  for (Value& v : before64.values) {
-    v.type.dtype = DType::Float64;
-    if (v.data.defined()) v.data = v.data.to(DType::Float64);
-  }
-  for (int round = 0; round < 2; ++round) {
-    TensorList in = random_inputs(before, gen);
-    TensorList in64;
-    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
-    TensorList want = run(before64, in64);
-    TensorList got = run(after, in);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(got[i].sizes(), want[i].sizes()) << i;
-      test::Comparison c = test::compare(got[i], want[i], test::Tolerance::rel(1e-5, 1e-5));
-      EXPECT_TRUE(c.ok()) << "output " << i << ": " << c.str() << "\n" << print_graph(after);
-    }
-  }
+  expect_matches_float64(before, after, gen, 1e-5);
 }
 
 TEST(PassesNumeric, DefaultPipelineIsTheTableOrder) {
