@@ -144,6 +144,44 @@ TensorList random_inputs(const Graph& g, int64_t batch, uint64_t seed) {
   return inputs;
 }
 
+// Note [bench specializes symbolic dims when the import needs them]
+// An ONNX model whose import needs the value of a symbolic dim (torch's dynamic-batch exports:
+// a Range up to the batch size, as convnext_tiny's and BERT's) does not import with its dims
+// symbolic. A benchmark runs it at one shape anyway (random_inputs: the batch for a symbolic
+// first dim, 1 for other symbolic dims), so such a model is imported again with its inputs
+// declared at that shape (ImportOptions::input_shapes); a model that imports symbolically is
+// left as it is. If the specialized import fails too, the first error is the one reported.
+Graph import_for_bench(const std::string& path, int64_t batch) {
+  try {
+    return import_onnx(path);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::NotSupported) throw;
+    OnnxModelScan scan;
+    try {
+      scan = scan_onnx_model(path);
+    } catch (const Error&) {
+      throw e;
+    }
+    ImportOptions o;
+    bool symbolic = false;
+    for (size_t i = 0; i < scan.input_names.size(); ++i) {
+      std::vector<int64_t> dims = scan.input_dims[i];
+      for (size_t k = 0; k < dims.size(); ++k)
+        if (dims[k] < 0) {
+          dims[k] = k == 0 ? batch : 1;
+          symbolic = true;
+        }
+      if (!dims.empty()) o.input_shapes.emplace_back(scan.input_names[i], std::move(dims));
+    }
+    if (!symbolic) throw;
+    try {
+      return import_onnx(path, o);
+    } catch (const Error&) {
+      throw e;
+    }
+  }
+}
+
 }  // namespace
 
 // Declared in bench.h.
@@ -200,7 +238,7 @@ BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t 
     t.state = m->module->state_dict();
     return t;
   }
-  Graph cpu_graph = import_onnx(target);
+  Graph cpu_graph = import_for_bench(target, batch);
   t.name = std::filesystem::path(target).filename().string();
   TensorList cpu_inputs = random_inputs(cpu_graph, batch, seed);
   std::string gap = cuda_eager_gap(cpu_graph, bind_input_symbols(cpu_graph, cpu_inputs));
@@ -346,7 +384,7 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
     t.state = m->module->state_dict();
     return t;
   }
-  auto g = std::make_shared<Graph>(import_onnx(target));
+  auto g = std::make_shared<Graph>(import_for_bench(target, batch));
   t.name = std::filesystem::path(target).filename().string();
   t.inputs = random_inputs(*g, batch, seed);
   t.eager = [g](const TensorList& in) { return run(*g, in); };

@@ -452,6 +452,11 @@ OnnxModelScan scan_onnx_model(const std::string& path, const ImportOptions& opti
   for (const pb::ValueInfoProto& vi : g.input()) {
     if (initializers.count(vi.name())) continue;
     scan.input_names.push_back(vi.name());
+    std::vector<int64_t> dims;
+    if (vi.type().has_tensor_type() && vi.type().tensor_type().has_shape())
+      for (const pb::TensorShapeProto::Dimension& d : vi.type().tensor_type().shape().dim())
+        dims.push_back(d.has_dim_value() && d.dim_value() >= 0 ? d.dim_value() : -1);
+    scan.input_dims.push_back(std::move(dims));
     if (!representable(vi.type()))
       scan.unsupported_types.push_back(
           fmt::format("input '{}': {}", vi.name(), describe_type(vi.type())));

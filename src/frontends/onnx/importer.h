@@ -68,6 +68,8 @@ Tensor read_onnx_tensor_file(const std::string& path, std::string* name = nullpt
 struct OnnxModelScan {
   int64_t opset = 0;  // default-domain opset
   std::vector<std::string> input_names;  // graph inputs that are not initializers, in order
+  // Their declared dims, -1 where a dim is symbolic or not given (empty: no shape declared).
+  std::vector<std::vector<int64_t>> input_dims;
   // "OpType" (or "domain:OpType") -> node names, for every op type not in the op table.
   std::vector<std::pair<std::string, std::vector<std::string>>> unmapped_ops;
   // Every op type used, sorted, unique ("domain:OpType" outside the default domain).
