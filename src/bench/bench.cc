@@ -51,6 +51,7 @@
 #include "ops/dispatch.h"
 #include "ir/parser.h"
 #include "nn/models/zoo.h"
+#include "nn/package.h"
 
 namespace kiln {
 
@@ -236,6 +237,7 @@ BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t 
     };
     t.compile = [m](const CompileOptions& o) { return compile(m->module, o); };
     t.state = m->module->state_dict();
+    t.fixed = nn::non_persistent_buffers(*m->module);
     return t;
   }
   Graph cpu_graph = import_for_bench(target, batch);
@@ -382,6 +384,7 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
     t.eager = [m](const TensorList& in) { return m->module->call(in); };
     t.compile = [m](const CompileOptions& o) { return compile(m->module, o); };
     t.state = m->module->state_dict();
+    t.fixed = nn::non_persistent_buffers(*m->module);
     return t;
   }
   auto g = std::make_shared<Graph>(import_for_bench(target, batch));

@@ -41,6 +41,9 @@ struct BenchTarget {
   // The model's named tensors on the CPU path (a zoo module's state dict, an ONNX model's
   // initializers): what compiled graphs name their parameters after.
   NamedState state;
+  // Parameters a weights file need not hold: a zoo module's non-persistent buffers (BERT's
+  // position ids), which packages record with their values (compiler::write_package).
+  NamedState fixed;
   std::function<TensorList(const TensorList&)> eager;  // op by op
   std::function<CompiledFunction(const CompileOptions&)> compile;
 };

@@ -18,9 +18,10 @@ namespace kiln::compiler {
 // so that `kiln package --replace-weights` can put new weights into it (compiler/
 // replace_weights.h). Throws kiln::Error naming the node of a launch that cannot be packaged
 // (an eager kernel); nothing is written then. `model_state` (optional): every named tensor of
-// the model, so that those its graph does not read are known as unused (source_section_bytes).
+// the model, so that those its graph does not read are known as unused (source_section_bytes);
+// `fixed_params` (optional): its non-persistent buffers, which a weights file need not hold.
 void write_package(const Graph& source, CompiledExecutable& compiled, const Options& options,
                    PackageInfo info, const std::string& path,
-                   const NamedTensors& model_state = {});
+                   const NamedTensors& model_state = {}, const NamedTensors& fixed_params = {});
 
 }  // namespace kiln::compiler

@@ -94,6 +94,9 @@ struct Source {
   std::string graph_text, precision, target, pipeline;
   std::vector<std::tuple<std::string, DType, Dims>> params;  // name, dtype, shape
   std::vector<std::tuple<std::string, DType, Dims>> unused;  // the model's, not read
+  // Parameters a weights file need not hold (the model's non-persistent buffers), with their
+  // values among `consts` (Note [Replacing weights]).
+  std::vector<std::tuple<std::string, DType, Dims>> fixed;
   std::map<std::string, Tensor> consts;
 };
 
@@ -106,7 +109,8 @@ Source parse_source(std::string_view bytes, const std::string& package) {
     s.precision = c.metadata.at("precision");
     s.target = c.metadata.at("target");
     s.pipeline = c.metadata.at("pipeline");
-    for (const char* key : {"params", "unused"}) {
+    for (const char* key : {"params", "unused", "fixed"}) {
+      if (key == std::string("fixed") && !c.metadata.count(key)) continue;  // written before it
       for (const json& p : json::parse(c.metadata.at(key))) {
         DType dt;
         std::string name = p.at("name").get<std::string>();
@@ -114,7 +118,10 @@ Source parse_source(std::string_view bytes, const std::string& package) {
           throw std::out_of_range("tensor '" + name + "': unknown dtype");
         Dims shape;
         for (int64_t d : p.at("shape").get<std::vector<int64_t>>()) shape.push_back(d);
-        (key == std::string("params") ? s.params : s.unused).emplace_back(std::move(name), dt, shape);
+        (key == std::string("params")   ? s.params
+         : key == std::string("unused") ? s.unused
+                                        : s.fixed)
+            .emplace_back(std::move(name), dt, shape);
       }
     }
   } catch (const std::exception& e) {
@@ -152,6 +159,7 @@ int check_weights(const Source& src, const NamedTensors& given, const std::strin
   };
   for (const auto& [name, dt, shape] : src.params) check(name, dt, shape, true);
   for (const auto& [name, dt, shape] : src.unused) check(name, dt, shape, false);
+  for (const auto& [name, dt, shape] : src.fixed) check(name, dt, shape, false);
   for (const auto& [name, t] : given)
     if (!known.count(name))
       unexpected.push_back(fmt::format("{} {}", name, describe(t.dtype(), t.sizes())));
@@ -176,18 +184,32 @@ int check_weights(const Source& src, const NamedTensors& given, const std::strin
 }  // namespace
 
 std::string source_section_bytes(const Graph& source, const Target& target,
-                                 const Options& options, const NamedTensors& model_state) {
-  json params = json::array(), unused = json::array();
+                                 const Options& options, const NamedTensors& model_state,
+                                 const NamedTensors& fixed_params) {
+  json params = json::array(), unused = json::array(), fixed = json::array();
   std::set<std::string> param_names;
   NamedTensors large_consts;
+  std::map<std::string, const Tensor*> fixed_by_name;
+  for (const auto& [name, t] : fixed_params) fixed_by_name.emplace(name, &t);
   for (ValueId v : source.params()) {
     const Value& val = source.value(v);
     if (!is_concrete(val.type.shape))
       fail_kind(ErrorKind::NotSupported, "package: parameter '{}' has symbolic shape {}",
                 val.name, to_string(val.type.shape));
     if (val.kind == ValueKind::Param) {
-      params.push_back({{"name", val.name}, {"dtype", dtype_name(val.type.dtype)},
-                        {"shape", dims_json(to_dims(val.type.shape))}});
+      json entry = {{"name", val.name}, {"dtype", dtype_name(val.type.dtype)},
+                    {"shape", dims_json(to_dims(val.type.shape))}};
+      auto f = fixed_by_name.find(val.name);
+      if (f != fixed_by_name.end() && f->second->defined()) {
+        // Its value travels in the section; a weights file may replace it or leave it out.
+        if (f->second->dtype() != val.type.dtype || to_shape(f->second->sizes()) != val.type.shape)
+          fail_kind(ErrorKind::Internal, "package: buffer '{}' is {}, the graph's parameter {}",
+                    val.name, describe(f->second->dtype(), f->second->sizes()), val.type.str());
+        fixed.push_back(entry);
+        large_consts.emplace_back(val.name, *f->second);
+      } else {
+        params.push_back(entry);
+      }
       param_names.insert(val.name);
     } else if (val.data.defined() && val.data.numel() > kMaxInlineConstElements) {
       large_consts.emplace_back(val.name, val.data);
@@ -204,6 +226,7 @@ std::string source_section_bytes(const Graph& source, const Target& target,
       {"graph", print_graph(source, po)},
       {"params", params.dump()},
       {"unused", unused.dump()},
+      {"fixed", fixed.dump()},
       {"precision", dtype_name(options.precision)},
       {"target", target.name()},
       {"pipeline", pipeline_names(target, options.precision)},
@@ -294,9 +317,21 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
   Graph g = parse_graph(src.graph_text, package_path + ": section 'source'");
   std::map<std::string, Tensor> by_name;
   for (auto& [name, t] : given.tensors) by_name.emplace(name, t);
+  std::set<std::string> fixed_names;
+  for (const auto& f : src.fixed) fixed_names.insert(std::get<0>(f));
   for (Value& val : g.values) {
     if (val.kind == ValueKind::Param) {
       auto it = by_name.find(val.name);  // (an unused name is never a parameter of the graph)
+      if (it == by_name.end() && fixed_names.count(val.name)) {
+        auto c = src.consts.find(val.name);  // a non-persistent buffer the file leaves out
+        if (c == src.consts.end() || c->second.dtype() != val.type.dtype ||
+            to_shape(c->second.sizes()) != val.type.shape)
+          fail_kind(ErrorKind::ParseError, "package '{}': section 'source': no data of type {} "
+                    "for buffer '{}'", package_path, val.type.str(), val.name);
+        val.data = c->second;
+        ++rep.parameters;
+        continue;
+      }
       if (it == by_name.end())  // the parameter list and the graph disagree: a corrupt section
         fail_kind(ErrorKind::ParseError, "package '{}': section 'source': the graph's parameter "
                   "'{}' is not in its parameter list", package_path, val.name);
@@ -311,9 +346,10 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
       val.data = it->second;
     }
   }
-  if (size_t(rep.parameters) != src.params.size())
+  if (size_t(rep.parameters) != src.params.size() + src.fixed.size())
     fail_kind(ErrorKind::ParseError, "package '{}': section 'source': the graph has {} "
-              "parameters, its parameter list {}", package_path, rep.parameters, src.params.size());
+              "parameters, its parameter list {}", package_path, rep.parameters,
+              src.params.size() + src.fixed.size());
   run_compiler_passes(g, target, precision);
   rep.passes_s = seconds_since(t1);
 

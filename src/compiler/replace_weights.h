@@ -19,9 +19,13 @@ namespace kiln::compiler {
 // to print inline. `model_state` (optional) is every named tensor of the model (a module's state
 // dict, an ONNX model's initializers); those the graph does not read (batch norm's
 // num_batches_tracked) are recorded as unused: a weights file may hold them, and they are
-// ignored. Throws kiln::Error when the graph cannot be recorded (a symbolic shape).
+// ignored. `fixed_params` (optional): parameters a weights file need not hold, with their
+// values — the model's non-persistent buffers (BERT's position ids: PyTorch's persistent=False,
+// not in a state dict); they travel in the section and a file may still replace them. Throws
+// kiln::Error when the graph cannot be recorded (a symbolic shape).
 std::string source_section_bytes(const Graph& source, const Target& target,
-                                 const Options& options, const NamedTensors& model_state = {});
+                                 const Options& options, const NamedTensors& model_state = {},
+                                 const NamedTensors& fixed_params = {});
 
 struct ReplaceWeightsReport {
   int parameters = 0;        // source parameters bound from the safetensors file

@@ -1,6 +1,7 @@
 #include "nn/package.h"
 
 #include <algorithm>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -110,6 +111,15 @@ std::shared_ptr<compiler::CompiledExecutable> compile_module_graph(
       source);
 }
 
+NamedTensors non_persistent_buffers(const Module& module) {
+  std::set<std::string> persistent;
+  for (const auto& [name, t] : module.state_dict()) persistent.insert(name);
+  NamedTensors out;
+  for (const auto& [name, t] : module.named_buffers())
+    if (t.defined() && !persistent.count(name)) out.emplace_back(name, t.to(Device::cpu()));
+  return out;
+}
+
 std::shared_ptr<compiler::CompiledExecutable> export_package(
     const std::shared_ptr<Module>& module, const TensorList& example_inputs,
     const compiler::Options& options, const std::string& model_name, const std::string& path,
@@ -119,7 +129,8 @@ std::shared_ptr<compiler::CompiledExecutable> export_package(
   PackageInfo info;
   info.model = model_name;
   info.batch = batch;
-  compiler::write_package(source, *c, options, info, path, module->state_dict());
+  compiler::write_package(source, *c, options, info, path, module->state_dict(),
+                          non_persistent_buffers(*module));
   return c;
 }
 

@@ -31,6 +31,11 @@ std::shared_ptr<compiler::CompiledExecutable> compile_captured_graph(
     Graph* source = nullptr);
 
 // compile_module_graph, then compiler::write_package to `path` (atomic).
+// The module's non-persistent buffers (PyTorch's persistent=False: in named_buffers(), not in
+// state_dict()), on the host: a package records them as parameters a weights file need not hold
+// (compiler::write_package's fixed_params).
+NamedTensors non_persistent_buffers(const Module& module);
+
 std::shared_ptr<compiler::CompiledExecutable> export_package(
     const std::shared_ptr<Module>& module, const TensorList& example_inputs,
     const compiler::Options& options, const std::string& model_name, const std::string& path,

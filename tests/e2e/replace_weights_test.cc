@@ -23,6 +23,8 @@
 #include "compiler/replace_weights.h"
 #include "core/error.h"
 #include "ir/parser.h"
+#include "nn/layers.h"
+#include "ops/api.h"
 #include "nn/models/zoo.h"
 #include "nn/package.h"
 #include "runtime/package.h"
@@ -204,15 +206,9 @@ TEST(PackageReplaceWeights, CudaCrossBuiltPackageGivesThePackageBuiltWithTheNewW
     };
     build(1, a_path);
     nn::ZooModel b = build(2, b_path);
-    // The state dict and BERT's non-persistent buffers (position and token-type ids), which the
-    // package lists among its parameters too.
-    NamedTensors state = b.module->state_dict();
-    for (const auto& [name, t] : b.module->named_buffers()) {
-      bool have = false;
-      for (const auto& kv : state) have = have || kv.first == name;
-      if (!have) state.emplace_back(name, t);
-    }
-    save_safetensors(w_path, state);
+    // The state dict only, as PyTorch saves one: BERT's non-persistent buffers (position and
+    // token-type ids) are not in it, and the package holds their values itself.
+    b.module->save(w_path);
     compiler::ReplaceWeightsReport rep = compiler::replace_weights(a_path, w_path, r_path);
     std::printf("%s sm_90 %s: %s\n", model, dtype_name(precision), rep.str().c_str());
     std::string replaced = read_bytes(r_path), want = read_bytes(b_path);
@@ -220,6 +216,61 @@ TEST(PackageReplaceWeights, CudaCrossBuiltPackageGivesThePackageBuiltWithTheNewW
     EXPECT_TRUE(replaced == want) << model << " " << dtype_name(precision) << ": the replaced package differs "
                                   << "from the one built with B in " << first_difference(replaced, want);
   }
+}
+
+// ---- non-persistent buffers ----------------------------------------------------------------------
+namespace {
+// y = fc(x) + shift, with `shift` a non-persistent buffer (not in the state dict, as BERT's
+// position ids).
+class Shifted : public nn::UnaryModule {
+ public:
+  explicit Shifted(Generator& gen) : UnaryModule("Shifted") {
+    fc = register_module("fc", std::make_shared<nn::Linear>(6, 4, true, gen));
+    shift = register_buffer("shift", Tensor::randn({4}, gen), /*persistent=*/false);
+  }
+  Tensor forward(const Tensor& x) override { return add(fc->forward(x), shift); }
+  std::shared_ptr<nn::Linear> fc;
+  Tensor shift;
+};
+}  // namespace
+
+// The package holds a non-persistent buffer's value itself: a state-dict file (without it)
+// replaces the weights and keeps the buffer; a file that holds it replaces it too; one with
+// another shape is refused naming it.
+TEST(PackageReplaceWeights, NonPersistentBuffersNeedNotBeInTheWeightsFile) {
+  TempDir dir;
+  Generator gen(41);
+  auto m = std::make_shared<Shifted>(gen);
+  TensorList in = {Tensor::randn({3, 6}, gen)};
+  const std::string pkg = dir.path + "/shifted.kiln";
+  nn::export_package(m, in, {}, "shifted", pkg);
+  ASSERT_EQ(m->state_dict().size(), 2u);  // fc.weight, fc.bias: no shift
+  // New fc weights, the state dict only.
+  auto b = std::make_shared<Shifted>(gen);
+  b->shift.copy_(m->shift);
+  const std::string w = dir.path + "/b.safetensors", out = dir.path + "/b.kiln";
+  b->save(w);
+  compiler::replace_weights(pkg, w, out);
+  Tensor want = b->call(in)[0];
+  LoadedPackage loaded = load_package(out);
+  EXPECT_TRUE(test::close(loaded.exe->run(in)[0], want, test::Tolerance::rel(1e-5, 1e-6)));
+  // The buffer given too: it is replaced.
+  NamedTensors with_shift = b->state_dict();
+  Tensor shift2 = Tensor::randn({4}, gen);
+  with_shift.emplace_back("shift", shift2);
+  const std::string w2 = dir.path + "/b2.safetensors", out2 = dir.path + "/b2.kiln";
+  save_safetensors(w2, with_shift);
+  compiler::replace_weights(pkg, w2, out2);
+  b->shift.copy_(shift2);
+  EXPECT_TRUE(test::close(load_package(out2).exe->run(in)[0], b->call(in)[0],
+                          test::Tolerance::rel(1e-5, 1e-6)));
+  // Of another shape: refused, naming it.
+  NamedTensors bad = b->state_dict();
+  bad.emplace_back("shift", Tensor::randn({5}, gen));
+  const std::string w3 = dir.path + "/bad.safetensors";
+  save_safetensors(w3, bad);
+  std::string err = replace_error(pkg, w3, dir.path + "/bad.kiln");
+  EXPECT_NE(err.find("wrong shape: shift: expected [4], found [5]"), std::string::npos) << err;
 }
 
 // ---- errors -------------------------------------------------------------------------------------
