@@ -7,7 +7,7 @@
 # into one archive, $OUT/bench.tar.xz (the device tool brings back only a few files per call).
 #
 #   KILN_COMPARE="bf16:1:resnet50,vit_b_16,bert_base f32:32:resnet50,bert_base"
-#       (dtype:batch:models ...), KILN_COMPARE_SYSTEMS, KILN_COMPARE_TIMEOUT (s per run),
+#       (dtype:batch:models ...), KILN_COMPARE_SYSTEMS, KILN_COMPARE_TIMEOUT (s per model),
 #   KILN_BENCH_MODELS (zoo models for the kiln bench loop), KILN_BENCH_CONFIGS ("f32:1 bf16:32").
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,15 +19,18 @@ export LD_LIBRARY_PATH="$KILN_DIR:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_L
 SYSTEMS="${KILN_COMPARE_SYSTEMS:-kiln-compiled,kiln-compiled-reduce-overhead,torch-eager,torch-compile-reduce-overhead}"
 for spec in ${KILN_COMPARE:-bf16:1:resnet50,vit_b_16,bert_base}; do
   IFS=: read -r dt batch models <<< "$spec"
-  # One folder per spec (models included): two specs of one dtype and batch must not overwrite
-  # each other's tables.
-  tag="$dt-b$batch-${models//,/+}"
-  t0=$SECONDS
-  timeout "${KILN_COMPARE_TIMEOUT:-200}" python3 "$REPO/bench/compare.py" --device cuda \
-    --kiln "$KILN_DIR/kiln" --models "$models" --systems "$SYSTEMS" --dtype "$dt" --batch "$batch" \
-    --iters "${KILN_COMPARE_ITERS:-100}" --rounds "${KILN_COMPARE_ROUNDS:-2}" --threads 2 \
-    --compile-budget 120 --quiet --out "$OUT/compare-$tag" > "$OUT/compare-$tag.log" 2>&1
-  echo "compare $dt batch $batch ($models): exit $? ($((SECONDS - t0)) s)"
+  # One compare.py run (and folder) per model, KILN_COMPARE_TIMEOUT each: a model whose peers
+  # compile slowly loses its own row only, not the rows after it in the spec (twelfth session:
+  # torch.compile's compile of vit_b_16 took the whole spec's time and resnet50's table too).
+  for model in ${models//,/ }; do
+    tag="$dt-b$batch-$model"
+    t0=$SECONDS
+    timeout "${KILN_COMPARE_TIMEOUT:-200}" python3 "$REPO/bench/compare.py" --device cuda \
+      --kiln "$KILN_DIR/kiln" --models "$model" --systems "$SYSTEMS" --dtype "$dt" --batch "$batch" \
+      --iters "${KILN_COMPARE_ITERS:-100}" --rounds "${KILN_COMPARE_ROUNDS:-2}" --threads 2 \
+      --compile-budget 120 --quiet --out "$OUT/compare-$tag" > "$OUT/compare-$tag.log" 2>&1
+    echo "compare $dt batch $batch $model: exit $? ($((SECONDS - t0)) s)"
+  done
 done
 for m in ${KILN_BENCH_MODELS:-}; do
   for cfg in ${KILN_BENCH_CONFIGS:-f32:1 bf16:1 f32:32 bf16:32}; do
