@@ -605,18 +605,7 @@ graph @mlp(%x: f32[2, 5, 8]) {
   EXPECT_EQ(count_op(after, OpId::Linear), 1) << print_graph(after);
   for (OpId op : {OpId::Matmul, OpId::Erf, OpId::Mul, OpId::Add, OpId::Div, OpId::Gelu})
     EXPECT_EQ(count_op(after, op), 0) << op_def(op).name << "\n" << print_graph(after);
-  Graph before64 = before;
-  for (Value& v : before64.values) {
-    v.type.dtype = DType::Float64;
-    if (v.data.defined()) v.data = v.data.to(DType::Float64);
-  }
-  for (int round = 0; round < 2; ++round) {
-    TensorList in = random_inputs(before, gen);
-    Tensor want = run(before64, {in[0].to(DType::Float64)})[0];
-    Tensor got = run(after, in)[0];
-    test::Comparison c = test::compare(got, want, test::Tolerance::rel(1e-4, 1e-4));
-    EXPECT_TRUE(c.ok()) << c.str() << "\n" << print_graph(after);
-  }
+  expect_matches_float64(before, after, gen, 1e-4);
 }
 
 // patch-conv-to-linear (passes/patch_conv.h): a patch embedding (windows that tile the input)
