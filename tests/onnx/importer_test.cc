@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 
-#include "bench/bench.h"
 #include "frontends/onnx/importer.h"
 #include "frontends/onnx/op_table.h"
 #include "ir/interpreter.h"
@@ -180,42 +179,6 @@ TEST(OnnxImport, ShapeArithmeticOnSymbolicDims) {
       .node("Mul", {"f", "f"}, {"y"}, {}, "square")
       .output("y", DType::Float32);
   expect_error([&] { bad.import(); }, ErrorKind::NotSupported, {"to_float", "symbolic shape values"});
-}
-
-// Note [bench specializes symbolic dims when the import needs them]: a Range up to the batch
-// size (torch's dynamic-batch exports) does not import with the batch symbolic; `kiln bench`
-// imports it again at the benchmark's shape. y[i, j] = x[i, j] + i for batch 3, eagerly and
-// through the compiled path; the scan reports the declared dims.
-TEST(OnnxImport, BenchSpecializesSymbolicDimsTheImportNeeds) {
-  ModelBuilder m;
-  m.input("x", DType::Float32, {std::string("batch"), 4})
-      .initializer("zero", Tensor::full(Dims{}, 0, DType::Int64))
-      .initializer("one", Tensor::full(Dims{}, 1, DType::Int64))
-      .initializer("axes", Tensor::from_vector<int64_t>({1}, {1}))
-      .node("Shape", {"x"}, {"s"})
-      .node("Gather", {"s", "zero"}, {"n"}, {{"axis", int64_t(0)}})
-      .node("Range", {"zero", "n", "one"}, {"r"}, {}, "rows")
-      .node("Cast", {"r"}, {"rf"}, {{"to", int64_t(pb::TensorProto::FLOAT)}})
-      .node("Unsqueeze", {"rf", "axes"}, {"col"})
-      .node("Add", {"x", "col"}, {"y"})
-      .output("y", DType::Float32, {std::string("batch"), 4});
-  expect_error([&] { m.import(); }, ErrorKind::NotSupported, {"rows", "symbolic dims"});
-  TempDir dir;
-  dir.write("range_batch.onnx", m.bytes());
-  const std::string path = (dir.path() / "range_batch.onnx").string();
-  OnnxModelScan scan = scan_onnx_model(path);
-  ASSERT_EQ(scan.input_dims.size(), 1u);
-  EXPECT_EQ(scan.input_dims[0], (std::vector<int64_t>{-1, 4}));
-  BenchTarget t = load_bench_target(path, 3, 11);
-  ASSERT_EQ(t.inputs.size(), 1u);
-  ASSERT_EQ(t.inputs[0].sizes(), (Dims{3, 4}));
-  std::vector<double> want = values(t.inputs[0]);
-  for (int64_t i = 0; i < 3; ++i)
-    for (int64_t j = 0; j < 4; ++j) want[size_t(i * 4 + j)] += double(i);
-  expect_close(t.eager(t.inputs)[0], want, {3, 4}, 1e-6);
-  CompileOptions o;
-  o.backend = "inductor";
-  expect_close(t.compile(o)(t.inputs)[0], want, {3, 4}, 1e-6);
 }
 
 TEST(OnnxImport, OutputsThatAreInputsOrSharedGetTheirOwnNames) {

@@ -126,6 +126,44 @@ TEST_P(OnnxPackageReplaceWeights, GivesThePackageCompiledWithTheNewInitializers)
   }
 }
 
+// (Here, not in importer_test.cc: it runs kiln::load_bench_target, which the sanitized test
+// binary does not link.)
+// Note [bench specializes symbolic dims when the import needs them]: a Range up to the batch
+// size (torch's dynamic-batch exports) does not import with the batch symbolic; `kiln bench`
+// imports it again at the benchmark's shape. y[i, j] = x[i, j] + i for batch 3, eagerly and
+// through the compiled path; the scan reports the declared dims.
+TEST(OnnxBench, SpecializesSymbolicDimsTheImportNeeds) {
+  ModelBuilder m;
+  m.input("x", DType::Float32, {std::string("batch"), 4})
+      .initializer("zero", Tensor::full(Dims{}, 0, DType::Int64))
+      .initializer("one", Tensor::full(Dims{}, 1, DType::Int64))
+      .initializer("axes", Tensor::from_vector<int64_t>({1}, {1}))
+      .node("Shape", {"x"}, {"s"})
+      .node("Gather", {"s", "zero"}, {"n"}, {{"axis", int64_t(0)}})
+      .node("Range", {"zero", "n", "one"}, {"r"}, {}, "rows")
+      .node("Cast", {"r"}, {"rf"}, {{"to", int64_t(pb::TensorProto::FLOAT)}})
+      .node("Unsqueeze", {"rf", "axes"}, {"col"})
+      .node("Add", {"x", "col"}, {"y"})
+      .output("y", DType::Float32, {std::string("batch"), 4});
+  expect_error([&] { m.import(); }, ErrorKind::NotSupported, {"rows", "symbolic dims"});
+  TempDir dir;
+  const std::string path = dir.path + "/range_batch.onnx";
+  test::write_bytes(path, m.bytes());
+  OnnxModelScan scan = scan_onnx_model(path);
+  ASSERT_EQ(scan.input_dims.size(), 1u);
+  EXPECT_EQ(scan.input_dims[0], (std::vector<int64_t>{-1, 4}));
+  BenchTarget t = load_bench_target(path, 3, 11);
+  ASSERT_EQ(t.inputs.size(), 1u);
+  ASSERT_EQ(t.inputs[0].sizes(), (Dims{3, 4}));
+  std::vector<double> want = values(t.inputs[0]);
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 4; ++j) want[size_t(i * 4 + j)] += double(i);
+  expect_close(t.eager(t.inputs)[0], want, {3, 4}, 1e-6);
+  CompileOptions o;
+  o.backend = "inductor";
+  expect_close(t.compile(o)(t.inputs)[0], want, {3, 4}, 1e-6);
+}
+
 INSTANTIATE_TEST_SUITE_P(Precision, OnnxPackageReplaceWeights,
                          testing::Values(DType::Float32, DType::BFloat16),
                          [](const testing::TestParamInfo<DType>& i) { return dtype_name(i.param); });
