@@ -148,12 +148,15 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
 
 }  // namespace
 
+std::vector<std::unique_ptr<Pass>> compiler_passes(const Target& target, DType precision) {
+  return compiler_pipeline(
+      target.decompositions(), precision,
+      [&target](const Graph& g, const Node& n) { return target.keeps_whole(g, n); },
+      target.graph_passes());
+}
+
 void run_compiler_passes(Graph& g, const Target& target, DType precision) {
-  std::vector<std::unique_ptr<Pass>> pipeline =
-      compiler_pipeline(
-          target.decompositions(), precision,
-          [&target](const Graph& g, const Node& n) { return target.keeps_whole(g, n); },
-          target.graph_passes());
+  std::vector<std::unique_ptr<Pass>> pipeline = compiler_passes(target, precision);
   std::vector<Pass*> passes;
   for (auto& p : pipeline) passes.push_back(p.get());
   run_passes(g, std::span<Pass* const>(passes));

@@ -18,6 +18,7 @@
 
 namespace kiln {
 class Executable;
+class Pass;  // passes/pass.h
 }
 
 namespace kiln::compiler {
@@ -115,9 +116,12 @@ std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& ta
 std::unique_ptr<CompiledExecutable> compile(const Graph& graph, Device device,
                                             const Options& options = {});
 
-// Phase 1 of compile (Note [The compiler]) alone: the pass pipeline compile runs for `target`
-// at `precision` (passes/pipeline.h, compiler_pipeline), in place. `kiln package
-// --replace-weights` (compiler/replace_weights.h) runs exactly this on a package's source graph.
+// The pass pipeline compile runs for `target` at `precision` (passes/pipeline.h,
+// compiler_pipeline with the target's decompositions, keeps_whole and graph_passes).
+std::vector<std::unique_ptr<Pass>> compiler_passes(const Target& target, DType precision);
+// Phase 1 of compile (Note [The compiler]) alone: compiler_passes, in place. `kiln package
+// --replace-weights` (compiler/replace_weights.h) runs exactly this on a package's source graph
+// and records the passes' names.
 void run_compiler_passes(Graph& g, const Target& target, DType precision);
 
 // For `kiln opt --schedule` and IR-text tests: schedules `g` as the compiler would for

@@ -65,7 +65,7 @@ json dims_json(const Dims& d) {
 
 std::string pipeline_names(const Target& target, DType precision) {
   std::string names;
-  for (const auto& p : compiler_pipeline(target.decompositions(), precision, {}, target.graph_passes()))
+  for (const auto& p : compiler_passes(target, precision))
     names += (names.empty() ? "" : ",") + std::string(p->name());
   return names;
 }

@@ -154,10 +154,7 @@ void CudaEventLog::hold(void* stream, int microseconds) {
 }
 
 void CudaEventLog::synchronize() {
-  if (used_ > 0)
-    check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[size_t(used_ - 1)])),
-               "cudaEventSynchronize");
-  // Events of other streams may finish after the last one recorded.
+  // Every event: those of other streams may finish after the last one recorded.
   for (int i = 0; i < used_; ++i)
     check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[size_t(i)])),
                "cudaEventSynchronize");

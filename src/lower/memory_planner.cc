@@ -209,10 +209,10 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
       bool external = g.value(x).kind != ValueKind::NodeOutput || xp.kind == PlanKind::External;
       bool owner = !external && (xp.kind == PlanKind::Alloc || xp.kind == PlanKind::InPlace ||
                                  xp.kind == PlanKind::Copy);
-      // reshape/flatten are views only when the input's strides allow it; IR types are logical,
-      // so only a buffer's contiguous owner is known to allow it.
-      // Graph inputs, params and consts are contiguous as the kernels read them (the runtime
-      // makes a strided input contiguous first; constants are placed contiguous).
+      // reshape/flatten are views only when the input's strides allow it (the Note above): known
+      // for a buffer's contiguous owner, a row-major view of it, and graph inputs, params and
+      // consts, contiguous as the kernels read them (the runtime makes a strided input
+      // contiguous first; constants are placed contiguous); resolved for other views.
       const ValueKind xk = g.value(x).kind;
       bool whole_external = xk == ValueKind::Input || xk == ValueKind::Param || xk == ValueKind::Const;
       bool contiguous = owner || whole_external ||
@@ -223,11 +223,8 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
         // reshape splits or merges only dims its strides allow.
         lower::ViewGeometry geo;
         const TensorType& ot = g.type(node.outputs[0]);
-        if (is_concrete(ot.shape) && lower::resolve_view(g, x, copied, &geo)) {
-          Dims to;
-          for (size_t k = 0; k < ot.shape.size(); ++k) to.push_back(ot.shape[k].value());
-          may_copy = !view_strides(geo.sizes, geo.strides, to).has_value();
-        }
+        if (is_concrete(ot.shape) && lower::resolve_view(g, x, copied, &geo))
+          may_copy = !view_strides(geo.sizes, geo.strides, to_dims(ot.shape)).has_value();
       }
       for (ValueId o : node.outputs) {
         plan.values[size_t(o)].alias_of = x;

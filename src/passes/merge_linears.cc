@@ -95,19 +95,19 @@ int merge_sibling_linears(Graph& g) {
     Ints sizes;
     for (int32_t ni : grp) {
       const Node& m = g.nodes[size_t(ni)];
-      ws.push_back(g.value(m.inputs[1]).data.contiguous());
+      ws.push_back(g.value(m.inputs[1]).data);
       sizes.push_back(ws.back().size(0));
-      if (has_bias(m)) bs.push_back(g.value(m.inputs[2]).data.contiguous());
+      if (has_bias(m)) bs.push_back(g.value(m.inputs[2]).data);
     }
     const Value& w0 = g.value(n.inputs[1]);
-    Tensor wcat = concat(ws, 0).contiguous().clone();
+    Tensor wcat = concat(ws, 0);  // a new contiguous tensor
     std::string wname = b.fresh_name(w0.name + ".merged");
     std::vector<ValueId> in = {b.map(n.inputs[0]),
                                w0.kind == ValueKind::Param ? b.add_param(wcat, wname)
                                                            : b.add_const(wcat, wname)};
     if (!bs.empty()) {
       const Value& b0 = g.value(n.inputs[2]);
-      Tensor bcat = concat(bs, 0).contiguous().clone();
+      Tensor bcat = concat(bs, 0);
       std::string bname = b.fresh_name(b0.name + ".merged");
       in.push_back(b0.kind == ValueKind::Param ? b.add_param(bcat, bname) : b.add_const(bcat, bname));
     }

@@ -15,7 +15,7 @@
 //           [slot, offset], "workspace_bytes"}: a cuBLASLt GEMM. The algorithm is cuBLASLt's
 //           opaque cublasLtMatmulAlgo_t: the loader never hands recorded bytes to cuBLASLt, it
 //           asks the heuristic for its choice (and then its candidates) and takes the one with
-//           the same bytes, else
+//           the same configuration (format 5; the same bytes for older records), else
 //           refuses (another cuBLASLt or GPU would compute differently). null (a cross-build
 //           made without a GPU): the heuristic's first choice within the workspace.
 //   cudnn_conv {"desc": ConvDesc, "engine": tag | null, "x", "w", "bias", "y", "residual",
@@ -607,11 +607,10 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
     // The plan's own choice first (the heuristic asked for one algorithm, as at compile time:
     // asked for eight, cuBLASLt may rank others first), then the other candidates: a tuned
     // choice is among the first 8 at compile time (Note [CUDA library kernels timed]); the
-    // search goes to 32 because once, in a fresh process, the recorded algorithm of resnet18's
-    // float32 classifier was not among the first 8 (tenth session; whether the ranking moved or
-    // the bytes differed is not known yet).
-    // Format 5 records match on the algorithm's configuration (Note [cuBLASLt algorithm
-    // identity]): the plan takes cuBLASLt's own candidate, never the recorded bytes.
+    // search goes to 32 as a margin. Format 5 records match on the algorithm's configuration
+    // (Note [cuBLASLt algorithm identity]: with byte matching, fresh processes sometimes did not
+    // find the recorded algorithm), older ones on its bytes; the plan takes cuBLASLt's own
+    // candidate either way.
     bool found = false;
     std::vector<cuda::GemmAlgo> cs = {plan->algo()};
     for (const cuda::GemmAlgo& a : plan->candidates(32)) cs.push_back(a);
