@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "../support/captured_graphs.h"
 #include "../support/compare.h"
 #include "../support/graph_inputs.h"
 #include "capture/compile.h"
@@ -30,31 +31,11 @@ using namespace kiln;
 
 namespace {
 
-std::vector<Graph>* g_autocast_sink = nullptr;
-
-// Captures a model's graphs (branchy has two, around its graph break) and runs them eagerly.
-void register_autocast_grabber() {
-  static bool done = false;
-  if (done) return;
-  done = true;
-  register_backend("test-autocast-grabber", [](const Graph& g, const BackendOptions&) {
-    if (g_autocast_sink) g_autocast_sink->push_back(g);
-    return find_backend("eager")(g, BackendOptions{});
-  });
-}
-
 // A zoo model's graphs as capture records them for one call, and that call's inputs.
 std::vector<Graph> capture_zoo_graphs(const std::string& name, uint64_t seed, TensorList* inputs) {
-  register_autocast_grabber();
   nn::ZooModel model = nn::make_zoo_model(name, /*batch=*/1, seed);
-  std::vector<Graph> graphs;
-  g_autocast_sink = &graphs;
-  CompileOptions co;
-  co.backend = "test-autocast-grabber";
-  compile(model.module, co)(model.inputs);
-  g_autocast_sink = nullptr;
   *inputs = model.inputs;
-  return graphs;
+  return test::capture_graphs(model.module, model.inputs);
 }
 
 struct CudaAutocastCase {

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/captured_graphs.h"
 #include "../support/graph_inputs.h"
 #include "pick_rows.h"
 #include "capture/compile.h"
@@ -28,22 +29,6 @@ using namespace kiln;
 
 namespace {
 
-// Captures a zoo model's graph (whole: the zoo models have no graph breaks but branchy's).
-struct Captured {
-  std::vector<Graph> graphs;
-};
-Captured* g_sink = nullptr;
-
-void register_grabber() {
-  static bool done = false;
-  if (done) return;
-  done = true;
-  register_backend("test-graph-grabber", [](const Graph& g, const BackendOptions&) {
-    if (g_sink) g_sink->graphs.push_back(g);
-    return find_backend("eager")(g, BackendOptions{});
-  });
-}
-
 // |a - b| <= tol * max(max |b|, 1e-30) everywhere (tests/support/compare.h: NaN on one side,
 // or unmatched infinities, fail).
 ::testing::AssertionResult close_rel(const Tensor& got, const Tensor& want, double tol) {
@@ -55,26 +40,20 @@ class CudaZoo : public testing::TestWithParam<std::string> {};
 
 TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
   const std::string name = GetParam();
-  register_grabber();
   nn::ZooModel model = nn::make_zoo_model(name, /*batch=*/1, /*seed=*/5);
   TensorList inputs = model.inputs;
-  // The CPU eager reference, and the graphs capture records for the same call.
+  // The CPU eager reference, and the graphs capture records for the same call (whole: the zoo
+  // models have no graph breaks but branchy's).
   TensorList want = model.module->call(inputs);
-  Captured cap;
-  g_sink = &cap;
-  CompileOptions co;
-  co.backend = "test-graph-grabber";
-  CompiledFunction f = compile(model.module, co);
-  f(inputs);
-  g_sink = nullptr;
-  ASSERT_FALSE(cap.graphs.empty()) << name;
+  const std::vector<Graph> graphs = test::capture_graphs(model.module, inputs);
+  ASSERT_FALSE(graphs.empty()) << name;
 
   // Each captured graph, compiled for CUDA; a whole-graph model has one and its outputs are the
   // call's (graphs of a model with breaks are checked against the interpreter instead).
-  for (size_t gi = 0; gi < cap.graphs.size(); ++gi) {
-    const Graph& g = cap.graphs[gi];
+  for (size_t gi = 0; gi < graphs.size(); ++gi) {
+    const Graph& g = graphs[gi];
     // The call's inputs for a whole-graph model (BERT's graph takes the mask first), else fresh.
-    TensorList gin = test::graph_test_inputs(g, inputs, cap.graphs.size() == 1, 1000 + gi);
+    TensorList gin = test::graph_test_inputs(g, inputs, graphs.size() == 1, 1000 + gi);
     Generator gg(5000 + gi);  // the second, fresh inputs below
     TensorList ref = find_backend("eager")(g, BackendOptions{})->run(gin);
     compiler::Options o;

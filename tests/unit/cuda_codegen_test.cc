@@ -30,31 +30,16 @@
 #include "targets/cuda/direct_kernels.h"
 #include "targets/cuda/emitter.h"
 #include "targets/cuda/nvrtc.h"
+#include "../support/captured_graphs.h"
 #include "../support/compare.h"
 
 using namespace kiln;
 
 namespace {
 
-std::vector<Graph>* g_graphs = nullptr;
-
 std::vector<Graph> capture_graphs(const std::string& model) {
-  static bool registered = false;
-  if (!registered) {
-    registered = true;
-    register_backend("test-cuda-codegen-grabber", [](const Graph& g, const BackendOptions&) {
-      if (g_graphs) g_graphs->push_back(g);
-      return find_backend("eager")(g, BackendOptions{});
-    });
-  }
   nn::ZooModel m = nn::make_zoo_model(model, 1, 3);
-  std::vector<Graph> out;
-  g_graphs = &out;
-  CompileOptions o;
-  o.backend = "test-cuda-codegen-grabber";
-  compile(m.module, o)(m.inputs);
-  g_graphs = nullptr;
-  return out;
+  return test::capture_graphs(m.module, m.inputs);
 }
 
 struct Emitted {
