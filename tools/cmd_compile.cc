@@ -57,6 +57,8 @@ void compile_command(const CompileArgs& a) {
   // model was read from (determinism, Note [Package format]).
   info.model = std::filesystem::path(a.model).filename().string();
   info.batch = a.batch;
+  info.inputs = m.input_names;
+  info.outputs = m.output_names;
   compiler::write_package(source, *compiled, options, info, a.output, m.state, m.fixed);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("wrote %s: %s (%.2f s)\n", a.output.c_str(), compiled->summary().c_str(), s);

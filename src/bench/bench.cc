@@ -145,6 +145,31 @@ TensorList random_inputs(const Graph& g, int64_t batch, uint64_t seed) {
   return inputs;
 }
 
+// A zoo model's input and output names; every one's first dim is the batch.
+void zoo_signature(const nn::ZooModel& m, BenchTarget* t) {
+  auto named = [](const std::string& name, const Tensor* example) {
+    SignatureName s{name, {}};
+    if (example && example->dim() > 0) {
+      s.dims.assign(size_t(example->dim()), "");
+      s.dims[0] = "batch";
+    }
+    return s;
+  };
+  for (size_t i = 0; i < m.input_names.size() && i < m.inputs.size(); ++i)
+    t->input_names.push_back(named(m.input_names[i], &m.inputs[i]));
+  if (t->input_names.size() != m.inputs.size()) t->input_names.clear();
+  for (const std::string& o : m.output_names) t->output_names.push_back(SignatureName{o, {}});
+}
+
+// An ONNX model's input and output names and their dims' symbolic names (its dim_params).
+void onnx_signature(const std::string& path, BenchTarget* t) {
+  OnnxModelScan scan = scan_onnx_model(path);
+  for (size_t i = 0; i < scan.input_names.size(); ++i)
+    t->input_names.push_back({scan.input_names[i], scan.input_dim_names[i]});
+  for (size_t i = 0; i < scan.output_names.size(); ++i)
+    t->output_names.push_back({scan.output_names[i], scan.output_dim_names[i]});
+}
+
 // Note [bench specializes symbolic dims when the import needs them]
 // An ONNX model whose import needs the value of a symbolic dim (torch's dynamic-batch exports:
 // a Range up to the batch size, as convnext_tiny's and BERT's) does not import with its dims
@@ -215,6 +240,7 @@ BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t 
     m->module->to(device);
     t.name = m->name;
     for (const Tensor& x : m->inputs) t.inputs.push_back(x.to(device));
+    zoo_signature(*m, &t);
     std::string name = m->name;
     t.eager = [m, name, batch, seed](const TensorList& in) -> TensorList {
       try {
@@ -246,6 +272,7 @@ BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t 
   std::string gap = cuda_eager_gap(cpu_graph, bind_input_symbols(cpu_graph, cpu_inputs));
   auto g = std::make_shared<Graph>(graph_on_device(cpu_graph, device));
   for (const Tensor& x : cpu_inputs) t.inputs.push_back(x.to(device));
+  onnx_signature(target, &t);
   t.eager = [g, gap](const TensorList& in) {
     if (!gap.empty()) cuda_gap_error(gap);
     return run(*g, in);
@@ -381,6 +408,7 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
     auto m = std::make_shared<nn::ZooModel>(nn::make_zoo_model(target, batch, seed));
     t.name = m->name;
     t.inputs = m->inputs;
+    zoo_signature(*m, &t);
     t.eager = [m](const TensorList& in) { return m->module->call(in); };
     t.compile = [m](const CompileOptions& o) { return compile(m->module, o); };
     t.state = m->module->state_dict();
@@ -390,6 +418,7 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
   auto g = std::make_shared<Graph>(import_for_bench(target, batch));
   t.name = std::filesystem::path(target).filename().string();
   t.inputs = random_inputs(*g, batch, seed);
+  onnx_signature(target, &t);
   t.eager = [g](const TensorList& in) { return run(*g, in); };
   // Graph parameters keep their initializer names (a package's source graph lists them:
   // `kiln package --replace-weights` takes new weights by these names).
@@ -434,6 +463,7 @@ std::string BenchResult::json(int indent) const {
   json phases = json::object();
   for (const auto& [name, sec] : load_phases_s) phases[name] = sec;
   j["load_phases_s"] = load_s ? phases : json(nullptr);
+  j["cuda_code"] = cuda_code.empty() ? json(nullptr) : json(cuda_code);
   j["p50_ms"] = p50_ms;
   j["p90_ms"] = p90_ms;
   j["p99_ms"] = p99_ms;
@@ -532,6 +562,7 @@ BenchResult run_bench(const BenchOptions& given) {
   BenchResult r;
   r.load_s = load_s;
   if (pkg) r.load_phases_s = pkg->load_phases;
+  if (pkg) r.cuda_code = pkg->cuda_code;
   r.model = m.name;
   r.device = o.device;
   r.mode = o.mode;

@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "ir/interpreter.h"
 #include "runtime/executable.h"
+#include "runtime/package.h"
 
 namespace kiln {
 
@@ -46,6 +47,10 @@ struct BenchTarget {
   NamedState fixed;
   std::function<TensorList(const TensorList&)> eager;  // op by op
   std::function<CompiledFunction(const CompileOptions&)> compile;
+  // The model's names for its inputs and outputs, in call order, with their dims' symbolic names
+  // (a zoo model's first dim is "batch"; an ONNX model's dim_params): what a package's signature
+  // records (Note [Package signature] in runtime/package.cc).
+  std::vector<SignatureName> input_names, output_names;
 };
 // `target` is a zoo model name or a path ending in .onnx. ONNX models get fresh random inputs of
 // their declared shapes (a symbolic first dim becomes `batch`, other symbolic dims 1; integer
@@ -91,6 +96,7 @@ struct BenchResult {
   double first_call_s = 0;
   std::optional<double> load_s;  // a .kiln package: load_package's wall time
   std::vector<std::pair<std::string, double>> load_phases_s;  // ... and where it went (LoadedPackage)
+  std::string cuda_code;  // a CUDA package: "cubin" or "ptx" (LoadedPackage::cuda_code); else ""
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0, min_ms = 0, mean_ms = 0, stddev_ms = 0;
   // Every timed call's latency in ms, in call order: the samples the statistics above come from.
   std::vector<double> samples_ms;

@@ -363,13 +363,24 @@ void Executable::check_inputs(const Tensor* in, size_t num_inputs, size_t num_ou
     const InputSpec& s = inputs[i];
     const Tensor& t = in[i];
     bool device_ok = t.defined() && (t.device().is_cpu() || t.device() == device_);
-    if (!t.defined() || t.dtype() != s.dtype || t.sizes() != s.sizes || !device_ok)
-      fail("compiled graph: input {} ('{}') expected a {}{} tensor of shape {}, got {}", i,
+    if (!t.defined() || t.dtype() != s.dtype || t.sizes() != s.sizes || !device_ok) {
+      // A package's named dims: say which symbol differs and what the package is built for.
+      std::string named;
+      if (t.defined() && t.sizes().size() == s.sizes.size() && s.dim_names.size() == s.sizes.size())
+        for (size_t d = 0; d < s.sizes.size(); ++d)
+          if (!s.dim_names[d].empty() && t.sizes()[d] != s.sizes[d])
+            named += fmt::format("; dim {} ('{}') is {}, and this package is specialized to {} = "
+                                 "{}: compile the model for {} = {} (`kiln compile` with that "
+                                 "shape{})", d, s.dim_names[d], t.sizes()[d], s.dim_names[d],
+                                 s.sizes[d], s.dim_names[d], t.sizes()[d],
+                                 d == 0 ? ", e.g. --batch" : "");
+      fail("compiled graph: input {} ('{}') expected a {}{} tensor of shape {}, got {}{}", i,
            s.name, device_.is_cpu() ? "cpu " : fmt::format("cpu or {} ", device_.str()),
            dtype_name(s.dtype), to_string(s.sizes),
            t.defined() ? fmt::format("{} {} on {}", dtype_name(t.dtype()), to_string(t.sizes()),
                                      t.device().str())
-                       : std::string("an undefined tensor"));
+                       : std::string("an undefined tensor"), named);
+    }
   }
 }
 

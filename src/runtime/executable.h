@@ -70,11 +70,15 @@ class Executable {
     DType dtype = DType::Float32;
     Dims sizes;
     int32_t slot = -1;
+    // A package's: each dim's symbolic name in the source model ("" for a fixed dim; empty: none
+    // named), for the error that a call of another shape gets (Note [Package signature]).
+    std::vector<std::string> dim_names;
   };
   struct OutputSpec {
     std::string name;
     DType dtype = DType::Float32;
     Dims sizes;
+    std::vector<std::string> dim_names;  // as InputSpec's
     int32_t slot = -1;
     int64_t byte_offset = 0;
     // Non-empty when the output is a strided view of a buffer (elements; byte_offset then points
@@ -115,6 +119,9 @@ class Executable {
     std::string name;
     std::string arch;  // "sm_90"
     std::shared_ptr<const std::string> image;
+    // The PTX of the same program (NUL-terminated), for GPUs of newer architectures (Note [PTX
+    // in CUDA packages] in runtime/package.cc); null or empty: none.
+    std::shared_ptr<const std::string> ptx;
   };
   std::vector<DeviceModule> device_modules;
   int num_slots() const { return int(initial_slots_.size()); }

@@ -590,7 +590,8 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
   const cuda::GemmDesc& d = g.desc;
   const CublasltBuffers& b = g.buf;
   std::shared_ptr<cuda::GemmPlan> plan = cuda::GemmPlan::create(d);
-  if (!g.has_algo) {  // a cross-build: the heuristic's first choice within the workspace
+  if (!g.has_algo || env.library_choices_at_load) {
+    // A cross-build, or another architecture: the heuristic's first choice within the workspace
     std::vector<cuda::GemmAlgo> cs = plan->candidates(8);
     const cuda::GemmAlgo* pick = nullptr;
     for (const cuda::GemmAlgo& a : cs)
@@ -696,7 +697,8 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
   const cuda::ConvDesc& d = rec.desc;
   const CudnnConvBuffers& b = rec.buf;
   std::shared_ptr<cuda::ConvPlan> plan = cuda::ConvPlan::create(d);
-  if (!rec.engine) {  // a cross-build: the first engine whose workspace fits
+  if (!rec.engine || env.library_choices_at_load) {
+    // A cross-build, or another architecture: the first engine whose workspace fits
     bool found = false;
     for (const cuda::ConvEngine& e : plan->candidates())
       if (int64_t(e.workspace_bytes) <= b.workspace_bytes) {
@@ -777,6 +779,19 @@ Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
               "for {} ({}); rebuild the package here with `kiln compile ... --device cuda`",
               where, cuda::describe(d), why);
   const std::string& tag = rec.engine;
+  if (env.library_choices_at_load) {  // another architecture: the first engine whose workspace fits
+    bool found = false;
+    for (const cuda::SdpaEngine& e : plan->candidates())
+      if (int64_t(e.workspace_bytes) <= b.workspace_bytes) {
+        plan->select(e.index);
+        found = true;
+        break;
+      }
+    if (!found)
+      fail_kind(ErrorKind::NotSupported, "{}: cuDNN offers no attention engine for {} within the "
+                "package's {} bytes of workspace", where, cuda::describe(d), b.workspace_bytes);
+    return make_cudnn_sdpa_launch(std::move(plan), b);
+  }
   if (!plan->select_tag(tag))
     fail_kind(ErrorKind::Runtime,
               "{}: cuDNN on this machine does not offer the attention engine the package was "

@@ -151,6 +151,10 @@ struct LaunchEnv {
   int32_t num_slots = -1;
   // CUDA packages: the package's loaded module of this name (null when it has none).
   std::function<std::shared_ptr<const cuda::CudaModule>(const std::string& name)> cuda_module;
+  // CUDA packages run on a GPU of another architecture than they were built for (their PTX,
+  // Note [PTX in CUDA packages] in package.cc): the library kernels recorded for the build's GPU
+  // are not this GPU's, so cuBLASLt's and cuDNN's choices are made here, as for a cross-build.
+  bool library_choices_at_load = false;
 };
 
 // Rebuilds a launch from its record; `where` names it in errors ("launch 3 'k2_add'"). Throws

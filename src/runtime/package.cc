@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -103,6 +104,20 @@ json dims_json(const Dims& d) {
   for (int64_t x : d) a.push_back(x);
   return a;
 }
+
+// Note [Package signature]: the checks the runtime makes before each call, from the manifest's
+// inputs: their count, then each one's dtype and shape (Executable::check_inputs). The writer
+// records them; the loader requires a package's `guards` (if any) to be exactly these.
+json guards_of(const json& inputs) {
+  json g = json::array();
+  g.push_back({{"check", "input_count"}, {"value", inputs.size()}});
+  for (const json& in : inputs) {
+    g.push_back({{"check", "dtype"}, {"input", in.at("name")}, {"value", in.at("dtype")}});
+    g.push_back({{"check", "shape"}, {"input", in.at("name")}, {"value", in.at("shape")}});
+  }
+  return g;
+}
+
 
 }  // namespace
 
@@ -271,9 +286,18 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
         fail_kind(ErrorKind::Internal, "package: CUDA modules for two architectures ({}, {})",
                   arch, dm.arch);
       cuda_kernels.resize(align_up(cuda_kernels.size()), '\0');
-      mods.push_back({{"name", dm.name}, {"arch", dm.arch}, {"offset", cuda_kernels.size()},
-                      {"size", dm.image->size()}});
+      json mod = {{"name", dm.name}, {"arch", dm.arch}, {"offset", cuda_kernels.size()},
+                  {"size", dm.image->size()}};
       cuda_kernels += *dm.image;
+      if (dm.ptx && !dm.ptx->empty()) {  // Note [PTX in CUDA packages]
+        KILN_CHECK(dm.ptx->back() == '\0', "package: the PTX of CUDA module '{}' is not "
+                   "NUL-terminated", dm.name);
+        cuda_kernels.resize(align_up(cuda_kernels.size()), '\0');
+        mod["ptx_offset"] = cuda_kernels.size();
+        mod["ptx_size"] = dm.ptx->size();
+        cuda_kernels += *dm.ptx;
+      }
+      mods.push_back(std::move(mod));
     }
     KILN_CHECK(!arch.empty(), "package: no CUDA architecture is known for this executable");
     m["target"] = {{"device", "cuda"}, {"arch", arch}};
@@ -293,14 +317,59 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   m["arena_bytes"] = exe.arena_bytes();
   m["num_slots"] = exe.num_slots();
   json ins = json::array(), outs = json::array(), consts = json::array(), launches = json::array();
-  for (const Executable::InputSpec& in : exe.inputs)
-    ins.push_back({{"name", in.name}, {"dtype", dtype_name(in.dtype)},
-                   {"shape", dims_json(in.sizes)}, {"slot", in.slot}});
-  for (const Executable::OutputSpec& o : exe.outputs)
-    outs.push_back({{"name", o.name}, {"dtype", dtype_name(o.dtype)}, {"shape", dims_json(o.sizes)},
-                    {"slot", o.slot}, {"byte_offset", o.byte_offset},
-                    {"strides", dims_json(o.strides)}, {"view_offset", o.view_offset},
-                    {"base_shape", dims_json(o.base_sizes)}});
+  // Note [Package signature]: inputs and outputs by the source model's names; a dim that was
+  // symbolic there carries its name (`dim_names`), `symbols` the value the package is
+  // specialized to, and `guards` what the runtime checks before each call.
+  json symbols = json::object();
+  auto signature = [&](const std::vector<SignatureName>& names, size_t i, const std::string& own,
+                       const Dims& sizes, json& rec, const char* side) {
+    if (names.empty()) {
+      rec["name"] = own;
+      return;
+    }
+    KILN_CHECK(i < names.size(), "package: {} names for {} {}s", names.size(), i + 1, side);
+    const SignatureName& n = names[i];
+    rec["name"] = n.name;
+    // Dim names are what the source declared: a declaration of another rank names nothing, and
+    // a name already bound to another size is not recorded for this dim.
+    if (n.dims.size() != sizes.size()) return;
+    json dn = json::array();
+    bool any = false;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      const std::string& sym = n.dims[d];
+      if (sym.empty() || (symbols.contains(sym) && symbols[sym] != sizes[d])) {
+        dn.push_back(nullptr);
+        continue;
+      }
+      any = true;
+      dn.push_back(sym);
+      symbols[sym] = sizes[d];
+    }
+    if (any) rec["dim_names"] = dn;
+  };
+  if (!info.inputs.empty())
+    KILN_CHECK(info.inputs.size() == exe.inputs.size(), "package: {} input names for {} inputs",
+               info.inputs.size(), exe.inputs.size());
+  if (!info.outputs.empty())
+    KILN_CHECK(info.outputs.size() == exe.outputs.size(), "package: {} output names for {} outputs",
+               info.outputs.size(), exe.outputs.size());
+  for (size_t i = 0; i < exe.inputs.size(); ++i) {
+    const Executable::InputSpec& in = exe.inputs[i];
+    json rec = {{"dtype", dtype_name(in.dtype)}, {"shape", dims_json(in.sizes)}, {"slot", in.slot}};
+    signature(info.inputs, i, in.name, in.sizes, rec, "input");
+    ins.push_back(std::move(rec));
+  }
+  for (size_t i = 0; i < exe.outputs.size(); ++i) {
+    const Executable::OutputSpec& o = exe.outputs[i];
+    json rec = {{"dtype", dtype_name(o.dtype)}, {"shape", dims_json(o.sizes)},
+                {"slot", o.slot}, {"byte_offset", o.byte_offset},
+                {"strides", dims_json(o.strides)}, {"view_offset", o.view_offset},
+                {"base_shape", dims_json(o.base_sizes)}};
+    signature(info.outputs, i, o.name, o.sizes, rec, "output");
+    outs.push_back(std::move(rec));
+  }
+  m["symbols"] = symbols;
+  m["guards"] = guards_of(ins);
   NamedTensors weights;
   std::set<std::string> names;
   for (const Executable::ConstantSpec& c : exe.constants) {
@@ -412,6 +481,30 @@ Dims dims_of(const json& j) {
   return d;
 }
 
+// The optional `dim_names` of an input or output record: one per dim, null or a symbol of
+// `symbols` whose value is that dim's size (Note [Package signature]).
+std::vector<std::string> dim_names_of(const json& j, const Dims& sizes,
+                                      const std::map<std::string, int64_t>& symbols) {
+  if (!j.contains("dim_names")) return {};
+  const json& names = j.at("dim_names");
+  if (!names.is_array() || names.size() != sizes.size())
+    throw std::out_of_range("dim_names must name each dim of the shape (null: fixed)");
+  std::vector<std::string> out;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (names[d].is_null()) {
+      out.emplace_back();
+      continue;
+    }
+    std::string n = names[d].get<std::string>();
+    auto it = symbols.find(n);
+    if (it == symbols.end()) throw std::out_of_range(fmt::format("dim {} names '{}', which symbols lacks", d, n));
+    if (it->second != sizes[d])
+      throw std::out_of_range(fmt::format("dim {} is {}, its symbol '{}' is {}", d, sizes[d], n, it->second));
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
 int64_t nbytes_of(const Dims& d, DType t) {
   int64_t n = dtype_size(t);
   for (int64_t x : d) {
@@ -427,21 +520,45 @@ namespace {
 // Note [CUDA packages]: a cubin built for sm_XY runs on a GPU of the same major version and a
 // minor version >= Y (CUDA's binary compatibility); anything else is refused here, with how to
 // rebuild, rather than by the driver's "no kernel image" at the first launch.
-void check_cuda_target(const std::string& arch, const std::string& model, const std::string& source) {
+//
+// Note [PTX in CUDA packages]: each module's PTX (NVRTC's, from the same compile) follows its
+// cubin in kernels.cuda (manifest `ptx_offset`, `ptx_size`). On a GPU of a newer architecture
+// than the cubins' (a higher compute capability that the cubins cannot run on: sm_90 cubins on
+// sm_100 or sm_120), the loader hands the driver the PTX, which it compiles for that GPU (JIT,
+// at load; the driver caches the result). The package's library choices (cuBLASLt algorithms,
+// cuDNN engines) were made for the build's GPU: on another architecture they are made at load,
+// as for a cross-build, so the results are the same computation within the library kernels'
+// rounding, not bitwise those of the build's GPU. An older GPU than the package's is refused
+// (PTX compiles forward only). KILN_PACKAGE_CUDA_CODE=ptx takes the PTX path on any GPU the
+// PTX can run on (to test it on the build's own GPU); unset or `auto`: cubins where they run.
+enum class CudaCode { Cubin, Ptx };
+
+CudaCode choose_cuda_code(const std::string& arch, const std::string& model,
+                          const std::string& source) {
   require_cuda_device(0, "loading a CUDA package");
   CudaDeviceInfo dev = cuda_device_info(0);
-  int major = 0, minor = 0;
   std::string digits = arch.substr(3);
-  major = std::stoi(digits.substr(0, digits.size() - 1));
-  minor = digits.back() - '0';
-  if (dev.sm_major != major || dev.sm_minor < minor)
-    fail_kind(ErrorKind::NotSupported,
-              "package '{}': its CUDA kernels are built for {} and this GPU ({}) is sm_{}{}: a "
-              "cubin runs only on its own major architecture at an equal or newer minor version. "
-              "Rebuild the package for this GPU with `kiln compile {} -o {} --device cuda` (on "
-              "this machine) or `--arch sm_{}{}` (anywhere)",
-              source, arch, dev.name, dev.sm_major, dev.sm_minor,
-              model.empty() ? "MODEL" : model, source, dev.sm_major, dev.sm_minor);
+  const int major = std::stoi(digits.substr(0, digits.size() - 1));
+  const int minor = digits.back() - '0';
+  bool force_ptx = false;
+  if (const char* v = std::getenv("KILN_PACKAGE_CUDA_CODE"); v && *v) {
+    std::string_view code(v);
+    if (code == "ptx") force_ptx = true;
+    else if (code != "auto")
+      fail_kind(ErrorKind::InvalidArgument, "KILN_PACKAGE_CUDA_CODE='{}': expected 'auto' (cubins "
+                "where they run, else PTX) or 'ptx'", code);
+  }
+  const bool cubin_runs = dev.sm_major == major && dev.sm_minor >= minor;
+  const bool newer = dev.sm_major > major || (dev.sm_major == major && dev.sm_minor >= minor);
+  if (cubin_runs && !force_ptx) return CudaCode::Cubin;
+  if (newer) return CudaCode::Ptx;
+  fail_kind(ErrorKind::NotSupported,
+            "package '{}': its CUDA kernels are built for {} and this GPU ({}) is sm_{}{}, an "
+            "older architecture: neither its cubins nor its PTX run there. Rebuild the package "
+            "for this GPU with `kiln compile {} -o {} --device cuda` (on this machine) or "
+            "`--arch sm_{}{}` (anywhere)",
+            source, arch, dev.name, dev.sm_major, dev.sm_minor,
+            model.empty() ? "MODEL" : model, source, dev.sm_major, dev.sm_minor);
 }
 }  // namespace
 
@@ -514,9 +631,11 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
   }
 
   const bool cuda = out.device == "cuda";
+  CudaCode cuda_code = CudaCode::Cubin;
   phase("manifest");
   if (cuda) {
-    check_cuda_target(out.arch, out.model, source);
+    cuda_code = choose_cuda_code(out.arch, out.model, source);
+    out.cuda_code = cuda_code == CudaCode::Ptx ? "ptx" : "cubin";
     phase("device");
   }
   // The CPU check: the kernels were compiled with -march=native on a machine with these features.
@@ -575,17 +694,34 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       exe->constants.push_back({name, slot, it->second});
       exe->keep_alive.push_back(std::make_shared<Tensor>(it->second));
     }
+    // Note [Package signature]: `symbols` (absent in packages before it: none) gives each named
+    // dim's value; every named dim must be its symbol's value.
+    std::map<std::string, int64_t> symbols;
+    if (m.contains("symbols")) {
+      where = "manifest: symbols";
+      for (const auto& [name, v] : m.at("symbols").items()) {
+        if (name.empty() || name.size() > 256) throw std::out_of_range("a symbol's name is empty or too long");
+        int64_t x = v.get<int64_t>();
+        if (x < 0 || x > (int64_t(1) << 40)) throw std::out_of_range("a symbol's value is out of range");
+        symbols[name] = x;
+      }
+    }
     for (const json& j : m.at("inputs")) {
       Executable::InputSpec in;
       in.name = j.at("name").get<std::string>();
       where = "manifest: input '" + in.name + "'";
       in.dtype = records::dtype_from(j.at("dtype"), where);
       in.sizes = dims_of(j.at("shape"));
+      in.dim_names = dim_names_of(j, in.sizes, symbols);
       in.slot = j.at("slot").get<int32_t>();
       check_slot(in.slot, where);
       if (in.slot == 0 || slot_used[size_t(in.slot)]) throw std::out_of_range("slot taken");
       slot_used[size_t(in.slot)] = true;
       exe->inputs.push_back(std::move(in));
+    }
+    if (m.contains("guards") && m.at("guards") != guards_of(m.at("inputs"))) {
+      where = "manifest: guards";
+      throw std::out_of_range("they differ from the checks of the inputs' dtypes and shapes");
     }
     for (const json& j : m.at("outputs")) {
       Executable::OutputSpec o;
@@ -593,6 +729,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       where = "manifest: output '" + o.name + "'";
       o.dtype = records::dtype_from(j.at("dtype"), where);
       o.sizes = dims_of(j.at("shape"));
+      o.dim_names = dim_names_of(j, o.sizes, symbols);
       o.slot = j.at("slot").get<int32_t>();
       check_slot(o.slot, where);
       o.byte_offset = j.at("byte_offset").get<int64_t>();
@@ -649,8 +786,29 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
           throw std::out_of_range("offset and size lie outside section 'kernels.cuda' or overlap");
         prev_end = off + size;
         if (modules.count(name)) throw std::out_of_range("two modules have this name");
-        modules[name] = cuda::CudaModule::load(cuda_kernels->substr(off, size), 0,
-                                               source + ":" + name);
+        std::string_view image = cuda_kernels->substr(off, size);
+        if (d.contains("ptx_offset") || d.contains("ptx_size")) {  // Note [PTX in CUDA packages]
+          uint64_t poff = d.at("ptx_offset").get<uint64_t>(), psize = d.at("ptx_size").get<uint64_t>();
+          if (poff < prev_end || poff % kAlign != 0 || poff > cuda_kernels->size() ||
+              psize > cuda_kernels->size() - poff || psize < 2)
+            throw std::out_of_range("ptx_offset and ptx_size lie outside section 'kernels.cuda' "
+                                    "or overlap");
+          prev_end = poff + psize;
+          std::string_view ptx = cuda_kernels->substr(poff, psize);
+          // The driver reads PTX up to its NUL: one at the end and none before it.
+          if (ptx.back() != '\0' || ptx.find('\0') != ptx.size() - 1)
+            throw std::out_of_range("its PTX is not one NUL-terminated text");
+          if (cuda_code == CudaCode::Ptx) image = ptx;
+        } else if (cuda_code == CudaCode::Ptx) {
+          fail_kind(ErrorKind::NotSupported,
+                    "package '{}': its CUDA kernels are built for {}, which this GPU ({}) cannot "
+                    "run, and module '{}' carries no PTX for newer GPUs (a package of Kiln before "
+                    "PTX). Rebuild the package for this GPU with `kiln compile {} -o {} --device "
+                    "cuda` (on this machine) or `--arch {}` (anywhere)",
+                    source, out.arch, cuda::device_arch(0), name, out.model.empty() ? "MODEL" : out.model,
+                    source, cuda::device_arch(0));
+        }
+        modules[name] = cuda::CudaModule::load(image, 0, source + ":" + name);
       }
     }
     where = "manifest: launches";
@@ -670,6 +828,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       return it->second;
     };
     env.onednn_layouts = &layouts;
+    env.library_choices_at_load = cuda_code == CudaCode::Ptx;
     if (cuda)
       env.cuda_module = [&modules](const std::string& name) -> std::shared_ptr<const cuda::CudaModule> {
         auto it = modules.find(name);
@@ -878,9 +1037,21 @@ std::string explain_package(const std::string& path) {
   s += fmt::format("arena {} bytes, {} slots\n", str("arena_bytes"), str("num_slots"));
   for (const char* side : {"inputs", "outputs"})
     if (m.contains(side))
-      for (const json& j : m[side])
-        s += fmt::format("{} {} {} {}\n", side, j.value("name", "?"), j.value("dtype", "?"),
-                         j.contains("shape") ? j["shape"].dump() : "?");
+      for (const json& j : m[side]) {
+        std::string named;  // "batch_size=1, sequence=128": the dims named in the source model
+        if (j.contains("dim_names") && j["dim_names"].is_array() && j.contains("shape") &&
+            j["shape"].is_array() && j["shape"].size() == j["dim_names"].size())
+          for (size_t d = 0; d < j["shape"].size(); ++d)
+            if (j["dim_names"][d].is_string())
+              named += fmt::format("{}{}={}", named.empty() ? "" : ", ",
+                                   j["dim_names"][d].get<std::string>(), j["shape"][d].dump());
+        s += fmt::format("{} {} {} {}{}\n", side, j.value("name", "?"), j.value("dtype", "?"),
+                         j.contains("shape") ? j["shape"].dump() : "?",
+                         named.empty() ? "" : " (specialized: " + named + ")");
+      }
+  if (m.contains("guards") && m["guards"].is_array())
+    s += fmt::format("guards: {} checks before each call (input count, each input's dtype and "
+                     "shape)\n", m["guards"].size());
   int64_t weight_bytes = 0, nconst = 0;
   if (m.contains("constants"))
     for (const json& c : m["constants"]) {
@@ -889,6 +1060,14 @@ std::string explain_package(const std::string& path) {
     }
   weight_bytes = int64_t(sections[1].bytes.size());
   s += fmt::format("weights: {} tensors, {} bytes\n", nconst, weight_bytes);
+  if (m.contains("cuda_modules") && m["cuda_modules"].is_array())
+    for (const json& d : m["cuda_modules"]) {
+      std::string ptx = d.contains("ptx_size") ? fmt::format("PTX {} bytes (for newer GPUs)",
+                                                             d["ptx_size"].dump())
+                                               : std::string("no PTX");
+      s += fmt::format("cuda module {}: {} cubin {} bytes, {}\n", d.value("name", "?"),
+                       d.value("arch", "?"), d.contains("size") ? d["size"].dump() : "?", ptx);
+    }
   // The source graph's parameters: what `kiln package --replace-weights` takes, by name.
   for (const PackageSection& sec : sections) {
     if (sec.name != "source") continue;

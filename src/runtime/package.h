@@ -56,6 +56,14 @@ std::vector<PackageSection> read_package_sections(const std::string& path,
 std::string package_target_device(const std::string& path);
 
 // ---- writing ------------------------------------------------------------------------------------
+// An input's or output's name in the source model, and its dims' symbolic names there ("" for a
+// fixed dim): ONNX's dim_param ("batch_size"), "batch" for a zoo model's first dim. A package is
+// specialized to one value of each (docs/package.md, "Signature, symbols and guards").
+struct SignatureName {
+  std::string name;
+  std::vector<std::string> dims;
+};
+
 // What the manifest records besides the Executable: where it came from and how it was built.
 struct PackageInfo {
   std::string model;     // "resnet18", "model.onnx"
@@ -67,6 +75,10 @@ struct PackageInfo {
   // The `source` section's bytes (the graph before the compiler's passes, for `kiln package
   // --replace-weights`: compiler/replace_weights.h); empty: no such section.
   std::string source;
+  // The source model's names for the executable's inputs and outputs, in order (empty: the
+  // executable's own names, input<k> and the graph's value names). Each must match the
+  // executable's count and ranks, else package_bytes throws (Internal).
+  std::vector<SignatureName> inputs, outputs;
 };
 // The package bytes of `exe` (a CPU or CUDA Executable whose every launch has a record). Throws
 // kiln::Error naming the launch and its graph nodes when one cannot be serialized (an eager
@@ -82,6 +94,9 @@ struct LoadedPackage {
   std::string model, mode, kiln_version, isa;
   std::string device = "cpu";  // "cpu" | "cuda"
   std::string arch;            // CUDA: the architecture its kernels were built for ("sm_90")
+  // CUDA: what was loaded: "cubin", or "ptx" (compiled for this GPU by the driver, library
+  // choices made at load: Note [PTX in CUDA packages] in package.cc).
+  std::string cuda_code;
   uint32_t format_version = 0;
   int threads = 0;       // the OpenMP thread count it was built with
   int64_t file_bytes = 0, weights_bytes = 0, kernels_bytes = 0, source_bytes = 0;  // kernels: cpu or cuda

@@ -94,8 +94,11 @@ def main():
 
         def output_of(package):
             o = os.path.join(d, "out-" + os.path.basename(package))
-            run("run", package, "--input", f"input0={x_path}", "--output", o)
+            # The package names its input and output as the zoo model does (x -> y).
+            run("run", package, "--input", f"x={x_path}", "--output", o)
             (name,) = os.listdir(o)
+            if name != "y.npy":
+                sys.exit(f"the package's output is named {name}, the model's is y")
             return read_npy(os.path.join(o, name))
 
         (got,) = output_of(out)

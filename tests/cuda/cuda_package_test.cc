@@ -28,6 +28,7 @@
 #include "../support/files.h"
 #include "compiler/compile.h"
 #include "compiler/package.h"
+#include "compiler/replace_weights.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "ir/graph.h"
@@ -263,19 +264,53 @@ TEST(CudaPackage, EditedManifestsAreRefusedByTheLoadersChecks) {
   Packaged p = package_zoo("resnet18", dir.path, "default");
   ASSERT_EQ(load_error(test::read_bytes(p.path)), "");  // the unedited package loads
   CudaDeviceInfo dev = cuda_device_info(0);
-  // Another architecture: an older major, a newer minor, a newer major.
+  // A newer architecture than this GPU's (a newer minor, a newer major): neither the cubins nor
+  // the PTX run here (Note [PTX in CUDA packages]).
   for (const std::string& arch :
-       {std::string("sm_80"), fmt::format("sm_{}{}", dev.sm_major, dev.sm_minor + 1),
+       {fmt::format("sm_{}{}", dev.sm_major, dev.sm_minor + 1),
         fmt::format("sm_{}0", dev.sm_major + 1)}) {
     std::string err = load_error(edited(p.path, [&](json& m) {
       m["target"]["arch"] = arch;
       for (json& mod : m["cuda_modules"]) mod["arch"] = arch;
     }));
     EXPECT_NE(err.find("built for " + arch), std::string::npos) << arch << ": " << err;
+    EXPECT_NE(err.find("older architecture"), std::string::npos) << err;
     EXPECT_NE(err.find("Rebuild the package"), std::string::npos) << err;
   }
+  // An older major (the GPU is newer than the cubins): the PTX is loaded. Without PTX (a package
+  // of a Kiln before PTX) it is refused, saying how to rebuild.
+  const std::string older = dev.sm_major >= 9 ? "sm_80" : "sm_70";
+  auto as_older = [&](json& m) {
+    m["target"]["arch"] = older;
+    for (json& mod : m["cuda_modules"]) mod["arch"] = older;
+  };
+  EXPECT_EQ(load_error(edited(p.path, as_older)), "");
+  std::string err = load_error(edited(p.path, [&](json& m) {
+    as_older(m);
+    for (json& mod : m["cuda_modules"]) {
+      mod.erase("ptx_offset");
+      mod.erase("ptx_size");
+    }
+  }));
+  EXPECT_NE(err.find("carries no PTX"), std::string::npos) << err;
+  EXPECT_NE(err.find("Rebuild the package"), std::string::npos) << err;
+  // PTX outside the section, or not ending in its NUL.
+  err = load_error(edited(p.path, [](json& m) {
+    m["cuda_modules"][0]["ptx_offset"] = int64_t(1) << 40;
+  }));
+  EXPECT_NE(err.find("ptx_offset and ptx_size lie outside"), std::string::npos) << err;
+  err = load_error(edited(p.path, [](json& m) {
+    json& mod = m["cuda_modules"][0];
+    mod["ptx_size"] = mod["ptx_size"].get<int64_t>() - 1;
+  }));
+  EXPECT_NE(err.find("not one NUL-terminated text"), std::string::npos) << err;
+  {
+    test::ScopedEnv code("KILN_PACKAGE_CUDA_CODE", "fatbin");
+    err = load_error(test::read_bytes(p.path));
+    EXPECT_NE(err.find("KILN_PACKAGE_CUDA_CODE='fatbin'"), std::string::npos) << err;
+  }
   // A host launch kind in a CUDA package (its function would get device pointers).
-  std::string err = load_error(edited(p.path, [](json& m) { m["launches"][0]["kind"] = "loop"; }));
+  err = load_error(edited(p.path, [](json& m) { m["launches"][0]["kind"] = "loop"; }));
   EXPECT_NE(err.find("a loop launch in a cuda package"), std::string::npos) << err;
   // A cuBLASLt algorithm and a cuDNN engine this machine does not offer. A format-5 record is
   // matched by its configuration (Note [cuBLASLt algorithm identity]): an unknown one is refused,
@@ -403,6 +438,115 @@ TEST(CudaPackage, CrossBuiltPackageRunsOnThisGpu) {
         EXPECT_TRUE(test::close(n, ref[i], test::Tolerance::of_max_ref(1e-4)))
             << what << " output " << i << ": the package compiled here vs CPU eager";
       }
+    }
+  }
+}
+
+// ---- PTX: a package on a GPU newer than its cubins (Note [PTX in CUDA packages]) ----------------
+// A cross-build for an older architecture of another major version (sm_80 on this sm_90 GPU:
+// its cubins cannot run here) loads its PTX, which the driver compiles for this GPU; the
+// library choices are made at load. Checked against the model's CPU eager run within float32
+// rounding on fresh inputs. Then packages built here, loaded the same way
+// (KILN_PACKAGE_CUDA_CODE=ptx: PTX, and cuBLASLt's and cuDNN's choices made at load, as on a GPU
+// of another architecture), against their own cubin runs: vit_b_16 in bfloat16 takes cuDNN's
+// attention through that path.
+TEST(CudaPackage, PtxRunsOnAGpuNewerThanTheCubins) {
+  CudaDeviceInfo dev = cuda_device_info(0);
+  const std::string older = dev.sm_major >= 9 ? "sm_80" : "sm_70";
+  test::TempDir dir;
+  for (const char* name : {"resnet18", "bert_base"}) {
+    const std::string what = std::string(name) + " built for " + older;
+    TensorList cpu_in = nn::zoo_example_inputs(name, 1, 505);
+    nn::ZooModel reference = nn::make_zoo_model(name, 1, 7);
+    TensorList ref = reference.module->call(cpu_in);
+    nn::ZooModel host = nn::make_zoo_model(name, 1, 7);
+    compiler::Options o;
+    o.mode = "reduce-overhead";
+    o.arch = older;
+    std::string path = dir.path + "/" + name + "-" + older + ".kiln";
+    nn::export_package(host.module, host.inputs, o, name, path);
+    LoadedPackage loaded = load_package(path);
+    EXPECT_EQ(loaded.arch, older);
+    EXPECT_EQ(loaded.cuda_code, "ptx") << what;
+    TensorList got = loaded.exe->run(to_device(cpu_in));
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_GT(test::max_abs(ref[i]), 0.0) << what;
+      EXPECT_TRUE(test::close(got[i].to(Device::cpu()), ref[i], test::Tolerance::of_max_ref(1e-4)))
+          << what << " output " << i << " vs CPU eager";
+    }
+  }
+  struct Case {
+    const char* name;
+    const char* mode;
+    DType precision;
+    double tol;
+  };
+  for (const Case& c : {Case{"resnet18", "default", DType::Float32, 1e-4},
+                        Case{"bert_base", "reduce-overhead", DType::Float32, 1e-4},
+                        Case{"vit_b_16", "reduce-overhead", DType::BFloat16, 3e-2}}) {
+    const std::string what = std::string(c.name) + " " + c.mode + " " + dtype_name(c.precision);
+    Packaged p = package_zoo(c.name, dir.path, c.mode, c.precision);
+    LoadedPackage cubin = load_package(p.path);
+    EXPECT_EQ(cubin.cuda_code, "cubin") << what;
+    test::ScopedEnv code("KILN_PACKAGE_CUDA_CODE", "ptx");
+    LoadedPackage ptx = load_package(p.path);
+    EXPECT_EQ(ptx.cuda_code, "ptx") << what;
+    for (uint64_t seed : {606u, 707u}) {
+      TensorList in = to_device(nn::zoo_example_inputs(c.name, 1, seed));
+      TensorList want = cubin.exe->run(in), got = ptx.exe->run(in);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        Tensor w = want[i].to(Device::cpu()).to(DType::Float32);
+        Tensor g = got[i].to(Device::cpu()).to(DType::Float32);
+        ASSERT_GT(test::max_abs(w), 0.0) << what;
+        EXPECT_TRUE(test::close(g, w, test::Tolerance::of_max_ref(c.tol)))
+            << what << " output " << i << ": PTX vs cubin";
+      }
+    }
+  }
+}
+
+// ---- `kiln package --replace-weights` on a package built on this GPU ----------------------------
+// The package of weights A given B's state dict is byte for byte the package built here with B
+// (its library choices are the heuristic's for the same shapes, which the weights do not
+// change), and its loaded run is bitwise the in-process compiled run of B on fresh inputs.
+TEST(CudaPackage, ReplacedWeightsGiveThePackageBuiltWithThem) {
+  test::TempDir dir;
+  struct Case {
+    const char* model;
+    const char* mode;
+    DType precision;
+  };
+  for (const Case& c : {Case{"resnet18", "default", DType::Float32},
+                        Case{"bert_base", "reduce-overhead", DType::BFloat16}}) {
+    const std::string what = std::string(c.model) + " " + c.mode + " " + dtype_name(c.precision);
+    auto build = [&](uint64_t seed, const std::string& path) {
+      Packaged p{nn::make_zoo_model(c.model, 1, seed), nullptr, path};
+      p.model.module->to(kCuda);
+      compiler::Options o;
+      o.mode = c.mode;
+      o.precision = c.precision;
+      p.compiled = nn::export_package(p.model.module, to_device(p.model.inputs), o, c.model, path);
+      return p;
+    };
+    const std::string a_path = dir.file("a.kiln"), b_path = dir.file("b.kiln");
+    const std::string r_path = dir.file("replaced.kiln"), w_path = dir.file("b.safetensors");
+    build(7, a_path);
+    Packaged b = build(8, b_path);
+    nn::make_zoo_model(c.model, 1, 8).module->save(w_path);  // the state dict, on the host
+    compiler::ReplaceWeightsReport rep = compiler::replace_weights(a_path, w_path, r_path);
+    std::printf("%s: %s\n", what.c_str(), rep.str().c_str());
+    const std::string replaced = test::read_bytes(r_path), want = test::read_bytes(b_path);
+    EXPECT_NE(test::read_bytes(a_path), want) << what << ": weights A and B gave one package";
+    EXPECT_TRUE(replaced == want) << what << ": the replaced package differs from B's";
+    LoadedPackage loaded = load_package(r_path);
+    for (uint64_t seed : {808u, 909u}) {
+      TensorList in = to_device(nn::zoo_example_inputs(c.model, 1, seed));
+      TensorList want_out = b.compiled->run(in), got = loaded.exe->run(in);
+      ASSERT_EQ(got.size(), want_out.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        expect_bitwise(got[i], want_out[i], what + " output " + std::to_string(i));
     }
   }
 }

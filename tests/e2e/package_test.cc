@@ -699,12 +699,24 @@ TEST(Package, CudaCrossBuildWithoutAGpu) {
   EXPECT_EQ(convs, 20);  // resnet18's convolutions
   EXPECT_EQ(gemms, 1);   // its classifier
   EXPECT_GT(kernels, 0);
-  // Every cubin is an ELF image for the architecture asked.
+  // Every cubin is an ELF image for the architecture asked, followed by the same program's PTX
+  // for that architecture (Note [PTX in CUDA packages]): one NUL-terminated text.
+  ASSERT_FALSE(manifest["cuda_modules"].empty());
+  const std::string_view cuda_section = sections[2].bytes;
   for (const nlohmann::json& mod : manifest["cuda_modules"]) {
     EXPECT_EQ(mod["arch"], "sm_90");
-    std::string_view image = std::string_view(sections[2].bytes).substr(mod["offset"].get<size_t>(), 4);
+    std::string_view image = cuda_section.substr(mod["offset"].get<size_t>(), 4);
     EXPECT_EQ(image, std::string_view("\x7f" "ELF", 4));
+    ASSERT_TRUE(mod.contains("ptx_offset") && mod.contains("ptx_size")) << mod.dump();
+    const size_t poff = mod["ptx_offset"].get<size_t>(), psize = mod["ptx_size"].get<size_t>();
+    EXPECT_GE(poff, mod["offset"].get<size_t>() + mod["size"].get<size_t>());
+    ASSERT_LE(poff + psize, cuda_section.size());
+    std::string_view ptx = cuda_section.substr(poff, psize);
+    EXPECT_EQ(ptx.find('\0'), psize - 1) << "PTX is one NUL-terminated text";
+    EXPECT_NE(ptx.find(".target sm_90"), std::string_view::npos);
+    EXPECT_NE(ptx.find(".entry "), std::string_view::npos) << "PTX without kernels";
   }
+  EXPECT_NE(explain_package(path).find("PTX"), std::string::npos) << explain_package(path);
   // Deterministic, as CPU packages are.
   std::string again_path = dir.path + "/again.kiln";
   nn::export_package(m.module, m.inputs, o, "resnet18", again_path);

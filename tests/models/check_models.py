@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Runs exported reference models through `kiln run` and compares every output with ONNX Runtime's.
 
-    check_models.py --kiln PATH [--backend eager|compiled]... [--models-dir DIR] [--json FILE]
+    check_models.py --kiln PATH [--backend eager|compiled|package]... [--models-dir DIR]
+                    [--json FILE]
                     [--export-only] MODEL...
 
 For each MODEL (scripts/export_models.py's names; "all" for every one) the model is exported
 first when its cached export is missing or stale (export_models.export), then, per backend,
 `kiln run MODEL.onnx --input NAME=MODEL.in.NAME.npy ... --backend B --output DIR --json` runs and
-each output DIR/OUTPUT.npy is compared with MODEL.ort.OUTPUT.npy.
+each output DIR/OUTPUT.npy is compared with MODEL.ort.OUTPUT.npy. Backend `package` compiles the
+model into a deployment package (`kiln compile MODEL.onnx -o M.kiln`) and runs that (`kiln run
+M.kiln ...`): the package takes and names its inputs and outputs as the ONNX model does.
 
 The rule (the same everywhere Kiln compares with ONNX Runtime on these models, docs/onnx.md):
 same shape and dtype, and
@@ -76,10 +79,24 @@ def compare(got: np.ndarray, ref: np.ndarray) -> tuple[bool, dict]:
 def check(kiln: str, name: str, backend: str, models_dir: str | None) -> dict:
     files = export_models.model_files(name, models_dir)
     result = {"model": name, "backend": backend, "ok": False, "outputs": {}}
-    cmd = [kiln, "run", files["onnx"], "--backend", backend, "--json"]
-    for inp, path in files["inputs"].items():
-        cmd += ["--input", f"{inp}={path}"]
     with tempfile.TemporaryDirectory(prefix=f"kiln_check_{name}_") as out:
+        if backend == "package":
+            # `kiln compile MODEL.onnx -o M.kiln`, then the package run by the runtime, its
+            # inputs and outputs by the model's names (docs/package.md).
+            pkg = os.path.join(out, name + ".kiln")
+            compile_cmd = [kiln, "compile", files["onnx"], "-o", pkg]
+            t0 = time.perf_counter()
+            p = subprocess.run(compile_cmd, capture_output=True, text=True)
+            result["compile_s"] = round(time.perf_counter() - t0, 3)
+            if p.returncode != 0:
+                result["error"] = f"`{' '.join(compile_cmd)}` exited with {p.returncode}: " + \
+                    (p.stderr.strip() or p.stdout.strip())[-2000:]
+                return result
+            cmd = [kiln, "run", pkg, "--json"]
+        else:
+            cmd = [kiln, "run", files["onnx"], "--backend", backend, "--json"]
+        for inp, path in files["inputs"].items():
+            cmd += ["--input", f"{inp}={path}"]
         cmd += ["--output", out]
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True)
@@ -136,7 +153,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", help=f"models, or 'all' ({' '.join(export_models.MODELS)})")
     ap.add_argument("--kiln", help="the kiln binary")
-    ap.add_argument("--backend", action="append", choices=["eager", "compiled"],
+    ap.add_argument("--backend", action="append", choices=["eager", "compiled", "package"],
                     help="repeatable (default: eager and compiled)")
     ap.add_argument("--models-dir", default=None, help="export cache (default: export_models')")
     ap.add_argument("--json", default=None, help="write every result to this file")

@@ -9,6 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
 
 #include "../support/files.h"
 #include "../support/compare.h"
@@ -76,6 +79,8 @@ std::shared_ptr<compiler::CompiledExecutable> compile_onnx(const std::string& on
   auto c = nn::compile_captured_graph(m.compile, m.inputs, options, &source);
   PackageInfo info;
   info.model = std::filesystem::path(onnx_path).filename().string();
+  info.inputs = m.input_names;
+  info.outputs = m.output_names;
   compiler::write_package(source, *c, options, info, package_path, m.state);
   return c;
 }
@@ -162,6 +167,111 @@ TEST(OnnxBench, SpecializesSymbolicDimsTheImportNeeds) {
   CompileOptions o;
   o.backend = "inductor";
   expect_close(t.compile(o)(t.inputs)[0], want, {3, 4}, 1e-6);
+}
+
+// Note [Package signature]: a package of an ONNX model takes and names its inputs and outputs
+// as the model does, records which dims were symbolic there (dim_params) and the value it is
+// specialized to, and lists the checks made before each call; a call of another batch is refused
+// naming the symbol; hand-edited signatures are refused by the loader.
+TEST(OnnxPackageSignature, NamesDimsAndGuardsAsTheModelDeclaresThem) {
+  Generator gen(31);
+  ModelBuilder m;
+  m.input("pixels", DType::Float32, {std::string("batch_size"), 6})
+      .input("bias", DType::Float32, {5})
+      .initializer("w", Tensor::randn({6, 5}, gen))
+      .node("MatMul", {"pixels", "w"}, {"mm"})
+      .node("Add", {"mm", "bias"}, {"scores"})
+      .node("Relu", {"scores"}, {"act"})
+      .output("scores", DType::Float32, {std::string("batch_size"), 5})
+      .output("act", DType::Float32, {std::string("batch_size"), 5});
+  TempDir dir;
+  const std::string onnx = dir.path + "/sig.onnx", pkg = dir.path + "/sig.kiln";
+  test::write_bytes(onnx, m.bytes());
+  BenchTarget t = load_bench_target(onnx, 3, 5);  // as `kiln compile sig.onnx --batch 3`
+  compiler::Options options;
+  Graph source;
+  auto c = nn::compile_captured_graph(t.compile, t.inputs, options, &source);
+  PackageInfo info;
+  info.model = "sig.onnx";
+  info.batch = 3;
+  info.inputs = t.input_names;
+  info.outputs = t.output_names;
+  compiler::write_package(source, *c, options, info, pkg, t.state);
+
+  uint32_t version = 0;
+  std::vector<PackageSection> sections = read_package_sections(pkg, &version);
+  nlohmann::json man = nlohmann::json::parse(sections[0].bytes);
+  ASSERT_EQ(man["inputs"].size(), 2u);
+  EXPECT_EQ(man["inputs"][0]["name"], "pixels");
+  EXPECT_EQ(man["inputs"][0]["dim_names"], nlohmann::json::parse(R"(["batch_size", null])"));
+  EXPECT_EQ(man["inputs"][1]["name"], "bias");
+  EXPECT_FALSE(man["inputs"][1].contains("dim_names"));
+  ASSERT_EQ(man["outputs"].size(), 2u);
+  EXPECT_EQ(man["outputs"][0]["name"], "scores");
+  EXPECT_EQ(man["outputs"][1]["name"], "act");
+  EXPECT_EQ(man["outputs"][1]["dim_names"], nlohmann::json::parse(R"(["batch_size", null])"));
+  EXPECT_EQ(man["symbols"], nlohmann::json::parse(R"({"batch_size": 3})"));
+  EXPECT_EQ(man["guards"], nlohmann::json::parse(R"([
+      {"check": "input_count", "value": 2},
+      {"check": "dtype", "input": "pixels", "value": "float32"},
+      {"check": "shape", "input": "pixels", "value": [3, 6]},
+      {"check": "dtype", "input": "bias", "value": "float32"},
+      {"check": "shape", "input": "bias", "value": [5]}])"));
+  const std::string explained = explain_package(pkg);
+  EXPECT_NE(explained.find("inputs pixels float32 [3,6] (specialized: batch_size=3)"),
+            std::string::npos) << explained;
+
+  // The loaded package computes what the model computes, by its names.
+  LoadedPackage loaded = load_package(pkg);
+  EXPECT_EQ(loaded.exe->inputs[0].name, "pixels");
+  EXPECT_EQ(loaded.exe->inputs[0].dim_names, (std::vector<std::string>{"batch_size", ""}));
+  EXPECT_EQ(loaded.exe->outputs[0].name, "scores");
+  TensorList fresh = {Tensor::randn({3, 6}, gen), Tensor::randn({5}, gen)};
+  TensorList want = t.eager(fresh), got = loaded.exe->run(fresh);
+  ASSERT_EQ(got.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_GT(test::max_abs(want[i]), 0.0);
+    EXPECT_TRUE(test::close(got[i], want[i], test::Tolerance::of_max_ref(1e-5))) << i;
+  }
+  // Another batch: refused, naming the symbol and what the package is built for.
+  try {
+    loaded.exe->run({Tensor::randn({2, 6}, gen), fresh[1]});
+    ADD_FAILURE() << "a call of batch 2 ran on a package specialized to batch 3";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("dim 0 ('batch_size') is 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("specialized to batch_size = 3"), std::string::npos) << what;
+  }
+  // Hand-edited signatures (re-hashed): refused by the loader's checks, naming the manifest.
+  auto load_edited = [&](const std::function<void(nlohmann::json&)>& edit) -> std::string {
+    std::vector<PackageSection> secs = sections;
+    nlohmann::json e = man;
+    edit(e);
+    secs[0].bytes = e.dump();
+    try {
+      load_package_bytes(package_container(secs, version), "edited.kiln");
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(load_edited([](nlohmann::json&) {}), "");
+  std::string err = load_edited([](nlohmann::json& e) { e["symbols"]["batch_size"] = 4; });
+  EXPECT_NE(err.find("its symbol 'batch_size' is 4"), std::string::npos) << err;
+  err = load_edited([](nlohmann::json& e) { e["inputs"][0]["dim_names"][1] = "width"; });
+  EXPECT_NE(err.find("names 'width', which symbols lacks"), std::string::npos) << err;
+  err = load_edited([](nlohmann::json& e) { e["inputs"][0]["dim_names"] = nlohmann::json::array({"batch_size"}); });
+  EXPECT_NE(err.find("dim_names must name each dim"), std::string::npos) << err;
+  err = load_edited([](nlohmann::json& e) { e["guards"][2]["value"] = nlohmann::json::array({4, 6}); });
+  EXPECT_NE(err.find("manifest: guards"), std::string::npos) << err;
+  // Packages before the signature (no symbols, dim names or guards) still load.
+  EXPECT_EQ(load_edited([](nlohmann::json& e) {
+              e.erase("symbols");
+              e.erase("guards");
+              for (nlohmann::json& io : e["inputs"]) io.erase("dim_names");
+              for (nlohmann::json& io : e["outputs"]) io.erase("dim_names");
+            }),
+            "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, OnnxPackageReplaceWeights,

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace kiln::test {
 
@@ -28,6 +29,26 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+// Sets an environment variable for the object's lifetime, then restores its former value (or
+// its absence). Not for tests that run threads reading the environment meanwhile.
+struct ScopedEnv {
+  std::string name, old;
+  bool had = false;
+  ScopedEnv(std::string n, const std::string& value) : name(std::move(n)) {
+    if (const char* v = std::getenv(name.c_str())) {
+      had = true;
+      old = v;
+    }
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had) ::setenv(name.c_str(), old.c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
 };
 
 inline std::string read_bytes(const std::string& path) {

@@ -453,18 +453,31 @@ OnnxModelScan scan_onnx_model(const std::string& path, const ImportOptions& opti
     if (initializers.count(vi.name())) continue;
     scan.input_names.push_back(vi.name());
     std::vector<int64_t> dims;
+    std::vector<std::string> names;
     if (vi.type().has_tensor_type() && vi.type().tensor_type().has_shape())
-      for (const pb::TensorShapeProto::Dimension& d : vi.type().tensor_type().shape().dim())
-        dims.push_back(d.has_dim_value() && d.dim_value() >= 0 ? d.dim_value() : -1);
+      for (const pb::TensorShapeProto::Dimension& d : vi.type().tensor_type().shape().dim()) {
+        const bool fixed = d.has_dim_value() && d.dim_value() >= 0;
+        dims.push_back(fixed ? d.dim_value() : -1);
+        names.push_back(!fixed && d.has_dim_param() ? d.dim_param() : std::string());
+      }
     scan.input_dims.push_back(std::move(dims));
+    scan.input_dim_names.push_back(std::move(names));
     if (!representable(vi.type()))
       scan.unsupported_types.push_back(
           fmt::format("input '{}': {}", vi.name(), describe_type(vi.type())));
   }
-  for (const pb::ValueInfoProto& vi : g.output())
+  for (const pb::ValueInfoProto& vi : g.output()) {
+    scan.output_names.push_back(vi.name());
+    std::vector<std::string> names;
+    if (vi.type().has_tensor_type() && vi.type().tensor_type().has_shape())
+      for (const pb::TensorShapeProto::Dimension& d : vi.type().tensor_type().shape().dim())
+        names.push_back(!(d.has_dim_value() && d.dim_value() >= 0) && d.has_dim_param()
+                            ? d.dim_param() : std::string());
+    scan.output_dim_names.push_back(std::move(names));
     if (!representable(vi.type()))
       scan.unsupported_types.push_back(
           fmt::format("output '{}': {}", vi.name(), describe_type(vi.type())));
+  }
   // Types named inside nodes: Constant values, Cast targets, ConstantOfShape values.
   for (int i = 0; i < g.node_size(); ++i) {
     const pb::NodeProto& n = g.node(i);

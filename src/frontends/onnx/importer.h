@@ -70,6 +70,11 @@ struct OnnxModelScan {
   std::vector<std::string> input_names;  // graph inputs that are not initializers, in order
   // Their declared dims, -1 where a dim is symbolic or not given (empty: no shape declared).
   std::vector<std::vector<int64_t>> input_dims;
+  // Their dims' symbolic names (dim_param; "" for a fixed dim or one without a name).
+  std::vector<std::vector<std::string>> input_dim_names;
+  // The graph outputs, in order, and their dims' symbolic names ("" where fixed or unnamed).
+  std::vector<std::string> output_names;
+  std::vector<std::vector<std::string>> output_dim_names;
   // "OpType" (or "domain:OpType") -> node names, for every op type not in the op table.
   std::vector<std::pair<std::string, std::vector<std::string>>> unmapped_ops;
   // Every op type used, sorted, unique ("domain:OpType" outside the default domain).

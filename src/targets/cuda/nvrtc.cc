@@ -21,6 +21,10 @@
 // hash; the bytes checked are the bytes returned (they are read into memory, not mapped), so an
 // invalid file never reaches the driver. Anything else is recompiled (rebuilt_corrupt counts it).
 //
+// PTX. NVRTC compiles through PTX even for a real architecture, and gives both: each entry has
+// the PTX beside the cubin in a second cache (<cache_dir>/cuda-ptx/, same key, same checks). A
+// cubin entry without its PTX entry is a miss (compiled again), so a result always has both.
+//
 // Atomic writes. The cubin and the meta go to temp files in the entry's folder, are fsynced, and
 // are renamed into place cubin first, then the folder is fsynced: a reader sees no entry, a
 // complete entry, or a cubin without meta (missing). Two processes racing on one key both write
@@ -86,6 +90,8 @@ struct NvrtcApi {
   decltype(&::nvrtcCompileProgram) compile_program = nullptr;
   decltype(&::nvrtcGetCUBINSize) get_cubin_size = nullptr;
   decltype(&::nvrtcGetCUBIN) get_cubin = nullptr;
+  decltype(&::nvrtcGetPTXSize) get_ptx_size = nullptr;
+  decltype(&::nvrtcGetPTX) get_ptx = nullptr;
   decltype(&::nvrtcGetProgramLogSize) get_program_log_size = nullptr;
   decltype(&::nvrtcGetProgramLog) get_program_log = nullptr;
   NvrtcInfo info;
@@ -134,6 +140,8 @@ NvrtcApi load_nvrtc() {
                   bind_symbol(lib, "nvrtcCompileProgram", &api.compile_program, &missing) &&
                   bind_symbol(lib, "nvrtcGetCUBINSize", &api.get_cubin_size, &missing) &&
                   bind_symbol(lib, "nvrtcGetCUBIN", &api.get_cubin, &missing) &&
+                  bind_symbol(lib, "nvrtcGetPTXSize", &api.get_ptx_size, &missing) &&
+                  bind_symbol(lib, "nvrtcGetPTX", &api.get_ptx, &missing) &&
                   bind_symbol(lib, "nvrtcGetProgramLogSize", &api.get_program_log_size, &missing) &&
                   bind_symbol(lib, "nvrtcGetProgramLog", &api.get_program_log, &missing);
   const std::string where = ok ? library_path_of(reinterpret_cast<const void*>(api.version)) : "";
@@ -180,6 +188,11 @@ const NvrtcApi& require_nvrtc() {
 
 const ArtifactCache& cubin_cache() {
   static const ArtifactCache cache("cuda", "cubin", kCacheFormatVersion);
+  return cache;
+}
+
+const ArtifactCache& ptx_cache() {
+  static const ArtifactCache cache("cuda-ptx", "ptx", kCacheFormatVersion);
   return cache;
 }
 
@@ -256,9 +269,10 @@ std::string program_log(const NvrtcApi& a, nvrtcProgram prog) {
   return log;
 }
 
-// Runs NVRTC. Returns the cubin; *log gets NVRTC's log.
+// Runs NVRTC. Returns the cubin; *ptx gets the PTX (with its terminating NUL, as the driver
+// takes it), *log NVRTC's log.
 std::string run_nvrtc(const NvrtcApi& a, const CudaCompileRequest& req, const std::string& unit,
-                      const std::string& key, std::string* log) {
+                      const std::string& key, std::string* ptx, std::string* log) {
   const std::string file = unit + ".cu";
   nvrtcProgram prog = nullptr;
   nvrtcResult r =
@@ -293,6 +307,16 @@ std::string run_nvrtc(const NvrtcApi& a, const CudaCompileRequest& req, const st
   if (r != NVRTC_SUCCESS)
     fail_kind(ErrorKind::Runtime, "NVRTC cannot return the cubin of CUDA program '{}': {}",
               req.program_name, a.get_error_string(r));
+  n = 0;
+  r = a.get_ptx_size(prog, &n);
+  if (r != NVRTC_SUCCESS || n < 2)
+    fail_kind(ErrorKind::Internal, "NVRTC compiled CUDA program '{}' but returned no PTX ({})",
+              req.program_name, r != NVRTC_SUCCESS ? a.get_error_string(r) : "empty");
+  ptx->assign(n, '\0');
+  r = a.get_ptx(prog, ptx->data());
+  if (r != NVRTC_SUCCESS || ptx->back() != '\0')
+    fail_kind(ErrorKind::Runtime, "NVRTC cannot return the PTX of CUDA program '{}': {}",
+              req.program_name, r != NVRTC_SUCCESS ? a.get_error_string(r) : "not terminated");
   return cubin;
 }
 
@@ -402,20 +426,28 @@ std::shared_ptr<const CompiledCubin> compile_cuda(const CudaCompileRequest& req)
       out->path = cache.paths(key).artifact;
       out->program_name = req.program_name;
       bool existed = false;
-      if (cache.validate(key, &existed, &out->cubin)) {
+      bool ptx_existed = false;
+      const bool cubin_ok = cache.validate(key, &existed, &out->cubin);
+      const bool ptx_ok = cubin_ok && ptx_cache().validate(key, &ptx_existed, &out->ptx) &&
+                          !out->ptx.empty() && out->ptx.back() == '\0';
+      if (ptx_ok) {
         out->cache_hit = true;
         ++g_hits;
       } else {
-        if (existed) ++g_rebuilt_corrupt;
+        // A damaged cubin or PTX entry is corrupt; a cubin whose PTX was never written (a
+        // cache of a Kiln before PTX) is a plain miss.
+        if ((existed && !cubin_ok) || ptx_existed) ++g_rebuilt_corrupt;
         ++g_misses;
         const auto start = std::chrono::steady_clock::now();
-        out->cubin = run_nvrtc(a, req, unit, key, &out->log);
+        out->cubin = run_nvrtc(a, req, unit, key, &out->ptx, &out->log);
         out->compile_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        cache.put(key, out->cubin,
-                  {{"program", file_safe(req.program_name)},
-                   {"arch", req.arch},
-                   {"compile_seconds", fmt::format("{:.3f}", out->compile_seconds)}});
+        const ArtifactCache::Fields fields = {
+            {"program", file_safe(req.program_name)},
+            {"arch", req.arch},
+            {"compile_seconds", fmt::format("{:.3f}", out->compile_seconds)}};
+        ptx_cache().put(key, out->ptx, fields);  // before the cubin: a cubin entry implies both
+        cache.put(key, out->cubin, fields);
       }
       result = out;
       std::lock_guard<std::mutex> lock(pc.mu);

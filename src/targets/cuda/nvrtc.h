@@ -27,6 +27,8 @@ struct CudaCompileRequest {
 // A compiled program. The bytes stay valid as long as the object lives.
 struct CompiledCubin {
   std::string cubin;         // the cubin image (cuda::CudaModule::load takes it)
+  std::string ptx;           // the PTX of the same compile (NUL-terminated text, for the JIT of
+                             // GPUs of newer architectures: Note [PTX in CUDA packages])
   std::string key;           // content hash: 64 hex digits
   std::string path;          // the .cubin in the cache
   std::string program_name;  // as requested

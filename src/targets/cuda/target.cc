@@ -529,7 +529,8 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   std::vector<Executable::DeviceModule> device_modules() const override {
     if (!program_) return {};
     // The cubin as the kernel cache's entry holds it (an aliasing pointer: no copy).
-    return {{program_name_, arch_, std::shared_ptr<const std::string>(program_, &program_->cubin)}};
+    return {{program_name_, arch_, std::shared_ptr<const std::string>(program_, &program_->cubin),
+             std::shared_ptr<const std::string>(program_, &program_->ptx)}};
   }
 
  private:
@@ -1104,8 +1105,9 @@ class CudaTarget final : public compiler::Target {
       module = CudaModule::load(cubin->cubin, kDevice, name);
       out.keep_alive = module;
     }
-    out.device_modules.push_back(
-        {name, req.arch, std::shared_ptr<const std::string>(cubin, &cubin->cubin)});
+    out.device_modules.push_back({name, req.arch,
+                                  std::shared_ptr<const std::string>(cubin, &cubin->cubin),
+                                  std::shared_ptr<const std::string>(cubin, &cubin->ptx)});
     for (const CudaKernelInfo& k : prog.kernels) {
       CudaKernelSpec spec;
       spec.module = name;
