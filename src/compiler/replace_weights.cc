@@ -314,12 +314,11 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
 
   // The source graph with the new weights, through the compiler's passes.
   auto t1 = std::chrono::steady_clock::now();
-  Graph g = parse_graph(src.graph_text, package_path + ": section 'source'");
   // A package compiled on the GPU declares its source graph's values on the device; the passes
-  // run on host copies, as for a cross-build's host graph (found by
-  // CudaPackage.ReplacedWeightsGiveThePackageBuiltWithThem: host data for device types failed
-  // the graph's verification).
-  for (Value& val : g.values) val.type.device = Device::cpu();
+  // run on the host, as for a cross-build's host graph, so the graph is read with host types
+  // and its inline consts stay host data (found by CudaPackage.ReplacedWeightsGiveThe
+  // PackageBuiltWithThem: host weights for device types failed the graph's verification).
+  Graph g = parse_graph_on_host(src.graph_text, package_path + ": section 'source'");
   std::map<std::string, Tensor> by_name;
   for (auto& [name, t] : given.tensors) by_name.emplace(name, t);
   std::set<std::string> fixed_names;

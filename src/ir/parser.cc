@@ -183,6 +183,7 @@ class SymIntBound {
 class Parser {
  public:
   Parser(std::string_view text, std::string_view source) : s_(text), source_(source) {}
+  bool on_host_ = false;  // every device annotation read as cpu (parse_graph_on_host)
 
   Graph parse_graph_text() {
     expect_keyword("graph");
@@ -514,6 +515,7 @@ class Parser {
       std::string_view dev = s_.substr(pos_, e - pos_);
       if (dev.empty()) expected("a device after '@' ('cpu', 'cuda:0')");
       t.device = located(dp, [&] { return parse_device(dev); });
+      if (on_host_) t.device = Device::cpu();
       pos_ = e;
     }
     return t;
@@ -874,6 +876,12 @@ class Parser {
 
 Graph parse_graph(std::string_view text, std::string_view source_name) {
   Parser p(text, source_name);
+  return p.parse_graph_text();
+}
+
+Graph parse_graph_on_host(std::string_view text, std::string_view source_name) {
+  Parser p(text, source_name);
+  p.on_host_ = true;
   return p.parse_graph_text();
 }
 

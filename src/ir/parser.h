@@ -52,6 +52,9 @@ namespace kiln {
 
 // Parses one graph. `source_name` names the text in errors ("model.kir", "<stdin>").
 Graph parse_graph(std::string_view text, std::string_view source_name = "<input>");
+// The same with every device annotation read as the host's (`@cuda:0` is checked, then taken as
+// cpu): the graph of a package built on a GPU, remade on any machine (compiler/replace_weights).
+Graph parse_graph_on_host(std::string_view text, std::string_view source_name = "<input>");
 
 // Parses a TensorType as printed by TensorType::str ("f32[1, n] @cuda:0").
 TensorType parse_tensor_type(std::string_view text);

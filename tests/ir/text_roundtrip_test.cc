@@ -469,5 +469,34 @@ TEST(ParserFuzz, DeepNestingIsAnError) {
   EXPECT_THROW(parse_graph(longest), Error);
 }
 
+
+// parse_graph_on_host: a graph printed on the GPU (values and inline consts @cuda:0) read with
+// host types and host data, on any machine (CI has no GPU): how replace-weights reads the source
+// graph of a package compiled on the GPU. A malformed device is still an error.
+TEST(ParseOnHost, DeviceAnnotationsAreReadAsTheHost) {
+  const std::string text = R"(graph @g(%x: f32[2, 3] @cuda:0) {
+  param %w: f32[3] @cuda:0
+  const %c: f32[] @cuda:0 = [0.5]
+  %y = mul(%x, %w) : f32[2, 3] @cuda:0
+  %z = mul(%y, %c) : f32[2, 3] @cuda:0
+  return %z
+})";
+  Graph g = parse_graph_on_host(text, "gpu.kir");
+  int consts = 0;
+  for (const Value& v : g.values) {
+    EXPECT_TRUE(v.type.device.is_cpu()) << v.name << " " << v.type.str();
+    if (v.kind == ValueKind::Const) {
+      ++consts;
+      ASSERT_TRUE(v.data.defined());
+      EXPECT_TRUE(v.data.device().is_cpu());
+      EXPECT_EQ(v.data.data<float>()[0], 0.5f);
+    }
+  }
+  EXPECT_EQ(consts, 1);
+  std::string bad = text;
+  bad.replace(bad.find("@cuda:0"), 7, "@tpu:0");
+  EXPECT_THROW(parse_graph_on_host(bad, "bad.kir"), Error);
+}
+
 }  // namespace
 }  // namespace kiln
