@@ -17,9 +17,13 @@ independent roundings add up roughly as a random walk over the ~50-200 rounded s
 models, about 10-15 units at the output: 5e-2 for bf16 (~13 x 2^-8), 1e-2 for f16 (~20 x
 2^-11). The measured values are reported whatever they are. And the model compiled in
 reduce-overhead (a CUDA-graph replay) must write outputs bitwise equal to default's (the same
-kernels in the same order). Prints one line per model and a JSON summary.
+kernels in the same order), and so must the model's CUDA package (issue #14: `kiln compile
+MODEL.onnx --device cuda --mode reduce-overhead -o M.kiln`, then `kiln run M.kiln`, its inputs
+and outputs by the model's names). Prints one line per model and a JSON summary.
+--package-only checks the package against the compiled run and nothing else.
 
-    python3 scripts/cuda_onnx_models.py --kiln ./kiln --out /tmp/models [--json FILE] [names...]
+    python3 scripts/cuda_onnx_models.py --kiln ./kiln --out /tmp/models [--json FILE]
+                                        [--package-only] [names...]
 """
 from __future__ import annotations
 
@@ -42,7 +46,39 @@ LOW_BOUNDS = {"bf16": 5e-2, "f16": 1e-2}  # x max|CPU eager| (module docstring)
 ORT_BOUND = 1e-3   # x max|ORT|, per output (CPU eager vs ONNX Runtime)
 
 
-def check(kiln: str, name: str, out_dir: str, timeout: int) -> dict:
+def check_package(kiln, files, cmd, tmp, timeout, r):
+    """The CUDA package of the model against the in-process compiled reduce-overhead run: the
+    same kernels and library choices, so the outputs must be bitwise equal."""
+    inputs = cmd[cmd.index("--json") + 1:cmd.index("--output")]
+    outs = {}
+    pkg = os.path.join(tmp, "model.kiln")
+    steps = {
+        "compiled": cmd[:cmd.index("--backend")] + ["--backend", "compiled", "--mode",
+                                                     "reduce-overhead", "--json"] + inputs,
+        "package": [kiln, "run", pkg, "--json"] + inputs,
+    }
+    t0 = time.perf_counter()
+    p = subprocess.run([kiln, "compile", files["onnx"], "--device", "cuda", "--mode",
+                        "reduce-overhead", "-o", pkg], capture_output=True, text=True,
+                       timeout=timeout)
+    r["package_compile_s"] = round(time.perf_counter() - t0, 2)
+    if p.returncode != 0:
+        r["package_bitwise"] = "compile failed: " + (p.stderr or p.stdout).strip()[-500:]
+        return False
+    for step, c in steps.items():
+        d = os.path.join(tmp, "pkg-" + step)
+        os.makedirs(d, exist_ok=True)
+        p = subprocess.run(c + ["--output", d], capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            r["package_bitwise"] = f"{step} failed: " + (p.stderr or p.stdout).strip()[-500:]
+            return False
+        outs[step] = {f: open(os.path.join(d, f), "rb").read() for f in sorted(os.listdir(d))}
+    r["package_outputs"] = sorted(outs["package"])
+    r["package_bitwise"] = bool(outs["compiled"]) and outs["compiled"] == outs["package"]
+    return r["package_bitwise"] is True
+
+
+def check(kiln: str, name: str, out_dir: str, timeout: int, package_only: bool = False) -> dict:
     r = {"model": name}
     t0 = time.perf_counter()
     try:
@@ -57,6 +93,9 @@ def check(kiln: str, name: str, out_dir: str, timeout: int) -> dict:
         cmd += ["--input", f"{i}={path}"]
     with tempfile.TemporaryDirectory() as tmp:
         cmd += ["--output", tmp]
+        if package_only:
+            r["ok"] = check_package(kiln, files, cmd, tmp, timeout, r)
+            return r
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -102,6 +141,7 @@ def check(kiln: str, name: str, out_dir: str, timeout: int) -> dict:
         if len(outs) == 2:
             r["reduce_overhead_bitwise"] = bool(outs["default"]) and outs["default"] == outs["reduce-overhead"]
         ok &= r["reduce_overhead_bitwise"] is True
+        ok &= check_package(kiln, files, cmd, tmp, timeout, r)
         # The low-precision runs against the same CPU eager float32 run.
         r["low"] = {}
         for dt, bound in LOW_BOUNDS.items():
@@ -137,17 +177,22 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/kiln-models")
     ap.add_argument("--json", default="")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--package-only", action="store_true")
     ap.add_argument("names", nargs="*")
     a = ap.parse_args()
     names = a.names or list(em.MODELS)
     results = []
     for n in names:
-        r = check(a.kiln, n, a.out, a.timeout)
+        r = check(a.kiln, n, a.out, a.timeout, a.package_only)
         results.append(r)
-        if r.get("ok"):
+        if a.package_only:
+            print(f"{n}: {'ok' if r.get('ok') else 'FAILED'}  package bitwise = compiled "
+                  f"reduce-overhead: {r.get('package_bitwise', r.get('error'))}  outputs "
+                  f"{r.get('package_outputs')}  compile {r.get('package_compile_s')} s", flush=True)
+        elif r.get("ok"):
             worst = max(o["rel"] for o in r["outputs"])
             low = "  ".join(f"{dt} {v['worst_rel']:.2e}" for dt, v in r["low"].items())
-            low += "  reduce-overhead bitwise = default"
+            low += "  reduce-overhead bitwise = default, package bitwise = compiled"
             print(f"{n}: ok  worst |cuda-cpu|/max|cpu| {worst:.2e}  ({low})  first call "
                   f"{r['compiled_first_call_s']:.2f} s  export {r['export_s']} s", flush=True)
         else:

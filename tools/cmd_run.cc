@@ -109,7 +109,12 @@ void run_package(const RunArgs& a) {
     std::string name = spec.substr(0, eq), path = spec.substr(eq + 1);
     size_t i = 0;
     while (i < exe.inputs.size() && exe.inputs[i].name != name) ++i;
-    if (i == exe.inputs.size()) fail("--input: the package has no input '{}'", name);
+    if (i == exe.inputs.size()) {
+      std::string names;
+      for (const Executable::InputSpec& s : exe.inputs) names += (names.empty() ? "" : ", ") + s.name;
+      fail("--input: the package has no input '{}' (its inputs: {}; `kiln explain {}` lists them)",
+           name, names, a.target);
+    }
     Tensor t = read_npy(path);
     if (t.dtype() != exe.inputs[i].dtype || t.sizes() != exe.inputs[i].sizes)
       fail("input '{}' from {}: expected {} {}, found {} {}", name, path,

@@ -308,6 +308,11 @@ void Executable::prepare() {
     if (!pool_->all.empty()) return;
   }
   std::unique_ptr<Context> c = make_context();
+  if (device_.is_cuda() && graph_requested_) {  // Note [CUDA graph at prepare]
+    check(cudaSetDevice(device_.index), "cudaSetDevice");
+    capture_cuda_graph(*c, nullptr);
+    check(cudaStreamSynchronize(static_cast<cudaStream_t>(c->stream)), "cudaStreamSynchronize");
+  }
   std::lock_guard<std::mutex> lock(pool_->mu);
   if (!pool_->all.empty()) return;  // a call made one meanwhile
   pool_->free.push_back(c.get());
@@ -568,31 +573,7 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
     if (!same_tensor(src, t)) check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
   if (graph_requested_) {
-    if (!c.graph_exec) {
-      // This context's graph, over its arena and staging buffers (Note [Execution contexts]).
-      std::lock_guard<std::mutex> setup(pool_->cuda_setup);
-      cudaGraph_t graph = nullptr;
-      {
-        // Library state held for the capture (cuDNN's shared handle) is released when the
-        // scope closes, after the capture has ended (Note [Library calls replayed as graphs]).
-        cuda::GraphReplay::CaptureScope scope(s);
-        check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-        try {
-          run_launches(c, in);
-          copy_status_back(c);
-        } catch (...) {
-          cudaStreamEndCapture(s, &graph);
-          if (graph) cudaGraphDestroy(graph);
-          cudaGetLastError();
-          throw;
-        }
-        check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
-      }
-      c.graph = graph;
-      cudaGraphExec_t exec = nullptr;
-      check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-      c.graph_exec = exec;
-    }
+    if (!c.graph_exec) capture_cuda_graph(c, in);
     check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(c.graph_exec), s), "cudaGraphLaunch");
   } else {
     run_launches(c, in);
@@ -633,6 +614,42 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       t.copy_(view.device() == t.device() ? view : view.contiguous().to(t.device()));
     }
   }
+}
+
+// Note [CUDA graph at prepare]: in graph mode every input goes through its staging buffer, so a
+// context's graph does not depend on the call's inputs: prepare() captures the first context's
+// graph (with the input slots pointing at staging), instantiates it and uploads it to the
+// device, and the first call only copies its inputs in and replays it. Capturing runs nothing
+// (no kernel executes on uninitialised inputs), but the capture makes the library plans record
+// their launches and the driver load every kernel the graph launches, which the first call paid
+// for before. Contexts made later for concurrent callers capture at their first call.
+void Executable::capture_cuda_graph(Context& c, const Tensor* in) {
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream);
+  // This context's graph, over its arena and staging buffers (Note [Execution contexts]).
+  std::lock_guard<std::mutex> setup(pool_->cuda_setup);
+  for (const InputSpec& sp : inputs) c.slots[size_t(sp.slot)] = c.staging[size_t(sp.slot)];
+  cudaGraph_t graph = nullptr;
+  {
+    // Library state held for the capture (cuDNN's shared handle) is released when the
+    // scope closes, after the capture has ended (Note [Library calls replayed as graphs]).
+    cuda::GraphReplay::CaptureScope scope(s);
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      run_launches(c, in);
+      copy_status_back(c);
+    } catch (...) {
+      cudaStreamEndCapture(s, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  }
+  c.graph = graph;
+  cudaGraphExec_t exec = nullptr;
+  check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  c.graph_exec = exec;
+  check(cudaGraphUpload(exec, s), "cudaGraphUpload");
 }
 
 void Executable::copy_status_back(Context& c) {

@@ -102,7 +102,9 @@ class Executable {
   // A slot every execution context starts with (a constant's data). Before prepare().
   void set_slot(int slot, char* base);
   // Launches, inputs and outputs are final: creates the first execution context now, so that a
-  // failing arena allocation fails the compile rather than the first call.
+  // failing arena allocation fails the compile rather than the first call. A CUDA executable in
+  // graph mode (use_cuda_graph before this) also captures, instantiates and uploads that
+  // context's CUDA graph here, so the first call replays it (Note [CUDA graph at prepare]).
   void prepare();
 
   std::vector<Launch> launches;
@@ -209,6 +211,9 @@ class Executable {
   // Note [Device status]: queue the record's copy to the host on the context's stream; and,
   // after the stream finished with a code set, clear the record and throw.
   void copy_status_back(Context& c);
+  // Captures the context's launches into its CUDA graph and instantiates it (graph mode; the
+  // inputs' slots are their staging buffers). Holds pool_->cuda_setup.
+  void capture_cuda_graph(Context& c, const Tensor* in);
   [[noreturn]] void fail_device_check(Context& c);
 
   int64_t arena_bytes_ = 0;
