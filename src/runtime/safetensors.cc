@@ -320,6 +320,25 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std:
   return out;
 }
 
+std::vector<SafetensorsEntry> parse_safetensors_entries(std::span<const uint8_t> bytes,
+                                                        const std::string& source) {
+  if (bytes.size() < 8)
+    parse_fail(source, fmt::format("{} bytes is too short for the 8-byte header length",
+                                   bytes.size()));
+  uint64_t header_len = read_le64(bytes.data());
+  if (header_len > kMaxHeaderBytes || header_len > bytes.size() - 8)
+    parse_fail(source, fmt::format("header length {} exceeds the {} bytes that follow it",
+                                   header_len, bytes.size() - 8));
+  std::map<std::string, std::string> metadata;
+  const uint64_t data_bytes = bytes.size() - 8 - header_len;
+  std::vector<SafetensorsEntry> out;
+  for (Entry& e : parse_header(reinterpret_cast<const char*>(bytes.data() + 8), header_len,
+                               data_bytes, source, metadata))
+    out.push_back({std::move(e.name), e.dtype, std::move(e.sizes), 8 + header_len + e.begin,
+                   e.end - e.begin});
+  return out;
+}
+
 SafetensorsContents load_safetensors(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("safetensors '{}': cannot open: {}", path, errno_str(errno));

@@ -49,6 +49,19 @@ SafetensorsContents load_safetensors(const std::string& path);
 SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes,
                                       const std::string& source = "<memory>");
 
+// The tensors of safetensors bytes without their data: each one's name, dtype, shape and the
+// byte range of its data in `bytes` (the header checked as parse_safetensors checks it). For a
+// reader that puts the data elsewhere itself (a CUDA package's weights, uploaded straight from
+// the mapped file).
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::Float32;
+  Dims sizes;
+  uint64_t offset = 0, nbytes = 0;  // in `bytes`
+};
+std::vector<SafetensorsEntry> parse_safetensors_entries(std::span<const uint8_t> bytes,
+                                                        const std::string& source = "<memory>");
+
 // "F32" etc. for a dtype (every Kiln dtype has one).
 const char* safetensors_dtype_name(DType d);
 
