@@ -691,6 +691,21 @@ ConvRecord parse_cudnn_conv(const LaunchRecord& r, LaunchEnv& env, const std::st
   return c;
 }
 
+// A cuDNN plan's engine chosen at load (a cross-build, or a GPU of another architecture): the
+// first whose workspace fits `workspace_bytes`. The plan comes with cuDNN's first choice
+// finalized; the other candidates are finalized (seconds for a model: each runtime-fusion engine
+// builds its kernels) only when it does not fit. False when none fits.
+template <class Plan>
+bool select_engine_at_load(Plan& plan, int64_t workspace_bytes) {
+  if (int64_t(plan.workspace_bytes()) <= workspace_bytes) return true;
+  for (const auto& e : plan.candidates())
+    if (int64_t(e.workspace_bytes) <= workspace_bytes) {
+      plan.select(e.index);
+      return true;
+    }
+  return false;
+}
+
 Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
                                       const std::string& where) {
   ConvRecord rec = parse_cudnn_conv(r, env, where);
@@ -698,18 +713,7 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
   const CudnnConvBuffers& b = rec.buf;
   std::shared_ptr<cuda::ConvPlan> plan = cuda::ConvPlan::create(d);
   if (!rec.engine || env.library_choices_at_load) {
-    // A cross-build, or another architecture: the first engine whose workspace fits. The plan
-    // comes with cuDNN's first choice finalized; the other candidates are finalized (seconds for
-    // a model: each runtime-fusion engine builds its kernels) only when it does not fit.
-    bool found = int64_t(plan->workspace_bytes()) <= b.workspace_bytes;
-    if (!found)
-      for (const cuda::ConvEngine& e : plan->candidates())
-        if (int64_t(e.workspace_bytes) <= b.workspace_bytes) {
-          plan->select(e.index);
-          found = true;
-          break;
-        }
-    if (!found)
+    if (!select_engine_at_load(*plan, b.workspace_bytes))
       fail_kind(ErrorKind::NotSupported, "{}: cuDNN offers no engine for {} within the package's "
                 "{} bytes of workspace", where, cuda::describe(d), b.workspace_bytes);
   } else {
@@ -782,16 +786,8 @@ Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
               "for {} ({}); rebuild the package here with `kiln compile ... --device cuda`",
               where, cuda::describe(d), why);
   const std::string& tag = rec.engine;
-  if (env.library_choices_at_load) {  // another architecture: the first engine whose workspace fits
-    bool found = int64_t(plan->workspace_bytes()) <= b.workspace_bytes;  // cuDNN's first choice
-    if (!found)
-      for (const cuda::SdpaEngine& e : plan->candidates())
-        if (int64_t(e.workspace_bytes) <= b.workspace_bytes) {
-          plan->select(e.index);
-          found = true;
-          break;
-        }
-    if (!found)
+  if (env.library_choices_at_load) {  // another architecture
+    if (!select_engine_at_load(*plan, b.workspace_bytes))
       fail_kind(ErrorKind::NotSupported, "{}: cuDNN offers no attention engine for {} within the "
                 "package's {} bytes of workspace", where, cuda::describe(d), b.workspace_bytes);
     return make_cudnn_sdpa_launch(std::move(plan), b);

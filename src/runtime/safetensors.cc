@@ -298,7 +298,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   file.commit();
 }
 
-SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std::string& source) {
+namespace {
+// The header of safetensors bytes, checked: its entries (offsets relative to the data section),
+// its metadata into `metadata`, and where the data section starts.
+std::vector<Entry> bytes_header(std::span<const uint8_t> bytes, const std::string& source,
+                                std::map<std::string, std::string>& metadata,
+                                uint64_t* data_start) {
   if (bytes.size() < 8)
     parse_fail(source, fmt::format("{} bytes is too short for the 8-byte header length",
                                    bytes.size()));
@@ -306,11 +311,17 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std:
   if (header_len > kMaxHeaderBytes || header_len > bytes.size() - 8)
     parse_fail(source, fmt::format("header length {} exceeds the {} bytes that follow it",
                                    header_len, bytes.size() - 8));
+  *data_start = 8 + header_len;
+  return parse_header(reinterpret_cast<const char*>(bytes.data() + 8), header_len,
+                      bytes.size() - 8 - header_len, source, metadata);
+}
+}  // namespace
+
+SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std::string& source) {
   SafetensorsContents out;
-  uint64_t data_bytes = bytes.size() - 8 - header_len;
-  auto entries = parse_header(reinterpret_cast<const char*>(bytes.data() + 8), header_len,
-                              data_bytes, source, out.metadata);
-  const uint8_t* data = bytes.data() + 8 + header_len;
+  uint64_t data_start = 0;
+  const std::vector<Entry> entries = bytes_header(bytes, source, out.metadata, &data_start);
+  const uint8_t* data = bytes.data() + data_start;
   for (const Entry& e : entries) {
     Tensor t = Tensor::empty(e.sizes, e.dtype);
     if (e.end > e.begin) std::memcpy(t.raw_data(), data + e.begin, e.end - e.begin);
@@ -322,19 +333,11 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std:
 
 std::vector<SafetensorsEntry> parse_safetensors_entries(std::span<const uint8_t> bytes,
                                                         const std::string& source) {
-  if (bytes.size() < 8)
-    parse_fail(source, fmt::format("{} bytes is too short for the 8-byte header length",
-                                   bytes.size()));
-  uint64_t header_len = read_le64(bytes.data());
-  if (header_len > kMaxHeaderBytes || header_len > bytes.size() - 8)
-    parse_fail(source, fmt::format("header length {} exceeds the {} bytes that follow it",
-                                   header_len, bytes.size() - 8));
   std::map<std::string, std::string> metadata;
-  const uint64_t data_bytes = bytes.size() - 8 - header_len;
+  uint64_t data_start = 0;
   std::vector<SafetensorsEntry> out;
-  for (Entry& e : parse_header(reinterpret_cast<const char*>(bytes.data() + 8), header_len,
-                               data_bytes, source, metadata))
-    out.push_back({std::move(e.name), e.dtype, std::move(e.sizes), 8 + header_len + e.begin,
+  for (Entry& e : bytes_header(bytes, source, metadata, &data_start))
+    out.push_back({std::move(e.name), e.dtype, std::move(e.sizes), data_start + e.begin,
                    e.end - e.begin});
   return out;
 }

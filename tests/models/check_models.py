@@ -76,6 +76,18 @@ def compare(got: np.ndarray, ref: np.ndarray) -> tuple[bool, dict]:
     return diff <= TOL * scale, info
 
 
+def run_step(cmd: list, result: dict, seconds_key: str):
+    """Runs cmd, timing it into result[seconds_key]; None (and result["error"]) when it fails."""
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    result[seconds_key] = round(time.perf_counter() - t0, 3)
+    if p.returncode != 0:
+        result["error"] = f"`{' '.join(cmd)}` exited with {p.returncode}: " + \
+            (p.stderr.strip() or p.stdout.strip())[-2000:]
+        return None
+    return p
+
+
 def check(kiln: str, name: str, backend: str, models_dir: str | None) -> dict:
     files = export_models.model_files(name, models_dir)
     result = {"model": name, "backend": backend, "ok": False, "outputs": {}}
@@ -84,13 +96,7 @@ def check(kiln: str, name: str, backend: str, models_dir: str | None) -> dict:
             # `kiln compile MODEL.onnx -o M.kiln`, then the package run by the runtime, its
             # inputs and outputs by the model's names (docs/package.md).
             pkg = os.path.join(out, name + ".kiln")
-            compile_cmd = [kiln, "compile", files["onnx"], "-o", pkg]
-            t0 = time.perf_counter()
-            p = subprocess.run(compile_cmd, capture_output=True, text=True)
-            result["compile_s"] = round(time.perf_counter() - t0, 3)
-            if p.returncode != 0:
-                result["error"] = f"`{' '.join(compile_cmd)}` exited with {p.returncode}: " + \
-                    (p.stderr.strip() or p.stdout.strip())[-2000:]
+            if run_step([kiln, "compile", files["onnx"], "-o", pkg], result, "compile_s") is None:
                 return result
             cmd = [kiln, "run", pkg, "--json"]
         else:
@@ -98,12 +104,8 @@ def check(kiln: str, name: str, backend: str, models_dir: str | None) -> dict:
         for inp, path in files["inputs"].items():
             cmd += ["--input", f"{inp}={path}"]
         cmd += ["--output", out]
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        result["kiln_s"] = round(time.perf_counter() - t0, 3)
-        if p.returncode != 0:
-            result["error"] = f"`{' '.join(cmd)}` exited with {p.returncode}: " + \
-                (p.stderr.strip() or p.stdout.strip())[-2000:]
+        p = run_step(cmd, result, "kiln_s")
+        if p is None:
             return result
         try:
             report = json.loads(p.stdout)
