@@ -52,6 +52,14 @@ int kiln_model_num_outputs(const kiln_model* model);
 int kiln_model_input(const kiln_model* model, int index, kiln_tensor_info* info);
 int kiln_model_output(const kiln_model* model, int index, kiln_tensor_info* info);
 
+/* The name dim `dim` of input (or output) `index` had in the source model when it was symbolic
+ * there ("batch_size", "batch"), or NULL for a fixed dim, a package without dim names, or an
+ * index out of range. The package is specialized to the size kiln_model_input reports for that
+ * dim, and a run checks it (docs/package.md, "Signature, symbols and guards"). Valid until
+ * kiln_model_close. */
+const char* kiln_model_input_dim_name(const kiln_model* model, int index, int dim);
+const char* kiln_model_output_dim_name(const kiln_model* model, int index, int dim);
+
 /* Runs the model: 0 on success, -1 on failure (kiln_last_error() says why). */
 int kiln_model_run(kiln_model* model, const void* const* inputs, size_t num_inputs,
                    void* const* outputs, size_t num_outputs);

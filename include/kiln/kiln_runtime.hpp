@@ -32,6 +32,15 @@ class Model {
   int num_outputs() const { return kiln_model_num_outputs(m_); }
   kiln_tensor_info input(int i) const { return info(i, kiln_model_input); }
   kiln_tensor_info output(int i) const { return info(i, kiln_model_output); }
+  // A dim's symbolic name in the source model ("batch_size"), "" for a fixed dim.
+  std::string input_dim_name(int i, int dim) const {
+    const char* n = kiln_model_input_dim_name(m_, i, dim);
+    return n ? n : "";
+  }
+  std::string output_dim_name(int i, int dim) const {
+    const char* n = kiln_model_output_dim_name(m_, i, dim);
+    return n ? n : "";
+  }
   // Safe from several threads at once (see kiln_runtime.h).
   void run(const std::vector<const void*>& inputs, const std::vector<void*>& outputs) {
     if (kiln_model_run(m_, inputs.data(), inputs.size(), outputs.data(), outputs.size()) != 0)

@@ -86,6 +86,23 @@ int kiln_model_output(const kiln_model* m, int i, kiln_tensor_info* info) {
   return 0;
 }
 
+namespace {
+const char* dim_name(const std::vector<std::string>& names, int dim) {
+  if (dim < 0 || size_t(dim) >= names.size() || names[size_t(dim)].empty()) return nullptr;
+  return names[size_t(dim)].c_str();
+}
+}  // namespace
+
+const char* kiln_model_input_dim_name(const kiln_model* m, int i, int dim) {
+  if (!m || i < 0 || size_t(i) >= m->package.exe->inputs.size()) return nullptr;
+  return dim_name(m->package.exe->inputs[size_t(i)].dim_names, dim);
+}
+
+const char* kiln_model_output_dim_name(const kiln_model* m, int i, int dim) {
+  if (!m || i < 0 || size_t(i) >= m->package.exe->outputs.size()) return nullptr;
+  return dim_name(m->package.exe->outputs[size_t(i)].dim_names, dim);
+}
+
 int kiln_model_run(kiln_model* m, const void* const* inputs, size_t num_inputs,
                    void* const* outputs, size_t num_outputs) {
   try {

@@ -18,6 +18,8 @@
 #include "bench/bench.h"
 #include "compiler/package.h"
 #include "compiler/replace_weights.h"
+#include "kiln/kiln_runtime.h"
+#include "kiln/kiln_runtime.hpp"
 #include "nn/package.h"
 #include "onnx_builder.h"
 #include "runtime/package.h"
@@ -233,6 +235,22 @@ TEST(OnnxPackageSignature, NamesDimsAndGuardsAsTheModelDeclaresThem) {
     ASSERT_GT(test::max_abs(want[i]), 0.0);
     EXPECT_TRUE(test::close(got[i], want[i], test::Tolerance::of_max_ref(1e-5))) << i;
   }
+  // The C API names the symbolic dims too (NULL for fixed ones and out-of-range indices).
+  kiln_model* cm = kiln_model_open(pkg.c_str());
+  ASSERT_NE(cm, nullptr) << kiln_last_error();
+  ASSERT_NE(kiln_model_input_dim_name(cm, 0, 0), nullptr);
+  EXPECT_STREQ(kiln_model_input_dim_name(cm, 0, 0), "batch_size");
+  EXPECT_EQ(kiln_model_input_dim_name(cm, 0, 1), nullptr);
+  EXPECT_EQ(kiln_model_input_dim_name(cm, 1, 0), nullptr);
+  EXPECT_EQ(kiln_model_input_dim_name(cm, 2, 0), nullptr);
+  EXPECT_EQ(kiln_model_input_dim_name(cm, 0, 2), nullptr);
+  ASSERT_NE(kiln_model_output_dim_name(cm, 1, 0), nullptr);
+  EXPECT_STREQ(kiln_model_output_dim_name(cm, 1, 0), "batch_size");
+  EXPECT_EQ(kiln_model_output_dim_name(cm, 1, -1), nullptr);
+  kiln_model_close(cm);
+  kiln::runtime::Model cpp(pkg);  // the C++ wrapper: "" for a fixed dim
+  EXPECT_EQ(cpp.input_dim_name(0, 0), "batch_size");
+  EXPECT_EQ(cpp.input_dim_name(0, 1), "");
   // Another batch: refused, naming the symbol and what the package is built for.
   try {
     loaded.exe->run({Tensor::randn({2, 6}, gen), fresh[1]});
