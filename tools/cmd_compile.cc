@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 
 #include "bench/bench.h"
 #include "compiler/package.h"
@@ -52,13 +51,7 @@ void compile_command(const CompileArgs& a) {
   BenchTarget m = load_bench_target(a.model, a.batch, a.seed, device);
   Graph source;
   auto compiled = nn::compile_captured_graph(m.compile, m.inputs, options, &source);
-  PackageInfo info;
-  // A file is recorded by its name, not its path: the package must not depend on where the
-  // model was read from (determinism, Note [Package format]).
-  info.model = std::filesystem::path(a.model).filename().string();
-  info.batch = a.batch;
-  info.inputs = m.input_names;
-  info.outputs = m.output_names;
+  PackageInfo info = bench_package_info(a.model, m, a.batch);
   compiler::write_package(source, *compiled, options, info, a.output, m.state, m.fixed);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("wrote %s: %s (%.2f s)\n", a.output.c_str(), compiled->summary().c_str(), s);

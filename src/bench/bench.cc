@@ -145,29 +145,18 @@ TensorList random_inputs(const Graph& g, int64_t batch, uint64_t seed) {
   return inputs;
 }
 
-// A zoo model's input and output names; every one's first dim is the batch.
+// A zoo model's input and output names; every input's first dim is the batch.
 void zoo_signature(const nn::ZooModel& m, BenchTarget* t) {
-  auto named = [](const std::string& name, const Tensor* example) {
-    SignatureName s{name, {}};
-    if (example && example->dim() > 0) {
-      s.dims.assign(size_t(example->dim()), "");
+  if (m.input_names.size() != m.inputs.size()) return;
+  for (size_t i = 0; i < m.inputs.size(); ++i) {
+    SignatureName s{m.input_names[i], {}};
+    if (m.inputs[i].dim() > 0) {
+      s.dims.assign(size_t(m.inputs[i].dim()), "");
       s.dims[0] = "batch";
     }
-    return s;
-  };
-  for (size_t i = 0; i < m.input_names.size() && i < m.inputs.size(); ++i)
-    t->input_names.push_back(named(m.input_names[i], &m.inputs[i]));
-  if (t->input_names.size() != m.inputs.size()) t->input_names.clear();
+    t->input_names.push_back(std::move(s));
+  }
   for (const std::string& o : m.output_names) t->output_names.push_back(SignatureName{o, {}});
-}
-
-// An ONNX model's input and output names and their dims' symbolic names (its dim_params).
-void onnx_signature(const std::string& path, BenchTarget* t) {
-  OnnxModelScan scan = scan_onnx_model(path);
-  for (size_t i = 0; i < scan.input_names.size(); ++i)
-    t->input_names.push_back({scan.input_names[i], scan.input_dim_names[i]});
-  for (size_t i = 0; i < scan.output_names.size(); ++i)
-    t->output_names.push_back({scan.output_names[i], scan.output_dim_names[i]});
 }
 
 // Note [bench specializes symbolic dims when the import needs them]
@@ -272,7 +261,6 @@ BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t 
   std::string gap = cuda_eager_gap(cpu_graph, bind_input_symbols(cpu_graph, cpu_inputs));
   auto g = std::make_shared<Graph>(graph_on_device(cpu_graph, device));
   for (const Tensor& x : cpu_inputs) t.inputs.push_back(x.to(device));
-  onnx_signature(target, &t);
   t.eager = [g, gap](const TensorList& in) {
     if (!gap.empty()) cuda_gap_error(gap);
     return run(*g, in);
@@ -418,7 +406,6 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
   auto g = std::make_shared<Graph>(import_for_bench(target, batch));
   t.name = std::filesystem::path(target).filename().string();
   t.inputs = random_inputs(*g, batch, seed);
-  onnx_signature(target, &t);
   t.eager = [g](const TensorList& in) { return run(*g, in); };
   // Graph parameters keep their initializer names (a package's source graph lists them:
   // `kiln package --replace-weights` takes new weights by these names).
@@ -430,6 +417,24 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
     return compile([g](const TensorList& in) { return run(*g, in); }, params, o);
   };
   return t;
+}
+
+PackageInfo bench_package_info(const std::string& target, const BenchTarget& m, int64_t batch) {
+  PackageInfo info;
+  info.model = std::filesystem::path(target).filename().string();
+  info.batch = batch;
+  info.inputs = m.input_names;
+  info.outputs = m.output_names;
+  if (is_onnx_path(target)) {  // the names and dim_params as the file declares them
+    OnnxModelScan scan = scan_onnx_model(target);
+    info.inputs.clear();
+    info.outputs.clear();
+    for (size_t i = 0; i < scan.input_names.size(); ++i)
+      info.inputs.push_back({scan.input_names[i], scan.input_dim_names[i]});
+    for (size_t i = 0; i < scan.output_names.size(); ++i)
+      info.outputs.push_back({scan.output_names[i], scan.output_dim_names[i]});
+  }
+  return info;
 }
 
 std::string best_compile_backend() {

@@ -47,9 +47,8 @@ struct BenchTarget {
   NamedState fixed;
   std::function<TensorList(const TensorList&)> eager;  // op by op
   std::function<CompiledFunction(const CompileOptions&)> compile;
-  // The model's names for its inputs and outputs, in call order, with their dims' symbolic names
-  // (a zoo model's first dim is "batch"; an ONNX model's dim_params): what a package's signature
-  // records (Note [Package signature] in runtime/package.cc).
+  // A zoo model's names for its inputs and outputs, in call order, with its inputs' first dim
+  // named "batch" (empty for ONNX models: bench_package_info reads theirs from the file).
   std::vector<SignatureName> input_names, output_names;
 };
 // `target` is a zoo model name or a path ending in .onnx. ONNX models get fresh random inputs of
@@ -65,6 +64,13 @@ struct BenchTarget {
 // throws NotSupported naming the first node without a CUDA kernel, or saying why.
 BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t seed,
                               Device device = Device::cpu());
+
+// What a package of `target`, loaded into `m` by load_bench_target, records besides the
+// executable (Note [Package signature] in runtime/package.cc): the model by its file name, not its
+// path (a package must not depend on where the model was read from), the batch, and the inputs'
+// and outputs' names with their symbolic dims — a zoo model's from `m`, an ONNX model's names
+// and dim_params read from the file here (only packages need them, so loading does not).
+PackageInfo bench_package_info(const std::string& target, const BenchTarget& m, int64_t batch);
 
 // A copy of g whose values all live on `device`: every type says so, params and consts carry
 // device copies of their data.

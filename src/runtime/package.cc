@@ -118,7 +118,6 @@ json guards_of(const json& inputs) {
   return g;
 }
 
-
 }  // namespace
 
 // ---- container ----------------------------------------------------------------------------------
@@ -322,12 +321,11 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   // specialized to, and `guards` what the runtime checks before each call.
   json symbols = json::object();
   auto signature = [&](const std::vector<SignatureName>& names, size_t i, const std::string& own,
-                       const Dims& sizes, json& rec, const char* side) {
-    if (names.empty()) {
+                       const Dims& sizes, json& rec) {
+    if (names.empty()) {  // (else the counts were checked equal below)
       rec["name"] = own;
       return;
     }
-    KILN_CHECK(i < names.size(), "package: {} names for {} {}s", names.size(), i + 1, side);
     const SignatureName& n = names[i];
     rec["name"] = n.name;
     // Dim names are what the source declared: a declaration of another rank names nothing, and
@@ -356,7 +354,7 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   for (size_t i = 0; i < exe.inputs.size(); ++i) {
     const Executable::InputSpec& in = exe.inputs[i];
     json rec = {{"dtype", dtype_name(in.dtype)}, {"shape", dims_json(in.sizes)}, {"slot", in.slot}};
-    signature(info.inputs, i, in.name, in.sizes, rec, "input");
+    signature(info.inputs, i, in.name, in.sizes, rec);
     ins.push_back(std::move(rec));
   }
   for (size_t i = 0; i < exe.outputs.size(); ++i) {
@@ -365,7 +363,7 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
                 {"slot", o.slot}, {"byte_offset", o.byte_offset},
                 {"strides", dims_json(o.strides)}, {"view_offset", o.view_offset},
                 {"base_shape", dims_json(o.base_sizes)}};
-    signature(info.outputs, i, o.name, o.sizes, rec, "output");
+    signature(info.outputs, i, o.name, o.sizes, rec);
     outs.push_back(std::move(rec));
   }
   m["symbols"] = symbols;
@@ -678,11 +676,9 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       for (size_t i = 0; i < entries.size(); ++i) {
         const SafetensorsEntry& e = entries[i];
         char* dst = base + at[i];
-        if (e.dtype == DType::Bool) {  // bytes other than 0 and 1 are normalized on the host
-          SafetensorsContents one = parse_safetensors(wbytes, source + ": section 'weights'");
-          for (auto& [name, t] : one.tensors)
-            if (name == e.name && t.nbytes() > 0)
-              cuda_memcpy(dst, t.raw_data(), size_t(t.nbytes()), CopyKind::HostToDevice);
+        if (e.dtype == DType::Bool && e.nbytes > 0) {  // normalized to 0 and 1 on the host
+          Tensor t = safetensors_entry_tensor(wbytes, e);
+          cuda_memcpy(dst, t.raw_data(), size_t(e.nbytes), CopyKind::HostToDevice);
         } else if (e.nbytes > 0) {
           cuda_memcpy(dst, wbytes.data() + e.offset, size_t(e.nbytes), CopyKind::HostToDevice);
         }

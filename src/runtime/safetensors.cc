@@ -200,6 +200,14 @@ void normalize_bools(Tensor& t) {
   for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = p[i] != 0;
 }
 
+// A host tensor holding `n` bytes of data at `src`, its bools normalized.
+Tensor host_tensor(const Dims& sizes, DType dtype, const uint8_t* src, uint64_t n) {
+  Tensor t = Tensor::empty(sizes, dtype);
+  if (n > 0) std::memcpy(t.raw_data(), src, n);
+  normalize_bools(t);
+  return t;
+}
+
 uint64_t read_le64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -322,13 +330,13 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, const std:
   uint64_t data_start = 0;
   const std::vector<Entry> entries = bytes_header(bytes, source, out.metadata, &data_start);
   const uint8_t* data = bytes.data() + data_start;
-  for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(e.sizes, e.dtype);
-    if (e.end > e.begin) std::memcpy(t.raw_data(), data + e.begin, e.end - e.begin);
-    normalize_bools(t);
-    out.tensors.emplace_back(e.name, std::move(t));
-  }
+  for (const Entry& e : entries)
+    out.tensors.emplace_back(e.name, host_tensor(e.sizes, e.dtype, data + e.begin, e.end - e.begin));
   return out;
+}
+
+Tensor safetensors_entry_tensor(std::span<const uint8_t> bytes, const SafetensorsEntry& e) {
+  return host_tensor(e.sizes, e.dtype, bytes.data() + e.offset, e.nbytes);
 }
 
 std::vector<SafetensorsEntry> parse_safetensors_entries(std::span<const uint8_t> bytes,

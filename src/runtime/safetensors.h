@@ -61,6 +61,9 @@ struct SafetensorsEntry {
 };
 std::vector<SafetensorsEntry> parse_safetensors_entries(std::span<const uint8_t> bytes,
                                                         const std::string& source = "<memory>");
+// One entry of `bytes` (as parse_safetensors_entries returned it) as a host tensor, as
+// parse_safetensors makes it (a bool tensor's bytes normalized to 0 and 1).
+Tensor safetensors_entry_tensor(std::span<const uint8_t> bytes, const SafetensorsEntry& e);
 
 // "F32" etc. for a dtype (every Kiln dtype has one).
 const char* safetensors_dtype_name(DType d);

@@ -79,10 +79,7 @@ std::shared_ptr<compiler::CompiledExecutable> compile_onnx(const std::string& on
   options.precision = precision;
   Graph source;
   auto c = nn::compile_captured_graph(m.compile, m.inputs, options, &source);
-  PackageInfo info;
-  info.model = std::filesystem::path(onnx_path).filename().string();
-  info.inputs = m.input_names;
-  info.outputs = m.output_names;
+  PackageInfo info = bench_package_info(onnx_path, m, 1);
   compiler::write_package(source, *c, options, info, package_path, m.state);
   return c;
 }
@@ -193,11 +190,8 @@ TEST(OnnxPackageSignature, NamesDimsAndGuardsAsTheModelDeclaresThem) {
   compiler::Options options;
   Graph source;
   auto c = nn::compile_captured_graph(t.compile, t.inputs, options, &source);
-  PackageInfo info;
-  info.model = "sig.onnx";
-  info.batch = 3;
-  info.inputs = t.input_names;
-  info.outputs = t.output_names;
+  PackageInfo info = bench_package_info(onnx, t, 3);  // names and dim_params from the file
+  EXPECT_EQ(info.model, "sig.onnx");
   compiler::write_package(source, *c, options, info, pkg, t.state);
 
   uint32_t version = 0;

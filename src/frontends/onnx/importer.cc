@@ -428,6 +428,19 @@ Tensor read_onnx_tensor_file(const std::string& path, std::string* name,
   return tensor_from_proto(t, dir.empty() ? "." : dir, options.max_tensor_bytes, path);
 }
 
+namespace {
+// The declared dims' symbolic names of a graph input or output: its dim_param where a dim is
+// not fixed, "" where it is fixed or unnamed (empty: no shape declared).
+std::vector<std::string> dim_params(const pb::ValueInfoProto& vi) {
+  std::vector<std::string> names;
+  if (vi.type().has_tensor_type() && vi.type().tensor_type().has_shape())
+    for (const pb::TensorShapeProto::Dimension& d : vi.type().tensor_type().shape().dim())
+      names.push_back(!(d.has_dim_value() && d.dim_value() >= 0) && d.has_dim_param()
+                          ? d.dim_param() : std::string());
+  return names;
+}
+}  // namespace
+
 OnnxModelScan scan_onnx_model(const std::string& path, const ImportOptions& options) {
   std::string bytes = read_file(path, options.max_model_bytes);
   pb::ModelProto m;
@@ -453,27 +466,18 @@ OnnxModelScan scan_onnx_model(const std::string& path, const ImportOptions& opti
     if (initializers.count(vi.name())) continue;
     scan.input_names.push_back(vi.name());
     std::vector<int64_t> dims;
-    std::vector<std::string> names;
     if (vi.type().has_tensor_type() && vi.type().tensor_type().has_shape())
-      for (const pb::TensorShapeProto::Dimension& d : vi.type().tensor_type().shape().dim()) {
-        const bool fixed = d.has_dim_value() && d.dim_value() >= 0;
-        dims.push_back(fixed ? d.dim_value() : -1);
-        names.push_back(!fixed && d.has_dim_param() ? d.dim_param() : std::string());
-      }
+      for (const pb::TensorShapeProto::Dimension& d : vi.type().tensor_type().shape().dim())
+        dims.push_back(d.has_dim_value() && d.dim_value() >= 0 ? d.dim_value() : -1);
     scan.input_dims.push_back(std::move(dims));
-    scan.input_dim_names.push_back(std::move(names));
+    scan.input_dim_names.push_back(dim_params(vi));
     if (!representable(vi.type()))
       scan.unsupported_types.push_back(
           fmt::format("input '{}': {}", vi.name(), describe_type(vi.type())));
   }
   for (const pb::ValueInfoProto& vi : g.output()) {
     scan.output_names.push_back(vi.name());
-    std::vector<std::string> names;
-    if (vi.type().has_tensor_type() && vi.type().tensor_type().has_shape())
-      for (const pb::TensorShapeProto::Dimension& d : vi.type().tensor_type().shape().dim())
-        names.push_back(!(d.has_dim_value() && d.dim_value() >= 0) && d.has_dim_param()
-                            ? d.dim_param() : std::string());
-    scan.output_dim_names.push_back(std::move(names));
+    scan.output_dim_names.push_back(dim_params(vi));
     if (!representable(vi.type()))
       scan.unsupported_types.push_back(
           fmt::format("output '{}': {}", vi.name(), describe_type(vi.type())));
