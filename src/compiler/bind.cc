@@ -272,6 +272,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   for (Executable::DeviceModule& dm : lib->device_modules()) exe->device_modules.push_back(std::move(dm));
   // Every constant by name (what a package's weights section holds): those with a slot, then
   // those only the library kernels read (their records name them).
+  std::vector<ValueId> slot_constant_values;  // the value of exe->constants[i], for those with a slot
   {
     std::map<int, Tensor> by_slot(m.constants.begin(), m.constants.end());
     std::set<std::string> named;
@@ -281,6 +282,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       auto it = by_slot.find(m.mem[v].slot);
       if (it == by_slot.end()) continue;
       exe->constants.push_back({val.name, it->first, it->second});
+      slot_constant_values.push_back(ValueId(v));
       named.insert(val.name);
       by_slot.erase(it);
     }
@@ -328,6 +330,18 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
     return b;
   };
 
+  // Note [Constants read at run time]: which parameters and constants a launch reads through
+  // the slot table when it runs. A oneDNN node reads none: it prepacks (or copies) its constant
+  // operands when it is built. A constant only such nodes read keeps its slot here (harmless)
+  // but is recorded with slot -1, so that a package's loader neither copies it nor binds it
+  // (Note [CPU package weights] in runtime/package.cc).
+  std::vector<bool> read_at_run(g.values.size(), false);
+  auto mark_read = [&](ValueId v) {
+    if (v == kNoValue) return;
+    read_at_run[size_t(v)] = true;
+    if (s.virtual_view[size_t(v)]) read_at_run[size_t(s.views[size_t(v)].base)] = true;
+  };
+  for (ValueId o : g.outputs) mark_read(o);
   for (size_t si = 0; si < s.steps.size(); ++si) {
     const lower::Step& st = s.steps[si];
     Executable::Launch l;
@@ -426,8 +440,18 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       out.eager_launches++;
       out.kernels.push_back(fmt::format("{} [eager kernel]", l.name));
     }
+    if (l.kind != "onednn") {
+      if (st.kind == lower::StepKind::Loop) {
+        for (int32_t n : s.loops[size_t(st.loop)].nodes)
+          for (ValueId v : g.nodes[size_t(n)].inputs) mark_read(v);
+      } else {
+        for (ValueId v : g.nodes[size_t(st.node)].inputs) mark_read(v);
+      }
+    }
     exe->launches.push_back(std::move(l));
   }
+  for (size_t i = 0; i < slot_constant_values.size(); ++i)
+    if (!read_at_run[size_t(slot_constant_values[i])]) exe->constants[i].slot = -1;
 
   for (size_t i = 0; i < g.inputs.size(); ++i) {
     Executable::InputSpec in;

@@ -524,7 +524,9 @@ struct Builder {
   memory activation(PlanBuilder& b, Plan& p, int32_t index, const OnednnOperand& v,
                     const memory::desc& md) const {
     if (!is_constant(v)) return b.input(index, md);
-    p.constants.push_back(constant(v).contiguous());
+    // A copy of its own: the source's tensor may live only while the node is built (a package's
+    // weights are views of the file being loaded).
+    p.constants.push_back(constant(v).clone());
     return b.fixed(md, p.constants.back().raw_data());
   }
   // Binds the node's output: directly when the primitive's dst layout is the value's layout,

@@ -107,6 +107,8 @@ struct OnednnNodeDesc {
 };
 
 // The data of a named constant (weights, bias, constant activations); throws when absent.
+// The data of a constant operand by name. The tensor need only live while build() runs: a node
+// copies (or prepacks) what it reads at run time.
 using ConstantSource = std::function<Tensor(const std::string& name)>;
 
 // The layouts of blocked values, filled by the nodes that produce them (in graph order) and read

@@ -63,7 +63,7 @@ class Executable {
   struct ConstantSpec {
     std::string name;
     int32_t slot = -1;
-    Tensor data;
+    Tensor data;  // undefined for a slot -1 constant of a loaded CPU package (its nodes hold copies)
   };
   struct InputSpec {
     std::string name;
