@@ -42,6 +42,19 @@
 // time, the call completes by interpreting that segment with the eager kernels, the failure is
 // reported once and counted; with strict=true the error propagates instead.
 //
+// Note [Host reads of call inputs]
+// The traced code gets the call's real input tensors (ops on them are recorded; their values
+// are graph inputs). Host code may also read an input's data directly (`in[1].item()`,
+// to_vector(), raw data): that value steers what the host code does, exactly like a read of a
+// recorded value, and a whole-graph entry replays without re-running the host code. So while a
+// Tracer lives it watches its inputs' storages (Storage::capture_watch; a count, as several
+// traces on several threads may share an input), and the materialization hook treats a read of
+// watched data as a graph break: the segment so far is run, the value becomes a value guard, the
+// entry is segmented, and every later call re-runs the host code and reads the value again.
+// Before, such a read was silently baked into the graph (a call with another value replayed
+// the first value's branch). The tracer's own reads (a value guard's text, a segment's run) are
+// made with the hook off.
+//
 // Note [Concurrent calls]
 // One compiled function may be called from several threads at once. Two locks, neither held
 // while a compiled graph runs:
@@ -250,8 +263,17 @@ class Tracer final : public DispatchHook {
   Tracer(CompiledFunction::State& st, Entry& entry, const TensorList& call_inputs, bool dry = false)
       : st_(st), entry_(entry), call_inputs_(call_inputs), dry_(dry) {
     for (size_t i = 0; i < call_inputs.size(); ++i)
-      if (call_inputs[i].defined()) call_index_.emplace(call_inputs[i].impl(), int(i));
+      if (call_inputs[i].defined()) {
+        call_index_.emplace(call_inputs[i].impl(), int(i));
+        if (Storage* s = call_inputs[i].impl()->storage.get())
+          if (watched_.emplace(s, int(i)).second) s->capture_watch.fetch_add(1, std::memory_order_relaxed);
+      }
   }
+  ~Tracer() {
+    for (auto& [s, i] : watched_) s->capture_watch.fetch_sub(1, std::memory_order_relaxed);
+  }
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
 
   // Runs fn under capture; returns its outputs (real tensors).
   TensorList run() {
@@ -320,7 +342,12 @@ class Tracer final : public DispatchHook {
 
   static void materialize_hook(TensorImpl* impl, const char* what, const char* where) {
     Tracer* t = t_tracer;
-    if (!t || impl->capture_epoch != t->epoch_) return;
+    if (!t) return;
+    if (impl->storage) {  // Note [Host reads of call inputs]
+      if (!t->watched_.count(impl->storage.get())) return;  // another trace's input
+    } else if (impl->capture_epoch != t->epoch_) {
+      return;
+    }
     if (t->dry_)
       throw HostCodeDiverged{fmt::format("the host code now reads tensor data ({} at {}): it "
                                          "takes another path than when it was traced",
@@ -424,18 +451,28 @@ class Tracer final : public DispatchHook {
       if (val.kind == ValueKind::NodeOutput) producer = &graph_.nodes[size_t(val.producer)];
     }
     std::string reason = fmt::format("{} reads tensor data on the host", what);
+    if (reading->storage) {
+      auto w = watched_.find(reading->storage.get());
+      if (w != watched_.end()) reason += fmt::format(" (the data of the call's input {})", w->second);
+    }
     if (producer)
       reason += fmt::format(" (the tensor comes from op '{}' at {})", op_def(producer->op).name,
                             producer->name);
     if (st_.options.fullgraph)
       fail("fullgraph=true, but the code breaks the graph at {}: {}. Keep the computation in "
-           "tensor ops (e.g. kiln::where instead of a host branch) or compile with "
-           "fullgraph=false",
+           "tensor ops (a branch on a tensor's value as kiln::cond, ops/cond.h, or "
+           "kiln::where) or compile with fullgraph=false",
            loc, reason);
     breaks_.push_back({reason, loc});
     st_.stats.graph_breaks++;
     end_segment(reading, what, where, nullptr);
-    // The value read steers host control flow: report it as a value guard.
+    // The value read steers host control flow: report it as a value guard. (Reading it here is
+    // no break: the hook is off for this scope.)
+    MaterializeHook prev_mat = set_materialize_hook(nullptr);
+    struct RestoreHook {
+      MaterializeHook p;
+      ~RestoreHook() { set_materialize_hook(p); }
+    } restore_hook{prev_mat};
     Tensor t{Ref<TensorImpl>(reading)};
     std::string value;
     if (t.numel() <= 8) {
@@ -466,7 +503,7 @@ class Tracer final : public DispatchHook {
       for (const Tensor& t : *returned)
         if (t.defined() && !t.has_storage() && t.impl()->capture_epoch == epoch_)
           want(ValueId(t.impl()->capture_value));
-    if (reading) want(ValueId(reading->capture_value));
+    if (reading && reading->capture_value >= 0) want(ValueId(reading->capture_value));
     for (size_t v = 0; v < fakes_.size(); ++v)
       if (fakes_[v] && fakes_[v]->ref_count() > 1) want(ValueId(v));
     if (graph_.nodes.empty() && outs.empty()) {
@@ -601,6 +638,9 @@ class Tracer final : public DispatchHook {
   const TensorList& call_inputs_;
   const bool dry_;
   std::unordered_map<const TensorImpl*, int> call_index_;
+  // The call inputs' storages (each to its first input's index), watched while this tracer
+  // lives: a host read of their data is a graph break (Note [Host reads of call inputs]).
+  std::unordered_map<Storage*, int> watched_;
   std::unordered_set<const TensorImpl*> materialized_;
   std::vector<Ref<TensorImpl>> keep_alive_;
 

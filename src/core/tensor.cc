@@ -167,8 +167,16 @@ MaterializeHook set_materialize_hook(MaterializeHook hook) {
   return prev;
 }
 
+namespace {
+// Whether a read of impl's data must go to the materialization hook (Note [Materialization hook]).
+inline bool read_is_hooked(const TensorImpl& impl) {
+  return impl.storage ? impl.storage->capture_watch.load(std::memory_order_relaxed) != 0
+                      : impl.capture_value >= 0;
+}
+}  // namespace
+
 void Tensor::materialize(const char* what, const std::source_location& loc) const {
-  if (!impl_ || impl_->storage || impl_->capture_value < 0 || !t_materialize) return;
+  if (!impl_ || !read_is_hooked(*impl_) || !t_materialize) return;
   std::string_view file = loc.file_name();
   size_t slash = file.rfind('/');
   if (slash != std::string_view::npos) file = file.substr(slash + 1);
@@ -178,7 +186,7 @@ void Tensor::materialize(const char* what, const std::source_location& loc) cons
 
 void* Tensor::raw_data() const {
   KILN_CHECK(defined(), "access to the data of an undefined tensor");
-  if (!impl_->storage && impl_->capture_value >= 0 && t_materialize) [[unlikely]]
+  if (read_is_hooked(*impl_) && t_materialize) [[unlikely]]
     t_materialize(impl_.get(), "data access", "");
   KILN_CHECK(impl_->storage, "tensor of type {} has no data (it is a fake tensor used for "
              "tracing)", type().str());

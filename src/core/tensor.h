@@ -7,6 +7,7 @@
 // write, which capture uses to guard parameters against mutation. A TensorImpl without storage
 // is "fake": it has a type but no data (capture records ops on such tensors).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <source_location>
 #include <span>
@@ -39,6 +40,9 @@ class Storage : public RefCounted {
   // Creation order of storages in this process (capture tells tensors created while tracing
   // from pre-existing ones, e.g. parameters).
   uint64_t serial() const { return serial_; }
+  // Capture (Note [Host reads of call inputs] in capture/compile.cc): nonzero while some trace
+  // treats a read of this storage's data as a graph break (it holds a traced call's input).
+  std::atomic<int32_t> capture_watch{0};
 
  private:
   void* data_ = nullptr;
@@ -75,7 +79,9 @@ class Generator;
 // Capture records ops on fake tensors. When host code reads one of them (item(), to_vector(),
 // raw_data()), capture must run the graph recorded so far to produce real data: a graph break.
 // Capture installs this thread-local hook; `what` names the read ("item()") and `where` the
-// caller's location. After the hook returns, the tensor has storage.
+// caller's location. After the hook returns, the tensor has storage. The hook is also called
+// for a tensor with storage whose Storage::capture_watch is set (a traced call's input): that
+// read steers the host code just as much, and is a graph break too.
 using MaterializeHook = void (*)(TensorImpl* impl, const char* what, const char* where);
 MaterializeHook set_materialize_hook(MaterializeHook hook);
 

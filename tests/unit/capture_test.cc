@@ -381,3 +381,44 @@ TEST(Capture, DistinctScalarTemporariesStayDistinct) {
   for (float xi : xv) want.push_back((xi * 3.0 + 7.0) * 0.25 - 1.5 + v);
   EXPECT_TRUE(kiln::test::close(got, want, kiln::test::Tolerance::rel(0, 1e-4)));
 }
+
+// Note [Host reads of call inputs]: host code that reads an input's data directly (no op in
+// between) branches on it just as on a computed value. It used to be baked into the graph: a
+// second call with the other value replayed the first call's branch.
+TEST(Capture, HostReadOfAnInputsDataIsAGraphBreakWithAValueGuard) {
+  auto fn = [](const TensorList& in) {
+    if (in[1].item() > 0) return TensorList{relu(in[0]) * 2.0};
+    return TensorList{neg(in[0]) + 1.0};
+  };
+  Generator g(21);
+  Tensor x = Tensor::randn({5}, g);
+  for (bool fullgraph : {false, true}) {
+    CompileOptions opts;
+    opts.fullgraph = fullgraph;
+    opts.strict = true;
+    CompiledFunction f = compile(fn, opts);
+    if (fullgraph) {
+      try {
+        f({x, Tensor::full({1}, 1.0)});
+        FAIL() << "fullgraph: reading an input's data must be an error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("the call's input 1"), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    for (int round = 0; round < 2; ++round) {
+      expect_close(f({x, Tensor::full({1}, 1.0)})[0], relu(x) * 2.0);
+      expect_close(f({x, Tensor::full({1}, -1.0)})[0], neg(x) + 1.0);
+    }
+    auto r = f.report();
+    ASSERT_FALSE(r.breaks.empty());
+    EXPECT_NE(r.breaks[0].reason.find("the call's input 1"), std::string::npos) << r.breaks[0].reason;
+    EXPECT_NE(r.breaks[0].location.find("capture_test.cc:"), std::string::npos);
+    bool has_value_guard = false;
+    for (const std::string& gd : r.guards) has_value_guard |= gd.find("value read by item()") != std::string::npos;
+    EXPECT_TRUE(has_value_guard);
+  }
+  // The watch ends with the trace: the inputs read normally afterwards, on any thread.
+  EXPECT_EQ(x.impl()->storage->capture_watch.load(), 0);
+  EXPECT_NO_THROW(x.to_vector<float>());
+}
