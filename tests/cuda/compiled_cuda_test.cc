@@ -122,8 +122,8 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, CudaZoo,
-                         testing::Values("mlp", "vfe", "branchy", "resnet18", "resnet50",
-                                         "vit_b_16", "bert_base"),
+                         testing::Values("mlp", "vfe", "branchy", "branchy_cond", "resnet18",
+                                         "resnet50", "vit_b_16", "bert_base"),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(CudaCompile, KilnCompileOnCudaInputsUsesTheCudaTarget) {

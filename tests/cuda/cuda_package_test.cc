@@ -144,7 +144,8 @@ INSTANTIATE_TEST_SUITE_P(
                     ZooCase{"resnet18", "default", DType::BFloat16},
                     ZooCase{"resnet50", "default", DType::BFloat16},
                     ZooCase{"bert_base", "default", DType::BFloat16},
-                    ZooCase{"vit_b_16", "reduce-overhead", DType::BFloat16}),
+                    ZooCase{"vit_b_16", "reduce-overhead", DType::BFloat16},
+                    ZooCase{"branchy_cond", "reduce-overhead"}),
     [](const testing::TestParamInfo<ZooCase>& i) {
       std::string n = i.param.model + "_" + (i.param.mode == "default" ? "default" : "graph");
       if (i.param.precision != DType::Float32) n += std::string("_") + dtype_name(i.param.precision);

@@ -30,8 +30,10 @@
 #include "ir/graph.h"
 #include "kernels/onednn_node.h"
 #include "kiln/kiln_runtime.h"
+#include "nn/models/branchy.h"
 #include "nn/models/zoo.h"
 #include "nn/package.h"
+#include "ops/api.h"
 #include "runtime/launch_library.h"
 #include "runtime/package.h"
 #include "support/hash.h"
@@ -139,7 +141,7 @@ TEST_P(PackageZoo, LoadedPackageMatchesCompiledRunBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, PackageZoo,
                          testing::Values("mlp", "vfe", "resnet18", "resnet50", "vit_b_16",
-                                         "bert_base"),
+                                         "bert_base", "branchy_cond"),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 // oneDNN sizes per-thread parts of a primitive's scratchpad by the thread count at its creation
@@ -171,7 +173,8 @@ TEST(Package, ThreadCountsAtWriteLoadAndCallMayDiffer) {
 }
 
 // branchy's host code branches on a computed value: two graphs and a guard, which one package
-// cannot hold. The compile says so rather than packaging half of the model.
+// cannot hold. The compile says so rather than packaging half of the model, and names kiln::cond,
+// the form that packages (zoo branchy_cond, in PackageZoo).
 TEST(Package, GraphBreakIsRefused) {
   TempDir dir;
   nn::ZooModel m = nn::make_zoo_model("branchy", 1, 7);
@@ -181,8 +184,38 @@ TEST(Package, GraphBreakIsRefused) {
     FAIL() << "packaging branchy should fail";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("graph"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kiln::cond"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// branchy_cond holds its branch as kiln::cond: one graph, so it packages, and the package takes
+// each branch as the eager model does (inputs scaled so that mean(relu(fc1(x))) lies on either
+// side of the threshold; the eager forward reads it on the host).
+TEST(Package, CondModelTakesEachBranchAsTheEagerModel) {
+  TempDir dir;
+  Packaged p = package_zoo("branchy_cond", dir.path);
+  LoadedPackage loaded = load_package(p.path);
+  auto eager = std::dynamic_pointer_cast<nn::UnaryModule>(p.model.module);
+  ASSERT_TRUE(eager);
+  auto* m = dynamic_cast<nn::models::BranchyCond*>(eager.get());
+  ASSERT_TRUE(m);
+  int taken[2] = {0, 0};
+  for (uint64_t seed : {31u, 32u, 33u})
+    for (double scale : {0.02, 8.0}) {
+      Tensor x = nn::zoo_example_inputs("branchy_cond", 1, seed)[0] * scale;
+      Tensor h = relu(m->fc1->forward(x));
+      const bool above = mean(h).item() > nn::models::Branchy::kThreshold;
+      ++taken[above ? 1 : 0];
+      Tensor want = eager->forward(x);
+      Tensor got = loaded.exe->run({x})[0];
+      ASSERT_GT(max_abs_value(want), 0.0);
+      EXPECT_TRUE(test::close(got, want, test::Tolerance::of_max_ref(1e-5)))
+          << "scale " << scale << " seed " << seed << (above ? " (fc2 branch)" : " (affine branch)");
+      expect_bitwise(got, p.compiled->run({x})[0], "package vs compiled");
+    }
+  EXPECT_GT(taken[0], 0) << "no input took the affine branch";
+  EXPECT_GT(taken[1], 0) << "no input took the fc2 branch";
 }
 
 // ---- determinism ----------------------------------------------------------------------------------

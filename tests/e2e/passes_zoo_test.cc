@@ -119,6 +119,7 @@ struct Expected {
 //   bert:     per layer 2 dense + residual (attention output, FFN output), 1 dense + gelu;
 //             the pooler dense + tanh. Q, K, V stay plain linears.
 //   branchy:  two graphs around the host branch: fc1 takes the relu in the first.
+//   branchy_cond: one graph (kiln::cond): fc1 takes the relu; fc2 feeds the select, plain.
 const Expected kExpected[] = {
     {"mlp", 1, 0, 1, 0, 1},
     {"vfe", 1, 1, 0, 0, 1},
@@ -127,6 +128,7 @@ const Expected kExpected[] = {
     {"vit_b_16", 1, 0, 36, 24, 12},
     {"bert_base", 1, 0, 37, 24, 13},
     {"branchy", 2, 0, 1, 0, 1},
+    {"branchy_cond", 1, 0, 1, 0, 1},
 };
 
 const Expected& expected_for(const std::string& model) {

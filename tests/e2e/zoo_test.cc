@@ -71,6 +71,7 @@ const std::map<std::string, Expected>& expectations() {
          {"pooler.dense.bias", {768}}}}},
       // Linear 16->16 twice: 2 * (256 + 16)
       {"branchy", {2, 544, {{2, 16}}, {{"fc1.weight", {16, 16}}, {"fc2.bias", {16}}}}},
+      {"branchy_cond", {2, 544, {{2, 16}}, {{"fc1.weight", {16, 16}}, {"fc2.bias", {16}}}}},
   };
   return e;
 }
@@ -149,7 +150,7 @@ INSTANTIATE_TEST_SUITE_P(AllModels, Zoo, ::testing::ValuesIn(zoo_names()),
 TEST(ZooRegistry, ListsEveryModelOnceWithInputs) {
   std::vector<std::string> names = zoo_names();
   EXPECT_EQ(names, (std::vector<std::string>{"mlp", "vfe", "resnet18", "resnet50", "vit_b_16",
-                                             "bert_base", "branchy"}));
+                                             "bert_base", "branchy", "branchy_cond"}));
   for (const auto& e : zoo_models()) {
     EXPECT_FALSE(e.description.empty()) << e.name;
     EXPECT_FALSE(e.inputs.empty()) << e.name;

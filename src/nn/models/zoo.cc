@@ -1,4 +1,4 @@
-// The zoo registry: mlp, vfe, resnet18, resnet50, vit_b_16, bert_base, branchy.
+// The zoo registry: mlp, vfe, resnet18, resnet50, vit_b_16, bert_base, branchy, branchy_cond.
 #include "nn/models/zoo.h"
 
 #include "nn/layers.h"
@@ -69,6 +69,9 @@ const std::vector<ZooRecipe>& recipes() {
       {{"branchy", "Linear 16->16 + ReLU, then a host branch on mean(h) (one graph break)",
         {{"x", {1, 16}, DType::Float32}}, {"y"}},
        [](Generator& g) -> ModulePtr { return models::branchy(g); }},
+      {{"branchy_cond", "branchy with its branch as kiln::cond: one graph, both branches selected",
+        {{"x", {1, 16}, DType::Float32}}, {"y"}},
+       [](Generator& g) -> ModulePtr { return models::branchy_cond(g); }},
   };
   return all;
 }

@@ -1,0 +1,78 @@
+// Note [cond]
+// Host code that branches on a tensor's value (`if (mean(h).item() > t)`) makes a graph break
+// under capture: the host must see the value, so the graph ends there, and what follows depends
+// on host code no compiled artefact holds (a package cannot carry it: Package.GraphBreakIsRefused).
+// cond() states the branch as data instead. Eagerly it reads `pred` and runs one branch. Under
+// capture (`pred` is a fake tensor: recorded, no data) it records both branches and selects each
+// output with where(pred, true_out, false_out): one graph, whose nodes the passes fuse like any
+// others (the two branches' pointwise tails and the selects become one loop kernel).
+//
+// The price is that the compiled graph computes both branches. That is the right trade for the
+// small branches of inference code (a threshold on a score, a clamp path); a branch worth
+// skipping (a whole sub-network) would want conditional execution in the launch list, which
+// Kiln does not have yet. The select itself is exact: where() picks one input's element, so a
+// NaN or Inf in the branch not taken never reaches the output, and the result equals the eager
+// branch up to the compiled graph's own rounding.
+//
+// `pred` with one element: a bool, or any number (nonzero is true, NaN included, as bool() of
+// a tensor is in PyTorch). The branches' outputs must agree pairwise in dtype, shape and device,
+// checked while tracing (eagerly only one branch runs, so there is nothing to compare).
+#include "ops/cond.h"
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "ops/api.h"
+
+namespace kiln {
+
+namespace {
+std::string where_str(const std::source_location& loc) {
+  std::string f = loc.file_name();
+  size_t slash = f.find_last_of('/');
+  return fmt::format("{}:{}", slash == std::string::npos ? f : f.substr(slash + 1), loc.line());
+}
+}  // namespace
+
+TensorList cond(const Tensor& pred, const CondBranch& if_true, const CondBranch& if_false,
+                const TensorList& operands, const std::source_location& loc) {
+  if (!pred.defined() || pred.numel() != 1)
+    fail_kind(ErrorKind::InvalidArgument,
+              "cond at {}: pred must be a tensor of one element (the branch's condition), got {}",
+              where_str(loc), pred.defined() ? "shape " + to_string(pred.sizes()) : "no tensor");
+  if (!if_true || !if_false)
+    fail_kind(ErrorKind::InvalidArgument, "cond at {}: both branches must be given",
+              where_str(loc));
+  if (pred.has_storage()) return pred.item(loc) != 0.0 ? if_true(operands) : if_false(operands);
+
+  // Under capture: both branches into the graph, then one select per output.
+  TensorList t = if_true(operands);
+  TensorList f = if_false(operands);
+  if (t.size() != f.size())
+    fail_kind(ErrorKind::InvalidArgument,
+              "cond at {}: the true branch returns {} tensors and the false branch {}; under "
+              "capture both run, and each output is selected from the pair: return as many from "
+              "each", where_str(loc), t.size(), f.size());
+  Tensor p = pred.dtype() == DType::Bool ? pred : ne(pred, scalar_like(0.0, pred), loc);
+  if (p.dim() != 0) p = reshape(p, {}, loc);
+  TensorList out;
+  out.reserve(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (!t[i].defined() || !f[i].defined())
+      fail_kind(ErrorKind::InvalidArgument, "cond at {}: output {} of the {} branch is no tensor",
+                where_str(loc), i, t[i].defined() ? "false" : "true");
+    if (t[i].dtype() != f[i].dtype() || t[i].sizes() != f[i].sizes() ||
+        t[i].device() != f[i].device())
+      fail_kind(ErrorKind::InvalidArgument,
+                "cond at {}: output {} is {} {} {} from the true branch but {} {} {} from the false "
+                "one; under capture it is selected from the two, so they must agree (cast or "
+                "reshape one branch's result)",
+                where_str(loc), i, dtype_name(t[i].dtype()), to_string(t[i].sizes()),
+                t[i].device().str(), dtype_name(f[i].dtype()), to_string(f[i].sizes()),
+                f[i].device().str());
+    out.push_back(where(p, t[i], f[i], loc));
+  }
+  return out;
+}
+
+}  // namespace kiln
