@@ -612,12 +612,18 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
     // (Note [cuBLASLt algorithm identity]: with byte matching, fresh processes sometimes did not
     // find the recorded algorithm), older ones on its bytes; the plan takes cuBLASLt's own
     // candidate either way.
+    // The 32 candidates are asked for only when the plan's own choice is not the recorded one
+    // (a heuristic query per GEMM: most of a package's cuBLASLt rebuild time when it is made).
     bool found = false;
+    auto matches = [&](const cuda::GemmAlgo& a) {
+      return g.algo_config.empty() ? std::memcmp(a.opaque, want, sizeof g.algo) == 0
+                                   : a.config == g.algo_config;
+    };
     std::vector<cuda::GemmAlgo> cs = {plan->algo()};
-    for (const cuda::GemmAlgo& a : plan->candidates(32)) cs.push_back(a);
+    if (!matches(cs[0]))
+      for (const cuda::GemmAlgo& a : plan->candidates(32)) cs.push_back(a);
     for (const cuda::GemmAlgo& a : cs)
-      if (g.algo_config.empty() ? std::memcmp(a.opaque, want, sizeof g.algo) == 0
-                                : a.config == g.algo_config) {
+      if (matches(a)) {
         if (int64_t(a.workspace_bytes) > b.workspace_bytes)
           fail_kind(ErrorKind::ParseError, "{}: the recorded algorithm needs {} bytes of "
                     "workspace, the package reserves {}", where, a.workspace_bytes,
@@ -706,9 +712,10 @@ bool select_engine_at_load(Plan& plan, int64_t workspace_bytes) {
   return false;
 }
 
-Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
-                                      const std::string& where) {
-  ConvRecord rec = parse_cudnn_conv(r, env, where);
+// The record's cuDNN plan with its engine chosen (the slow part of a rebuild: finalizing a
+// runtime-fusion engine builds its kernels).
+std::shared_ptr<cuda::ConvPlan> conv_plan_for(const ConvRecord& rec, const LaunchEnv& env,
+                                              const std::string& where) {
   const cuda::ConvDesc& d = rec.desc;
   const CudnnConvBuffers& b = rec.buf;
   std::shared_ptr<cuda::ConvPlan> plan = cuda::ConvPlan::create(d);
@@ -728,6 +735,28 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
       fail_kind(ErrorKind::ParseError, "{}: engine {} needs {} bytes of workspace, the package "
                 "reserves {}", where, tag, plan->workspace_bytes(), b.workspace_bytes);
   }
+  return plan;
+}
+
+// Note [cuDNN plans built beside each other]: a CUDA package's load builds its convolutions'
+// plans on several threads ahead of the launch loop (prebuild_launches); cuDNN is thread-safe
+// and its plans are used later from the loading thread, as plans built by one thread and run
+// by another are at compile time.
+std::shared_ptr<void> prebuild_cudnn_conv(const LaunchRecord& r, const LaunchEnv& shared,
+                                          const std::string& where) {
+  LaunchEnv env = shared;  // parse_cudnn_conv takes it mutable; a copy per thread
+  env.prebuilt = nullptr;
+  ConvRecord rec = parse_cudnn_conv(r, env, where);
+  return conv_plan_for(rec, env, where);
+}
+
+Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
+                                      const std::string& where) {
+  ConvRecord rec = parse_cudnn_conv(r, env, where);
+  const cuda::ConvDesc& d = rec.desc;
+  const CudnnConvBuffers& b = rec.buf;
+  std::shared_ptr<cuda::ConvPlan> plan = std::static_pointer_cast<cuda::ConvPlan>(env.prebuilt);
+  if (!plan) plan = conv_plan_for(rec, env, where);
   CudnnConvKernels k;
   std::vector<cuda::CudaKernel> loaded;
   loaded.reserve(rec.pre.size() + rec.post.size());
@@ -817,7 +846,8 @@ const bool g_registered = [] {
   register_launch_kind("cudnn_conv", Device::cuda(), rebuild_cudnn_conv,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cudnn_conv(r, env, where);
-                       });
+                       },
+                       prebuild_cudnn_conv);
   register_launch_kind("cudnn_sdpa", Device::cuda(), rebuild_cudnn_sdpa,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cudnn_sdpa(r, env, where);

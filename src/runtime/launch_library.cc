@@ -23,9 +23,11 @@
 #include "runtime/launch_library.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -203,6 +205,7 @@ struct LaunchKind {
   Device device;  // where the launch's buffers live: a package of the other device is refused
   LaunchRebuildFn fn;
   LaunchValidateFn validate;  // may be empty
+  LaunchPrebuildFn prebuild;  // may be empty
 };
 std::map<std::string, LaunchKind>& registry();
 
@@ -556,9 +559,43 @@ bool validate_launch_record(const LaunchRecord& record, LaunchEnv& env, const st
 }
 
 void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn,
-                          LaunchValidateFn validate) {
+                          LaunchValidateFn validate, LaunchPrebuildFn prebuild) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[kind] = LaunchKind{device, std::move(fn), std::move(validate)};
+  registry()[kind] = LaunchKind{device, std::move(fn), std::move(validate), std::move(prebuild)};
+}
+
+std::vector<std::shared_ptr<void>> prebuild_launches(const std::vector<LaunchRecord>& records,
+                                                     const LaunchEnv& env,
+                                                     const std::vector<std::string>& where,
+                                                     int max_threads) {
+  KILN_ASSERT(where.size() == records.size());
+  std::vector<std::shared_ptr<void>> out(records.size());
+  std::vector<std::pair<size_t, LaunchPrebuildFn>> work;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (size_t i = 0; i < records.size(); ++i) {
+      auto it = registry().find(records[i].kind);
+      if (it != registry().end() && it->second.prebuild) work.emplace_back(i, it->second.prebuild);
+    }
+  }
+  if (work.empty()) return out;
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t k = next++; k < work.size(); k = next++) {
+      const size_t i = work[k].first;
+      try {
+        out[i] = work[k].second(records[i], env, where[i]);
+      } catch (...) {
+        out[i] = nullptr;  // rebuild does it again and reports what went wrong
+      }
+    }
+  };
+  const size_t threads = std::min(work.size(), size_t(std::max(1, max_threads)));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  return out;
 }
 
 std::optional<Device> launch_kind_device(const std::string& kind) {

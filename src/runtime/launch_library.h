@@ -155,6 +155,8 @@ struct LaunchEnv {
   // Note [PTX in CUDA packages] in package.cc): the library kernels recorded for the build's GPU
   // are not this GPU's, so cuBLASLt's and cuDNN's choices are made here, as for a cross-build.
   bool library_choices_at_load = false;
+  // The result of this record's prebuild (prebuild_launches), or null: rebuild does the work.
+  std::shared_ptr<void> prebuilt;
 };
 
 // Rebuilds a launch from its record; `where` names it in errors ("launch 3 'k2_add'"). Throws
@@ -171,8 +173,22 @@ using LaunchValidateFn =
 // Registers a launch kind, the device whose memory its buffers are in and, optionally, its
 // parse-only check (the runtime registers the host kinds "loop", "onednn", "gather_rows" and
 // "concat" itself, without one).
+// A launch kind's slow part of a rebuild that depends on its record alone (a cuDNN plan, whose
+// engine builds its kernels when it is finalized), which prebuild_launches runs ahead of the
+// launch loop on several threads; rebuild then finds the result in LaunchEnv::prebuilt. It must
+// be safe to run beside other records' prebuilds, and returns null (rebuild then does the work
+// and reports the errors) when it cannot do it.
+using LaunchPrebuildFn = std::function<std::shared_ptr<void>(
+    const LaunchRecord&, const LaunchEnv&, const std::string& where)>;
 void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn,
-                          LaunchValidateFn validate = {});
+                          LaunchValidateFn validate = {}, LaunchPrebuildFn prebuild = {});
+// Runs the prebuild of every record whose kind has one on up to `max_threads` threads; result i
+// belongs to records[i] (null where there is none). Never throws for a record: a failed prebuild
+// is a null result.
+std::vector<std::shared_ptr<void>> prebuild_launches(const std::vector<LaunchRecord>& records,
+                                                     const LaunchEnv& env,
+                                                     const std::vector<std::string>& where,
+                                                     int max_threads);
 // Runs the kind's parse-only check of `record` (the CUDA kinds have one, so a CUDA package's
 // records can be checked, and fuzzed, on a machine without a GPU). False when the kind has no
 // such check; throws kiln::Error (ParseError, naming `where`) for an unknown kind or a record
