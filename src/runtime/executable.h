@@ -185,6 +185,11 @@ class Executable {
   void set_not_runnable(std::string why) { not_runnable_ = std::move(why); }
   bool runnable() const { return not_runnable_.empty(); }
   bool graph_mode() const { return graph_requested_; }
+  // CUDA, default mode: prepare() also captures the launch list once and discards the graph, so
+  // that the driver loads every kernel module the launches use (CUDA loads them lazily, at a
+  // kernel's first launch), which the first call paid for before (Note [CUDA modules warmed at
+  // prepare]). Before prepare(); packages set it.
+  void warm_cuda_modules_at_prepare() { warm_requested_ = true; }
 
   // Per-launch timing for profiles: when set on this thread, each launch is bracketed by
   // launch_begin / launch_end (one branch per call when unset); `ctx` is the launch's (its
@@ -214,12 +219,15 @@ class Executable {
   // Captures the context's launches into its CUDA graph and instantiates it (graph mode; the
   // inputs' slots are their staging buffers). Holds pool_->cuda_setup.
   void capture_cuda_graph(Context& c, const Tensor* in);
+  // Note [CUDA modules warmed at prepare]: captures the launches and destroys the graph.
+  void warm_cuda_modules(Context& c);
   [[noreturn]] void fail_device_check(Context& c);
 
   int64_t arena_bytes_ = 0;
   std::vector<char*> initial_slots_;  // what every context's slot table starts as (slot 0 null)
   Device device_ = Device::cpu();
   bool graph_requested_ = false;
+  bool warm_requested_ = false;    // warm_cuda_modules_at_prepare
   bool has_eager_launch_ = false;  // set by prepare()
   int status_slot_ = -1;           // Note [Device status]
   std::string not_runnable_;       // set_not_runnable

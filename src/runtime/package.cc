@@ -960,6 +960,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       bad(source, fmt::format("section 'manifest': cuda_graph: {}", why));
   }
   phase("manifest");
+  if (cuda && !exe->graph_mode()) exe->warm_cuda_modules_at_prepare();
   if (!cuda)  // the views of the loaded bytes go (Note [CPU package weights])
     for (Executable::ConstantSpec& c : exe->constants)
       if (c.slot == -1) c.data = Tensor();
