@@ -218,6 +218,47 @@ TEST(Package, CondModelTakesEachBranchAsTheEagerModel) {
   EXPECT_GT(taken[1], 0) << "no input took the fc2 branch";
 }
 
+// Note [Constants read at run time] and [CPU package weights]: the constants only oneDNN nodes
+// read (resnet18's convolution and fc weights, prepacked when the nodes are built) are recorded
+// without a slot, and the loaded package keeps no view of them; those a loop kernel reads keep
+// slots and are the loaded package's own copies, not views of the bytes it was loaded from.
+TEST(Package, WeightsOnlyOneDnnNodesReadHaveNoSlotAndNoLoadedCopy) {
+  TempDir dir;
+  // resnet18: every weight is a oneDNN node's (convolutions, fc). vit_b_16: the layer norms'
+  // weights, the class token and the position embedding are read by loop kernels.
+  for (const char* name : {"resnet18", "vit_b_16"}) {
+    Packaged p = package_zoo(name, dir.path);
+    std::string bytes = read_bytes(p.path);
+    std::vector<PackageSection> sections = parse_package_container(bytes, p.path);
+    nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
+    int without_slot = 0, with_slot = 0;
+    for (const auto& c : m.at("constants")) (c.at("slot").get<int>() == -1 ? without_slot : with_slot)++;
+    if (std::string(name) == "resnet18") {
+      EXPECT_GE(without_slot, 21) << "20 convolution weights and the fc weight";
+    } else {
+      EXPECT_GE(without_slot, 48) << "4 linear weights per layer, 12 layers";
+      EXPECT_GE(with_slot, 26) << "2 layer norms per layer, the final one, tokens, embedding";
+    }
+    // Loaded from bytes this test holds: a constant kept after the load must not point into them.
+    LoadedPackage loaded = load_package_bytes(bytes, p.path);
+    ASSERT_EQ(loaded.exe->constants.size(), size_t(without_slot + with_slot)) << name;
+    const char* begin = bytes.data();
+    const char* end = begin + bytes.size();
+    for (const Executable::ConstantSpec& c : loaded.exe->constants) {
+      if (c.slot == -1) {
+        EXPECT_FALSE(c.data.defined()) << name << " " << c.name;
+      } else {
+        ASSERT_TRUE(c.data.defined()) << name << " " << c.name;
+        const char* at = static_cast<const char*>(c.data.raw_data());
+        EXPECT_TRUE(at + c.data.nbytes() <= begin || at >= end)
+            << name << " " << c.name << " points into the loaded bytes";
+      }
+    }
+    TensorList in = nn::zoo_example_inputs(name, 1, 41);
+    expect_bitwise(loaded.exe->run(in)[0], p.compiled->run(in)[0], std::string(name) + " package");
+  }
+}
+
 // ---- determinism ----------------------------------------------------------------------------------
 TEST(Package, SameModelTwiceGivesIdenticalBytes) {
   TempDir dir;
