@@ -3,9 +3,11 @@
 // under capture: the host must see the value, so the graph ends there, and what follows depends
 // on host code no compiled artefact holds (a package cannot carry it: Package.GraphBreakIsRefused).
 // cond() states the branch as data instead. Eagerly it reads `pred` and runs one branch. Under
-// capture (`pred` is a fake tensor: recorded, no data) it records both branches and selects each
+// capture (a dispatch hook records the ops) it records both branches and selects each
 // output with where(pred, true_out, false_out): one graph, whose nodes the passes fuse like any
-// others (the two branches' pointwise tails and the selects become one loop kernel).
+// others (the two branches' pointwise tails and the selects become one loop kernel). A
+// predicate that has data under capture (a call input, a tensor the host made) is recorded the
+// same way, as a graph input or a constant: `cond(in[1], ...)` does not break the graph.
 //
 // The price is that the compiled graph computes both branches. That is the right trade for the
 // small branches of inference code (a threshold on a score, a clamp path); a branch worth
@@ -23,6 +25,7 @@
 
 #include "core/error.h"
 #include "ops/api.h"
+#include "ops/dispatch.h"
 
 namespace kiln {
 
@@ -43,7 +46,10 @@ TensorList cond(const Tensor& pred, const CondBranch& if_true, const CondBranch&
   if (!if_true || !if_false)
     fail_kind(ErrorKind::InvalidArgument, "cond at {}: both branches must be given",
               where_str(loc));
-  if (pred.has_storage()) return pred.item(loc) != 0.0 ? if_true(operands) : if_false(operands);
+  // Recording (a dispatch hook takes the ops: capture) or running: a predicate with data under
+  // capture (a call input, a tensor the host made) is recorded too, as the graph's input or a
+  // constant, rather than read on the host (which would break the graph).
+  if (!dispatch_hook()) return pred.item(loc) != 0.0 ? if_true(operands) : if_false(operands);
 
   // Under capture: both branches into the graph, then one select per output.
   TensorList t = if_true(operands);

@@ -142,6 +142,22 @@ TEST(Cond, NumericPredicatesFollowTruthiness) {
     expect_close(c({x, p})[0], want);
   }
   EXPECT_EQ(c.stats().traces, 1);
+  // The predicate straight from a call input: recorded as the graph's input, not read on the
+  // host (which would break the graph and re-run the host code on every call).
+  auto direct = [](const TensorList& in) {
+    return cond(
+        in[1], [](const TensorList& v) { return TensorList{v[0] * 3.0}; },
+        [](const TensorList& v) { return TensorList{v[0] - 5.0}; }, {in[0]});
+  };
+  CompileOptions full = opts;
+  full.fullgraph = true;
+  CompiledFunction d = compile(direct, full);
+  for (double pv : {1.0, 0.0, nan, -2.0}) {
+    Tensor p = Tensor::full({1}, pv);
+    expect_close(d({x, p})[0], (pv != 0.0) ? x * 3.0 : x - 5.0);
+  }
+  EXPECT_EQ(d.stats().traces, 1);
+  EXPECT_EQ(d.stats().graph_breaks, 0);
 }
 
 TEST(Cond, BranchesThatDisagreeAreAnErrorNamingTheCallSite) {
