@@ -418,6 +418,17 @@ class Tracer final : public DispatchHook {
       key_ += '\n';
     } else {
       auto pn = st_.param_names.find(impl);
+      if (pn == st_.param_names.end() && impl->storage) {
+        // Note [Host reads of call inputs]: a tensor over an input's storage that is not the
+        // input itself was made outside the op API (Tensor::as_strided). Frozen as a parameter
+        // it would replay this call's data on every later call.
+        auto w = watched_.find(impl->storage.get());
+        if (w != watched_.end())
+          fail("a view of the call's input {} made outside the op API (Tensor::as_strided, or "
+               "another tensor over its storage) is used by an op: capture cannot record how it "
+               "derives from the input and would freeze this call's data. Make the view with "
+               "the op API (reshape, slice, permute, expand, select, ...)", w->second);
+      }
       std::string name = pn != st_.param_names.end() ? pn->second : fmt::format("tensor{}", known_.size());
       v = graph_.add_param(graph_.unique_name(name), t);
       if (!dry_ && !entry_.guarded_params.count(impl)) {
