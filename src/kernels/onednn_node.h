@@ -106,9 +106,8 @@ struct OnednnNodeDesc {
   static OnednnNodeDesc from_json(std::string_view text, const std::string& where);
 };
 
-// The data of a named constant (weights, bias, constant activations); throws when absent.
-// The data of a constant operand by name. The tensor need only live while build() runs: a node
-// copies (or prepacks) what it reads at run time.
+// The data of a named constant (weights, bias, constant activations); throws when absent. The
+// tensor need only live while build() runs: a node copies (or prepacks) what it reads at run time.
 using ConstantSource = std::function<Tensor(const std::string& name)>;
 
 // The layouts of blocked values, filled by the nodes that produce them (in graph order) and read

@@ -308,13 +308,14 @@ void Executable::prepare() {
     if (!pool_->all.empty()) return;
   }
   std::unique_ptr<Context> c = make_context();
-  if (device_.is_cuda() && graph_requested_) {  // Note [CUDA graph at prepare]
+  if (device_.is_cuda() && (graph_requested_ || (warm_requested_ && !has_eager_launch_))) {
     check(cudaSetDevice(device_.index), "cudaSetDevice");
-    capture_cuda_graph(*c, nullptr);
-    check(cudaStreamSynchronize(static_cast<cudaStream_t>(c->stream)), "cudaStreamSynchronize");
-  } else if (device_.is_cuda() && warm_requested_ && !has_eager_launch_) {
-    check(cudaSetDevice(device_.index), "cudaSetDevice");
-    warm_cuda_modules(*c);
+    if (graph_requested_) {  // Note [CUDA graph at prepare]
+      capture_cuda_graph(*c, nullptr);
+      check(cudaStreamSynchronize(static_cast<cudaStream_t>(c->stream)), "cudaStreamSynchronize");
+    } else {
+      warm_cuda_modules(*c);
+    }
   }
   std::lock_guard<std::mutex> lock(pool_->mu);
   if (!pool_->all.empty()) return;  // a call made one meanwhile
@@ -626,28 +627,32 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
 // (no kernel executes on uninitialised inputs), but the capture makes the library plans record
 // their launches and the driver load every kernel the graph launches, which the first call paid
 // for before. Contexts made later for concurrent callers capture at their first call.
-void Executable::capture_cuda_graph(Context& c, const Tensor* in) {
+void* Executable::capture_launches(Context& c, const Tensor* in) {
   cudaStream_t s = static_cast<cudaStream_t>(c.stream);
   // This context's graph, over its arena and staging buffers (Note [Execution contexts]).
-  std::lock_guard<std::mutex> setup(pool_->cuda_setup);
   for (const InputSpec& sp : inputs) c.slots[size_t(sp.slot)] = c.staging[size_t(sp.slot)];
   cudaGraph_t graph = nullptr;
-  {
-    // Library state held for the capture (cuDNN's shared handle) is released when the
-    // scope closes, after the capture has ended (Note [Library calls replayed as graphs]).
-    cuda::GraphReplay::CaptureScope scope(s);
-    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    try {
-      run_launches(c, in);
-      copy_status_back(c);
-    } catch (...) {
-      cudaStreamEndCapture(s, &graph);
-      if (graph) cudaGraphDestroy(graph);
-      cudaGetLastError();
-      throw;
-    }
-    check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  // Library state held for the capture (cuDNN's shared handle) is released when the scope
+  // closes, after the capture has ended (Note [Library calls replayed as graphs]).
+  cuda::GraphReplay::CaptureScope scope(s);
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  try {
+    run_launches(c, in);
+    copy_status_back(c);
+  } catch (...) {
+    cudaStreamEndCapture(s, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
   }
+  check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  return graph;
+}
+
+void Executable::capture_cuda_graph(Context& c, const Tensor* in) {
+  cudaStream_t s = static_cast<cudaStream_t>(c.stream);
+  std::lock_guard<std::mutex> setup(pool_->cuda_setup);
+  cudaGraph_t graph = static_cast<cudaGraph_t>(capture_launches(c, in));
   c.graph = graph;
   cudaGraphExec_t exec = nullptr;
   check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
@@ -666,24 +671,12 @@ void Executable::capture_cuda_graph(Context& c, const Tensor* in) {
 // binds its own). Best effort: a launch list that cannot be captured is left to load its modules
 // at the first call, as before.
 void Executable::warm_cuda_modules(Context& c) {
-  cudaStream_t s = static_cast<cudaStream_t>(c.stream);
   std::lock_guard<std::mutex> setup(pool_->cuda_setup);
-  for (const InputSpec& sp : inputs) c.slots[size_t(sp.slot)] = c.staging[size_t(sp.slot)];
-  cudaGraph_t graph = nullptr;
   try {
-    cuda::GraphReplay::CaptureScope scope(s);
-    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    try {
-      run_launches(c, nullptr);
-    } catch (...) {
-      cudaStreamEndCapture(s, &graph);
-      throw;
-    }
-    check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+    cudaGraphDestroy(static_cast<cudaGraph_t>(capture_launches(c, nullptr)));
   } catch (const Error&) {
-    cudaGetLastError();  // the first call loads the modules instead
+    // capture_launches cleaned up: the first call loads the modules instead
   }
-  if (graph) cudaGraphDestroy(graph);
 }
 
 void Executable::copy_status_back(Context& c) {

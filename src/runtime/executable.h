@@ -216,8 +216,13 @@ class Executable {
   // Note [Device status]: queue the record's copy to the host on the context's stream; and,
   // after the stream finished with a code set, clear the record and throw.
   void copy_status_back(Context& c);
-  // Captures the context's launches into its CUDA graph and instantiates it (graph mode; the
-  // inputs' slots are their staging buffers). Holds pool_->cuda_setup.
+  // Captures the context's launches (and the status copy) into a new CUDA graph on its stream,
+  // with the inputs' slots pointing at their staging buffers; on failure ends the capture,
+  // destroys the graph and throws. The caller holds pool_->cuda_setup.
+  // Returns the cudaGraph_t (as void*: this header names no CUDA type).
+  void* capture_launches(Context& c, const Tensor* in);
+  // Captures the context's launches into its CUDA graph and instantiates it (graph mode). Holds
+  // pool_->cuda_setup.
   void capture_cuda_graph(Context& c, const Tensor* in);
   // Note [CUDA modules warmed at prepare]: captures the launches and destroys the graph.
   void warm_cuda_modules(Context& c);

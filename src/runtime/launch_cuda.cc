@@ -745,7 +745,6 @@ std::shared_ptr<cuda::ConvPlan> conv_plan_for(const ConvRecord& rec, const Launc
 std::shared_ptr<void> prebuild_cudnn_conv(const LaunchRecord& r, const LaunchEnv& shared,
                                           const std::string& where) {
   LaunchEnv env = shared;  // parse_cudnn_conv takes it mutable; a copy per thread
-  env.prebuilt = nullptr;
   ConvRecord rec = parse_cudnn_conv(r, env, where);
   return conv_plan_for(rec, env, where);
 }

@@ -170,9 +170,6 @@ Executable::Launch rebuild_launch(const LaunchRecord& record, LaunchEnv& env,
 // recorded choices). Throws as rebuild does.
 using LaunchValidateFn =
     std::function<void(const LaunchRecord&, LaunchEnv&, const std::string& where)>;
-// Registers a launch kind, the device whose memory its buffers are in and, optionally, its
-// parse-only check (the runtime registers the host kinds "loop", "onednn", "gather_rows" and
-// "concat" itself, without one).
 // A launch kind's slow part of a rebuild that depends on its record alone (a cuDNN plan, whose
 // engine builds its kernels when it is finalized), which prebuild_launches runs ahead of the
 // launch loop on several threads; rebuild then finds the result in LaunchEnv::prebuilt. It must
@@ -180,6 +177,9 @@ using LaunchValidateFn =
 // and reports the errors) when it cannot do it.
 using LaunchPrebuildFn = std::function<std::shared_ptr<void>(
     const LaunchRecord&, const LaunchEnv&, const std::string& where)>;
+// Registers a launch kind, the device whose memory its buffers are in and, optionally, its
+// parse-only check (the runtime registers the host kinds "loop", "onednn", "gather_rows" and
+// "concat" itself, without one) and its prebuild.
 void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn,
                           LaunchValidateFn validate = {}, LaunchPrebuildFn prebuild = {});
 // Runs the prebuild of every record whose kind has one on up to `max_threads` threads; result i

@@ -898,28 +898,29 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
     // oneDNN nodes are rebuilt for the thread count the writer planned their scratch for (Note
     // [oneDNN thread count] in kernels/onednn_node.cc: a call with more threads is capped).
     kernels::ScopedCpuThreads writer_threads(out.threads);
+    std::vector<const json*> launches;
+    std::vector<LaunchRecord> records;
+    std::vector<std::string> wheres;  // each launch's name in errors
+    for (const json& j : m.at("launches")) {
+      launches.push_back(&j);
+      wheres.push_back(fmt::format("package '{}': section 'manifest': launch {} ('{}')", source,
+                                   records.size(), j.at("name").get<std::string>()));
+      records.push_back({j.at("kind").get<std::string>(), j.at("params").dump()});
+    }
     // Note [cuDNN plans built beside each other] (launch_cuda.cc): the slow, independent part of
     // some launches (cuDNN convolution plans) is built first, on several threads.
     std::vector<std::shared_ptr<void>> prebuilt;
     if (cuda) {
-      std::vector<LaunchRecord> records;
-      std::vector<std::string> wheres;
-      for (const json& j : m.at("launches")) {
-        wheres.push_back(fmt::format("package '{}': section 'manifest': launch {} ('{}')", source,
-                                     records.size(), j.at("name").get<std::string>()));
-        records.push_back({j.at("kind").get<std::string>(), j.at("params").dump()});
-      }
       // More than 8 did not help on the H200's 16 cores (resnet50: 1 thread 1.53-1.58 s, 4 threads
       // 0.82-0.85 s, 8 threads 0.70-0.78 s, 16 threads 0.77-0.84 s).
       const int threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
       prebuilt = prebuild_launches(records, env, wheres, threads);
       phase("launches prebuilt");
     }
-    size_t i = 0;
-    for (const json& j : m.at("launches")) {
-      std::string name = j.at("name").get<std::string>();
-      std::string lw = fmt::format("package '{}': section 'manifest': launch {} ('{}')", source, i, name);
-      LaunchRecord r{j.at("kind").get<std::string>(), j.at("params").dump()};
+    for (size_t i = 0; i < records.size(); ++i) {
+      const json& j = *launches[i];
+      const LaunchRecord& r = records[i];
+      const std::string& lw = wheres[i];
       // A launch runs where its device's memory is: host kernels on a CUDA package's device
       // pointers (or the reverse) would fault.
       // (An unknown kind is left to rebuild_launch, whose error lists the kinds it knows.)
@@ -943,10 +944,9 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       Executable::Launch l = rebuild_launch(r, env, lw);
       env.prebuilt = nullptr;
       phase("launches " + r.kind);
-      l.name = name;
+      l.name = j.at("name").get<std::string>();
       l.nodes = j.at("nodes").get<std::string>();
       exe->launches.push_back(std::move(l));
-      ++i;
     }
   } catch (const Error&) {
     throw;
