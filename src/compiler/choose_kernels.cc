@@ -24,7 +24,7 @@ KernelChoice choose_kernels(const Graph& g, const Target& target, const Schedule
     // A linear small enough is cheaper as generated code than as a library call (a oneDNN call
     // costs about a microsecond of overhead).
     c.gemv[i] = lower::small_linear(g, node, policy.small_linear_macs);
-    bool lib = support[size_t(node.op)].library && !c.gemv[i];
+    bool lib = support[size_t(node.op)].library && !c.gemv[i] && target.library_takes(g, node);
     for (ValueId o : node.outputs) lib = lib && concrete(g.type(o));
     c.library[i] = lib;
     c.generated[i] = target.generates(g, node);

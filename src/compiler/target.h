@@ -176,6 +176,9 @@ class Target {
   // Nodes of those ops that this target still runs whole (its library fuses them: CUDA's
   // fused_conv2d with a relu epilogue is one cuDNN graph).
   virtual bool keeps_whole(const Graph& g, const Node& n) const { return false; }
+  // Whether the library takes node n of g, an op whose support() row names the library: a
+  // target may take an op only in some contexts (the CPU's oneDNN concat: Note [oneDNN concat]).
+  virtual bool library_takes(const Graph& g, const Node& n) const { return true; }
   // Whether node n of g gets generated loop code (support() and the emitter's dtype rules).
   virtual bool generates(const Graph& g, const Node& n) const = 0;
   // Why node n cannot run on this target at all, in words for the error ("" when nothing

@@ -72,9 +72,12 @@ struct OnednnOperand {
 enum class OnednnConvPolicy : uint8_t { Auto, Blocked, Winograd };   // Note [convolution policy]
 enum class OnednnLinearImpl : uint8_t { Auto, InnerProduct, Matmul };  // Note [linear choice]
 
+// The most inputs a oneDNN concat node takes (a descriptor with more is malformed).
+inline constexpr size_t kMaxConcatInputs = 1024;
+
 struct OnednnNodeDesc {
   // conv2d | fused_conv2d | conv_transpose2d | max_pool2d | avg_pool2d | linear | fused_linear |
-  // matmul (the op's name in ops.def; the runtime does not know the registry).
+  // matmul | concat (the op's name in ops.def; the runtime does not know the registry).
   std::string op;
   std::string node;            // the graph node's name, for messages
   bool bf16 = false;           // bfloat16, else float32
@@ -100,6 +103,8 @@ struct OnednnNodeDesc {
   // choice (Note [measured convolution layout] in targets/cpu/onednn_lowering.cc): "nchw",
   // "nhwc" or "blocked" (the native block); "" = what `conv` says.
   std::string conv_layout;
+  // concat: the dim the inputs are joined along (Note [oneDNN concat] in onednn_node.cc).
+  int64_t concat_dim = 1;
 
   std::string to_json() const;
   // Throws kiln::Error (ParseError) naming `where` for anything malformed.

@@ -110,20 +110,19 @@ void run_checked_loop(void* s, const Executable::RunContext& c) {
 // its own (the memory objects hold the pointers last bound).
 struct OnednnState {
   std::shared_ptr<const kernels::OnednnNode> node;
-  int n_in = 0;
-  MemRef in[4];
+  std::vector<MemRef> in;  // by the node's input index (a concat has any number)
   MemRef out;
   MemRef scratch;
+  std::vector<const void*> ptrs;  // per context (sized once): the inputs' addresses of a call
   std::shared_ptr<kernels::OnednnNode::Instance> instance;  // per context
 };
 
 void run_onednn(void* s, const Executable::RunContext& c) {
   auto* e = static_cast<OnednnState*>(s);
   char* const* b = c.slots;
-  const void* ptrs[4] = {nullptr, nullptr, nullptr, nullptr};
-  for (int i = 0; i < e->n_in; ++i)
-    if (e->in[i].slot >= 0) ptrs[i] = b[e->in[i].slot] + e->in[i].byte_offset;
-  e->node->run(*e->instance, ptrs, b[e->out.slot] + e->out.byte_offset,
+  for (size_t i = 0; i < e->in.size(); ++i)
+    e->ptrs[i] = e->in[i].slot >= 0 ? b[e->in[i].slot] + e->in[i].byte_offset : nullptr;
+  e->node->run(*e->instance, e->ptrs.data(), b[e->out.slot] + e->out.byte_offset,
                b[e->scratch.slot] + e->scratch.byte_offset);
 }
 
@@ -233,7 +232,7 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
   kernels::OnednnNodeDesc desc = kernels::OnednnNodeDesc::from_json(desc_json, where);
   std::vector<MemRef> inputs;
   for (const json& j : p.at("inputs")) inputs.push_back(ref_from(j));
-  if (inputs.size() > 4) throw std::out_of_range("at most 4 inputs");
+  if (inputs.size() > kernels::kMaxConcatInputs) throw std::out_of_range("too many inputs");
   MemRef out = ref_from(p.at("output")), scratch = ref_from(p.at("scratch"));
   if (out.slot < 0 || scratch.slot < 0) throw std::out_of_range("output and scratch need a slot");
   std::string expect = p.at("expect").get<std::string>();
@@ -268,7 +267,7 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
     for (int64_t d : o.dims) n *= d;
     return n;
   };
-  if (inputs.size() != std::min<size_t>(desc.inputs.size(), 4))
+  if (inputs.size() != desc.inputs.size())
     fail_kind(ErrorKind::ParseError, "{}: {} buffer references for {} inputs", where,
               inputs.size(), desc.inputs.size());
   for (size_t k = 0; k < inputs.size(); ++k)
@@ -437,8 +436,8 @@ Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode>
                                       MemRef scratch) {
   auto state = std::make_shared<OnednnState>();
   state->node = std::move(node);
-  state->n_in = int(std::min<size_t>(inputs.size(), 4));
-  for (int k = 0; k < state->n_in; ++k) state->in[k] = inputs[size_t(k)];
+  state->in = inputs;
+  state->ptrs.assign(inputs.size(), nullptr);
   state->out = output;
   state->scratch = scratch;
   Executable::Launch l;
@@ -452,7 +451,7 @@ Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode>
   l.kind = "onednn";
   l.record = [state, desc_json] {
     json in = json::array();
-    for (int k = 0; k < state->n_in; ++k) in.push_back(ref_json(state->in[k]));
+    for (const MemRef& r : state->in) in.push_back(ref_json(r));
     json p = {{"desc", json::parse(desc_json)},
               {"inputs", in},
               {"output", ref_json(state->out)},

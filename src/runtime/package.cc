@@ -257,9 +257,8 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   const bool cuda = exe.device().is_cuda();
   KILN_CHECK(exe.device().is_cpu() || cuda, "package: executables for {} cannot be packaged",
              exe.device().str());
-  const uint32_t version = cuda ? kPackageFormatVersion : kCpuPackageFormatVersion;
+  uint32_t version = cuda ? kCudaPackageFormatVersion : kCpuPackageFormatVersion;
   json m;
-  m["format_version"] = version;
   m["kiln_version"] = KILN_VERSION;
   m["model"] = info.model;
   m["mode"] = info.mode;
@@ -389,9 +388,13 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
                 "op), or run the model with kiln::compile instead of a package",
                 i, l.name, l.kind, l.nodes);
     LaunchRecord r = l.record();
+    json params = json::parse(r.params);
+    if (r.kind == "onednn" && params.at("desc").at("op") == "concat")
+      version = std::max(version, kOnednnConcatFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
-                        {"params", json::parse(r.params)}});
+                        {"params", std::move(params)}});
   }
+  m["format_version"] = version;
   m["inputs"] = ins;
   m["outputs"] = outs;
   m["constants"] = consts;
@@ -929,6 +932,9 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
         throw std::out_of_range(fmt::format("{}: a {} launch in a {} package", lw, r.kind, out.device));
       if (r.kind == "onednn") {  // its buffers must lie in the slot table and the arena
         const json& p = j.at("params");
+        if (out.format_version < kOnednnConcatFormatVersion && p.at("desc").at("op") == "concat")
+          throw std::out_of_range(fmt::format("{}: a oneDNN concat node is unknown to format "
+                                              "version {}", lw, out.format_version));
         std::vector<json> refs(p.at("inputs").begin(), p.at("inputs").end());
         refs.push_back(p.at("output"));
         refs.push_back(p.at("scratch"));

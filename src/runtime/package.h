@@ -22,11 +22,14 @@ namespace kiln {
 // `precision`; version 3 CUDA packages (the `kernels.cuda` section); version 4 CUDA convolution
 // records with a residual, kernels around the convolution and KRSC filters (a version-3 runtime
 // would ignore those keys and compute something else); version 5 cuDNN attention records
-// with strided q, k, v (views read in place; a version-4 runtime would read them contiguous).
-// A package is written with the lowest version that holds it: CPU packages are still version 2,
-// CUDA packages are 5.
-inline constexpr uint32_t kPackageFormatVersion = 5;
+// with strided q, k, v (views read in place; a version-4 runtime would read them contiguous);
+// version 6 oneDNN concat nodes in CPU packages (Note [oneDNN concat] in kernels/onednn_node.cc;
+// a version-5 runtime has no such node). A package is written with the lowest version that holds
+// it: CPU packages are version 2, or 6 with a oneDNN concat; CUDA packages are 5.
+inline constexpr uint32_t kPackageFormatVersion = 6;
+inline constexpr uint32_t kCudaPackageFormatVersion = 5;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
+inline constexpr uint32_t kOnednnConcatFormatVersion = 6;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------

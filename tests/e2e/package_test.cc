@@ -750,7 +750,7 @@ TEST(Package, CudaCrossBuildWithoutAGpu) {
   auto compiled = nn::export_package(m.module, m.inputs, o, "resnet18", path);
   uint32_t version = 0;
   std::vector<PackageSection> sections = read_package_sections(path, &version);
-  EXPECT_EQ(version, kPackageFormatVersion);
+  EXPECT_EQ(version, kCudaPackageFormatVersion);
   ASSERT_GE(sections.size(), 3u);
   EXPECT_EQ(sections[2].name, "kernels.cuda");
   nlohmann::json manifest = nlohmann::json::parse(sections[0].bytes);

@@ -9,9 +9,10 @@
 //
 // Note [layout choice]
 // Blocked layouts (nChw16c and friends) are what oneDNN's fast convolutions compute in. A value
-// produced by a lowered conv/deconv/pool node whose every use is as input 0 of a lowered
-// conv/deconv/pool node or as the residual of a lowered fused_conv2d, and which is not a graph
-// output, may stay blocked: its producer is created with dst format_tag::any and the layout it
+// produced by a lowered conv/deconv/pool/concat node whose every use is as input 0 of a lowered
+// conv/deconv/pool node, as the residual of a lowered fused_conv2d or as a part of a lowered
+// concat whose own result may stay blocked (Note [oneDNN concat] in kernels/onednn_node.cc),
+// and which is not a graph output, may stay blocked: its producer is created with dst format_tag::any and the layout it
 // picks becomes the value's layout. Consumers are created with exactly that src layout, so the
 // chain conv -> conv -> pool -> conv runs without a reorder. Every other value is plain
 // (contiguous row-major, NCHW for 4-D). A primitive created with format_tag::any on a plain
@@ -199,12 +200,37 @@ std::optional<ConvGeometry> conv_geometry(const Attrs& a, bool transposed) {
 // among them the ones on N,C,H,W activations whose layout may be blocked (trait Spatial).
 bool is_supported_op(OpId op) { return cpu_support()[size_t(op)].library; }
 bool is_conv_like(OpId op) { return is_supported_op(op) && op_has(op, trait::Spatial); }
+// Ops whose outputs may stay blocked and which read blocked inputs (Note [layout choice]): the
+// spatial ones, and concat along the channels (Note [oneDNN concat] in kernels/onednn_node.cc).
+bool keeps_layouts(OpId op) { return is_conv_like(op) || op == OpId::Concat; }
 
 ValueId input_or_none(const Node& n, size_t i) {
   return i < n.inputs.size() ? n.inputs[i] : kNoValue;
 }
 
 }  // namespace
+
+namespace {
+// depth bounds the walk through concats of concats (each visit is one level).
+bool concat_candidate(const Graph& g, const Node& n, int depth) {
+  if (depth > 8 || n.op != OpId::Concat || n.outputs.size() != 1 || n.inputs.empty() ||
+      n.inputs.size() > kernels::kMaxConcatInputs)
+    return false;
+  const TensorType& yt = g.type(n.outputs[0]);
+  if (yt.shape.size() != 4) return false;
+  int64_t dim = n.attrs.get_int("dim");
+  if (dim < 0) dim += 4;
+  if (dim != 1) return false;
+  for (ValueId v : n.inputs) {
+    if (v == kNoValue || g.value(v).kind != ValueKind::NodeOutput) return false;
+    const Node& p = g.nodes[size_t(g.value(v).producer)];
+    if (!is_conv_like(p.op) && !concat_candidate(g, p, depth + 1)) return false;
+  }
+  return true;
+}
+}  // namespace
+
+bool onednn_concat_candidate(const Graph& g, const Node& n) { return concat_candidate(g, n, 0); }
 
 struct OnednnLowering::NodeInstance {
   std::shared_ptr<kernels::OnednnNode::Instance> inst;
@@ -289,6 +315,9 @@ std::string OnednnLowering::Impl::static_check(int32_t n) const {
     if (is_constant(v) && !g.value(v).data.defined())
       return fmt::format("{} '{}' is a param without data", what, g.value(v).name);
   }
+  if (node.op == OpId::Concat)
+    return onednn_concat_candidate(g, node) ? "" : "not a concat along the channels of 4-D values "
+                                                   "that oneDNN convolutions or pools produce";
   // Weights and bias must be constant: they are prepacked here.
   if (node.op != OpId::Matmul) {
     for (size_t i : {size_t(1), size_t(2)}) {
@@ -322,7 +351,7 @@ void OnednnLowering::Impl::decide_blockable(const std::vector<bool>& eligible) {
   std::vector<bool> ok(nv, false), used(nv, false);
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node& node = g.nodes[n];
-    if (eligible[n] && is_conv_like(node.op)) ok[size_t(node.outputs[0])] = true;
+    if (eligible[n] && keeps_layouts(node.op)) ok[size_t(node.outputs[0])] = true;
   }
   for (ValueId v : g.outputs) ok[size_t(v)] = false;
   for (size_t n = 0; n < g.nodes.size(); ++n) {
@@ -331,9 +360,27 @@ void OnednnLowering::Impl::decide_blockable(const std::vector<bool>& eligible) {
       ValueId v = node.inputs[i];
       if (v == kNoValue) continue;
       used[size_t(v)] = true;
-      bool blocked_use = eligible[n] && is_conv_like(node.op) &&
-                         (i == 0 || (node.op == OpId::FusedConv2d && i == 3));
+      bool blocked_use = eligible[n] && ((is_conv_like(node.op) &&
+                                          (i == 0 || (node.op == OpId::FusedConv2d && i == 3))) ||
+                                         node.op == OpId::Concat);
       if (!blocked_use) ok[size_t(v)] = false;
+    }
+  }
+  // Note [oneDNN concat]: a concat keeps its parts blocked only when its result stays blocked
+  // too. A plain result would make oneDNN convert every part in a slow generic concat (DenseNet's
+  // 3x3 outputs, read by every later concat of their block, whose results feed loop kernels);
+  // plain parts are copied as blocks. A part of a concat whose result cannot block is plain, which
+  // may unblock a concat's result that it feeds: repeated until nothing changes.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t n = 0; n < g.nodes.size(); ++n) {
+      const Node& node = g.nodes[n];
+      if (node.op != OpId::Concat || !eligible[n] || ok[size_t(node.outputs[0])]) continue;
+      for (ValueId v : node.inputs)
+        if (v != kNoValue && ok[size_t(v)]) {
+          ok[size_t(v)] = false;
+          changed = true;
+        }
     }
   }
   for (size_t v = 0; v < nv; ++v) may_block[v] = ok[v] && used[v];
@@ -397,6 +444,7 @@ kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
       d.count_include_pad = !is_max && node.attrs.get_bool("count_include_pad");
       break;
     }
+    case OpId::Concat: d.concat_dim = 1; break;  // onednn_concat_candidate
     case OpId::Matmul:
       for (const StridedOperand& so : options.matmul_strides)
         if (so.node == n && so.input >= 0 && so.input <= 1)
@@ -624,7 +672,7 @@ OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& exter
     const Node& node = g.nodes[size_t(n)];
     KILN_CHECK(is_supported_op(node.op),
                "oneDNN lowering: node {} ('{}') is {}; expected conv2d, fused_conv2d, "
-               "conv_transpose2d, linear, fused_linear, matmul, max_pool2d or avg_pool2d",
+               "conv_transpose2d, linear, fused_linear, matmul, max_pool2d, avg_pool2d or concat",
                n, node.name, op_def(node.op).name);
     im.requested[size_t(n)] = true;
   }
@@ -655,6 +703,14 @@ OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& exter
       if (!im.requested[n]) continue;
       if (!eligible[n]) {
         im.why_not[n] = static_reason[n];
+        continue;
+      }
+      if (g.nodes[n].op == OpId::Concat && !im.may_block[size_t(g.nodes[n].outputs[0])] &&
+          std::none_of(g.nodes[n].inputs.begin(), g.nodes[n].inputs.end(),
+                       [&](ValueId v) { return im.layouts.blocked(v); })) {
+        // Note [oneDNN concat]: nothing to keep in a blocked layout; the runtime's concat
+        // copies plain parts as well.
+        im.why_not[n] = "its parts and its result are plain (the runtime's concat copies them)";
         continue;
       }
       im.descs[n] = im.describe_node(int32_t(n));

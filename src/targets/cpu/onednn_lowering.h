@@ -44,6 +44,11 @@ int native_conv_block();
 // Its layout name, "nChw16c" or "nChw8c" (the CPU target's knob value for the policy).
 const char* native_conv_layout();
 
+// Whether concat node n of g is one the oneDNN lowering takes (Note [oneDNN concat] in
+// kernels/onednn_node.cc): along the channels of 4-D values, each produced by a convolution, a
+// pooling or such a concat, so that the parts can stay in the layout they were computed in.
+bool onednn_concat_candidate(const Graph& g, const Node& n);
+
 // A matmul operand that is a strided view rather than a contiguous buffer (a permuted or
 // transposed activation; input 0 = a or 1 = b): run() then gets the view's first element as
 // that input's pointer. See Note [strided matmul operands].

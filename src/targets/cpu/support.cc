@@ -17,6 +17,7 @@ constexpr OpSupport kView{false, false, false, "a view: folded into the strides 
 constexpr OpSupport kDecomposed{false, false, false, "decomposed by the compiler pipeline into ops that fuse"};
 constexpr OpSupport kIndexed{true, false, false, "loop code reading the source at the index (scalar), fused with pointwise neighbours"};
 constexpr OpSupport kScatter{true, false, false, "scatter loop kernel: parallel over the dims that cannot collide, in index order along dim"};
+constexpr OpSupport kConcat{false, true, false, "oneDNN concat of convolution outputs along the channels (their layout kept); else a byte copy of each part"};
 constexpr OpSupport kEager{false, false, false, "its eager kernel, bound inside the executable"};
 
 constexpr compiler::OpSupportTable kCpu = compiler::make_support_table({
@@ -86,7 +87,7 @@ constexpr compiler::OpSupportTable kCpu = compiler::make_support_table({
     {OpId::Unsqueeze, kView},
     {OpId::Flatten, kView},
     {OpId::Slice, kView},
-    {OpId::Concat, kEager},
+    {OpId::Concat, kConcat},
     {OpId::Split, kEager},
     {OpId::Pad, kEager},
     {OpId::Copy, kPointwise},

@@ -92,6 +92,10 @@ class CpuTarget final : public compiler::Target {
     return {OpId::BatchNorm, OpId::GroupNorm, OpId::ScaledDotProductAttention, OpId::Split};
   }
 
+  bool library_takes(const Graph& g, const Node& n) const override {
+    return n.op != OpId::Concat || onednn_concat_candidate(g, n);
+  }
+
   bool generates(const Graph& g, const Node& n) const override {
     if (!cpu_support()[size_t(n.op)].generated || !lower::loop_expressible(g, n)) return false;
     DType od = g.type(n.outputs[0]).dtype;

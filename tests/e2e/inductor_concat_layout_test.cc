@@ -1,0 +1,182 @@
+// Concat of convolution outputs in the convolutions' own layout (Note [oneDNN concat] in
+// kernels/onednn_node.cc, Note [layout choice] in targets/cpu/onednn_lowering.cc): SqueezeNet's
+// fire modules and Inception's blocks concatenate convolution (and pooling) outputs along the
+// channels and feed the result to more convolutions. The CPU compiler runs such a concat as a
+// oneDNN concat on the parts' layout (nhwc or nChw16c), with no reorder around it; a concat whose
+// result feeds a loop kernel stays the runtime's plain copy, its parts plain. Checked against the
+// float64 reference on fresh random inputs, f32 and bf16, under the default and the blocked
+// convolution policy, with odd channel counts (nChw16c pads them), and through a package (format
+// version 6), bitwise.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../support/compare.h"
+#include "../support/graph_inputs.h"
+#include "compiler/compile.h"
+#include "core/error.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
+#include "ops/kernel_util.h"
+#include "ops/onednn.h"
+#include "runtime/package.h"
+#include "targets/cpu/onednn_lowering.h"
+
+using namespace kiln;
+
+namespace {
+
+// x -> squeeze 1x1 (relu) -> [expand 1x1 (relu), expand 3x3 (relu)] -> concat "fire" ->
+//   [conv 3x3 "b0", max_pool 3x3/1 "b1" -> conv 1x1 "b1c", concat([expand1, expand3]) "nest"]
+//   -> concat "block" (of b0, b1c and the nested concat) -> conv 1x1 "head" -> output 0;
+// and a second, DenseNet-like path: concat "plain" of two convolutions whose result feeds a
+// relu (a loop kernel) -> output 1.
+struct Net {
+  Graph g;
+  double k = 0;  // the longest accumulation, for the tolerance
+};
+
+Net fire_net(DType dt, int64_t c_in, int64_t e1, int64_t e3, Generator& gen) {
+  Net n;
+  Graph& g = n.g;
+  g.name = "fire_net";
+  const int64_t sq = 16, hw = 12;
+  auto param = [&](const std::string& name, Dims d) {
+    double fan_in = double(d[1] * d[2] * d[3]);
+    n.k = std::max(n.k, fan_in);
+    return g.add_param(name, sample_randn(gen, d, 1.0 / std::sqrt(fan_in)).to(dt));
+  };
+  auto bias = [&](const std::string& name, int64_t c) {
+    return g.add_param(name, sample_randn(gen, {c}, 0.5).to(dt));
+  };
+  auto conv = [&](ValueId x, int64_t cin, int64_t cout, int64_t k, const std::string& name,
+                  bool relu) {
+    ValueId w = param(name + ".w", {cout, cin, k, k}), b = bias(name + ".b", cout);
+    Attrs a{{"padding", Ints{k / 2, k / 2}}};
+    if (!relu) return g.add_node1(OpId::Conv2d, {x, w, b}, a, name);
+    a.set("activation", std::string("relu"));
+    return g.add_node1(OpId::FusedConv2d, {x, w, b}, a, name);
+  };
+  auto cat = [&](std::vector<ValueId> parts, const std::string& name) {
+    return g.add_node1(OpId::Concat, parts, {{"dim", int64_t(1)}}, name);
+  };
+  ValueId x = g.add_input("x", TensorType(dt, Shape{1, c_in, hw, hw}));
+  ValueId s = conv(x, c_in, sq, 1, "squeeze", true);
+  ValueId x1 = conv(s, sq, e1, 1, "expand1", true);
+  ValueId x3 = conv(s, sq, e3, 3, "expand3", true);
+  ValueId fire = cat({x1, x3}, "fire");
+  const int64_t cf = e1 + e3;
+  ValueId b0 = conv(fire, cf, 24, 3, "b0", true);
+  ValueId p = g.add_node1(OpId::MaxPool2d, {fire},
+                          {{"kernel_size", Ints{3, 3}}, {"stride", Ints{1, 1}},
+                           {"padding", Ints{1, 1}}}, "b1");
+  ValueId b1 = conv(p, cf, 20, 1, "b1c", true);
+  ValueId nest = cat({x3, x1}, "nest");  // not fire again (the passes would merge the two)
+  ValueId block = cat({b0, b1, nest}, "block");
+  ValueId head = conv(block, 24 + 20 + cf, 32, 1, "head", false);
+  ValueId d1 = conv(s, sq, 12, 3, "dense1", false), d2 = conv(s, sq, 20, 1, "dense2", false);
+  ValueId dense = g.add_node1(OpId::Relu, {cat({d1, d2}, "plain")}, {}, "dense_relu");
+  g.outputs = {head, dense};
+  return n;
+}
+
+std::string kernel_line(const compiler::CompileReport& r, const std::string& prefix) {
+  for (const std::string& k : r.kernels)
+    if (k.rfind(prefix, 0) == 0) return k;
+  return "";
+}
+
+}  // namespace
+
+TEST(InductorConcatLayout, ConcatOfConvolutionsKeepsTheirLayoutAndMatchesTheReference) {
+  std::vector<DType> dtypes = {DType::Float32};
+  if (onednn::supports_dtype(DType::BFloat16)) dtypes.push_back(DType::BFloat16);
+  struct Channels {
+    int64_t c_in, e1, e3;
+  };
+  for (DType dt : dtypes)
+    for (Channels ch : {Channels{32, 32, 32}, Channels{20, 24, 40}})
+      for (const char* conv : {"auto", cpu::native_conv_layout()}) {
+        SCOPED_TRACE(fmt::format("{} channels {}+{} conv={}", dtype_name(dt), ch.e1, ch.e3, conv));
+        Generator wgen(314);
+        Net net = fire_net(dt, ch.c_in, ch.e1, ch.e3, wgen);
+        compiler::Options o;
+        o.knobs.set("conv", conv);
+        auto compiled = compiler::compile(net.g, Device::cpu(), o);
+        const compiler::CompileReport& r = compiled->report();
+        EXPECT_EQ(r.eager_launches, 0) << compiled->summary();
+        // The concats that feed convolutions and pools run in oneDNN with no reorder; so do
+        // their parts' producers and their consumers. Except where the parts are channel
+        // blocked (nChw16c) and a part's channels are not a whole number of blocks: no blocked
+        // result can hold such parts, oneDNN's concat writes NCHW, and the consumers reorder.
+        const bool whole_blocks = std::string(conv) == "auto" ||
+                                  (ch.e1 % cpu::native_conv_block() == 0 &&
+                                   ch.e3 % cpu::native_conv_block() == 0);
+        for (const char* name : {"concat:fire ", "concat:block ", "concat:nest "}) {
+          std::string line = kernel_line(r, name);
+          EXPECT_NE(line.find("[oneDNN]: concat dim 1"), std::string::npos) << name << ": " << line;
+          if (whole_blocks) EXPECT_EQ(line.find("reorders"), std::string::npos) << line;
+        }
+        for (const char* name : {"fused_conv2d:expand1 ", "fused_conv2d:expand3 ",
+                                 "fused_conv2d:b0 ", "max_pool2d:b1 ", "fused_conv2d:b1c "}) {
+          std::string line = kernel_line(r, name);
+          EXPECT_NE(line.find("[oneDNN]"), std::string::npos) << name << ": " << line;
+          if (whole_blocks) EXPECT_EQ(line.find("reorders"), std::string::npos) << line;
+        }
+        // A concat whose result a loop kernel reads stays the runtime's plain copy.
+        EXPECT_NE(kernel_line(r, "concat:plain ").find("[runtime kernel concat]"),
+                  std::string::npos) << compiled->summary();
+
+        const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+        uint32_t version = 0;
+        std::vector<PackageSection> sections = parse_package_container(bytes, "fire", &version);
+        EXPECT_EQ(version, kOnednnConcatFormatVersion);
+        LoadedPackage loaded = load_package_bytes(bytes, "fire");
+        for (uint64_t seed : {1u, 2u}) {
+          Generator gen(seed);
+          TensorList in = {Tensor::randn({1, ch.c_in, 12, 12}, gen, DType::Float32).to(dt)};
+          TensorList want = run(test::as_float64(net.g), {in[0].to(DType::Float64)});
+          TensorList got = compiled->run(in), pkg = loaded.exe->run(in);
+          ASSERT_EQ(got.size(), want.size());
+          ASSERT_EQ(pkg.size(), want.size());
+          // Three chained convolutions (bf16: each layer's output rounded to 2^-9).
+          double tol = dt == DType::BFloat16 ? 3e-2 : 1e-5 * std::sqrt(net.k) * 3;
+          for (size_t i = 0; i < got.size(); ++i) {
+            test::Comparison c = test::compare(got[i], want[i], test::Tolerance::rel(tol, tol));
+            EXPECT_TRUE(c.ok()) << "output " << i << " seed " << seed << ": " << c.str() << "\n"
+                                << compiled->summary();
+            EXPECT_TRUE(test::close(pkg[i], got[i], test::Tolerance::exact()))
+                << "packaged output " << i;
+          }
+        }
+      }
+}
+
+// A package that holds a oneDNN concat is format version 6: labelled as an older version (header
+// and manifest edited alike, hashes recomputed), the loader refuses it, naming the launch, rather
+// than a runtime of that version meeting a node it does not know.
+TEST(InductorConcatLayout, ConcatPackageLabelledAnOlderVersionIsRefused) {
+  Generator wgen(315);
+  Net net = fire_net(DType::Float32, 32, 32, 32, wgen);
+  auto compiled = compiler::compile(net.g, Device::cpu(), compiler::Options{});
+  uint32_t version = 0;
+  std::vector<PackageSection> sections = parse_package_container(
+      package_bytes(compiled->executable(), PackageInfo{}), "fire", &version);
+  ASSERT_EQ(version, kOnednnConcatFormatVersion);
+  nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
+  m["format_version"] = kCpuPackageFormatVersion;
+  sections[0].bytes = m.dump(1);
+  std::string err;
+  try {
+    load_package_bytes(package_container(sections, kCpuPackageFormatVersion), "fire-v2");
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("oneDNN concat node is unknown to format version 2"), std::string::npos) << err;
+  EXPECT_NE(err.find("launch"), std::string::npos) << err;
+}
