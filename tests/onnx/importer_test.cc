@@ -409,6 +409,52 @@ TEST(OnnxImport, MaxPoolCeilModeIsOneMaxPool) {
   }
 }
 
+// AveragePool with symmetric pads and no ceil_mode is one avg_pool2d (Inception's 3x3 stride-1
+// pools; the general mapping is an explicit pad, a pool and a division by the counts), with
+// ONNX's divisor: the whole window with count_include_pad, else the window's elements inside
+// the input. Checked against a direct float64 computation.
+TEST(OnnxImport, AveragePoolWithSymmetricPadsIsOneAvgPool) {
+  Generator gen(fresh_seed());
+  struct Case {
+    int64_t h, w, k, s, p, include;
+  };
+  for (const Case& cs : {Case{9, 9, 3, 1, 1, 1}, Case{9, 7, 3, 1, 1, 0}, Case{10, 11, 3, 2, 1, 0},
+                         Case{8, 8, 5, 2, 2, 1}, Case{7, 6, 2, 2, 0, 0}}) {
+    SCOPED_TRACE(fmt::format("{}x{} k{} s{} p{} count_include_pad {}", cs.h, cs.w, cs.k, cs.s,
+                             cs.p, cs.include));
+    Tensor x = Tensor::randn({1, 3, cs.h, cs.w}, gen);
+    ModelBuilder m;
+    m.input("x", DType::Float32, {1, 3, cs.h, cs.w})
+        .node("AveragePool", {"x"}, {"y"},
+              {{"kernel_shape", std::vector<int64_t>{cs.k, cs.k}},
+               {"strides", std::vector<int64_t>{cs.s, cs.s}},
+               {"pads", std::vector<int64_t>{cs.p, cs.p, cs.p, cs.p}},
+               {"count_include_pad", cs.include}})
+        .output("y", DType::Float32);
+    Graph g = m.import();
+    std::multiset<std::string> ops = node_ops(g);
+    EXPECT_EQ(ops.count("avg_pool2d"), 1u);
+    EXPECT_EQ(ops.size(), 1u) << "no pad, no division";
+    int64_t oh = (cs.h + 2 * cs.p - cs.k) / cs.s + 1, ow = (cs.w + 2 * cs.p - cs.k) / cs.s + 1;
+    std::vector<double> xv = values(x), want;
+    for (int c = 0; c < 3; ++c)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          double sum = 0;
+          int64_t inside = 0;
+          for (int64_t a = 0; a < cs.k; ++a)
+            for (int64_t b = 0; b < cs.k; ++b) {
+              int64_t h = i * cs.s + a - cs.p, w = j * cs.s + b - cs.p;
+              if (h < 0 || h >= cs.h || w < 0 || w >= cs.w) continue;
+              sum += xv[size_t((c * cs.h + h) * cs.w + w)];
+              ++inside;
+            }
+          want.push_back(sum / double(cs.include ? cs.k * cs.k : inside));
+        }
+    expect_close(run(g, {x})[0], want, {1, 3, oh, ow});
+  }
+}
+
 TEST(OnnxImport, SoftmaxOpset11FlattensOpset13DoesNot) {
   Generator gen(fresh_seed());
   Tensor x = Tensor::randn({2, 3, 4}, gen);

@@ -437,6 +437,20 @@ void conv_pool(NodeCtx& c) {
       return;
     }
   }
+  if (K == PoolKind::Avg && w.n == 2 && is_floating(dt) && !ceil && w.d[0] == 1 && w.d[1] == 1 &&
+      w.pb[0] == w.pe[0] && w.pb[1] == w.pe[1] && 2 * w.pb[0] <= w.k[0] &&
+      2 * w.pb[1] <= w.k[1]) {
+    // Symmetric pads without ceil_mode: every window lies inside the padded input, so ONNX's
+    // divisor (the window's size, or its elements inside the input without count_include_pad)
+    // is avg_pool2d's. One op, where the general path below is a pad (an eager kernel), a pool
+    // and a division, and a convolution's oneDNN layout can flow through it (Inception's
+    // 3x3 stride-1 pools, issue #17).
+    c.out(0, c.op1(OpId::AvgPool2d, {x}, {{"kernel_size", Ints(w.k)}, {"stride", Ints(w.s)},
+                                          {"padding", Ints{w.pb[0], w.pb[1]}},
+                                          {"ceil_mode", false},
+                                          {"count_include_pad", c.attr_int("count_include_pad", 0) != 0}}));
+    return;
+  }
   if (K == PoolKind::Max) {
     // Integer inputs pool exactly in float32 (8-bit) or float64 (32/64-bit).
     DType work = is_floating(dt) ? dt : (dtype_size(dt) <= 2 ? DType::Float32 : DType::Float64);
