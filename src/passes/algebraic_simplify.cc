@@ -266,11 +266,30 @@ Rewrite erf_gelu(const Match& m) {
   return Rewrite();
 }
 
+// x * sigmoid(x) (either order) -> silu(x): exporters write SiLU as its formula (torch.onnx:
+// Sigmoid, Mul; EfficientNet's every activation). As one silu node it fuses into the
+// convolution before it (oneDNN's swish post-op, fuse-epilogues), so that the convolution's
+// blocked layout reaches the depthwise convolution after it instead of a loop kernel. The
+// sigmoid stays for its other uses (dce drops it otherwise).
+Rewrite sigmoid_silu(const Match& m) {
+  const GraphBuilder& b = m.b;
+  if (!is_floating(m.out.dtype)) return Rewrite();
+  for (int i = 0; i < 2; ++i) {
+    const Node* sig = m.input_from(size_t(i), OpId::Sigmoid);
+    ValueId x = m.in[size_t(1 - i)];
+    if (!sig || sig->inputs.size() != 1 || sig->inputs[0] != x) continue;
+    if (!same_value_type(b.dst().type(x), m.out)) continue;  // no broadcast, no promotion
+    return Rewrite::node(OpId::Silu, {x}, {});
+  }
+  return Rewrite();
+}
+
 // Note [Rule order]: for one op, rules are tried top to bottom and the first that applies wins.
 const Rule kRules[] = {
     {OpId::Mul, "mul(x, 1) -> x", rhs_neutral<1>},
     {OpId::Mul, "mul(1, x) -> x", lhs_neutral<1>},
     {OpId::Mul, "x * 0.5 * (1 + erf(x / sqrt(2))) -> gelu(x)", erf_gelu},
+    {OpId::Mul, "x * sigmoid(x) -> silu(x)", sigmoid_silu},
     {OpId::Div, "div(x, 1) -> x", rhs_neutral<1>},
     {OpId::Add, "add(x, 0) -> x", rhs_neutral<0>},
     {OpId::Add, "add(0, x) -> x", lhs_neutral<0>},
@@ -363,7 +382,7 @@ class AlgebraicSimplifyPass : public Pass {
   std::string_view name() const override { return "algebraic-simplify"; }
   std::string_view description() const override {
     return "x*1, x+0, identity reshapes/permutes/casts, reshape and transpose chains, "
-           "exact cast chains, double negation, erf GELU formulas as gelu";
+           "exact cast chains, double negation, erf GELU formulas as gelu, x*sigmoid(x) as silu";
   }
   bool run(Graph& g) override { return simplify_algebra(g).rewrites > 0; }
 };
