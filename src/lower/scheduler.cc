@@ -16,6 +16,8 @@
 //   - reduction / norm node -> a pointwise group of its input's shape (becomes the prologue);
 //   - small linear -> a reduction over K with x*w as the prologue and bias / residual /
 //     activation as the epilogue (a GEMV in registers for batch-1 MLPs).
+// A pointwise node that joins no anchor group joins the latest step instead when that is a
+// pointwise group of its shape (horizontal fusion: try_join_latest).
 // A value is stored when a node outside its group or a view reads it, or it is a graph output.
 // Kernels are then built from the groups (build_kernel): iteration order = kept dims then
 // reduced dims, every read mapped to strides on that order, adjacent dims merged where every
@@ -225,6 +227,7 @@ class Scheduler {
   // The step that produces the memory or register v is read from (-1: outside the program).
   int source_step(ValueId v) const;
   bool try_join(int32_t i, NodeClass c);
+  bool try_join_latest(int32_t i, NodeClass c);
   int new_group(int32_t i, NodeClass c);
   void build_kernel(const Group& gr, LoopKernel* k);
   void build_scatter(const Group& gr, LoopKernel* k);
@@ -393,6 +396,37 @@ bool Scheduler::try_join(int32_t i, NodeClass c) {
   return true;
 }
 
+// Horizontal fusion: a pointwise node that joins no producer's group joins the program's latest
+// step when that is a pointwise group of the node's shape. Every input of the node then comes
+// from that step or an earlier one, so the group's position still keeps dependency order; an
+// input from the group itself must be a register at the same index, as in try_join. Sibling
+// chains over one linear's output (an LSTM step's four gates: each a slice of the gates, a bias
+// and an activation, then the cell update reading all four) become one kernel instead of one
+// per gate, each storing its result for the next to load.
+bool Scheduler::try_join_latest(int32_t i, NodeClass c) {
+  if (!opt_.fuse || c != NodeClass::Pointwise || s_.steps.empty()) return false;
+  const int last = int(s_.steps.size()) - 1;
+  const int gi = step_group_[size_t(last)];
+  if (gi < 0) return false;
+  Group& gr = groups_[size_t(gi)];
+  if (gr.closed || gr.kind != LoopKind::Pointwise) return false;
+  const Node& n = g_.nodes[size_t(i)];
+  if (dims_of(g_.type(n.outputs[0])) != gr.full) return false;
+  for (ValueId v : n.inputs) {
+    if (v == kNoValue || source_step(v) != last) continue;
+    const Value& val = g_.value(v);
+    if (s_.virtual_view[size_t(v)] || val.kind != ValueKind::NodeOutput ||
+        node_group_[size_t(val.producer)] != gi || level_[size_t(v)] != Level::Full ||
+        dims_of(val.type) != gr.full)
+      return false;
+  }
+  gr.nodes.push_back(i);
+  node_group_[size_t(i)] = gi;
+  s_.node_step[size_t(i)] = gr.step;
+  level_[size_t(n.outputs[0])] = Level::Full;
+  return true;
+}
+
 Schedule Scheduler::run() {
   const size_t nn = g_.nodes.size(), nv = g_.values.size();
   s_.node_step.assign(nn, 0);
@@ -428,7 +462,7 @@ Schedule Scheduler::run() {
         step_group_.push_back(-1);
         break;
       default:
-        if (!try_join(i, c)) new_group(i, c);
+        if (!try_join(i, c) && !try_join_latest(i, c)) new_group(i, c);
         break;
     }
   }
