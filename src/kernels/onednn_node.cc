@@ -422,6 +422,15 @@ class PlanBuilder {
   int64_t pad_bytes_ = 0;
 };
 
+// After a primitive that wrote dst_mem: the reorder into the node's output where bind_dst gave
+// the output a layout of its own (user_out), and the text describe() adds for it ("" if none).
+std::string reorder_into_output(PlanBuilder& b, const memory& dst_mem, const memory& user_out) {
+  if (!user_out) return "";
+  b.reorder(dst_mem, user_out);
+  return fmt::format("; reorders: dst {}->{}", format_name(dst_mem.get_desc(), "nchw"),
+                     format_name(user_out.get_desc(), "nchw"));
+}
+
 // Reorders `data` (described by user_md) into a new owned memory of layout `md`, once.
 memory prepack(PlanBuilder& b, const memory::desc& user_md, const Tensor& data,
                const memory::desc& md) {
@@ -845,12 +854,7 @@ void Builder::build_pool(Plan& p) {
   memory dst_mem = bind_dst(b, y, dst_md, &user_out);
   b.step(dnnl::pooling_v2_forward(*pd), pd->scratchpad_desc(),
          {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_DST, dst_mem}});
-  std::string reorders;
-  if (user_out) {
-    b.reorder(dst_mem, user_out);
-    reorders = fmt::format("; reorders: dst {}->{}", format_name(dst_md, "nchw"),
-                           format_name(user_out.get_desc(), "nchw"));
-  }
+  std::string reorders = reorder_into_output(b, dst_mem, user_out);
   b.finish();
   const char* alg_name = is_max ? "max"
                          : alg == dnnl::algorithm::pooling_avg_include_padding ? "avg_include_pad"
@@ -916,12 +920,7 @@ void Builder::build_concat(Plan& p) {
     args.emplace_back(DNNL_ARG_MULTIPLE_SRC + int(i), src_mems[i]);
   args.emplace_back(DNNL_ARG_DST, dst_mem);
   b.step(dnnl::concat(*pd), pd->scratchpad_desc(), args);
-  std::string reorders;
-  if (user_out) {
-    b.reorder(dst_mem, user_out);
-    reorders = fmt::format("; reorders: dst {}->{}", format_name(dst_md, "nchw"),
-                           format_name(user_out.get_desc(), "nchw"));
-  }
+  std::string reorders = reorder_into_output(b, dst_mem, user_out);
   b.finish();
   std::vector<std::string> src_names;
   for (const memory::desc& md : srcs) src_names.push_back(format_name(md, "nchw"));

@@ -10,6 +10,29 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 "$KILN" compile mlp -o "$WORK/mlp.kiln" >/dev/null
 "$KILN" compile vfe -o "$WORK/vfe.kiln" >/dev/null
+# A small fire module (squeeze 1x1, expand 1x1 and 3x3, concat, 1x1): a oneDNN concat node
+# (format version 6). Needs the onnx package (the setup's venv has it).
+PY="${KILN_PYTHON:-$HOME/.cache/kiln/venv/bin/python}"
+"$PY" - "$WORK/fire.onnx" <<'PY'
+import sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+rng = np.random.default_rng(7)
+def w(name, *shape):
+    return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+inits = [w("ws", 8, 16, 1, 1), w("w1", 8, 8, 1, 1), w("w3", 8, 8, 3, 3), w("wh", 4, 16, 1, 1)]
+nodes = [helper.make_node("Conv", ["x", "ws"], ["s"]),
+         helper.make_node("Relu", ["s"], ["sr"]),
+         helper.make_node("Conv", ["sr", "w1"], ["e1"]),
+         helper.make_node("Conv", ["sr", "w3"], ["e3"], pads=[1, 1, 1, 1]),
+         helper.make_node("Concat", ["e1", "e3"], ["c"], axis=1),
+         helper.make_node("Conv", ["c", "wh"], ["y"])]
+g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 6])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], inits)
+onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), sys.argv[1])
+PY
+"$KILN" compile "$WORK/fire.onnx" -o "$WORK/fire.kiln" >/dev/null
 python3 - "$WORK" "$OUT" <<'PY'
 import struct, sys
 work, out = sys.argv[1], sys.argv[2]
@@ -28,4 +51,7 @@ open(f"{out}/mlp_whole.bin", "wb").write(b"\0" + mlp)
 _, vfe = sections(f"{work}/vfe.kiln")
 m = vfe["manifest"]
 open(f"{out}/vfe_sections.bin", "wb").write(b"\1" + struct.pack("<I", len(m)) + m + vfe["weights"])
+_, fire = sections(f"{work}/fire.kiln")
+m = fire["manifest"]
+open(f"{out}/fire_concat_sections.bin", "wb").write(b"\3" + struct.pack("<I", len(m)) + m + fire["weights"])
 PY
