@@ -12,8 +12,8 @@
 // produced by a lowered conv/deconv/pool/concat node whose every use is as input 0 of a lowered
 // conv/deconv/pool node, as the residual of a lowered fused_conv2d or as a part of a lowered
 // concat whose own result may stay blocked (Note [oneDNN concat] in kernels/onednn_node.cc),
-// and which is not a graph output, may stay blocked: its producer is created with dst format_tag::any and the layout it
-// picks becomes the value's layout. Consumers are created with exactly that src layout, so the
+// and which is not a graph output, may stay blocked: its producer is created with dst
+// format_tag::any and the layout it picks becomes the value's layout. Consumers are created with exactly that src layout, so the
 // chain conv -> conv -> pool -> conv runs without a reorder. Every other value is plain
 // (contiguous row-major, NCHW for 4-D). A primitive created with format_tag::any on a plain
 // src or dst may still want a blocked one: the reorder between the plain value and a scratch
