@@ -228,6 +228,12 @@ class Scheduler {
   int source_step(ValueId v) const;
   bool try_join(int32_t i, NodeClass c);
   bool try_join_latest(int32_t i, NodeClass c);
+  // Whether every input k of node i (first <= k <= last) read from `step`, which runs group
+  // gi, is a register of that group at level `want` and of `shape` (read at the index it was
+  // computed at); inputs from other steps are loads, and inputs outside [first, last] must not
+  // come from `step` at all.
+  bool registers_of(int32_t i, int step, int gi, Level want, const Dims& shape, size_t first,
+                    size_t last) const;
   int new_group(int32_t i, NodeClass c);
   void build_kernel(const Group& gr, LoopKernel* k);
   void build_scatter(const Group& gr, LoopKernel* k);
@@ -332,6 +338,21 @@ int Scheduler::new_group(int32_t i, NodeClass c) {
   return gi;
 }
 
+bool Scheduler::registers_of(int32_t i, int step, int gi, Level want, const Dims& shape,
+                             size_t first, size_t last) const {
+  const Node& n = g_.nodes[size_t(i)];
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    ValueId v = n.inputs[k];
+    if (v == kNoValue || source_step(v) != step) continue;
+    if (k < first || k > last) return false;
+    const Value& val = g_.value(v);
+    if (s_.virtual_view[size_t(v)] || val.kind != ValueKind::NodeOutput) return false;
+    if (node_group_[size_t(val.producer)] != gi) return false;
+    if (level_[size_t(v)] != want || dims_of(val.type) != shape) return false;
+  }
+  return true;
+}
+
 bool Scheduler::try_join(int32_t i, NodeClass c) {
   if (!opt_.fuse) return false;
   const Node& n = g_.nodes[size_t(i)];
@@ -347,16 +368,7 @@ bool Scheduler::try_join(int32_t i, NodeClass c) {
   Dims out = dims_of(g_.type(n.outputs[0]));
   // Inputs sourced from the group must be registers read at the same index.
   auto inputs_ok = [&](Level want, const Dims& shape, size_t first, size_t last) {
-    for (size_t k = 0; k < n.inputs.size(); ++k) {
-      ValueId v = n.inputs[k];
-      if (v == kNoValue || source_step(v) != anchor) continue;
-      if (k < first || k > last) return false;
-      const Value& val = g_.value(v);
-      if (s_.virtual_view[size_t(v)] || val.kind != ValueKind::NodeOutput) return false;
-      if (node_group_[size_t(val.producer)] != gi) return false;
-      if (level_[size_t(v)] != want || dims_of(val.type) != shape) return false;
-    }
-    return true;
+    return registers_of(i, anchor, gi, want, shape, first, last);
   };
   bool ok = false;
   Level lv = Level::Full;
@@ -411,15 +423,9 @@ bool Scheduler::try_join_latest(int32_t i, NodeClass c) {
   Group& gr = groups_[size_t(gi)];
   if (gr.closed || gr.kind != LoopKind::Pointwise) return false;
   const Node& n = g_.nodes[size_t(i)];
-  if (dims_of(g_.type(n.outputs[0])) != gr.full) return false;
-  for (ValueId v : n.inputs) {
-    if (v == kNoValue || source_step(v) != last) continue;
-    const Value& val = g_.value(v);
-    if (s_.virtual_view[size_t(v)] || val.kind != ValueKind::NodeOutput ||
-        node_group_[size_t(val.producer)] != gi || level_[size_t(v)] != Level::Full ||
-        dims_of(val.type) != gr.full)
-      return false;
-  }
+  if (dims_of(g_.type(n.outputs[0])) != gr.full ||
+      !registers_of(i, last, gi, Level::Full, gr.full, 0, n.inputs.size()))
+    return false;
   gr.nodes.push_back(i);
   node_group_[size_t(i)] = gi;
   s_.node_step[size_t(i)] = gr.step;

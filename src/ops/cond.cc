@@ -29,23 +29,15 @@
 
 namespace kiln {
 
-namespace {
-std::string where_str(const std::source_location& loc) {
-  std::string f = loc.file_name();
-  size_t slash = f.find_last_of('/');
-  return fmt::format("{}:{}", slash == std::string::npos ? f : f.substr(slash + 1), loc.line());
-}
-}  // namespace
-
 TensorList cond(const Tensor& pred, const CondBranch& if_true, const CondBranch& if_false,
                 const TensorList& operands, const std::source_location& loc) {
   if (!pred.defined() || pred.numel() != 1)
     fail_kind(ErrorKind::InvalidArgument,
               "cond at {}: pred must be a tensor of one element (the branch's condition), got {}",
-              where_str(loc), pred.defined() ? "shape " + to_string(pred.sizes()) : "no tensor");
+              location_str(loc), pred.defined() ? "shape " + to_string(pred.sizes()) : "no tensor");
   if (!if_true || !if_false)
     fail_kind(ErrorKind::InvalidArgument, "cond at {}: both branches must be given",
-              where_str(loc));
+              location_str(loc));
   // Recording (a dispatch hook takes the ops: capture) or running: a predicate with data under
   // capture (a call input, a tensor the host made) is recorded too, as the graph's input or a
   // constant, rather than read on the host (which would break the graph).
@@ -58,7 +50,7 @@ TensorList cond(const Tensor& pred, const CondBranch& if_true, const CondBranch&
     fail_kind(ErrorKind::InvalidArgument,
               "cond at {}: the true branch returns {} tensors and the false branch {}; under "
               "capture both run, and each output is selected from the pair: return as many from "
-              "each", where_str(loc), t.size(), f.size());
+              "each", location_str(loc), t.size(), f.size());
   Tensor p = pred.dtype() == DType::Bool ? pred : ne(pred, scalar_like(0.0, pred), loc);
   if (p.dim() != 0) p = reshape(p, {}, loc);
   TensorList out;
@@ -66,14 +58,14 @@ TensorList cond(const Tensor& pred, const CondBranch& if_true, const CondBranch&
   for (size_t i = 0; i < t.size(); ++i) {
     if (!t[i].defined() || !f[i].defined())
       fail_kind(ErrorKind::InvalidArgument, "cond at {}: output {} of the {} branch is no tensor",
-                where_str(loc), i, t[i].defined() ? "false" : "true");
+                location_str(loc), i, t[i].defined() ? "false" : "true");
     if (t[i].dtype() != f[i].dtype() || t[i].sizes() != f[i].sizes() ||
         t[i].device() != f[i].device())
       fail_kind(ErrorKind::InvalidArgument,
                 "cond at {}: output {} is {} {} {} from the true branch but {} {} {} from the false "
                 "one; under capture it is selected from the two, so they must agree (cast or "
                 "reshape one branch's result)",
-                where_str(loc), i, dtype_name(t[i].dtype()), to_string(t[i].sizes()),
+                location_str(loc), i, dtype_name(t[i].dtype()), to_string(t[i].sizes()),
                 t[i].device().str(), dtype_name(f[i].dtype()), to_string(f[i].sizes()),
                 f[i].device().str());
     out.push_back(where(p, t[i], f[i], loc));
