@@ -27,17 +27,35 @@ void profile_command(const ProfileOptions& o, const std::string& trace) {
     std::printf("  CUDA: every op is timed between device synchronizations (its device time plus "
                 "one synchronization)\n");
   std::printf("\n");
-  std::printf("  %-24s %8s %11s %11s %8s  %s\n", "op", "calls", "total ms", "mean ms", "share",
-              "top call sites (calls)");
+  const bool floors = run.worst_ratio > 0 || run.short_kernels > 0;
+  std::printf("  %-24s %8s %11s %11s %8s%s  %s\n", "op", "calls", "total ms", "mean ms", "share",
+              floors ? "   floor ms  x floor" : "", "top call sites (calls)");
   double total = 0;
   for (const OpStat& s : run.table) {
     std::string sites;
     for (auto& [site, n] : s.top_sites) sites += fmt::format("{}{} ({})", sites.empty() ? "" : ", ", site, n);
-    std::printf("  %-24s %8lld %11.4f %11.5f %7.1f%%  %s\n", s.name.c_str(), (long long)s.calls,
-                s.total_ms, s.mean_ms, s.share, sites.c_str());
+    std::string roof;
+    if (floors)
+      roof = s.ratio > 0 ? fmt::format(" {:10.5f} {:8.1f}", s.floor_ms, s.ratio) : fmt::format(" {:>10} {:>8}", "-", "-");
+    std::printf("  %-24s %8lld %11.4f %11.5f %7.1f%%%s  %s\n", s.name.c_str(), (long long)s.calls,
+                s.total_ms, s.mean_ms, s.share, roof.c_str(), sites.c_str());
     total += s.total_ms;
   }
   std::printf("  %-24s %8s %11.4f\n", "total", "", total);
+  if (floors) {
+    const Roofline& r = run.roofline;
+    std::printf("\n  roofline (Note [Kernel work]): floor = max(flops / %.1f GFLOP/s (bf16/f16: %.1f), "
+                "bytes / %.1f GB/s), rates measured here now\n",
+                r.flops_per_ms / 1e6, r.low_flops_per_ms / 1e6, r.bytes_per_ms / 1e6);
+    if (run.worst_ratio > 0)
+      std::printf("  worst kernel: %s at %.1fx its floor (%.4f ms per call, floor %.4f ms): %s\n",
+                  run.worst_kernel.c_str(), run.worst_ratio, run.worst_ms, run.worst_floor_ms,
+                  run.worst_nodes.c_str());
+    std::printf("  time in kernels of >= %.3f ms per call: %.1f%% within 2x their floor, %.1f%% at "
+                "2-5x, %.1f%% over 5x; %lld shorter kernels: %.1f%%\n",
+                ProfileRun::kRooflineMinMs, run.share_within_2x, run.share_2x_to_5x,
+                run.share_over_5x, (long long)run.short_kernels, run.short_share);
+  }
   if (run.device_ms >= 0) {
     std::printf("\n  per call: %.4f ms of the launches' device times; a call takes %.4f ms "
                 "host-observed, unprofiled (median)\n",

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 #include "support/files.h"
 #include "nn/models/zoo.h"
 #include "bench/bench.h"
+#include "kernels/onednn_node.h"
 #include "passes/autocast.h"
 
 namespace kiln {
@@ -130,7 +132,8 @@ void Profiler::launch_begin(const Executable::Launch& l, const Executable::RunCo
   if (cuda_events_ && cuda_events_->size() == 0)
     cuda_events_->hold(ctx.stream, kHoldMicroseconds);
   int event = cuda_events_ ? cuda_events_->record(ctx.stream) : -1;
-  stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes, event});
+  stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes, event,
+                    roofline_.floor_ms(l.flops, l.bytes, l.compute)});
 }
 void Profiler::launch_end(const Executable::Launch&, const Executable::RunContext& ctx) {
   sync_device();
@@ -155,6 +158,7 @@ void Profiler::close(bool is_op) {
   e.self_ns = e.dur_ns - o.child_ns;
   e.depth = depth;
   e.tid = thread_index();
+  e.floor_ms = o.floor_ms;
   // Only ops subtract from an enclosing op's self time; spans are just markers.
   if (is_op && !stack_.empty() && stack_.back().is_op) stack_.back().child_ns += e.dur_ns;
   events_.push_back(std::move(e));
@@ -164,6 +168,8 @@ std::vector<OpStat> Profiler::aggregate(int64_t since_ns) const {
   struct Acc {
     int64_t calls = 0, self_ns = 0;
     std::map<std::string, int64_t> sites;
+    double floor_ms = 0;
+    bool floor_known = true;
   };
   std::map<std::string, Acc> by_name;
   int64_t total_ns = 0;
@@ -174,6 +180,8 @@ std::vector<OpStat> Profiler::aggregate(int64_t since_ns) const {
     a.self_ns += e.self_ns;
     a.sites[e.site]++;
     total_ns += e.self_ns;
+    if (e.floor_ms > 0) a.floor_ms += e.floor_ms;
+    else a.floor_known = false;
   }
   std::vector<OpStat> out;
   for (auto& [name, a] : by_name) {
@@ -188,6 +196,10 @@ std::vector<OpStat> Profiler::aggregate(int64_t since_ns) const {
                      [](const auto& x, const auto& y) { return x.second > y.second; });
     if (sites.size() > 3) sites.resize(3);
     s.top_sites = std::move(sites);
+    if (a.floor_known && a.floor_ms > 0) {
+      s.floor_ms = a.floor_ms / double(a.calls);
+      s.ratio = s.mean_ms / s.floor_ms;
+    }
     out.push_back(std::move(s));
   }
   std::stable_sort(out.begin(), out.end(),
@@ -230,6 +242,61 @@ void Profiler::write_trace(const std::string& path) const {
   f.write(text);
   f.commit();
 }
+
+double Roofline::floor_ms(double flops, double bytes, DType compute) const {
+  if (flops <= 0 && bytes <= 0) return -1;
+  double rate = (compute == DType::BFloat16 || compute == DType::Float16) && low_flops_per_ms > 0
+                    ? low_flops_per_ms
+                    : flops_per_ms;
+  if (rate <= 0 || bytes_per_ms <= 0) return -1;
+  return std::max(flops / rate, bytes / bytes_per_ms);
+}
+
+namespace {
+// ProfileRun's roofline summary (Note [Kernel work]), over the launches that started at or after
+// `since_ns`. A kernel is one launch of the executable: launches of one name (a zoo model's
+// layers are named by their call site) are told apart by their floors.
+void summarize_roofline(ProfileRun& run, const std::vector<ProfileEvent>& events, int64_t since_ns) {
+  struct Acc {
+    int64_t calls = 0;
+    double ms = 0;
+  };
+  std::map<std::tuple<std::string, std::string, double>, Acc> kernels;
+  double total = 0;
+  for (const ProfileEvent& e : events) {
+    if (e.cat != "op" || e.start_ns < since_ns) continue;
+    total += double(e.self_ns) / 1e6;
+    if (e.floor_ms <= 0) continue;
+    Acc& a = kernels[{e.name, e.site, e.floor_ms}];
+    a.calls++;
+    a.ms += double(e.self_ns) / 1e6;
+  }
+  double shorts = 0, within2 = 0, within5 = 0, over5 = 0;
+  for (const auto& [key, a] : kernels) {
+    const auto& [name, site, floor_ms] = key;
+    const double mean = a.ms / double(a.calls), ratio = mean / floor_ms;
+    if (mean < ProfileRun::kRooflineMinMs) {
+      run.short_kernels++;
+      shorts += a.ms;
+      continue;
+    }
+    (ratio <= 2 ? within2 : ratio <= 5 ? within5 : over5) += a.ms;
+    if (ratio > run.worst_ratio) {
+      run.worst_ratio = ratio;
+      run.worst_kernel = name;
+      run.worst_ms = mean;
+      run.worst_floor_ms = floor_ms;
+      run.worst_nodes = site;
+    }
+  }
+  if (total > 0) {
+    run.short_share = 100 * shorts / total;
+    run.share_within_2x = 100 * within2 / total;
+    run.share_2x_to_5x = 100 * within5 / total;
+    run.share_over_5x = 100 * over5 / total;
+  }
+}
+}  // namespace
 
 ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   if (o.target.empty()) fail("profile: a target (zoo model name or MODEL.onnx) is required");
@@ -307,6 +374,15 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
     run.call_ms = ms[ms.size() / 2];
     prof.start();
   }
+  // Note [Kernel work]: the floors of the timed launches, from rates measured now (a few
+  // milliseconds, once per process and thread count), outside the timed iterations. CUDA: no
+  // rates are measured yet, so its launches have no floor.
+  if (!cuda && o.backend == "compiled") {
+    const kernels::CpuRoofline& f32 = kernels::cpu_roofline(false);
+    const kernels::CpuRoofline& low = kernels::cpu_roofline(true);
+    prof.set_roofline({f32.flops_per_ms, low.flops_per_ms, f32.bytes_per_ms});
+  }
+  run.roofline = prof.roofline();
   size_t first_timed = prof.events().size();
   int64_t since = INT64_MAX;
   for (int i = 0; i < o.iters; ++i) {
@@ -322,6 +398,7 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   }
   run.ops_per_iteration = top / o.iters;
   run.table = prof.aggregate(since);
+  summarize_roofline(run, prof.events(), since);
   if (cuda && o.backend == "compiled") {
     int64_t device_ns = 0;
     for (size_t i = first_timed; i < prof.events().size(); ++i) {

@@ -25,6 +25,19 @@ struct ProfileEvent {
   // A launch timed on the device (Profiler::set_cuda_events): self_ns is its device time (dur_ns
   // stays the host's enqueue time); cat "gpu" events place it on the device's timeline.
   bool device_timed = false;
+  // A launch whose work is known (Executable::Launch::flops/bytes) under a profiler with a
+  // roofline (Profiler::set_roofline): the least time that work needs on this machine.
+  double floor_ms = -1;
+};
+
+// What the machine sustains (Note [Kernel work] in lower/cost.cc): a matmul's FLOP rate per dtype
+// class and a large copy's bandwidth, per millisecond. Zeros: unknown (no floors).
+struct Roofline {
+  double flops_per_ms = 0;      // float32 contractions (and everything else)
+  double low_flops_per_ms = 0;  // bfloat16 / float16 contractions (0: use flops_per_ms)
+  double bytes_per_ms = 0;
+  // The least time of `flops` and `bytes` whose contraction runs in `compute`; -1 when unknown.
+  double floor_ms(double flops, double bytes, DType compute) const;
 };
 
 struct OpStat {
@@ -34,6 +47,10 @@ struct OpStat {
   double mean_ms = 0;
   double share = 0;     // of all op self time, in percent
   std::vector<std::pair<std::string, int64_t>> top_sites;  // up to 3 (site, calls), most first
+  // Launches with a known floor (ProfileEvent::floor_ms): the floor per call and mean_ms over it
+  // (how many times its roofline the kernel takes); -1 otherwise.
+  double floor_ms = -1;
+  double ratio = -1;
 };
 
 // Also times every launch of compiled graphs (Executable::LaunchTimer): a launch is an event
@@ -54,6 +71,9 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
   // host has enqueued the rest, so the kernels run back to back and the events time them, not
   // the host's submissions. Ops are not synchronized in this mode (host times).
   void set_cuda_events(int index);
+  // Launches started from now on get a floor (ProfileEvent::floor_ms) from these rates.
+  void set_roofline(const Roofline& r) { roofline_ = r; }
+  const Roofline& roofline() const { return roofline_; }
 
   // Starts/stops observing ops on the calling thread.
   void start();
@@ -90,6 +110,7 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
     int64_t child_ns;
     std::string site_text;  // launches: the graph nodes
     int event = -1;         // set_cuda_events: the event recorded before the launch
+    double floor_ms = -1;   // launches: ProfileEvent::floor_ms
   };
   struct Pending {  // a launch whose device time is not read yet
     size_t index;   // into events_
@@ -99,6 +120,7 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
   void close(bool is_op);
   int64_t origin_ns_;
   int sync_cuda_device_ = -1;
+  Roofline roofline_;
   std::unique_ptr<CudaEventLog> cuda_events_;
   std::vector<Pending> pending_;
   std::vector<Open> stack_;
@@ -131,6 +153,19 @@ struct ProfileRun {
   // host-observed time of a call measured with the profiler off (median; device_ms / call_ms:
   // how busy the call keeps the GPU, the rest being launches and synchronization).
   double device_ms = -1, call_ms = -1;
+  // The roofline (Note [Kernel work]): the rates the floors come from, and over the kernels that
+  // take at least kRooflineMinMs per call (shorter ones are dominated by fixed costs a roofline
+  // does not model: thread start-up, a launch), the one furthest from its floor. Kernels under
+  // that: how many and their share of the profiled time. worst_ratio -1: no floors known.
+  static constexpr double kRooflineMinMs = 0.02;
+  Roofline roofline;
+  std::string worst_kernel, worst_nodes;
+  double worst_ratio = -1, worst_ms = -1, worst_floor_ms = -1;
+  int64_t short_kernels = 0;
+  double short_share = 0;  // percent
+  // The profiled time in kernels within 2x, 2-5x and over 5x their floor (percent; kernels
+  // with a floor and at least kRooflineMinMs per call).
+  double share_within_2x = 0, share_2x_to_5x = 0, share_over_5x = 0;
 };
 
 // Profiles `iters` iterations of a zoo model (after warm-up) with `profiler` observing. The

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "compiler/insert_copies.h"
+#include "lower/cost.h"
 #include "core/error.h"
 #include "ops/op.h"
 #include "runtime/launch_library.h"
@@ -440,6 +441,12 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       out.eager_launches++;
       out.kernels.push_back(fmt::format("{} [eager kernel]", l.name));
     }
+    lower::Work work = st.kind == lower::StepKind::Loop
+                           ? lower::loop_work(g, s.loops[size_t(st.loop)])
+                           : lower::node_work(g, g.nodes[size_t(st.node)]);
+    l.flops = work.flops;
+    l.bytes = work.bytes;
+    l.compute = work.compute;
     if (l.kind != "onednn") {
       if (st.kind == lower::StepKind::Loop) {
         for (int32_t n : s.loops[size_t(st.loop)].nodes)

@@ -57,6 +57,11 @@ class Executable {
     // The launch as data, as it is now (a tuned thread count included); null for launches that
     // cannot be rebuilt from data (eager kernels): such an Executable cannot be packaged.
     std::function<LaunchRecord()> record;
+    // The least arithmetic and traffic it needs (Note [Kernel work] in lower/cost.cc), for a
+    // profile's roofline; zero when unknown (a loaded package's launches). `compute`: the element
+    // type its contraction runs in (the FLOP rate that applies).
+    double flops = 0, bytes = 0;
+    DType compute = DType::Float32;
   };
   // A parameter or constant the launches read, by name: a slot of its own (loop and eager
   // kernels) or -1 (read only by library kernels, which name it in their records).

@@ -465,6 +465,30 @@ TEST(Profiler, CompiledMlpTraceHasOneEventPerOpLaunch) {
   int64_t table_calls = 0;
   for (auto& s : run.table) table_calls += s.calls;
   EXPECT_GE(table_calls, total);  // the table also counts nested ops, if any
+
+  // Note [Kernel work]: a compiled CPU run has the machine's rates, and every launch a floor.
+  if (best_compile_backend() != "eager") {
+    EXPECT_GT(run.roofline.flops_per_ms, 0);
+    EXPECT_GT(run.roofline.bytes_per_ms, 0);
+    for (const OpStat& s : run.table) {
+      EXPECT_GT(s.floor_ms, 0) << s.name;
+      EXPECT_NEAR(s.ratio, s.mean_ms / s.floor_ms, 1e-9 * s.ratio) << s.name;
+    }
+    // The mlp's kernels are all shorter than a roofline judges; none is left out of the count.
+    EXPECT_GT(run.short_kernels + (run.worst_ratio > 0 ? 1 : 0), 0);
+    EXPECT_LE(run.share_within_2x + run.share_2x_to_5x + run.share_over_5x + run.short_share, 100.001);
+  }
+}
+
+TEST(Profiler, RooflineFloorIsTheLongerOfArithmeticAndTraffic) {
+  Roofline r{1e6, 4e6, 1e5};  // 1 GFLOP/ms f32, 4 bf16, 100 MB/ms
+  EXPECT_DOUBLE_EQ(r.floor_ms(2e6, 1e4, DType::Float32), 2.0);   // compute-bound
+  EXPECT_DOUBLE_EQ(r.floor_ms(2e6, 1e4, DType::BFloat16), 0.5);  // at the bf16 rate
+  EXPECT_DOUBLE_EQ(r.floor_ms(1e3, 5e5, DType::Float32), 5.0);   // traffic-bound
+  EXPECT_EQ(r.floor_ms(0, 0, DType::Float32), -1);                // work unknown
+  EXPECT_EQ(Roofline{}.floor_ms(2e6, 1e4, DType::Float32), -1);   // rates unknown
+  Roofline no_low{1e6, 0, 1e5};                                   // no bf16 rate: the f32 one
+  EXPECT_DOUBLE_EQ(no_low.floor_ms(2e6, 1e4, DType::BFloat16), 2.0);
 }
 
 TEST(Profiler, EagerBackendAndAtomicTraceFile) {
