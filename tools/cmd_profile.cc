@@ -4,17 +4,59 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "bench/profiler.h"
+#include "support/files.h"
 #include "tools/commands.h"
 
 namespace kiln::cli {
 namespace {
 
-void profile_command(const ProfileOptions& o, const std::string& trace) {
+// --json: the run and its roofline summary as one object (bench/roofline.py reads it).
+void write_json(const ProfileRun& run, const ProfileOptions& o, const std::string& path) {
+  nlohmann::json kernels = nlohmann::json::array();
+  for (const OpStat& s : run.table) {
+    nlohmann::json k = {{"name", s.name}, {"calls", s.calls}, {"total_ms", s.total_ms},
+                        {"mean_ms", s.mean_ms}, {"share", s.share}};
+    if (s.ratio > 0) {
+      k["floor_ms"] = s.floor_ms;
+      k["ratio"] = s.ratio;
+    }
+    if (!s.top_sites.empty()) k["site"] = s.top_sites.front().first;
+    kernels.push_back(std::move(k));
+  }
+  nlohmann::json j = {
+      {"model", run.model}, {"backend", run.backend}, {"device", o.device}, {"mode", o.mode},
+      {"dtype", o.dtype}, {"threads", o.threads}, {"iters", run.iters},
+      {"ops_per_iteration", run.ops_per_iteration}, {"kernels", std::move(kernels)}};
+  if (run.worst_ratio > 0 || run.short_kernels > 0) {
+    j["roofline"] = {{"gflops", run.roofline.flops_per_ms / 1e6},
+                     {"gflops_low_precision", run.roofline.low_flops_per_ms / 1e6},
+                     {"gbytes_per_s", run.roofline.bytes_per_ms / 1e6},
+                     {"memory_gbytes_per_s", run.roofline.mem_bytes_per_ms / 1e6},
+                     {"min_kernel_ms", ProfileRun::kRooflineMinMs},
+                     {"worst_ratio", run.worst_ratio},
+                     {"worst_kernel", run.worst_kernel},
+                     {"worst_nodes", run.worst_nodes},
+                     {"worst_ms", run.worst_ms},
+                     {"worst_floor_ms", run.worst_floor_ms},
+                     {"share_within_2x", run.share_within_2x},
+                     {"share_2x_to_5x", run.share_2x_to_5x},
+                     {"share_over_5x", run.share_over_5x},
+                     {"short_kernels", run.short_kernels},
+                     {"short_share", run.short_share}};
+  }
+  AtomicFile f(path, "profile: cannot write the JSON file");
+  f.write(j.dump(2) + "\n");
+  f.commit();
+}
+
+void profile_command(const ProfileOptions& o, const std::string& trace, const std::string& json) {
   Profiler prof;
   ProfileRun run = run_profile(o, prof);
   if (!trace.empty()) prof.write_trace(trace);
+  if (!json.empty()) write_json(run, o, json);
   std::printf("kiln profile: %s  backend %s  device %s  batch %lld  %d iters  %lld ops/iter",
               run.model.c_str(), run.backend.c_str(), o.device.c_str(), (long long)o.batch, run.iters,
               (long long)run.ops_per_iteration);
@@ -45,8 +87,9 @@ void profile_command(const ProfileOptions& o, const std::string& trace) {
   if (floors) {
     const Roofline& r = run.roofline;
     std::printf("\n  roofline (Note [Kernel work]): floor = max(flops / %.1f GFLOP/s (bf16/f16: %.1f), "
-                "bytes / %.1f GB/s), rates measured here now\n",
-                r.flops_per_ms / 1e6, r.low_flops_per_ms / 1e6, r.bytes_per_ms / 1e6);
+                "activation bytes / %.1f GB/s + weight bytes / %.1f GB/s), rates measured here now\n",
+                r.flops_per_ms / 1e6, r.low_flops_per_ms / 1e6, r.bytes_per_ms / 1e6,
+                r.mem_bytes_per_ms / 1e6);
     if (run.worst_ratio > 0)
       std::printf("  worst kernel: %s at %.1fx its floor (%.4f ms per call, floor %.4f ms): %s\n",
                   run.worst_kernel.c_str(), run.worst_ratio, run.worst_ms, run.worst_floor_ms,
@@ -72,7 +115,7 @@ void profile_command(const ProfileOptions& o, const std::string& trace) {
 
 void add_profile_command(CLI::App& app) {
   static ProfileOptions o;
-  static std::string trace;
+  static std::string trace, json;
   auto* cmd = app.add_subcommand("profile", "Per-op timing of a zoo model; --trace for Chrome");
   cmd->add_option("target", o.target, "Zoo model name (see `kiln models`) or MODEL.onnx")->required();
   cmd->add_option("--backend", o.backend, "eager | compiled (default compiled)");
@@ -85,7 +128,8 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--threads", o.threads, "Intra-op threads (default: all cores)");
   cmd->add_option("--seed", o.seed, "Seed for weights and inputs (default 0)");
   cmd->add_option("--trace", trace, "Write a Chrome trace-event JSON file here");
-  cmd->callback([] { profile_command(o, trace); });
+  cmd->add_option("--json", json, "Also write the table and the roofline summary here as JSON");
+  cmd->callback([] { profile_command(o, trace, json); });
 }
 
 }  // namespace kiln::cli

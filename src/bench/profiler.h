@@ -35,9 +35,11 @@ struct ProfileEvent {
 struct Roofline {
   double flops_per_ms = 0;      // float32 contractions (and everything else)
   double low_flops_per_ms = 0;  // bfloat16 / float16 contractions (0: use flops_per_ms)
-  double bytes_per_ms = 0;
-  // The least time of `flops` and `bytes` whose contraction runs in `compute`; -1 when unknown.
-  double floor_ms(double flops, double bytes, DType compute) const;
+  double bytes_per_ms = 0;      // the caches' (a copy that fits the last level)
+  double mem_bytes_per_ms = 0;  // memory's (a copy past the last level); 0: bytes_per_ms
+  // The least time of `flops` and `bytes`, of which `const_bytes` are weights (at the memory's
+  // bandwidth), whose contraction runs in `compute`; -1 when unknown.
+  double floor_ms(double flops, double bytes, double const_bytes, DType compute) const;
 };
 
 struct OpStat {
@@ -154,13 +156,13 @@ struct ProfileRun {
   // how busy the call keeps the GPU, the rest being launches and synchronization).
   double device_ms = -1, call_ms = -1;
   // The roofline (Note [Kernel work]): the rates the floors come from, and over the kernels that
-  // take at least kRooflineMinMs per call (shorter ones are dominated by fixed costs a roofline
+  // take at least kRooflineMinMs per call (median) (shorter ones are dominated by fixed costs a roofline
   // does not model: thread start-up, a launch), the one furthest from its floor. Kernels under
   // that: how many and their share of the profiled time. worst_ratio -1: no floors known.
   static constexpr double kRooflineMinMs = 0.02;
   Roofline roofline;
   std::string worst_kernel, worst_nodes;
-  double worst_ratio = -1, worst_ms = -1, worst_floor_ms = -1;
+  double worst_ratio = -1, worst_ms = -1, worst_floor_ms = -1;  // worst_ms: its median call
   int64_t short_kernels = 0;
   double short_share = 0;  // percent
   // The profiled time in kernels within 2x, 2-5x and over 5x their floor (percent; kernels

@@ -446,6 +446,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
                            : lower::node_work(g, g.nodes[size_t(st.node)]);
     l.flops = work.flops;
     l.bytes = work.bytes;
+    l.const_bytes = work.const_bytes;
     l.compute = work.compute;
     if (l.kind != "onednn") {
       if (st.kind == lower::StepKind::Loop) {

@@ -10,6 +10,9 @@ namespace kiln::lower {
 struct Work {
   double flops = 0;  // a multiply-add counts 2
   double bytes = 0;  // read + written, each element once
+  // Of `bytes`, the parameters' and constants' (the weights): read from memory on every call,
+  // as a model's weights do not stay in the caches from one call to the next.
+  double const_bytes = 0;
   // The contraction's element type (its FLOP rate); Float32 for anything else.
   DType compute = DType::Float32;
 };

@@ -61,6 +61,7 @@ class Executable {
     // profile's roofline; zero when unknown (a loaded package's launches). `compute`: the element
     // type its contraction runs in (the FLOP rate that applies).
     double flops = 0, bytes = 0;
+    double const_bytes = 0;  // of bytes, the weights' (parameters and constants)
     DType compute = DType::Float32;
   };
   // A parameter or constant the launches read, by name: a slot of its own (loop and eager

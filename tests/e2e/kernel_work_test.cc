@@ -35,6 +35,7 @@ TEST(KernelWork, ConvolutionIsItsMultiplyAddsAndItsOperands) {
   const Executable::Launch& l = only_launch(*c);
   EXPECT_EQ(l.flops, 2.0 * (16 * 16 * 16) * (8 * 3 * 3));
   EXPECT_EQ(l.bytes, 4.0 * (8 * 16 * 16 + 16 * 8 * 9 + 16 + 16 * 16 * 16));
+  EXPECT_EQ(l.const_bytes, 4.0 * (16 * 8 * 9 + 16));  // the weight and the bias
   EXPECT_EQ(l.compute, DType::Float32);
 }
 
@@ -71,6 +72,7 @@ TEST(KernelWork, BroadcastReadCountsItsOwnElements) {
   const Executable::Launch& l = only_launch(*c);
   EXPECT_EQ(l.kind, "loop");
   EXPECT_EQ(l.bytes, 4.0 * (128 + 32 + 128));
+  EXPECT_EQ(l.const_bytes, 4.0 * 32);
   EXPECT_EQ(l.flops, 2.0 * 128);  // the add and the relu, per element
 }
 
@@ -84,6 +86,7 @@ TEST(KernelWork, NormKernelReadsItsInputOnce) {
   const Executable::Launch& l = only_launch(*c);
   EXPECT_EQ(l.kind, "loop");
   EXPECT_EQ(l.bytes, 4.0 * (240 + 240));
+  EXPECT_EQ(l.const_bytes, 0);
   EXPECT_EQ(l.flops, 240.0);
 }
 
@@ -99,5 +102,6 @@ TEST(KernelWork, GatherCountsTheRowsItReads) {
   const Executable::Launch& l = only_launch(*c);
   EXPECT_EQ(l.kind, "loop");
   EXPECT_EQ(l.bytes, 4.0 * (5 * 16) + 8.0 * 5 + 4.0 * (5 * 16));
+  EXPECT_EQ(l.const_bytes, 4.0 * (5 * 16));  // the gathered rows of the table
   EXPECT_EQ(l.flops, 80.0);
 }

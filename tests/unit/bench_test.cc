@@ -470,6 +470,7 @@ TEST(Profiler, CompiledMlpTraceHasOneEventPerOpLaunch) {
   if (best_compile_backend() != "eager") {
     EXPECT_GT(run.roofline.flops_per_ms, 0);
     EXPECT_GT(run.roofline.bytes_per_ms, 0);
+    EXPECT_GT(run.roofline.mem_bytes_per_ms, 0);
     for (const OpStat& s : run.table) {
       EXPECT_GT(s.floor_ms, 0) << s.name;
       EXPECT_NEAR(s.ratio, s.mean_ms / s.floor_ms, 1e-9 * s.ratio) << s.name;
@@ -481,14 +482,18 @@ TEST(Profiler, CompiledMlpTraceHasOneEventPerOpLaunch) {
 }
 
 TEST(Profiler, RooflineFloorIsTheLongerOfArithmeticAndTraffic) {
-  Roofline r{1e6, 4e6, 1e5};  // 1 GFLOP/ms f32, 4 bf16, 100 MB/ms
-  EXPECT_DOUBLE_EQ(r.floor_ms(2e6, 1e4, DType::Float32), 2.0);   // compute-bound
-  EXPECT_DOUBLE_EQ(r.floor_ms(2e6, 1e4, DType::BFloat16), 0.5);  // at the bf16 rate
-  EXPECT_DOUBLE_EQ(r.floor_ms(1e3, 5e5, DType::Float32), 5.0);   // traffic-bound
-  EXPECT_EQ(r.floor_ms(0, 0, DType::Float32), -1);                // work unknown
-  EXPECT_EQ(Roofline{}.floor_ms(2e6, 1e4, DType::Float32), -1);   // rates unknown
-  Roofline no_low{1e6, 0, 1e5};                                   // no bf16 rate: the f32 one
-  EXPECT_DOUBLE_EQ(no_low.floor_ms(2e6, 1e4, DType::BFloat16), 2.0);
+  // 1 GFLOP/ms f32, 4 bf16; 100 MB/ms from the caches, 20 from memory
+  Roofline r{1e6, 4e6, 1e5, 2e4};
+  EXPECT_DOUBLE_EQ(r.floor_ms(2e6, 1e4, 0, DType::Float32), 2.0);   // compute-bound
+  EXPECT_DOUBLE_EQ(r.floor_ms(2e6, 1e4, 0, DType::BFloat16), 0.5);  // at the bf16 rate
+  EXPECT_DOUBLE_EQ(r.floor_ms(1e3, 5e5, 0, DType::Float32), 5.0);   // traffic-bound
+  // 1e5 of the 5e5 bytes are weights, from memory: 4e5 / 1e5 + 1e5 / 2e4
+  EXPECT_DOUBLE_EQ(r.floor_ms(1e3, 5e5, 1e5, DType::Float32), 9.0);
+  EXPECT_EQ(r.floor_ms(0, 0, 0, DType::Float32), -1);                // work unknown
+  EXPECT_EQ(Roofline{}.floor_ms(2e6, 1e4, 0, DType::Float32), -1);   // rates unknown
+  Roofline no_low{1e6, 0, 1e5, 0};  // no bf16 rate: the f32 one; no memory rate: the caches'
+  EXPECT_DOUBLE_EQ(no_low.floor_ms(2e6, 1e4, 0, DType::BFloat16), 2.0);
+  EXPECT_DOUBLE_EQ(no_low.floor_ms(1e3, 5e5, 1e5, DType::Float32), 5.0);
 }
 
 TEST(Profiler, EagerBackendAndAtomicTraceFile) {
