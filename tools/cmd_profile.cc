@@ -35,6 +35,7 @@ void write_json(const ProfileRun& run, const ProfileOptions& o, const std::strin
                      {"gflops_low_precision", run.roofline.low_flops_per_ms / 1e6},
                      {"gbytes_per_s", run.roofline.bytes_per_ms / 1e6},
                      {"memory_gbytes_per_s", run.roofline.mem_bytes_per_ms / 1e6},
+                     {"cache_bytes", run.roofline.cache_bytes},
                      {"min_kernel_ms", ProfileRun::kRooflineMinMs},
                      {"worst_ratio", run.worst_ratio},
                      {"worst_kernel", run.worst_kernel},
@@ -87,9 +88,10 @@ void profile_command(const ProfileOptions& o, const std::string& trace, const st
   if (floors) {
     const Roofline& r = run.roofline;
     std::printf("\n  roofline (Note [Kernel work]): floor = max(flops / %.1f GFLOP/s (bf16/f16: %.1f), "
-                "activation bytes / %.1f GB/s + weight bytes / %.1f GB/s), rates measured here now\n",
+                "activation bytes / %.1f GB/s (past %.0f MiB of them: the memory's) + weight bytes / "
+                "%.1f GB/s), rates measured here now\n",
                 r.flops_per_ms / 1e6, r.low_flops_per_ms / 1e6, r.bytes_per_ms / 1e6,
-                r.mem_bytes_per_ms / 1e6);
+                r.cache_bytes / 1048576.0, r.mem_bytes_per_ms / 1e6);
     if (run.worst_ratio > 0)
       std::printf("  worst kernel: %s at %.1fx its floor (%.4f ms per call, floor %.4f ms): %s\n",
                   run.worst_kernel.c_str(), run.worst_ratio, run.worst_ms, run.worst_floor_ms,

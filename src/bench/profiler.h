@@ -37,6 +37,9 @@ struct Roofline {
   double low_flops_per_ms = 0;  // bfloat16 / float16 contractions (0: use flops_per_ms)
   double bytes_per_ms = 0;      // the caches' (a copy that fits the last level)
   double mem_bytes_per_ms = 0;  // memory's (a copy past the last level); 0: bytes_per_ms
+  // The last-level cache's size: a kernel whose activation bytes exceed it moves them at the
+  // memory's bandwidth too (0: never).
+  double cache_bytes = 0;
   // The least time of `flops` and `bytes`, of which `const_bytes` are weights (at the memory's
   // bandwidth), whose contraction runs in `compute`; -1 when unknown.
   double floor_ms(double flops, double bytes, double const_bytes, DType compute) const;

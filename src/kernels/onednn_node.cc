@@ -1288,7 +1288,9 @@ double best_ms(int runs, F&& f) {
   return best;
 }
 
-CpuRoofline measure_roofline(bool bf16) try {
+}  // namespace
+
+CpuRoofline measure_cpu_roofline(bool bf16) try {
   CpuRoofline r;
   // A 384^3 matmul: brgemm at the ISA's best on one core (113 MFLOP, ~0.4 ms f32), large
   // enough that its fixed costs vanish and small enough to sit in L2.
@@ -1313,12 +1315,11 @@ CpuRoofline measure_roofline(bool bf16) try {
   std::vector<char> from(bytes, 1), to(bytes, 0);
   auto copy = [&] { std::memcpy(to.data(), from.data(), bytes); };
   copy();
-  r.bytes_per_ms = 2.0 * double(bytes) / best_ms(5, copy);
+  r.bytes_per_ms = 2.0 * double(bytes) / best_ms(10, copy);
   return r;
 } catch (const dnnl::error&) {
   return CpuRoofline{};  // no such matmul here (bf16 on an older CPU): unknown
 }
-}  // namespace
 
 const CpuRoofline& cpu_roofline(bool bf16) {
   static std::mutex mu;
@@ -1326,7 +1327,7 @@ const CpuRoofline& cpu_roofline(bool bf16) {
   std::lock_guard<std::mutex> lock(mu);
   auto key = std::make_pair(bf16, omp_get_max_threads());
   auto it = measured.find(key);
-  if (it == measured.end()) it = measured.emplace(key, measure_roofline(bf16)).first;
+  if (it == measured.end()) it = measured.emplace(key, measure_cpu_roofline(bf16)).first;
   return it->second;
 }
 

@@ -48,6 +48,9 @@ struct CpuRoofline {
   double bytes_per_ms = 0;  // read + written
 };
 const CpuRoofline& cpu_roofline(bool bf16);
+// The same measured now, not cached (a profile measures right before its timed iterations,
+// away from the compile's toolchain runs, which share the machine's cores and caches).
+CpuRoofline measure_cpu_roofline(bool bf16);
 
 // The time of a call on this thread, for measurements on a shared machine: wall-clock time, or,
 // with one OpenMP thread, the thread's CPU time where that is less (time spent descheduled for

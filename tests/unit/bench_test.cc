@@ -494,6 +494,10 @@ TEST(Profiler, RooflineFloorIsTheLongerOfArithmeticAndTraffic) {
   Roofline no_low{1e6, 0, 1e5, 0};  // no bf16 rate: the f32 one; no memory rate: the caches'
   EXPECT_DOUBLE_EQ(no_low.floor_ms(2e6, 1e4, 0, DType::BFloat16), 2.0);
   EXPECT_DOUBLE_EQ(no_low.floor_ms(1e3, 5e5, 1e5, DType::Float32), 5.0);
+  // Activations larger than the last-level cache come from memory too.
+  Roofline small_cache{1e6, 4e6, 1e5, 2e4, 1e5};
+  EXPECT_DOUBLE_EQ(small_cache.floor_ms(1e3, 5e5, 1e5, DType::Float32), 4e5 / 2e4 + 1e5 / 2e4);
+  EXPECT_DOUBLE_EQ(small_cache.floor_ms(1e3, 1.5e5, 1e5, DType::Float32), 5e4 / 1e5 + 1e5 / 2e4);
 }
 
 TEST(Profiler, EagerBackendAndAtomicTraceFile) {
