@@ -608,6 +608,52 @@ graph @mlp(%x: f32[2, 5, 8]) {
   expect_matches_float64(before, after, gen, 1e-4);
 }
 
+// GPT-2's MLP as exported (Note [tanh GELU]): the tanh GELU formula between two linears, its
+// scalars params. The default pipeline makes it one fused_linear with gelu_tanh and a linear: no
+// pow, tanh or pointwise node left, and the results agree with the graph run in float64.
+TEST(PassesNumeric, ExportedGpt2MlpBecomesFusedLinears) {
+  const char* text = R"(
+graph @gpt2_mlp(%x: f32[2, 4, 8]) {
+  param %w1: f32[8, 32]
+  param %b1: f32[32]
+  param %w2: f32[32, 8]
+  param %half: f32[]
+  param %three: f32[]
+  param %c: f32[]
+  param %k: f32[]
+  param %one: f32[]
+  %m = matmul(%x, %w1)
+  %y = add(%b1, %m)
+  %h = mul(%y, %half)
+  %p = pow(%y, %three)
+  %q = mul(%p, %c)
+  %v = add(%y, %q)
+  %u = mul(%v, %k)
+  %t = tanh(%u)
+  %s = add(%t, %one)
+  %g = mul(%h, %s)
+  %z = matmul(%g, %w2)
+  return %z
+}
+)";
+  Graph before = parse_graph(text, "test");
+  Generator gen(base_seed() ^ 23);
+  fill_params(before, gen);
+  const std::pair<const char*, double> scalars[] = {
+      {"half", 0.5}, {"three", 3.0}, {"c", 0.044715}, {"k", std::sqrt(2.0 / M_PI)}, {"one", 1.0}};
+  for (Value& v : before.values)
+    for (auto [name, x] : scalars)
+      if (v.name == name) v.data = Tensor::scalar(x, DType::Float32);
+  Graph after = before;
+  std::vector<std::string> passes = {"default"};
+  ASSERT_TRUE(run_passes(after, passes));
+  EXPECT_EQ(count_op(after, OpId::FusedLinear), 1) << print_graph(after);
+  EXPECT_EQ(count_op(after, OpId::Linear), 1) << print_graph(after);
+  for (OpId op : {OpId::Matmul, OpId::Pow, OpId::Tanh, OpId::Mul, OpId::Add, OpId::Gelu})
+    EXPECT_EQ(count_op(after, op), 0) << op_def(op).name << "\n" << print_graph(after);
+  expect_matches_float64(before, after, gen, 1e-4);
+}
+
 // patch-conv-to-linear (passes/patch_conv.h): a patch embedding (windows that tile the input)
 // becomes patch rows + one linear, with the weight as a [O, C*kh*kw] param of its own; the
 // result is the convolution's against float64, with and without a bias and for a batch of 2
