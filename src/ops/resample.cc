@@ -138,6 +138,32 @@ void upsample_nearest(const KernelContext& ctx) {
   const char* xp = static_cast<const char*>(x.raw_data());
   char* op = static_cast<char*>(out.raw_data());
   const int64_t planes = out.sizes()[0] * out.sizes()[1], C = out.sizes()[1];
+  // Each output row is its source row's elements at the width table's columns: copied element
+  // by element in the element's own type (a memcpy call per element was ~44x the copy's
+  // floor), or, when it has the previous output row's source row, as a copy of that row.
+  auto rows = [&](auto elem) {
+    using E = decltype(elem);
+#pragma omp parallel for if (out.numel() > 65536)
+    for (int64_t p = 0; p < planes; ++p) {
+      const char* plane = xp + ((p / C) * xs[0] + (p % C) * xs[1]) * es;
+      E* dst = reinterpret_cast<E*>(op) + p * Ho * Wo;
+      for (int64_t oh = 0; oh < Ho; ++oh, dst += Wo) {
+        if (oh > 0 && hs[size_t(oh)] == hs[size_t(oh - 1)]) {
+          std::memcpy(dst, dst - Wo, size_t(Wo) * sizeof(E));
+          continue;
+        }
+        const char* row = plane + hs[size_t(oh)] * xs[2] * es;
+        for (int64_t ow = 0; ow < Wo; ++ow)
+          std::memcpy(&dst[ow], row + ws[size_t(ow)] * xs[3] * es, sizeof(E));
+      }
+    }
+  };
+  switch (es) {
+    case 1: return rows(uint8_t{});
+    case 2: return rows(uint16_t{});
+    case 4: return rows(uint32_t{});
+    case 8: return rows(uint64_t{});
+  }
 #pragma omp parallel for if (out.numel() > 65536)
   for (int64_t p = 0; p < planes; ++p) {
     const char* plane = xp + ((p / C) * xs[0] + (p % C) * xs[1]) * es;
@@ -202,21 +228,43 @@ void upsample_bilinear_f32(const KernelContext& ctx) {
   const float* xp = x.data<float>();
   float* op = out.data<float>();
   const int64_t planes = out.sizes()[0] * out.sizes()[1];
-#pragma omp parallel for if (out.numel() > 65536)
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* plane = xp + p * H * W;
-    float* dst = op + p * Ho * Wo;
-    for (int64_t oh = 0; oh < Ho; ++oh) {
-      const LinearTap& th = hs[size_t(oh)];
-      const float* r0 = plane + th.i0 * W;
-      const float* r1 = plane + th.i1 * W;
-      const float h1 = float(th.w1), h0 = 1.0f - h1;
-      for (int64_t ow = 0; ow < Wo; ++ow) {
-        const LinearTap& tw = ws[size_t(ow)];
-        const float w1 = wf[size_t(ow)], w0 = 1.0f - w1;
-        float top = w0 * r0[tw.i0] + w1 * r0[tw.i1];
-        float bottom = w0 * r1[tw.i0] + w1 * r1[tw.i1];
-        *dst++ = h0 * top + h1 * bottom;
+  // Separably: an output row blends two source rows interpolated along the width, and
+  // neighbouring output rows share source rows, so each source row is interpolated once into
+  // one of two cached rows and every output row is one contiguous blend of two of them. The
+  // operations per element are the direct formula's, in its order (bitwise the same results);
+  // the direct formula gathered four taps per output element (deeplabv3's 8x upsample: 25x its
+  // roofline, `kiln profile`).
+#pragma omp parallel if (out.numel() > 65536)
+  {
+    std::vector<float> cache(size_t(2 * Wo));
+    int64_t held[2];
+#pragma omp for
+    for (int64_t p = 0; p < planes; ++p) {
+      const float* plane = xp + p * H * W;
+      float* dst = op + p * Ho * Wo;
+      held[0] = held[1] = -1;
+      // Source row r interpolated along the width, in the cache slot that does not hold `keep`.
+      auto row = [&](int64_t r, int64_t keep) -> const float* {
+        for (int k = 0; k < 2; ++k)
+          if (held[k] == r) return cache.data() + k * Wo;
+        const int k = held[0] == keep && keep >= 0 ? 1 : 0;
+        const float* src = plane + r * W;
+        float* t = cache.data() + k * Wo;
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          const LinearTap& tw = ws[size_t(ow)];
+          const float w1 = wf[size_t(ow)], w0 = 1.0f - w1;
+          t[ow] = w0 * src[tw.i0] + w1 * src[tw.i1];
+        }
+        held[k] = r;
+        return t;
+      };
+      for (int64_t oh = 0; oh < Ho; ++oh, dst += Wo) {
+        const LinearTap& th = hs[size_t(oh)];
+        const float* top = row(th.i0, th.i1);
+        const float* bottom = row(th.i1, th.i0);  // never evicts the top row
+        const float h1 = float(th.w1), h0 = 1.0f - h1;
+#pragma omp simd
+        for (int64_t ow = 0; ow < Wo; ++ow) dst[ow] = h0 * top[ow] + h1 * bottom[ow];
       }
     }
   }
@@ -324,6 +372,11 @@ std::vector<OpSample> samples_upsample(Generator& g) {
        "nearest non-contiguous"},
       {{sample_randn(g, {1, 1, 1, 1})}, up_attrs({3, 2}, {}, "bilinear"), "1x1 input"},
       {{sample_randn(g, {0, 2, 3, 3})}, up_attrs({6, 6}, {}, "nearest"), "empty batch"},
+      // Over 65536 outputs: the planes in parallel, each thread with its cached rows.
+      {{sample_randn(g, {1, 9, 20, 24})}, up_attrs({}, {4.0, 4.0}, "bilinear"),
+       "bilinear 4x, planes in parallel"},
+      {{sample_randn(g, {1, 9, 40, 48})}, up_attrs({80, 96}, {}, "nearest"),
+       "nearest 2x, planes in parallel"},
   };
 }
 
