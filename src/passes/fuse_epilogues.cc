@@ -24,6 +24,9 @@ struct Chain {
   double sum_scale = 1.0;
   std::string activation = "none";
   Attrs act_attrs;            // clamp_min / clamp_max
+  // Note [activation through a view]: the reshape node between the epilogue so far and the
+  // activation (-1: none); the fused node computes in the anchor's shape, this reshape follows.
+  int view = -1;
   enum Stage { Open, AfterBias, AfterResidual, Done } stage = Open;
 };
 
@@ -133,6 +136,34 @@ const Anchor* anchor_of(OpId op) {
 
 }  // namespace
 
+// Note [activation through a view]
+// A linear's epilogue may reach its activation through a reshape that regroups the rows and
+// keeps the last dim: GPT-2's export computes its MLP's first linear as a [64, 3072] addmm,
+// reshapes it to [1, 64, 3072] for the GELU and back for the next addmm. The activation applies
+// to each element alone, so it may run before the reshape: the chain takes the reshape and the
+// activation after it, the fused node computes in the linear's shape with the activation as its
+// post-op, and the reshape (a view) follows it. Only an activation may follow the view, and it
+// ends the chain. Node `c` is the consumer of chain.y that no step matched.
+static bool try_view_then_activation(const Graph& g, const std::vector<int>& sole_consumer,
+                              const std::vector<bool>& claimed, int c, Chain& chain) {
+  const Node& view = g.nodes[size_t(c)];
+  if (view.op != OpId::Reshape || chain.anchor->op != OpId::Linear || chain.stage == Chain::Done)
+    return false;
+  const TensorType &y = g.type(chain.y), &r = g.type(view.outputs[0]);
+  if (y.rank() < 1 || r.rank() < 1 || y.shape.back() != r.shape.back()) return false;
+  int a = sole_consumer[size_t(view.outputs[0])];
+  if (a < 0 || claimed[size_t(a)]) return false;
+  Chain trial = chain;
+  StepInput s{g, g.nodes[size_t(a)], trial};
+  if (!step_activation(s)) return false;
+  chain = std::move(trial);
+  chain.view = c;
+  chain.nodes.push_back(size_t(c));
+  chain.nodes.push_back(size_t(a));
+  chain.y = g.nodes[size_t(a)].outputs[0];
+  return true;
+}
+
 FuseEpiloguesResult fuse_epilogues(Graph& g) {
   FuseEpiloguesResult result;
   std::vector<bool> live = live_nodes(g);
@@ -165,6 +196,7 @@ FuseEpiloguesResult fuse_epilogues(Graph& g) {
           matched = true;
           break;
         }
+      if (!matched && try_view_then_activation(g, sole_consumer, claimed, c, chain)) break;
       if (!matched) break;
       chain.nodes.push_back(size_t(c));
       chain.y = s.node.outputs[0];
@@ -213,7 +245,15 @@ FuseEpiloguesResult fuse_epilogues(Graph& g) {
     if (chain.residual != kNoValue) inputs.push_back(b.map(chain.residual));
     while (inputs.size() > 2 && inputs.back() == kNoValue) inputs.pop_back();  // as conv2d prints
     ValueId tail_out = n.outputs[0];
-    ValueId y = b.add_node1(chain.anchor->fused, inputs, attrs, anchor.name, g.value(tail_out).name);
+    ValueId y;
+    if (chain.view >= 0) {
+      const Node& view = g.nodes[size_t(chain.view)];
+      ValueId fused = b.add_node1(chain.anchor->fused, inputs, attrs, anchor.name, "",
+                                  g.value(tail_out).name);
+      y = b.add_node1(OpId::Reshape, {fused}, view.attrs, view.name, g.value(tail_out).name);
+    } else {
+      y = b.add_node1(chain.anchor->fused, inputs, attrs, anchor.name, g.value(tail_out).name);
+    }
     b.set_map(tail_out, y);
   }
   g = b.finish();
