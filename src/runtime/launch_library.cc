@@ -164,30 +164,60 @@ struct ConcatState {
   MemRef out;
 };
 
+// `n` elements of type E from src (stride ss elements) to dst (stride ds elements).
+template <typename E>
+void copy_strided_row(char* dst, const char* src, int64_t n, int64_t ss, int64_t ds) {
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(dst + i * ds * int64_t(sizeof(E)), src + i * ss * int64_t(sizeof(E)), sizeof(E));
+}
+
+// A strided part, row by row along its last dim: one memcpy when both sides are contiguous
+// there, else a copy in the element's own type. (Element by element with the index recomputed
+// over every dim, ViT's class-token concat of the transposed patch embedding, [1, 196, 768]
+// read with stride 196, took 0.94 ms, 72x its roofline: `kiln profile`.)
+void copy_strided_part(const ConcatPart& p, char* dst, const char* src) {
+  const size_t r = p.sizes.size();
+  const int64_t inner = p.sizes[r - 1], ss = p.strides[r - 1], ds = p.dst_strides[r - 1];
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < r; ++d) rows *= p.sizes[d];
+  if (inner <= 0 || rows <= 0) return;
+  const int64_t eb = p.elem_bytes;
+  int64_t idx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t so = p.elem_offset, dof = 0;
+    for (size_t d = 0; d + 1 < r; ++d) {
+      so += idx[d] * p.strides[d];
+      dof += idx[d] * p.dst_strides[d];
+    }
+    char* to = dst + p.dst_offset + dof * eb;
+    const char* from = src + so * eb;
+    if (ss == 1 && ds == 1) {
+      std::memcpy(to, from, size_t(inner * eb));
+    } else {
+      switch (eb) {
+        case 1: copy_strided_row<uint8_t>(to, from, inner, ss, ds); break;
+        case 2: copy_strided_row<uint16_t>(to, from, inner, ss, ds); break;
+        case 4: copy_strided_row<uint32_t>(to, from, inner, ss, ds); break;
+        case 8: copy_strided_row<uint64_t>(to, from, inner, ss, ds); break;
+        default:
+          for (int64_t i = 0; i < inner; ++i)
+            std::memcpy(to + i * ds * eb, from + i * ss * eb, size_t(eb));
+      }
+    }
+    for (size_t d = r - 1; d-- > 0;) {
+      if (++idx[d] < p.sizes[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
 void run_concat(void* s, const Executable::RunContext& c) {
   auto* k = static_cast<ConcatState*>(s);
   char* out = c.slots[k->out.slot] + k->out.byte_offset;
   for (const ConcatPart& p : k->parts) {
     const char* src = c.slots[p.src.slot] + p.src.byte_offset;
     if (!p.sizes.empty()) {
-      char* dst = p.dst.slot >= 0 ? c.slots[p.dst.slot] + p.dst.byte_offset : out;
-      const size_t r = p.sizes.size();
-      int64_t idx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      int64_t n = 1;
-      for (int64_t d : p.sizes) n *= d;
-      for (int64_t e = 0; e < n; ++e) {
-        int64_t so = p.elem_offset, dof = 0;
-        for (size_t d = 0; d < r; ++d) {
-          so += idx[d] * p.strides[d];
-          dof += idx[d] * p.dst_strides[d];
-        }
-        std::memcpy(dst + p.dst_offset + dof * p.elem_bytes, src + so * p.elem_bytes,
-                    size_t(p.elem_bytes));
-        for (size_t d = r; d-- > 0;) {
-          if (++idx[d] < p.sizes[d]) break;
-          idx[d] = 0;
-        }
-      }
+      copy_strided_part(p, p.dst.slot >= 0 ? c.slots[p.dst.slot] + p.dst.byte_offset : out, src);
       continue;
     }
     for (int64_t o = 0; o < k->outer; ++o)
