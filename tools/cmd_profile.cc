@@ -23,6 +23,10 @@ void write_json(const ProfileRun& run, const ProfileOptions& o, const std::strin
       k["floor_ms"] = s.floor_ms;
       k["ratio"] = s.ratio;
     }
+    if (s.gflops >= 0) {
+      k["gflops"] = s.gflops;
+      k["gbytes_per_s"] = s.gbytes_per_s;
+    }
     if (!s.top_sites.empty()) k["site"] = s.top_sites.front().first;
     kernels.push_back(std::move(k));
   }
@@ -36,7 +40,7 @@ void write_json(const ProfileRun& run, const ProfileOptions& o, const std::strin
                      {"gbytes_per_s", run.roofline.bytes_per_ms / 1e6},
                      {"memory_gbytes_per_s", run.roofline.mem_bytes_per_ms / 1e6},
                      {"cache_bytes", run.roofline.cache_bytes},
-                     {"min_kernel_ms", ProfileRun::kRooflineMinMs},
+                     {"min_kernel_ms", run.min_kernel_ms},
                      {"worst_ratio", run.worst_ratio},
                      {"worst_kernel", run.worst_kernel},
                      {"worst_nodes", run.worst_nodes},
@@ -72,14 +76,16 @@ void profile_command(const ProfileOptions& o, const std::string& trace, const st
   std::printf("\n");
   const bool floors = run.worst_ratio > 0 || run.short_kernels > 0;
   std::printf("  %-24s %8s %11s %11s %8s%s  %s\n", "op", "calls", "total ms", "mean ms", "share",
-              floors ? "   floor ms  x floor" : "", "top call sites (calls)");
+              floors ? "   floor ms  x floor  GFLOP/s     GB/s" : "", "top call sites (calls)");
   double total = 0;
   for (const OpStat& s : run.table) {
     std::string sites;
     for (auto& [site, n] : s.top_sites) sites += fmt::format("{}{} ({})", sites.empty() ? "" : ", ", site, n);
     std::string roof;
     if (floors)
-      roof = s.ratio > 0 ? fmt::format(" {:10.5f} {:8.1f}", s.floor_ms, s.ratio) : fmt::format(" {:>10} {:>8}", "-", "-");
+      roof = s.ratio > 0 ? fmt::format(" {:10.5f} {:8.1f} {:8.1f} {:8.1f}", s.floor_ms, s.ratio,
+                                       s.gflops, s.gbytes_per_s)
+                         : fmt::format(" {:>10} {:>8} {:>8} {:>8}", "-", "-", "-", "-");
     std::printf("  %-24s %8lld %11.4f %11.5f %7.1f%%%s  %s\n", s.name.c_str(), (long long)s.calls,
                 s.total_ms, s.mean_ms, s.share, roof.c_str(), sites.c_str());
     total += s.total_ms;
@@ -98,7 +104,7 @@ void profile_command(const ProfileOptions& o, const std::string& trace, const st
                   run.worst_nodes.c_str());
     std::printf("  time in kernels of >= %.3f ms per call: %.1f%% within 2x their floor, %.1f%% at "
                 "2-5x, %.1f%% over 5x; %lld shorter kernels: %.1f%%\n",
-                ProfileRun::kRooflineMinMs, run.share_within_2x, run.share_2x_to_5x,
+                run.min_kernel_ms, run.share_within_2x, run.share_2x_to_5x,
                 run.share_over_5x, (long long)run.short_kernels, run.short_share);
   }
   if (run.device_ms >= 0) {

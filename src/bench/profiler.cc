@@ -23,6 +23,7 @@
 #include "support/files.h"
 #include "nn/models/zoo.h"
 #include "bench/bench.h"
+#include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/onednn_node.h"
 #include "passes/autocast.h"
 
@@ -135,7 +136,8 @@ void Profiler::launch_begin(const Executable::Launch& l, const Executable::RunCo
     cuda_events_->hold(ctx.stream, kHoldMicroseconds);
   int event = cuda_events_ ? cuda_events_->record(ctx.stream) : -1;
   stack_.push_back({l.name, nullptr, 0, true, now_ns(), 0, l.kind + ": " + l.nodes, event,
-                    roofline_.floor_ms(l.flops, l.bytes, l.const_bytes, l.compute)});
+                    roofline_.floor_ms(l.flops, l.bytes, l.const_bytes, l.compute), l.flops,
+                    l.bytes});
 }
 void Profiler::launch_end(const Executable::Launch&, const Executable::RunContext& ctx) {
   sync_device();
@@ -161,6 +163,8 @@ void Profiler::close(bool is_op) {
   e.depth = depth;
   e.tid = thread_index();
   e.floor_ms = o.floor_ms;
+  e.flops = o.flops;
+  e.bytes = o.bytes;
   // Only ops subtract from an enclosing op's self time; spans are just markers.
   if (is_op && !stack_.empty() && stack_.back().is_op) stack_.back().child_ns += e.dur_ns;
   events_.push_back(std::move(e));
@@ -172,6 +176,7 @@ std::vector<OpStat> Profiler::aggregate(int64_t since_ns) const {
     std::map<std::string, int64_t> sites;
     double floor_ms = 0;
     bool floor_known = true;
+    double flops = 0, bytes = 0;
   };
   std::map<std::string, Acc> by_name;
   int64_t total_ns = 0;
@@ -184,6 +189,8 @@ std::vector<OpStat> Profiler::aggregate(int64_t since_ns) const {
     total_ns += e.self_ns;
     if (e.floor_ms > 0) a.floor_ms += e.floor_ms;
     else a.floor_known = false;
+    a.flops += e.flops;
+    a.bytes += e.bytes;
   }
   std::vector<OpStat> out;
   for (auto& [name, a] : by_name) {
@@ -201,6 +208,10 @@ std::vector<OpStat> Profiler::aggregate(int64_t since_ns) const {
     if (a.floor_known && a.floor_ms > 0) {
       s.floor_ms = a.floor_ms / double(a.calls);
       s.ratio = s.mean_ms / s.floor_ms;
+    }
+    if ((a.flops > 0 || a.bytes > 0) && a.self_ns > 0) {
+      s.gflops = a.flops / double(a.self_ns);  // FLOP per ns = GFLOP/s
+      s.gbytes_per_s = a.bytes / double(a.self_ns);
     }
     out.push_back(std::move(s));
   }
@@ -300,7 +311,7 @@ void summarize_roofline(ProfileRun& run, const std::vector<ProfileEvent>& events
     for (double m : a.ms) sum += m;
     std::sort(a.ms.begin(), a.ms.end());
     const double median = a.ms[a.ms.size() / 2], ratio = median / floor_ms;
-    if (median < ProfileRun::kRooflineMinMs) {
+    if (median < run.min_kernel_ms) {
       run.short_kernels++;
       shorts += sum;
       continue;
@@ -320,6 +331,60 @@ void summarize_roofline(ProfileRun& run, const std::vector<ProfileEvent>& events
     run.share_2x_to_5x = 100 * within5 / total;
     run.share_over_5x = 100 * over5 / total;
   }
+}
+
+// Note [Kernel work] on a GPU: the device's rates, measured with events on the legacy stream:
+// a bf16 and a float32 (no TF32) cuBLASLt GEMM of 8192^3 and 4096^3 (the best of 5 after 2
+// warm-ups), and a 512 MiB device-to-device copy (read + written). A GPU's caches are small
+// beside its memory's bandwidth, so every byte moves at the copy's rate (cache_bytes 0).
+Roofline measure_cuda_roofline(int device) {
+  Roofline r;
+  CudaEventLog ev(device);
+  auto best_ms = [&](auto&& f) {
+    for (int i = 0; i < 2; ++i) f();
+    double best = 1e30;
+    for (int i = 0; i < 5; ++i) {
+      ev.clear();
+      const int a = ev.record(nullptr);
+      f();
+      const int b = ev.record(nullptr);
+      ev.synchronize();
+      best = std::min(best, ev.elapsed_ms(a, b));
+    }
+    return best;
+  };
+  {
+    const size_t bytes = size_t(512) << 20;
+    Tensor from = Tensor::empty({int64_t(bytes)}, DType::UInt8, Device::cuda(device));
+    Tensor to = Tensor::empty({int64_t(bytes)}, DType::UInt8, Device::cuda(device));
+    const double ms = best_ms([&] {
+      cuda_memcpy(to.raw_data(), from.raw_data(), bytes, CopyKind::DeviceToDevice);
+    });
+    r.bytes_per_ms = r.mem_bytes_per_ms = 2.0 * double(bytes) / ms;
+  }
+  auto gemm_rate = [&](DType dt, int64_t n) {
+    cuda::GemmDesc d;
+    d.dtype = dt;
+    d.m = d.n = d.k = n;
+    d.device = device;
+    std::unique_ptr<cuda::GemmPlan> plan = cuda::GemmPlan::create(d);
+    Tensor a = Tensor::zeros({n, n}, dt, Device::cuda(device));
+    Tensor b = Tensor::zeros({n, n}, dt, Device::cuda(device));
+    Tensor c = Tensor::empty({n, n}, dt, Device::cuda(device));
+    Tensor ws = Tensor::empty({int64_t(std::max<size_t>(plan->workspace_bytes(), 1))}, DType::UInt8,
+                              Device::cuda(device));
+    cuda::GemmArgs args;
+    args.a = a.raw_data();
+    args.b = b.raw_data();
+    args.d = c.raw_data();
+    args.workspace = ws.raw_data();
+    args.workspace_bytes = plan->workspace_bytes();
+    const double ms = best_ms([&] { plan->run(args); });
+    return 2.0 * double(n) * double(n) * double(n) / ms;
+  };
+  r.low_flops_per_ms = gemm_rate(DType::BFloat16, 8192);
+  r.flops_per_ms = gemm_rate(DType::Float32, 4096);
+  return r;
 }
 
 // The size of the last-level cache as the kernel describes CPU 0's caches (sysfs); glibc's
@@ -421,7 +486,13 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
   // Note [Kernel work]: the floors of the timed launches, from rates measured now (a few
   // milliseconds, once per process and thread count), outside the timed iterations. CUDA: no
   // rates are measured yet, so its launches have no floor.
-  if (!cuda && o.backend == "compiled") {
+  if (cuda && o.backend == "compiled") {
+    prof.stop();  // the measurement's copies and GEMMs are not the model's launches
+    static const Roofline device_rates = measure_cuda_roofline(0);
+    prof.set_roofline(device_rates);
+    prof.start();
+    run.min_kernel_ms = ProfileRun::kRooflineMinMsGpu;
+  } else if (!cuda && o.backend == "compiled") {
     const kernels::CpuRoofline f32 = kernels::measure_cpu_roofline(false);
     const kernels::CpuRoofline low = kernels::measure_cpu_roofline(true);
     static const double mem = measure_memory_bandwidth();

@@ -28,6 +28,7 @@ struct ProfileEvent {
   // A launch whose work is known (Executable::Launch::flops/bytes) under a profiler with a
   // roofline (Profiler::set_roofline): the least time that work needs on this machine.
   double floor_ms = -1;
+  double flops = 0, bytes = 0;  // launches: the work it does (Executable::Launch)
 };
 
 // What the machine sustains (Note [Kernel work] in lower/cost.cc): a matmul's FLOP rate per dtype
@@ -56,6 +57,8 @@ struct OpStat {
   // (how many times its roofline the kernel takes); -1 otherwise.
   double floor_ms = -1;
   double ratio = -1;
+  // Launches with known work: what they achieved, over all their calls (GFLOP/s, GB/s); -1 else.
+  double gflops = -1, gbytes_per_s = -1;
 };
 
 // Also times every launch of compiled graphs (Executable::LaunchTimer): a launch is an event
@@ -116,6 +119,7 @@ class Profiler : public OpObserver, public Executable::LaunchTimer {
     std::string site_text;  // launches: the graph nodes
     int event = -1;         // set_cuda_events: the event recorded before the launch
     double floor_ms = -1;   // launches: ProfileEvent::floor_ms
+    double flops = 0, bytes = 0;
   };
   struct Pending {  // a launch whose device time is not read yet
     size_t index;   // into events_
@@ -162,7 +166,9 @@ struct ProfileRun {
   // take at least kRooflineMinMs per call (median) (shorter ones are dominated by fixed costs a roofline
   // does not model: thread start-up, a launch), the one furthest from its floor. Kernels under
   // that: how many and their share of the profiled time. worst_ratio -1: no floors known.
-  static constexpr double kRooflineMinMs = 0.02;
+  static constexpr double kRooflineMinMs = 0.02;     // CPU kernels
+  static constexpr double kRooflineMinMsGpu = 0.002;  // CUDA launches (their device times)
+  double min_kernel_ms = kRooflineMinMs;
   Roofline roofline;
   std::string worst_kernel, worst_nodes;
   double worst_ratio = -1, worst_ms = -1, worst_floor_ms = -1;  // worst_ms: its median call

@@ -382,6 +382,23 @@ TEST(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
   for (const json& e : doc["traceEvents"]) gpu_rows += e["tid"] == 0 && e["ph"] == "X";
   EXPECT_EQ(gpu_rows, gpu);
   std::printf("resnet18 bf16: %.4f ms device time per call in %.4f ms\n", run.device_ms, run.call_ms);
+  // Note [Kernel work] on the GPU: the device's measured rates, a floor for every launch, and
+  // what each achieved; a bf16 GEMM far above the float32 rate, a copy of at least 100 GB/s.
+  const Roofline& r = run.roofline;
+  EXPECT_GT(r.low_flops_per_ms, 2 * r.flops_per_ms);
+  EXPECT_GT(r.bytes_per_ms, 1e8);
+  EXPECT_EQ(run.min_kernel_ms, ProfileRun::kRooflineMinMsGpu);
+  for (const OpStat& s : run.table) {
+    EXPECT_GT(s.floor_ms, 0) << s.name;
+    EXPECT_GT(s.ratio, 0) << s.name;
+    EXPECT_GT(s.gbytes_per_s, 0) << s.name;
+  }
+  EXPECT_GT(run.worst_ratio, 1.0);  // no kernel beats the measured peaks
+  std::printf("resnet18 bf16 roofline: bf16 GEMM %.0f TFLOP/s, f32 %.0f TFLOP/s, copy %.0f GB/s; "
+              "worst %s at %.1fx (%.4f ms, floor %.4f); %.0f%% of the time within 2x\n",
+              r.low_flops_per_ms / 1e9, r.flops_per_ms / 1e9, r.bytes_per_ms / 1e6,
+              run.worst_kernel.c_str(), run.worst_ratio, run.worst_ms, run.worst_floor_ms,
+              run.share_within_2x);
 }
 
 }  // namespace
