@@ -8,7 +8,11 @@
 // outside a buffer.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -122,6 +126,51 @@ TEST(InductorIndexing, CompilesWithoutEagerLaunchesAndMatchesTheInterpreter) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("embed"), std::string::npos) << e.what();
   }
+}
+
+// Note [grid_sample tap tables]: a grid_sample alone in its kernel, its grid shared by every
+// channel, computes each block of sampling points' taps once and reads them for every channel.
+// 2 x 17 x 31 points (blocks of 256: two full and a partial one per batch), 5 channels of a
+// permuted x, coordinates far outside, infinite, NaN and on the border, both align_corners:
+// the kernel takes the tables (its source says so) and matches the interpreter.
+TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter) {
+  const std::string dump = ::testing::TempDir() + "kiln_grid_taps";
+  std::filesystem::remove_all(dump);
+  ::setenv("KILN_DUMP_CODE", dump.c_str(), 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("KILN_DUMP_CODE"); }
+  } unset;
+  for (bool ac : {false, true}) {
+    Graph g;
+    g.name = ac ? "grid_taps_ac" : "grid_taps";
+    ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, 5}));
+    ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 17, 31, 2}));
+    ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
+    g.outputs = {g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", ac}}, "sample")};
+    auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+    EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
+    for (uint64_t seed : {31u, 32u}) {
+      Generator gen(seed);
+      Tensor gr = Tensor::rand({2, 17, 31, 2}, gen, -1.3, 1.3, f32);
+      float* gp = gr.data<float>();
+      gp[7] = 25.0f;
+      gp[100] = -std::numeric_limits<float>::infinity();
+      gp[513] = std::numeric_limits<float>::quiet_NaN();  // the second block
+      gp[1040] = 1.0f;
+      gp[1041] = -1.0f;
+      TensorList in = {Tensor::randn({2, 9, 11, 5}, gen, f32), gr};
+      TensorList want = run(g, in), got = compiled->run(in);
+      EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::rel(1e-5, 1e-5)))
+          << "align_corners " << ac << " seed " << seed;
+    }
+  }
+  int tabled = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dump)) {
+    std::ifstream in(f.path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find("tap tables across dim") != std::string::npos) ++tabled;
+  }
+  EXPECT_EQ(tabled, 2) << "dumped sources in " << dump;
 }
 
 // The index computed in the kernel that would read through it: index_select of a 1-d x has the
