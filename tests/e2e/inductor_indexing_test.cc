@@ -132,7 +132,8 @@ TEST(InductorIndexing, CompilesWithoutEagerLaunchesAndMatchesTheInterpreter) {
 // channel, computes each block of sampling points' taps once and reads them for every channel.
 // 2 x 17 x 31 points (blocks of 256: two full and a partial one per batch), 5 channels of a
 // permuted x, coordinates far outside, infinite, NaN and on the border, both align_corners:
-// the kernel takes the tables (its source says so) and matches the interpreter.
+// the kernel takes the tables (its source says so) and matches the interpreter. The same for
+// samples weighted and summed over the sampling points (the Reduce form).
 TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter) {
   const std::string dump = ::testing::TempDir() + "kiln_grid_taps";
   std::filesystem::remove_all(dump);
@@ -164,13 +165,44 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
           << "align_corners " << ac << " seed " << seed;
     }
   }
-  int tabled = 0;
+  // The Reduce form (multi-scale deformable attention): the samples weighted and summed over the
+  // sampling points, one kernel whose tables hold each query's points.
+  for (bool ac : {false, true}) {
+    Graph g;
+    g.name = ac ? "grid_sum_ac" : "grid_sum";
+    ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, 6}));
+    ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 7, 4, 2}));
+    ValueId w = g.add_input("w", TensorType(f32, Shape{2, 1, 7, 4}));
+    ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
+    ValueId sm = g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", ac}}, "sample");
+    ValueId wt = g.add_node1(OpId::Mul, {sm, w}, {}, "weigh");
+    g.outputs = {g.add_node1(OpId::Sum, {wt}, {{"dims", Ints{-1}}, {"keepdim", false}}, "points")};
+    auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+    EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
+    for (uint64_t seed : {33u, 34u}) {
+      Generator gen(seed);
+      Tensor gr = Tensor::rand({2, 7, 4, 2}, gen, -1.3, 1.3, f32);
+      float* gp = gr.data<float>();
+      gp[3] = 25.0f;
+      gp[20] = std::numeric_limits<float>::infinity();
+      gp[41] = std::numeric_limits<float>::quiet_NaN();
+      TensorList in = {Tensor::randn({2, 9, 11, 6}, gen, f32), gr,
+                       Tensor::randn({2, 1, 7, 4}, gen, f32)};
+      TensorList want = run(g, in), got = compiled->run(in);
+      EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::rel(1e-5, 1e-5)))
+          << "sum form, align_corners " << ac << " seed " << seed << "\n" << compiled->summary();
+    }
+  }
+  int tabled = 0, reduced = 0;
   for (const auto& f : std::filesystem::directory_iterator(dump)) {
     std::ifstream in(f.path());
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (text.find("tap tables across dim") != std::string::npos) ++tabled;
+    if (text.find("tap tables across dim") == std::string::npos) continue;
+    ++tabled;
+    if (text.find("// reduce over") != std::string::npos) ++reduced;
   }
-  EXPECT_EQ(tabled, 2) << "dumped sources in " << dump;
+  EXPECT_EQ(tabled, 4) << "dumped sources in " << dump;
+  EXPECT_EQ(reduced, 2) << "dumped sources in " << dump;
 }
 
 // The index computed in the kernel that would read through it: index_select of a 1-d x has the

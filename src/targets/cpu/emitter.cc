@@ -70,6 +70,11 @@ class KernelEmitter {
   void emit_pointwise(std::string& out, bool vec);
   int grid_tap_dim() const;
   void emit_grid_taps(std::string& out, int d);
+  int grid_reduce_dim() const;
+  void emit_reduce_grid(std::string& out, int d);
+  // Note [grid_sample tap tables]: while set, the grid_sample expression with this index reads
+  // its taps from the tables off_/wt_/ok_ at row p_ (emit_reduce_grid).
+  int table_expr_ = -1;
   void emit_reduce(std::string& out, bool vec);
   void emit_reduce_lanes(std::string& out);
   void emit_norm(std::string& out, bool vec);
@@ -247,6 +252,15 @@ std::string KernelEmitter::indexed_code(int ei) const {
         "if (p_ >= 0 && p_ < {1}) r_ = {3}; else kn_index_error(err, {4}, q_); r_; }})",
         e.args[0], e.src_size[0], ct, source_load(e.load, fmt::format("p_ * {}", e.src_stride[0])),
         e.check);
+  }
+  if (ei == table_expr_) {
+    std::string taps;
+    for (int t = 0; t < 4; ++t)
+      taps += fmt::format(" if (m_ & {}) a_ += wt_[p_][{}] * {};", 1 << t, t,
+                          source_load(e.load, fmt::format("off_[p_][{}]", t)));
+    return fmt::format("({{ const unsigned char m_ = ok_[p_]; float a_ = 0;\n"
+                       "      if (m_ & 16) a_ = (float)NAN; else {{{} }}\n      (float)a_; }})",
+                       taps);
   }
   // grid_sample, as ref_grid_sample in ops/resample.cc: bilinear, zeros padding, NaN
   // coordinates give NaN; computed in double for float64, in float otherwise.
@@ -428,17 +442,147 @@ int KernelEmitter::grid_tap_dim() const {
   return -1;
 }
 
+// The body that fills row p_ of the tap tables from grid_sample expression e's coordinates (its
+// argument loads evaluated here), at indentation `ind`. `skip` ends the row for NaN coordinates
+// ("continue;" in a loop over the rows).
+static std::string grid_tap_fill(const LoopExpr& e, const std::vector<std::string>& coords,
+                                 const std::string& ind, const char* skip) {
+  const bool ac = e.attrs->get_bool("align_corners");
+  const int64_t H = e.src_size[0], W = e.src_size[1];
+  auto unnorm = [&](const std::string& v, int64_t size) {
+    return ac ? fmt::format("(((float){0} + 1) / 2 * (float){1})", v, size - 1)
+              : fmt::format("((((float){0} + 1) * (float){1} - 1) / 2)", v, size);
+  };
+  return fmt::format(
+      "{9}float ix_ = {0}, iy_ = {1};\n"
+      "{9}if (ix_ != ix_ || iy_ != iy_) {{ ok_[p_] = 16; {8} }}\n"
+      "{9}ix_ = ix_ < -2 ? -2 : ix_ > {4} ? {4} : ix_; iy_ = iy_ < -2 ? -2 : iy_ > {5} ? {5} : iy_;\n"
+      "{9}const i64 x0_ = (i64)std::floor(ix_), y0_ = (i64)std::floor(iy_);\n"
+      "{9}const float wx1_ = ix_ - (float)x0_, wy1_ = iy_ - (float)y0_, wx0_ = 1 - wx1_, wy0_ = 1 - wy1_;\n"
+      "{9}const bool xa_ = x0_ >= 0 && x0_ < {2}, xb_ = x0_ + 1 >= 0 && x0_ + 1 < {2};\n"
+      "{9}const bool ya_ = y0_ >= 0 && y0_ < {3}, yb_ = y0_ + 1 >= 0 && y0_ + 1 < {3};\n"
+      "{9}ok_[p_] = (unsigned char)((ya_ && xa_) | (ya_ && xb_) << 1 | (yb_ && xa_) << 2 | (yb_ && xb_) << 3);\n"
+      "{9}off_[p_][0] = y0_ * {6} + x0_ * {7}; off_[p_][1] = off_[p_][0] + {7};\n"
+      "{9}off_[p_][2] = off_[p_][0] + {6}; off_[p_][3] = off_[p_][2] + {7};\n"
+      "{9}wt_[p_][0] = wy0_ * wx0_; wt_[p_][1] = wy0_ * wx1_; wt_[p_][2] = wy1_ * wx0_; wt_[p_][3] = wy1_ * wx1_;\n",
+      unnorm(coords[0], W), unnorm(coords[1], H), W, H, W + 1, H + 1, e.src_stride[0],
+      e.src_stride[1], skip, ind);
+}
+
+// A Reduce kernel whose prologue samples with grid_sample (multi-scale deformable attention:
+// sum over the sampling points of grid_sample(value) * attention weight, [head, channel, query,
+// point]): the kept dim d along which the coordinates are fixed and the source walks (the
+// channel), or -1. Sum or mean in float32, no full-level stores, at most kGridTableRows points
+// reduced per output.
+constexpr int64_t kGridTableRows = 1024;
+int KernelEmitter::grid_reduce_dim() const {
+  if (k_.kind != LoopKind::Reduce || k_.anchor < 0 || k_.kept_dims() < 1) return -1;
+  const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
+  if (red.kind != LoopExpr::Kind::Reduce || (red.op != OpId::Sum && red.op != OpId::Mean) ||
+      red.dtype != DType::Float32 || k_.exprs[size_t(red.args[0])].dtype != DType::Float32)
+    return -1;
+  for (const lower::LoopStore& st : k_.stores)
+    if (k_.exprs[size_t(st.expr)].level == Level::Full) return -1;
+  int64_t rows = 1;
+  for (int t = k_.kept_dims(); t < n(); ++t) rows *= k_.sizes[size_t(t)];
+  if (rows > kGridTableRows) return -1;
+  int grid = -1;
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    const LoopExpr& e = k_.exprs[i];
+    if (e.kind != LoopExpr::Kind::Indexed) continue;
+    if (grid >= 0 || e.op != OpId::GridSample || e.dtype != DType::Float32) return -1;
+    grid = int(i);
+  }
+  if (grid < 0) return -1;
+  const LoopExpr& e = k_.exprs[size_t(grid)];
+  for (int a : e.args)
+    if (a < 0 || k_.exprs[size_t(a)].kind != LoopExpr::Kind::Load ||
+        k_.exprs[size_t(a)].dtype != DType::Float32 || k_.exprs[size_t(a)].level != Level::Full)
+      return -1;
+  for (int d = 0; d < k_.kept_dims(); ++d) {
+    bool coords_fixed = true;
+    for (int a : e.args)
+      coords_fixed = coords_fixed && k_.loads[size_t(k_.exprs[size_t(a)].load)].strides[size_t(d)] == 0;
+    if (coords_fixed && k_.loads[size_t(e.load)].strides[size_t(d)] != 0) return d;
+  }
+  return -1;
+}
+
+// Note [grid_sample tap tables], the Reduce form: per point of the other kept dims, the taps of
+// every reduced point go into tables once; then each output along d walks the reduce dims as the
+// scalar kernel does, its grid_sample read from the tables (every other expression as before).
+void KernelEmitter::emit_reduce_grid(std::string& out, int d) {
+  const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
+  const int x = red.args[0], kept = k_.kept_dims(), r = n();
+  int grid = -1;
+  for (size_t i = 0; i < k_.exprs.size(); ++i)
+    if (k_.exprs[i].kind == LoopExpr::Kind::Indexed) grid = int(i);
+  const LoopExpr& e = k_.exprs[size_t(grid)];
+  int64_t rows = 1;
+  for (int t = kept; t < r; ++t) rows *= k_.sizes[size_t(t)];
+  // The flat row of the reduce point: ((i<kept> * s1 + i<kept+1>) * s2 + ...).
+  std::string flat = fmt::format("i{}", kept);
+  for (int t = kept + 1; t < r; ++t) flat = fmt::format("({}) * {} + i{}", flat, k_.sizes[size_t(t)], t);
+  int collapse = kept - 1;
+  if (par() && collapse > 0)
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", collapse);
+  else if (par() && collapse == 0)
+    out += "  // one kept dim: the tables are built once\n";
+  for (int t = 0; t < kept; ++t)
+    if (t != d) out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
+  out += "  {\n";
+  out += fmt::format("    i64 off_[{0}][4]; float wt_[{0}][4]; unsigned char ok_[{0}];\n", rows);
+  // The tables (the coordinates do not depend on dim d: i<d> = 0).
+  out += fmt::format("    {{\n      const i64 i{} = 0;\n", d);
+  std::string in = "      ";
+  for (int t = kept; t < r; ++t) {
+    out += fmt::format("{0}for (i64 i{1} = 0; i{1} < {2}; ++i{1}) {{\n", in, t, k_.sizes[size_t(t)]);
+    in += "  ";
+  }
+  out += fmt::format("{}const i64 p_ = {};\n", in, flat);
+  std::vector<std::string> coords;
+  for (int a : e.args) {
+    out += fmt::format("{}const float v{} = {};\n", in, a, expr_code(a, false));
+    coords.push_back(fmt::format("v{}", a));
+  }
+  // A NaN row skips the rest of its body: one `continue` of the innermost reduce loop.
+  out += grid_tap_fill(e, coords, in, "continue;");
+  for (int t = kept; t < r; ++t) {
+    in.resize(in.size() - 2);
+    out += in + "}\n";
+  }
+  out += "    }\n";
+  // Every output along d.
+  out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, k_.sizes[size_t(d)]);
+  out += "      float acc = 0;\n";
+  std::vector<bool> want = lower::expr_closure(k_, x);
+  in = "      ";
+  for (int t = kept; t < r; ++t) {
+    out += fmt::format("{0}for (i64 i{1} = 0; i{1} < {2}; ++i{1}) {{\n", in, t, k_.sizes[size_t(t)]);
+    in += "  ";
+  }
+  out += fmt::format("{}const i64 p_ = {};\n", in, flat);
+  table_expr_ = grid;
+  emit_exprs(out, want, Level::Full, false, in);
+  table_expr_ = -1;
+  out += fmt::format("{}acc += (float)v{};\n", in, x);
+  for (int t = kept; t < r; ++t) {
+    in.resize(in.size() - 2);
+    out += in + "}\n";
+  }
+  std::string result = red.op == OpId::Mean ? fmt::format("acc / (float){}", red.count) : "acc";
+  out += fmt::format("      const float v{} = (float)({});\n", k_.anchor, result);
+  std::vector<bool> all(k_.exprs.size(), true);
+  emit_exprs(out, all, Level::Kept, false, "      ");
+  emit_stores(out, Level::Kept, false, "      ");
+  out += "    }\n  }\n";
+}
+
 void KernelEmitter::emit_grid_taps(std::string& out, int d) {
   const int r = n(), in = r - 1;
   const int64_t N = k_.sizes[size_t(in)];
   const int grid = k_.stores[0].expr;
   const LoopExpr& e = k_.exprs[size_t(grid)];
-  const bool ac = e.attrs->get_bool("align_corners");
-  const int64_t H = e.src_size[0], W = e.src_size[1];
-  auto unnorm = [&](int arg, int64_t size) {
-    return ac ? fmt::format("(((float)v{0} + 1) / 2 * (float){1})", arg, size - 1)
-              : fmt::format("((((float)v{0} + 1) * (float){1} - 1) / 2)", arg, size);
-  };
   const int64_t blocks = (N + kGridBlock - 1) / kGridBlock;
   int collapse = 1;
   for (int t = 0; t < in; ++t) collapse += t == d ? 0 : 1;
@@ -453,22 +597,13 @@ void KernelEmitter::emit_grid_taps(std::string& out, int d) {
   out += fmt::format("    {{\n      const i64 i{} = 0;\n", d);
   out += fmt::format("      for (i64 i{0} = j0_; i{0} < j1_; ++i{0}) {{\n", in);
   out += "        const i64 p_ = i" + std::to_string(in) + " - j0_;\n";
-  for (int a : e.args)
+  std::vector<std::string> coords;
+  for (int a : e.args) {
     out += fmt::format("        const float v{} = {};\n", a, expr_code(a, false));
-  out += fmt::format(
-      "        float ix_ = {0}, iy_ = {1};\n"
-      "        if (ix_ != ix_ || iy_ != iy_) {{ ok_[p_] = 16; continue; }}\n"
-      "        ix_ = ix_ < -2 ? -2 : ix_ > {4} ? {4} : ix_; iy_ = iy_ < -2 ? -2 : iy_ > {5} ? {5} : iy_;\n"
-      "        const i64 x0_ = (i64)std::floor(ix_), y0_ = (i64)std::floor(iy_);\n"
-      "        const float wx1_ = ix_ - (float)x0_, wy1_ = iy_ - (float)y0_, wx0_ = 1 - wx1_, wy0_ = 1 - wy1_;\n"
-      "        const bool xa_ = x0_ >= 0 && x0_ < {2}, xb_ = x0_ + 1 >= 0 && x0_ + 1 < {2};\n"
-      "        const bool ya_ = y0_ >= 0 && y0_ < {3}, yb_ = y0_ + 1 >= 0 && y0_ + 1 < {3};\n"
-      "        ok_[p_] = (unsigned char)((ya_ && xa_) | (ya_ && xb_) << 1 | (yb_ && xa_) << 2 | (yb_ && xb_) << 3);\n"
-      "        off_[p_][0] = y0_ * {6} + x0_ * {7}; off_[p_][1] = off_[p_][0] + {7};\n"
-      "        off_[p_][2] = off_[p_][0] + {6}; off_[p_][3] = off_[p_][2] + {7};\n"
-      "        wt_[p_][0] = wy0_ * wx0_; wt_[p_][1] = wy0_ * wx1_; wt_[p_][2] = wy1_ * wx0_; wt_[p_][3] = wy1_ * wx1_;\n"
-      "      }}\n    }}\n",
-      unnorm(e.args[0], W), unnorm(e.args[1], H), W, H, W + 1, H + 1, e.src_stride[0], e.src_stride[1]);
+    coords.push_back(fmt::format("v{}", a));
+  }
+  out += grid_tap_fill(e, coords, "        ", "continue;");
+  out += "      }\n    }\n";
   // Every channel (dim d) through the tables.
   out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", d, k_.sizes[size_t(d)]);
   out += fmt::format("    for (i64 i{0} = j0_; i{0} < j1_; ++i{0}) {{\n", in);
@@ -922,8 +1057,9 @@ std::string KernelEmitter::emit(bool* vectorized) {
   std::string out = fmt::format("// kiln-kernel: {}\n// {} over [{}]", k_.name, lower::loop_kind_name(k_.kind),
                                 fmt::join(k_.sizes, ", "));
   if (k_.reduce_dims) out += fmt::format(", last {} reduced", k_.reduce_dims);
-  if (!vec && !lanes && grid_tap_dim() >= 0)
-    out += fmt::format(", scalar, tap tables across dim {}\n", grid_tap_dim());
+  const int grid_dim = vec || lanes ? -1 : k_.kind == LoopKind::Reduce ? grid_reduce_dim() : grid_tap_dim();
+  if (grid_dim >= 0)
+    out += fmt::format(", scalar, tap tables across dim {}\n", grid_dim);
   else
     out += vec ? ", SIMD\n" : lanes ? fmt::format(", SIMD across dim {}\n", vdim_) : ", scalar\n";
   for (int32_t ni : k_.nodes) {
@@ -952,7 +1088,11 @@ std::string KernelEmitter::emit(bool* vectorized) {
   }
   switch (k_.kind) {
     case LoopKind::Pointwise: emit_pointwise(out, vec); break;
-    case LoopKind::Reduce: lanes ? emit_reduce_lanes(out) : emit_reduce(out, vec); break;
+    case LoopKind::Reduce:
+      if (lanes) emit_reduce_lanes(out);
+      else if (grid_dim >= 0) emit_reduce_grid(out, grid_dim);
+      else emit_reduce(out, vec);
+      break;
     case LoopKind::Norm: emit_norm(out, vec); break;
     case LoopKind::Scatter: break;
   }
