@@ -68,13 +68,16 @@ class KernelEmitter {
   std::string vload(int load) const;
   std::string sload(int load) const;
   void emit_pointwise(std::string& out, bool vec);
-  int grid_tap_dim() const;
-  void emit_grid_taps(std::string& out, int d);
-  int grid_reduce_dim() const;
-  void emit_reduce_grid(std::string& out, int d);
-  // Note [grid_sample tap tables]: while set, the grid_sample expression with this index reads
-  // its taps from the tables off_/wt_/ok_ at row p_ (emit_reduce_grid).
-  int table_expr_ = -1;
+  // Note [grid_sample tap tables]: whether the kernel takes them; then grid_ is its grid_sample
+  // expression and grid_dim_ the dim of the space the tables are shared along.
+  bool find_grid_tables();
+  // The statements that fill row p_ of the tables from the grid_sample's coordinates.
+  std::string grid_tap_fill(const std::string& ind) const;
+  void emit_grid_taps(std::string& out);
+  void emit_reduce_grid(std::string& out);
+  int grid_ = -1, grid_dim_ = -1;
+  // While set, indexed_code reads the grid_sample's taps from the tables at row p_.
+  bool read_tables_ = false;
   void emit_reduce(std::string& out, bool vec);
   void emit_reduce_lanes(std::string& out);
   void emit_norm(std::string& out, bool vec);
@@ -253,7 +256,7 @@ std::string KernelEmitter::indexed_code(int ei) const {
         e.args[0], e.src_size[0], ct, source_load(e.load, fmt::format("p_ * {}", e.src_stride[0])),
         e.check);
   }
-  if (ei == table_expr_) {
+  if (read_tables_ && ei == grid_) {
     std::string taps;
     for (int t = 0; t < 4; ++t)
       taps += fmt::format(" if (m_ & {}) a_ += wt_[p_][{}] * {};", 1 << t, t,
@@ -364,10 +367,11 @@ bool loop_vectorizable(const LoopKernel& k) {
 // epilogue and the stores are vectors too. A block of lanes is up to kLaneVectors vectors wide,
 // each with its own accumulator: one vector per reduce step read 64 bytes of every 256-byte row
 // of PointPillars' [P, 32, 64] points and left the rest of each line to the next block, 7.2 ms
-// for 49 MB (`kiln profile`, 13x its floor); four vectors read whole rows. Taken when the usual vector path is not possible and
-// every load is contiguous or broadcast along that kept dim, every store happens after the
-// reduction (kept level) and is contiguous along it, and everything is SIMD-able (var keeps the
-// scalar kernel: its second pass is not written for lanes).
+// for 49 MB (`kiln profile`, 13x its floor); four vectors read whole rows. Taken when the usual
+// vector path is not possible and every load is contiguous or broadcast along that kept dim,
+// every store happens after the reduction (kept level) and is contiguous along it, and
+// everything is SIMD-able (var keeps the scalar kernel: its second pass is not written for
+// lanes).
 constexpr int64_t kLaneVectors = 4;
 
 bool lane_reducible(const LoopKernel& k) {
@@ -404,172 +408,139 @@ namespace {
 // A kernel that is one grid_sample alone (DCN-style sampling: [C, H*W] with the sampling grid
 // shared by every channel) computed its coordinates, clamps, floors, weights and bounds tests
 // for every output element, once per channel: deform_sampling's nine grid_samples took 1.5-2 ms
-// each at one thread, 70-90x their roofline (`kiln profile`). When an outer dim d of the space
-// walks the source but not the grid (the channels), the innermost dim is taken in blocks of
-// kGridBlock points: the block's taps (offsets, the four weight products, which taps are in
-// bounds, NaN coordinates) are computed once into small tables, then every channel reads them.
+// each at one thread, 70-90x their roofline (`kiln profile`). When a dim d of the space walks
+// the source but not the grid (the channels), the taps (offsets, the four weight products,
+// which taps are in bounds, NaN coordinates) are computed once into small tables, then every
+// point along d reads them:
+//   - Pointwise (a grid_sample stored alone): the innermost dim in blocks of kGridBlock points;
+//   - Reduce (multi-scale deformable attention: the samples of [head, channel, query, point]
+//     weighted and summed over the points, float32 sum or mean, no full-level stores): per point
+//     of the other kept dims, a table of the kGridTableRows reduced points at most; every other
+//     expression is evaluated as in the scalar kernel.
 // The arithmetic per output is the scalar kernel's, in its order (a tap's weight product is
 // formed before it multiplies the value, as there), so results are bitwise the same.
 constexpr int64_t kGridBlock = 256;
+constexpr int64_t kGridTableRows = 1024;
 
-// The outer dim to take tap tables over (-1: none): the kernel is a single grid_sample read
-// from two coordinate loads and stored, float32, and dim d's stride is 0 in both coordinate
-// loads and nonzero in the source.
-int KernelEmitter::grid_tap_dim() const {
-  if (k_.kind != LoopKind::Pointwise || n() < 2 || k_.stores.size() != 1) return -1;
+bool KernelEmitter::find_grid_tables() {
+  const bool reduce = k_.kind == LoopKind::Reduce;
+  if (reduce) {
+    if (k_.anchor < 0 || k_.kept_dims() < 1) return false;
+    const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
+    if (red.kind != LoopExpr::Kind::Reduce || (red.op != OpId::Sum && red.op != OpId::Mean) ||
+        red.dtype != DType::Float32 || k_.exprs[size_t(red.args[0])].dtype != DType::Float32)
+      return false;
+    for (const lower::LoopStore& st : k_.stores)
+      if (k_.exprs[size_t(st.expr)].level == Level::Full) return false;
+    int64_t rows = 1;
+    for (int t = k_.kept_dims(); t < n(); ++t) rows *= k_.sizes[size_t(t)];
+    if (rows > kGridTableRows) return false;
+  } else if (k_.kind != LoopKind::Pointwise || n() < 2 || k_.stores.size() != 1) {
+    return false;
+  }
+  // One float32 grid_sample reading its coordinates from two float32 loads (a pointwise kernel:
+  // nothing but those loads, the grid_sample and its store).
   int grid = -1;
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     const LoopExpr& e = k_.exprs[i];
     if (e.kind == LoopExpr::Kind::Indexed) {
-      if (grid >= 0 || e.op != OpId::GridSample || e.dtype != DType::Float32) return -1;
+      if (grid >= 0 || e.op != OpId::GridSample || e.dtype != DType::Float32) return false;
       grid = int(i);
-    } else if (e.kind != LoopExpr::Kind::Load) {
-      return -1;
+    } else if (!reduce && e.kind != LoopExpr::Kind::Load) {
+      return false;
     }
   }
-  if (grid < 0 || k_.stores[0].expr != grid) return -1;
-  const LoopExpr& e = k_.exprs[size_t(grid)];
-  for (int a : e.args)
-    if (a < 0 || k_.exprs[size_t(a)].kind != LoopExpr::Kind::Load ||
-        k_.exprs[size_t(a)].dtype != DType::Float32)
-      return -1;
-  for (int d = 0; d + 1 < n(); ++d) {
-    bool coords_fixed = true;
-    for (int a : e.args)
-      coords_fixed = coords_fixed && k_.loads[size_t(k_.exprs[size_t(a)].load)].strides[size_t(d)] == 0;
-    if (coords_fixed && k_.loads[size_t(e.load)].strides[size_t(d)] != 0) return d;
-  }
-  return -1;
-}
-
-// The body that fills row p_ of the tap tables from grid_sample expression e's coordinates (its
-// argument loads evaluated here), at indentation `ind`. `skip` ends the row for NaN coordinates
-// ("continue;" in a loop over the rows).
-static std::string grid_tap_fill(const LoopExpr& e, const std::vector<std::string>& coords,
-                                 const std::string& ind, const char* skip) {
-  const bool ac = e.attrs->get_bool("align_corners");
-  const int64_t H = e.src_size[0], W = e.src_size[1];
-  auto unnorm = [&](const std::string& v, int64_t size) {
-    return ac ? fmt::format("(((float){0} + 1) / 2 * (float){1})", v, size - 1)
-              : fmt::format("((((float){0} + 1) * (float){1} - 1) / 2)", v, size);
-  };
-  return fmt::format(
-      "{9}float ix_ = {0}, iy_ = {1};\n"
-      "{9}if (ix_ != ix_ || iy_ != iy_) {{ ok_[p_] = 16; {8} }}\n"
-      "{9}ix_ = ix_ < -2 ? -2 : ix_ > {4} ? {4} : ix_; iy_ = iy_ < -2 ? -2 : iy_ > {5} ? {5} : iy_;\n"
-      "{9}const i64 x0_ = (i64)std::floor(ix_), y0_ = (i64)std::floor(iy_);\n"
-      "{9}const float wx1_ = ix_ - (float)x0_, wy1_ = iy_ - (float)y0_, wx0_ = 1 - wx1_, wy0_ = 1 - wy1_;\n"
-      "{9}const bool xa_ = x0_ >= 0 && x0_ < {2}, xb_ = x0_ + 1 >= 0 && x0_ + 1 < {2};\n"
-      "{9}const bool ya_ = y0_ >= 0 && y0_ < {3}, yb_ = y0_ + 1 >= 0 && y0_ + 1 < {3};\n"
-      "{9}ok_[p_] = (unsigned char)((ya_ && xa_) | (ya_ && xb_) << 1 | (yb_ && xa_) << 2 | (yb_ && xb_) << 3);\n"
-      "{9}off_[p_][0] = y0_ * {6} + x0_ * {7}; off_[p_][1] = off_[p_][0] + {7};\n"
-      "{9}off_[p_][2] = off_[p_][0] + {6}; off_[p_][3] = off_[p_][2] + {7};\n"
-      "{9}wt_[p_][0] = wy0_ * wx0_; wt_[p_][1] = wy0_ * wx1_; wt_[p_][2] = wy1_ * wx0_; wt_[p_][3] = wy1_ * wx1_;\n",
-      unnorm(coords[0], W), unnorm(coords[1], H), W, H, W + 1, H + 1, e.src_stride[0],
-      e.src_stride[1], skip, ind);
-}
-
-// A Reduce kernel whose prologue samples with grid_sample (multi-scale deformable attention:
-// sum over the sampling points of grid_sample(value) * attention weight, [head, channel, query,
-// point]): the kept dim d along which the coordinates are fixed and the source walks (the
-// channel), or -1. Sum or mean in float32, no full-level stores, at most kGridTableRows points
-// reduced per output.
-constexpr int64_t kGridTableRows = 1024;
-int KernelEmitter::grid_reduce_dim() const {
-  if (k_.kind != LoopKind::Reduce || k_.anchor < 0 || k_.kept_dims() < 1) return -1;
-  const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
-  if (red.kind != LoopExpr::Kind::Reduce || (red.op != OpId::Sum && red.op != OpId::Mean) ||
-      red.dtype != DType::Float32 || k_.exprs[size_t(red.args[0])].dtype != DType::Float32)
-    return -1;
-  for (const lower::LoopStore& st : k_.stores)
-    if (k_.exprs[size_t(st.expr)].level == Level::Full) return -1;
-  int64_t rows = 1;
-  for (int t = k_.kept_dims(); t < n(); ++t) rows *= k_.sizes[size_t(t)];
-  if (rows > kGridTableRows) return -1;
-  int grid = -1;
-  for (size_t i = 0; i < k_.exprs.size(); ++i) {
-    const LoopExpr& e = k_.exprs[i];
-    if (e.kind != LoopExpr::Kind::Indexed) continue;
-    if (grid >= 0 || e.op != OpId::GridSample || e.dtype != DType::Float32) return -1;
-    grid = int(i);
-  }
-  if (grid < 0) return -1;
+  if (grid < 0 || (!reduce && k_.stores[0].expr != grid)) return false;
   const LoopExpr& e = k_.exprs[size_t(grid)];
   for (int a : e.args)
     if (a < 0 || k_.exprs[size_t(a)].kind != LoopExpr::Kind::Load ||
         k_.exprs[size_t(a)].dtype != DType::Float32 || k_.exprs[size_t(a)].level != Level::Full)
-      return -1;
-  for (int d = 0; d < k_.kept_dims(); ++d) {
+      return false;
+  // d: a kept dim (reduce) or an outer dim (pointwise) the coordinates do not walk and the
+  // source does.
+  const int dims = reduce ? k_.kept_dims() : n() - 1;
+  for (int d = 0; d < dims; ++d) {
     bool coords_fixed = true;
     for (int a : e.args)
       coords_fixed = coords_fixed && k_.loads[size_t(k_.exprs[size_t(a)].load)].strides[size_t(d)] == 0;
-    if (coords_fixed && k_.loads[size_t(e.load)].strides[size_t(d)] != 0) return d;
+    if (coords_fixed && k_.loads[size_t(e.load)].strides[size_t(d)] != 0) {
+      grid_ = grid;
+      grid_dim_ = d;
+      return true;
+    }
   }
-  return -1;
+  return false;
 }
 
-// Note [grid_sample tap tables], the Reduce form: per point of the other kept dims, the taps of
-// every reduced point go into tables once; then each output along d walks the reduce dims as the
-// scalar kernel does, its grid_sample read from the tables (every other expression as before).
-void KernelEmitter::emit_reduce_grid(std::string& out, int d) {
+std::string KernelEmitter::grid_tap_fill(const std::string& ind) const {
+  const LoopExpr& e = k_.exprs[size_t(grid_)];
+  std::string out;
+  for (int a : e.args) out += fmt::format("{}const float v{} = {};\n", ind, a, expr_code(a, false));
+  const bool ac = e.attrs->get_bool("align_corners");
+  const int64_t H = e.src_size[0], W = e.src_size[1];
+  auto unnorm = [&](int arg, int64_t size) {
+    return ac ? fmt::format("(((float)v{0} + 1) / 2 * (float){1})", arg, size - 1)
+              : fmt::format("((((float)v{0} + 1) * (float){1} - 1) / 2)", arg, size);
+  };
+  // NaN coordinates mark the row and end its iteration of the innermost loop.
+  return out + fmt::format(
+      "{8}float ix_ = {0}, iy_ = {1};\n"
+      "{8}if (ix_ != ix_ || iy_ != iy_) {{ ok_[p_] = 16; continue; }}\n"
+      "{8}ix_ = ix_ < -2 ? -2 : ix_ > {4} ? {4} : ix_; iy_ = iy_ < -2 ? -2 : iy_ > {5} ? {5} : iy_;\n"
+      "{8}const i64 x0_ = (i64)std::floor(ix_), y0_ = (i64)std::floor(iy_);\n"
+      "{8}const float wx1_ = ix_ - (float)x0_, wy1_ = iy_ - (float)y0_, wx0_ = 1 - wx1_, wy0_ = 1 - wy1_;\n"
+      "{8}const bool xa_ = x0_ >= 0 && x0_ < {2}, xb_ = x0_ + 1 >= 0 && x0_ + 1 < {2};\n"
+      "{8}const bool ya_ = y0_ >= 0 && y0_ < {3}, yb_ = y0_ + 1 >= 0 && y0_ + 1 < {3};\n"
+      "{8}ok_[p_] = (unsigned char)((ya_ && xa_) | (ya_ && xb_) << 1 | (yb_ && xa_) << 2 | (yb_ && xb_) << 3);\n"
+      "{8}off_[p_][0] = y0_ * {6} + x0_ * {7}; off_[p_][1] = off_[p_][0] + {7};\n"
+      "{8}off_[p_][2] = off_[p_][0] + {6}; off_[p_][3] = off_[p_][2] + {7};\n"
+      "{8}wt_[p_][0] = wy0_ * wx0_; wt_[p_][1] = wy0_ * wx1_; wt_[p_][2] = wy1_ * wx0_; wt_[p_][3] = wy1_ * wx1_;\n",
+      unnorm(e.args[0], W), unnorm(e.args[1], H), W, H, W + 1, H + 1, e.src_stride[0],
+      e.src_stride[1], ind);
+}
+
+// The Reduce form: per point of the other kept dims, the tables of every reduced point; then
+// each output along d walks the reduce dims as the scalar kernel does.
+void KernelEmitter::emit_reduce_grid(std::string& out) {
   const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
-  const int x = red.args[0], kept = k_.kept_dims(), r = n();
-  int grid = -1;
-  for (size_t i = 0; i < k_.exprs.size(); ++i)
-    if (k_.exprs[i].kind == LoopExpr::Kind::Indexed) grid = int(i);
-  const LoopExpr& e = k_.exprs[size_t(grid)];
+  const int x = red.args[0], kept = k_.kept_dims(), r = n(), d = grid_dim_;
   int64_t rows = 1;
   for (int t = kept; t < r; ++t) rows *= k_.sizes[size_t(t)];
-  // The flat row of the reduce point: ((i<kept> * s1 + i<kept+1>) * s2 + ...).
-  std::string flat = fmt::format("i{}", kept);
-  for (int t = kept + 1; t < r; ++t) flat = fmt::format("({}) * {} + i{}", flat, k_.sizes[size_t(t)], t);
-  int collapse = kept - 1;
-  if (par() && collapse > 0)
-    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", collapse);
-  else if (par() && collapse == 0)
-    out += "  // one kept dim: the tables are built once\n";
+  // The reduce loops around `body`, with p_ the flat row of the reduced point.
+  auto reduce_nest = [&](std::string& o, const std::string& ind, auto&& body) {
+    std::string in = ind, flat = fmt::format("i{}", kept);
+    for (int t = kept; t < r; ++t) {
+      o += fmt::format("{0}for (i64 i{1} = 0; i{1} < {2}; ++i{1}) {{\n", in, t, k_.sizes[size_t(t)]);
+      in += "  ";
+      if (t > kept) flat = fmt::format("({}) * {} + i{}", flat, k_.sizes[size_t(t)], t);
+    }
+    o += fmt::format("{}const i64 p_ = {};\n", in, flat);
+    body(o, in);
+    for (int t = kept; t < r; ++t) {
+      in.resize(in.size() - 2);
+      o += in + "}\n";
+    }
+  };
+  if (par() && kept > 1)
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", kept - 1);
   for (int t = 0; t < kept; ++t)
     if (t != d) out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
   out += "  {\n";
   out += fmt::format("    i64 off_[{0}][4]; float wt_[{0}][4]; unsigned char ok_[{0}];\n", rows);
   // The tables (the coordinates do not depend on dim d: i<d> = 0).
   out += fmt::format("    {{\n      const i64 i{} = 0;\n", d);
-  std::string in = "      ";
-  for (int t = kept; t < r; ++t) {
-    out += fmt::format("{0}for (i64 i{1} = 0; i{1} < {2}; ++i{1}) {{\n", in, t, k_.sizes[size_t(t)]);
-    in += "  ";
-  }
-  out += fmt::format("{}const i64 p_ = {};\n", in, flat);
-  std::vector<std::string> coords;
-  for (int a : e.args) {
-    out += fmt::format("{}const float v{} = {};\n", in, a, expr_code(a, false));
-    coords.push_back(fmt::format("v{}", a));
-  }
-  // A NaN row skips the rest of its body: one `continue` of the innermost reduce loop.
-  out += grid_tap_fill(e, coords, in, "continue;");
-  for (int t = kept; t < r; ++t) {
-    in.resize(in.size() - 2);
-    out += in + "}\n";
-  }
+  reduce_nest(out, "      ", [&](std::string& o, const std::string& in) { o += grid_tap_fill(in); });
   out += "    }\n";
   // Every output along d.
   out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, k_.sizes[size_t(d)]);
   out += "      float acc = 0;\n";
-  std::vector<bool> want = lower::expr_closure(k_, x);
-  in = "      ";
-  for (int t = kept; t < r; ++t) {
-    out += fmt::format("{0}for (i64 i{1} = 0; i{1} < {2}; ++i{1}) {{\n", in, t, k_.sizes[size_t(t)]);
-    in += "  ";
-  }
-  out += fmt::format("{}const i64 p_ = {};\n", in, flat);
-  table_expr_ = grid;
-  emit_exprs(out, want, Level::Full, false, in);
-  table_expr_ = -1;
-  out += fmt::format("{}acc += (float)v{};\n", in, x);
-  for (int t = kept; t < r; ++t) {
-    in.resize(in.size() - 2);
-    out += in + "}\n";
-  }
+  const std::vector<bool> want = lower::expr_closure(k_, x);
+  reduce_nest(out, "      ", [&](std::string& o, const std::string& in) {
+    read_tables_ = true;
+    emit_exprs(o, want, Level::Full, false, in);
+    read_tables_ = false;
+    o += fmt::format("{}acc += (float)v{};\n", in, x);
+  });
   std::string result = red.op == OpId::Mean ? fmt::format("acc / (float){}", red.count) : "acc";
   out += fmt::format("      const float v{} = (float)({});\n", k_.anchor, result);
   std::vector<bool> all(k_.exprs.size(), true);
@@ -578,16 +549,13 @@ void KernelEmitter::emit_reduce_grid(std::string& out, int d) {
   out += "    }\n  }\n";
 }
 
-void KernelEmitter::emit_grid_taps(std::string& out, int d) {
-  const int r = n(), in = r - 1;
+// The Pointwise form: blocks of kGridBlock points of the innermost dim.
+void KernelEmitter::emit_grid_taps(std::string& out) {
+  const int r = n(), in = r - 1, d = grid_dim_;
   const int64_t N = k_.sizes[size_t(in)];
-  const int grid = k_.stores[0].expr;
-  const LoopExpr& e = k_.exprs[size_t(grid)];
   const int64_t blocks = (N + kGridBlock - 1) / kGridBlock;
-  int collapse = 1;
-  for (int t = 0; t < in; ++t) collapse += t == d ? 0 : 1;
   if (par())
-    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", collapse);
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", r - 1);
   for (int t = 0; t < in; ++t)
     if (t != d) out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
   out += fmt::format("  for (i64 blk_ = 0; blk_ < {}; ++blk_)\n  {{\n", blocks);
@@ -596,34 +564,23 @@ void KernelEmitter::emit_grid_taps(std::string& out, int d) {
   // The taps of the block's points (the coordinates do not depend on dim d: i<d> = 0).
   out += fmt::format("    {{\n      const i64 i{} = 0;\n", d);
   out += fmt::format("      for (i64 i{0} = j0_; i{0} < j1_; ++i{0}) {{\n", in);
-  out += "        const i64 p_ = i" + std::to_string(in) + " - j0_;\n";
-  std::vector<std::string> coords;
-  for (int a : e.args) {
-    out += fmt::format("        const float v{} = {};\n", a, expr_code(a, false));
-    coords.push_back(fmt::format("v{}", a));
-  }
-  out += grid_tap_fill(e, coords, "        ", "continue;");
+  out += fmt::format("        const i64 p_ = i{} - j0_;\n", in);
+  out += grid_tap_fill("        ");
   out += "      }\n    }\n";
-  // Every channel (dim d) through the tables.
+  // Every point along d through the tables.
   out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", d, k_.sizes[size_t(d)]);
   out += fmt::format("    for (i64 i{0} = j0_; i{0} < j1_; ++i{0}) {{\n", in);
-  out += "      const i64 p_ = i" + std::to_string(in) + " - j0_;\n";
-  out += "      const unsigned char m_ = ok_[p_];\n      float a_ = 0;\n";
-  out += "      if (m_ & 16) a_ = (float)NAN; else {\n";
-  for (int t = 0; t < 4; ++t)
-    out += fmt::format("        if (m_ & {}) a_ += wt_[p_][{}] * {};\n", 1 << t, t,
-                       source_load(e.load, fmt::format("off_[p_][{}]", t)));
-  out += "      }\n";
-  out += fmt::format("      const float v{} = (float)a_;\n", grid);
+  out += fmt::format("      const i64 p_ = i{} - j0_;\n", in);
+  read_tables_ = true;
+  out += fmt::format("      const float v{} = {};\n", grid_, expr_code(grid_, false));
+  read_tables_ = false;
   emit_stores(out, Level::Full, false, "      ");
   out += "    }\n  }\n";
 }
 
 void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
   const int r = n();
-  if (!vec) {
-    if (int d = grid_tap_dim(); d >= 0) return emit_grid_taps(out, d);
-  }
+  if (grid_dim_ >= 0) return emit_grid_taps(out);
   const int64_t N = k_.sizes[size_t(r - 1)];
   int64_t outer = 1;
   for (int t = 0; t + 1 < r; ++t) outer *= k_.sizes[size_t(t)];
@@ -1057,9 +1014,8 @@ std::string KernelEmitter::emit(bool* vectorized) {
   std::string out = fmt::format("// kiln-kernel: {}\n// {} over [{}]", k_.name, lower::loop_kind_name(k_.kind),
                                 fmt::join(k_.sizes, ", "));
   if (k_.reduce_dims) out += fmt::format(", last {} reduced", k_.reduce_dims);
-  const int grid_dim = vec || lanes ? -1 : k_.kind == LoopKind::Reduce ? grid_reduce_dim() : grid_tap_dim();
-  if (grid_dim >= 0)
-    out += fmt::format(", scalar, tap tables across dim {}\n", grid_dim);
+  if (!vec && !lanes && find_grid_tables())
+    out += fmt::format(", scalar, tap tables across dim {}\n", grid_dim_);
   else
     out += vec ? ", SIMD\n" : lanes ? fmt::format(", SIMD across dim {}\n", vdim_) : ", scalar\n";
   for (int32_t ni : k_.nodes) {
@@ -1090,7 +1046,7 @@ std::string KernelEmitter::emit(bool* vectorized) {
     case LoopKind::Pointwise: emit_pointwise(out, vec); break;
     case LoopKind::Reduce:
       if (lanes) emit_reduce_lanes(out);
-      else if (grid_dim >= 0) emit_reduce_grid(out, grid_dim);
+      else if (grid_dim_ >= 0) emit_reduce_grid(out);
       else emit_reduce(out, vec);
       break;
     case LoopKind::Norm: emit_norm(out, vec); break;
