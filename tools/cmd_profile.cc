@@ -34,7 +34,7 @@ void write_json(const ProfileRun& run, const ProfileOptions& o, const std::strin
       {"model", run.model}, {"backend", run.backend}, {"device", o.device}, {"mode", o.mode},
       {"dtype", o.dtype}, {"threads", o.threads}, {"iters", run.iters},
       {"ops_per_iteration", run.ops_per_iteration}, {"kernels", std::move(kernels)}};
-  if (run.worst_ratio > 0 || run.short_kernels > 0) {
+  if (run.has_roofline()) {
     j["roofline"] = {{"gflops", run.roofline.flops_per_ms / 1e6},
                      {"gflops_low_precision", run.roofline.low_flops_per_ms / 1e6},
                      {"gbytes_per_s", run.roofline.bytes_per_ms / 1e6},
@@ -74,7 +74,7 @@ void profile_command(const ProfileOptions& o, const std::string& trace, const st
     std::printf("  CUDA: every op is timed between device synchronizations (its device time plus "
                 "one synchronization)\n");
   std::printf("\n");
-  const bool floors = run.worst_ratio > 0 || run.short_kernels > 0;
+  const bool floors = run.has_roofline();
   std::printf("  %-24s %8s %11s %11s %8s%s  %s\n", "op", "calls", "total ms", "mean ms", "share",
               floors ? "   floor ms  x floor  GFLOP/s     GB/s" : "", "top call sites (calls)");
   double total = 0;

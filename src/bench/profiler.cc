@@ -284,9 +284,7 @@ double measure_memory_bandwidth() {
   }
   return best > 0 ? 2.0 * double(bytes) / best : 0;
 }
-}  // namespace
 
-namespace {
 // ProfileRun's roofline summary (Note [Kernel work]), over the launches that started at or after
 // `since_ns`. A kernel is one launch of the executable: launches of one name (a zoo model's
 // layers are named by their call site) are told apart by their floors.
@@ -483,9 +481,9 @@ ProfileRun run_profile(const ProfileOptions& o, Profiler& prof) {
     run.call_ms = ms[ms.size() / 2];
     prof.start();
   }
-  // Note [Kernel work]: the floors of the timed launches, from rates measured now (a few
-  // milliseconds, once per process and thread count), outside the timed iterations. CUDA: no
-  // rates are measured yet, so its launches have no floor.
+  // Note [Kernel work]: the floors of the timed launches, from rates measured here, outside the
+  // timed iterations: the CPU's each run (a few milliseconds; the memory's bandwidth once per
+  // process), the GPU's once per process.
   if (cuda && o.backend == "compiled") {
     prof.stop();  // the measurement's copies and GEMMs are not the model's launches
     static const Roofline device_rates = measure_cuda_roofline(0);

@@ -162,10 +162,10 @@ struct ProfileRun {
   // host-observed time of a call measured with the profiler off (median; device_ms / call_ms:
   // how busy the call keeps the GPU, the rest being launches and synchronization).
   double device_ms = -1, call_ms = -1;
-  // The roofline (Note [Kernel work]): the rates the floors come from, and over the kernels that
-  // take at least kRooflineMinMs per call (median) (shorter ones are dominated by fixed costs a roofline
-  // does not model: thread start-up, a launch), the one furthest from its floor. Kernels under
-  // that: how many and their share of the profiled time. worst_ratio -1: no floors known.
+  // The roofline (Note [Kernel work]): the rates the floors come from, and over the kernels whose
+  // median call takes at least min_kernel_ms (shorter ones are dominated by fixed costs a
+  // roofline does not model: thread start-up, a launch), the one furthest from its floor.
+  // Kernels under that: how many and their share of the profiled time.
   static constexpr double kRooflineMinMs = 0.02;     // CPU kernels
   static constexpr double kRooflineMinMsGpu = 0.002;  // CUDA launches (their device times)
   double min_kernel_ms = kRooflineMinMs;
@@ -175,8 +175,10 @@ struct ProfileRun {
   int64_t short_kernels = 0;
   double short_share = 0;  // percent
   // The profiled time in kernels within 2x, 2-5x and over 5x their floor (percent; kernels
-  // with a floor and at least kRooflineMinMs per call).
+  // with a floor and at least min_kernel_ms per call).
   double share_within_2x = 0, share_2x_to_5x = 0, share_over_5x = 0;
+  // Whether any launch had a floor (worst_ratio is -1 when none was long enough to judge).
+  bool has_roofline() const { return worst_ratio > 0 || short_kernels > 0; }
 };
 
 // Profiles `iters` iterations of a zoo model (after warm-up) with `profiler` observing. The

@@ -16,9 +16,10 @@ namespace kiln::lower {
 //     constants) are apart: a model's activations at small batches live in the caches, its
 //     weights (tens of MB) come from memory on every call, so weight bytes move at the memory's
 //     bandwidth and the rest at the caches' (unless they exceed the last-level cache: a
-//     pillar encoder's 49 MB of point features come from memory too). A profile measures both; a classifier's GEMV
-//     reading 4 MB of weights runs at 1.2x its floor when the weights are hot (a graph of that
-//     linear alone, profiled 200 times) and at 5-7x of a cache-bandwidth floor inside a model.
+//     pillar encoder's 49 MB of point features come from memory too). A profile measures both;
+//     a classifier's GEMV reading 4 MB of weights runs at 1.2x its floor when the weights are
+//     hot (a graph of that linear alone, profiled 200 times) and at 5-7x of a cache-bandwidth
+//     floor inside a model.
 //   - flops: a contraction's multiply-adds count 2 each (matmul, linear, convolution, attention,
 //     a loop kernel's small linear); any other op counts 1 per element it computes. Elementwise
 //     arithmetic is never what bounds such kernels on the machines we measure: their traffic is.

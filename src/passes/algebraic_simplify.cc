@@ -213,17 +213,6 @@ bool scalar_near(const GraphBuilder& b, ValueId v, double want) {
   return x && std::fabs(*x - want) <= 1e-6 * std::fabs(want);
 }
 
-// Note [erf GELU]: exporters write GELU (approximate="none") as its formula,
-//   x * (0.5 * (1 + erf(x / sqrt(2))))   (torch.onnx: Div, Erf, Add, Mul, Mul)
-// in any association of the three factors x, 0.5 and (1 + erf(...)), with x / sqrt(2) also as
-// x * (1 / sqrt(2)). As one gelu node it fuses into a linear or convolution before it (a oneDNN
-// post-op, fuse-epilogues) instead of a loop kernel over the whole activation. The rule matches
-// at the outer mul: its factors, with one of its two inputs opened if that is a mul, must be
-// exactly x, the scalar 0.5 and 1 + erf(u) with u = x / sqrt(2) for that same x. The factor
-// nodes stay for their other uses (dce drops them otherwise). Unlike the identities above, the
-// scalars may be params: ONNX exports hold them as initializers. A graph is compiled for its
-// params' values (capture guards them), and replace-weights reruns the passes and checks that
-// they make the package's constants, so a changed 0.5 cannot silently keep a gelu.
 // gelu(x) with `approximate` when the mul m is x * 0.5 * t in any association of its three
 // factors (one of its two inputs opened if that is a mul) and x_of(t) is that x.
 template <typename XOf>
@@ -246,6 +235,17 @@ Rewrite half_x_times(const Match& m, XOf&& x_of, const char* approximate) {
   return Rewrite();
 }
 
+// Note [erf GELU]: exporters write GELU (approximate="none") as its formula,
+//   x * (0.5 * (1 + erf(x / sqrt(2))))   (torch.onnx: Div, Erf, Add, Mul, Mul)
+// in any association of the three factors x, 0.5 and (1 + erf(...)), with x / sqrt(2) also as
+// x * (1 / sqrt(2)). As one gelu node it fuses into a linear or convolution before it (a oneDNN
+// post-op, fuse-epilogues) instead of a loop kernel over the whole activation. The rule matches
+// at the outer mul: its factors, with one of its two inputs opened if that is a mul, must be
+// exactly x, the scalar 0.5 and 1 + erf(u) with u = x / sqrt(2) for that same x. The factor
+// nodes stay for their other uses (dce drops them otherwise). Unlike the identities above, the
+// scalars may be params: ONNX exports hold them as initializers. A graph is compiled for its
+// params' values (capture guards them), and replace-weights reruns the passes and checks that
+// they make the package's constants, so a changed 0.5 cannot silently keep a gelu.
 Rewrite erf_gelu(const Match& m) {
   const GraphBuilder& b = m.b;
   if (!is_floating(m.out.dtype)) return Rewrite();
@@ -433,7 +433,8 @@ class AlgebraicSimplifyPass : public Pass {
   std::string_view name() const override { return "algebraic-simplify"; }
   std::string_view description() const override {
     return "x*1, x+0, identity reshapes/permutes/casts, reshape and transpose chains, "
-           "exact cast chains, double negation, erf GELU formulas as gelu, x*sigmoid(x) as silu";
+           "exact cast chains, double negation, erf and tanh GELU formulas as gelu, "
+           "x*sigmoid(x) as silu";
   }
   bool run(Graph& g) override { return simplify_algebra(g).rewrites > 0; }
 };

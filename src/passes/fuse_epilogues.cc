@@ -144,24 +144,23 @@ const Anchor* anchor_of(OpId op) {
 // activation after it, the fused node computes in the linear's shape with the activation as its
 // post-op, and the reshape (a view) follows it. Only an activation may follow the view, and it
 // ends the chain. Node `c` is the consumer of chain.y that no step matched.
-static bool try_view_then_activation(const Graph& g, const std::vector<int>& sole_consumer,
-                              const std::vector<bool>& claimed, int c, Chain& chain) {
+static void try_view_then_activation(const Graph& g, const std::vector<int>& sole_consumer,
+                                     const std::vector<bool>& claimed, int c, Chain& chain) {
   const Node& view = g.nodes[size_t(c)];
   if (view.op != OpId::Reshape || chain.anchor->op != OpId::Linear || chain.stage == Chain::Done)
-    return false;
+    return;
   const TensorType &y = g.type(chain.y), &r = g.type(view.outputs[0]);
-  if (y.rank() < 1 || r.rank() < 1 || y.shape.back() != r.shape.back()) return false;
+  if (y.rank() < 1 || r.rank() < 1 || y.shape.back() != r.shape.back()) return;
   int a = sole_consumer[size_t(view.outputs[0])];
-  if (a < 0 || claimed[size_t(a)]) return false;
+  if (a < 0 || claimed[size_t(a)]) return;
   Chain trial = chain;
   StepInput s{g, g.nodes[size_t(a)], trial};
-  if (!step_activation(s)) return false;
+  if (!step_activation(s)) return;
   chain = std::move(trial);
   chain.view = c;
   chain.nodes.push_back(size_t(c));
   chain.nodes.push_back(size_t(a));
   chain.y = g.nodes[size_t(a)].outputs[0];
-  return true;
 }
 
 FuseEpiloguesResult fuse_epilogues(Graph& g) {
@@ -196,8 +195,10 @@ FuseEpiloguesResult fuse_epilogues(Graph& g) {
           matched = true;
           break;
         }
-      if (!matched && try_view_then_activation(g, sole_consumer, claimed, c, chain)) break;
-      if (!matched) break;
+      if (!matched) {
+        try_view_then_activation(g, sole_consumer, claimed, c, chain);  // ends the chain either way
+        break;
+      }
       chain.nodes.push_back(size_t(c));
       chain.y = s.node.outputs[0];
       if (chain.stage == Chain::Done) break;
@@ -245,14 +246,13 @@ FuseEpiloguesResult fuse_epilogues(Graph& g) {
     if (chain.residual != kNoValue) inputs.push_back(b.map(chain.residual));
     while (inputs.size() > 2 && inputs.back() == kNoValue) inputs.pop_back();  // as conv2d prints
     ValueId tail_out = n.outputs[0];
-    ValueId y;
+    const std::string& tail_name = g.value(tail_out).name;
+    // Note [activation through a view]: the tail's name goes to the reshape after the node.
+    ValueId y = b.add_node1(chain.anchor->fused, inputs, attrs, anchor.name,
+                            chain.view >= 0 ? "" : tail_name, tail_name);
     if (chain.view >= 0) {
       const Node& view = g.nodes[size_t(chain.view)];
-      ValueId fused = b.add_node1(chain.anchor->fused, inputs, attrs, anchor.name, "",
-                                  g.value(tail_out).name);
-      y = b.add_node1(OpId::Reshape, {fused}, view.attrs, view.name, g.value(tail_out).name);
-    } else {
-      y = b.add_node1(chain.anchor->fused, inputs, attrs, anchor.name, g.value(tail_out).name);
+      y = b.add_node1(OpId::Reshape, {y}, view.attrs, view.name, tail_name);
     }
     b.set_map(tail_out, y);
   }

@@ -141,6 +141,31 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
   struct Unset {
     ~Unset() { ::unsetenv("KILN_DUMP_CODE"); }
   } unset;
+  // Compiles g (inputs x, grid and maybe w) and checks it against the interpreter on fresh
+  // inputs of two seeds: normal values, the grid uniform in [-1.3, 1.3] but for `extremes`.
+  auto check = [](const Graph& g, uint64_t seed0, std::vector<std::pair<size_t, float>> extremes) {
+    auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+    EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
+    for (uint64_t seed : {seed0, seed0 + 1}) {
+      Generator gen(seed);
+      TensorList in;
+      for (ValueId v : g.inputs) {
+        Dims d;
+        for (const SymInt& e : g.type(v).shape) d.push_back(e.value());
+        if (g.value(v).name != "grid") {
+          in.push_back(Tensor::randn(d, gen, f32));
+          continue;
+        }
+        in.push_back(Tensor::rand(d, gen, -1.3, 1.3, f32));
+        for (auto [i, value] : extremes) in.back().data<float>()[i] = value;
+      }
+      TensorList want = run(g, in), got = compiled->run(in);
+      EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::rel(1e-5, 1e-5)))
+          << g.name << " seed " << seed << "\n" << compiled->summary();
+    }
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
   for (bool ac : {false, true}) {
     Graph g;
     g.name = ac ? "grid_taps_ac" : "grid_taps";
@@ -148,22 +173,8 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
     ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 17, 31, 2}));
     ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
     g.outputs = {g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", ac}}, "sample")};
-    auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
-    EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
-    for (uint64_t seed : {31u, 32u}) {
-      Generator gen(seed);
-      Tensor gr = Tensor::rand({2, 17, 31, 2}, gen, -1.3, 1.3, f32);
-      float* gp = gr.data<float>();
-      gp[7] = 25.0f;
-      gp[100] = -std::numeric_limits<float>::infinity();
-      gp[513] = std::numeric_limits<float>::quiet_NaN();  // the second block
-      gp[1040] = 1.0f;
-      gp[1041] = -1.0f;
-      TensorList in = {Tensor::randn({2, 9, 11, 5}, gen, f32), gr};
-      TensorList want = run(g, in), got = compiled->run(in);
-      EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::rel(1e-5, 1e-5)))
-          << "align_corners " << ac << " seed " << seed;
-    }
+    // far outside, infinite, NaN (in the second block), on the border
+    check(g, 31, {{7, 25.0f}, {100, -inf}, {513, nan}, {1040, 1.0f}, {1041, -1.0f}});
   }
   // The Reduce form (multi-scale deformable attention): the samples weighted and summed over the
   // sampling points, one kernel whose tables hold each query's points.
@@ -177,21 +188,7 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
     ValueId sm = g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", ac}}, "sample");
     ValueId wt = g.add_node1(OpId::Mul, {sm, w}, {}, "weigh");
     g.outputs = {g.add_node1(OpId::Sum, {wt}, {{"dims", Ints{-1}}, {"keepdim", false}}, "points")};
-    auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
-    EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
-    for (uint64_t seed : {33u, 34u}) {
-      Generator gen(seed);
-      Tensor gr = Tensor::rand({2, 7, 4, 2}, gen, -1.3, 1.3, f32);
-      float* gp = gr.data<float>();
-      gp[3] = 25.0f;
-      gp[20] = std::numeric_limits<float>::infinity();
-      gp[41] = std::numeric_limits<float>::quiet_NaN();
-      TensorList in = {Tensor::randn({2, 9, 11, 6}, gen, f32), gr,
-                       Tensor::randn({2, 1, 7, 4}, gen, f32)};
-      TensorList want = run(g, in), got = compiled->run(in);
-      EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::rel(1e-5, 1e-5)))
-          << "sum form, align_corners " << ac << " seed " << seed << "\n" << compiled->summary();
-    }
+    check(g, 33, {{3, 25.0f}, {20, inf}, {41, nan}});
   }
   int tabled = 0, reduced = 0;
   for (const auto& f : std::filesystem::directory_iterator(dump)) {

@@ -13,11 +13,11 @@
 // conv/deconv/pool node, as the residual of a lowered fused_conv2d or as a part of a lowered
 // concat whose own result may stay blocked (Note [oneDNN concat] in kernels/onednn_node.cc),
 // and which is not a graph output, may stay blocked: its producer is created with dst
-// format_tag::any and the layout it picks becomes the value's layout. Consumers are created with exactly that src layout, so the
-// chain conv -> conv -> pool -> conv runs without a reorder. Every other value is plain
-// (contiguous row-major, NCHW for 4-D). A primitive created with format_tag::any on a plain
-// src or dst may still want a blocked one: the reorder between the plain value and a scratch
-// temporary is prebuilt and runs inside run(). Pooling takes its src layout as given (a reorder
+// format_tag::any and the layout it picks becomes the value's layout. Consumers are created
+// with exactly that src layout, so the chain conv -> conv -> pool -> conv runs without a
+// reorder. Every other value is plain (contiguous row-major, NCHW for 4-D). A primitive created
+// with format_tag::any on a plain src or dst may still want a blocked one: the reorder between
+// the plain value and a scratch temporary is prebuilt and runs inside run(). Pooling takes its src layout as given (a reorder
 // would cost more than the memory-bound pooling saves). With allow_blocked = false everything
 // is plain NCHW (weights still prepacked), so an autotuner can time both.
 // One exception: a 1x1 convolution (groups 1) whose src and dst are both plain ("isolated")
@@ -208,9 +208,6 @@ ValueId input_or_none(const Node& n, size_t i) {
   return i < n.inputs.size() ? n.inputs[i] : kNoValue;
 }
 
-}  // namespace
-
-namespace {
 // depth bounds the walk through concats of concats (each visit is one level).
 bool concat_candidate(const Graph& g, const Node& n, int depth) {
   if (depth > 8 || n.op != OpId::Concat || n.outputs.size() != 1 || n.inputs.empty() ||
