@@ -66,7 +66,6 @@ class KernelEmitter {
                   const std::string& ind) const;
   void emit_stores(std::string& out, Level level, bool vec, const std::string& ind) const;
   std::string vload(int load) const;
-  std::string sload(int load) const;
   void emit_pointwise(std::string& out, bool vec);
   // Note [grid_sample tap tables]: whether the kernel takes them; then grid_ is its grid_sample
   // expression and grid_dim_ the dim of the space the tables are shared along.
@@ -81,6 +80,11 @@ class KernelEmitter {
   void emit_reduce(std::string& out, bool vec);
   void emit_reduce_lanes(std::string& out);
   void emit_norm(std::string& out, bool vec);
+  // Note [row-buffered norms]: whether the kernel takes the row buffer; then emits it.
+  bool row_buffered() const;
+  void emit_norm_buffered(std::string& out);
+  // The normalized value of the Norm anchor given its input `xs` (and the statistics' names).
+  std::string norm_value(const std::string& xs, bool vec) const;
   void emit_scatter(std::string& out);
   std::string indexed_code(int e) const;
   std::string source_load(int li, const std::string& index) const;
@@ -136,7 +140,6 @@ std::string KernelEmitter::index(const std::vector<int64_t>& st, bool skip_inner
   return lower::index_expr(st, skip_inner);
 }
 
-std::string KernelEmitter::sload(int li) const { return lower::load_expr(k_, li); }
 
 std::string KernelEmitter::vload(int li) const {
   const Access& a = k_.loads[size_t(li)];
@@ -836,7 +839,26 @@ void KernelEmitter::emit_reduce_lanes(std::string& out) {
   out += "    }\n  }\n";
 }
 
+std::string KernelEmitter::norm_value(const std::string& xs, bool v) const {
+  const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
+  std::string r;
+  if (nm.op == OpId::LayerNorm) {
+    r = v ? fmt::format("({} - vset(mean)) * vset(rstd)", xs) : fmt::format("((float){} - mean) * rstd", xs);
+    if (nm.args[1] >= 0) r = v ? fmt::format("{} * v{}", r, nm.args[1]) : fmt::format("{} * (float)v{}", r, nm.args[1]);
+    if (nm.args[2] >= 0) r = v ? fmt::format("{} + v{}", r, nm.args[2]) : fmt::format("{} + (float)v{}", r, nm.args[2]);
+  } else if (nm.op == OpId::Softmax) {
+    r = v ? fmt::format("vexp({} - vset(m_s)) * vset(inv_s)", xs) : fmt::format("std::exp((float){} - m_s) * inv_s", xs);
+  } else {
+    r = v ? fmt::format("{} - vset(m_s + log_s)", xs) : fmt::format("(float){} - (m_s + log_s)", xs);
+  }
+  if (nm.dtype == DType::BFloat16) r = v ? "vrbf16(" + r + ")" : "kn_rbf16(" + r + ")";
+  if (nm.dtype == DType::Float16 && !v) r = "kn_rf16(" + r + ")";
+  if (nm.dtype == DType::Float64 && !v) r = "(double)(" + r + ")";
+  return r;
+}
+
 void KernelEmitter::emit_norm(std::string& out, bool vec) {
+
   const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
   const int x = nm.args[0];
   const bool ln = nm.op == OpId::LayerNorm;
@@ -916,24 +938,6 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
     else out += fmt::format("{}const float log_s = std::log(s_s);\n", ind);
   }
   // Pass 2: normalize, epilogue, stores.
-  std::vector<bool> all(k_.exprs.size(), true);
-  auto norm_value = [&](bool v) -> std::string {
-    std::string xs = fmt::format("v{}", x);
-    std::string r;
-    if (ln) {
-      r = v ? fmt::format("({} - vset(mean)) * vset(rstd)", xs) : fmt::format("((float){} - mean) * rstd", xs);
-      if (nm.args[1] >= 0) r = v ? fmt::format("{} * v{}", r, nm.args[1]) : fmt::format("{} * (float)v{}", r, nm.args[1]);
-      if (nm.args[2] >= 0) r = v ? fmt::format("{} + v{}", r, nm.args[2]) : fmt::format("{} + (float)v{}", r, nm.args[2]);
-    } else if (nm.op == OpId::Softmax) {
-      r = v ? fmt::format("vexp({} - vset(m_s)) * vset(inv_s)", xs) : fmt::format("std::exp((float){} - m_s) * inv_s", xs);
-    } else {
-      r = v ? fmt::format("{} - vset(m_s + log_s)", xs) : fmt::format("(float){} - (m_s + log_s)", xs);
-    }
-    if (nm.dtype == DType::BFloat16) r = v ? "vrbf16(" + r + ")" : "kn_rbf16(" + r + ")";
-    if (nm.dtype == DType::Float16 && !v) r = "kn_rf16(" + r + ")";
-    if (nm.dtype == DType::Float64 && !v) r = "(double)(" + r + ")";
-    return r;
-  };
   auto pass2 = [&](bool v) {
     std::string b;
     std::string in = bi + "  ";
@@ -941,13 +945,177 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
     std::vector<bool> pre(k_.exprs.size(), false), post(k_.exprs.size(), false);
     for (size_t i = 0; i < k_.exprs.size(); ++i) (int(i) < k_.anchor ? pre : post)[i] = int(i) != k_.anchor;
     emit_exprs(b, pre, Level::Full, v, in);
-    b += fmt::format("{}const {} v{} = {};\n", in, v ? "VF" : compute_type(nm.dtype), k_.anchor, norm_value(v));
+    b += fmt::format("{}const {} v{} = {};\n", in, v ? "VF" : compute_type(nm.dtype), k_.anchor,
+                     norm_value(fmt::format("v{}", x), v));
     emit_exprs(b, post, Level::Full, v, in);
     emit_stores(b, Level::Full, v, in);
     return b;
   };
   reduce_loops(out, k_, ind, vec, vec ? pass2(true) : "", pass2(false));
-  (void)all;
+  out += "  }\n";
+}
+
+// Note [row-buffered norms]
+// A Norm kernel reads its row (the prologue's value x) twice or three times: once per statistics
+// pass and once to normalize, recomputing the prologue each time, and softmax takes exp of every
+// element twice. Swin-V2's position-biased softmax (sigmoid of a bias read with a stride of 24,
+// times 16, plus the scores) ran scalar, with five exps per element (the online form's two, the
+// sigmoid's twice, the store pass's): 1.7 ms for 98k elements, 136x its floor. ConvNeXt's and
+// Swin's first layer_norm reads its 96 channels with a stride of 4096 floats, which puts every
+// load of a row in one L1 set, three times over. When the row has at most kRowBuffer elements
+// and the anchor is float32 or bfloat16, the kernel keeps the row in a stack buffer instead:
+//   A. the prologue once per element (SIMD if its loads allow, else scalar) into the buffer
+//      (softmax and log_softmax: and the row's max);
+//   B. statistics over the buffer, always SIMD: softmax stores exp(x - max) back and sums it;
+//      log_softmax sums it; layer_norm sums the row for a provisional mean m0, then the
+//      deviations d = x - m0 and their squares (mean = m0 + sum(d)/n, var = sum(d^2)/n -
+//      (sum(d)/n)^2, combined in double: the shifted two-pass form, as accurate as deviations
+//      from the exact mean);
+//   C. normalize from the buffer (softmax: one multiply), the epilogue, the stores (SIMD if the
+//      epilogue's loads and the stores allow, else scalar).
+// Each pass decides its own vectorization, so a strided prologue no longer makes the whole
+// kernel scalar. Results differ from the unbuffered kernel's in the last bits (other summation
+// orders), within the per-dtype tolerances every test holds compiled kernels to.
+constexpr int64_t kRowBuffer = 8192;
+
+// Whether the wanted expressions (and, with `stores`, the full-level stores) have SIMD forms
+// along the innermost dim: loop_vectorizable's test, restricted to them.
+bool exprs_vectorizable(const LoopKernel& k, const std::vector<bool>& want, bool stores) {
+  const size_t inner = k.sizes.size() - 1;
+  for (size_t i = 0; i < k.exprs.size(); ++i) {
+    const LoopExpr& e = k.exprs[i];
+    if (!want[i] || e.level == Level::Kept) continue;
+    if (!vec_dtype(e.dtype)) return false;
+    if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
+    if (e.kind == LoopExpr::Kind::Indexed) return false;
+    if (e.kind == LoopExpr::Kind::Load) {
+      const Access& a = k.loads[size_t(e.load)];
+      if (!vec_dtype(a.dtype)) return false;
+      if (a.strides[inner] != 0 && a.strides[inner] != 1) return false;
+      if (a.dtype == DType::Bool && a.strides[inner] != 0) return false;
+    }
+  }
+  if (stores)
+    for (const lower::LoopStore& st : k.stores) {
+      if (k.exprs[size_t(st.expr)].level == Level::Kept) continue;
+      if (st.access.dtype != DType::Float32 && st.access.dtype != DType::BFloat16) return false;
+      if (st.access.strides[inner] != 1) return false;
+    }
+  return true;
+}
+
+bool KernelEmitter::row_buffered() const {
+  if (k_.kind != LoopKind::Norm || !opt_.vectorize) return false;
+  const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
+  if (nm.op != OpId::Softmax && nm.op != OpId::LogSoftmax && nm.op != OpId::LayerNorm) return false;
+  if (nm.dtype != DType::Float32 && nm.dtype != DType::BFloat16) return false;
+  if (nm.count < 1 || nm.count > kRowBuffer) return false;
+  for (const LoopExpr& e : k_.exprs)
+    if (e.dtype == DType::Float64) return false;
+  return true;
+}
+
+void KernelEmitter::emit_norm_buffered(std::string& out) {
+  const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
+  const int x = nm.args[0];
+  const int r = n();
+  const int64_t N = nm.count;
+  const bool softmax = nm.op == OpId::Softmax, ln = nm.op == OpId::LayerNorm;
+  // An element's place in the buffer: its row-major position over the reduce dims.
+  std::string pos;
+  int64_t rs = 1;
+  for (int t = r - 1; t >= k_.kept_dims(); --t) {
+    std::string term = rs == 1 ? fmt::format("i{}", t) : fmt::format("i{} * {}", t, rs);
+    pos = pos.empty() ? term : term + " + " + pos;
+    rs *= k_.sizes[size_t(t)];
+  }
+  std::string ind = open_kept(out, k_, par());
+  std::string in = ind + "    ";
+  for (int t = k_.kept_dims(); t + 1 < r; ++t) in += "  ";
+  out += fmt::format("{}alignas(64) float xr_[{}];\n", ind, N);
+  // A: the prologue into the buffer.
+  const std::vector<bool> wx = lower::expr_closure(k_, x);
+  const bool va = exprs_vectorizable(k_, wx, false);
+  std::string bv, bs;
+  if (va) {
+    emit_exprs(bv, wx, Level::Full, true, in);
+    bv += fmt::format("{}vst(xr_ + {}, v{});\n", in, pos, x);
+    if (!ln) bv += fmt::format("{}vm = vmax(vm, v{});\n", in, x);
+  }
+  emit_exprs(bs, wx, Level::Full, false, in);
+  bs += fmt::format("{}xr_[{}] = (float)v{};\n", in, pos, x);
+  if (!ln) {
+    bs += fmt::format("{}m_s = kn_max(m_s, xr_[{}]);\n", in, pos);
+    out += fmt::format("{}float m_s = -INFINITY;\n", ind);
+    if (va) out += fmt::format("#ifdef KN_W\n{}VF vm = vset(-INFINITY);\n#endif\n", ind);
+  }
+  reduce_loops(out, k_, ind, va, bv, bs);
+  if (!ln && va) out += fmt::format("#ifdef KN_W\n{}m_s = kn_max(m_s, vmax_all(vm));\n#endif\n", ind);
+  // B: statistics over the buffer.
+  const std::string fi = ind + "    ";
+  auto flat = [&](const std::string& vec_body, const std::string& scalar_body) {
+    out += fmt::format("{0}{{\n{0}  i64 j_ = 0;\n#ifdef KN_W\n{0}  for (; j_ + KN_W <= {1}; j_ += KN_W) {{\n{2}{0}  }}\n#endif\n"
+                       "{0}  for (; j_ < {1}; ++j_) {{\n{3}{0}  }}\n{0}}}\n",
+                       ind, N, vec_body, scalar_body);
+  };
+  if (!ln) {
+    out += fmt::format("{0}float s_s = 0;\n#ifdef KN_W\n{0}VF vs = vset(0.0f);\n#endif\n", ind);
+    if (softmax)
+      flat(fmt::format("{0}const VF e_ = vexp(vld(xr_ + j_) - vset(m_s));\n{0}vst(xr_ + j_, e_);\n{0}vs = vs + e_;\n", fi),
+           fmt::format("{0}const float e_ = std::exp(xr_[j_] - m_s);\n{0}xr_[j_] = e_;\n{0}s_s += e_;\n", fi));
+    else
+      flat(fmt::format("{}vs = vs + vexp(vld(xr_ + j_) - vset(m_s));\n", fi),
+           fmt::format("{}s_s += std::exp(xr_[j_] - m_s);\n", fi));
+    out += fmt::format("#ifdef KN_W\n{}s_s += vsum(vs);\n#endif\n", ind);
+    if (softmax) out += fmt::format("{}const float inv_s = 1.0f / s_s;\n", ind);
+    else out += fmt::format("{}const float log_s = std::log(s_s);\n", ind);
+  } else {
+    out += fmt::format("{0}double s0_ = 0;\n#ifdef KN_W\n{0}VF vs0 = vset(0.0f);\n#endif\n", ind);
+    flat(fmt::format("{}vs0 = vs0 + vld(xr_ + j_);\n", fi), fmt::format("{}s0_ += double(xr_[j_]);\n", fi));
+    out += fmt::format("#ifdef KN_W\n{0}s0_ += double(vsum(vs0));\n#endif\n{0}const float m0_ = float(s0_ / {1}.0);\n", ind, N);
+    out += fmt::format("{0}double sd_ = 0, sq_ = 0;\n#ifdef KN_W\n{0}VF vsd = vset(0.0f), vsq = vset(0.0f);\n#endif\n", ind);
+    flat(fmt::format("{0}const VF d_ = vld(xr_ + j_) - vset(m0_);\n{0}vsd = vsd + d_;\n{0}vsq = vsq + d_ * d_;\n", fi),
+         fmt::format("{0}const double d_ = double(xr_[j_] - m0_);\n{0}sd_ += d_;\n{0}sq_ += d_ * d_;\n", fi));
+    out += fmt::format(
+        "#ifdef KN_W\n{0}sd_ += double(vsum(vsd)); sq_ += double(vsum(vsq));\n#endif\n"
+        "{0}const double md_ = sd_ / {1}.0;\n"
+        "{0}const float mean = float(double(m0_) + md_);\n"
+        "{0}const float rstd = float(1.0 / std::sqrt(std::max(sq_ / {1}.0 - md_ * md_, 0.0) + {2}));\n",
+        ind, N, num(nm.attrs->get_float("eps")));
+  }
+  // C: normalize from the buffer, then the epilogue and the stores. Only what the anchor's users
+  // and layer_norm's weight and bias need is computed: the prologue's value is the buffer's.
+  // (A value before the anchor that is stored too, such as a residual sum, is recomputed.)
+  std::vector<bool> wc(k_.exprs.size(), false);
+  for (size_t i = size_t(k_.anchor) + 1; i < k_.exprs.size(); ++i) wc[i] = true;
+  for (const lower::LoopStore& st : k_.stores) wc[size_t(st.expr)] = true;
+  if (ln)
+    for (int a : {nm.args[1], nm.args[2]})
+      if (a >= 0) wc[size_t(a)] = true;
+  for (size_t i = k_.exprs.size(); i-- > 0;) {
+    if (!wc[i] || int(i) == k_.anchor) continue;
+    for (int a : k_.exprs[i].args)
+      if (a >= 0) wc[size_t(a)] = true;
+  }
+  wc[size_t(k_.anchor)] = false;
+  const bool vc = exprs_vectorizable(k_, wc, true);
+  auto pass_c = [&](bool v) {
+    std::string b;
+    std::vector<bool> pre(wc), post(wc);
+    for (size_t i = 0; i < wc.size(); ++i) (int(i) < k_.anchor ? post : pre)[i] = false;
+    emit_exprs(b, pre, Level::Full, v, in);
+    const std::string xs = v ? fmt::format("vld(xr_ + {})", pos) : fmt::format("xr_[{}]", pos);
+    std::string val = norm_value(xs, v);
+    if (softmax) {  // the buffer holds exp(x - max) already
+      val = v ? fmt::format("{} * vset(inv_s)", xs) : fmt::format("{} * inv_s", xs);
+      if (nm.dtype == DType::BFloat16) val = v ? "vrbf16(" + val + ")" : "kn_rbf16(" + val + ")";
+    }
+    b += fmt::format("{}const {} v{} = {};\n", in, v ? "VF" : compute_type(nm.dtype), k_.anchor, val);
+    emit_exprs(b, post, Level::Full, v, in);
+    emit_stores(b, Level::Full, v, in);
+    return b;
+  };
+  reduce_loops(out, k_, ind, vc, vc ? pass_c(true) : "", pass_c(false));
   out += "  }\n";
 }
 
@@ -1010,11 +1178,14 @@ std::string KernelEmitter::emit(bool* vectorized) {
   }
   const bool lanes = !vec && opt_.vectorize && lane_reducible(k_);
   if (lanes) vdim_ = k_.kept_dims() - 1;
-  *vectorized = vec || lanes;
+  const bool buffered = row_buffered();
+  *vectorized = vec || lanes || buffered;
   std::string out = fmt::format("// kiln-kernel: {}\n// {} over [{}]", k_.name, lower::loop_kind_name(k_.kind),
                                 fmt::join(k_.sizes, ", "));
   if (k_.reduce_dims) out += fmt::format(", last {} reduced", k_.reduce_dims);
-  if (!vec && !lanes && find_grid_tables())
+  if (buffered)
+    out += fmt::format(", row buffer of {} (Note [row-buffered norms])\n", k_.exprs[size_t(k_.anchor)].count);
+  else if (!vec && !lanes && find_grid_tables())
     out += fmt::format(", scalar, tap tables across dim {}\n", grid_dim_);
   else
     out += vec ? ", SIMD\n" : lanes ? fmt::format(", SIMD across dim {}\n", vdim_) : ", scalar\n";
@@ -1049,7 +1220,10 @@ std::string KernelEmitter::emit(bool* vectorized) {
       else if (grid_dim_ >= 0) emit_reduce_grid(out);
       else emit_reduce(out, vec);
       break;
-    case LoopKind::Norm: emit_norm(out, vec); break;
+    case LoopKind::Norm:
+      if (buffered) emit_norm_buffered(out);
+      else emit_norm(out, vec);
+      break;
     case LoopKind::Scatter: break;
   }
   out += "}\n\n";

@@ -1,0 +1,197 @@
+// Norm kernels that keep their row in a stack buffer (Note [row-buffered norms] in
+// targets/cpu/emitter.cc): the prologue runs once per element into the buffer (SIMD or, when
+// its loads are strided, scalar), the statistics run over the buffer, and the normalize pass
+// reads it back. Each graph must compile to a row-buffered kernel (the dumped source says so)
+// and match the float64 reference on fresh random inputs: Swin-V2's position-biased softmax
+// (a bias read through a permutation), a layer_norm over the channels of a permuted NCHW value
+// far from zero with a residual stored before the norm and one added after it, a layer_norm
+// over two dims, log_softmax with a row that is not a multiple of the vector width, bfloat16,
+// rows with NaN and -inf, and a row too long for the buffer (the unbuffered kernel).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <string>
+
+#include "../support/compare.h"
+#include "../support/graph_inputs.h"
+#include "compiler/compile.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
+
+using namespace kiln;
+
+namespace {
+
+const DType f32 = DType::Float32, bf16 = DType::BFloat16;
+
+Dims dims_of(const Graph& g, ValueId v) {
+  Dims d;
+  for (const SymInt& e : g.type(v).shape) d.push_back(e.value());
+  return d;
+}
+
+// Compiles g and checks every output against the float64 reference on two seeds. `shift` is
+// added to the first input's values; `poison` runs on the inputs before the call.
+void check(const Graph& g, const test::Tolerance& tol, uint64_t seed0, float shift = 0,
+           void (*poison)(TensorList&) = nullptr) {
+  auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+  EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
+  for (uint64_t seed : {seed0, seed0 + 1}) {
+    Generator gen(seed);
+    TensorList in, in64;
+    for (ValueId v : g.inputs) {
+      Tensor t = Tensor::randn(dims_of(g, v), gen, f32);
+      float* p = t.data<float>();
+      for (int64_t i = 0; in.empty() && i < t.numel(); ++i) p[i] += shift;
+      in.push_back(t.to(g.type(v).dtype));
+    }
+    if (poison) poison(in);
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    TensorList want = run(test::as_float64(g), in64), got = compiled->run(in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t o = 0; o < got.size(); ++o) {
+      test::Comparison cmp = test::compare(got[o], want[o], tol);
+      EXPECT_TRUE(cmp.ok()) << g.name << " output " << o << " seed " << seed << ": " << cmp.str()
+                            << "\n" << compiled->summary();
+    }
+  }
+}
+
+struct DumpDir {
+  std::string path;
+  explicit DumpDir(const std::string& name) : path(::testing::TempDir() + name) {
+    std::filesystem::remove_all(path);
+    ::setenv("KILN_DUMP_CODE", path.c_str(), 1);
+  }
+  ~DumpDir() { ::unsetenv("KILN_DUMP_CODE"); }
+  // How many generated kernels carry `marker` in their header line, over every dumped unit.
+  int count(const std::string& marker) const {
+    int n = 0;
+    if (!std::filesystem::exists(path)) return 0;
+    for (const auto& f : std::filesystem::directory_iterator(path)) {
+      std::ifstream in(f.path());
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at + 1)) ++n;
+    }
+    return n;
+  }
+};
+
+}  // namespace
+
+// Swin-V2: softmax(scores + 16 * sigmoid(bias)) where the bias [q, k, heads] is read as
+// [heads, q, k]: a stride of `heads` along the row. The sum before the softmax is an output
+// too (a value before the anchor stored by the same kernel).
+TEST(InductorRowNorms, PositionBiasedSoftmaxWithAStridedPrologue) {
+  DumpDir dump("kiln_row_norm_softmax");
+  Graph g;
+  g.name = "biased_softmax";
+  ValueId scores = g.add_input("scores", TensorType(f32, Shape{2, 6, 49, 49}));
+  ValueId table = g.add_input("table", TensorType(f32, Shape{49, 49, 6}));
+  ValueId bias = g.add_node1(OpId::Permute, {table}, {{"dims", Ints{2, 0, 1}}}, "heads_first");
+  ValueId sg = g.add_node1(OpId::Sigmoid, {bias}, {}, "squash");
+  ValueId k16 = g.add_const(Tensor::scalar(16.0, f32), "sixteen");
+  ValueId sc = g.add_node1(OpId::Mul, {sg, k16}, {}, "scale");
+  ValueId x = g.add_node1(OpId::Add, {scores, sc}, {}, "biased");
+  ValueId y = g.add_node1(OpId::Softmax, {x}, {{"dim", int64_t(-1)}}, "attn");
+  g.outputs = {y, x};
+  check(g, test::Tolerance::rel(2e-6, 1e-7), 301);
+  EXPECT_GE(dump.count("row buffer of 49"), 1) << "dumped sources in " << dump.path;
+}
+
+// ConvNeXt's stem: layer_norm over the channels of a permuted NCHW value (a stride of H*W along
+// the row), values near 1000 with a spread of 1 (the shifted statistics must not lose the
+// variance), a residual added after the norm.
+TEST(InductorRowNorms, StridedLayerNormFarFromZero) {
+  DumpDir dump("kiln_row_norm_ln");
+  Graph g;
+  g.name = "strided_ln_residual";
+  ValueId x = g.add_input("x", TensorType(f32, Shape{2, 40, 9, 11}));
+  ValueId w = g.add_input("w", TensorType(f32, Shape{40}));
+  ValueId b = g.add_input("b", TensorType(f32, Shape{40}));
+  ValueId r = g.add_input("r", TensorType(f32, Shape{2, 9, 11, 40}));
+  ValueId xp = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 2, 3, 1}}}, "to_nhwc");
+  ValueId n = g.add_node1(OpId::LayerNorm, {xp, w, b},
+                          {{"normalized_shape", Ints{40}}, {"eps", 1e-6}}, "norm");
+  g.outputs = {g.add_node1(OpId::Add, {n, r}, {}, "residual")};
+  // |x| ~ 1000: float32 holds x to 3e-5 and x - mean to ~6e-5 of the unit spread; times
+  // |w| ~ 1-3.
+  check(g, test::Tolerance::rel(1e-5, 3e-4), 311, 1000.0f);
+  EXPECT_GE(dump.count("row buffer of 40"), 1) << "dumped sources in " << dump.path;
+}
+
+// A layer_norm over the last two dims (a two-dim row in the buffer) whose residual sum before
+// the norm is stored too, and a log_softmax over 37 (not a multiple of the vector width).
+TEST(InductorRowNorms, TwoDimLayerNormAndLogSoftmaxTail) {
+  DumpDir dump("kiln_row_norm_two");
+  {
+    Graph g;
+    g.name = "ln_two_dims";
+    ValueId a = g.add_input("a", TensorType(f32, Shape{3, 5, 6, 7}));
+    ValueId c = g.add_input("c", TensorType(f32, Shape{3, 5, 6, 7}));
+    ValueId s = g.add_node1(OpId::Add, {a, c}, {}, "sum");
+    ValueId y = g.add_node1(OpId::LayerNorm, {s}, {{"normalized_shape", Ints{6, 7}}, {"eps", 1e-5}}, "norm");
+    g.outputs = {y, s};
+    check(g, test::Tolerance::rel(1e-5, 1e-6), 321);
+  }
+  {
+    Graph g;
+    g.name = "log_softmax_37";
+    ValueId a = g.add_input("a", TensorType(f32, Shape{11, 37}));
+    ValueId k = g.add_const(Tensor::scalar(3.0, f32), "three");
+    ValueId m = g.add_node1(OpId::Mul, {a, k}, {}, "sharpen");
+    g.outputs = {g.add_node1(OpId::LogSoftmax, {m}, {{"dim", int64_t(-1)}}, "logp")};
+    check(g, test::Tolerance::rel(1e-6, 1e-6), 331);
+  }
+  EXPECT_GE(dump.count("row buffer of 42"), 1) << "dumped sources in " << dump.path;
+  EXPECT_GE(dump.count("row buffer of 37"), 1) << "dumped sources in " << dump.path;
+}
+
+// bfloat16 softmax and layer_norm: the buffer holds the bf16 values as floats, the results
+// round to bfloat16 as the eager kernels do.
+TEST(InductorRowNorms, BFloat16Rows) {
+  DumpDir dump("kiln_row_norm_bf16");
+  Graph g;
+  g.name = "bf16_rows";
+  ValueId a = g.add_input("a", TensorType(bf16, Shape{4, 12, 100}));
+  ValueId w = g.add_input("w", TensorType(bf16, Shape{100}));
+  ValueId sm = g.add_node1(OpId::Softmax, {a}, {{"dim", int64_t(-1)}}, "p");
+  ValueId ln = g.add_node1(OpId::LayerNorm, {a, w}, {{"normalized_shape", Ints{100}}, {"eps", 1e-5}}, "n");
+  g.outputs = {sm, ln};
+  check(g, test::Tolerance::for_dtype(bf16), 341);
+  EXPECT_GE(dump.count("row buffer of 100"), 2) << "dumped sources in " << dump.path;
+}
+
+// A NaN in a row makes that row NaN; -inf entries get probability 0; a whole row of -inf is NaN
+// (0/0), as the reference computes. Other rows stay exact.
+TEST(InductorRowNorms, SoftmaxRowsWithNaNAndInfinity) {
+  Graph g;
+  g.name = "softmax_special";
+  ValueId a = g.add_input("a", TensorType(f32, Shape{6, 70}));
+  g.outputs = {g.add_node1(OpId::Softmax, {a}, {{"dim", int64_t(-1)}}, "p")};
+  check(g, test::Tolerance::rel(2e-6, 1e-7), 351, 0, [](TensorList& in) {
+    float* p = in[0].data<float>();
+    const float inf = std::numeric_limits<float>::infinity();
+    p[1 * 70 + 33] = std::numeric_limits<float>::quiet_NaN();
+    for (int i = 0; i < 70; i += 3) p[2 * 70 + i] = -inf;
+    for (int i = 0; i < 70; ++i) p[4 * 70 + i] = -inf;
+    p[5 * 70 + 69] = 80.0f;  // exp of the others underflows towards 0
+  });
+}
+
+// A row longer than the buffer takes the unbuffered kernel and is as correct.
+TEST(InductorRowNorms, RowLongerThanTheBuffer) {
+  DumpDir dump("kiln_row_norm_long");
+  Graph g;
+  g.name = "long_rows";
+  ValueId a = g.add_input("a", TensorType(f32, Shape{2, 9000}));
+  g.outputs = {g.add_node1(OpId::Softmax, {a}, {{"dim", int64_t(-1)}}, "p")};
+  check(g, test::Tolerance::rel(2e-6, 1e-9), 361);
+  EXPECT_EQ(dump.count("row buffer of"), 0) << "dumped sources in " << dump.path;
+  EXPECT_GE(dump.count("norm over [2, 9000]"), 1) << "dumped sources in " << dump.path;
+}
