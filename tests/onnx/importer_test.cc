@@ -181,6 +181,56 @@ TEST(OnnxImport, ShapeArithmeticOnSymbolicDims) {
   expect_error([&] { bad.import(); }, ErrorKind::NotSupported, {"to_float", "symbolic shape values"});
 }
 
+// Gather with one index known at import (torch's qkv[1], x[:, -2]: a scalar initializer, a [1]
+// Constant) is a slice (a view the compiler folds into loads), not an index_select copy; an index
+// outside [-n, n) is an error naming the node.
+TEST(OnnxImport, GatherWithOneKnownIndexIsASlice) {
+  Generator gen(fresh_seed());
+  ModelBuilder m;
+  m.input("x", DType::Float32, {2, 5, 3, 4})
+      .initializer("minus2", Tensor::full(Dims{}, -2, DType::Int64))
+      .node("Constant", {}, {"three"}, {{"value", Tensor::from_vector<int64_t>({3}, {1})}})
+      .initializer("one11", Tensor::from_vector<int64_t>({1}, {1, 1}))
+      .node("Gather", {"x", "minus2"}, {"a"}, {{"axis", int64_t(1)}})
+      .node("Gather", {"x", "three"}, {"b"}, {{"axis", int64_t(3)}})
+      .node("Gather", {"x", "one11"}, {"c"}, {{"axis", int64_t(2)}})
+      .output("a", DType::Float32, {2, 3, 4})
+      .output("b", DType::Float32, {2, 5, 3, 1})
+      .output("c", DType::Float32, {2, 5, 1, 1, 4});
+  Graph g = m.import();
+  std::multiset<std::string> ops = node_ops(g);
+  EXPECT_EQ(ops.count("index_select"), 0u) << print_graph(g);
+  EXPECT_EQ(ops.count("slice"), 3u) << print_graph(g);
+  for (ValueId v : g.params())  // the index initializers are not weights any more
+    EXPECT_NE(g.value(v).kind, ValueKind::Param) << g.value(v).name;
+  Tensor x = Tensor::randn({2, 5, 3, 4}, gen);
+  std::vector<double> xv = values(x), a, b, c;
+  auto at = [&](int64_t i, int64_t j, int64_t k, int64_t l) { return xv[size_t(((i * 5 + j) * 3 + k) * 4 + l)]; };
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t k = 0; k < 3; ++k)
+      for (int64_t l = 0; l < 4; ++l) a.push_back(at(i, 3, k, l));
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 5; ++j)
+      for (int64_t k = 0; k < 3; ++k) b.push_back(at(i, j, k, 3));
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 5; ++j)
+      for (int64_t l = 0; l < 4; ++l) c.push_back(at(i, j, 1, l));
+  TensorList out = run(g, {x});
+  expect_close(out[0], a, {2, 3, 4}, 0);
+  expect_close(out[1], b, {2, 5, 3, 1}, 0);
+  expect_close(out[2], c, {2, 5, 1, 1, 4}, 0);
+
+  for (int64_t bad : {5, -6}) {
+    ModelBuilder e;
+    e.input("x", DType::Float32, {2, 5, 3})
+        .initializer("i", Tensor::full(Dims{}, double(bad), DType::Int64))
+        .node("Gather", {"x", "i"}, {"y"}, {{"axis", int64_t(1)}}, "pick_row")
+        .output("y", DType::Float32, {2, 3});
+    expect_error([&] { e.import(); }, ErrorKind::InvalidArgument,
+                 {"pick_row", fmt::format("index {} is out of range for axis 1 of size 5", bad)});
+  }
+}
+
 TEST(OnnxImport, OutputsThatAreInputsOrSharedGetTheirOwnNames) {
   Generator gen(fresh_seed());
   ModelBuilder m;
