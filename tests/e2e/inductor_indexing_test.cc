@@ -177,11 +177,13 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
     check(g, 31, {{7, 25.0f}, {100, -inf}, {513, nan}, {1040, 1.0f}, {1041, -1.0f}});
   }
   // The Reduce form (multi-scale deformable attention): the samples weighted and summed over the
-  // sampling points, one kernel whose tables hold each query's points.
-  for (bool ac : {false, true}) {
+  // sampling points, one kernel whose tables hold each query's points. With 37 channels
+  // (contiguous in x) the kernel runs SIMD lanes along them: two full vectors and a scalar tail
+  // of 5 (AVX-512), checked against the same interpreter.
+  for (auto [ac, channels] : {std::pair{false, 6}, std::pair{true, 6}, std::pair{false, 37}, std::pair{true, 37}}) {
     Graph g;
-    g.name = ac ? "grid_sum_ac" : "grid_sum";
-    ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, 6}));
+    g.name = fmt::format("grid_sum{}_c{}", ac ? "_ac" : "", channels);
+    ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, channels}));
     ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 7, 4, 2}));
     ValueId w = g.add_input("w", TensorType(f32, Shape{2, 1, 7, 4}));
     ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
@@ -190,16 +192,18 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
     g.outputs = {g.add_node1(OpId::Sum, {wt}, {{"dims", Ints{-1}}, {"keepdim", false}}, "points")};
     check(g, 33, {{3, 25.0f}, {20, inf}, {41, nan}});
   }
-  int tabled = 0, reduced = 0;
+  int tabled = 0, reduced = 0, lanes = 0;
   for (const auto& f : std::filesystem::directory_iterator(dump)) {
     std::ifstream in(f.path());
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (text.find("tap tables across dim") == std::string::npos) continue;
     ++tabled;
     if (text.find("// reduce over") != std::string::npos) ++reduced;
+    if (text.find("SIMD lanes along dim 1") != std::string::npos) ++lanes;
   }
-  EXPECT_EQ(tabled, 4) << "dumped sources in " << dump;
-  EXPECT_EQ(reduced, 2) << "dumped sources in " << dump;
+  EXPECT_EQ(tabled, 6) << "dumped sources in " << dump;
+  EXPECT_EQ(reduced, 4) << "dumped sources in " << dump;
+  EXPECT_EQ(lanes, 4) << "dumped sources in " << dump;  // every Reduce form (C = 6: the tail only)
 }
 
 // The index computed in the kernel that would read through it: index_select of a 1-d x has the

@@ -77,6 +77,10 @@ class KernelEmitter {
   int grid_ = -1, grid_dim_ = -1;
   // While set, indexed_code reads the grid_sample's taps from the tables at row p_.
   bool read_tables_ = false;
+  // Note [grid_sample tap tables]: whether the Reduce form runs SIMD lanes along grid_dim_, and
+  // the grid_sample's taps for KN_W neighbours along it (read from the tables at row p_).
+  bool grid_lanes() const;
+  std::string grid_lanes_code(int e) const;
   void emit_reduce(std::string& out, bool vec);
   void emit_reduce_lanes(std::string& out);
   void emit_norm(std::string& out, bool vec);
@@ -161,7 +165,8 @@ std::string KernelEmitter::cvt(int e, DType to, bool vec) const {
 
 // The scalar form is shared with every target (lower/scalar_code.h); the SIMD form is the CPU's.
 std::string KernelEmitter::expr_code(int ei, bool vec) const {
-  if (k_.exprs[size_t(ei)].kind == LoopExpr::Kind::Indexed) return indexed_code(ei);
+  if (k_.exprs[size_t(ei)].kind == LoopExpr::Kind::Indexed)
+    return vec ? grid_lanes_code(ei) : indexed_code(ei);
   if (!vec) return lower::scalar_expr(k_, ei, lower::kHostDialect);
   const LoopExpr& e = k_.exprs[size_t(ei)];
   DType od = e.dtype;
@@ -534,22 +539,85 @@ void KernelEmitter::emit_reduce_grid(std::string& out) {
   out += fmt::format("    {{\n      const i64 i{} = 0;\n", d);
   reduce_nest(out, "      ", [&](std::string& o, const std::string& in) { o += grid_tap_fill(in); });
   out += "    }\n";
-  // Every output along d.
-  out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, k_.sizes[size_t(d)]);
-  out += "      float acc = 0;\n";
   const std::vector<bool> want = lower::expr_closure(k_, x);
+  std::vector<bool> all(k_.exprs.size(), true);
+  std::string result = red.op == OpId::Mean ? fmt::format("acc / (float){}", red.count) : "acc";
+  const int64_t D = k_.sizes[size_t(d)];
+  // KN_W outputs along d at a time: each lane sums its own output's terms in the scalar loop's
+  // order; the epilogue and the stores then run per lane, as the scalar loop's.
+  out += fmt::format("    i64 i{} = 0;\n", d);
+  if (grid_lanes()) {
+    vdim_ = d;
+    out += fmt::format("#ifdef KN_W\n    for (; i{0} + KN_W <= {1}; i{0} += KN_W) {{\n", d, D);
+    out += "      VF vacc = vset(0.0f);\n";
+    reduce_nest(out, "      ", [&](std::string& o, const std::string& in) {
+      read_tables_ = true;
+      emit_exprs(o, want, Level::Full, true, in);
+      read_tables_ = false;
+      o += fmt::format("{}vacc = vacc + v{};\n", in, x);
+    });
+    vdim_ = -1;
+    out += fmt::format("      alignas(64) float accs_[KN_W];\n      vst(accs_, vacc);\n"
+                       "      for (int l_ = 0; l_ < KN_W; ++l_) {{\n        const i64 j_ = i{0} + l_;\n"
+                       "        {{ const i64 i{0} = j_;\n        const float acc = accs_[l_];\n", d);
+    out += fmt::format("        const float v{} = (float)({});\n", k_.anchor, result);
+    emit_exprs(out, all, Level::Kept, false, "        ");
+    emit_stores(out, Level::Kept, false, "        ");
+    out += "        }\n      }\n    }\n#endif\n";
+  }
+  // Every (remaining) output along d.
+  out += fmt::format("    for (; i{0} < {1}; ++i{0}) {{\n", d, D);
+  out += "      float acc = 0;\n";
   reduce_nest(out, "      ", [&](std::string& o, const std::string& in) {
     read_tables_ = true;
     emit_exprs(o, want, Level::Full, false, in);
     read_tables_ = false;
     o += fmt::format("{}acc += (float)v{};\n", in, x);
   });
-  std::string result = red.op == OpId::Mean ? fmt::format("acc / (float){}", red.count) : "acc";
   out += fmt::format("      const float v{} = (float)({});\n", k_.anchor, result);
-  std::vector<bool> all(k_.exprs.size(), true);
   emit_exprs(out, all, Level::Kept, false, "      ");
   emit_stores(out, Level::Kept, false, "      ");
   out += "    }\n  }\n";
+}
+
+// The Reduce form's lanes: along grid_dim_ (the channels) when the sampled source is contiguous
+// there (msda's value, [.., H, W, heads * channels]), so that a tap of KN_W channels is one
+// vector load, and every other term of the sum has a SIMD form along that dim (loads contiguous
+// or broadcast along it: the attention weights do not depend on the channel).
+bool KernelEmitter::grid_lanes() const {
+  if (!opt_.vectorize || k_.kind != LoopKind::Reduce || grid_ < 0) return false;
+  const size_t d = size_t(grid_dim_);
+  const LoopExpr& g = k_.exprs[size_t(grid_)];
+  const Access& src = k_.loads[size_t(g.load)];
+  if (src.dtype != DType::Float32 || src.strides[d] != 1) return false;
+  const std::vector<bool> want = lower::expr_closure(k_, k_.exprs[size_t(k_.anchor)].args[0]);
+  for (size_t i = 0; i < k_.exprs.size(); ++i) {
+    const LoopExpr& e = k_.exprs[i];
+    if (!want[i] || e.level != Level::Full || int(i) == grid_) continue;
+    if (e.dtype != DType::Float32) return false;
+    if (e.kind == LoopExpr::Kind::Indexed || e.kind == LoopExpr::Kind::Reduce ||
+        e.kind == LoopExpr::Kind::Norm)
+      return false;
+    if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
+    if (e.kind == LoopExpr::Kind::Load) {
+      const Access& a = k_.loads[size_t(e.load)];
+      if (a.dtype != DType::Float32 || (a.strides[d] != 0 && a.strides[d] != 1)) return false;
+    }
+  }
+  return true;
+}
+
+std::string KernelEmitter::grid_lanes_code(int ei) const {
+  const LoopExpr& e = k_.exprs[size_t(ei)];
+  KILN_ASSERT(read_tables_ && ei == grid_ && vdim_ == grid_dim_);
+  const std::string base = fmt::format("L{} + {}", e.load, index(k_.loads[size_t(e.load)].strides));
+  std::string taps;
+  for (int t = 0; t < 4; ++t)
+    taps += fmt::format(" if (m_ & {0}) a_ = a_ + vset(wt_[p_][{1}]) * vld({2} + off_[p_][{1}]);",
+                        1 << t, t, base);
+  return fmt::format("({{ const unsigned char m_ = ok_[p_]; VF a_ = vset(0.0f);\n"
+                     "      if (m_ & 16) a_ = vset((float)NAN); else {{{} }}\n      a_; }})",
+                     taps);
 }
 
 // The Pointwise form: blocks of kGridBlock points of the innermost dim.
@@ -1186,7 +1254,8 @@ std::string KernelEmitter::emit(bool* vectorized) {
   if (buffered)
     out += fmt::format(", row buffer of {} (Note [row-buffered norms])\n", k_.exprs[size_t(k_.anchor)].count);
   else if (!vec && !lanes && find_grid_tables())
-    out += fmt::format(", scalar, tap tables across dim {}\n", grid_dim_);
+    out += grid_lanes() ? fmt::format(", tap tables across dim {0}, SIMD lanes along dim {0}\n", grid_dim_)
+                        : fmt::format(", scalar, tap tables across dim {}\n", grid_dim_);
   else
     out += vec ? ", SIMD\n" : lanes ? fmt::format(", SIMD across dim {}\n", vdim_) : ", scalar\n";
   for (int32_t ni : k_.nodes) {
