@@ -67,6 +67,9 @@ class KernelEmitter {
   void emit_stores(std::string& out, Level level, bool vec, const std::string& ind) const;
   std::string vload(int load) const;
   void emit_pointwise(std::string& out, bool vec);
+  void emit_transposed(std::string& out, int t);
+  // Note [tiled transposes]: the dim a scalar pointwise kernel tiles with its innermost, or -1.
+  int tiled_dim(bool vec) const;
   // Note [grid_sample tap tables]: whether the kernel takes them; then grid_ is its grid_sample
   // expression and grid_dim_ the dim of the space the tables are shared along.
   bool find_grid_tables();
@@ -649,12 +652,37 @@ void KernelEmitter::emit_grid_taps(std::string& out) {
   out += "    }\n  }\n";
 }
 
+// Note [tiled transposes]
+// A pointwise kernel that reads a value across its rows (a transposing copy: msda's matmul
+// operands, [256, 256] read with a stride of 256 floats) walks its innermost dim with a stride,
+// touching a new cache line per element, and the next row comes back for the lines' next
+// elements after they left L1 (a 1 KiB stride maps them to 4 of its 64 sets): 0.76 ms for 65k
+// floats, 35x its floor (`kiln profile`, msda_bev). When such a load is contiguous along an
+// outer dim t, the kernel walks tiles of kTransposeTile x kTransposeTile points of (t, innermost)
+// instead: a tile's reads touch kTransposeTile lines, each used whole. The arithmetic per point
+// is unchanged (scalar; the same values in the same order per output element).
+constexpr int64_t kTransposeTile = 16;
+
+// The outer dim to tile with the innermost one (Note [tiled transposes]), or -1.
+int transposed_dim(const LoopKernel& k) {
+  const int r = int(k.sizes.size());
+  if (r < 2 || k.kind != LoopKind::Pointwise) return -1;
+  for (const Access& a : k.loads) {
+    const int64_t s = a.strides[size_t(r - 1)];
+    if (s == 0 || s == 1 || s == -1) continue;
+    for (int t = r - 2; t >= 0; --t)
+      if (a.strides[size_t(t)] == 1 && k.sizes[size_t(t)] > 1) return t;
+  }
+  return -1;
+}
+
 void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
   const int r = n();
   if (grid_dim_ >= 0) return emit_grid_taps(out);
   const int64_t N = k_.sizes[size_t(r - 1)];
   int64_t outer = 1;
   for (int t = 0; t + 1 < r; ++t) outer *= k_.sizes[size_t(t)];
+  if (const int tt = tiled_dim(vec); tt >= 0) return emit_transposed(out, tt);
   int64_t CH = N;
   if (par() && outer < 64 && N > 8192) CH = 4096;
   int64_t NC = (N + CH - 1) / CH;
@@ -682,6 +710,33 @@ void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
   emit_exprs(out, all, Level::Full, false, in + "  ");
   emit_stores(out, Level::Full, false, in + "  ");
   out += in + "}\n  }\n";
+}
+
+int KernelEmitter::tiled_dim(bool vec) const {
+  const int64_t N = k_.sizes.back();
+  return vec || grid_dim_ >= 0 || N < 2 || N > 8192 ? -1 : transposed_dim(k_);
+}
+
+// Note [tiled transposes]: dim t in blocks of kTransposeTile (the parallel loops take the
+// blocks), then per block the innermost dim in tiles, t inside a tile, the innermost in it.
+void KernelEmitter::emit_transposed(std::string& out, int t) {
+  const int r = n(), in = r - 1;
+  const int64_t N = k_.sizes[size_t(in)], T = k_.sizes[size_t(t)], B = kTransposeTile;
+  if (par())
+    out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", r - 1);
+  for (int d = 0; d < in; ++d)
+    out += d == t ? fmt::format("  for (i64 tb_ = 0; tb_ < {}; ++tb_)\n", (T + B - 1) / B)
+                  : fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", d, k_.sizes[size_t(d)]);
+  out += "  {\n";
+  out += fmt::format("    const i64 t0_ = tb_ * {0}, t1_ = t0_ + {0} < {1} ? t0_ + {0} : {1};\n", B, T);
+  out += fmt::format("    for (i64 n0_ = 0; n0_ < {0}; n0_ += {1}) {{\n", N, B);
+  out += fmt::format("      const i64 n1_ = n0_ + {0} < {1} ? n0_ + {0} : {1};\n", B, N);
+  out += fmt::format("      for (i64 i{0} = t0_; i{0} < t1_; ++i{0})\n", t);
+  out += fmt::format("      for (i64 i{0} = n0_; i{0} < n1_; ++i{0}) {{\n", in);
+  std::vector<bool> all(k_.exprs.size(), true);
+  emit_exprs(out, all, Level::Full, false, "        ");
+  emit_stores(out, Level::Full, false, "        ");
+  out += "      }\n    }\n  }\n";
 }
 
 // Opens the kept loops (parallel when big) and returns the indentation inside them.
@@ -1256,6 +1311,8 @@ std::string KernelEmitter::emit(bool* vectorized) {
   else if (!vec && !lanes && find_grid_tables())
     out += grid_lanes() ? fmt::format(", tap tables across dim {0}, SIMD lanes along dim {0}\n", grid_dim_)
                         : fmt::format(", scalar, tap tables across dim {}\n", grid_dim_);
+  else if (k_.kind == LoopKind::Pointwise && tiled_dim(vec) >= 0)
+    out += fmt::format(", scalar, tiled with dim {} (Note [tiled transposes])\n", tiled_dim(vec));
   else
     out += vec ? ", SIMD\n" : lanes ? fmt::format(", SIMD across dim {}\n", vdim_) : ", scalar\n";
   for (int32_t ni : k_.nodes) {

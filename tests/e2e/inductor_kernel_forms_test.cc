@@ -1,12 +1,16 @@
-// Norm kernels that keep their row in a stack buffer (Note [row-buffered norms] in
-// targets/cpu/emitter.cc): the prologue runs once per element into the buffer (SIMD or, when
-// its loads are strided, scalar), the statistics run over the buffer, and the normalize pass
-// reads it back. Each graph must compile to a row-buffered kernel (the dumped source says so)
-// and match the float64 reference on fresh random inputs: Swin-V2's position-biased softmax
-// (a bias read through a permutation), a layer_norm over the channels of a permuted NCHW value
-// far from zero with a residual stored before the norm and one added after it, a layer_norm
-// over two dims, log_softmax with a row that is not a multiple of the vector width, bfloat16,
-// rows with NaN and -inf, and a row too long for the buffer (the unbuffered kernel).
+// Forms of generated CPU kernels (targets/cpu/emitter.cc), each checked to be taken (the dumped
+// source says so) and to match the float64 reference on fresh random inputs.
+//
+// Norm kernels that keep their row in a stack buffer (Note [row-buffered norms]): the prologue
+// runs once per element into the buffer (SIMD or, when its loads are strided, scalar), the
+// statistics run over the buffer, the normalize pass reads it back. Cases: Swin-V2's
+// position-biased softmax (a bias read through a permutation), a layer_norm over the channels
+// of a permuted NCHW value far from zero with a residual added after it, a layer_norm over two
+// dims whose input sum is stored too, log_softmax with a row that is not a multiple of the
+// vector width, bfloat16, rows with NaN and -inf, and a row too long for the buffer (the
+// unbuffered kernel).
+//
+// Pointwise kernels that read across rows walk tiles (Note [tiled transposes]).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -194,4 +198,25 @@ TEST(InductorRowNorms, RowLongerThanTheBuffer) {
   check(g, test::Tolerance::rel(2e-6, 1e-9), 361);
   EXPECT_EQ(dump.count("row buffer of"), 0) << "dumped sources in " << dump.path;
   EXPECT_GE(dump.count("norm over [2, 9000]"), 1) << "dumped sources in " << dump.path;
+}
+
+// Note [tiled transposes] (targets/cpu/emitter.cc): a pointwise kernel reading its input across
+// the rows (a transposing copy, and one with arithmetic on the way) walks 16 x 16 tiles. Sizes
+// that are not multiples of 16 leave partial tiles on both dims; a 3-D permutation tiles an
+// outer dim that is not next to the innermost one. Exact against the float64 reference (a
+// doubling, a relu and a negation are exact in float32).
+TEST(InductorTiledTransposes, PermutedCopiesMatchTheReference) {
+  DumpDir dump("kiln_tiled_transposes");
+  Graph g;
+  g.name = "transposes";
+  ValueId a = g.add_input("a", TensorType(f32, Shape{37, 45}));
+  ValueId c = g.add_input("c", TensorType(f32, Shape{5, 19, 33}));
+  ValueId at = g.add_node1(OpId::Transpose, {a}, {{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}, "at");
+  ValueId two = g.add_const(Tensor::scalar(2.0, f32), "two");
+  ValueId y0 = g.add_node1(OpId::Relu, {g.add_node1(OpId::Mul, {at, two}, {}, "twice")}, {}, "act");
+  ValueId cp = g.add_node1(OpId::Permute, {c}, {{"dims", Ints{2, 0, 1}}}, "rotate");
+  ValueId y1 = g.add_node1(OpId::Neg, {cp}, {}, "negate");
+  g.outputs = {y0, y1};
+  check(g, test::Tolerance::rel(0, 0), 371);
+  EXPECT_GE(dump.count("tiled with dim"), 2) << "dumped sources in " << dump.path;
 }
