@@ -546,40 +546,40 @@ void KernelEmitter::emit_reduce_grid(std::string& out) {
   std::vector<bool> all(k_.exprs.size(), true);
   std::string result = red.op == OpId::Mean ? fmt::format("acc / (float){}", red.count) : "acc";
   const int64_t D = k_.sizes[size_t(d)];
-  // KN_W outputs along d at a time: each lane sums its own output's terms in the scalar loop's
-  // order; the epilogue and the stores then run per lane, as the scalar loop's.
-  out += fmt::format("    i64 i{} = 0;\n", d);
-  if (grid_lanes()) {
-    vdim_ = d;
-    out += fmt::format("#ifdef KN_W\n    for (; i{0} + KN_W <= {1}; i{0} += KN_W) {{\n", d, D);
-    out += "      VF vacc = vset(0.0f);\n";
+  // The sum over the reduced points of output i<d> (SIMD: of KN_W outputs from i<d> on).
+  auto sum_terms = [&](bool v) {
     reduce_nest(out, "      ", [&](std::string& o, const std::string& in) {
       read_tables_ = true;
-      emit_exprs(o, want, Level::Full, true, in);
+      emit_exprs(o, want, Level::Full, v, in);
       read_tables_ = false;
-      o += fmt::format("{}vacc = vacc + v{};\n", in, x);
+      o += v ? fmt::format("{}vacc = vacc + v{};\n", in, x) : fmt::format("{}acc += (float)v{};\n", in, x);
     });
+  };
+  // The epilogue and the stores of output i<d> from its sum `acc`.
+  auto finish = [&](const std::string& ind) {
+    out += fmt::format("{}const float v{} = (float)({});\n", ind, k_.anchor, result);
+    emit_exprs(out, all, Level::Kept, false, ind);
+    emit_stores(out, Level::Kept, false, ind);
+  };
+  out += fmt::format("    i64 i{} = 0;\n", d);
+  if (grid_lanes()) {
+    // KN_W outputs along d at a time: each lane sums its own output's terms in the scalar
+    // loop's order; the epilogue and the stores then run per lane, as the scalar loop's.
+    out += fmt::format("#ifdef KN_W\n    for (; i{0} + KN_W <= {1}; i{0} += KN_W) {{\n", d, D);
+    out += "      VF vacc = vset(0.0f);\n";
+    vdim_ = d;
+    sum_terms(true);
     vdim_ = -1;
     out += fmt::format("      alignas(64) float accs_[KN_W];\n      vst(accs_, vacc);\n"
                        "      for (int l_ = 0; l_ < KN_W; ++l_) {{\n        const i64 j_ = i{0} + l_;\n"
                        "        {{ const i64 i{0} = j_;\n        const float acc = accs_[l_];\n", d);
-    out += fmt::format("        const float v{} = (float)({});\n", k_.anchor, result);
-    emit_exprs(out, all, Level::Kept, false, "        ");
-    emit_stores(out, Level::Kept, false, "        ");
+    finish("        ");
     out += "        }\n      }\n    }\n#endif\n";
   }
   // Every (remaining) output along d.
-  out += fmt::format("    for (; i{0} < {1}; ++i{0}) {{\n", d, D);
-  out += "      float acc = 0;\n";
-  reduce_nest(out, "      ", [&](std::string& o, const std::string& in) {
-    read_tables_ = true;
-    emit_exprs(o, want, Level::Full, false, in);
-    read_tables_ = false;
-    o += fmt::format("{}acc += (float)v{};\n", in, x);
-  });
-  out += fmt::format("      const float v{} = (float)({});\n", k_.anchor, result);
-  emit_exprs(out, all, Level::Kept, false, "      ");
-  emit_stores(out, Level::Kept, false, "      ");
+  out += fmt::format("    for (; i{0} < {1}; ++i{0}) {{\n      float acc = 0;\n", d, D);
+  sum_terms(false);
+  finish("      ");
   out += "    }\n  }\n";
 }
 
