@@ -1098,7 +1098,8 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
 //      epilogue's loads and the stores allow, else scalar).
 // Each pass decides its own vectorization, so a strided prologue no longer makes the whole
 // kernel scalar. Results differ from the unbuffered kernel's in the last bits (other summation
-// orders), within the per-dtype tolerances every test holds compiled kernels to.
+// orders), within the per-dtype tolerances every test holds compiled kernels to. The buffer is
+// on the calling thread's stack: at most 32 KiB (8192 floats).
 constexpr int64_t kRowBuffer = 8192;
 
 // Whether the wanted expressions (and, with `stores`, the full-level stores) have SIMD forms
