@@ -49,6 +49,21 @@ bool op_vectorizable(OpId op) { return cpu_support()[size_t(op)].vector_body; }
 
 bool vec_dtype(DType d) { return d == DType::Float32 || d == DType::BFloat16 || d == DType::Bool; }
 
+// The SIMD tests every vector form shares, along the dim its lanes run: a load must be
+// contiguous or broadcast there (a bool only broadcast), a store contiguous and float32 or
+// bfloat16, an expression of a vector dtype with a vector body (no indexed load).
+bool load_vectorizable(const Access& a, size_t dim) {
+  const int64_t s = a.strides[dim];
+  return vec_dtype(a.dtype) && (s == 0 || s == 1) && (a.dtype != DType::Bool || s == 0);
+}
+bool store_vectorizable(const Access& a, size_t dim) {
+  return (a.dtype == DType::Float32 || a.dtype == DType::BFloat16) && a.strides[dim] == 1;
+}
+bool expr_vectorizable(const LoopExpr& e) {
+  return vec_dtype(e.dtype) && (e.kind != LoopExpr::Kind::Op || op_vectorizable(e.op)) &&
+         e.kind != LoopExpr::Kind::Indexed;
+}
+
 class KernelEmitter {
  public:
   KernelEmitter(const Graph& g, const LoopKernel& k, const std::vector<MemRef>& mem,
@@ -344,26 +359,15 @@ void KernelEmitter::emit_stores(std::string& out, Level level, bool vec, const s
 bool loop_vectorizable(const LoopKernel& k) {
   if (k.kind == LoopKind::Scatter) return false;
   const size_t inner = k.sizes.size() - 1;
-  for (const Access& a : k.loads) {
-    if (!vec_dtype(a.dtype)) return false;
-    if (a.strides[inner] != 0 && a.strides[inner] != 1) return false;
-    if (a.dtype == DType::Bool && a.strides[inner] != 0) return false;
-  }
-  for (const lower::LoopStore& s : k.stores) {
-    if (k.exprs[size_t(s.expr)].level == Level::Kept) continue;
-    if (s.access.dtype != DType::Float32 && s.access.dtype != DType::BFloat16) return false;
-    if (s.access.strides[inner] != 1) return false;
-  }
+  for (const Access& a : k.loads)
+    if (!load_vectorizable(a, inner)) return false;
+  for (const lower::LoopStore& s : k.stores)
+    if (k.exprs[size_t(s.expr)].level != Level::Kept && !store_vectorizable(s.access, inner))
+      return false;
   for (const LoopExpr& e : k.exprs) {
     if (e.level == Level::Kept) continue;
-    if (!vec_dtype(e.dtype)) return false;
-    if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
-    if (e.kind == LoopExpr::Kind::Indexed) return false;
+    if (!expr_vectorizable(e)) return false;
     if (e.kind == LoopExpr::Kind::Norm && e.dtype == DType::Bool) return false;
-  }
-  if (k.kind != LoopKind::Pointwise && k.anchor >= 0) {
-    const LoopExpr& a = k.exprs[size_t(k.anchor)];
-    if (a.kind == LoopExpr::Kind::Reduce && a.op == OpId::Var) return true;
   }
   return true;
 }
@@ -395,21 +399,13 @@ bool lane_reducible(const LoopKernel& k) {
     return false;
   if (red.dtype != DType::Float32 && red.dtype != DType::BFloat16) return false;
   const size_t vd = size_t(k.kept_dims() - 1);
-  for (const Access& a : k.loads) {
-    if (!vec_dtype(a.dtype)) return false;
-    if (a.strides[vd] != 0 && a.strides[vd] != 1) return false;
-    if (a.dtype == DType::Bool && a.strides[vd] != 0) return false;
-  }
-  for (const lower::LoopStore& st : k.stores) {
-    if (k.exprs[size_t(st.expr)].level != Level::Kept) return false;
-    if (st.access.dtype != DType::Float32 && st.access.dtype != DType::BFloat16) return false;
-    if (st.access.strides[vd] != 1) return false;
-  }
-  for (const LoopExpr& e : k.exprs) {
-    if (!vec_dtype(e.dtype)) return false;
-    if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
-    if (e.kind == LoopExpr::Kind::Indexed || e.kind == LoopExpr::Kind::Norm) return false;
-  }
+  for (const Access& a : k.loads)
+    if (!load_vectorizable(a, vd)) return false;
+  for (const lower::LoopStore& st : k.stores)
+    if (k.exprs[size_t(st.expr)].level != Level::Kept || !store_vectorizable(st.access, vd))
+      return false;
+  for (const LoopExpr& e : k.exprs)
+    if (!expr_vectorizable(e) || e.kind == LoopExpr::Kind::Norm) return false;
   return true;
 }
 
@@ -597,14 +593,12 @@ bool KernelEmitter::grid_lanes() const {
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     const LoopExpr& e = k_.exprs[i];
     if (!want[i] || e.level != Level::Full || int(i) == grid_) continue;
-    if (e.dtype != DType::Float32) return false;
-    if (e.kind == LoopExpr::Kind::Indexed || e.kind == LoopExpr::Kind::Reduce ||
+    if (e.dtype != DType::Float32 || !expr_vectorizable(e) || e.kind == LoopExpr::Kind::Reduce ||
         e.kind == LoopExpr::Kind::Norm)
       return false;
-    if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
     if (e.kind == LoopExpr::Kind::Load) {
       const Access& a = k_.loads[size_t(e.load)];
-      if (a.dtype != DType::Float32 || (a.strides[d] != 0 && a.strides[d] != 1)) return false;
+      if (a.dtype != DType::Float32 || !load_vectorizable(a, d)) return false;
     }
   }
   return true;
@@ -663,19 +657,6 @@ void KernelEmitter::emit_grid_taps(std::string& out) {
 // is unchanged (scalar; the same values in the same order per output element).
 constexpr int64_t kTransposeTile = 16;
 
-// The outer dim to tile with the innermost one (Note [tiled transposes]), or -1.
-int transposed_dim(const LoopKernel& k) {
-  const int r = int(k.sizes.size());
-  if (r < 2 || k.kind != LoopKind::Pointwise) return -1;
-  for (const Access& a : k.loads) {
-    const int64_t s = a.strides[size_t(r - 1)];
-    if (s == 0 || s == 1 || s == -1) continue;
-    for (int t = r - 2; t >= 0; --t)
-      if (a.strides[size_t(t)] == 1 && k.sizes[size_t(t)] > 1) return t;
-  }
-  return -1;
-}
-
 void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
   const int r = n();
   if (grid_dim_ >= 0) return emit_grid_taps(out);
@@ -713,8 +694,18 @@ void KernelEmitter::emit_pointwise(std::string& out, bool vec) {
 }
 
 int KernelEmitter::tiled_dim(bool vec) const {
+  const int r = n();
   const int64_t N = k_.sizes.back();
-  return vec || grid_dim_ >= 0 || N < 2 || N > 8192 ? -1 : transposed_dim(k_);
+  if (vec || grid_dim_ >= 0 || r < 2 || k_.kind != LoopKind::Pointwise || N < 2 || N > 8192)
+    return -1;
+  // A load strided along the innermost dim and contiguous along an outer one: its innermost.
+  for (const Access& a : k_.loads) {
+    const int64_t s = a.strides[size_t(r - 1)];
+    if (s == 0 || s == 1 || s == -1) continue;
+    for (int t = r - 2; t >= 0; --t)
+      if (a.strides[size_t(t)] == 1 && k_.sizes[size_t(t)] > 1) return t;
+  }
+  return -1;
 }
 
 // Note [tiled transposes]: dim t in blocks of kTransposeTile (the parallel loops take the
@@ -981,7 +972,6 @@ std::string KernelEmitter::norm_value(const std::string& xs, bool v) const {
 }
 
 void KernelEmitter::emit_norm(std::string& out, bool vec) {
-
   const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
   const int x = nm.args[0];
   const bool ln = nm.op == OpId::LayerNorm;
@@ -1109,22 +1099,14 @@ bool exprs_vectorizable(const LoopKernel& k, const std::vector<bool>& want, bool
   for (size_t i = 0; i < k.exprs.size(); ++i) {
     const LoopExpr& e = k.exprs[i];
     if (!want[i] || e.level == Level::Kept) continue;
-    if (!vec_dtype(e.dtype)) return false;
-    if (e.kind == LoopExpr::Kind::Op && !op_vectorizable(e.op)) return false;
-    if (e.kind == LoopExpr::Kind::Indexed) return false;
-    if (e.kind == LoopExpr::Kind::Load) {
-      const Access& a = k.loads[size_t(e.load)];
-      if (!vec_dtype(a.dtype)) return false;
-      if (a.strides[inner] != 0 && a.strides[inner] != 1) return false;
-      if (a.dtype == DType::Bool && a.strides[inner] != 0) return false;
-    }
+    if (!expr_vectorizable(e)) return false;
+    if (e.kind == LoopExpr::Kind::Load && !load_vectorizable(k.loads[size_t(e.load)], inner))
+      return false;
   }
   if (stores)
-    for (const lower::LoopStore& st : k.stores) {
-      if (k.exprs[size_t(st.expr)].level == Level::Kept) continue;
-      if (st.access.dtype != DType::Float32 && st.access.dtype != DType::BFloat16) return false;
-      if (st.access.strides[inner] != 1) return false;
-    }
+    for (const lower::LoopStore& st : k.stores)
+      if (k.exprs[size_t(st.expr)].level != Level::Kept && !store_vectorizable(st.access, inner))
+        return false;
   return true;
 }
 
@@ -1229,11 +1211,11 @@ void KernelEmitter::emit_norm_buffered(std::string& out) {
     for (size_t i = 0; i < wc.size(); ++i) (int(i) < k_.anchor ? post : pre)[i] = false;
     emit_exprs(b, pre, Level::Full, v, in);
     const std::string xs = v ? fmt::format("vld(xr_ + {})", pos) : fmt::format("xr_[{}]", pos);
-    std::string val = norm_value(xs, v);
-    if (softmax) {  // the buffer holds exp(x - max) already
-      val = v ? fmt::format("{} * vset(inv_s)", xs) : fmt::format("{} * inv_s", xs);
-      if (nm.dtype == DType::BFloat16) val = v ? "vrbf16(" + val + ")" : "kn_rbf16(" + val + ")";
-    }
+    // Softmax's buffer holds exp(x - max) already.
+    std::string val = !softmax ? norm_value(xs, v)
+                      : v      ? fmt::format("{} * vset(inv_s)", xs)
+                               : fmt::format("{} * inv_s", xs);
+    if (softmax && nm.dtype == DType::BFloat16) val = v ? "vrbf16(" + val + ")" : "kn_rbf16(" + val + ")";
     b += fmt::format("{}const {} v{} = {};\n", in, v ? "VF" : compute_type(nm.dtype), k_.anchor, val);
     emit_exprs(b, post, Level::Full, v, in);
     emit_stores(b, Level::Full, v, in);
