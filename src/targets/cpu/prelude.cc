@@ -138,19 +138,12 @@ static inline VF vclamp(VF a, bool has_lo, float lo, bool has_hi, float hi) {
   if (has_hi) r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(r, _mm512_set1_ps(hi), _CMP_GT_OQ), r, _mm512_set1_ps(hi));
   return {r};
 }
-// The max (min) of the lanes: a NaN lane gives NaN. Halving steps, not a scalar loop (whose
-// compares and branches were a third of a 64-wide softmax row's time).
-static inline float vmax_all(VF a) {
-  a = vmax(a, VF{_mm512_shuffle_f32x4(a.v, a.v, 0x4E)});
-  a = vmax(a, VF{_mm512_shuffle_f32x4(a.v, a.v, 0xB1)});
-  a = vmax(a, VF{_mm512_permute_ps(a.v, 0x4E)});
-  return _mm512_cvtss_f32(vmax(a, VF{_mm512_permute_ps(a.v, 0xB1)}).v);
-}
-static inline float vmin_all(VF a) {
-  a = vmin(a, VF{_mm512_shuffle_f32x4(a.v, a.v, 0x4E)});
-  a = vmin(a, VF{_mm512_shuffle_f32x4(a.v, a.v, 0xB1)});
-  a = vmin(a, VF{_mm512_permute_ps(a.v, 0x4E)});
-  return _mm512_cvtss_f32(vmin(a, VF{_mm512_permute_ps(a.v, 0xB1)}).v);
+// The lanes combined pairwise by f (vmax, vmin) in halving steps; the result is lane 0's.
+template <typename F> static inline float kn_lanes(VF a, F f) {
+  a = f(a, VF{_mm512_shuffle_f32x4(a.v, a.v, 0x4E)});
+  a = f(a, VF{_mm512_shuffle_f32x4(a.v, a.v, 0xB1)});
+  a = f(a, VF{_mm512_permute_ps(a.v, 0x4E)});
+  return _mm512_cvtss_f32(f(a, VF{_mm512_permute_ps(a.v, 0xB1)}).v);
 }
 #elif defined(__AVX2__)
 #define KN_W 8
@@ -207,15 +200,10 @@ static inline VF vclamp(VF a, bool has_lo, float lo, bool has_hi, float hi) {
   if (has_hi) r = _mm256_blendv_ps(r, _mm256_set1_ps(hi), _mm256_cmp_ps(r, _mm256_set1_ps(hi), _CMP_GT_OQ));
   return {r};
 }
-static inline float vmax_all(VF a) {
-  a = vmax(a, VF{_mm256_permute2f128_ps(a.v, a.v, 1)});
-  a = vmax(a, VF{_mm256_permute_ps(a.v, 0x4E)});
-  return _mm256_cvtss_f32(vmax(a, VF{_mm256_permute_ps(a.v, 0xB1)}).v);
-}
-static inline float vmin_all(VF a) {
-  a = vmin(a, VF{_mm256_permute2f128_ps(a.v, a.v, 1)});
-  a = vmin(a, VF{_mm256_permute_ps(a.v, 0x4E)});
-  return _mm256_cvtss_f32(vmin(a, VF{_mm256_permute_ps(a.v, 0xB1)}).v);
+template <typename F> static inline float kn_lanes(VF a, F f) {
+  a = f(a, VF{_mm256_permute2f128_ps(a.v, a.v, 1)});
+  a = f(a, VF{_mm256_permute_ps(a.v, 0x4E)});
+  return _mm256_cvtss_f32(f(a, VF{_mm256_permute_ps(a.v, 0xB1)}).v);
 }
 #endif
 #ifdef KN_W
@@ -234,6 +222,10 @@ static inline VF vgelu_tanh(VF a) { return vset(0.5f) * a * (vset(1.0f) + vtanh(
 static inline VF vrsqrt(VF a) { return vset(1.0f) / vsqrt(a); }
 static inline VF vrecip(VF a) { return vset(1.0f) / a; }
 static inline VF vsign(VF a) { return vsel(vunord(a, a), a, vgt(a, vset(0.0f)) - vlt(a, vset(0.0f))); }
+// The max (min) of the lanes: a NaN lane gives NaN. Halving steps, not a scalar loop (whose
+// compares and branches were a third of a 64-wide softmax row's time).
+static inline float vmax_all(VF a) { return kn_lanes(a, [](VF x, VF y) { return vmax(x, y); }); }
+static inline float vmin_all(VF a) { return kn_lanes(a, [](VF x, VF y) { return vmin(x, y); }); }
 static inline float vprod_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m *= t[i]; return m; }
 #endif
 // ---- index checks (Note [Indexed loads] in lower/loop_ir.h) ----
