@@ -66,6 +66,15 @@ void check(const Graph& g, const test::Tolerance& tol, uint64_t seed0, float shi
   }
 }
 
+// softmax over the last dim of one float32 input `a`.
+Graph softmax_graph(const std::string& name, Shape shape) {
+  Graph g;
+  g.name = name;
+  ValueId a = g.add_input("a", TensorType(f32, std::move(shape)));
+  g.outputs = {g.add_node1(OpId::Softmax, {a}, {{"dim", int64_t(-1)}}, "p")};
+  return g;
+}
+
 struct DumpDir {
   std::string path;
   explicit DumpDir(const std::string& name) : path(::testing::TempDir() + name) {
@@ -174,11 +183,7 @@ TEST(InductorRowNorms, BFloat16Rows) {
 // A NaN in a row makes that row NaN; -inf entries get probability 0; a whole row of -inf is NaN
 // (0/0), as the reference computes. Other rows stay exact.
 TEST(InductorRowNorms, SoftmaxRowsWithNaNAndInfinity) {
-  Graph g;
-  g.name = "softmax_special";
-  ValueId a = g.add_input("a", TensorType(f32, Shape{6, 70}));
-  g.outputs = {g.add_node1(OpId::Softmax, {a}, {{"dim", int64_t(-1)}}, "p")};
-  check(g, test::Tolerance::rel(2e-6, 1e-7), 351, 0, [](TensorList& in) {
+  check(softmax_graph("softmax_special", Shape{6, 70}), test::Tolerance::rel(2e-6, 1e-7), 351, 0, [](TensorList& in) {
     float* p = in[0].data<float>();
     const float inf = std::numeric_limits<float>::infinity();
     p[1 * 70 + 33] = std::numeric_limits<float>::quiet_NaN();
@@ -191,11 +196,7 @@ TEST(InductorRowNorms, SoftmaxRowsWithNaNAndInfinity) {
 // A row longer than the buffer takes the unbuffered kernel and is as correct.
 TEST(InductorRowNorms, RowLongerThanTheBuffer) {
   DumpDir dump("kiln_row_norm_long");
-  Graph g;
-  g.name = "long_rows";
-  ValueId a = g.add_input("a", TensorType(f32, Shape{2, 9000}));
-  g.outputs = {g.add_node1(OpId::Softmax, {a}, {{"dim", int64_t(-1)}}, "p")};
-  check(g, test::Tolerance::rel(2e-6, 1e-9), 361);
+  check(softmax_graph("long_rows", Shape{2, 9000}), test::Tolerance::rel(2e-6, 1e-9), 361);
   EXPECT_EQ(dump.count("row buffer of"), 0) << "dumped sources in " << dump.path;
   EXPECT_GE(dump.count("norm over [2, 9000]"), 1) << "dumped sources in " << dump.path;
 }
