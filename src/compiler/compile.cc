@@ -104,6 +104,7 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   auto t1 = std::chrono::steady_clock::now();
   LibraryRequest request;
   request.strided_operands = std::move(copied.strided_operands);
+  request.generated = choice.generated;
   std::shared_ptr<LibraryKernels> lib =                                   // 4. library kernels
       target.lower_library(g, copied.library_nodes, std::move(request), knobs);
   rep.library_s = seconds_since(t1);
@@ -112,6 +113,8 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   lower::ScheduleOptions so = schedule_options(choice, opt);              // 5. schedule
   so.extern_nodes.assign(g.nodes.size(), false);
   for (int32_t i : copied.library_nodes) so.extern_nodes[size_t(i)] = lib->lowered(i);
+  so.value_strides.resize(g.values.size());
+  for (size_t v = 0; v < g.values.size(); ++v) so.value_strides[v] = lib->value_strides(ValueId(v));
   lower::Schedule s = lower::schedule(g, copied.view_is_copy, so);
   if (const char* d = std::getenv("KILN_DUMP_SCHEDULE"); d && *d && std::string(d) != "0") {
     std::string text = lower::schedule_str(g, s);

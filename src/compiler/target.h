@@ -103,6 +103,12 @@ class LibraryKernels {
   virtual bool lowered(int32_t node) const = 0;
   // Storage bytes of a value kept in a library layout (blocked, padded), -1 for plain.
   virtual int64_t value_bytes(ValueId v) const = 0;
+  // The element strides of a plain (unpadded, unblocked) value the library stores in another
+  // order than row-major, which its loop kernels then read and write through those strides
+  // too (the CPU's channels-last values: Note [channels-last values] in
+  // targets/cpu/onednn_lowering.cc); empty for row-major. Only values that no view, graph
+  // output, eager kernel or other library kernel reads may be given strides.
+  virtual std::vector<int64_t> value_strides(ValueId) const { return {}; }
   // Bytes of scratch memory the launches share (one region per execution context, used by one
   // launch at a time).
   virtual int64_t scratch_bytes() const = 0;
@@ -132,6 +138,7 @@ class LibraryKernels {
 // What the driver passes to the library lowering besides the nodes.
 struct LibraryRequest {
   std::vector<StridedOperand> strided_operands;  // views read in place (library_reads_strided)
+  std::vector<bool> generated;  // per node: runs as generated loop code (KernelChoice::generated)
 };
 
 // ---- loop kernels -----------------------------------------------------------------------------

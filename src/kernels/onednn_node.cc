@@ -518,7 +518,9 @@ struct Builder {
   }
   // The layout a value is stored in.
   memory::desc value_md(const OnednnOperand& v, const memory::dims& dims) const {
-    return blocked(v) ? layouts.layout[size_t(v.value)] : plain_md(dims, dt());
+    if (blocked(v)) return layouts.layout[size_t(v.value)];
+    if (v.channels_last) return memory::desc(dims, dt(), Tag::nhwc);
+    return plain_md(dims, dt());
   }
   static bool is_constant(const OnednnOperand& v) { return !v.constant.empty(); }
   Tensor constant(const OnednnOperand& v) const {
@@ -621,7 +623,9 @@ void Builder::build_conv(Plan& p) {
   // activation: see Note [layout choice].
   bool pointwise = !transposed && gr == 1 && wt[2] == 1 && wt[3] == 1 &&
                    (epi.act == Act::None || dt == DT::bf16);
-  bool isolated = !blocked_src && !d.output_may_block && (!has_residual || !blocked(residual));
+  // (A channels-last value is not plain NCHW: its convolution computes in nhwc, no reorder.)
+  bool isolated = !blocked_src && !x.channels_last && !d.output_may_block && !y.channels_last &&
+                  (!has_residual || (!blocked(residual) && !residual.channels_last));
   bool any_layout = d.allow_blocked && !(pointwise && isolated);
   memory::desc want_src = blocked_src ? x_md : any_layout ? any_md(xd, dt) : plain_md(xd, dt);
   memory::desc want_dst = any_layout ? any_md(yd, dt) : plain_md(yd, dt);
@@ -1321,6 +1325,27 @@ CpuRoofline measure_cpu_roofline(bool bf16) try {
   return CpuRoofline{};  // no such matmul here (bf16 on an older CPU): unknown
 }
 
+bool convolutions_prefer_nhwc(bool bf16) {
+  // A ResNet-like 3x3 64->64 convolution at 28x28 with every layout left to oneDNN: the layout
+  // it computes in is the one this CPU's fast convolutions want.
+  auto probe = [](DT dt) {
+    std::optional<dnnl::convolution_forward::primitive_desc> pd =
+        try_pd<dnnl::convolution_forward::primitive_desc>([&] {
+          dnnl::convolution_forward::desc d(
+              dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+              any_md({1, 64, 28, 28}, dt), any_md({64, 64, 3, 3}, dt), memory::desc(),
+              any_md({1, 64, 28, 28}, dt), {1, 1}, {0, 0}, {1, 1}, {1, 1});
+          return dnnl::convolution_forward::primitive_desc(d, cpu_engine());
+        });
+    if (!pd || std::string_view(pd->impl_info_str()).rfind("ref", 0) == 0) return false;
+    return same_layout(pd->src_desc(), memory::desc({1, 64, 28, 28}, dt, Tag::nhwc)) &&
+           same_layout(pd->dst_desc(), memory::desc({1, 64, 28, 28}, dt, Tag::nhwc));
+  };
+  static const bool f32 = probe(DT::f32);
+  static const bool b16 = probe(DT::bf16);
+  return bf16 ? b16 : f32;
+}
+
 const CpuRoofline& cpu_roofline(bool bf16) {
   static std::mutex mu;
   static std::map<std::pair<bool, int>, CpuRoofline> measured;
@@ -1339,6 +1364,7 @@ using json = nlohmann::json;
 json operand_json(const OnednnOperand& o) {
   json j = {{"value", o.value}, {"dims", o.dims}};
   if (!o.constant.empty()) j["constant"] = o.constant;
+  if (o.channels_last) j["channels_last"] = true;
   return j;
 }
 
@@ -1349,6 +1375,11 @@ OnednnOperand operand_from(const json& j) {
   for (int64_t d : o.dims)
     if (d < 0 || d > (int64_t(1) << 40)) throw std::out_of_range("dimension out of range");
   if (j.contains("constant")) o.constant = j.at("constant").get<std::string>();
+  if (j.contains("channels_last")) {
+    o.channels_last = j.at("channels_last").get<bool>();
+    if (o.channels_last && (o.dims.size() != 4 || !o.constant.empty()))
+      throw std::out_of_range("channels_last on an operand that is not a 4-D activation");
+  }
   return o;
 }
 

@@ -21,6 +21,10 @@ namespace kiln::kernels {
 
 // The channel block of blocked convolution layouts on this CPU: 16 with AVX-512, else 8.
 int native_conv_block();
+// Whether oneDNN's convolutions compute in nhwc on this CPU when left to choose (format_tag::any
+// for a typical 3x3 convolution; AVX-512 brgconv does, AVX2's jit kernels want nChw8c).
+// Measured once per process and dtype.
+bool convolutions_prefer_nhwc(bool bf16);
 // OpenMP's thread count for kernels (omp_get_max_threads): oneDNN's choices and loop kernels'
 // splits depend on it, so a package records it.
 int cpu_threads();
@@ -70,6 +74,11 @@ struct OnednnOperand {
   int32_t value = -1;          // the value's id (the key of its layout in OnednnLayouts); -1: absent
   std::vector<int64_t> dims;   // its shape (contiguous type)
   std::string constant;        // non-empty: a parameter or constant, by name (ConstantSource)
+  // A 4-D activation stored channels-last (NHWC order in memory, dims still N,C,H,W): the
+  // compiler's choice for values loop kernels share with convolutions (Note [channels-last
+  // values] in targets/cpu/onednn_lowering.cc). Else plain row-major, or blocked (the layouts
+  // table says).
+  bool channels_last = false;
 };
 
 enum class OnednnConvPolicy : uint8_t { Auto, Blocked, Winograd };   // Note [convolution policy]

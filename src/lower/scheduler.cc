@@ -238,6 +238,9 @@ class Scheduler {
   void build_kernel(const Group& gr, LoopKernel* k);
   void build_scatter(const Group& gr, LoopKernel* k);
   ViewGeometry geometry(ValueId v) const;
+  // The strides a materialized value is stored with: ScheduleOptions::value_strides, else
+  // row-major over its shape.
+  Dims stored_strides(ValueId v) const;
 
   const Graph& g_;
   const std::vector<bool>& view_is_copy_;
@@ -514,11 +517,35 @@ std::vector<int64_t> map_strides(const Dims& vs, const Dims& vst, const Dims& re
 }
 
 ViewGeometry Scheduler::geometry(ValueId v) const {
-  if (s_.virtual_view[size_t(v)]) return s_.views[size_t(v)];
   ViewGeometry geo;
-  bool ok = resolve_impl(g_, v, &view_is_copy_, &geo);
-  KILN_ASSERT(ok);
+  if (s_.virtual_view[size_t(v)]) {
+    geo = s_.views[size_t(v)];
+  } else {
+    bool ok = resolve_impl(g_, v, &view_is_copy_, &geo);
+    KILN_ASSERT(ok);
+  }
+  if (geo.base == v) {
+    geo.strides = stored_strides(v);
+  } else {
+    // A view of a value stored in another order would need its strides composed; the library
+    // that chose the order guarantees no view reads it (LibraryKernels::value_strides).
+    KILN_CHECK(size_t(geo.base) >= opt_.value_strides.size() ||
+                   opt_.value_strides[size_t(geo.base)].empty(),
+               "scheduler: view '%{}' reads '%{}', which is stored in a library order",
+               g_.value(v).name, g_.value(geo.base).name);
+  }
   return geo;
+}
+
+Dims Scheduler::stored_strides(ValueId v) const {
+  Dims vs = dims_of(g_.type(v));
+  if (size_t(v) < opt_.value_strides.size() && !opt_.value_strides[size_t(v)].empty()) {
+    const std::vector<int64_t>& st = opt_.value_strides[size_t(v)];
+    KILN_CHECK(st.size() == vs.size(), "scheduler: '%{}' has {} strides for rank {}",
+               g_.value(v).name, st.size(), vs.size());
+    return Dims(st.begin(), st.end());
+  }
+  return contiguous_strides(vs);
 }
 
 int normalized_dim(const Node& n, int rank) {
@@ -615,13 +642,7 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
       e.scalar = load_f64(host.raw_data(), host.dtype());
       return add_expr(e);
     }
-    ViewGeometry geo;
-    if (s_.virtual_view[size_t(v)]) {
-      geo = s_.views[size_t(v)];
-    } else {
-      bool ok = resolve_impl(g_, v, &view_is_copy_, &geo);
-      KILN_ASSERT(ok);
-    }
+    ViewGeometry geo = geometry(v);
     Access a;
     a.value = geo.base;
     a.offset = geo.offset;
@@ -840,7 +861,7 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
       st.access.value = out;
       st.access.dtype = od;
       Dims vs = dims_of(g_.type(out));
-      Dims cs = contiguous_strides(vs);
+      Dims cs = stored_strides(out);
       st.access.strides = lv == Level::Full ? map_strides(vs, cs, gr.full, iter_of_full, n_iter)
                                             : map_strides(vs, cs, gr.kept, iter_of_kept, n_iter);
       k->stores.push_back(st);
@@ -853,28 +874,57 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
     for (Access& a : k->loads) f(a.strides);
     for (LoopStore& s : k->stores) f(s.access.strides);
   };
-  for (int t = int(k->sizes.size()) - 1; t >= 0; --t) {
-    int kept = k->kept_dims();
-    bool in_reduce = t >= kept;
-    bool last_reduce = in_reduce && k->reduce_dims == 1;
-    if (k->sizes[size_t(t)] == 1 && !last_reduce && k->sizes.size() > 1) {
-      k->sizes.erase(k->sizes.begin() + t);
-      all_access([&](std::vector<int64_t>& st) { st.erase(st.begin() + t); });
-      if (in_reduce) --k->reduce_dims;
-      continue;
-    }
-    if (t + 1 < int(k->sizes.size()) && (t + 1 >= kept) == in_reduce) {
-      bool mergeable = true;
-      int64_t inner = k->sizes[size_t(t + 1)];
-      all_access([&](std::vector<int64_t>& st) {
-        if (st[size_t(t)] != st[size_t(t + 1)] * inner) mergeable = false;
-      });
-      if (mergeable) {
-        k->sizes[size_t(t)] *= inner;
-        k->sizes.erase(k->sizes.begin() + t + 1);
+  auto merge_dims = [&] {
+    for (int t = int(k->sizes.size()) - 1; t >= 0; --t) {
+      int kept = k->kept_dims();
+      bool in_reduce = t >= kept;
+      bool last_reduce = in_reduce && k->reduce_dims == 1;
+      if (k->sizes[size_t(t)] == 1 && !last_reduce && k->sizes.size() > 1) {
+        k->sizes.erase(k->sizes.begin() + t);
         all_access([&](std::vector<int64_t>& st) { st.erase(st.begin() + t); });
         if (in_reduce) --k->reduce_dims;
+        continue;
       }
+      if (t + 1 < int(k->sizes.size()) && (t + 1 >= kept) == in_reduce) {
+        bool mergeable = true;
+        int64_t inner = k->sizes[size_t(t + 1)];
+        all_access([&](std::vector<int64_t>& st) {
+          if (st[size_t(t)] != st[size_t(t + 1)] * inner) mergeable = false;
+        });
+        if (mergeable) {
+          k->sizes[size_t(t)] *= inner;
+          k->sizes.erase(k->sizes.begin() + t + 1);
+          all_access([&](std::vector<int64_t>& st) { st.erase(st.begin() + t); });
+          if (in_reduce) --k->reduce_dims;
+        }
+      }
+    }
+  };
+  merge_dims();
+  // Note [loop order]: a pointwise kernel walks its space in its first store's memory order
+  // (outermost = largest stride), so that a value stored in another order than row-major
+  // (channels-last: ScheduleOptions::value_strides) is written and read contiguously along the
+  // innermost loop, not with a stride of C. Any order computes the same elements; kernels with
+  // indexed reads keep theirs (their tap tables are laid out along the output's dims).
+  if (k->kind == LoopKind::Pointwise && !k->stores.empty() && k->sizes.size() > 1 &&
+      std::none_of(k->exprs.begin(), k->exprs.end(),
+                   [](const LoopExpr& e) { return e.kind == LoopExpr::Kind::Indexed; })) {
+    const std::vector<int64_t> ref = k->stores[0].access.strides;
+    std::vector<size_t> order(k->sizes.size());
+    for (size_t d = 0; d < order.size(); ++d) order[d] = d;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return ref[a] > ref[b]; });
+    bool identity = true;
+    for (size_t d = 0; d < order.size(); ++d) identity = identity && order[d] == d;
+    if (!identity) {
+      auto permuted = [&](const std::vector<int64_t>& v) {
+        std::vector<int64_t> out;
+        for (size_t d : order) out.push_back(v[d]);
+        return out;
+      };
+      k->sizes = permuted(k->sizes);
+      all_access([&](std::vector<int64_t>& st) { st = permuted(st); });
+      merge_dims();
     }
   }
   if (k->sizes.empty() || (k->kind != LoopKind::Pointwise && k->reduce_dims == 0)) {

@@ -35,6 +35,10 @@ struct ScheduleOptions {
   std::vector<bool> extern_nodes;     // runs as a library kernel (what the library lowered)
   std::vector<bool> gemv_nodes;       // a small linear generated as a reduction (small_linear)
   std::vector<bool> generated_nodes;  // gets loop code (implies loop_expressible)
+  // Per value (empty, or an empty entry: row-major): the element strides of a materialized
+  // value stored in another order (LibraryKernels::value_strides). Kernels load and store it
+  // through them; no view reads such a value.
+  std::vector<std::vector<int64_t>> value_strides;
 };
 
 struct Schedule {

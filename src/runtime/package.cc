@@ -66,6 +66,15 @@ namespace {
 
 using json = nlohmann::json;
 
+// Whether a oneDNN node's descriptor (OnednnNodeDesc's JSON) has a channels-last operand.
+bool onednn_channels_last(const json& desc) {
+  auto cl = [](const json& o) { return o.is_object() && o.value("channels_last", false); };
+  if (desc.contains("inputs"))
+    for (const json& o : desc.at("inputs"))
+      if (cl(o)) return true;
+  return desc.contains("output") && cl(desc.at("output"));
+}
+
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'K', 'G', '\0'};
 constexpr size_t kHeaderBytes = 64, kEntryBytes = 80, kNameBytes = 32, kAlign = 64;
 constexpr uint32_t kMaxSections = 16;
@@ -391,6 +400,8 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     json params = json::parse(r.params);
     if (r.kind == "onednn" && params.at("desc").at("op") == "concat")
       version = std::max(version, kOnednnConcatFormatVersion);
+    if (r.kind == "onednn" && onednn_channels_last(params.at("desc")))
+      version = std::max(version, kChannelsLastFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
                         {"params", std::move(params)}});
   }
@@ -934,6 +945,9 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
         const json& p = j.at("params");
         if (out.format_version < kOnednnConcatFormatVersion && p.at("desc").at("op") == "concat")
           throw std::out_of_range(fmt::format("{}: a oneDNN concat node is unknown to format "
+                                              "version {}", lw, out.format_version));
+        if (out.format_version < kChannelsLastFormatVersion && onednn_channels_last(p.at("desc")))
+          throw std::out_of_range(fmt::format("{}: a channels-last operand is unknown to format "
                                               "version {}", lw, out.format_version));
         std::vector<json> refs(p.at("inputs").begin(), p.at("inputs").end());
         refs.push_back(p.at("output"));

@@ -2,7 +2,7 @@
 // dim (Note [lane reductions] in targets/cpu/emitter.cc): PointPillars' max over the points of
 // each pillar ([P, N, C] -> [P, C]), a sum over H of NCHW, several reduce dims, a prologue and
 // an epilogue that reads its own operand, kept sizes that are not a multiple of the vector width
-// (the scalar tail), bfloat16, NaN. Each graph must compile to SIMD reduce kernels and match the
+// (the scalar tail), bfloat16, NaN, a prologue stored too (every reduce step writes its lanes). Each graph must compile to SIMD reduce kernels and match the
 // float64 reference on fresh random inputs, and be bitwise what the scalar kernel (vectorize
 // off) computes: the lanes walk the reduce dims in the scalar loop's order.
 #include <gtest/gtest.h>
@@ -36,6 +36,7 @@ struct Case {
   bool prologue = false;  // relu(x * 1.5) before the reduction
   bool epilogue = false;  // + b (the kept shape's last dim) after it
   bool nan = false;       // a NaN in x
+  bool store_prologue = false;  // the prologue is an output too (stored at every reduce step)
 };
 
 std::vector<Case> cases() {
@@ -48,6 +49,10 @@ std::vector<Case> cases() {
       {"prod over dim 0", {4, 35}, OpId::Prod, {0}, false, f32, false, true, false},
       {"bf16 max", {3, 11, 48}, OpId::Max, {1}, false, bf16, true, true, false},
       {"bf16 sum, tail only", {5, 13, 7}, OpId::Sum, {1}, false, bf16, false, false, false},
+      {"channels-last mean with the prologue stored", {1, 14, 14, 37}, OpId::Mean, {1, 2}, true,
+       f32, true, false, false, true},
+      {"bf16 max with the prologue stored", {2, 9, 40}, OpId::Max, {1}, false, bf16, true, true,
+       false, true},
   };
 }
 
@@ -62,12 +67,14 @@ Graph case_graph(const Case& c) {
   }
   Attrs a{{"dims", c.dims}, {"keepdim", c.keepdim}};
   ValueId y = g.add_node1(c.op, {v}, a, "reduce");
+  ValueId stored = v;
   if (c.epilogue) {
     SymInt last = g.type(y).shape.back();
     ValueId b = g.add_input("b", TensorType(c.dtype, Shape{last}));
     y = g.add_node1(OpId::Add, {y, b}, {}, "bias");
   }
   g.outputs = {y};
+  if (c.store_prologue) g.outputs.push_back(stored);
   return g;
 }
 
@@ -106,12 +113,19 @@ TEST(InductorLaneReductions, OuterDimReductionsAreSimdAndMatchTheReferenceAndThe
         TensorList in = case_inputs(c, g, seed);
         TensorList in64;
         for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
-        Tensor want = run(test::as_float64(g), in64)[0];
-        Tensor got = simd->run(in)[0];
-        Tensor got_scalar = scalar->run(in)[0];
+        TensorList wants = run(test::as_float64(g), in64), gots = simd->run(in);
+        TensorList got_scalars = scalar->run(in);
+        Tensor want = wants[0], got = gots[0], got_scalar = got_scalars[0];
         // float32: a sum of up to 42 terms of O(1) rounds at most ~42 * 2^-24 relative to the
         // largest term; bfloat16: the result's own rounding (2^-9), the inputs being exact.
         double tol = c.dtype == bf16 ? 1e-2 : 2e-5;
+        if (c.store_prologue) {
+          ASSERT_EQ(gots.size(), 2u);
+          test::Comparison pc = test::compare(gots[1], wants[1], test::Tolerance::rel(tol, tol));
+          EXPECT_TRUE(pc.ok()) << "stored prologue: " << pc.str();
+          EXPECT_TRUE(test::close(gots[1], got_scalars[1], test::Tolerance::exact()))
+              << "stored prologue differs from the scalar kernel";
+        }
         test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(tol, tol));
         if (c.nan) {
           // The reference propagates NaN through max; the comparison fails on a NaN on one side

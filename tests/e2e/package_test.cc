@@ -345,7 +345,8 @@ class PackageCorrupt : public testing::Test {
     // resnet18: all three sections, oneDNN and loop launches.
     Packaged p = package_zoo("resnet18", dir_->path);
     bytes_ = new std::string(read_bytes(p.path));
-    sections_ = new std::vector<PackageSection>(parse_package_container(*bytes_, p.path));
+    sections_ = new std::vector<PackageSection>(
+        parse_package_container(*bytes_, p.path, &version_));
   }
   static void TearDownTestSuite() {
     delete sections_;
@@ -368,8 +369,10 @@ class PackageCorrupt : public testing::Test {
   static TempDir* dir_;
   static std::string* bytes_;
   static std::vector<PackageSection>* sections_;
+  static uint32_t version_;  // the header's format version (edited containers keep it)
 };
 TempDir* PackageCorrupt::dir_ = nullptr;
+uint32_t PackageCorrupt::version_ = 0;
 std::string* PackageCorrupt::bytes_ = nullptr;
 std::vector<PackageSection>* PackageCorrupt::sections_ = nullptr;
 
@@ -427,7 +430,7 @@ TEST_F(PackageCorrupt, ReorderedSectionsAreRefused) {
   // Sections written in another order (a valid table, valid hashes).
   std::vector<PackageSection> swapped = *sections_;
   std::swap(swapped[0], swapped[1]);
-  std::string err = load_error(package_container(swapped));
+  std::string err = load_error(package_container(swapped, version_));
   EXPECT_NE(err.find("out of order"), std::string::npos) << err;
   EXPECT_NE(err.find("manifest"), std::string::npos) << err;
   // The names of two table entries swapped (offsets and hashes kept) and the table re-hashed:
@@ -459,13 +462,13 @@ TEST_F(PackageCorrupt, ManifestRequiringAMissingCpuFeatureIsRefusedByTheCheck) {
   nlohmann::json m = nlohmann::json::parse(edited[0].bytes);
   m["target"]["isa"] = m["target"]["isa"].get<std::string>() + "+" + lacking;
   edited[0].bytes = m.dump(1);
-  std::string err = load_error(package_container(edited));
+  std::string err = load_error(package_container(edited, version_));
   EXPECT_NE(err.find("lacks (" + lacking + ")"), std::string::npos) << err;
   EXPECT_NE(err.find("kiln compile"), std::string::npos) << err;
   // Another base architecture is refused the same way.
   m["target"]["isa"] = "aarch64";
   edited[0].bytes = m.dump(1);
-  EXPECT_NE(load_error(package_container(edited)).find("lacks (aarch64)"), std::string::npos);
+  EXPECT_NE(load_error(package_container(edited, version_)).find("lacks (aarch64)"), std::string::npos);
 }
 
 TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
@@ -513,7 +516,7 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
     } else {
       edited[0].bytes = "{\"format_version\": 1,";
     }
-    std::string err = load_error(package_container(edited));
+    std::string err = load_error(package_container(edited, version_));
     EXPECT_FALSE(err.empty()) << e.what << " loads";
     EXPECT_TRUE(err.find("manifest") != std::string::npos || err.find("launch") != std::string::npos)
         << e.what << ": " << err;
@@ -530,7 +533,7 @@ TEST_F(PackageCorrupt, ACudaLaunchInACpuPackageIsRefusedNamingTheKind) {
     nlohmann::json m = nlohmann::json::parse(edited[0].bytes);
     m["launches"][0]["kind"] = kind;
     edited[0].bytes = m.dump(1);
-    std::string err = load_error(package_container(edited));
+    std::string err = load_error(package_container(edited, version_));
     EXPECT_NE(err.find(std::string("a ") + kind + " launch in a cpu package"), std::string::npos)
         << err;
   }

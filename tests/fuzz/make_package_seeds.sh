@@ -10,8 +10,9 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 "$KILN" compile mlp -o "$WORK/mlp.kiln" >/dev/null
 "$KILN" compile vfe -o "$WORK/vfe.kiln" >/dev/null
-# A small fire module (squeeze 1x1, expand 1x1 and 3x3, concat, 1x1): a oneDNN concat node
-# (format version 6). Needs the onnx package (the setup's venv has it).
+# A small fire module (squeeze 1x1, abs, expand 1x1 and 3x3, concat, 1x1): a oneDNN concat node
+# (format version 6) and, where convolutions compute in nhwc, a channels-last relu between
+# convolutions (version 7). Needs the onnx package (the setup's venv has it).
 PY="${KILN_PYTHON:-$HOME/.cache/kiln/venv/bin/python}"
 "$PY" - "$WORK/fire.onnx" <<'PY'
 import sys
@@ -23,7 +24,7 @@ def w(name, *shape):
     return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
 inits = [w("ws", 8, 16, 1, 1), w("w1", 8, 8, 1, 1), w("w3", 8, 8, 3, 3), w("wh", 4, 16, 1, 1)]
 nodes = [helper.make_node("Conv", ["x", "ws"], ["s"]),
-         helper.make_node("Relu", ["s"], ["sr"]),
+         helper.make_node("Abs", ["s"], ["sr"]),  # a loop kernel between convolutions
          helper.make_node("Conv", ["sr", "w1"], ["e1"]),
          helper.make_node("Conv", ["sr", "w3"], ["e3"], pads=[1, 1, 1, 1]),
          helper.make_node("Concat", ["e1", "e3"], ["c"], axis=1),
@@ -53,5 +54,7 @@ m = vfe["manifest"]
 open(f"{out}/vfe_sections.bin", "wb").write(b"\1" + struct.pack("<I", len(m)) + m + vfe["weights"])
 _, fire = sections(f"{work}/fire.kiln")
 m = fire["manifest"]
-open(f"{out}/fire_concat_sections.bin", "wb").write(b"\3" + struct.pack("<I", len(m)) + m + fire["weights"])
+version = struct.unpack_from("<I", open(f"{work}/fire.kiln", "rb").read(), 8)[0]
+first = b"\7" if version == 7 else b"\3"  # package_fuzz.cc: bit 2 = version 7, bit 1 = 6
+open(f"{out}/fire_concat_sections.bin", "wb").write(first + struct.pack("<I", len(m)) + m + fire["weights"])
 PY

@@ -3,7 +3,8 @@
 // touching memory outside its buffers. Two forms, by the first byte:
 //   even: the rest is a whole package file (the container parser and its hashes);
 //   odd:  the rest is [u32 manifest length][manifest][weights], packed into a container with
-//         valid hashes here (format version 2, or 6 when bit 1 of the first byte is set), so that the fuzzer reaches the manifest's and the weights' meaning
+//         valid hashes here (format version 2; 6 when bit 1 of the first byte is set, 7 when
+//         bit 2 is), so that the fuzzer reaches the manifest's and the weights' meaning
 //         (slots, offsets, shapes, launch records) instead of stopping at a hash mismatch.
 // The second form never carries a kernels section: dlopen of arbitrary bytes would run their
 // constructors, which no loader can make safe (packages are code; load only trusted ones).
@@ -28,10 +29,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint32_t n;
     std::memcpy(&n, rest.data(), 4);
     if (n > rest.size() - 4) return 0;
-    // Bit 1 of the first byte picks the header's format version: 2, or 6 (oneDNN concat nodes).
+    // Bits 1 and 2 of the first byte pick the header's format version: 2, 6 (oneDNN concat
+    // nodes) or 7 (channels-last operands).
+    const uint32_t version = data[0] & 4   ? kChannelsLastFormatVersion
+                             : data[0] & 2 ? kOnednnConcatFormatVersion
+                                           : kCpuPackageFormatVersion;
     bytes = package_container({{"manifest", std::string(rest.substr(4, n))},
                                {"weights", std::string(rest.substr(4 + n))}},
-                              data[0] & 2 ? kOnednnConcatFormatVersion : kCpuPackageFormatVersion);
+                              version);
   }
   LoadedPackage p;
   try {

@@ -384,8 +384,9 @@ bool loop_vectorizable(const LoopKernel& k) {
 // of PointPillars' [P, 32, 64] points and left the rest of each line to the next block, 7.2 ms
 // for 49 MB (`kiln profile`, 13x its floor); four vectors read whole rows. Taken when the usual
 // vector path is not possible and every load is contiguous or broadcast along that kept dim,
-// every store happens after the reduction (kept level) and is contiguous along it, and
-// everything is SIMD-able (var keeps the scalar kernel: its second pass is not written for
+// every store is contiguous along it (a store of the prologue, at full level, writes its lanes
+// at every reduce step: MobileNet-v3's hardswish stored for the convolution while its
+// channels-last mean is taken, Note [channels-last values]), and everything is SIMD-able (var keeps the scalar kernel: its second pass is not written for
 // lanes).
 constexpr int64_t kLaneVectors = 4;
 
@@ -402,8 +403,7 @@ bool lane_reducible(const LoopKernel& k) {
   for (const Access& a : k.loads)
     if (!load_vectorizable(a, vd)) return false;
   for (const lower::LoopStore& st : k.stores)
-    if (k.exprs[size_t(st.expr)].level != Level::Kept || !store_vectorizable(st.access, vd))
-      return false;
+    if (!store_vectorizable(st.access, vd)) return false;
   for (const LoopExpr& e : k.exprs)
     if (!expr_vectorizable(e) || e.kind == LoopExpr::Kind::Norm) return false;
   return true;
@@ -888,7 +888,14 @@ void KernelEmitter::emit_reduce_lanes(std::string& out) {
   out += fmt::format("  for (i64 c_ = 0; c_ < ({0} + lw_ - 1) / lw_; ++c_)\n  {{\n", S);
   out += fmt::format("    const i64 j0_ = c_ * lw_, j1_ = j0_ + lw_ < {0} ? j0_ + lw_ : {0};\n", S);
   out += fmt::format("    i64 i{} = j0_;\n", vd);
+  // Full-level work: what the reduction reads, plus values stored at full level (stored at
+  // every reduce step, lanes along vd like the accumulators).
   std::vector<bool> want = lower::expr_closure(k_, x);
+  for (const lower::LoopStore& st : k_.stores)
+    if (k_.exprs[size_t(st.expr)].level == Level::Full) {
+      std::vector<bool> c = lower::expr_closure(k_, st.expr);
+      for (size_t i = 0; i < c.size(); ++i) want[i] = want[i] || c[i];
+    }
   std::vector<bool> all(k_.exprs.size(), true);
   // Every reduce dim, in order, around the prologue and the accumulation; `vectors` > 0: that
   // many vectors of lanes, vector u at the lane index advanced by u vectors (a shadowing block)
@@ -903,11 +910,13 @@ void KernelEmitter::emit_reduce_lanes(std::string& out) {
     if (vectors == 0) {
       emit_exprs(o, want, Level::Full, false, in);
       o += in + combine("acc", fmt::format("v{}", x), false) + "\n";
+      emit_stores(o, Level::Full, false, in);
     }
     for (int64_t u = 0; u < vectors; ++u) {
       o += fmt::format("{0}{{ const i64 {1}_u = {1} + {2} * KN_W; {{ const i64 {1} = {1}_u;\n", in, iv, u);
       emit_exprs(o, want, Level::Full, true, in + "  ");
       o += in + "  " + combine(fmt::format("vacc{}", u), fmt::format("v{}", x), true) + "\n";
+      emit_stores(o, Level::Full, true, in + "  ");
       o += in + "} }\n";
     }
     for (int t = kept; t < r; ++t) {

@@ -45,6 +45,31 @@
 // value may be blocked is decided up front from static checks of its consumers. If oneDNN then
 // rejects a consumer of a blocked value, the build restarts with that node excluded.
 //
+// Note [channels-last values]
+// A value that loop kernels share with convolutions is plain, and plain used to mean NCHW: a
+// convolution computing in nhwc (brgconv and brdgmm_dw on AVX-512) then reordered its output
+// to NCHW for the loop kernels and the next convolution reordered their result back. In a
+// MobileNet-v3 / EfficientNet block (depthwise conv -> squeeze-excite mean and scale -> 1x1
+// conv) those two transposing copies cost 1.9 of efficientnet_b0's 14.6 ms (oneDNN's verbose
+// timings, one thread), and made the depthwise convolutions 7-12x their roofline. So such a
+// value is stored channels-last instead: still dims N, C, H, W, NHWC order in memory. The
+// convolutions read and write it directly (OnednnOperand::channels_last), and the loop kernels
+// read and write it through its strides (LibraryKernels::value_strides, the scheduler's
+// ScheduleOptions::value_strides), walking it in memory order (Note [loop order] in
+// lower/scheduler.cc; a mean over H and W becomes a lane reduction along C, Note [lane
+// reductions] in targets/cpu/emitter.cc).
+// Which values: 4-D float32/bfloat16 values with more than one channel and more than one
+// pixel (otherwise both orders are the same memory) are joined into groups through the
+// generated pointwise, reduction and row-norm nodes that read or write them (all of one such
+// node's 4-D values share an order, so no kernel transposes). A group is stored channels-last
+// when every value in it is produced by such a loop node or by a lowerable convolution or
+// pooling and read only by such loop nodes or as the src (or residual) of such convolutions
+// and poolings (no view, no eager kernel, no other library kernel, not a graph output), when
+// at least one convolution or pooling touches it, and when this CPU's convolutions compute in
+// nhwc (kernels::convolutions_prefer_nhwc; AVX2's want nChw8c, where NCHW loses nothing more)
+// and the convolution policy is Auto with blocked layouts allowed. A convolution oneDNN then
+// rejects restarts the build without it, which makes its groups NCHW again.
+//
 // Note [convolution policy]
 // OnednnOptions::conv picks, for the whole graph, how convolutions choose layout and algorithm.
 // Auto leaves the layout to oneDNN (format_tag::any: brgconv on nhwc on this CPU) with the
@@ -242,6 +267,7 @@ struct OnednnLowering::Impl {
   std::vector<std::shared_ptr<kernels::OnednnNode>> nodes;  // by node: built (maybe not lowered)
   std::vector<kernels::OnednnNodeDesc> descs;               // by node (lowered ones)
   std::vector<bool> may_block;                              // by value: Note [layout choice]
+  std::vector<bool> channels_last;                          // by value: Note [channels-last values]
   std::map<std::string, Tensor> constants;                  // by value name
   std::vector<OpId> g_ops;                                  // by node, for describe()
   std::vector<std::string> layout_note;                     // by node: measured choices
@@ -251,6 +277,7 @@ struct OnednnLowering::Impl {
 
   std::string static_check(int32_t n) const;
   void decide_blockable(const std::vector<bool>& eligible);
+  void decide_channels_last(const std::vector<bool>& eligible);
   kernels::OnednnNodeDesc describe_node(int32_t n);
   // Zero-filled, 64-byte aligned memory for timing calls; grows, never shrinks.
   struct TimingArena {
@@ -383,6 +410,83 @@ void OnednnLowering::Impl::decide_blockable(const std::vector<bool>& eligible) {
   for (size_t v = 0; v < nv; ++v) may_block[v] = ok[v] && used[v];
 }
 
+void OnednnLowering::Impl::decide_channels_last(const std::vector<bool>& eligible) {
+  const size_t nv = g.values.size();
+  channels_last.assign(nv, false);
+  if (!options.allow_blocked || options.conv != ConvPolicy::Auto ||
+      options.generated.size() != g.nodes.size())
+    return;
+  auto spatial = [&](ValueId v) {
+    if (v == kNoValue) return false;
+    const TensorType& t = g.type(v);
+    if (t.shape.size() != 4 || !t.is_contiguous() ||
+        (t.dtype != DType::Float32 && t.dtype != DType::BFloat16))
+      return false;
+    for (const SymInt& d : t.shape)
+      if (!d.is_concrete()) return false;
+    return t.shape[1].value() > 1 && t.shape[2].value() * t.shape[3].value() > 1;
+  };
+  // The loop nodes whose kernels walk a channels-last value correctly and without transposing:
+  // pointwise ops, reductions, row norms, the global average pool (not gathers: their tap
+  // tables follow the output's dims; not views: they would need the strides composed).
+  auto loop_node = [&](size_t n) {
+    const Node& node = g.nodes[n];
+    if (!options.generated[n] || op_def(node.op).is_view) return false;
+    return op_has(node.op, trait::Pointwise) || op_has(node.op, trait::Reduction) ||
+           op_has(node.op, trait::RowNorm) || node.op == OpId::AdaptiveAvgPool2d;
+  };
+  std::vector<int32_t> parent(nv);
+  for (size_t v = 0; v < nv; ++v) parent[v] = int32_t(v);
+  auto find = [&](int32_t v) {
+    while (parent[size_t(v)] != v) v = parent[size_t(v)] = parent[size_t(parent[size_t(v)])];
+    return v;
+  };
+  std::vector<bool> flexible(nv, true), touches_conv(nv, false), touches_loop(nv, false);
+  for (size_t v = 0; v < nv; ++v)
+    if (g.values[v].kind != ValueKind::NodeOutput) flexible[v] = false;
+  for (ValueId v : g.outputs) flexible[size_t(v)] = false;
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    const Node& node = g.nodes[n];
+    const bool loop = loop_node(n);
+    const bool conv = eligible[n] && is_conv_like(node.op);
+    int32_t first = -1;
+    auto join = [&](ValueId v) {
+      touches_loop[size_t(v)] = true;
+      if (first < 0) first = find(v);
+      else parent[size_t(find(v))] = first;
+    };
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      ValueId v = node.inputs[i];
+      if (!spatial(v)) continue;
+      if (loop) join(v);
+      else if (conv && (i == 0 || (node.op == OpId::FusedConv2d && i == 3)))
+        touches_conv[size_t(v)] = true;
+      else
+        flexible[size_t(v)] = false;
+    }
+    for (ValueId y : node.outputs) {
+      if (!spatial(y)) continue;
+      if (loop) join(y);
+      else if (conv && node.outputs.size() == 1) touches_conv[size_t(y)] = true;
+      else flexible[size_t(y)] = false;
+    }
+  }
+  std::vector<bool> ok(nv, true), conv(nv, false), loop(nv, false);
+  for (size_t v = 0; v < nv; ++v) {
+    if (!spatial(ValueId(v))) continue;
+    size_t r = size_t(find(int32_t(v)));
+    ok[r] = ok[r] && flexible[v] &&
+            kernels::convolutions_prefer_nhwc(g.values[v].type.dtype == DType::BFloat16);
+    conv[r] = conv[r] || touches_conv[v];
+    loop[r] = loop[r] || touches_loop[v];
+  }
+  for (size_t v = 0; v < nv; ++v) {
+    if (!spatial(ValueId(v))) continue;
+    size_t r = size_t(find(int32_t(v)));
+    channels_last[v] = ok[r] && conv[r] && loop[r];
+  }
+}
+
 // The node as plain data (Note [oneDNN node descriptors] in kernels/onednn_node.cc); its
 // constants are registered by name for the build.
 kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
@@ -397,6 +501,7 @@ kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
     if (v == kNoValue) return o;
     o.value = v;
     for (const SymInt& s : g.type(v).shape) o.dims.push_back(s.value());
+    o.channels_last = channels_last[size_t(v)];
     if (is_constant(v)) {
       const Value& val = g.value(v);
       o.constant = val.name;
@@ -690,6 +795,7 @@ OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& exter
   // value (Note [layout choice]). Each restart excludes one more node, so this ends.
   for (;;) {
     im.decide_blockable(eligible);
+    im.decide_channels_last(eligible);
     im.nodes.assign(num_nodes, nullptr);
     im.descs.assign(num_nodes, kernels::OnednnNodeDesc());
     im.why_not.assign(num_nodes, "");
@@ -717,13 +823,22 @@ OnednnLowering::OnednnLowering(const Graph& g, const std::vector<int32_t>& exter
         continue;
       }
       im.why_not[n] = im.nodes[n]->why_not();
+      bool blocked_in = false, channels_last = false;
       for (ValueId v : g.nodes[n].inputs)
-        if (v != kNoValue && im.layouts.blocked(v)) restart_without = int32_t(n);
+        if (v != kNoValue) {
+          blocked_in = blocked_in || im.layouts.blocked(v);
+          channels_last = channels_last || im.channels_last[size_t(v)];
+        }
+      for (ValueId v : g.nodes[n].outputs) channels_last = channels_last || im.channels_last[size_t(v)];
+      if (blocked_in || channels_last) {
+        restart_without = int32_t(n);
+        static_reason[n] = fmt::format("oneDNN rejected it on {} ({}); excluded and the graph rebuilt",
+                                       blocked_in ? "a blocked input" : "a channels-last value",
+                                       im.why_not[n]);
+      }
     }
     if (restart_without < 0) break;
     eligible[size_t(restart_without)] = false;
-    static_reason[size_t(restart_without)] =
-        "oneDNN rejected it on a blocked input; excluded and the graph rebuilt";
   }
   for (size_t n = 0; n < num_nodes; ++n) {
     if (im.nodes[n] && im.nodes[n]->lowered())
@@ -745,6 +860,10 @@ std::string OnednnLowering::why_not_lowered(int32_t node) const {
 }
 
 bool OnednnLowering::blocked(ValueId v) const { return impl_->layouts.blocked(v); }
+bool OnednnLowering::channels_last(ValueId v) const {
+  return v >= 0 && size_t(v) < impl_->channels_last.size() && impl_->channels_last[size_t(v)] &&
+         !impl_->layouts.blocked(v);
+}
 int64_t OnednnLowering::value_bytes(ValueId v) const { return impl_->layouts.value_bytes(v); }
 int64_t OnednnLowering::scratchpad_bytes() const { return impl_->scratch_bytes; }
 

@@ -63,6 +63,10 @@ struct OnednnOptions {
   // layout measured (Note [measured convolution layout] in onednn_lowering.cc); 0 measures every
   // convolution, infinity none but those on a reference kernel.
   double measure_above_roofline = 3.0;
+  // Per node of the graph (empty: none): runs as generated loop code. Values those kernels
+  // share with convolutions may then be stored channels-last (Note [channels-last values] in
+  // onednn_lowering.cc).
+  std::vector<bool> generated;
 };
 
 class OnednnLowering {
@@ -91,6 +95,9 @@ class OnednnLowering {
   // Storage bytes of a blocked value (may exceed the plain size by channel padding); -1 for a
   // plain value (its size is the type's contiguous size).
   int64_t value_bytes(ValueId v) const;
+  // Whether plain value v is stored channels-last (4-D, NHWC order in memory; Note
+  // [channels-last values]): the loop kernels that read or write it use its strides.
+  bool channels_last(ValueId v) const;
   // Bytes of the one scratch region run() needs (the max over lowered nodes: it is reused by
   // each node in turn). Reorder temporaries and oneDNN scratchpads live there.
   int64_t scratchpad_bytes() const;

@@ -1,0 +1,207 @@
+// Channels-last values between convolutions and loop kernels (Note [channels-last values] in
+// targets/cpu/onednn_lowering.cc): in a MobileNet-v3 / EfficientNet block the depthwise
+// convolution's output feeds squeeze-excite loop kernels (a mean over H and W, a scale) whose
+// result feeds the next 1x1 convolution. Where this CPU's convolutions compute in nhwc, those
+// values are stored NHWC: no reorder around the convolutions, and the loop kernels walk them in
+// memory order (the scale a SIMD pointwise kernel along C, the mean a lane reduction along C,
+// the hardswish stored by the mean's kernel). Checked against the float64 reference on fresh
+// random inputs (float32, bfloat16; channel counts that are and are not multiples of the vector
+// width), through a package (format version 7, bitwise; labelled version 6 it is refused), and
+// with a value of the block that is also a graph output (graph outputs are NCHW: that group
+// stays NCHW, with its reorders).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../support/compare.h"
+#include "../support/graph_inputs.h"
+#include "compiler/compile.h"
+#include "core/error.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
+#include "kernels/onednn_node.h"
+#include "ops/kernel_util.h"
+#include "ops/onednn.h"
+#include "runtime/package.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Block {
+  Graph g;
+  double k = 0;  // the longest accumulation, for the tolerance
+  int64_t c_in = 0, hw = 0;
+};
+
+// x [1, c_in, hw, hw] -> expand 1x1 (silu) -> depthwise 3x3 (silu; or none, then a hardswish
+// loop kernel) "dw" -> mean over H, W "pool" -> squeeze 1x1 (relu) -> excite 1x1 (sigmoid) ->
+// dw * excite "scale" -> project 1x1 -> + x "residual" (output 0). `dw_is_output`: the
+// depthwise value is output 1 too.
+Block mbconv(DType dt, int64_t c_in, int64_t c_mid, bool hardswish, bool dw_is_output,
+             Generator& gen) {
+  Block b;
+  b.c_in = c_in;
+  b.hw = 14;
+  Graph& g = b.g;
+  g.name = "mbconv";
+  auto param = [&](const std::string& name, Dims d) {
+    double fan_in = double(d[1] * d[2] * d[3]);
+    b.k = std::max(b.k, fan_in);
+    return g.add_param(name, sample_randn(gen, d, 1.0 / std::sqrt(fan_in)).to(dt));
+  };
+  auto conv = [&](ValueId x, int64_t cin, int64_t cout, int64_t k, int64_t groups,
+                  const std::string& name, const char* act) {
+    ValueId w = param(name + ".w", {cout, cin / groups, k, k});
+    ValueId bias = g.add_param(name + ".b", sample_randn(gen, {cout}, 0.5).to(dt));
+    Attrs a{{"padding", Ints{k / 2, k / 2}}, {"groups", groups}};
+    if (std::string(act) == "none") return g.add_node1(OpId::Conv2d, {x, w, bias}, a, name);
+    a.set("activation", std::string(act));
+    return g.add_node1(OpId::FusedConv2d, {x, w, bias}, a, name);
+  };
+  auto scalar = [&](double v, const std::string& name) {
+    return g.add_const(Tensor::scalar(v, dt), name);
+  };
+  ValueId x = g.add_input("x", TensorType(dt, Shape{1, c_in, b.hw, b.hw}));
+  ValueId e = conv(x, c_in, c_mid, 1, 1, "expand", "silu");
+  ValueId d = conv(e, c_mid, c_mid, 3, c_mid, "dw", hardswish ? "none" : "silu");
+  if (hardswish) {
+    ValueId t = g.add_node1(OpId::Add, {d, scalar(3, "three")}, {}, "hs_shift");
+    t = g.add_node1(OpId::Clamp, {t}, {{"min", 0.0}, {"max", 6.0}}, "hs_clamp");
+    t = g.add_node1(OpId::Div, {t, scalar(6, "six")}, {}, "hs_gate");
+    d = g.add_node1(OpId::Mul, {d, t}, {}, "hardswish");
+  }
+  ValueId p = g.add_node1(OpId::Mean, {d}, {{"dims", Ints{2, 3}}, {"keepdim", true}}, "pool");
+  const int64_t c_sq = std::max<int64_t>(4, c_mid / 4);
+  ValueId s = conv(p, c_mid, c_sq, 1, 1, "squeeze", "relu");
+  s = conv(s, c_sq, c_mid, 1, 1, "excite", "sigmoid");
+  ValueId scaled = g.add_node1(OpId::Mul, {d, s}, {}, "scale");
+  ValueId y = conv(scaled, c_mid, c_in, 1, 1, "project", "none");
+  y = g.add_node1(OpId::Add, {y, x}, {}, "residual");
+  g.outputs = {y};
+  if (dw_is_output) g.outputs.push_back(d);
+  return b;
+}
+
+std::string kernel_line(const compiler::CompileReport& r, const std::string& prefix) {
+  for (const std::string& k : r.kernels)
+    if (k.rfind(prefix, 0) == 0) return k;
+  return "";
+}
+
+// The report line of the loop kernel that computes node `node`.
+std::string loop_line(const compiler::CompileReport& r, const std::string& node) {
+  for (const std::string& k : r.kernels)
+    if (k.rfind("k", 0) == 0 && k.find("'" + node + "'") != std::string::npos) return k;
+  return "";
+}
+
+void check_outputs(const Block& b, compiler::CompiledExecutable& compiled,
+                   Executable* packaged, DType dt) {
+  for (uint64_t seed : {11u, 12u}) {
+    Generator gen(seed);
+    TensorList in = {Tensor::randn({1, b.c_in, b.hw, b.hw}, gen, DType::Float32).to(dt)};
+    TensorList want = run(test::as_float64(b.g), {in[0].to(DType::Float64)});
+    TensorList got = compiled.run(in);
+    ASSERT_EQ(got.size(), want.size());
+    // Four chained convolutions (bfloat16: each layer's output rounded to 2^-9).
+    double tol = dt == DType::BFloat16 ? 4e-2 : 1e-5 * std::sqrt(b.k) * 4;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(got[i].is_contiguous()) << "output " << i;
+      test::Comparison c = test::compare(got[i], want[i], test::Tolerance::rel(tol, tol));
+      EXPECT_TRUE(c.ok()) << "output " << i << " seed " << seed << ": " << c.str() << "\n"
+                          << compiled.summary();
+    }
+    if (packaged) {
+      TensorList pkg = packaged->run(in);
+      ASSERT_EQ(pkg.size(), got.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(test::close(pkg[i], got[i], test::Tolerance::exact())) << "packaged output " << i;
+    }
+  }
+}
+
+// A package with a channels-last operand is format version 7: labelled version 6 (header and
+// manifest edited alike, hashes recomputed), the loader refuses it, naming the launch, rather
+// than a runtime of that version reading the operand as NCHW.
+void expect_refused_as_version_6(const std::string& bytes) {
+  uint32_t version = 0;
+  std::vector<PackageSection> sections = parse_package_container(bytes, "mbconv", &version);
+  ASSERT_EQ(version, kChannelsLastFormatVersion);
+  nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
+  m["format_version"] = kOnednnConcatFormatVersion;
+  sections[0].bytes = m.dump(1);
+  std::string err;
+  try {
+    load_package_bytes(package_container(sections, kOnednnConcatFormatVersion), "mbconv-v6");
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("channels-last operand is unknown to format version 6"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("launch"), std::string::npos) << err;
+}
+
+}  // namespace
+
+TEST(InductorChannelsLast, SqueezeExciteBlockRunsChannelsLastAndMatchesTheReference) {
+  const bool nhwc = kernels::convolutions_prefer_nhwc(false);
+  std::vector<DType> dtypes = {DType::Float32};
+  if (onednn::supports_dtype(DType::BFloat16)) dtypes.push_back(DType::BFloat16);
+  for (DType dt : dtypes)
+    for (int64_t c_mid : {int64_t(48), int64_t(40), int64_t(37)})
+      for (bool hardswish : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} c_mid {} {}", dtype_name(dt), c_mid,
+                                 hardswish ? "hardswish" : "silu"));
+        Generator wgen(401);
+        Block b = mbconv(dt, 24, c_mid, hardswish, false, wgen);
+        auto compiled = compiler::compile(b.g, Device::cpu(), compiler::Options{});
+        const compiler::CompileReport& r = compiled->report();
+        EXPECT_EQ(r.eager_launches, 0) << compiled->summary();
+        const bool cl = dt == DType::BFloat16 ? kernels::convolutions_prefer_nhwc(true) : nhwc;
+        if (cl) {
+          // No transposing copy after the depthwise convolution nor before the project one
+          // (whose result, a graph output, is NCHW).
+          std::string dw = kernel_line(r, hardswish ? "conv2d:dw " : "fused_conv2d:dw ");
+          EXPECT_NE(dw.find("[oneDNN]"), std::string::npos) << compiled->summary();
+          EXPECT_EQ(dw.find("reorders"), std::string::npos) << dw;
+          std::string project = kernel_line(r, "fused_conv2d:project ");
+          EXPECT_NE(project.find("src nhwc"), std::string::npos) << compiled->summary();
+          EXPECT_EQ(project.find("reorders: src"), std::string::npos) << project;
+          // The loop kernels walk the NHWC values along C with SIMD lanes.
+          EXPECT_NE(loop_line(r, "scale").find("[pointwise, SIMD]"), std::string::npos)
+              << compiled->summary();
+          EXPECT_NE(loop_line(r, "pool").find("[reduce, SIMD]"), std::string::npos)
+              << compiled->summary();
+        }
+        const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+        uint32_t version = 0;
+        parse_package_container(bytes, "mbconv", &version);
+        EXPECT_EQ(version, cl ? kChannelsLastFormatVersion : kCpuPackageFormatVersion);
+        LoadedPackage loaded = load_package_bytes(bytes, "mbconv");
+        if (cl) expect_refused_as_version_6(bytes);
+        check_outputs(b, *compiled, loaded.exe.get(), dt);
+      }
+}
+
+// A value of the block that is also a graph output must be NCHW (outputs are contiguous
+// tensors): its group (the depthwise output, the hardswish, the scale) stays NCHW, and the
+// convolutions around it reorder, as before channels-last values.
+TEST(InductorChannelsLast, GroupWithAGraphOutputStaysNchw) {
+  Generator wgen(402);
+  Block b = mbconv(DType::Float32, 24, 40, true, true, wgen);
+  auto compiled = compiler::compile(b.g, Device::cpu(), compiler::Options{});
+  const compiler::CompileReport& r = compiled->report();
+  EXPECT_EQ(r.eager_launches, 0) << compiled->summary();
+  if (kernels::convolutions_prefer_nhwc(false)) {
+    std::string dw = kernel_line(r, "conv2d:dw ");
+    EXPECT_NE(dw.find("reorders: dst nhwc->nchw"), std::string::npos) << compiled->summary();
+  }
+  check_outputs(b, *compiled, nullptr, DType::Float32);
+}
+
