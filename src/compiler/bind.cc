@@ -121,6 +121,67 @@ void widen_elements(ConcatPart& p) {
   }
 }
 
+// Note [channels-last concat]: a concat whose parts or result a library stores in another
+// order than row-major (Schedule::value_strides: the CPU's channels-last values, Note
+// [channels-last values] in targets/cpu/onednn_lowering.cc) copies every part as a strided part
+// walked in the result's memory order, adjacent dims merged: along the channels of NHWC values,
+// one memcpy of a part's C_i channels per pixel (DenseNet's concatenations of 32-channel
+// convolution outputs). Every part must be a stored value (no view) of the result's dtype.
+std::optional<Executable::Launch> reordered_concat(const Graph& g, const lower::Schedule& s,
+                                                   const MemoryAssignment& m, const Node& n,
+                                                   int64_t dim) {
+  ValueId y = n.outputs[0];
+  const TensorType& yt = g.type(y);
+  const size_t r = yt.shape.size();
+  const int64_t elt = dtype_size(yt.dtype);
+  auto storage = [&](ValueId v) {
+    Dims d = to_dims(g.type(v).shape);
+    const std::vector<int64_t>& st = s.value_strides[size_t(v)];
+    return st.empty() ? contiguous_strides(d) : Dims(st.begin(), st.end());
+  };
+  const Dims ys = storage(y);
+  std::vector<size_t> order(r);
+  for (size_t d = 0; d < r; ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ys[a] > ys[b]; });
+  std::vector<ConcatPart> parts;
+  int64_t at = 0;
+  for (ValueId v : n.inputs) {
+    if (v == kNoValue || s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 ||
+        g.type(v).dtype != yt.dtype || g.type(v).shape.size() != r)
+      return {};
+    const Dims vd = to_dims(g.type(v).shape), vs = storage(v);
+    ConcatPart part;
+    part.src = m.mem[size_t(v)];
+    part.dst_offset = at * ys[size_t(dim)] * elt;
+    part.elem_bytes = elt;
+    for (size_t d : order) {
+      if (vd[d] == 1) continue;
+      if (!part.sizes.empty() && part.strides.back() == vs[d] * vd[d] &&
+          part.dst_strides.back() == ys[d] * vd[d]) {
+        part.sizes.back() *= vd[d];
+        part.strides.back() = vs[d];
+        part.dst_strides.back() = ys[d];
+        continue;
+      }
+      part.sizes.push_back(vd[d]);
+      part.strides.push_back(vs[d]);
+      part.dst_strides.push_back(ys[d]);
+    }
+    if (part.sizes.empty()) {  // one element
+      part.sizes = {1};
+      part.strides = {1};
+      part.dst_strides = {1};
+    }
+    widen_elements(part);
+    parts.push_back(std::move(part));
+    at += vd[size_t(dim)];
+  }
+  // One outer block of the whole result: what a package's loader checks the parts against.
+  int64_t bytes = elt;
+  for (const SymInt& d : yt.shape) bytes *= d.value();
+  return make_concat_launch(std::move(parts), 1, bytes, m.mem[size_t(y)]);
+}
+
 // A node the runtime's kernel library runs without its eager kernel (runtime/launch_library.h),
 // so that the Executable stays packageable: embedding, concat and split on the CPU, over buffers
 // or views of concrete shapes (byte copies: bitwise what the eager kernels compute).
@@ -145,6 +206,10 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
     int64_t dim = n.attrs.get_int("dim");
     if (dim < 0) dim += r;
     if (dim < 0 || dim >= r) return {};
+    bool reordered = !s.value_strides[size_t(y)].empty();
+    for (ValueId v : n.inputs)
+      reordered = reordered || (v != kNoValue && !s.value_strides[size_t(v)].empty());
+    if (reordered) return reordered_concat(g, s, m, n, dim);
     int64_t outer = 1, inner = dtype_size(yt.dtype);
     for (int d = 0; d < dim; ++d) outer *= yt.shape[size_t(d)].value();
     for (int d = int(dim) + 1; d < r; ++d) inner *= yt.shape[size_t(d)].value();
@@ -388,6 +453,15 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
     } else {
       const Node& n = g.nodes[size_t(st.node)];
       const OpDef& d = op_def(n.op);
+      // Eager kernels read and write row-major tensors: a value a library stores in another
+      // order must never reach one (LibraryKernels::value_strides promises it).
+      for (const std::vector<ValueId>* vs : {&n.inputs, &n.outputs})
+        for (ValueId v : *vs)
+          if (v != kNoValue && !s.value_strides[size_t(v)].empty())
+            fail_kind(ErrorKind::Internal,
+                      "compiler: eager kernel of {} '{}' would read or write '%{}', which the "
+                      "library stores in another order than row-major",
+                      d.name, n.name, g.value(v).name);
       auto state = std::make_shared<EagerKernel>();
       state->def = &d;
       state->fn = target.device().is_cpu() ? (d.eager_cpu ? d.eager_cpu : d.reference) : d.eager_cuda;

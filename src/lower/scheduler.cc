@@ -442,6 +442,8 @@ Schedule Scheduler::run() {
   s_.unstored.assign(nv, false);
   s_.virtual_view.assign(nv, false);
   s_.views.resize(nv);
+  s_.value_strides = opt_.value_strides;
+  s_.value_strides.resize(nv);
   cls_.resize(nn);
   node_group_.assign(nn, -1);
   level_.assign(nv, Level::Full);

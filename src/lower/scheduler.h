@@ -48,6 +48,9 @@ struct Schedule {
   std::vector<bool> unstored;         // per value: lives in registers inside a fused kernel
   std::vector<bool> virtual_view;     // per value: a view read through its base (no memory)
   std::vector<ViewGeometry> views;    // per value (meaningful where virtual_view)
+  // Per value: ScheduleOptions::value_strides (empty: row-major), for the steps that are not
+  // loop kernels (the runtime's concat copies such values through their strides).
+  std::vector<std::vector<int64_t>> value_strides;
   std::deque<Attrs> synth_attrs;      // attributes of expressions the scheduler made up
   // Counts for explain and benchmarks.
   int fused_nodes = 0;  // nodes that share a loop kernel with another node

@@ -8,7 +8,8 @@
 // random inputs (float32, bfloat16; channel counts that are and are not multiples of the vector
 // width), through a package (format version 7, bitwise; labelled version 6 it is refused), and
 // with a value of the block that is also a graph output (graph outputs are NCHW: that group
-// stays NCHW, with its reorders).
+// stays NCHW, with its reorders). And DenseNet's block: the runtime's concatenations copy
+// channels-last parts into a channels-last result.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -85,6 +86,49 @@ Block mbconv(DType dt, int64_t c_in, int64_t c_mid, bool hardswish, bool dw_is_o
   y = g.add_node1(OpId::Add, {y, x}, {}, "residual");
   g.outputs = {y};
   if (dw_is_output) g.outputs.push_back(d);
+  return b;
+}
+
+// DenseNet-like: stem conv f0 -> two layers, each norm (x * s + b, relu: loop kernels) of the
+// concatenation so far -> 1x1 (relu) -> 3x3 "grow<i>"; the concatenations "cat<i>" are the
+// runtime's copies (their results feed loop kernels); a final norm -> 1x1 "head" (output 0).
+Block dense_block(DType dt, int64_t growth, Generator& gen) {
+  Block b;
+  b.c_in = 24;
+  b.hw = 14;
+  Graph& g = b.g;
+  g.name = "dense_block";
+  auto conv = [&](ValueId x, int64_t cin, int64_t cout, int64_t k, const std::string& name,
+                  bool relu) {
+    double fan_in = double(cin * k * k);
+    b.k = std::max(b.k, fan_in);
+    ValueId w = g.add_param(name + ".w", sample_randn(gen, {cout, cin, k, k}, 1.0 / std::sqrt(fan_in)).to(dt));
+    ValueId bias = g.add_param(name + ".b", sample_randn(gen, {cout}, 0.5).to(dt));
+    Attrs a{{"padding", Ints{k / 2, k / 2}}};
+    if (!relu) return g.add_node1(OpId::Conv2d, {x, w, bias}, a, name);
+    a.set("activation", std::string("relu"));
+    return g.add_node1(OpId::FusedConv2d, {x, w, bias}, a, name);
+  };
+  auto norm = [&](ValueId x, int64_t c, const std::string& name) {
+    ValueId sc = g.add_param(name + ".s", sample_randn(gen, {1, c, 1, 1}, 0.5).to(dt));
+    ValueId sh = g.add_param(name + ".t", sample_randn(gen, {1, c, 1, 1}, 0.5).to(dt));
+    ValueId y = g.add_node1(OpId::Mul, {x, sc}, {}, name + "_scale");
+    y = g.add_node1(OpId::Add, {y, sh}, {}, name + "_shift");
+    return g.add_node1(OpId::Relu, {y}, {}, name + "_relu");
+  };
+  ValueId x = g.add_input("x", TensorType(dt, Shape{1, b.c_in, b.hw, b.hw}));
+  std::vector<ValueId> features = {conv(x, b.c_in, 32, 3, "stem", true)};
+  int64_t c = 32;
+  for (int i = 1; i <= 2; ++i) {
+    ValueId cat = features.size() == 1
+                      ? features[0]
+                      : g.add_node1(OpId::Concat, features, {{"dim", int64_t(1)}}, fmt::format("cat{}", i - 1));
+    ValueId h = conv(norm(cat, c, fmt::format("norm{}", i)), c, 48, 1, fmt::format("bottleneck{}", i), true);
+    features.push_back(conv(h, 48, growth, 3, fmt::format("grow{}", i), false));
+    c += growth;
+  }
+  ValueId cat = g.add_node1(OpId::Concat, features, {{"dim", int64_t(1)}}, "cat2");
+  g.outputs = {conv(norm(cat, c, "norm3"), c, 20, 1, "head", false)};
   return b;
 }
 
@@ -205,3 +249,39 @@ TEST(InductorChannelsLast, GroupWithAGraphOutputStaysNchw) {
   check_outputs(b, *compiled, nullptr, DType::Float32);
 }
 
+
+// DenseNet's concatenations of convolution outputs feed loop kernels (the norm before each
+// bottleneck): they are the runtime's copies, and where convolutions compute in nhwc, every
+// value of the block is channels-last: the convolutions write their outputs and read the
+// normalized concatenations without a reorder, and the concat copies C_i channels per pixel
+// (Note [channels-last concat] in compiler/bind.cc).
+TEST(InductorChannelsLast, DenseBlockConcatenatesChannelsLastAndMatchesTheReference) {
+  const bool nhwc = kernels::convolutions_prefer_nhwc(false);
+  for (int64_t growth : {int64_t(16), int64_t(12)}) {
+    SCOPED_TRACE(fmt::format("growth {}", growth));
+    Generator wgen(404);
+    Block b = dense_block(DType::Float32, growth, wgen);
+    auto compiled = compiler::compile(b.g, Device::cpu(), compiler::Options{});
+    const compiler::CompileReport& r = compiled->report();
+    EXPECT_EQ(r.eager_launches, 0) << compiled->summary();
+    for (const char* cat : {"concat:cat1 ", "concat:cat2 "})
+      EXPECT_NE(kernel_line(r, cat).find("[runtime kernel concat]"), std::string::npos)
+          << cat << "\n" << compiled->summary();
+    if (nhwc) {
+      // (The stem reads the NCHW graph input: its src reorder stays.)
+      std::string stem = kernel_line(r, "fused_conv2d:stem ");
+      EXPECT_EQ(stem.find("dst nhwc->"), std::string::npos) << stem;
+      for (const char* name : {"conv2d:grow1 ", "conv2d:grow2 ",
+                               "fused_conv2d:bottleneck1 ", "fused_conv2d:bottleneck2 "}) {
+        std::string line = kernel_line(r, name);
+        EXPECT_NE(line.find("[oneDNN]"), std::string::npos) << name << "\n" << compiled->summary();
+        EXPECT_EQ(line.find("reorders"), std::string::npos) << line;
+      }
+      EXPECT_EQ(kernel_line(r, "conv2d:head ").find("reorders: src"), std::string::npos)
+          << compiled->summary();
+    }
+    const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+    LoadedPackage loaded = load_package_bytes(bytes, "dense");
+    check_outputs(b, *compiled, loaded.exe.get(), DType::Float32);
+  }
+}

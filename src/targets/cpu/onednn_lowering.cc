@@ -60,8 +60,9 @@
 // reductions] in targets/cpu/emitter.cc).
 // Which values: 4-D float32/bfloat16 values with more than one channel and more than one
 // pixel (otherwise both orders are the same memory) are joined into groups through the
-// generated pointwise, reduction and row-norm nodes that read or write them (all of one such
-// node's 4-D values share an order, so no kernel transposes). A group is stored channels-last
+// generated pointwise, reduction and row-norm nodes that read or write them, and through the
+// concats the runtime copies (all of one such node's 4-D values share an order, so no kernel
+// transposes). A group is stored channels-last
 // when every value in it is produced by such a loop node or by a lowerable convolution or
 // pooling and read only by such loop nodes or as the src (or residual) of such convolutions
 // and poolings (no view, no eager kernel, no other library kernel, not a graph output), when
@@ -431,6 +432,10 @@ void OnednnLowering::Impl::decide_channels_last(const std::vector<bool>& eligibl
   // tables follow the output's dims; not views: they would need the strides composed).
   auto loop_node = [&](size_t n) {
     const Node& node = g.nodes[n];
+    // A concat oneDNN does not take (its result is plain: Note [layout choice]) is the runtime's
+    // copy, which follows its parts' and result's strides (Note [channels-last concat] in
+    // compiler/bind.cc): DenseNet's concatenations feeding loop kernels.
+    if (node.op == OpId::Concat) return node.outputs.size() == 1 && !may_block[size_t(node.outputs[0])];
     if (!options.generated[n] || op_def(node.op).is_view) return false;
     return op_has(node.op, trait::Pointwise) || op_has(node.op, trait::Reduction) ||
            op_has(node.op, trait::RowNorm) || node.op == OpId::AdaptiveAvgPool2d;
