@@ -23,6 +23,7 @@
 #include <limits>
 #include <optional>
 
+#include "core/resample.h"
 #include "ops/kernel_path.h"
 #include "ops/kernel_util.h"
 
@@ -90,41 +91,9 @@ std::vector<TensorType> infer_upsample(const InferContext& ctx) {
   return {TensorType(x.dtype, out, x.device)};
 }
 
-// The scale that maps output to input coordinates when align_corners is false.
-float nearest_scale(int64_t in, int64_t out, const Floats& scales, int i) {
-  return scales.empty() ? float(in) / float(out) : float(1.0 / scales[size_t(i)]);
-}
-
-std::vector<int64_t> nearest_table(int64_t in, int64_t out, const Floats& scales, int i) {
-  std::vector<int64_t> t(static_cast<size_t>(out));
-  const float s = nearest_scale(in, out, scales, i);
-  for (int64_t o = 0; o < out; ++o) {
-    if (out == in) t[size_t(o)] = o;
-    else if (out == 2 * in) t[size_t(o)] = o >> 1;
-    else t[size_t(o)] = std::min(int64_t(std::floor(float(o) * s)), in - 1);
-  }
-  return t;
-}
-
-struct LinearTap {
-  int64_t i0, i1;
-  double w1;  // weight of i1; i0 gets 1 - w1
-};
-
-std::vector<LinearTap> linear_table(int64_t in, int64_t out, bool align_corners,
-                                    const Floats& scales, int i) {
-  std::vector<LinearTap> t(static_cast<size_t>(out));
-  double s;
-  if (align_corners) s = out > 1 ? double(in - 1) / double(out - 1) : 0.0;
-  else s = scales.empty() ? double(in) / double(out) : 1.0 / scales[size_t(i)];
-  for (int64_t o = 0; o < out; ++o) {
-    double src = align_corners ? s * double(o) : std::max(s * (double(o) + 0.5) - 0.5, 0.0);
-    int64_t i0 = std::min(int64_t(std::floor(src)), in - 1);
-    double w1 = std::min(std::max(src - double(i0), 0.0), 1.0);
-    t[size_t(o)] = {i0, i0 + (i0 < in - 1 ? 1 : 0), w1};
-  }
-  return t;
-}
+using resample::LinearTap;
+using resample::linear_table;
+using resample::nearest_table;
 
 void upsample_nearest(const KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
@@ -138,32 +107,10 @@ void upsample_nearest(const KernelContext& ctx) {
   const char* xp = static_cast<const char*>(x.raw_data());
   char* op = static_cast<char*>(out.raw_data());
   const int64_t planes = out.sizes()[0] * out.sizes()[1], C = out.sizes()[1];
-  // Each output row is its source row's elements at the width table's columns: copied element
-  // by element in the element's own type (a memcpy call per element was ~44x the copy's
-  // floor), or, when it has the previous output row's source row, as a copy of that row.
-  auto rows = [&](auto elem) {
-    using E = decltype(elem);
 #pragma omp parallel for if (out.numel() > 65536)
-    for (int64_t p = 0; p < planes; ++p) {
-      const char* plane = xp + ((p / C) * xs[0] + (p % C) * xs[1]) * es;
-      E* dst = reinterpret_cast<E*>(op) + p * Ho * Wo;
-      for (int64_t oh = 0; oh < Ho; ++oh, dst += Wo) {
-        if (oh > 0 && hs[size_t(oh)] == hs[size_t(oh - 1)]) {
-          std::memcpy(dst, dst - Wo, size_t(Wo) * sizeof(E));
-          continue;
-        }
-        const char* row = plane + hs[size_t(oh)] * xs[2] * es;
-        for (int64_t ow = 0; ow < Wo; ++ow)
-          std::memcpy(&dst[ow], row + ws[size_t(ow)] * xs[3] * es, sizeof(E));
-      }
-    }
-  };
-  switch (es) {  // every dtype (dtype.def) is 1, 2, 4 or 8 bytes
-    case 1: return rows(uint8_t{});
-    case 2: return rows(uint16_t{});
-    case 4: return rows(uint32_t{});
-    default: KILN_ASSERT(es == 8); return rows(uint64_t{});
-  }
+  for (int64_t p = 0; p < planes; ++p)
+    resample::nearest_plane(xp + ((p / C) * xs[0] + (p % C) * xs[1]) * es, xs[2], xs[3],
+                            op + p * Ho * Wo * es, es, hs, ws);
 }
 
 // Bilinear in float64 (the reference).
@@ -218,45 +165,15 @@ void upsample_bilinear_f32(const KernelContext& ctx) {
   const float* xp = x.data<float>();
   float* op = out.data<float>();
   const int64_t planes = out.sizes()[0] * out.sizes()[1];
-  // Separably: an output row blends two source rows interpolated along the width, and
-  // neighbouring output rows share source rows, so each source row is interpolated once into
-  // one of two cached rows and every output row is one contiguous blend of two of them. The
-  // operations per element are the direct formula's, in its order (bitwise the same results);
-  // the direct formula gathered four taps per output element (deeplabv3's 8x upsample: 25x its
-  // roofline, `kiln profile`).
+  // Separably (resample::bilinear_plane_f32): the direct formula gathered four taps per output
+  // element (deeplabv3's 8x upsample: 25x its roofline, `kiln profile`).
 #pragma omp parallel if (out.numel() > 65536)
   {
     std::vector<float> cache(size_t(2 * Wo));
-    int64_t held[2];
 #pragma omp for
-    for (int64_t p = 0; p < planes; ++p) {
-      const float* plane = xp + p * H * W;
-      float* dst = op + p * Ho * Wo;
-      held[0] = held[1] = -1;
-      // Source row r interpolated along the width, in the cache slot that does not hold `keep`.
-      auto row = [&](int64_t r, int64_t keep) -> const float* {
-        for (int k = 0; k < 2; ++k)
-          if (held[k] == r) return cache.data() + k * Wo;
-        const int k = held[0] == keep && keep >= 0 ? 1 : 0;
-        const float* src = plane + r * W;
-        float* t = cache.data() + k * Wo;
-        for (int64_t ow = 0; ow < Wo; ++ow) {
-          const LinearTap& tw = ws[size_t(ow)];
-          const float w1 = wf[size_t(ow)], w0 = 1.0f - w1;
-          t[ow] = w0 * src[tw.i0] + w1 * src[tw.i1];
-        }
-        held[k] = r;
-        return t;
-      };
-      for (int64_t oh = 0; oh < Ho; ++oh, dst += Wo) {
-        const LinearTap& th = hs[size_t(oh)];
-        const float* top = row(th.i0, th.i1);
-        const float* bottom = row(th.i1, th.i0);  // never evicts the top row
-        const float h1 = float(th.w1), h0 = 1.0f - h1;
-#pragma omp simd
-        for (int64_t ow = 0; ow < Wo; ++ow) dst[ow] = h0 * top[ow] + h1 * bottom[ow];
-      }
-    }
+    for (int64_t p = 0; p < planes; ++p)
+      resample::bilinear_plane_f32(xp + p * H * W, W, op + p * Ho * Wo, hs, ws, wf.data(),
+                                   cache.data());
   }
 }
 

@@ -18,11 +18,14 @@
 //           "int32_indices", "node"}: embedding lookups, as byte copies.
 //   concat  {"parts": [[slot, offset, chunk_bytes, dst_offset]...], "outer", "out_chunk_bytes",
 //           "out"}: concatenation of contiguous buffers, as byte copies.
+//   upsample {"bilinear", "align_corners", "scales_bits", "planes", "h", "w", "ho", "wo",
+//           "elem_bytes", "x", "y"}: nearest or bilinear upsampling (scales as bit patterns).
 // Eager launches (an op's eager kernel bound to tensors) have no record: `kiln compile -o`
 // refuses a graph with one, naming the node.
 #include "runtime/launch_library.h"
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -33,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/resample.h"
 #include "kernels/onednn_node.h"
 #include "kernels/json_numbers.h"
 #include "runtime/launch_records.h"
@@ -226,6 +230,42 @@ void run_concat(void* s, const Executable::RunContext& c) {
   }
 }
 
+struct UpsampleState {
+  UpsampleSpec spec;
+  MemRef x, y;
+  std::vector<int64_t> nh, nw;                  // nearest
+  std::vector<resample::LinearTap> lh, lw;      // bilinear
+  std::vector<float> wf;                        // float(lw[ow].w1)
+};
+
+void run_upsample(void* s, const Executable::RunContext& c) {
+  auto* k = static_cast<UpsampleState*>(s);
+  const UpsampleSpec& sp = k->spec;
+  const char* x = c.slots[k->x.slot] + k->x.byte_offset;
+  char* y = c.slots[k->y.slot] + k->y.byte_offset;
+  const int64_t in_plane = sp.h * sp.w * sp.elem_bytes, out_plane = sp.ho * sp.wo * sp.elem_bytes;
+  const bool par = sp.planes * sp.ho * sp.wo > 65536;
+  if (!sp.bilinear) {
+#pragma omp parallel for if (par)
+    for (int64_t p = 0; p < sp.planes; ++p)
+      resample::nearest_plane(x + p * in_plane, sp.w, 1, y + p * out_plane, sp.elem_bytes, k->nh,
+                              k->nw);
+    return;
+  }
+#pragma omp parallel if (par)
+  {
+    // Two interpolated rows per thread: allocated the first time a thread needs them, so that
+    // steady-state calls allocate nothing (OpenMP keeps its threads).
+    thread_local std::vector<float> cache;
+    if (cache.size() < size_t(2 * sp.wo)) cache.resize(size_t(2 * sp.wo));
+#pragma omp for
+    for (int64_t p = 0; p < sp.planes; ++p)
+      resample::bilinear_plane_f32(reinterpret_cast<const float*>(x + p * in_plane), sp.w,
+                                   reinterpret_cast<float*>(y + p * out_plane), k->lh, k->lw,
+                                   k->wf.data(), cache.data());
+  }
+}
+
 std::mutex& registry_mutex() {
   static std::mutex m;
   return m;
@@ -413,11 +453,42 @@ Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const s
   return make_concat_launch(std::move(parts), outer, out_chunk, out);
 }
 
+Executable::Launch rebuild_upsample(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
+  json p = kernels::parse_untrusted_json(r.params);
+  UpsampleSpec sp;
+  sp.bilinear = p.at("bilinear").get<bool>();
+  sp.align_corners = p.at("align_corners").get<bool>();
+  for (uint64_t b : p.at("scales_bits").get<std::vector<uint64_t>>()) sp.scales.push_back(std::bit_cast<double>(b));
+  sp.planes = p.at("planes").get<int64_t>();
+  sp.h = p.at("h").get<int64_t>();
+  sp.w = p.at("w").get<int64_t>();
+  sp.ho = p.at("ho").get<int64_t>();
+  sp.wo = p.at("wo").get<int64_t>();
+  sp.elem_bytes = p.at("elem_bytes").get<int64_t>();
+  MemRef x = ref_from(p.at("x")), y = ref_from(p.at("y"));
+  constexpr int64_t kMaxDim = int64_t(1) << 31, kMax = int64_t(1) << 40;
+  for (int64_t d : {sp.planes, sp.h, sp.w, sp.ho, sp.wo})
+    if (d < 1 || d > kMaxDim) throw std::out_of_range("upsample: a size out of range");
+  const int64_t eb = sp.elem_bytes;
+  if ((eb != 1 && eb != 2 && eb != 4 && eb != 8) || (sp.bilinear && eb != 4))
+    throw std::out_of_range("upsample: bad element size");
+  if (!sp.bilinear && sp.align_corners) throw std::out_of_range("upsample: align_corners is bilinear's");
+  if (!sp.scales.empty() && sp.scales.size() != 2) throw std::out_of_range("upsample: scales must be 0 or 2");
+  for (double v : sp.scales)
+    if (!(v > 0) || !(v < 2147483648.0)) throw std::out_of_range("upsample: a scale out of range");
+  if (x.slot < 0 || y.slot < 0 || sp.h * sp.w > kMax / eb / sp.planes || sp.ho * sp.wo > kMax / eb / sp.planes)
+    throw std::out_of_range("upsample: bad buffers or sizes");
+  check_buffer(env, x, sp.planes * sp.h * sp.w * eb, where);
+  check_buffer(env, y, sp.planes * sp.ho * sp.wo * eb, where);
+  return make_upsample_launch(sp, x, y);
+}
+
 std::map<std::string, LaunchKind>& registry() {
   static std::map<std::string, LaunchKind> r = {{"loop", {Device::cpu(), rebuild_loop, {}}},
                                                 {"onednn", {Device::cpu(), rebuild_onednn, {}}},
                                                 {"gather_rows", {Device::cpu(), rebuild_gather_rows, {}}},
-                                                {"concat", {Device::cpu(), rebuild_concat, {}}}};
+                                                {"concat", {Device::cpu(), rebuild_concat, {}}},
+                                                {"upsample", {Device::cpu(), rebuild_upsample, {}}}};
   return r;
 }
 
@@ -539,6 +610,36 @@ Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t out
     json p = {{"parts", parts}, {"outer", state->outer},
               {"out_chunk_bytes", state->out_chunk_bytes}, {"out", ref_json(state->out)}};
     return LaunchRecord{"concat", p.dump()};
+  };
+  l.owner = std::move(state);
+  return l;
+}
+
+Executable::Launch make_upsample_launch(const UpsampleSpec& spec, MemRef x, MemRef y) {
+  auto state = std::make_shared<UpsampleState>();
+  state->spec = spec;
+  state->x = x;
+  state->y = y;
+  if (spec.bilinear) {
+    state->lh = resample::linear_table(spec.h, spec.ho, spec.align_corners, spec.scales, 0);
+    state->lw = resample::linear_table(spec.w, spec.wo, spec.align_corners, spec.scales, 1);
+    for (const resample::LinearTap& t : state->lw) state->wf.push_back(float(t.w1));
+  } else {
+    state->nh = resample::nearest_table(spec.h, spec.ho, spec.scales, 0);
+    state->nw = resample::nearest_table(spec.w, spec.wo, spec.scales, 1);
+  }
+  Executable::Launch l;
+  l.fn = run_upsample;
+  l.state = state.get();
+  l.kind = "upsample";
+  l.record = [state] {
+    const UpsampleSpec& s = state->spec;
+    std::vector<uint64_t> bits;
+    for (double v : s.scales) bits.push_back(std::bit_cast<uint64_t>(v));
+    json p = {{"bilinear", s.bilinear}, {"align_corners", s.align_corners}, {"scales_bits", bits},
+              {"planes", s.planes}, {"h", s.h}, {"w", s.w}, {"ho", s.ho}, {"wo", s.wo},
+              {"elem_bytes", s.elem_bytes}, {"x", ref_json(state->x)}, {"y", ref_json(state->y)}};
+    return LaunchRecord{"upsample", p.dump()};
   };
   l.owner = std::move(state);
   return l;

@@ -400,7 +400,7 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     json params = json::parse(r.params);
     if (r.kind == "onednn" && params.at("desc").at("op") == "concat")
       version = std::max(version, kOnednnConcatFormatVersion);
-    if (r.kind == "onednn" && onednn_channels_last(params.at("desc")))
+    if ((r.kind == "onednn" && onednn_channels_last(params.at("desc"))) || r.kind == "upsample")
       version = std::max(version, kChannelsLastFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
                         {"params", std::move(params)}});
@@ -941,6 +941,9 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       const std::optional<Device> kind_device = launch_kind_device(r.kind);
       if (kind_device && kind_device->is_cuda() != cuda)
         throw std::out_of_range(fmt::format("{}: a {} launch in a {} package", lw, r.kind, out.device));
+      if (r.kind == "upsample" && out.format_version < kUpsampleFormatVersion)
+        throw std::out_of_range(fmt::format("{}: an upsample launch is unknown to format version {}",
+                                            lw, out.format_version));
       if (r.kind == "onednn") {  // its buffers must lie in the slot table and the arena
         const json& p = j.at("params");
         if (out.format_version < kOnednnConcatFormatVersion && p.at("desc").at("op") == "concat")

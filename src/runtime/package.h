@@ -26,14 +26,15 @@ namespace kiln {
 // version 6 oneDNN concat nodes in CPU packages (Note [oneDNN concat] in kernels/onednn_node.cc;
 // a version-5 runtime has no such node); version 7 channels-last activations in CPU packages'
 // oneDNN nodes (Note [channels-last values] in targets/cpu/onednn_lowering.cc; a version-6
-// runtime would ignore the operand key and read them as NCHW). A package is written with the
-// lowest version that holds it: CPU packages are version 2, 6 with a oneDNN concat, 7 with a
-// channels-last operand; CUDA packages are 5.
+// runtime would ignore the operand key and read them as NCHW) and the runtime's upsample
+// launch. A package is written with the lowest version that holds it: CPU packages are version
+// 2, 6 with a oneDNN concat, 7 with a channels-last operand or an upsample; CUDA packages are 5.
 inline constexpr uint32_t kPackageFormatVersion = 7;
 inline constexpr uint32_t kCudaPackageFormatVersion = 5;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOnednnConcatFormatVersion = 6;
 inline constexpr uint32_t kChannelsLastFormatVersion = 7;
+inline constexpr uint32_t kUpsampleFormatVersion = 7;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------

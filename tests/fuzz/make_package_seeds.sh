@@ -11,8 +11,8 @@ trap 'rm -rf "$WORK"' EXIT
 "$KILN" compile mlp -o "$WORK/mlp.kiln" >/dev/null
 "$KILN" compile vfe -o "$WORK/vfe.kiln" >/dev/null
 # A small fire module (squeeze 1x1, abs, expand 1x1 and 3x3, concat, 1x1): a oneDNN concat node
-# (format version 6) and, where convolutions compute in nhwc, a channels-last relu between
-# convolutions (version 7). Needs the onnx package (the setup's venv has it).
+# (format version 6), a channels-last abs between convolutions where they compute in nhwc and a
+# nearest upsample (version 7). Needs the onnx package (the setup's venv has it).
 PY="${KILN_PYTHON:-$HOME/.cache/kiln/venv/bin/python}"
 "$PY" - "$WORK/fire.onnx" <<'PY'
 import sys
@@ -28,9 +28,11 @@ nodes = [helper.make_node("Conv", ["x", "ws"], ["s"]),
          helper.make_node("Conv", ["sr", "w1"], ["e1"]),
          helper.make_node("Conv", ["sr", "w3"], ["e3"], pads=[1, 1, 1, 1]),
          helper.make_node("Concat", ["e1", "e3"], ["c"], axis=1),
-         helper.make_node("Conv", ["c", "wh"], ["y"])]
+         helper.make_node("Conv", ["c", "wh"], ["h"]),
+         helper.make_node("Resize", ["h", "", "up_scales"], ["y"], mode="nearest")]  # upsample launch
+inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "up_scales"))
 g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 6])],
-                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], inits)
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 12, 12])], inits)
 onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), sys.argv[1])
 PY
 "$KILN" compile "$WORK/fire.onnx" -o "$WORK/fire.kiln" >/dev/null

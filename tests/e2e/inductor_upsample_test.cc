@@ -1,0 +1,133 @@
+// Upsampling inside compiled CPU graphs runs the runtime's upsample launch
+// (runtime/launch_library.h: make_upsample_launch), not an eager kernel: FPN's nearest and the
+// segmentation heads' bilinear upsampling. It shares its tap tables and plane loops with the
+// eager kernels (core/resample.h), so the compiled result is bitwise the eager one; checked
+// also against the float64 reference on fresh random inputs, for integer, fractional and
+// size-given scales, align_corners, float16 nearest, through a package (format version 7,
+// bitwise; labelled version 6 it is refused). Bilinear in bfloat16 keeps the eager kernel.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "../support/compare.h"
+#include "../support/graph_inputs.h"
+#include "compiler/compile.h"
+#include "core/error.h"
+#include "ir/graph.h"
+#include "ir/interpreter.h"
+#include "runtime/package.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Case {
+  std::string name;
+  Dims x;
+  std::string mode;
+  Ints size;      // empty: from scales
+  Floats scales;  // empty: from size
+  bool align_corners = false;
+  DType dtype = DType::Float32;
+};
+
+// relu(x) -> upsample -> + y: the upsample reads a loop kernel's output and feeds another.
+Graph case_graph(const Case& c) {
+  Graph g;
+  g.name = "upsample";
+  ValueId x = g.add_input("x", TensorType(c.dtype, Shape(c.x.begin(), c.x.end())));
+  ValueId r = g.add_node1(OpId::Relu, {x}, {}, "act");
+  Attrs a{{"mode", c.mode}, {"align_corners", c.align_corners}};
+  if (!c.size.empty()) a.set("size", c.size);
+  if (!c.scales.empty()) a.set("scales", c.scales);
+  ValueId u = g.add_node1(OpId::Upsample, {r}, a, "up");
+  ValueId y = g.add_input("y", g.type(u));
+  g.outputs = {g.add_node1(OpId::Add, {u, y}, {}, "merge")};
+  return g;
+}
+
+std::string launch_line(const compiler::CompileReport& r) {
+  for (const std::string& k : r.kernels)
+    if (k.rfind("upsample:up", 0) == 0) return k;
+  return "";
+}
+
+}  // namespace
+
+TEST(InductorUpsample, RuntimeUpsampleIsBitwiseTheEagerKernelAndMatchesTheReference) {
+  const std::vector<Case> cases = {
+      {"FPN nearest 2x", {1, 6, 13, 17}, "nearest", {}, {2.0, 2.0}},
+      {"nearest to a size", {2, 3, 10, 7}, "nearest", {23, 16}, {}},
+      {"nearest 1.5x float16", {1, 5, 8, 9}, "nearest", {}, {1.5, 1.5}, false, DType::Float16},
+      {"bilinear 8x (deeplabv3's head)", {1, 4, 9, 11}, "bilinear", {}, {8.0, 8.0}},
+      {"bilinear to a size", {1, 7, 12, 5}, "bilinear", {29, 13}, {}},
+      {"bilinear align_corners", {2, 3, 6, 10}, "bilinear", {17, 31}, {}, true},
+      {"bilinear 2.5x with size and scales", {1, 2, 6, 6}, "bilinear", {15, 15}, {2.5, 2.5}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Graph g = case_graph(c);
+    auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+    const compiler::CompileReport& r = compiled->report();
+    EXPECT_EQ(r.eager_launches, 0) << compiled->summary();
+    EXPECT_NE(launch_line(r).find("[runtime kernel upsample]"), std::string::npos)
+        << compiled->summary();
+    const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+    uint32_t version = 0;
+    std::vector<PackageSection> sections = parse_package_container(bytes, "up", &version);
+    EXPECT_EQ(version, kUpsampleFormatVersion);
+    LoadedPackage loaded = load_package_bytes(bytes, "up");
+    for (uint64_t seed : {21u, 22u}) {
+      Generator gen(seed);
+      TensorList in;
+      for (ValueId v : g.inputs) {
+        Dims d;
+        for (const SymInt& s : g.type(v).shape) d.push_back(s.value());
+        in.push_back(Tensor::randn(d, gen, DType::Float32).to(c.dtype));
+      }
+      TensorList in64;
+      for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+      Tensor want = run(test::as_float64(g), in64)[0];
+      Tensor eager = run(g, in)[0];
+      Tensor got = compiled->run(in)[0];
+      Tensor pkg = loaded.exe->run(in)[0];
+      // float32: four taps and a blend rounded (a few 2^-24); float16: the inputs and the sum
+      // rounded to 2^-11.
+      double tol = c.dtype == DType::Float16 ? 2e-3 : 1e-6;
+      test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(tol, tol));
+      EXPECT_TRUE(cmp.ok()) << "seed " << seed << ": " << cmp.str();
+      EXPECT_TRUE(test::close(got, eager, test::Tolerance::exact())) << "compiled vs eager";
+      EXPECT_TRUE(test::close(pkg, got, test::Tolerance::exact())) << "packaged vs compiled";
+    }
+    // Labelled version 6 (header and manifest alike, hashes recomputed), the package is refused
+    // naming the launch: a version-6 runtime has no upsample launch.
+    nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
+    m["format_version"] = kOnednnConcatFormatVersion;
+    sections[0].bytes = m.dump(1);
+    std::string err;
+    try {
+      load_package_bytes(package_container(sections, kOnednnConcatFormatVersion), "up-v6");
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    EXPECT_NE(err.find("upsample launch is unknown to format version 6"), std::string::npos) << err;
+  }
+}
+
+// Bilinear upsampling of bfloat16 has no runtime launch: it keeps the eager kernel (the
+// compile report says so) and still matches the reference.
+TEST(InductorUpsample, BilinearBfloat16KeepsTheEagerKernel) {
+  Case c{"bf16 bilinear", {1, 3, 6, 7}, "bilinear", {}, {2.0, 2.0}, false, DType::BFloat16};
+  Graph g = case_graph(c);
+  auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+  EXPECT_EQ(compiled->report().eager_launches, 1) << compiled->summary();
+  Generator gen(23);
+  TensorList in = {Tensor::randn({1, 3, 6, 7}, gen, DType::Float32).to(DType::BFloat16),
+                   Tensor::randn({1, 3, 12, 14}, gen, DType::Float32).to(DType::BFloat16)};
+  Tensor want = run(test::as_float64(g), {in[0].to(DType::Float64), in[1].to(DType::Float64)})[0];
+  test::Comparison cmp = test::compare(compiled->run(in)[0], want, test::Tolerance::rel(2e-2, 2e-2));
+  EXPECT_TRUE(cmp.ok()) << cmp.str();
+}
