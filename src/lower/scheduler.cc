@@ -158,8 +158,10 @@ bool apply_view(const Graph& g, const Node& n, int index, const ViewGeometry& in
   return true;
 }
 
+// `stored`: per value, the strides of a materialized value stored in another order
+// (ScheduleOptions::value_strides; null or empty entries: row-major).
 bool resolve_impl(const Graph& g, ValueId v, const std::vector<bool>* materialized,
-                  ViewGeometry* out) {
+                  ViewGeometry* out, const std::vector<std::vector<int64_t>>* stored = nullptr) {
   const Value& val = g.value(v);
   bool is_view_out = val.kind == ValueKind::NodeOutput &&
                      op_def(g.nodes[size_t(val.producer)].op).is_view &&
@@ -170,11 +172,16 @@ bool resolve_impl(const Graph& g, ValueId v, const std::vector<bool>* materializ
     out->offset = 0;
     out->sizes = dims_of(val.type);
     out->strides = contiguous_strides(out->sizes);
+    if (stored && size_t(v) < stored->size() && !(*stored)[size_t(v)].empty()) {
+      const std::vector<int64_t>& st = (*stored)[size_t(v)];
+      if (st.size() != out->sizes.size()) return false;
+      out->strides = Dims(st.begin(), st.end());
+    }
     return true;
   }
   const Node& n = g.nodes[size_t(val.producer)];
   ViewGeometry in;
-  if (!resolve_impl(g, n.inputs[0], materialized, &in)) return false;
+  if (!resolve_impl(g, n.inputs[0], materialized, &in, stored)) return false;
   return apply_view(g, n, val.output_index, in, out);
 }
 
@@ -455,7 +462,7 @@ Schedule Scheduler::run() {
       case NodeClass::View: {
         for (ValueId o : n.outputs) {
           ViewGeometry geo;
-          if (!resolve_impl(g_, o, &view_is_copy_, &geo))
+          if (!resolve_impl(g_, o, &view_is_copy_, &geo, &opt_.value_strides))
             throw_error(ErrorKind::Internal,
                         fmt::format("scheduler: view '%{}' (node '{}') is planned as a view but "
                                     "has no strided geometry", g_.value(o).name, n.name));
@@ -523,18 +530,9 @@ ViewGeometry Scheduler::geometry(ValueId v) const {
   if (s_.virtual_view[size_t(v)]) {
     geo = s_.views[size_t(v)];
   } else {
-    bool ok = resolve_impl(g_, v, &view_is_copy_, &geo);
+    // A value stored in another order has its strides; a view of one has them composed.
+    bool ok = resolve_impl(g_, v, &view_is_copy_, &geo, &opt_.value_strides);
     KILN_ASSERT(ok);
-  }
-  if (geo.base == v) {
-    geo.strides = stored_strides(v);
-  } else {
-    // A view of a value stored in another order would need its strides composed; the library
-    // that chose the order guarantees no view reads it (LibraryKernels::value_strides).
-    KILN_CHECK(size_t(geo.base) >= opt_.value_strides.size() ||
-                   opt_.value_strides[size_t(geo.base)].empty(),
-               "scheduler: view '%{}' reads '%{}', which is stored in a library order",
-               g_.value(v).name, g_.value(geo.base).name);
   }
   return geo;
 }
@@ -679,8 +677,8 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
     if (cls_[size_t(ni)] == NodeClass::ViewCopy) {
       bool rs = n.op == OpId::Reshape || n.op == OpId::Flatten;
       ViewGeometry geo;
-      bool ok = rs ? resolve_impl(g_, n.inputs[0], &view_is_copy_, &geo)
-                   : (resolve_impl(g_, n.inputs[0], &view_is_copy_, &geo) &&
+      bool ok = rs ? resolve_impl(g_, n.inputs[0], &view_is_copy_, &geo, &opt_.value_strides)
+                   : (resolve_impl(g_, n.inputs[0], &view_is_copy_, &geo, &opt_.value_strides) &&
                       apply_view(g_, n, 0, ViewGeometry(geo), &geo));
       KILN_ASSERT(ok);
       Access a;

@@ -9,7 +9,8 @@
 // width), through a package (format version 7, bitwise; labelled version 6 it is refused), and
 // with a value of the block that is also a graph output (graph outputs are NCHW: that group
 // stays NCHW, with its reorders). And DenseNet's block: the runtime's concatenations copy
-// channels-last parts into a channels-last result.
+// channels-last parts into a channels-last result; and ConvNeXt's blocks, which read the
+// channels-last values through permutations.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -129,6 +130,45 @@ Block dense_block(DType dt, int64_t growth, Generator& gen) {
   }
   ValueId cat = g.add_node1(OpId::Concat, features, {{"dim", int64_t(1)}}, "cat2");
   g.outputs = {conv(norm(cat, c, "norm3"), c, 20, 1, "head", false)};
+  return b;
+}
+
+// A 1x1 stem, then two ConvNeXt blocks: depthwise 7x7 "dw<i>" -> permute to NHWC -> layer_norm over C ->
+// linear (4C, gelu) -> linear (C) -> * gamma -> permute back -> + the block's input; then the
+// mean over H and W.
+Block convnext_blocks(int64_t c, Generator& gen) {
+  Block b;
+  b.c_in = c;
+  b.hw = 12;
+  Graph& g = b.g;
+  g.name = "convnext_blocks";
+  const DType dt = DType::Float32;
+  auto param = [&](const std::string& name, Dims d, double scale) {
+    return g.add_param(name, sample_randn(gen, d, scale).to(dt));
+  };
+  b.k = double(4 * c);
+  ValueId x = g.add_input("x", TensorType(dt, Shape{1, c, b.hw, b.hw}));
+  x = g.add_node1(OpId::Conv2d, {x, param("stem.w", {c, c, 1, 1}, 1.0 / std::sqrt(double(c))),
+                                 param("stem.b", {c}, 0.5)}, {}, "stem");
+  for (int i = 1; i <= 2; ++i) {
+    const std::string p = fmt::format("block{}.", i);
+    ValueId d = g.add_node1(OpId::Conv2d, {x, param(p + "dw.w", {c, 1, 7, 7}, 1.0 / 7), param(p + "dw.b", {c}, 0.5)},
+                            {{"padding", Ints{3, 3}}, {"groups", c}}, fmt::format("dw{}", i));
+    ValueId t = g.add_node1(OpId::Permute, {d}, {{"dims", Ints{0, 2, 3, 1}}}, p + "to_nhwc");
+    t = g.add_node1(OpId::LayerNorm, {t, param(p + "ln.w", {c}, 1.0), param(p + "ln.b", {c}, 0.5)},
+                    {{"normalized_shape", Ints{c}}, {"eps", 1e-6}}, p + "norm");
+    t = g.add_node1(OpId::Linear, {t, param(p + "fc1.w", {4 * c, c}, 1.0 / std::sqrt(double(c))),
+                                   param(p + "fc1.b", {4 * c}, 0.5)}, {}, p + "fc1");
+    t = g.add_node1(OpId::Gelu, {t}, {{"approximate", std::string("none")}}, p + "gelu");
+    t = g.add_node1(OpId::Linear, {t, param(p + "fc2.w", {c, 4 * c}, 0.5 / std::sqrt(double(c))),
+                                   param(p + "fc2.b", {c}, 0.5)}, {}, p + "fc2");
+    t = g.add_node1(OpId::Mul, {t, param(p + "gamma", {c}, 0.5)}, {}, p + "scale");
+    t = g.add_node1(OpId::Permute, {t}, {{"dims", Ints{0, 3, 1, 2}}}, p + "to_nchw");
+    x = g.add_node1(OpId::Add, {x, t}, {}, p + "residual");
+  }
+  // The head's global average pool (the residual stream itself must not be a graph output:
+  // outputs are NCHW).
+  g.outputs = {g.add_node1(OpId::Mean, {x}, {{"dims", Ints{2, 3}}, {"keepdim", false}}, "pool")};
   return b;
 }
 
@@ -282,6 +322,34 @@ TEST(InductorChannelsLast, DenseBlockConcatenatesChannelsLastAndMatchesTheRefere
     }
     const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
     LoadedPackage loaded = load_package_bytes(bytes, "dense");
+    check_outputs(b, *compiled, loaded.exe.get(), DType::Float32);
+  }
+}
+
+// ConvNeXt permutes the depthwise convolution's output to NHWC for its layer_norm and the MLP's
+// result back to NCHW for the residual add. A permutation only loop kernels read does not stop
+// a value from being channels-last: the scheduler composes the strides, so the layer_norm reads
+// contiguous rows, the residual add reads the MLP's rows in order, and the depthwise
+// convolutions neither read nor write through a reorder.
+TEST(InductorChannelsLast, ConvNextBlocksReadThroughPermutationsAndMatchTheReference) {
+  for (int64_t c : {int64_t(32), int64_t(24)}) {
+    SCOPED_TRACE(fmt::format("channels {}", c));
+    Generator wgen(405);
+    Block b = convnext_blocks(c, wgen);
+    auto compiled = compiler::compile(b.g, Device::cpu(), compiler::Options{});
+    const compiler::CompileReport& r = compiled->report();
+    EXPECT_EQ(r.eager_launches, 0) << compiled->summary();
+    if (kernels::convolutions_prefer_nhwc(false)) {
+      for (const char* name : {"conv2d:dw1 ", "conv2d:dw2 "}) {
+        std::string line = kernel_line(r, name);
+        EXPECT_NE(line.find("[oneDNN]"), std::string::npos) << compiled->summary();
+        EXPECT_EQ(line.find("reorders"), std::string::npos) << line;
+      }
+      for (const char* node : {"block1.norm", "block2.norm"})
+        EXPECT_NE(loop_line(r, node).find("SIMD"), std::string::npos) << compiled->summary();
+    }
+    const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+    LoadedPackage loaded = load_package_bytes(bytes, "convnext");
     check_outputs(b, *compiled, loaded.exe.get(), DType::Float32);
   }
 }

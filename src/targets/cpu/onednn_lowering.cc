@@ -64,8 +64,10 @@
 // concats the runtime copies (all of one such node's 4-D values share an order, so no kernel
 // transposes). A group is stored channels-last
 // when every value in it is produced by such a loop node or by a lowerable convolution or
-// pooling and read only by such loop nodes or as the src (or residual) of such convolutions
-// and poolings (no view, no eager kernel, no other library kernel, not a graph output), when
+// pooling and read only by such loop nodes, as the src (or residual) of such convolutions
+// and poolings, or through a permutation only loop nodes read (ConvNeXt's NCHW -> NHWC before
+// its layer_norm, which then reads contiguous rows; the scheduler composes the strides) — no
+// other view, no eager kernel, no other library kernel, not a graph output — when
 // at least one convolution or pooling touches it, and when this CPU's convolutions compute in
 // nhwc (kernels::convolutions_prefer_nhwc; AVX2's want nChw8c, where NCHW loses nothing more)
 // and the convolution policy is Auto with blocked layouts allowed. A convolution oneDNN then
@@ -446,13 +448,41 @@ void OnednnLowering::Impl::decide_channels_last(const std::vector<bool>& eligibl
     while (parent[size_t(v)] != v) v = parent[size_t(v)] = parent[size_t(parent[size_t(v)])];
     return v;
   };
+  // Views are never stored: they take no order of their own, and a loop kernel reads one
+  // through its base's strides whatever they are.
+  auto is_view_value = [&](ValueId v) {
+    const Value& val = g.value(v);
+    return val.kind == ValueKind::NodeOutput && op_def(g.nodes[size_t(val.producer)].op).is_view;
+  };
+  std::vector<std::vector<int32_t>> users(nv);
+  for (size_t n = 0; n < g.nodes.size(); ++n)
+    for (ValueId v : g.nodes[n].inputs)
+      if (v != kNoValue) users[size_t(v)].push_back(int32_t(n));
+  std::vector<bool> is_output(nv, false);
+  for (ValueId v : g.outputs) is_output[size_t(v)] = true;
+  // A permutation whose result only loop kernels read (ConvNeXt's NCHW -> NHWC before its
+  // layer_norm): the scheduler composes the strides (a channels-last value permuted to NHWC is
+  // read contiguously), and nothing else sees the view.
+  auto permute_into_loops = [&](const Node& node) {
+    if (node.op != OpId::Permute && node.op != OpId::Transpose) return false;
+    ValueId w = node.outputs[0];
+    if (is_output[size_t(w)] || users[size_t(w)].empty()) return false;
+    for (int32_t u : users[size_t(w)])
+      if (!loop_node(size_t(u)) || g.nodes[size_t(u)].op == OpId::Concat) return false;
+    return true;
+  };
   std::vector<bool> flexible(nv, true), touches_conv(nv, false), touches_loop(nv, false);
   for (size_t v = 0; v < nv; ++v)
     if (g.values[v].kind != ValueKind::NodeOutput) flexible[v] = false;
   for (ValueId v : g.outputs) flexible[size_t(v)] = false;
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node& node = g.nodes[n];
-    const bool loop = loop_node(n);
+    // The runtime's concat copies stored parts in any order, but not views.
+    const bool loop = loop_node(n) && (node.op != OpId::Concat ||
+                                       std::none_of(node.inputs.begin(), node.inputs.end(),
+                                                    [&](ValueId v) {
+                                                      return v != kNoValue && is_view_value(v);
+                                                    }));
     const bool conv = eligible[n] && is_conv_like(node.op);
     int32_t first = -1;
     auto join = [&](ValueId v) {
@@ -462,15 +492,17 @@ void OnednnLowering::Impl::decide_channels_last(const std::vector<bool>& eligibl
     };
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       ValueId v = node.inputs[i];
-      if (!spatial(v)) continue;
+      if (!spatial(v) || (loop && is_view_value(v))) continue;
       if (loop) join(v);
       else if (conv && (i == 0 || (node.op == OpId::FusedConv2d && i == 3)))
         touches_conv[size_t(v)] = true;
+      else if (i == 0 && permute_into_loops(node))
+        touches_loop[size_t(v)] = true;
       else
         flexible[size_t(v)] = false;
     }
     for (ValueId y : node.outputs) {
-      if (!spatial(y)) continue;
+      if (!spatial(y) || (op_def(node.op).is_view && !is_output[size_t(y)])) continue;
       if (loop) join(y);
       else if (conv && node.outputs.size() == 1) touches_conv[size_t(y)] = true;
       else flexible[size_t(y)] = false;
