@@ -48,6 +48,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/resample.h"
 #include "lower/loop_ir.h"
 #include "kernels/cuda/cuda_driver.h"
 #include "targets/cuda/emitter.h"
@@ -174,35 +175,10 @@ std::string table(const std::string& type, const std::string& name, const std::v
   return s + "};\n";
 }
 
-// ---- the reference's upsample tables (src/ops/resample.cc, Note [Resample coordinates]) ------
-std::vector<int64_t> nearest_table(int64_t in, int64_t out, const Floats& scales, int i) {
-  std::vector<int64_t> t(static_cast<size_t>(out));
-  const float s = scales.empty() ? float(in) / float(out) : float(1.0 / scales[size_t(i)]);
-  for (int64_t o = 0; o < out; ++o) {
-    if (out == in) t[size_t(o)] = o;
-    else if (out == 2 * in) t[size_t(o)] = o >> 1;
-    else t[size_t(o)] = std::min(int64_t(std::floor(float(o) * s)), in - 1);
-  }
-  return t;
-}
-struct LinearTap {
-  int64_t i0, i1;
-  double w1;
-};
-std::vector<LinearTap> linear_table(int64_t in, int64_t out, bool align_corners,
-                                    const Floats& scales, int i) {
-  std::vector<LinearTap> t(static_cast<size_t>(out));
-  double s;
-  if (align_corners) s = out > 1 ? double(in - 1) / double(out - 1) : 0.0;
-  else s = scales.empty() ? double(in) / double(out) : 1.0 / scales[size_t(i)];
-  for (int64_t o = 0; o < out; ++o) {
-    double src = align_corners ? s * double(o) : std::max(s * (double(o) + 0.5) - 0.5, 0.0);
-    int64_t i0 = std::min(int64_t(std::floor(src)), in - 1);
-    double w1 = std::min(std::max(src - double(i0), 0.0), 1.0);
-    t[size_t(o)] = {i0, i0 + (i0 < in - 1 ? 1 : 0), w1};
-  }
-  return t;
-}
+// ---- the reference's upsample tables (core/resample.h, Note [Resample coordinates]) ---------
+using resample::LinearTap;
+using resample::linear_table;
+using resample::nearest_table;
 
 // ---- GEMM -------------------------------------------------------------------------------------
 // C[b] = A[b] x B[b] (+ bias) over contiguous operands; the batch coordinate maps to each
