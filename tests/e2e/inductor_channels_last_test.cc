@@ -18,10 +18,10 @@
 #include <string>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "../support/compare.h"
 #include "../support/graph_inputs.h"
+#include "../support/package_edit.h"
 #include "compiler/compile.h"
 #include "core/error.h"
 #include "ir/graph.h"
@@ -215,17 +215,9 @@ void check_outputs(const Block& b, compiler::CompiledExecutable& compiled,
 // than a runtime of that version reading the operand as NCHW.
 void expect_refused_as_version_6(const std::string& bytes) {
   uint32_t version = 0;
-  std::vector<PackageSection> sections = parse_package_container(bytes, "mbconv", &version);
+  parse_package_container(bytes, "mbconv", &version);
   ASSERT_EQ(version, kChannelsLastFormatVersion);
-  nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
-  m["format_version"] = kOnednnConcatFormatVersion;
-  sections[0].bytes = m.dump(1);
-  std::string err;
-  try {
-    load_package_bytes(package_container(sections, kOnednnConcatFormatVersion), "mbconv-v6");
-  } catch (const Error& e) {
-    err = e.what();
-  }
+  std::string err = test::load_error_as_version(bytes, kOnednnConcatFormatVersion, "mbconv");
   EXPECT_NE(err.find("channels-last operand is unknown to format version 6"), std::string::npos)
       << err;
   EXPECT_NE(err.find("launch"), std::string::npos) << err;
