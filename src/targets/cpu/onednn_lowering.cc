@@ -431,7 +431,7 @@ void OnednnLowering::Impl::decide_channels_last(const std::vector<bool>& eligibl
   };
   // The loop nodes whose kernels walk a channels-last value correctly and without transposing:
   // pointwise ops, reductions, row norms, the global average pool (not gathers: their tap
-  // tables follow the output's dims; not views: they would need the strides composed).
+  // tables follow the output's dims; views are not stored, see below).
   auto loop_node = [&](size_t n) {
     const Node& node = g.nodes[n];
     // A concat oneDNN does not take (its result is plain: Note [layout choice]) is the runtime's
