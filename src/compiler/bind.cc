@@ -255,7 +255,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
   }
   if (n.op == OpId::Upsample && n.inputs.size() == 1) {
     // The runtime's upsample (runtime/launch_library.h): contiguous planes; nearest of any
-    // dtype, bilinear of float32 (other dtypes keep their eager kernel).
+    // dtype, bilinear of floating ones.
     ValueId x = n.inputs[0], y = n.outputs[0];
     if (!plain(x) || !plain(y) || !s.value_strides[size_t(x)].empty() ||
         !s.value_strides[size_t(y)].empty())
@@ -266,7 +266,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
     const std::string& mode = n.attrs.get_string("mode");
     if (mode != "nearest" && mode != "bilinear") return {};
     sp.bilinear = mode == "bilinear";
-    if (sp.bilinear && xt.dtype != DType::Float32) return {};
+    if (sp.bilinear && !is_floating(xt.dtype)) return {};
     sp.align_corners = n.attrs.get_bool("align_corners");
     sp.scales = n.attrs.get_floats("scales");
     sp.planes = xt.shape[0].value() * xt.shape[1].value();
@@ -274,7 +274,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
     sp.w = xt.shape[3].value();
     sp.ho = yt.shape[2].value();
     sp.wo = yt.shape[3].value();
-    sp.elem_bytes = dtype_size(xt.dtype);
+    sp.dtype = xt.dtype;
     if (sp.planes < 1 || sp.h < 1 || sp.w < 1 || sp.ho < 1 || sp.wo < 1) return {};
     return make_upsample_launch(sp, m.mem[size_t(x)], m.mem[size_t(y)]);
   }

@@ -93,4 +93,17 @@ void bilinear_plane_f32(const float* plane, int64_t W, float* dst, std::span<con
   }
 }
 
+void bilinear_plane_f64(const char* plane, int64_t sh, int64_t sw, char* dst, DType dt,
+                        std::span<const LinearTap> hs, std::span<const LinearTap> ws) {
+  const int64_t es = dtype_size(dt);
+  auto at = [&](int64_t h, int64_t w) { return load_f64(plane + (h * sh + w * sw) * es, dt); };
+  for (const LinearTap& th : hs)
+    for (const LinearTap& tw : ws) {
+      double top = (1 - tw.w1) * at(th.i0, tw.i0) + tw.w1 * at(th.i0, tw.i1);
+      double bottom = (1 - tw.w1) * at(th.i1, tw.i0) + tw.w1 * at(th.i1, tw.i1);
+      store_f64(dst, dt, (1 - th.w1) * top + th.w1 * bottom);
+      dst += es;
+    }
+}
+
 }  // namespace kiln::resample

@@ -7,6 +7,8 @@
 #include <span>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace kiln::resample {
 
 // PyTorch's "nearest": source index of every output index along one axis (axis i of `scales`,
@@ -33,5 +35,11 @@ void nearest_plane(const char* plane, int64_t sh, int64_t sw, char* dst, int64_t
 // holds 2 * Wo floats.
 void bilinear_plane_f32(const float* plane, int64_t W, float* dst, std::span<const LinearTap> hs,
                         std::span<const LinearTap> ws, const float* wf, float* cache);
+
+// One plane, bilinear in float64 (the reference's arithmetic; what the eager kernel runs for
+// dtypes other than contiguous float32): dst (Ho x Wo row-major, dtype dt) from `plane`
+// (strides sh, sw in elements, dtype dt), each element rounded once to dt.
+void bilinear_plane_f64(const char* plane, int64_t sh, int64_t sw, char* dst, DType dt,
+                        std::span<const LinearTap> hs, std::span<const LinearTap> ws);
 
 }  // namespace kiln::resample

@@ -129,20 +129,9 @@ void upsample_bilinear_ref(const KernelContext& ctx) {
   const char* xp = static_cast<const char*>(x.raw_data());
   char* op = static_cast<char*>(out.raw_data());
   const int64_t planes = out.sizes()[0] * out.sizes()[1], C = out.sizes()[1];
-  for (int64_t p = 0; p < planes; ++p) {
-    const char* plane = xp + ((p / C) * xs[0] + (p % C) * xs[1]) * es;
-    auto at = [&](int64_t h, int64_t w) { return load_f64(plane + (h * xs[2] + w * xs[3]) * es, dt); };
-    char* dst = op + p * Ho * Wo * es;
-    for (int64_t oh = 0; oh < Ho; ++oh) {
-      const LinearTap& th = hs[size_t(oh)];
-      for (int64_t ow = 0; ow < Wo; ++ow, dst += es) {
-        const LinearTap& tw = ws[size_t(ow)];
-        double top = (1 - tw.w1) * at(th.i0, tw.i0) + tw.w1 * at(th.i0, tw.i1);
-        double bottom = (1 - tw.w1) * at(th.i1, tw.i0) + tw.w1 * at(th.i1, tw.i1);
-        store_f64(dst, dt, (1 - th.w1) * top + th.w1 * bottom);
-      }
-    }
-  }
+  for (int64_t p = 0; p < planes; ++p)
+    resample::bilinear_plane_f64(xp + ((p / C) * xs[0] + (p % C) * xs[1]) * es, xs[2], xs[3],
+                                 op + p * Ho * Wo * es, dt, hs, ws);
 }
 
 void ref_upsample(const KernelContext& ctx) {

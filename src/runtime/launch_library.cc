@@ -19,7 +19,7 @@
 //   concat  {"parts": [[slot, offset, chunk_bytes, dst_offset]...], "outer", "out_chunk_bytes",
 //           "out"}: concatenation of contiguous buffers, as byte copies.
 //   upsample {"bilinear", "align_corners", "scales_bits", "planes", "h", "w", "ho", "wo",
-//           "elem_bytes", "x", "y"}: nearest or bilinear upsampling (scales as bit patterns).
+//           "dtype", "x", "y"}: nearest or bilinear upsampling (scales as bit patterns).
 // Eager launches (an op's eager kernel bound to tensors) have no record: `kiln compile -o`
 // refuses a graph with one, naming the node.
 #include "runtime/launch_library.h"
@@ -243,13 +243,20 @@ void run_upsample(void* s, const Executable::RunContext& c) {
   const UpsampleSpec& sp = k->spec;
   const char* x = c.slots[k->x.slot] + k->x.byte_offset;
   char* y = c.slots[k->y.slot] + k->y.byte_offset;
-  const int64_t in_plane = sp.h * sp.w * sp.elem_bytes, out_plane = sp.ho * sp.wo * sp.elem_bytes;
+  const int64_t es = dtype_size(sp.dtype);
+  const int64_t in_plane = sp.h * sp.w * es, out_plane = sp.ho * sp.wo * es;
   const bool par = sp.planes * sp.ho * sp.wo > 65536;
   if (!sp.bilinear) {
 #pragma omp parallel for if (par)
     for (int64_t p = 0; p < sp.planes; ++p)
-      resample::nearest_plane(x + p * in_plane, sp.w, 1, y + p * out_plane, sp.elem_bytes, k->nh,
-                              k->nw);
+      resample::nearest_plane(x + p * in_plane, sp.w, 1, y + p * out_plane, es, k->nh, k->nw);
+    return;
+  }
+  if (sp.dtype != DType::Float32) {
+#pragma omp parallel for if (par)
+    for (int64_t p = 0; p < sp.planes; ++p)
+      resample::bilinear_plane_f64(x + p * in_plane, sp.w, 1, y + p * out_plane, sp.dtype, k->lh,
+                                   k->lw);
     return;
   }
 #pragma omp parallel if (par)
@@ -464,14 +471,15 @@ Executable::Launch rebuild_upsample(const LaunchRecord& r, LaunchEnv& env, const
   sp.w = p.at("w").get<int64_t>();
   sp.ho = p.at("ho").get<int64_t>();
   sp.wo = p.at("wo").get<int64_t>();
-  sp.elem_bytes = p.at("elem_bytes").get<int64_t>();
+  if (!parse_dtype(p.at("dtype").get<std::string>(), &sp.dtype))
+    throw std::out_of_range("upsample: unknown dtype");
   MemRef x = ref_from(p.at("x")), y = ref_from(p.at("y"));
   constexpr int64_t kMaxDim = int64_t(1) << 31, kMax = int64_t(1) << 40;
   for (int64_t d : {sp.planes, sp.h, sp.w, sp.ho, sp.wo})
     if (d < 1 || d > kMaxDim) throw std::out_of_range("upsample: a size out of range");
-  const int64_t eb = sp.elem_bytes;
-  if ((eb != 1 && eb != 2 && eb != 4 && eb != 8) || (sp.bilinear && eb != 4))
-    throw std::out_of_range("upsample: bad element size");
+  const int64_t eb = dtype_size(sp.dtype);
+  if (sp.bilinear && !is_floating(sp.dtype))
+    throw std::out_of_range("upsample: bilinear needs a floating dtype");
   if (!sp.bilinear && sp.align_corners) throw std::out_of_range("upsample: align_corners is bilinear's");
   if (!sp.scales.empty() && sp.scales.size() != 2) throw std::out_of_range("upsample: scales must be 0 or 2");
   for (double v : sp.scales)
@@ -638,7 +646,7 @@ Executable::Launch make_upsample_launch(const UpsampleSpec& spec, MemRef x, MemR
     for (double v : s.scales) bits.push_back(std::bit_cast<uint64_t>(v));
     json p = {{"bilinear", s.bilinear}, {"align_corners", s.align_corners}, {"scales_bits", bits},
               {"planes", s.planes}, {"h", s.h}, {"w", s.w}, {"ho", s.ho}, {"wo", s.wo},
-              {"elem_bytes", s.elem_bytes}, {"x", ref_json(state->x)}, {"y", ref_json(state->y)}};
+              {"dtype", dtype_name(s.dtype)}, {"x", ref_json(state->x)}, {"y", ref_json(state->y)}};
     return LaunchRecord{"upsample", p.dump()};
   };
   l.owner = std::move(state);

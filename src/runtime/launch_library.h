@@ -80,14 +80,16 @@ Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t out
                                       int64_t out_chunk_bytes, MemRef out);
 
 // Upsample (Note [Resample coordinates] in ops/resample.cc) of `planes` contiguous [h, w] planes
-// of x into [ho, wo] planes of y: nearest (elements of elem_bytes: 1, 2, 4 or 8) or bilinear
-// (float32), with the eager kernels' tables and loops (core/resample.h), so bitwise what the
-// eager kernel computes; planes split between OpenMP threads. Lets FPN and segmentation heads
-// be compiled without an eager launch, and packaged.
+// of x into [ho, wo] planes of y: nearest (moves elements of any dtype) or bilinear (float32
+// separably, other floating dtypes in float64 as the reference), with the eager kernels' tables
+// and loops (core/resample.h), so bitwise what the eager kernel computes; planes split between
+// OpenMP threads. Lets FPN and segmentation heads be compiled without an eager launch, and
+// packaged.
 struct UpsampleSpec {
   bool bilinear = false, align_corners = false;
   std::vector<double> scales;  // none, or (H, W): as the op's attribute
-  int64_t planes = 0, h = 0, w = 0, ho = 0, wo = 0, elem_bytes = 4;
+  int64_t planes = 0, h = 0, w = 0, ho = 0, wo = 0;
+  DType dtype = DType::Float32;
 };
 Executable::Launch make_upsample_launch(const UpsampleSpec& spec, MemRef x, MemRef y);
 

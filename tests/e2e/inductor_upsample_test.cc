@@ -3,8 +3,9 @@
 // segmentation heads' bilinear upsampling. It shares its tap tables and plane loops with the
 // eager kernels (core/resample.h), so the compiled result is bitwise the eager one; checked
 // also against the float64 reference on fresh random inputs, for integer, fractional and
-// size-given scales, align_corners, float16 nearest, through a package (format version 7,
-// bitwise; labelled version 6 it is refused). Bilinear in bfloat16 keeps the eager kernel.
+// size-given scales, align_corners, float16 nearest, bilinear in float32 (separable), bfloat16,
+// float16 and float64 (in float64, as the reference), through a package (format version 7,
+// bitwise; labelled version 6 it is refused).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -65,6 +66,10 @@ TEST(InductorUpsample, RuntimeUpsampleIsBitwiseTheEagerKernelAndMatchesTheRefere
       {"bilinear to a size", {1, 7, 12, 5}, "bilinear", {29, 13}, {}},
       {"bilinear align_corners", {2, 3, 6, 10}, "bilinear", {17, 31}, {}, true},
       {"bilinear 2.5x with size and scales", {1, 2, 6, 6}, "bilinear", {15, 15}, {2.5, 2.5}},
+      {"bilinear 2x bfloat16", {1, 3, 6, 7}, "bilinear", {}, {2.0, 2.0}, false, DType::BFloat16},
+      {"bilinear float16 align_corners", {1, 4, 5, 9}, "bilinear", {11, 20}, {}, true,
+       DType::Float16},
+      {"bilinear 3x float64", {2, 2, 4, 5}, "bilinear", {}, {3.0, 3.0}, false, DType::Float64},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -93,9 +98,12 @@ TEST(InductorUpsample, RuntimeUpsampleIsBitwiseTheEagerKernelAndMatchesTheRefere
       Tensor eager = run(g, in)[0];
       Tensor got = compiled->run(in)[0];
       Tensor pkg = loaded.exe->run(in)[0];
-      // float32: four taps and a blend rounded (a few 2^-24); float16: the inputs and the sum
-      // rounded to 2^-11.
-      double tol = c.dtype == DType::Float16 ? 2e-3 : 1e-6;
+      // float32: four taps and a blend rounded (a few 2^-24); float16 / bfloat16: the inputs
+      // and the sum rounded to 2^-11 / 2^-8; float64: the reference's own arithmetic.
+      double tol = c.dtype == DType::Float16    ? 2e-3
+                   : c.dtype == DType::BFloat16 ? 2e-2
+                   : c.dtype == DType::Float64  ? 1e-12
+                                                : 1e-6;
       test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(tol, tol));
       EXPECT_TRUE(cmp.ok()) << "seed " << seed << ": " << cmp.str();
       EXPECT_TRUE(test::close(got, eager, test::Tolerance::exact())) << "compiled vs eager";
@@ -106,19 +114,4 @@ TEST(InductorUpsample, RuntimeUpsampleIsBitwiseTheEagerKernelAndMatchesTheRefere
     std::string err = test::load_error_as_version(bytes, kOnednnConcatFormatVersion, "up");
     EXPECT_NE(err.find("upsample launch is unknown to format version 6"), std::string::npos) << err;
   }
-}
-
-// Bilinear upsampling of bfloat16 has no runtime launch: it keeps the eager kernel (the
-// compile report says so) and still matches the reference.
-TEST(InductorUpsample, BilinearBfloat16KeepsTheEagerKernel) {
-  Case c{"bf16 bilinear", {1, 3, 6, 7}, "bilinear", {}, {2.0, 2.0}, false, DType::BFloat16};
-  Graph g = case_graph(c);
-  auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
-  EXPECT_EQ(compiled->report().eager_launches, 1) << compiled->summary();
-  Generator gen(23);
-  TensorList in = {Tensor::randn({1, 3, 6, 7}, gen, DType::Float32).to(DType::BFloat16),
-                   Tensor::randn({1, 3, 12, 14}, gen, DType::Float32).to(DType::BFloat16)};
-  Tensor want = run(test::as_float64(g), {in[0].to(DType::Float64), in[1].to(DType::Float64)})[0];
-  test::Comparison cmp = test::compare(compiled->run(in)[0], want, test::Tolerance::rel(2e-2, 2e-2));
-  EXPECT_TRUE(cmp.ok()) << cmp.str();
 }
