@@ -127,6 +127,18 @@ void widen_elements(ConcatPart& p) {
 // walked in the result's memory order, adjacent dims merged: along the channels of NHWC values,
 // one memcpy of a part's C_i channels per pixel (DenseNet's concatenations of 32-channel
 // convolution outputs). Every part must be a stored value (no view) of the result's dtype.
+// A stored buffer of concrete shape (not a view), in row-major or in a library's order
+// (Schedule::value_strides).
+bool stored_buffer(const Graph& g, const lower::Schedule& s, const MemoryAssignment& m,
+                   ValueId v) {
+  if (v == kNoValue || s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 ||
+      !g.type(v).is_contiguous())
+    return false;
+  for (const SymInt& d : g.type(v).shape)
+    if (!d.is_concrete()) return false;
+  return true;
+}
+
 std::optional<Executable::Launch> reordered_concat(const Graph& g, const lower::Schedule& s,
                                                    const MemoryAssignment& m, const Node& n,
                                                    int64_t dim) {
@@ -146,8 +158,7 @@ std::optional<Executable::Launch> reordered_concat(const Graph& g, const lower::
   std::vector<ConcatPart> parts;
   int64_t at = 0;
   for (ValueId v : n.inputs) {
-    if (v == kNoValue || s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 ||
-        g.type(v).dtype != yt.dtype || g.type(v).shape.size() != r)
+    if (!stored_buffer(g, s, m, v) || g.type(v).dtype != yt.dtype || g.type(v).shape.size() != r)
       return {};
     const Dims vd = to_dims(g.type(v).shape), vs = storage(v);
     ConcatPart part;
@@ -190,17 +201,13 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
                                                  const Target& target) {
   const Node& n = g.nodes[size_t(node)];
   if (!target.device().is_cpu()) return {};
+  // A stored, row-major buffer (not in a library's order).
   auto plain = [&](ValueId v) {
-    if (v == kNoValue || s.virtual_view[size_t(v)] || m.mem[size_t(v)].slot < 0 ||
-        !g.type(v).is_contiguous())
-      return false;
-    for (const SymInt& d : g.type(v).shape)
-      if (!d.is_concrete()) return false;
-    return true;
+    return stored_buffer(g, s, m, v) && s.value_strides[size_t(v)].empty();
   };
   if (n.op == OpId::Concat) {
     ValueId y = n.outputs[0];
-    if (!plain(y)) return {};
+    if (!stored_buffer(g, s, m, y)) return {};
     const TensorType& yt = g.type(y);
     int r = int(yt.shape.size());
     int64_t dim = n.attrs.get_int("dim");
@@ -257,9 +264,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
     // The runtime's upsample (runtime/launch_library.h): contiguous planes; nearest of any
     // dtype, bilinear of floating ones.
     ValueId x = n.inputs[0], y = n.outputs[0];
-    if (!plain(x) || !plain(y) || !s.value_strides[size_t(x)].empty() ||
-        !s.value_strides[size_t(y)].empty())
-      return {};
+    if (!plain(x) || !plain(y)) return {};
     const TensorType &xt = g.type(x), &yt = g.type(y);
     if (xt.shape.size() != 4 || yt.shape.size() != 4 || xt.dtype != yt.dtype) return {};
     UpsampleSpec sp;

@@ -244,10 +244,9 @@ class Scheduler {
   int new_group(int32_t i, NodeClass c);
   void build_kernel(const Group& gr, LoopKernel* k);
   void build_scatter(const Group& gr, LoopKernel* k);
+  // Where v's elements are: a stored value's own strides (ScheduleOptions::value_strides, else
+  // row-major), a view's composed over its base.
   ViewGeometry geometry(ValueId v) const;
-  // The strides a materialized value is stored with: ScheduleOptions::value_strides, else
-  // row-major over its shape.
-  Dims stored_strides(ValueId v) const;
 
   const Graph& g_;
   const std::vector<bool>& view_is_copy_;
@@ -535,17 +534,6 @@ ViewGeometry Scheduler::geometry(ValueId v) const {
     KILN_ASSERT(ok);
   }
   return geo;
-}
-
-Dims Scheduler::stored_strides(ValueId v) const {
-  Dims vs = dims_of(g_.type(v));
-  if (size_t(v) < opt_.value_strides.size() && !opt_.value_strides[size_t(v)].empty()) {
-    const std::vector<int64_t>& st = opt_.value_strides[size_t(v)];
-    KILN_CHECK(st.size() == vs.size(), "scheduler: '%{}' has {} strides for rank {}",
-               g_.value(v).name, st.size(), vs.size());
-    return Dims(st.begin(), st.end());
-  }
-  return contiguous_strides(vs);
 }
 
 int normalized_dim(const Node& n, int rank) {
@@ -861,7 +849,7 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
       st.access.value = out;
       st.access.dtype = od;
       Dims vs = dims_of(g_.type(out));
-      Dims cs = stored_strides(out);
+      Dims cs = geometry(out).strides;
       st.access.strides = lv == Level::Full ? map_strides(vs, cs, gr.full, iter_of_full, n_iter)
                                             : map_strides(vs, cs, gr.kept, iter_of_kept, n_iter);
       k->stores.push_back(st);

@@ -25,8 +25,8 @@
 #include "runtime/launch_library.h"
 
 #include <algorithm>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -465,7 +465,8 @@ Executable::Launch rebuild_upsample(const LaunchRecord& r, LaunchEnv& env, const
   UpsampleSpec sp;
   sp.bilinear = p.at("bilinear").get<bool>();
   sp.align_corners = p.at("align_corners").get<bool>();
-  for (uint64_t b : p.at("scales_bits").get<std::vector<uint64_t>>()) sp.scales.push_back(std::bit_cast<double>(b));
+  for (uint64_t b : p.at("scales_bits").get<std::vector<uint64_t>>())
+    sp.scales.push_back(std::bit_cast<double>(b));
   sp.planes = p.at("planes").get<int64_t>();
   sp.h = p.at("h").get<int64_t>();
   sp.w = p.at("w").get<int64_t>();
@@ -480,11 +481,14 @@ Executable::Launch rebuild_upsample(const LaunchRecord& r, LaunchEnv& env, const
   const int64_t eb = dtype_size(sp.dtype);
   if (sp.bilinear && !is_floating(sp.dtype))
     throw std::out_of_range("upsample: bilinear needs a floating dtype");
-  if (!sp.bilinear && sp.align_corners) throw std::out_of_range("upsample: align_corners is bilinear's");
-  if (!sp.scales.empty() && sp.scales.size() != 2) throw std::out_of_range("upsample: scales must be 0 or 2");
+  if (!sp.bilinear && sp.align_corners)
+    throw std::out_of_range("upsample: align_corners is bilinear's");
+  if (!sp.scales.empty() && sp.scales.size() != 2)
+    throw std::out_of_range("upsample: scales must be 0 or 2");
   for (double v : sp.scales)
     if (!(v > 0) || !(v < 2147483648.0)) throw std::out_of_range("upsample: a scale out of range");
-  if (x.slot < 0 || y.slot < 0 || sp.h * sp.w > kMax / eb / sp.planes || sp.ho * sp.wo > kMax / eb / sp.planes)
+  if (x.slot < 0 || y.slot < 0 || sp.h * sp.w > kMax / eb / sp.planes ||
+      sp.ho * sp.wo > kMax / eb / sp.planes)
     throw std::out_of_range("upsample: bad buffers or sizes");
   check_buffer(env, x, sp.planes * sp.h * sp.w * eb, where);
   check_buffer(env, y, sp.planes * sp.ho * sp.wo * eb, where);

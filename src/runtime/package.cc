@@ -400,8 +400,9 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     json params = json::parse(r.params);
     if (r.kind == "onednn" && params.at("desc").at("op") == "concat")
       version = std::max(version, kOnednnConcatFormatVersion);
-    if ((r.kind == "onednn" && onednn_channels_last(params.at("desc"))) || r.kind == "upsample")
+    if (r.kind == "onednn" && onednn_channels_last(params.at("desc")))
       version = std::max(version, kChannelsLastFormatVersion);
+    if (r.kind == "upsample") version = std::max(version, kUpsampleFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
                         {"params", std::move(params)}});
   }

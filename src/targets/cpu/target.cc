@@ -52,19 +52,19 @@ bool is_float(DType d) {
 class OnednnKernels final : public compiler::LibraryKernels {
  public:
   OnednnKernels(const Graph& g, const std::vector<int32_t>& nodes, const OnednnOptions& o)
-      : lowering_(std::make_shared<OnednnLowering>(g, nodes, o)) {
-    for (const Value& v : g.values) g_type_shapes_.push_back(v.type.shape);
+      : lowering_(std::make_shared<OnednnLowering>(g, nodes, o)), strides_(g.values.size()) {
+    for (size_t v = 0; v < g.values.size(); ++v)
+      if (lowering_->channels_last(ValueId(v))) {
+        const Shape& s = g.values[v].type.shape;
+        int64_t c = s[1].value(), h = s[2].value(), w = s[3].value();
+        strides_[v] = {h * w * c, 1, w * c, c};  // N, C, H, W over NHWC memory
+      }
   }
   bool lowered(int32_t node) const override { return lowering_->lowered(node); }
   int64_t value_bytes(ValueId v) const override {
     return lowering_->blocked(v) ? lowering_->value_bytes(v) : -1;
   }
-  std::vector<int64_t> value_strides(ValueId v) const override {
-    if (!lowering_->channels_last(v)) return {};
-    const Shape& s = g_type_shapes_[size_t(v)];
-    int64_t c = s[1].value(), h = s[2].value(), w = s[3].value();
-    return {h * w * c, 1, w * c, c};  // N, C, H, W over NHWC memory
-  }
+  std::vector<int64_t> value_strides(ValueId v) const override { return strides_[size_t(v)]; }
   int64_t scratch_bytes() const override {
     int64_t b = lowering_->scratchpad_bytes();
     return b > 0 ? (b + 63) / 64 * 64 : 0;
@@ -83,7 +83,7 @@ class OnednnKernels final : public compiler::LibraryKernels {
 
  private:
   std::shared_ptr<OnednnLowering> lowering_;
-  std::vector<Shape> g_type_shapes_;  // by value (the lowering keeps no reference to the graph)
+  std::vector<std::vector<int64_t>> strides_;  // by value: channels-last ones' strides, else empty
 };
 
 // ---- the target ------------------------------------------------------------------------------
