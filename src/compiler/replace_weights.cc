@@ -29,7 +29,11 @@
 // (tests/e2e/package_test.cc checks it, zoo and ONNX models, float32 and bfloat16).
 // What can still differ is a decision a pass takes on values that the checks above report:
 // autocast keeps a pointwise op in float32 when a weight it reads underflows or overflows the
-// low dtype (then the constant's dtype or name differs, an Internal error).
+// low dtype (then the constant's dtype or name differs, an Internal error). And one kernel
+// choice reads weight values: a CPU convolution takes Winograd only where it agrees with the
+// direct convolution on the weights it was compiled with (Note [measured Winograd] in
+// targets/cpu/onednn_lowering.cc), so Target::check_replaced_weights runs that check again on
+// the new weights and refuses the replacement, naming the convolution, where it fails.
 #include "compiler/replace_weights.h"
 
 #include <chrono>
@@ -268,10 +272,11 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
     Dims shape;
   };
   std::vector<Constant> constants;
-  std::string kiln_version;
+  std::string kiln_version, launches;
   try {
     json m = json::parse(sections[0].bytes);
     kiln_version = m.at("kiln_version").get<std::string>();
+    launches = m.at("launches").dump();
     for (const json& c : m.at("constants")) {
       Constant k;
       k.name = c.at("name").get<std::string>();
@@ -401,6 +406,17 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
     internal(fmt::format("the passes made constant '{}', which the package lacks ({} such)",
                          made.begin()->first, made.size()));
   rep.constants = int(weights.size());
+  // Choices the compiler made on the old weights' values, checked on the new ones.
+  std::map<std::string, Tensor> by_constant(weights.begin(), weights.end());
+  target.check_replaced_weights(
+      launches,
+      [&](const std::string& name) {
+        auto it = by_constant.find(name);
+        KILN_CHECK(it != by_constant.end(), "replace-weights: package '{}' has no constant '{}'",
+                   package_path, name);
+        return it->second;
+      },
+      package_path);
 
   std::vector<uint8_t> w = safetensors_bytes(weights);
   weights_section->bytes.assign(w.begin(), w.end());

@@ -20,6 +20,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -237,6 +238,15 @@ class Target {
                                    const std::string& record, std::string* log) const = 0;
   // What tuning records are valid for (CPU: "<isa>\n<threads>"): part of their key.
   virtual std::string tuning_context() const = 0;
+  // Replacing a package's weights (compiler/replace_weights.cc) keeps its launches; a launch
+  // whose kernel was chosen because of the old weights' values (CPU: a Winograd convolution,
+  // Note [measured Winograd] in targets/cpu/onednn_lowering.cc) is checked again here against
+  // the new ones. `launches`: the manifest's launch records ([{name, kind, nodes, params}]);
+  // `weight`: a package constant by name, the new data. Throws kiln::Error naming the launch
+  // and what to do where a check fails.
+  virtual void check_replaced_weights(const std::string& launches,
+                                      const std::function<Tensor(const std::string&)>& weight,
+                                      const std::string& package) const {}
 };
 
 // Registers a target (from the target's own layer, at static initialization); the first one

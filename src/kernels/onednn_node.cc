@@ -81,9 +81,11 @@
 #include <array>
 #include <bit>
 #include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -1488,6 +1490,60 @@ OnednnNodeDesc OnednnNodeDesc::from_json(std::string_view text, const std::strin
   } catch (const std::exception& e) {
     fail_kind(ErrorKind::ParseError, "{}: malformed oneDNN node descriptor: {}", where, e.what());
   }
+}
+
+// Note [measured Winograd] in targets/cpu/onednn_lowering.cc.
+double winograd_disagreement(const OnednnNodeDesc& d, const ConstantSource& constants) {
+  OnednnNodeDesc direct = d, winograd = d;
+  direct.conv = OnednnConvPolicy::Auto;
+  direct.conv_layout.clear();
+  winograd.conv = OnednnConvPolicy::Winograd;
+  winograd.conv_layout = "blocked";
+  direct.output_may_block = winograd.output_may_block = false;
+  int32_t values = d.output.value;
+  for (const OnednnOperand& o : d.inputs) values = std::max(values, o.value);
+  OnednnLayouts plain;
+  plain.reset(size_t(values + 1));
+  ScopedCpuThreads one_thread(1);
+  std::shared_ptr<OnednnNode> a = OnednnNode::build(direct, plain, constants);
+  std::shared_ptr<OnednnNode> b = OnednnNode::build(winograd, plain, constants);
+  if (!a->lowered() || !b->lowered() || b->implementation().find("wino") == std::string::npos)
+    return -1;
+  auto numel = [](const std::vector<int64_t>& dims) {
+    size_t e = 1;
+    for (int64_t x : dims) e *= size_t(x);
+    return e;
+  };
+  const size_t ny = numel(d.output.dims);
+  std::vector<float> x(numel(d.inputs.at(0).dims)), residual, ya(ny), yb(ny);
+  uint64_t state = 0;
+  auto uniform = [&state] {  // splitmix64, its top 24 bits
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return float(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  };
+  for (float& v : x) v = uniform();
+  const void* in[4] = {x.data(), nullptr, nullptr, nullptr};
+  if (d.has_residual && d.inputs.size() > 3 && d.inputs[3].value >= 0) {
+    residual.resize(ny);
+    for (float& v : residual) v = uniform();
+    in[3] = residual.data();
+  }
+  const int64_t scratch = std::max(a->scratch_bytes(), b->scratch_bytes());
+  std::unique_ptr<char[]> pad(new char[size_t(scratch + 64)]);
+  char* aligned = pad.get() + (64 - reinterpret_cast<uintptr_t>(pad.get()) % 64) % 64;
+  a->run(in, ya.data(), aligned);
+  b->run(in, yb.data(), aligned);
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < ny; ++i) {
+    double e = std::fabs(double(ya[i]) - double(yb[i])), r = std::fabs(double(ya[i]));
+    if (!(e <= DBL_MAX) || !(r <= DBL_MAX)) return HUGE_VAL;  // NaN or infinity in either
+    diff = std::max(diff, e);
+    ref = std::max(ref, r);
+  }
+  return ref > 0 ? diff / ref : diff == 0 ? 0 : HUGE_VAL;
 }
 
 }  // namespace kiln::kernels

@@ -149,6 +149,15 @@ class OnednnLayouts {
   std::unique_ptr<Impl> impl_;
 };
 
+// Note [measured Winograd] (targets/cpu/onednn_lowering.cc): convolution `d` built both with
+// the direct algorithm (conv policy Auto, no pinned layout) and with Winograd (conv policy
+// Winograd, conv_layout "blocked"), plain in and out, run once each on the same random
+// activations (uniform in [-1, 1), a fixed seed; the residual too) with the weights
+// `constants` gives: max |winograd - direct| / max |direct|. Infinity where either output holds
+// a NaN or an infinity; -1 where either build fails or oneDNN has no Winograd kernel for it
+// here (the second build is then direct too). Deterministic: one thread, fixed inputs.
+double winograd_disagreement(const OnednnNodeDesc& d, const ConstantSource& constants);
+
 // One node's primitives, prepacked weights and prebuilt reorders (Note [oneDNN lowering]).
 class OnednnNode {
  public:

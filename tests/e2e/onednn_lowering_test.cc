@@ -28,6 +28,7 @@
 #include "ops/onednn.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
+#include "kernels/onednn_node.h"
 #include "targets/cpu/onednn_lowering.h"
 #include "ops/kernel_util.h"
 #include "passes/pass.h"
@@ -743,6 +744,107 @@ TEST(OnednnLowering, TimedConvolutionsFarFromTheirRooflineAreMeasured) {
         check_graph(g, inputs, 9.0, OnednnOptions{.measure_above_roofline = HUGE_VAL})->describe(0);
     EXPECT_NE(never.find("x its roofline"), std::string::npos) << never;
     EXPECT_EQ(never.find("layout measured"), std::string::npos) << never;
+  }
+}
+
+// Note [measured Winograd]: a 3x3 stride-1 f32 convolution is measured against oneDNN's
+// Winograd algorithm. A chain in ResNet's shape (3x3 + relu, 3x3 + residual + relu, a 1x1
+// consumer reading whatever layout the second one wrote): winograd_veto_above = infinity takes
+// Winograd wherever there is a kernel and the accuracy check passes, so that what runs does
+// not depend on this machine's timings; the result must then match float64 as the direct
+// convolution does. A tolerance no rounding meets keeps every convolution direct (the check
+// is what refuses it), and winograd = false never tries.
+// Without AVX-512 (oneDNN 2.6 has Winograd kernels for it only) nothing is tried.
+TEST(OnednnLowering, WinogradIsMeasuredCheckedAndMatchesFloat64) {
+  const bool avx512 = cpu::native_conv_block() == 16;
+  Generator gen(kSeed + 7);
+  Graph g;
+  const int64_t c = 64, h = 28;
+  const double inv = 1.0 / std::sqrt(double(c * 9));
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{1, c, h, h}));
+  auto param = [&](const std::string& name, const Dims& d, double scale) {
+    return g.add_param(name, randn(gen, d, DType::Float32, scale));
+  };
+  Attrs a{{"padding", Ints{1, 1}}, {"activation", std::string("relu")}, {"sum_scale", 1.0}};
+  ValueId y1 = g.add_node1(OpId::FusedConv2d,
+                           {x, param("w1", {c, c, 3, 3}, inv), param("b1", {c}, 0.5)}, a, "conv1");
+  ValueId y2 = g.add_node1(OpId::FusedConv2d,
+                           {y1, param("w2", {c, c, 3, 3}, inv), param("b2", {c}, 0.5), x}, a,
+                           "conv2");
+  g.outputs = {g.add_node1(OpId::Conv2d, {y2, param("w3", {32, c, 1, 1}, 1.0 / 8.0)}, {},
+                           "consumer"),
+               y2};
+  TensorList inputs = {randn(gen, {1, c, h, h}, DType::Float32)};
+
+  auto always = check_graph(g, inputs, double(c * 9), OnednnOptions{.winograd_veto_above = HUGE_VAL});
+  if (!avx512) {
+    for (int32_t n : {0, 1}) {
+      EXPECT_EQ(always->describe(n).find("Winograd"), std::string::npos) << always->describe(n);
+      EXPECT_EQ(always->desc(n).conv, kernels::OnednnConvPolicy::Auto);
+    }
+    return;
+  }
+  for (int32_t n : {0, 1}) {
+    std::string d = always->describe(n);
+    EXPECT_NE(d.find("wino"), std::string::npos) << d;  // the kernel that runs
+    EXPECT_NE(d.find("chose Winograd"), std::string::npos) << d;
+    EXPECT_EQ(always->desc(n).conv, kernels::OnednnConvPolicy::Winograd) << d;
+    EXPECT_EQ(always->desc(n).conv_layout, "blocked") << d;
+  }
+  EXPECT_EQ(always->describe(2).find("Winograd"), std::string::npos);  // 1x1: never tried
+
+  auto strict = check_graph(g, inputs, double(c * 9),
+                            OnednnOptions{.winograd_tolerance = 1e-12, .winograd_veto_above = HUGE_VAL});
+  for (int32_t n : {0, 1}) {
+    std::string d = strict->describe(n);
+    EXPECT_NE(d.find("(more than 1e-12): kept direct"), std::string::npos) << d;
+    EXPECT_EQ(d.substr(0, d.find(';')).find("wino"), std::string::npos) << d;
+    EXPECT_EQ(strict->desc(n).conv, kernels::OnednnConvPolicy::Auto) << d;
+  }
+
+  auto off = check_graph(g, inputs, double(c * 9), OnednnOptions{.winograd = false});
+  for (int32_t n : {0, 1}) EXPECT_EQ(off->describe(n).find("Winograd"), std::string::npos);
+
+  // The default measures and says what it found, whichever it keeps.
+  auto measured = check_graph(g, inputs, double(c * 9), OnednnOptions{});
+  for (int32_t n : {0, 1}) {
+    std::string d = measured->describe(n);
+    EXPECT_NE(d.find(" vs direct "), std::string::npos) << d;
+    EXPECT_NE(d.find("of the largest output"), std::string::npos) << d;
+  }
+}
+
+// Winograd is for float32 3x3 stride-1 undilated ungrouped convolutions of some size only: a
+// bf16 one, a strided one, a dilated one, a grouped one, a 5x5 one, a small one and one with 8
+// input channels are never tried, even when it is forced.
+TEST(OnednnLowering, WinogradIsNotTriedOutsideItsCases) {
+  std::vector<std::pair<ConvSpec, DType>> specs = {
+      {{.name = "strided", .x = {1, 64, 28, 28}, .w = {64, 64, 3, 3}, .stride = {2, 2},
+        .padding = {1, 1}}, DType::Float32},
+      {{.name = "dilated", .x = {1, 64, 28, 28}, .w = {64, 64, 3, 3}, .padding = {2, 2},
+        .dilation = {2, 2}}, DType::Float32},
+      {{.name = "grouped", .x = {1, 64, 28, 28}, .w = {64, 32, 3, 3}, .padding = {1, 1},
+        .groups = 2}, DType::Float32},
+      {{.name = "5x5", .x = {1, 64, 28, 28}, .w = {64, 64, 5, 5}, .padding = {2, 2}},
+       DType::Float32},
+      // 0.9 MFLOP (the transforms' fixed cost would eat the gain) and 8 input channels.
+      {{.name = "small", .x = {1, 64, 7, 7}, .w = {16, 64, 3, 3}, .padding = {1, 1}},
+       DType::Float32},
+      {{.name = "8 channels in", .x = {1, 8, 56, 56}, .w = {64, 8, 3, 3}, .padding = {1, 1}},
+       DType::Float32},
+  };
+  if (onednn::supports_dtype(DType::BFloat16))
+    specs.push_back({{.name = "bf16", .x = {1, 64, 28, 28}, .w = {64, 64, 3, 3},
+                      .padding = {1, 1}}, DType::BFloat16});
+  for (const auto& [spec, dt] : specs) {
+    SCOPED_TRACE(spec.name);
+    Generator gen(kSeed + 8);
+    double k = 0;
+    Graph g = conv_graph(spec, dt, gen, &k);
+    TensorList inputs = {randn(gen, spec.x, dt)};
+    auto low = check_graph(g, inputs, k, OnednnOptions{.winograd_veto_above = HUGE_VAL});
+    EXPECT_EQ(low->describe(0).find("Winograd"), std::string::npos) << low->describe(0);
+    EXPECT_EQ(low->desc(0).conv, kernels::OnednnConvPolicy::Auto);
   }
 }
 

@@ -23,6 +23,7 @@
 #include "compiler/replace_weights.h"
 #include "core/error.h"
 #include "ir/parser.h"
+#include "kernels/onednn_node.h"
 #include "nn/layers.h"
 #include "ops/api.h"
 #include "nn/models/zoo.h"
@@ -467,4 +468,67 @@ graph @main(%x: f32[4, 8]) {
   LoadedPackage loaded = load_package(r);
   TensorList in = {Tensor::randn({4, 8}, gen)};
   expect_bitwise(loaded.exe->run(in)[0], cb->run(in)[0], "replaced vs compiled with B");
+}
+
+// Note [measured Winograd]: a convolution takes Winograd only where it agrees with the direct
+// convolution on the weights it was compiled with, so replacing the weights checks it again.
+// Ordinary new weights pass (the replaced package is the one compiled with them, bitwise); new
+// weights holding a NaN, on which Winograd and direct no longer agree, are refused naming the
+// convolution, and nothing is written. (Without AVX-512 nothing takes Winograd and there is
+// nothing to check: both replacements succeed.)
+TEST(PackageReplaceWeights, WinogradConvolutionsAreCheckedOnTheNewWeights) {
+  const char* text = R"(
+graph @main(%x: f32[1, 32, 28, 28]) {
+  param %w: f32[64, 32, 3, 3]
+  param %b: f32[64]
+  %c = conv2d(%x, %w, %b) {padding=[1, 1]} loc("body")
+  %y = relu(%c)
+  return %y
+}
+)";
+  TempDir dir;
+  Generator gen(9);
+  auto weights = [&] {
+    Tensor w = Tensor::randn({64, 32, 3, 3}, gen);
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] /= 17.0f;  // 1/sqrt(288)
+    return NamedTensors{{"w", w}, {"b", Tensor::randn({64}, gen)}};
+  };
+  NamedTensors wa = weights(), wb = weights();
+  auto package = [&](const NamedTensors& w, const std::string& path) {
+    Graph g = parse_graph(text);
+    for (const auto& [name, t] : w) g.value(g.find_value(name)).data = t;
+    compiler::Options o;
+    o.knobs.set("winograd", "always");  // what this machine's timings say does not matter here
+    std::shared_ptr<compiler::CompiledExecutable> c = compiler::compile(g, Device::cpu(), o);
+    compiler::write_package(g, *c, {}, {}, path);
+    return c;
+  };
+  std::string a = dir.path + "/a.kiln", b = dir.path + "/b.kiln", r = dir.path + "/r.kiln";
+  auto ca = package(wa, a);
+  auto cb = package(wb, b);
+  bool winograd = false;
+  for (const std::string& k : ca->report().kernels) winograd = winograd || k.find("wino") != std::string::npos;
+  EXPECT_EQ(winograd, kernels::native_conv_block() == 16) << ca->summary();
+
+  std::string wb_path = dir.path + "/b.safetensors";
+  save_safetensors(wb_path, wb);
+  EXPECT_EQ(replace_error(a, wb_path, r), "");
+  EXPECT_TRUE(read_bytes(r) == read_bytes(b)) << first_difference(read_bytes(r), read_bytes(b));
+  TensorList in = {Tensor::randn({1, 32, 28, 28}, gen)};
+  expect_bitwise(load_package(r).exe->run(in)[0], cb->run(in)[0], "replaced vs compiled with B");
+
+  NamedTensors nan = weights();
+  nan[0].second.data<float>()[100] = std::nanf("");
+  std::string nan_path = dir.path + "/nan.safetensors", out = dir.path + "/nan.kiln";
+  save_safetensors(nan_path, nan);
+  std::string err = replace_error(a, nan_path, out);
+  if (winograd) {
+    EXPECT_NE(err.find("convolution 'body' computes with oneDNN's Winograd algorithm"),
+              std::string::npos) << err;
+    EXPECT_NE(err.find("(more than 1e-05). Compile the model with these weights"),
+              std::string::npos) << err;
+    EXPECT_FALSE(std::filesystem::exists(out)) << "an output was written on error";
+  } else {
+    EXPECT_EQ(err, "");
+  }
 }

@@ -84,11 +84,49 @@
 // threads, oneDNN 2.6, primitive medians, bias, no post-ops), direct brgconv vs Winograd:
 //   3x3 64->64 @56   1.01 vs 0.55 ms     3x3 128->128 @28  1.00 vs 0.33 ms
 //   3x3 256->256 @14 0.95 vs 0.49 ms     3x3 512->512 @7   0.92 vs 0.71 ms
-// Winograd rounds differently from the direct sum (transforms of input and weights), so the
-// compiler offers it only as a max-autotune candidate that must agree with the direct
-// candidate's outputs (see Note [autotuning] in codegen/cpu/inductor.cc). The choice is
-// per graph rather than per convolution because the layouts of neighbours interact: a per-layer
-// pick would pay reorders between nhwc and nChw16c that isolated timings do not see.
+// The Winograd policy is max-autotune's whole-graph candidate, every activation blocked (Note
+// [autotuning] in compiler/autotune.cc); under Auto each eligible convolution is measured
+// against Winograd by itself (Note [measured Winograd]).
+//
+// Note [measured Winograd]
+// The direct convolutions above run at this CPU's FLOP rate (1.0x their roofline in explain:
+// brgconv at the rate of a 384^3 matmul, ~117 GFLOP/s a core on the dev machine), so on a
+// ResNet nothing but fewer multiplications makes them faster, and oneDNN 2.6's Winograd kernels
+// for AVX-512 do that: F(2x2, 3x3) (jit_fp32_wino_2x3) and F(4x4, 3x3) (jit_wino_4x3), which
+// compute in nChw16c only. Measured on the dev machine (one thread, oneDNN 2.6, bias + relu,
+// best of 10; Winograd time / direct brgconv time, 58 shapes with 16-512 channels in and out,
+// 7x7 to 112x112, 7 MFLOP to 1.8 GFLOP): 0.29-0.41 where oneDNN picks 4x3 (28x28 and up with
+// 64+ channels), 0.49-0.65 for 2x3 at 14x14 and up, 0.73-0.82 at 7x7 and with 16 channels;
+// never above 0.82. So this is not a choice a timing needs to make, and a timing would make
+// packages differ between two compiles (package.deterministic_across_processes): under the
+// Auto policy, on an AVX-512 CPU, a convolution whose layout Note [measured convolution
+// layout] did not pin takes Winograd when
+//   - it is 3x3, stride 1, undilated, ungrouped, f32, at least kWinogradLeastFlops (8 MFLOP:
+//     the smallest of the table) and kWinogradLeastChannels (16) channels in and out;
+//   - oneDNN has a Winograd kernel for it;
+//   - it agrees with the direct convolution (kernels::winograd_disagreement): both run once on
+//     the same random activations (uniform in [-1, 1), a fixed seed; the residual too) with
+//     the node's real weights, plain in and out, one thread, and max |winograd - direct| must
+//     be at most winograd_tolerance (1e-5) of the largest |direct| output, a NaN or infinity
+//     failing it. The transforms round the input and the weights before the products are
+//     summed: ResNet-18 and ResNet-50 measure 0.7e-6..2.3e-6, where a direct f32 convolution
+//     differs from float64 by ~1e-7 of its largest output, and whole models stay as close to
+//     ONNX Runtime as with direct convolutions (~1e-6; Kiln's model tests allow 1e-4);
+//   - a timing does not veto it: both on one thread (CPU time), three interleaved rounds, each
+//     side's best; more than winograd_veto_above (1.2) times the direct time keeps direct. A
+//     guard against a machine where the table does not hold, far enough from it (0.82) that
+//     noise does not flip the choice.
+// Its reorders (src from the neighbours' nhwc, dst to a plain consumer's) are the node's own
+// and were not in the table: ResNet-50's and ResNet-18's whole-graph times are what count
+// (docs/benchmarks.md). The decision is stored in the descriptor (conv policy Winograd +
+// conv_layout "blocked", so a package rebuilds exactly it; no new package format version: both
+// fields existed) and in the tuning store, keyed as the layout decision plus a hash of the
+// weights (the check ran on them). Replacing a package's weights runs the check again on the
+// new weights (compiler/replace_weights.cc). Explain says, per node, the times, the
+// disagreement and the choice. Knob winograd=off (compile --knobs) keeps every convolution
+// direct; winograd=always (winograd_veto_above infinite) skips the timing. Cost, the first time
+// only: ~30 ms per eligible convolution (two extra builds with the weights' transform, eight
+// calls of each), ~0.5 s for ResNet-18.
 //
 // Note [measured convolution layout]
 // format_tag::any lets oneDNN pick a layout per primitive, and for some shapes the layout it
@@ -171,6 +209,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <map>
@@ -302,9 +341,16 @@ struct OnednnLowering::Impl {
   };
   LayoutDecision measure_conv_layout(int32_t n, const kernels::ConstantSource& constants);
   void choose_conv_layout(int32_t n, const kernels::ConstantSource& constants);
+  // Note [measured Winograd].
+  bool winograd_candidate(const kernels::OnednnNodeDesc& d) const;
+  LayoutDecision measure_winograd(int32_t n, const kernels::ConstantSource& constants);
+  void choose_winograd(int32_t n, const kernels::ConstantSource& constants);
   // Note [convolution roofline].
   static constexpr double kTooShortToMeasureMs = 0.02;
   static constexpr double kReplaceDefaultBelow = 0.75;
+  // Note [measured Winograd].
+  static constexpr double kWinogradLeastFlops = 8e6;
+  static constexpr int64_t kWinogradLeastChannels = 16;
   bool is_constant(ValueId v) const {
     ValueKind k = g.value(v).kind;
     return k == ValueKind::Param || k == ValueKind::Const;
@@ -789,10 +835,130 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
   layout_note[size_t(n)] = decision.note;
   if (decision.conv_layout.empty()) {
     if (decision.built_others) layouts.set_entry(y, kept);  // the default's build is kept
+    choose_winograd(n, constants);
     return;
   }
   descs[size_t(n)].conv_layout = decision.conv_layout;
   // Built again last, so that the layouts table holds the kept build's output layout.
+  nodes[size_t(n)] = kernels::OnednnNode::build(descs[size_t(n)], layouts, constants);
+}
+
+// Note [measured Winograd]: a 3x3 stride-1 undilated ungrouped f32 convolution of at least
+// kWinogradLeastFlops and kWinogradLeastChannels channels in and out, under the Auto policy on
+// an AVX-512 CPU (oneDNN 2.6 has Winograd kernels for AVX-512 only), whose layout was not
+// pinned by a measurement.
+bool OnednnLowering::Impl::winograd_candidate(const kernels::OnednnNodeDesc& d) const {
+  if (!options.winograd || options.conv != ConvPolicy::Auto || !options.allow_blocked) return false;
+  if (kernels::native_conv_block() != 16 || d.bf16 || !d.conv_layout.empty()) return false;
+  if (d.op != "conv2d" && d.op != "fused_conv2d") return false;
+  const std::vector<int64_t>& w = d.inputs.at(1).dims;
+  if (d.groups != 1 || w.size() != 4 || w[2] != 3 || w[3] != 3 || d.stride[0] != 1 ||
+      d.stride[1] != 1 || d.dilation[0] != 1 || d.dilation[1] != 1)
+    return false;
+  double flops = 2.0 * double(w[1] * w[2] * w[3]);
+  for (int64_t e : d.output.dims) flops *= double(e);
+  return flops >= kWinogradLeastFlops && std::min(w[0], w[1]) >= kWinogradLeastChannels;
+}
+
+// Note [measured Winograd]: "winograd" or "" (direct) and what explain says about it. Trial
+// builds leave their output layouts in the layouts table (built_others), as in
+// measure_conv_layout.
+OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_winograd(
+    int32_t n, const kernels::ConstantSource& constants) {
+  const kernels::OnednnNodeDesc& direct_desc = descs[size_t(n)];
+  const double error = kernels::winograd_disagreement(direct_desc, constants);
+  if (error < 0) return {"", "no Winograd kernel for it", false};
+  std::string note = fmt::format("Winograd differs by {:.1e} of the largest output", error);
+  if (!(error <= options.winograd_tolerance))
+    return {"", note + fmt::format(" (more than {:.0e}): kept direct", options.winograd_tolerance),
+            false};
+  kernels::OnednnNodeDesc wd = direct_desc;
+  wd.conv = kernels::OnednnConvPolicy::Winograd;
+  wd.conv_layout = "blocked";
+  if (options.winograd_veto_above < HUGE_VAL) {
+    // The veto: both timed on one thread, by CPU time, in three interleaved rounds, each side's
+    // best, a timed call after an untimed one of the same build (Note [measured convolution
+    // layout]).
+    const int caller_threads = kernels::cpu_threads();
+    kernels::ScopedCpuThreads one_thread(1);
+    NodeTimer direct(caller_threads == 1
+                         ? nodes[size_t(n)]
+                         : kernels::OnednnNode::build(direct_desc, layouts, constants),
+                     direct_desc, layouts, timing_arena);
+    std::shared_ptr<kernels::OnednnNode> wino = kernels::OnednnNode::build(wd, layouts, constants);
+    NodeTimer winograd(wino, wd, layouts, timing_arena);
+    double direct_ms = HUGE_VAL, wino_ms = HUGE_VAL;
+    for (int round = 0; round < 3; ++round) {
+      direct.call_ms();
+      direct_ms = std::min(direct_ms, direct.call_ms());
+      winograd.call_ms();
+      wino_ms = std::min(wino_ms, winograd.call_ms());
+    }
+    note = fmt::format("Winograd {} {:.3f} ms vs direct {:.3f} ms, ", wino->implementation(),
+                       wino_ms, direct_ms) + note.substr(std::string("Winograd ").size());
+    if (!(wino_ms <= options.winograd_veto_above * direct_ms))
+      return {"", note + fmt::format(" (slower than {}x direct): kept direct",
+                                     options.winograd_veto_above),
+              true};
+    return {"winograd", note + ": chose Winograd", true};
+  }
+  return {"winograd", note + ": chose Winograd", false};
+}
+
+// Note [measured Winograd]: the decision for a node that kept its default layout, from the
+// tuning store when an earlier compile on this machine measured the same convolution.
+void OnednnLowering::Impl::choose_winograd(int32_t n, const kernels::ConstantSource& constants) {
+  if (!winograd_candidate(descs[size_t(n)])) return;
+  kernels::OnednnNodeDesc anonymous = descs[size_t(n)];
+  anonymous.node.clear();
+  for (kernels::OnednnOperand* o : {&anonymous.output}) o->value = -1;
+  for (kernels::OnednnOperand& o : anonymous.inputs) {
+    o.value = o.value < 0 ? -1 : 0;
+    if (!o.constant.empty()) o.constant = "constant";
+  }
+  // The weights' values are part of the key through a hash: the accuracy check ran on them.
+  uint64_t weights = 1469598103934665603ull;
+  for (const kernels::OnednnOperand& o : descs[size_t(n)].inputs)
+    if (!o.constant.empty()) {
+      Tensor t = constants(o.constant).contiguous();
+      const unsigned char* p = static_cast<const unsigned char*>(t.raw_data());
+      const size_t bytes = t.nbytes();
+      for (size_t i = 0; i + 8 <= bytes; i += 8) {  // FNV-1a over 64-bit words
+        uint64_t word;
+        std::memcpy(&word, p + i, 8);
+        weights = (weights ^ word) * 1099511628211ull;
+      }
+      for (size_t i = bytes / 8 * 8; i < bytes; ++i) weights = (weights ^ p[i]) * 1099511628211ull;
+    }
+  const std::string key = fmt::format(
+      "onednn conv winograd 1\n{}\n{}\nweights {:016x}\nisa {} threads {} dnnl {}.{}.{} tol {} "
+      "veto {}",
+      anonymous.to_json(), nodes[size_t(n)]->description(), weights, onednn::cpu_isa_name(),
+      kernels::cpu_threads(), DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH,
+      options.winograd_tolerance, options.winograd_veto_above);
+  const ValueId y = g.nodes[size_t(n)].outputs[0];
+  const std::shared_ptr<const kernels::OnednnLayouts::Entry> kept = layouts.entry(y);
+  LayoutDecision decision;
+  std::string stored;
+  if (tuning_get(key, &stored) && stored.find('\n') != std::string::npos) {
+    decision.conv_layout = stored.substr(0, stored.find('\n'));
+    decision.note = stored.substr(stored.find('\n') + 1) + " (from the tuning store)";
+  } else {
+    decision = measure_winograd(n, constants);
+    try {
+      tuning_put(key, decision.conv_layout + "\n" + decision.note);
+    } catch (const std::exception&) {
+      // An unwritable cache only costs the next compile the measurement.
+    }
+  }
+  std::string& note = layout_note[size_t(n)];
+  note += (note.empty() ? "" : "; ") + decision.note;
+  if (decision.conv_layout != "winograd") {
+    if (decision.built_others) layouts.set_entry(y, kept);  // the direct build is kept
+    return;
+  }
+  descs[size_t(n)].conv = kernels::OnednnConvPolicy::Winograd;
+  descs[size_t(n)].conv_layout = "blocked";
   nodes[size_t(n)] = kernels::OnednnNode::build(descs[size_t(n)], layouts, constants);
 }
 

@@ -29,14 +29,16 @@ enum class LinearImpl : uint8_t { Auto, InnerProduct, Matmul };
 
 // How convolutions pick their activation layout and algorithm (see Note [convolution policy]).
 //   Auto:      dst format_tag::any and the direct algorithm: oneDNN's own preference (brgconv
-//              on nhwc on AVX-512 CPUs). Numerically the direct convolution.
+//              on nhwc on AVX-512 CPUs).
+//              Where OnednnOptions::winograd is set, 3x3 stride-1 f32 convolutions take
+//              oneDNN's Winograd algorithm where it agrees with the direct one and is not
+//              slower (Note [measured Winograd]).
 //   Blocked:   blocked activations in the ISA's native block, nChw16c on AVX-512 and nChw8c
 //              on AVX2 (the jit direct kernels; a 16c layout on AVX2 has only oneDNN's
 //              reference kernels, minutes per ResNet call). Numerically direct.
-//   Winograd:  as Blocked, and 3x3 stride-1 undilated ungrouped f32 convolutions use oneDNN's
-//              Winograd algorithm where it has an implementation. Fewer multiplications, a
-//              different rounding: results differ from direct by ~1e-6..1e-5 relative, so only
-//              max-autotune offers it, behind an accuracy check.
+//   Winograd:  as Blocked, and every 3x3 stride-1 undilated ungrouped f32 convolution uses
+//              oneDNN's Winograd algorithm where it has an implementation (max-autotune's
+//              whole-graph candidate, behind its accuracy check).
 enum class ConvPolicy : uint8_t { Auto, Blocked, Winograd };
 
 // The channel block of ConvPolicy::Blocked on this CPU: 16 with AVX-512, else 8.
@@ -63,6 +65,16 @@ struct OnednnOptions {
   // layout measured (Note [measured convolution layout] in onednn_lowering.cc); 0 measures every
   // convolution, infinity none but those on a reference kernel.
   double measure_above_roofline = 3.0;
+  // ConvPolicy::Auto: 3x3 stride-1 f32 convolutions take oneDNN's Winograd algorithm where it
+  // agrees with the direct convolution and is not slower (Note [measured Winograd] in
+  // onednn_lowering.cc). False: every convolution is direct.
+  bool winograd = true;
+  // Winograd is taken only where it differs from the direct convolution by at most
+  // winograd_tolerance of the largest output on random activations, and not where one timed
+  // call takes more than winograd_veto_above times the direct one's (infinity: not timed, the
+  // knob winograd=always).
+  double winograd_tolerance = 1e-5;
+  double winograd_veto_above = 1.2;
   // Per node of the graph (empty: none): runs as generated loop code. Values those kernels
   // share with convolutions may then be stored channels-last (Note [channels-last values] in
   // onednn_lowering.cc).

@@ -5,6 +5,10 @@
 //   conv=auto|nChw16c|nChw16c+winograd|plain  convolution layout policy, nChw8c in place of
 //                                              nChw16c on CPUs without AVX-512 (Note [convolution
 //        policy] in onednn_lowering.cc); plain keeps every activation NCHW. Default auto.
+//   winograd=measured|always|off  under conv=auto, 3x3 stride-1 f32 convolutions take
+//        oneDNN's Winograd algorithm where it agrees with the direct one and a timing does
+//        not veto it (Note [measured Winograd] in onednn_lowering.cc), where it agrees (no
+//        timing), or never (every convolution direct). Default measured.
 //   gemv=generated|onednn  small linears (<= 2^15 multiply-adds) as generated GEMV reductions
 //        or oneDNN calls. Default generated.
 //   vec=256    8-lane AVX2 vectors on an AVX-512 machine (default: the widest the ISA has).
@@ -16,10 +20,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "compiler/autotune.h"
 #include "compiler/compile.h"
@@ -156,6 +163,11 @@ class CpuTarget final : public compiler::Target {
       fail("cpu target: knob conv expected auto | {0} | {0}+winograd | plain on this CPU, found '{1}'",
            native_conv_layout(), conv);
     o.allow_blocked = conv != "plain";
+    std::string winograd = knobs.get("winograd", "measured");
+    if (winograd != "measured" && winograd != "always" && winograd != "off")
+      fail("cpu target: knob winograd expected measured | always | off, found '{}'", winograd);
+    o.winograd = winograd != "off";
+    if (winograd == "always") o.winograd_veto_above = HUGE_VAL;
     o.matmul_strides = std::move(request.strided_operands);
     o.generated = std::move(request.generated);
     return std::make_unique<OnednnKernels>(g, nodes, o);
@@ -231,6 +243,37 @@ class CpuTarget final : public compiler::Target {
                             const TensorList& in, int rounds, std::string* log) const override;
   bool apply_launch_record(const std::vector<compiler::TunableLaunch>& tunable,
                            const std::string& record, std::string* log) const override;
+  // Note [measured Winograd]: every convolution that computes with Winograd (its recorded
+  // description names a Winograd kernel) is checked against the direct convolution again, on
+  // the new weights.
+  void check_replaced_weights(const std::string& launches,
+                              const std::function<Tensor(const std::string&)>& weight,
+                              const std::string& package) const override {
+    const double tolerance = OnednnOptions{}.winograd_tolerance;
+    for (const nlohmann::json& l : nlohmann::json::parse(launches)) {
+      if (l.at("kind") != "onednn") continue;
+      const nlohmann::json& p = l.at("params");
+      if (p.at("expect").get<std::string>().find("wino") == std::string::npos) continue;
+      const std::string name = l.at("name").get<std::string>();
+      kernels::OnednnNodeDesc d = kernels::OnednnNodeDesc::from_json(
+          p.at("desc").dump(), fmt::format("package '{}': launch '{}'", package, name));
+      const double error = kernels::winograd_disagreement(d, weight);
+      if (error < 0)
+        fail("replace-weights: package '{}': convolution '{}' computes with oneDNN's Winograd "
+             "algorithm, which has no kernel for it on this machine, so the new weights cannot be "
+             "checked against the direct convolution here; replace them on a machine that runs "
+             "the package, or compile the model with these weights (`kiln compile`)",
+             package, d.node);
+      if (!(error <= tolerance))
+        fail("replace-weights: package '{}': convolution '{}' computes with oneDNN's Winograd "
+             "algorithm, taken because it agreed with the direct convolution on the weights the "
+             "package was compiled with; on the new weights it differs by {:.1e} of its largest "
+             "output (more than {:.0e}). Compile the model with these weights (`kiln compile`): "
+             "that convolution then stays direct",
+             package, d.node, error, tolerance);
+    }
+  }
+
   std::string tuning_context() const override {
     return toolchain().isa + "\n" + std::to_string(omp_get_max_threads());
   }
