@@ -300,10 +300,18 @@ struct Binding {
   int64_t offset = 0;  // Source::Scratch / Scratchpad: byte offset in scratch
 };
 
+// Note [blocked concat copies]: one part of a concat along the channels of blocked values,
+// copied as whole channel blocks: `count` chunks of `bytes` (one per image), the source's at
+// k * src_stride, the destination's at dst_offset + k * dst_stride.
+struct BlockCopy {
+  int64_t bytes = 0, dst_offset = 0, src_stride = 0, dst_stride = 0, count = 0;
+};
+
 struct Step {
-  dnnl::primitive prim;
-  std::vector<dnnl_exec_arg_t> args;
+  dnnl::primitive prim;  // none for a block copy
+  std::vector<dnnl_exec_arg_t> args;  // a block copy: its parts' memories, then the destination
   bool residual_copy = false;  // skipped when the residual already is the output buffer
+  std::vector<BlockCopy> copies;  // Note [blocked concat copies]: one per part
 };
 
 // Per call state: see OnednnNode::Instance in the header.
@@ -390,6 +398,16 @@ class PlanBuilder {
                                      attr);
     step(dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
          residual_copy);
+  }
+
+  // Note [blocked concat copies]: parts[i] copied into dst as copies[i] says.
+  void copy_blocks(const std::vector<memory>& parts, const memory& dst,
+                   std::vector<BlockCopy> copies) {
+    Step s;
+    for (const memory& m : parts) s.args.push_back({DNNL_ARG_MULTIPLE_SRC, m.get()});
+    s.args.push_back({DNNL_ARG_DST, dst.get()});
+    s.copies = std::move(copies);
+    plan_.steps.push_back(std::move(s));
   }
 
   // `to` = scale * `from`, elementwise (oneDNN's eltwise_linear, which may run in place); the
@@ -914,26 +932,104 @@ void Builder::build_concat(Plan& p) {
     p.why_not = fmt::format("oneDNN has no concat implementation for this case ({})", dt_name(dt));
     return;
   }
+  // Parts in different layouts (an nhwc part beside an nChw16c one, where a Winograd
+  // convolution produced one of them: Note [measured Winograd]) get oneDNN's reference concat,
+  // an element at a time (squeezenet1_1's first fire: 0.63 ms, 19x its floor). The odd parts
+  // are reordered first into one layout, nhwc where a part is nhwc and the result may be
+  // (oneDNN 2.6's jit concat copies nhwc parts at 2.4x the floor, nChw16c ones at 18x), else
+  // the result's; taken when oneDNN then has a jit concat.
+  std::vector<memory::desc> parts = srcs;
+  std::vector<Tag> tags;
+  for (const memory::desc& md : srcs)
+    if (std::optional<Tag> t = activation_tag(md, md.dims(), dt))
+      if (std::find(tags.begin(), tags.end(), *t) == tags.end()) tags.push_back(*t);
+  if (tags.size() > 1 && std::string_view(pd->impl_info_str()).rfind("ref", 0) == 0) {
+    std::vector<std::pair<Tag, memory::desc>> targets;
+    if (std::find(tags.begin(), tags.end(), Tag::nhwc) != tags.end() && d.allow_blocked &&
+        d.output_may_block)
+      targets.push_back({Tag::nhwc, memory::desc(yd, dt, Tag::nhwc)});
+    if (std::optional<Tag> t = activation_tag(pd->dst_desc(), yd, dt))
+      targets.push_back({*t, pd->dst_desc()});
+    for (const auto& [tag, dst] : targets) {
+      std::vector<memory::desc> same;
+      for (const memory::desc& md : srcs) same.push_back(memory::desc(md.dims(), dt, tag));
+      auto uniform = try_pd<dnnl::concat::primitive_desc>([&] {
+        return dnnl::concat::primitive_desc(dst, int(d.concat_dim), same, cpu_engine(),
+                                            user_scratchpad_attr());
+      });
+      if (uniform && std::string_view(uniform->impl_info_str()).rfind("ref", 0) != 0) {
+        pd = std::move(uniform);
+        parts = std::move(same);
+        break;
+      }
+    }
+  }
+  // Note [blocked concat copies]
+  // oneDNN 2.6's concat of nChw16c parts ("simple:any") takes 18x the time its bytes need at
+  // the copy bandwidth (googlenet's inception concats, 8% of the model: `kiln profile`), where
+  // its nhwc concat takes 2.4x. With one image, a part whose channels are whole blocks is one
+  // contiguous run of the result ([C/16][H][W][16]), so the concat is a memcpy per part per
+  // image; Kiln does those itself (PlanBuilder::copy_blocks, shared by the threads in 64 KiB
+  // pieces) where every part and the result are in the same blocked layout, along the
+  // channels, and every part's channels are a multiple of the block.
+  std::optional<Tag> block_tag;
+  if (d.concat_dim == 1 && r == 4)
+    if (std::optional<Tag> t = activation_tag(pd->dst_desc(), yd, dt);
+        t && (*t == Tag::nChw16c || *t == Tag::nChw8c)) {
+      const int64_t blk = *t == Tag::nChw16c ? 16 : 8;
+      bool whole = true;
+      for (const memory::desc& md : parts)
+        whole = whole && activation_tag(md, md.dims(), dt) == t && md.dims()[1] % blk == 0;
+      if (whole) block_tag = t;
+    }
   PlanBuilder b(p);
   memory::desc dst_md = pd->dst_desc();
   std::vector<memory> src_mems;
-  for (size_t i = 0; i < d.inputs.size(); ++i)
-    src_mems.push_back(activation(b, p, int32_t(i), d.inputs[i], srcs[i]));
+  std::string part_reorders;
+  for (size_t i = 0; i < d.inputs.size(); ++i) {
+    memory m = activation(b, p, int32_t(i), d.inputs[i], srcs[i]);
+    if (!same_layout(srcs[i], parts[i])) {
+      memory tmp = b.temp(parts[i]);
+      b.reorder(m, tmp);
+      part_reorders += fmt::format(" src {} {}->{}", i, format_name(srcs[i], "nchw"),
+                                   format_name(parts[i], "nchw"));
+      m = tmp;
+    }
+    src_mems.push_back(m);
+  }
   memory user_out;
   memory dst_mem = bind_dst(b, y, dst_md, &user_out);
   std::vector<std::pair<int, memory>> args;
   for (size_t i = 0; i < src_mems.size(); ++i)
     args.emplace_back(DNNL_ARG_MULTIPLE_SRC + int(i), src_mems[i]);
   args.emplace_back(DNNL_ARG_DST, dst_mem);
-  b.step(dnnl::concat(*pd), pd->scratchpad_desc(), args);
+  std::string implementation = pd->impl_info_str();
+  if (block_tag) {
+    const int64_t elt = dt == DT::bf16 ? 2 : 4, hw = yd[2] * yd[3];
+    const int64_t dst_stride = yd[1] * hw * elt;  // whole blocks: no channel padding
+    std::vector<BlockCopy> copies;
+    int64_t c0 = 0;
+    for (const memory::desc& md : parts) {
+      const int64_t c = md.dims()[1];
+      copies.push_back({c * hw * elt, c0 * hw * elt, c * hw * elt, dst_stride, yd[0]});
+      c0 += c;
+    }
+    b.copy_blocks(src_mems, dst_mem, std::move(copies));
+    implementation = "kiln block copy";
+  } else {
+    b.step(dnnl::concat(*pd), pd->scratchpad_desc(), args);
+  }
   std::string reorders = reorder_into_output(b, dst_mem, user_out);
+  if (!part_reorders.empty())
+    reorders = "; reorders:" + part_reorders +
+               (reorders.empty() ? "" : reorders.substr(std::string("; reorders:").size()));
   b.finish();
   std::vector<std::string> src_names;
   for (const memory::desc& md : srcs) src_names.push_back(format_name(md, "nchw"));
   p.description = fmt::format("concat dim {} of {} {} {} src {} -> dst {}{}", d.concat_dim,
-                              srcs.size(), dt_name(dt), pd->impl_info_str(),
+                              srcs.size(), dt_name(dt), implementation,
                               fmt::join(src_names, ","), format_name(dst_md, "nchw"), reorders);
-  p.implementation = pd->impl_info_str();
+  p.implementation = implementation;
   p.lowered = true;
 }
 
@@ -1206,6 +1302,39 @@ void OnednnNode::run(const void* const* inputs, void* output, void* scratch) con
   run(*plan_->own, inputs, output, scratch);
 }
 
+namespace {
+// Note [blocked concat copies]: every part's chunks, split into pieces of at most kPiece bytes
+// that the threads share (a part of googlenet's is 0.8 MB).
+void run_block_copies(const std::vector<BlockCopy>& copies,
+                      const std::vector<dnnl_exec_arg_t>& args) {
+  constexpr int64_t kPiece = 64 * 1024;
+  void* dst_handle = nullptr;
+  dnnl_memory_get_data_handle(args.back().memory, &dst_handle);
+  char* dst = static_cast<char*>(dst_handle);
+  int64_t pieces = 0;
+  for (const BlockCopy& c : copies) pieces += c.count * ((c.bytes + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static) if (pieces > 16)
+  for (int64_t q = 0; q < pieces; ++q) {
+    int64_t rest = q;
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const BlockCopy& c = copies[i];
+      const int64_t per = (c.bytes + kPiece - 1) / kPiece, here = c.count * per;
+      if (rest >= here) {
+        rest -= here;
+        continue;
+      }
+      const int64_t k = rest / per, at = rest % per * kPiece;
+      void* src = nullptr;
+      dnnl_memory_get_data_handle(args[i].memory, &src);
+      std::memcpy(dst + c.dst_offset + k * c.dst_stride + at,
+                  static_cast<const char*>(src) + k * c.src_stride + at,
+                  size_t(std::min(kPiece, c.bytes - at)));
+      break;
+    }
+  }
+}
+}  // namespace
+
 void OnednnNode::run(Instance& inst, const void* const* inputs, void* output,
                      void* scratch) const {
   const Plan& p = *plan_;
@@ -1254,6 +1383,10 @@ void OnednnNode::run(Instance& inst, const void* const* inputs, void* output,
     const Step& s = p.steps[k];
     if (s.residual_copy && skip_residual_copy) continue;
     const std::vector<dnnl_exec_arg_t>& args = inst.args[k];
+    if (!s.copies.empty()) {
+      run_block_copies(s.copies, args);
+      continue;
+    }
     dnnl_status_t st = dnnl_primitive_execute(s.prim.get(), strm, int(args.size()), args.data());
     if (st != dnnl_success) [[unlikely]]
       fail_kind(ErrorKind::Runtime, "oneDNN node: executing {} failed (status {})", p.description,

@@ -172,3 +172,63 @@ TEST(InductorConcatLayout, ConcatPackageLabelledAnOlderVersionIsRefused) {
   EXPECT_NE(err.find("oneDNN concat node is unknown to format version 2"), std::string::npos) << err;
   EXPECT_NE(err.find("launch"), std::string::npos) << err;
 }
+
+// Note [blocked concat copies] and the mixed-layout concat (Note [measured Winograd]): two
+// images, x -> [conv 3x3 "wide" 32->48 (relu), conv 1x1 "narrow" 32->32 (relu)] -> concat "join"
+// -> conv 1x1 "head". Under conv=nChw16c every part is whole channel blocks, and the concat is
+// Kiln's block copy, per image; under winograd=always the 3x3 part is nChw16c (Winograd) and the
+// 1x1 part nhwc, and the concat reorders the odd part first instead of running oneDNN's
+// reference concat. Both against float64 on fresh random inputs and through a package, bitwise.
+TEST(InductorConcatLayout, BlockedAndMixedLayoutConcatsMatchTheReference) {
+  struct Case {
+    const char* knob;
+    const char* value;
+    DType dtype;
+    const char* want;  // in the concat's kernel line
+  };
+  const bool avx512 = cpu::native_conv_block() == 16;
+  std::vector<Case> cases = {{"conv", cpu::native_conv_layout(), DType::Float32, "kiln block copy"}};
+  if (onednn::supports_dtype(DType::BFloat16))
+    cases.push_back({"conv", cpu::native_conv_layout(), DType::BFloat16, "kiln block copy"});
+  if (avx512) cases.push_back({"winograd", "always", DType::Float32, "reorders: src 1 nChw16c->nhwc"});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{}={} {}", c.knob, c.value, dtype_name(c.dtype)));
+    Generator wgen(316);
+    Graph g;
+    g.name = "join";
+    auto conv = [&](ValueId x, int64_t cin, int64_t cout, int64_t k, const std::string& name,
+                    bool relu) {
+      double fan_in = double(cin * k * k);
+      ValueId w = g.add_param(name + ".w", sample_randn(wgen, {cout, cin, k, k},
+                                                        1.0 / std::sqrt(fan_in)).to(c.dtype));
+      ValueId b = g.add_param(name + ".b", sample_randn(wgen, {cout}, 0.5).to(c.dtype));
+      Attrs a{{"padding", Ints{k / 2, k / 2}}};
+      if (!relu) return g.add_node1(OpId::Conv2d, {x, w, b}, a, name);
+      a.set("activation", std::string("relu"));
+      return g.add_node1(OpId::FusedConv2d, {x, w, b}, a, name);
+    };
+    ValueId x = g.add_input("x", TensorType(c.dtype, Shape{2, 32, 28, 28}));
+    ValueId wide = conv(x, 32, 48, 3, "wide", true), narrow = conv(x, 32, 32, 1, "narrow", true);
+    ValueId join = g.add_node1(OpId::Concat, {narrow, wide}, {{"dim", int64_t(1)}}, "join");
+    g.outputs = {conv(join, 80, 16, 1, "head", false)};
+    compiler::Options o;
+    o.knobs.set(c.knob, c.value);
+    auto compiled = compiler::compile(g, Device::cpu(), o);
+    std::string line = kernel_line(compiled->report(), "concat:join ");
+    EXPECT_NE(line.find("[oneDNN]: concat dim 1"), std::string::npos) << compiled->summary();
+    EXPECT_NE(line.find(c.want), std::string::npos) << line;
+    EXPECT_EQ(line.find(" ref:"), std::string::npos) << line;
+    LoadedPackage loaded = load_package_bytes(package_bytes(compiled->executable(), PackageInfo{}),
+                                              "join");
+    for (uint64_t seed : {3u, 4u}) {
+      Generator gen(seed);
+      TensorList in = {Tensor::randn({2, 32, 28, 28}, gen, DType::Float32).to(c.dtype)};
+      Tensor want = run(test::as_float64(g), {in[0].to(DType::Float64)})[0];
+      Tensor got = compiled->run(in)[0], pkg = loaded.exe->run(in)[0];
+      double tol = c.dtype == DType::BFloat16 ? 3e-2 : 1e-5 * std::sqrt(288.0) * 2;
+      test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(tol, tol));
+      EXPECT_TRUE(cmp.ok()) << "seed " << seed << ": " << cmp.str() << "\n" << compiled->summary();
+      EXPECT_TRUE(test::close(pkg, got, test::Tolerance::exact())) << "packaged vs compiled";
+    }
+  }
+}
