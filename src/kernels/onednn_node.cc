@@ -900,7 +900,9 @@ void Builder::build_pool(Plan& p) {
 // from them (format_tag::any: the parts' own layout where they agree), which the consumers then
 // read as given (Note [layout choice] in targets/cpu/onednn_lowering.cc). A plain result (a
 // graph output, a loop kernel's input) gets the usual reorder after the primitive. Bitwise a
-// copy either way.
+// copy either way. Parts that disagree (a Winograd convolution's nChw16c beside a 1x1's nhwc)
+// are reordered into one layout first, and whole channel blocks are Kiln's own copies (Note
+// [blocked concat copies]): oneDNN 2.6 has only slow kernels for both.
 void Builder::build_concat(Plan& p) {
   const OnednnOperand& y = d.output;
   DT dt = this->dt();
