@@ -211,6 +211,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <map>
 #include <optional>
@@ -340,6 +341,8 @@ struct OnednnLowering::Impl {
     bool built_others = false;  // the layouts table holds another build's output layout
   };
   LayoutDecision measure_conv_layout(int32_t n, const kernels::ConstantSource& constants);
+  LayoutDecision stored_or_measured(const std::string& key,
+                                    const std::function<LayoutDecision()>& measure);
   void choose_conv_layout(int32_t n, const kernels::ConstantSource& constants);
   // Note [measured Winograd].
   bool winograd_candidate(const kernels::OnednnNodeDesc& d) const;
@@ -796,6 +799,39 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
   return {"", note, true};
 }
 
+namespace {
+// A tuning-store key's convolution: its descriptor without the graph's names (value ids and
+// constant names), as JSON.
+std::string anonymous_json(kernels::OnednnNodeDesc d) {
+  d.node.clear();
+  d.output.value = -1;
+  for (kernels::OnednnOperand& o : d.inputs) {
+    o.value = o.value < 0 ? -1 : 0;
+    if (!o.constant.empty()) o.constant = "constant";
+  }
+  return d.to_json();
+}
+}  // namespace
+
+// A decision from the tuning store under `key`, else measured and stored there.
+OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::stored_or_measured(
+    const std::string& key, const std::function<LayoutDecision()>& measure) {
+  LayoutDecision decision;
+  std::string stored;
+  if (tuning_get(key, &stored) && stored.find('\n') != std::string::npos) {
+    decision.conv_layout = stored.substr(0, stored.find('\n'));
+    decision.note = stored.substr(stored.find('\n') + 1) + " (from the tuning store)";
+    return decision;
+  }
+  decision = measure();
+  try {
+    tuning_put(key, decision.conv_layout + "\n" + decision.note);
+  } catch (const std::exception&) {
+    // An unwritable cache only costs the next compile the measurement.
+  }
+  return decision;
+}
+
 // Note [measured convolution layout]: the decision for the node as built (descs[n], nodes[n]),
 // from the tuning store when an earlier compile on this machine measured the same convolution.
 void OnednnLowering::Impl::choose_conv_layout(int32_t n,
@@ -806,32 +842,14 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
   if (!options.allow_blocked) return;
   // The key: the convolution without its graph's names (shapes, geometry, epilogue, options),
   // the layouts and kernel its default build got, the machine, the thread count.
-  kernels::OnednnNodeDesc anonymous = descs[size_t(n)];
-  anonymous.node.clear();
-  for (kernels::OnednnOperand* o : {&anonymous.output}) o->value = -1;
-  for (kernels::OnednnOperand& o : anonymous.inputs) {
-    o.value = o.value < 0 ? -1 : 0;
-    if (!o.constant.empty()) o.constant = "constant";
-  }
   const std::string key = fmt::format(
-      "onednn conv layout 1\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {}", anonymous.to_json(),
-      nodes[size_t(n)]->description(), onednn::cpu_isa_name(), kernels::cpu_threads(),
-      DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, options.measure_above_roofline);
+      "onednn conv layout 1\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {}",
+      anonymous_json(descs[size_t(n)]), nodes[size_t(n)]->description(), onednn::cpu_isa_name(),
+      kernels::cpu_threads(), DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH,
+      options.measure_above_roofline);
   const ValueId y = node.outputs[0];
   const std::shared_ptr<const kernels::OnednnLayouts::Entry> kept = layouts.entry(y);
-  LayoutDecision decision;
-  std::string stored;
-  if (tuning_get(key, &stored) && stored.find('\n') != std::string::npos) {
-    decision.conv_layout = stored.substr(0, stored.find('\n'));
-    decision.note = stored.substr(stored.find('\n') + 1) + " (from the tuning store)";
-  } else {
-    decision = measure_conv_layout(n, constants);
-    try {
-      tuning_put(key, decision.conv_layout + "\n" + decision.note);
-    } catch (const std::exception&) {
-      // An unwritable cache only costs the next compile the measurement.
-    }
-  }
+  LayoutDecision decision = stored_or_measured(key, [&] { return measure_conv_layout(n, constants); });
   layout_note[size_t(n)] = decision.note;
   if (decision.conv_layout.empty()) {
     if (decision.built_others) layouts.set_entry(y, kept);  // the default's build is kept
@@ -909,13 +927,6 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_winograd(
 // tuning store when an earlier compile on this machine measured the same convolution.
 void OnednnLowering::Impl::choose_winograd(int32_t n, const kernels::ConstantSource& constants) {
   if (!winograd_candidate(descs[size_t(n)])) return;
-  kernels::OnednnNodeDesc anonymous = descs[size_t(n)];
-  anonymous.node.clear();
-  for (kernels::OnednnOperand* o : {&anonymous.output}) o->value = -1;
-  for (kernels::OnednnOperand& o : anonymous.inputs) {
-    o.value = o.value < 0 ? -1 : 0;
-    if (!o.constant.empty()) o.constant = "constant";
-  }
   // The weights' values are part of the key through a hash: the accuracy check ran on them.
   uint64_t weights = 1469598103934665603ull;
   for (const kernels::OnednnOperand& o : descs[size_t(n)].inputs)
@@ -933,24 +944,12 @@ void OnednnLowering::Impl::choose_winograd(int32_t n, const kernels::ConstantSou
   const std::string key = fmt::format(
       "onednn conv winograd 1\n{}\n{}\nweights {:016x}\nisa {} threads {} dnnl {}.{}.{} tol {} "
       "veto {}",
-      anonymous.to_json(), nodes[size_t(n)]->description(), weights, onednn::cpu_isa_name(),
-      kernels::cpu_threads(), DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH,
-      options.winograd_tolerance, options.winograd_veto_above);
+      anonymous_json(descs[size_t(n)]), nodes[size_t(n)]->description(), weights,
+      onednn::cpu_isa_name(), kernels::cpu_threads(), DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR,
+      DNNL_VERSION_PATCH, options.winograd_tolerance, options.winograd_veto_above);
   const ValueId y = g.nodes[size_t(n)].outputs[0];
   const std::shared_ptr<const kernels::OnednnLayouts::Entry> kept = layouts.entry(y);
-  LayoutDecision decision;
-  std::string stored;
-  if (tuning_get(key, &stored) && stored.find('\n') != std::string::npos) {
-    decision.conv_layout = stored.substr(0, stored.find('\n'));
-    decision.note = stored.substr(stored.find('\n') + 1) + " (from the tuning store)";
-  } else {
-    decision = measure_winograd(n, constants);
-    try {
-      tuning_put(key, decision.conv_layout + "\n" + decision.note);
-    } catch (const std::exception&) {
-      // An unwritable cache only costs the next compile the measurement.
-    }
-  }
+  LayoutDecision decision = stored_or_measured(key, [&] { return measure_winograd(n, constants); });
   std::string& note = layout_note[size_t(n)];
   note += (note.empty() ? "" : "; ") + decision.note;
   if (decision.conv_layout != "winograd") {
