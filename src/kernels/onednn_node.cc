@@ -1629,6 +1629,11 @@ OnednnNodeDesc OnednnNodeDesc::from_json(std::string_view text, const std::strin
 
 // Note [measured Winograd] in targets/cpu/onednn_lowering.cc.
 double winograd_disagreement(const OnednnNodeDesc& d, const ConstantSource& constants) {
+  return winograd_trial(d, constants).disagreement;
+}
+
+WinogradTrial winograd_trial(const OnednnNodeDesc& d, const ConstantSource& constants) {
+  WinogradTrial trial;
   OnednnNodeDesc direct = d, winograd = d;
   direct.conv = OnednnConvPolicy::Auto;
   direct.conv_layout.clear();
@@ -1643,7 +1648,9 @@ double winograd_disagreement(const OnednnNodeDesc& d, const ConstantSource& cons
   std::shared_ptr<OnednnNode> a = OnednnNode::build(direct, plain, constants);
   std::shared_ptr<OnednnNode> b = OnednnNode::build(winograd, plain, constants);
   if (!a->lowered() || !b->lowered() || b->implementation().find("wino") == std::string::npos)
-    return -1;
+    return trial;
+  trial.direct = a;
+  trial.winograd = b;
   auto numel = [](const std::vector<int64_t>& dims) {
     size_t e = 1;
     for (int64_t x : dims) e *= size_t(x);
@@ -1674,11 +1681,15 @@ double winograd_disagreement(const OnednnNodeDesc& d, const ConstantSource& cons
   double diff = 0, ref = 0;
   for (size_t i = 0; i < ny; ++i) {
     double e = std::fabs(double(ya[i]) - double(yb[i])), r = std::fabs(double(ya[i]));
-    if (!(e <= DBL_MAX) || !(r <= DBL_MAX)) return HUGE_VAL;  // NaN or infinity in either
+    if (!(e <= DBL_MAX) || !(r <= DBL_MAX)) {  // NaN or infinity in either
+      trial.disagreement = HUGE_VAL;
+      return trial;
+    }
     diff = std::max(diff, e);
     ref = std::max(ref, r);
   }
-  return ref > 0 ? diff / ref : diff == 0 ? 0 : HUGE_VAL;
+  trial.disagreement = ref > 0 ? diff / ref : diff == 0 ? 0 : HUGE_VAL;
+  return trial;
 }
 
 }  // namespace kiln::kernels

@@ -157,6 +157,13 @@ class OnednnLayouts {
 // a NaN or an infinity; -1 where either build fails or oneDNN has no Winograd kernel for it
 // here (the second build is then direct too). Deterministic: one thread, fixed inputs.
 double winograd_disagreement(const OnednnNodeDesc& d, const ConstantSource& constants);
+// The same, keeping the two builds (plain in and out, created for one thread) for a caller
+// that times them next.
+struct WinogradTrial {
+  double disagreement = -1;
+  std::shared_ptr<class OnednnNode> direct, winograd;
+};
+WinogradTrial winograd_trial(const OnednnNodeDesc& d, const ConstantSource& constants);
 
 // One node's primitives, prepacked weights and prebuilt reorders (Note [oneDNN lowering]).
 class OnednnNode {
