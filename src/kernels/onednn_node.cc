@@ -952,9 +952,10 @@ void Builder::build_concat(Plan& p) {
       targets.push_back({Tag::nhwc, memory::desc(yd, dt, Tag::nhwc)});
     if (std::optional<Tag> t = activation_tag(pd->dst_desc(), yd, dt))
       targets.push_back({*t, pd->dst_desc()});
-    for (const auto& [tag, dst] : targets) {
+    for (const std::pair<Tag, memory::desc>& target : targets) {
+      const memory::desc& dst = target.second;  // (not a structured binding: clang 14's lambdas)
       std::vector<memory::desc> same;
-      for (const memory::desc& md : srcs) same.push_back(memory::desc(md.dims(), dt, tag));
+      for (const memory::desc& md : srcs) same.push_back(memory::desc(md.dims(), dt, target.first));
       auto uniform = try_pd<dnnl::concat::primitive_desc>([&] {
         return dnnl::concat::primitive_desc(dst, int(d.concat_dim), same, cpu_engine(),
                                             user_scratchpad_attr());
