@@ -443,12 +443,17 @@ class PlanBuilder {
 };
 
 // After a primitive that wrote dst_mem: the reorder into the node's output where bind_dst gave
-// the output a layout of its own (user_out), and the text describe() adds for it ("" if none).
-std::string reorder_into_output(PlanBuilder& b, const memory& dst_mem, const memory& user_out) {
-  if (!user_out) return "";
-  b.reorder(dst_mem, user_out);
-  return fmt::format("; reorders: dst {}->{}", format_name(dst_mem.get_desc(), "nchw"),
-                     format_name(user_out.get_desc(), "nchw"));
+// the output a layout of its own (user_out), and the text describe() adds for it and for the
+// node's earlier reorders `before` (" src 1 nChw16c->nhwc"; "" if none at all).
+std::string reorder_into_output(PlanBuilder& b, const memory& dst_mem, const memory& user_out,
+                                const std::string& before = "") {
+  std::string all = before;
+  if (user_out) {
+    b.reorder(dst_mem, user_out);
+    all += fmt::format(" dst {}->{}", format_name(dst_mem.get_desc(), "nchw"),
+                       format_name(user_out.get_desc(), "nchw"));
+  }
+  return all.empty() ? "" : "; reorders:" + all;
 }
 
 // Reorders `data` (described by user_md) into a new owned memory of layout `md`, once.
@@ -726,7 +731,7 @@ void Builder::build_conv(Plan& p) {
           std::optional<dnnl::primitive_desc> cand =
               try_pd<dnnl::primitive_desc>([&] { return make(c.src, b); });
           if (!cand) continue;
-          jit = std::string_view(cand->impl_info_str()).rfind("ref", 0) != 0;
+          jit = !is_reference(cand->impl_info_str());
           if (!pd || jit) {
             pd = std::move(cand);
             bias_md = b;
@@ -945,7 +950,7 @@ void Builder::build_concat(Plan& p) {
   for (const memory::desc& md : srcs)
     if (std::optional<Tag> t = activation_tag(md, md.dims(), dt))
       if (std::find(tags.begin(), tags.end(), *t) == tags.end()) tags.push_back(*t);
-  if (tags.size() > 1 && std::string_view(pd->impl_info_str()).rfind("ref", 0) == 0) {
+  if (tags.size() > 1 && is_reference(pd->impl_info_str())) {
     std::vector<std::pair<Tag, memory::desc>> targets;
     if (std::find(tags.begin(), tags.end(), Tag::nhwc) != tags.end() && d.allow_blocked &&
         d.output_may_block)
@@ -960,7 +965,7 @@ void Builder::build_concat(Plan& p) {
         return dnnl::concat::primitive_desc(dst, int(d.concat_dim), same, cpu_engine(),
                                             user_scratchpad_attr());
       });
-      if (uniform && std::string_view(uniform->impl_info_str()).rfind("ref", 0) != 0) {
+      if (uniform && !is_reference(uniform->impl_info_str())) {
         pd = std::move(uniform);
         parts = std::move(same);
         break;
@@ -1002,10 +1007,6 @@ void Builder::build_concat(Plan& p) {
   }
   memory user_out;
   memory dst_mem = bind_dst(b, y, dst_md, &user_out);
-  std::vector<std::pair<int, memory>> args;
-  for (size_t i = 0; i < src_mems.size(); ++i)
-    args.emplace_back(DNNL_ARG_MULTIPLE_SRC + int(i), src_mems[i]);
-  args.emplace_back(DNNL_ARG_DST, dst_mem);
   std::string implementation = pd->impl_info_str();
   if (block_tag) {
     const int64_t elt = dt == DT::bf16 ? 2 : 4, hw = yd[2] * yd[3];
@@ -1020,12 +1021,13 @@ void Builder::build_concat(Plan& p) {
     b.copy_blocks(src_mems, dst_mem, std::move(copies));
     implementation = "kiln block copy";
   } else {
+    std::vector<std::pair<int, memory>> args;
+    for (size_t i = 0; i < src_mems.size(); ++i)
+      args.emplace_back(DNNL_ARG_MULTIPLE_SRC + int(i), src_mems[i]);
+    args.emplace_back(DNNL_ARG_DST, dst_mem);
     b.step(dnnl::concat(*pd), pd->scratchpad_desc(), args);
   }
-  std::string reorders = reorder_into_output(b, dst_mem, user_out);
-  if (!part_reorders.empty())
-    reorders = "; reorders:" + part_reorders +
-               (reorders.empty() ? "" : reorders.substr(std::string("; reorders:").size()));
+  std::string reorders = reorder_into_output(b, dst_mem, user_out, part_reorders);
   b.finish();
   std::vector<std::string> src_names;
   for (const memory::desc& md : srcs) src_names.push_back(format_name(md, "nchw"));
@@ -1475,7 +1477,7 @@ bool convolutions_prefer_nhwc(bool bf16) {
               any_md({1, 64, 28, 28}, dt), {1, 1}, {0, 0}, {1, 1}, {1, 1});
           return dnnl::convolution_forward::primitive_desc(d, cpu_engine());
         });
-    if (!pd || std::string_view(pd->impl_info_str()).rfind("ref", 0) == 0) return false;
+    if (!pd || is_reference(pd->impl_info_str())) return false;
     return same_layout(pd->src_desc(), memory::desc({1, 64, 28, 28}, dt, Tag::nhwc)) &&
            same_layout(pd->dst_desc(), memory::desc({1, 64, 28, 28}, dt, Tag::nhwc));
   };
@@ -1628,6 +1630,8 @@ OnednnNodeDesc OnednnNodeDesc::from_json(std::string_view text, const std::strin
   }
 }
 
+bool is_reference(std::string_view implementation) { return implementation.rfind("ref", 0) == 0; }
+
 // Note [measured Winograd] in targets/cpu/onednn_lowering.cc.
 double winograd_disagreement(const OnednnNodeDesc& d, const ConstantSource& constants) {
   return winograd_trial(d, constants).disagreement;
@@ -1652,36 +1656,28 @@ WinogradTrial winograd_trial(const OnednnNodeDesc& d, const ConstantSource& cons
     return trial;
   trial.direct = a;
   trial.winograd = b;
-  auto numel = [](const std::vector<int64_t>& dims) {
-    size_t e = 1;
-    for (int64_t x : dims) e *= size_t(x);
-    return e;
+  // Activations (and the residual) uniform in [-1, 1) from a fixed seed.
+  Generator gen(0x5eed);
+  auto uniform = [&gen](const std::vector<int64_t>& dims) {
+    return Tensor::rand(Dims(dims.begin(), dims.end()), gen, -1.0, 1.0);
   };
-  const size_t ny = numel(d.output.dims);
-  std::vector<float> x(numel(d.inputs.at(0).dims)), residual, ya(ny), yb(ny);
-  uint64_t state = 0;
-  auto uniform = [&state] {  // splitmix64, its top 24 bits
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return float(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
-  };
-  for (float& v : x) v = uniform();
-  const void* in[4] = {x.data(), nullptr, nullptr, nullptr};
+  const Tensor x = uniform(d.inputs.at(0).dims);
+  Tensor residual, ya = Tensor::empty(Dims(d.output.dims.begin(), d.output.dims.end()));
+  Tensor yb = Tensor::empty(ya.sizes());
+  const void* in[4] = {x.raw_data(), nullptr, nullptr, nullptr};
   if (d.has_residual && d.inputs.size() > 3 && d.inputs[3].value >= 0) {
-    residual.resize(ny);
-    for (float& v : residual) v = uniform();
-    in[3] = residual.data();
+    residual = uniform(d.output.dims);
+    in[3] = residual.raw_data();
   }
   const int64_t scratch = std::max(a->scratch_bytes(), b->scratch_bytes());
   std::unique_ptr<char[]> pad(new char[size_t(scratch + 64)]);
   char* aligned = pad.get() + (64 - reinterpret_cast<uintptr_t>(pad.get()) % 64) % 64;
-  a->run(in, ya.data(), aligned);
-  b->run(in, yb.data(), aligned);
+  a->run(in, ya.raw_data(), aligned);
+  b->run(in, yb.raw_data(), aligned);
+  const float *pa = ya.data<float>(), *pb = yb.data<float>();
   double diff = 0, ref = 0;
-  for (size_t i = 0; i < ny; ++i) {
-    double e = std::fabs(double(ya[i]) - double(yb[i])), r = std::fabs(double(ya[i]));
+  for (int64_t i = 0, n = ya.numel(); i < n; ++i) {
+    double e = std::fabs(double(pa[i]) - double(pb[i])), r = std::fabs(double(pa[i]));
     if (!(e <= DBL_MAX) || !(r <= DBL_MAX)) {  // NaN or infinity in either
       trial.disagreement = HUGE_VAL;
       return trial;

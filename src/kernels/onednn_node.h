@@ -149,6 +149,10 @@ class OnednnLayouts {
   std::unique_ptr<Impl> impl_;
 };
 
+// Whether oneDNN's implementation name ("ref:any", "brgconv:avx512_core") is one of its
+// reference kernels: correct, but an element at a time, 100-1000x slower than its jit kernels.
+bool is_reference(std::string_view implementation);
+
 // Note [measured Winograd] (targets/cpu/onednn_lowering.cc): convolution `d` built both with
 // the direct algorithm (conv policy Auto, no pinned layout) and with Winograd (conv policy
 // Winograd, conv_layout "blocked"), plain in and out, run once each on the same random

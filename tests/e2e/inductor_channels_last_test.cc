@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/compile_report.h"
 #include "../support/graph_inputs.h"
 #include "../support/package_edit.h"
 #include "compiler/compile.h"
@@ -34,6 +35,8 @@
 using namespace kiln;
 
 namespace {
+
+using test::kernel_line;
 
 struct Block {
   Graph g;
@@ -170,12 +173,6 @@ Block convnext_blocks(int64_t c, Generator& gen) {
   // outputs are NCHW).
   g.outputs = {g.add_node1(OpId::Mean, {x}, {{"dims", Ints{2, 3}}, {"keepdim", false}}, "pool")};
   return b;
-}
-
-std::string kernel_line(const compiler::CompileReport& r, const std::string& prefix) {
-  for (const std::string& k : r.kernels)
-    if (k.rfind(prefix, 0) == 0) return k;
-  return "";
 }
 
 // The report line of the loop kernel that computes node `node`.

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/compile_report.h"
 #include "../support/graph_inputs.h"
 #include "../support/package_edit.h"
 #include "compiler/compile.h"
@@ -30,6 +31,8 @@
 using namespace kiln;
 
 namespace {
+
+using test::kernel_line;
 
 // x -> squeeze 1x1 (relu) -> [expand 1x1 (relu), expand 3x3 (relu)] -> concat "fire" ->
 //   [conv 3x3 "b0", max_pool 3x3/1 "b1" -> conv 1x1 "b1c", concat([expand1, expand3]) "nest"]
@@ -83,12 +86,6 @@ Net fire_net(DType dt, int64_t c_in, int64_t e1, int64_t e3, Generator& gen) {
   ValueId dense = g.add_node1(OpId::Relu, {cat({d1, d2}, "plain")}, {}, "dense_relu");
   g.outputs = {head, dense};
   return n;
-}
-
-std::string kernel_line(const compiler::CompileReport& r, const std::string& prefix) {
-  for (const std::string& k : r.kernels)
-    if (k.rfind(prefix, 0) == 0) return k;
-  return "";
 }
 
 }  // namespace

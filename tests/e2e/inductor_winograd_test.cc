@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/compile_report.h"
 #include "../support/graph_inputs.h"
 #include "compiler/compile.h"
 #include "core/error.h"
@@ -26,6 +27,8 @@
 using namespace kiln;
 
 namespace {
+
+using test::kernel_line;
 
 // x [1,16,32,32] -> stem 3x3 16->64 (relu) -> conv 3x3 (relu) -> conv 3x3 + stem (relu)
 // -> output 0, and a 1x1 64->8 head on it -> output 1.
@@ -53,12 +56,6 @@ Graph block_net() {
   ValueId head = g.add_node1(OpId::Conv2d, {b, param("head.w", {8, 64, 1, 1})}, {}, "head");
   g.outputs = {b, head};
   return g;
-}
-
-std::string kernel_line(const compiler::CompileReport& r, const std::string& prefix) {
-  for (const std::string& k : r.kernels)
-    if (k.rfind(prefix, 0) == 0) return k;
-  return "";
 }
 
 std::unique_ptr<compiler::CompiledExecutable> compile_with(const Graph& g, const char* winograd) {

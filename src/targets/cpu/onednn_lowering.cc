@@ -227,6 +227,7 @@
 #include "core/error.h"
 #include "kernels/onednn_node.h"
 #include "ops/onednn.h"
+#include "support/hash.h"
 #include "support/tuning_store.h"
 
 namespace kiln::cpu {
@@ -724,7 +725,7 @@ double conv_floor_ms(const kernels::OnednnNodeDesc& d) {
 OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
     int32_t n, const kernels::ConstantSource& constants) {
   const std::string first = nodes[size_t(n)]->implementation();
-  const bool reference = first.rfind("ref", 0) == 0;
+  const bool reference = kernels::is_reference(first);
   // Timed on one thread, by its CPU time: on a shared machine, OpenMP threads that wait at
   // barriers for a descheduled sibling made one call 100x slower and layouts' ranks random.
   // (The caller builds the kept one for its own thread count.)
@@ -766,7 +767,7 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
     kernels::OnednnNodeDesc d = descs[size_t(n)];
     d.conv_layout = layout;
     std::shared_ptr<kernels::OnednnNode> cand = kernels::OnednnNode::build(d, layouts, constants);
-    if (!cand->lowered() || cand->implementation().rfind("ref", 0) == 0) {
+    if (!cand->lowered() || kernels::is_reference(cand->implementation())) {
       not_timed += fmt::format(" {} {};", layout,
                                cand->lowered() ? cand->implementation() + " not timed" : "none");
       continue;
@@ -882,19 +883,18 @@ bool OnednnLowering::Impl::winograd_candidate(const kernels::OnednnNodeDesc& d) 
   return flops >= kWinogradLeastFlops && std::min(w[0], w[1]) >= kWinogradLeastChannels;
 }
 
-// Note [measured Winograd]: "winograd" or "" (direct) and what explain says about it. Trial
-// builds leave their output layouts in the layouts table (built_others), as in
-// measure_conv_layout.
+// Note [measured Winograd]: "winograd" or "" (direct) and what explain says about it. Its trial
+// builds are plain in and out, on a layouts table of their own (kernels::winograd_trial), so
+// the lowering's table is left as the direct build made it.
 OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_winograd(
     int32_t n, const kernels::ConstantSource& constants) {
   const kernels::OnednnNodeDesc& direct_desc = descs[size_t(n)];
   const kernels::WinogradTrial trial = kernels::winograd_trial(direct_desc, constants);
   const double error = trial.disagreement;
-  if (error < 0) return {"", "no Winograd kernel for it", false};
+  if (error < 0) return {"", "no Winograd kernel for it"};
   std::string note = fmt::format("Winograd differs by {:.1e} of the largest output", error);
   if (!(error <= options.winograd_tolerance))
-    return {"", note + fmt::format(" (more than {:.0e}): kept direct", options.winograd_tolerance),
-            false};
+    return {"", note + fmt::format(" (more than {:.0e}): kept direct", options.winograd_tolerance)};
   if (options.winograd_veto_above < HUGE_VAL) {
     // The veto: the trial's two builds (plain in and out, each with its reorders, created for
     // one thread) timed on one thread, by CPU time, in three interleaved rounds, each side's
@@ -919,45 +919,32 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_winograd(
            note.substr(std::string("Winograd ").size());
     if (!(wino_ms <= options.winograd_veto_above * direct_ms))
       return {"", note + fmt::format(" (slower than {}x direct): kept direct",
-                                     options.winograd_veto_above),
-              false};
+                                     options.winograd_veto_above)};
   }
-  return {"winograd", note + ": chose Winograd", false};
+  return {"winograd", note + ": chose Winograd"};
 }
 
 // Note [measured Winograd]: the decision for a node that kept its default layout, from the
 // tuning store when an earlier compile on this machine measured the same convolution.
 void OnednnLowering::Impl::choose_winograd(int32_t n, const kernels::ConstantSource& constants) {
   if (!winograd_candidate(descs[size_t(n)])) return;
-  // The weights' values are part of the key through a hash: the accuracy check ran on them.
-  uint64_t weights = 1469598103934665603ull;
+  // The weights' values are part of the key through their SHA-256: the check ran on them.
+  Sha256 weights;
   for (const kernels::OnednnOperand& o : descs[size_t(n)].inputs)
     if (!o.constant.empty()) {
       Tensor t = constants(o.constant).contiguous();
-      const unsigned char* p = static_cast<const unsigned char*>(t.raw_data());
-      const size_t bytes = t.nbytes();
-      for (size_t i = 0; i + 8 <= bytes; i += 8) {  // FNV-1a over 64-bit words
-        uint64_t word;
-        std::memcpy(&word, p + i, 8);
-        weights = (weights ^ word) * 1099511628211ull;
-      }
-      for (size_t i = bytes / 8 * 8; i < bytes; ++i) weights = (weights ^ p[i]) * 1099511628211ull;
+      weights.update(t.raw_data(), t.nbytes());
     }
   const std::string key = fmt::format(
-      "onednn conv winograd 1\n{}\n{}\nweights {:016x}\nisa {} threads {} dnnl {}.{}.{} tol {} "
+      "onednn conv winograd 1\n{}\n{}\nweights {}\nisa {} threads {} dnnl {}.{}.{} tol {} "
       "veto {}",
-      anonymous_json(descs[size_t(n)]), nodes[size_t(n)]->description(), weights,
+      anonymous_json(descs[size_t(n)]), nodes[size_t(n)]->description(), weights.hex_digest(),
       onednn::cpu_isa_name(), kernels::cpu_threads(), DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR,
       DNNL_VERSION_PATCH, options.winograd_tolerance, options.winograd_veto_above);
-  const ValueId y = g.nodes[size_t(n)].outputs[0];
-  const std::shared_ptr<const kernels::OnednnLayouts::Entry> kept = layouts.entry(y);
   LayoutDecision decision = stored_or_measured(key, [&] { return measure_winograd(n, constants); });
   std::string& note = layout_note[size_t(n)];
   note += (note.empty() ? "" : "; ") + decision.note;
-  if (decision.conv_layout != "winograd") {
-    if (decision.built_others) layouts.set_entry(y, kept);  // the direct build is kept
-    return;
-  }
+  if (decision.conv_layout != "winograd") return;  // (its trial builds used a table of their own)
   descs[size_t(n)].conv = kernels::OnednnConvPolicy::Winograd;
   descs[size_t(n)].conv_layout = "blocked";
   nodes[size_t(n)] = kernels::OnednnNode::build(descs[size_t(n)], layouts, constants);
