@@ -92,6 +92,12 @@ SYSTEMS = {
     "kiln-compiled-reduce-overhead": {"kind": "kiln", "backend": "compiled",
                                       "mode": "reduce-overhead"},
     "kiln-compiled-max-autotune": {"kind": "kiln", "backend": "compiled", "mode": "max-autotune"},
+    # CUDA: float32 with TF32 tensor cores in the GEMMs and convolutions (Note [CUDA TF32]); torch
+    # runs its float32 convolutions in TF32 by default (torch.backends.cudnn.allow_tf32).
+    "kiln-compiled-tf32": {"kind": "kiln", "backend": "compiled", "mode": "default",
+                           "knobs": "tf32=on"},
+    "kiln-compiled-reduce-overhead-tf32": {"kind": "kiln", "backend": "compiled",
+                                           "mode": "reduce-overhead", "knobs": "tf32=on"},
     "ort": {"kind": "ort"},
     "torch-eager": {"kind": "torch", "how": "eager"},
     "torch-compile": {"kind": "torch", "how": "compile", "mode": "default"},
@@ -681,6 +687,8 @@ def kiln_first_call_s(j):
 
 def kiln_round(sr, args, spec, target, warmup, iters, seconds, logdir, env):
     cmd = kiln_cmd(args, spec, target, warmup, iters, seconds)
+    if spec.get("knobs"):  # every compile of the process (compiler::compile reads KILN_KNOBS)
+        env = dict(env if env is not None else os.environ, KILN_KNOBS=spec["knobs"])
     log = os.path.join(logdir, f"{sr.name}.r{len(sr.kiln_json)}.log")
     try:
         j = run_json_process(cmd, env, args.compile_budget, log)

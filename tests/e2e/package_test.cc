@@ -840,6 +840,58 @@ TEST(Package, CudaCrossBuildWithoutAGpu) {
   }
 }
 
+// Note [CUDA TF32]: the knob tf32=on reaches every cuBLASLt and cuDNN call's descriptor, which is
+// what a package (here a cross-build, made without a GPU) records and its loader plans with;
+// without the knob no descriptor allows TF32. The CPU target refuses the knob.
+TEST(Package, CudaCrossBuildRecordsTf32InEveryLibraryCall) {
+  TempDir dir;
+  for (const bool tf32 : {false, true}) {
+    nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
+    compiler::Options o;
+    o.arch = "sm_90";
+    if (tf32) o.knobs = compiler::parse_knobs("tf32=on", "test");
+    const std::string path = dir.path + (tf32 ? "/tf32.kiln" : "/exact.kiln");
+    nn::export_package(m.module, m.inputs, o, "resnet18", path);
+    uint32_t version = 0;
+    std::vector<PackageSection> sections = read_package_sections(path, &version);
+    nlohmann::json manifest = nlohmann::json::parse(sections[0].bytes);
+    int library = 0;
+    for (const nlohmann::json& l : manifest["launches"]) {
+      const std::string kind = l["kind"];
+      if (kind != "cudnn_conv" && kind != "cublaslt") continue;
+      ++library;
+      EXPECT_EQ(l["params"]["desc"]["allow_tf32"].get<bool>(), tf32) << kind << " tf32=" << tf32;
+    }
+    EXPECT_EQ(library, 21) << "resnet18's 20 convolutions and its classifier";
+  }
+  nn::ZooModel small = nn::make_zoo_model("mlp", 1, 7);
+  Graph g;
+  compiler::Options plain;
+  nn::compile_module_graph(small.module, small.inputs, plain, &g);
+  for (const char* knobs : {"tf32=on", "tf32=maybe"}) {
+    compiler::Options o;
+    o.knobs = compiler::parse_knobs(knobs, "test");
+    try {
+      compiler::compile(g, Device::cpu(), o);
+      ADD_FAILURE() << knobs << " on the CPU target was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cpu target: knob tf32 selects CUDA's TF32 tensor cores"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  compiler::Options bad;
+  bad.arch = "sm_90";
+  bad.knobs = compiler::parse_knobs("tf32=maybe", "test");
+  try {
+    compiler::compile(g, Device::cuda(0), bad);
+    ADD_FAILURE() << "tf32=maybe was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda: knob tf32=maybe is not off or on"), std::string::npos)
+        << e.what();
+  }
+}
+
 namespace {
 // A zoo model in bfloat16 cross-built for sm_90 (the CUDA pipeline runs without a GPU): its
 // compile summary and the count of each launch kind in the package.

@@ -49,7 +49,8 @@ inline TensorList graph_test_inputs(const Graph& g, const TensorList& call_input
 }
 
 // g with every float value widened to float64: the float64 oracle sees the numbers the compiled
-// graph sees.
+// graph sees. A cast to a floating dtype casts to float64 instead (BERT casts its mask to
+// float32), so that the cast's result agrees with its widened value.
 inline Graph as_float64(const Graph& g) {
   Graph h = g;
   for (Value& v : h.values) {
@@ -57,6 +58,9 @@ inline Graph as_float64(const Graph& g) {
     v.type.dtype = DType::Float64;
     if (v.data.defined()) v.data = v.data.to(DType::Float64);
   }
+  for (Node& n : h.nodes)
+    if (n.op == OpId::Cast && is_floating(n.attrs.get_dtype("dtype")))
+      n.attrs.set("dtype", DType::Float64);
   return h;
 }
 

@@ -235,8 +235,9 @@ struct GemmPlan::Impl {
 
 std::string GemmPlan::describe() const {
   const GemmDesc& g = desc_;
-  return fmt::format("gemm {} {}x{}x{} ({}, {}) batch {} epilogue {}{}",
-                     info(g.dtype).short_name, g.m, g.n, g.k, g.trans_a ? "A^T" : "A",
+  // " tf32" keys the tuning store too (tune_gemm): a TF32 GEMM's algorithm is not an exact one's.
+  return fmt::format("gemm {}{} {}x{}x{} ({}, {}) batch {} epilogue {}{}",
+                     info(g.dtype).short_name, g.allow_tf32 ? " tf32" : "", g.m, g.n, g.k, g.trans_a ? "A^T" : "A",
                      g.trans_b ? "B^T" : "B", g.batch, gemm_epilogue_name(g.epilogue),
                      g.beta != 0 ? fmt::format(", beta {}", g.beta) : "");
 }

@@ -78,9 +78,11 @@ void validate(const ConvDesc& d, const std::string& what) {
 }  // namespace
 
 std::string describe(const ConvDesc& d) {
-  return fmt::format("{} {} {} {}x{}x{}x{} -> {} k{}x{} s{}x{} p{},{}/{},{} d{}x{} g{}{}{}{}",
+  // " tf32" is part of the description, which keys the tuning store: a TF32 convolution's
+  // timed engine is not an exact one's.
+  return fmt::format("{} {}{} {} {}x{}x{}x{} -> {} k{}x{} s{}x{} p{},{}/{},{} d{}x{} g{}{}{}{}",
                      d.kind == ConvKind::Forward ? "conv2d" : "conv_transpose2d",
-                     info(d.dtype).short_name, d.layout == ConvLayout::NCHW ? "NCHW" : "NHWC",
+                     info(d.dtype).short_name, d.allow_tf32 ? " tf32" : "", d.layout == ConvLayout::NCHW ? "NCHW" : "NHWC",
                      d.n, d.c_in, d.h, d.w, d.c_out, d.kh, d.kw, d.stride[0], d.stride[1],
                      d.pad_pre[0], d.pad_pre[1], d.pad_post[0], d.pad_post[1], d.dilation[0],
                      d.dilation[1], d.groups, d.bias ? " +bias" : "",

@@ -112,6 +112,21 @@ constexpr SmCount kSmCount[] = {{"sm_70", 80},  {"sm_75", 40},  {"sm_80", 108}, 
                                 {"sm_87", 16},  {"sm_89", 128}, {"sm_90", 132}, {"sm_100", 148},
                                 {"sm_120", 84}};
 
+// Note [CUDA TF32]
+// float32 is exact float32 by default: cuBLASLt computes with CUBLAS_COMPUTE_32F and cuDNN's
+// engines with the TENSOR_CORE numerical note are rejected for float32. The knob tf32=on (as
+// torch.backends.cudnn.allow_tf32 / torch.set_float32_matmul_precision("high"), or TensorRT's
+// kTF32 flag) lets the library kernels of a float32 graph use TF32 tensor cores: the GEMMs
+// (linear, matmul) compute with CUBLAS_COMPUTE_32F_FAST_TF32, the convolutions may take
+// tensor-core engines and compute channels-last as half precision does (Note [CUDA
+// convolution layouts]; channels per group a multiple of 4). TF32 rounds each product's
+// inputs to a 10-bit mantissa (relative 2^-11, float16's precision) and accumulates in
+// float32; storage stays float32, as do the generated kernels, the direct GEMM and GEMVs and
+// attention. It is opt-in, never a max-autotune candidate: it changes the arithmetic, which a
+// search for speed must not do behind the caller's back. The choice is recorded in each
+// library call's descriptor (`allow_tf32`) and so in packages and cross-builds. The CPU target
+// refuses the knob (no CPU kernel computes in TF32).
+
 // What the build is for: the device here, or (the `arch` knob) a cross-build.
 struct BuildFor {
   std::string arch;
@@ -120,6 +135,7 @@ struct BuildFor {
   bool conv_nhwc = true;  // knob conv=auto|nchw: Note [CUDA convolution layouts]
   bool conv_fuse = true;  // knob conv_epilogue=fused|kernel (kernel: tests of the epilogue kernel)
   bool timed = false;     // knob kernels=heuristic|timed: Note [CUDA library kernels timed]
+  bool tf32 = false;      // knob tf32=off|on: Note [CUDA TF32]
 };
 
 BuildFor build_for(const Knobs& knobs) {
@@ -136,6 +152,10 @@ BuildFor build_for(const Knobs& knobs) {
   if (kernels != "heuristic" && kernels != "timed")
     fail("cuda: knob kernels={} is not heuristic or timed", kernels);
   b.timed = kernels == "timed";
+  const std::string tf32 = knobs.get("tf32", "off");
+  if (tf32 != "off" && tf32 != "on")
+    fail("cuda: knob tf32={} is not off or on", tf32);
+  b.tf32 = tf32 == "on";
   const std::string* arch = knobs.find("arch");
   if (!arch) {
     b.arch = device_arch(kDevice);
@@ -330,8 +350,9 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
   int best = timer.fastest(int(cands.size()), [&](int i) { plan.run(a, cands[size_t(i)]); }, &ms);
   plan.set_algo(cands[size_t(best)]);
   tuning_put(key, form_of(cands[size_t(best)]));
-  return fmt::format(" (timed {} algorithms: {:.1f} us, the heuristic's {:.1f} us)", cands.size(),
-                     ms[size_t(best)] * 1e3, ms[0] * 1e3);
+  return fmt::format(" (timed {} algorithms: {:.1f} us [{}], the heuristic's {:.1f} us [{}])",
+                     cands.size(), ms[size_t(best)] * 1e3, form_of(cands[size_t(best)]), ms[0] * 1e3,
+                     form_of(cands[0]));
 }
 
 // A direct kernel around a convolution; each argument a node input, a node output or an offset
@@ -687,6 +708,7 @@ void CudaLibraryKernels::plan_gemm(const Graph& g, const Node& n, LibNode& ln) {
   GemmDesc d;
   d.dtype = dt;
   d.device = kDevice;
+  d.allow_tf32 = build_.tf32 && dt == DType::Float32;
   Dims a = dims_of(at), b = dims_of(bt), out = dims_of(g.type(n.outputs[0]));
   if (n.op == OpId::Linear) {
     int64_t k = a.back();
@@ -758,19 +780,23 @@ void CudaLibraryKernels::plan_gemm(const Graph& g, const Node& n, LibNode& ln) {
 // The knob conv_epilogue=kernel skips the fused graphs (the epilogue kernel always runs), so that
 // tests reach that path on a GPU whose engines fuse everything.
 // `precision`: the compile's (autotune_candidates sees the graph before autocast: a float32
-// convolution of a bfloat16 compile is computed in bfloat16).
-bool nhwc_candidate(const Graph& g, const Node& n, DType precision = DType::Float32) {
+// convolution of a bfloat16 compile is computed in bfloat16). `tf32`: float32 convolutions run
+// on tensor cores too (Note [CUDA TF32]), so they compute channels-last like half precision,
+// with channels per group a multiple of 4 (16 bytes, as 8 half-precision channels are).
+bool nhwc_candidate(const Graph& g, const Node& n, DType precision, bool tf32) {
   if (n.op != OpId::Conv2d && n.op != OpId::FusedConv2d) return false;
   const TensorType& xt = g.type(n.inputs[0]);
   const TensorType& wt = g.type(n.inputs[1]);
   const DType dt = xt.dtype == DType::Float32 ? precision : xt.dtype;
-  if (dt != DType::Float16 && dt != DType::BFloat16) return false;
+  const bool half = dt == DType::Float16 || dt == DType::BFloat16;
+  if (!half && !(tf32 && dt == DType::Float32)) return false;
   if (xt.shape.size() != 4 || wt.shape.size() != 4 || !concrete(xt) || !concrete(wt)) return false;
   ValueKind wk = g.value(n.inputs[1]).kind;
   if (wk != ValueKind::Param && wk != ValueKind::Const) return false;
   const int64_t groups = n.attrs.get_int("groups");
   const int64_t c_in = xt.shape[1].value(), c_out = wt.shape[0].value();
-  return groups > 0 && (c_in / groups) % 8 == 0 && (c_out / groups) % 8 == 0;
+  const int64_t lanes = 16 / dtype_size(dt);
+  return groups > 0 && (c_in / groups) % lanes == 0 && (c_out / groups) % lanes == 0;
 }
 
 void CudaLibraryKernels::choose_layouts(const Graph& g, const std::vector<int32_t>& nodes,
@@ -779,7 +805,8 @@ void CudaLibraryKernels::choose_layouts(const Graph& g, const std::vector<int32_
   nhwc_value_.assign(g.values.size(), false);
   if (build_.cross || !build_.conv_nhwc) return;
   for (int32_t i : nodes)
-    nhwc_conv_[size_t(i)] = !excluded[size_t(i)] && nhwc_candidate(g, g.nodes[size_t(i)]);
+    nhwc_conv_[size_t(i)] =
+        !excluded[size_t(i)] && nhwc_candidate(g, g.nodes[size_t(i)], DType::Float32, build_.tf32);
   // Whether every use of each value is as x or residual of a channels-last convolution.
   std::vector<bool> used(g.values.size(), false), only_convs(g.values.size(), true);
   for (size_t j = 0; j < g.nodes.size(); ++j) {
@@ -814,6 +841,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
   ConvDesc d;
   d.kind = transposed ? ConvKind::Transpose : ConvKind::Forward;
   d.dtype = dt;
+  d.allow_tf32 = build_.tf32 && dt == DType::Float32;
   d.layout = nhwc ? ConvLayout::NHWC : ConvLayout::NCHW;
   d.device = kDevice;
   d.n = x[0];
@@ -1143,8 +1171,9 @@ class CudaTarget final : public compiler::Target {
       return {Candidate{}};
     }
     bool half_conv = false, small_linear = false, library = false;
+    const bool tf32 = build_for(o.knobs).tf32;
     for (const Node& n : g.nodes) {
-      half_conv = half_conv || nhwc_candidate(g, n, o.precision);
+      half_conv = half_conv || nhwc_candidate(g, n, o.precision, tf32);
       small_linear = small_linear || (o.precision == DType::Float32 &&
                                       lower::small_linear(g, n, kSmallLinearMacs));
       library = library || n.op == OpId::Conv2d || n.op == OpId::FusedConv2d ||
