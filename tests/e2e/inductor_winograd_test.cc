@@ -120,6 +120,20 @@ TEST(InductorWinograd, WinogradConvolutionsMatchTheReferenceAndSurviveAPackage) 
   }
 }
 
+TEST(InductorWinograd, BadLayoutsKnobIsAnErrorNamingTheKnob) {
+  const Graph g = block_net();
+  compiler::Options o;
+  o.knobs.set("layouts", "sometimes");
+  try {
+    compiler::compile(g, Device::cpu(), o);
+    FAIL() << "layouts=sometimes compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("knob layouts expected measured | fixed, found 'sometimes'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(InductorWinograd, BadKnobValueIsAnErrorNamingTheKnob) {
   const Graph g = block_net();
   try {

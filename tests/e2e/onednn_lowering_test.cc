@@ -744,6 +744,13 @@ TEST(OnednnLowering, TimedConvolutionsFarFromTheirRooflineAreMeasured) {
         check_graph(g, inputs, 9.0, OnednnOptions{.measure_above_roofline = HUGE_VAL})->describe(0);
     EXPECT_NE(never.find("x its roofline"), std::string::npos) << never;
     EXPECT_EQ(never.find("layout measured"), std::string::npos) << never;
+    // measure_layouts = false (knob layouts=fixed): not even timed, whatever the threshold.
+    std::string fixed = check_graph(g, inputs, 9.0,
+                                    OnednnOptions{.measure_above_roofline = 0,
+                                                  .measure_layouts = false})
+                            ->describe(0);
+    EXPECT_EQ(fixed.find("x its roofline"), std::string::npos) << fixed;
+    EXPECT_EQ(fixed.find("layout measured"), std::string::npos) << fixed;
   }
 }
 

@@ -65,6 +65,10 @@ struct OnednnOptions {
   // layout measured (Note [measured convolution layout] in onednn_lowering.cc); 0 measures every
   // convolution, infinity none but those on a reference kernel.
   double measure_above_roofline = 3.0;
+  // False (knob layouts=fixed): no convolution's layout is measured, not even one on a reference
+  // kernel; every convolution keeps the layout its policy gives (tests of a layout's own path,
+  // bisecting a measured choice).
+  bool measure_layouts = true;
   // ConvPolicy::Auto: 3x3 stride-1 f32 convolutions take oneDNN's Winograd algorithm where it
   // agrees with the direct convolution and is not slower (Note [measured Winograd] in
   // onednn_lowering.cc). False: every convolution is direct.

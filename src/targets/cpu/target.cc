@@ -9,6 +9,12 @@
 //        oneDNN's Winograd algorithm where it agrees with the direct one and a timing does
 //        not veto it (Note [measured Winograd] in onednn_lowering.cc), where it agrees (no
 //        timing), or never (every convolution direct). Default measured.
+//   layouts=measured|fixed  whether a convolution far from its roofline gets its layout
+//        measured against the others (Note [measured convolution layout]), or keeps the one
+//        its policy gives (fixed: tests of a layout's own path, bisecting a measured choice;
+//        on CPUs with AMX, bf16 convolutions in nChw16c run 8x slower than in nhwc, and the
+//        measurement moves them). Default measured.
+//   tf32=...   refused: CUDA's (Note [CUDA TF32]).
 //   gemv=generated|onednn  small linears (<= 2^15 multiply-adds) as generated GEMV reductions
 //        or oneDNN calls. Default generated.
 //   vec=256    8-lane AVX2 vectors on an AVX-512 machine (default: the widest the ISA has).
@@ -132,6 +138,11 @@ class CpuTarget final : public compiler::Target {
 
   compiler::SchedulePolicy policy(const Knobs& knobs) const override {
     compiler::SchedulePolicy p;
+    // tf32=on asks CUDA's tensor cores for float32 (Note [CUDA TF32]); no CPU kernel computes in
+    // TF32, and silently computing exact float32 instead would hide that the knob did nothing.
+    if (knobs.get("tf32", "off") != "off")
+      fail("cpu target: knob tf32 selects CUDA's TF32 tensor cores; the CPU has no TF32 kernels "
+           "(drop the knob, or compile in bfloat16 with --dtype bf16)");
     p.small_linear_macs = knobs.get("gemv", "generated") == "onednn" ? 0 : kSmallLinearMacs;
     return p;
   }
@@ -167,6 +178,10 @@ class CpuTarget final : public compiler::Target {
     if (winograd != "measured" && winograd != "always" && winograd != "off")
       fail("cpu target: knob winograd expected measured | always | off, found '{}'", winograd);
     o.winograd = winograd != "off";
+    const std::string layouts = knobs.get("layouts", "measured");
+    if (layouts != "measured" && layouts != "fixed")
+      fail("cpu target: knob layouts expected measured | fixed, found '{}'", layouts);
+    o.measure_layouts = layouts == "measured";
     if (winograd == "always") o.winograd_veto_above = HUGE_VAL;
     o.matmul_strides = std::move(request.strided_operands);
     o.generated = std::move(request.generated);
