@@ -117,3 +117,51 @@ TEST(InductorMaskedSoftmax, RowsOfAnyLengthMatchTheFloat64Reference) {
     }
   }
 }
+
+// Note [subnormal probabilities] in targets/cpu/emitter.cc: Swin's shifted windows add -100 to
+// masked scores, so exp gives subnormal probabilities, which cost x86 a microcode assist per
+// operand in the softmax and in the matmul that reads them. The compiled softmax stores them
+// as 0: its probabilities (a graph output here) have no subnormal although the float64
+// reference, rounded to float32, has many; both outputs match the reference within float32
+// tolerance; a NaN score still makes its row NaN.
+TEST(InductorMaskedSoftmax, ShiftedWindowMaskGivesNoSubnormalProbabilities) {
+  Graph g;
+  g.name = "shifted_window";
+  const Shape s{4, 3, 49, 49};
+  ValueId x = g.add_input("scores", TensorType(DType::Float32, s));
+  ValueId mask = g.add_input("mask", TensorType(DType::Float32, Shape{4, 1, 49, 49}));
+  ValueId v = g.add_input("v", TensorType(DType::Float32, Shape{4, 3, 49, 32}));
+  ValueId p = g.add_node1(OpId::Softmax, {g.add_node1(OpId::Add, {x, mask})}, {{"dim", int64_t(-1)}});
+  g.outputs = {p, g.add_node1(OpId::Matmul, {p, v})};
+  auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+  Graph g64 = g;
+  for (Value& val : g64.values) val.type.dtype = DType::Float64;
+  for (uint64_t seed : {31u, 32u}) {
+    Generator gen(seed);
+    Tensor xv = Tensor::randn({4, 3, 49, 49}, gen, DType::Float32);
+    Tensor mv = Tensor::zeros({4, 1, 49, 49}, DType::Float32);
+    float* m = mv.data<float>();
+    // Windows 1..3: query i and key j in different regions (i < 24 vs j >= 24) get -100.
+    for (int64_t w = 1; w < 4; ++w)
+      for (int64_t i = 0; i < 49; ++i)
+        for (int64_t j = 0; j < 49; ++j)
+          if ((i < 24) != (j < 24)) m[(w * 49 + i) * 49 + j] = -100.0f;
+    Tensor vv = Tensor::randn({4, 3, 49, 32}, gen, DType::Float32);
+    xv.data<float>()[(2 * 3 * 49 + 5) * 49 + 7] = std::numeric_limits<float>::quiet_NaN();
+    TensorList want = run(g64, {xv.to(DType::Float64), mv.to(DType::Float64), vv.to(DType::Float64)});
+    TensorList got = compiled->run({xv, mv, vv});
+    for (size_t o = 0; o < 2; ++o)
+      EXPECT_TRUE(test::close(got[o], want[o].to(DType::Float32), test::Tolerance::rel(1e-5, 1e-5)))
+          << "output " << o << "\n" << compiled->summary();
+    Tensor ref32 = want[0].to(DType::Float32);
+    int64_t ref_subnormal = 0, got_subnormal = 0, got_nan = 0;
+    for (int64_t i = 0; i < ref32.numel(); ++i) {
+      ref_subnormal += std::fpclassify(ref32.data<float>()[i]) == FP_SUBNORMAL;
+      got_subnormal += std::fpclassify(got[0].data<float>()[i]) == FP_SUBNORMAL;
+      got_nan += std::isnan(got[0].data<float>()[i]);
+    }
+    EXPECT_GT(ref_subnormal, 1000) << "the mask no longer makes subnormal probabilities";
+    EXPECT_EQ(got_subnormal, 0);
+    EXPECT_EQ(got_nan, 49) << "the NaN score's row";
+  }
+}

@@ -962,6 +962,19 @@ void KernelEmitter::emit_reduce_lanes(std::string& out) {
   out += "    }\n  }\n";
 }
 
+// Note [subnormal probabilities]
+// A generated softmax stores a probability below float's least normal number (1.18e-38) as 0.
+// Such values arise where a row's scores are far apart: Swin's shifted windows add -100 to the
+// masked scores, and exp(-100) = 3.7e-44 is subnormal. x86 cores take a microcode assist for
+// each subnormal operand of a multiply or FMA, so the attention's next matmul (probabilities x
+// values, oneDNN gemm:jit) took 4.0-4.7 ms a call against its 0.04 ms floor: 31-108x, and five
+// such matmuls were ~20 ms of swin_t's call. Computing the subnormal exp costs the same assists
+// in the softmax itself (the sum's additions, the normalizing multiply): its exps are
+// vexp_ftz / kn_exp_ftz, 0 where exp would be subnormal, in softmax and log_softmax (whose sum,
+// at least 1, no such term changes). The error of the flush is below 1.2e-38 absolute,
+// under every float32/bfloat16 tolerance and far below the rounding of the row's other
+// entries; NaN and infinity pass unchanged (the comparison is ordered). The eager reference
+// kernels keep subnormals (they are the oracle).
 std::string KernelEmitter::norm_value(const std::string& xs, bool v) const {
   const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
   std::string r;
@@ -969,8 +982,9 @@ std::string KernelEmitter::norm_value(const std::string& xs, bool v) const {
     r = v ? fmt::format("({} - vset(mean)) * vset(rstd)", xs) : fmt::format("((float){} - mean) * rstd", xs);
     if (nm.args[1] >= 0) r = v ? fmt::format("{} * v{}", r, nm.args[1]) : fmt::format("{} * (float)v{}", r, nm.args[1]);
     if (nm.args[2] >= 0) r = v ? fmt::format("{} + v{}", r, nm.args[2]) : fmt::format("{} + (float)v{}", r, nm.args[2]);
-  } else if (nm.op == OpId::Softmax) {
-    r = v ? fmt::format("vexp({} - vset(m_s)) * vset(inv_s)", xs) : fmt::format("std::exp((float){} - m_s) * inv_s", xs);
+  } else if (nm.op == OpId::Softmax) {  // Note [subnormal probabilities]
+    r = v ? fmt::format("vflush_tiny(vexp_ftz({} - vset(m_s)) * vset(inv_s))", xs)
+          : fmt::format("kn_flush_tiny(kn_exp_ftz((float){} - m_s) * inv_s)", xs);
   } else {
     r = v ? fmt::format("{} - vset(m_s + log_s)", xs) : fmt::format("(float){} - (m_s + log_s)", xs);
   }
@@ -1043,16 +1057,16 @@ void KernelEmitter::emit_norm(std::string& out, bool vec) {
     bv.clear();
     bs.clear();
     emit_exprs(bv, wx, Level::Full, true, bi + "  ");
-    bv += fmt::format("{0}  vs = vs + vexp(v{1} - vset(m_s));\n", bi, x);
+    bv += fmt::format("{0}  vs = vs + vexp_ftz(v{1} - vset(m_s));\n", bi, x);
     emit_exprs(bs, wx, Level::Full, false, bi + "  ");
-    bs += fmt::format("{0}  s_s += std::exp((float)v{1} - m_s);\n", bi, x);
+    bs += fmt::format("{0}  s_s += kn_exp_ftz((float)v{1} - m_s);\n", bi, x);
     reduce_loops(out, k_, ind, true, bv, bs);
     out += fmt::format("#ifdef KN_W\n{}s_s += vsum(vs);\n#endif\n", ind);
   } else {
     // The scalar kernel: the online form (one pass: running max, rescaled sum).
     out += fmt::format("{}float m_s = -INFINITY, s_s = 0;\n", ind);
     emit_exprs(bs, wx, Level::Full, false, bi + "  ");
-    bs += fmt::format("{0}  {{ const float xv = (float)v{1}; const float mn = kn_max(m_s, xv); s_s = (m_s == -INFINITY ? 0.0f : s_s * std::exp(m_s - mn)) + std::exp(xv - mn); m_s = mn; }}\n", bi, x);
+    bs += fmt::format("{0}  {{ const float xv = (float)v{1}; const float mn = kn_max(m_s, xv); s_s = (m_s == -INFINITY ? 0.0f : s_s * kn_exp_ftz(m_s - mn)) + kn_exp_ftz(xv - mn); m_s = mn; }}\n", bi, x);
     reduce_loops(out, k_, ind, false, "", bs);
   }
   if (!ln) {
@@ -1176,11 +1190,11 @@ void KernelEmitter::emit_norm_buffered(std::string& out) {
   if (!ln) {
     out += fmt::format("{0}float s_s = 0;\n#ifdef KN_W\n{0}VF vs = vset(0.0f);\n#endif\n", ind);
     if (softmax)
-      flat(fmt::format("{0}const VF e_ = vexp(vld(xr_ + j_) - vset(m_s));\n{0}vst(xr_ + j_, e_);\n{0}vs = vs + e_;\n", fi),
-           fmt::format("{0}const float e_ = std::exp(xr_[j_] - m_s);\n{0}xr_[j_] = e_;\n{0}s_s += e_;\n", fi));
+      flat(fmt::format("{0}const VF e_ = vexp_ftz(vld(xr_ + j_) - vset(m_s));\n{0}vst(xr_ + j_, e_);\n{0}vs = vs + e_;\n", fi),
+           fmt::format("{0}const float e_ = kn_exp_ftz(xr_[j_] - m_s);\n{0}xr_[j_] = e_;\n{0}s_s += e_;\n", fi));
     else
-      flat(fmt::format("{}vs = vs + vexp(vld(xr_ + j_) - vset(m_s));\n", fi),
-           fmt::format("{}s_s += std::exp(xr_[j_] - m_s);\n", fi));
+      flat(fmt::format("{}vs = vs + vexp_ftz(vld(xr_ + j_) - vset(m_s));\n", fi),
+           fmt::format("{}s_s += kn_exp_ftz(xr_[j_] - m_s);\n", fi));
     out += fmt::format("#ifdef KN_W\n{}s_s += vsum(vs);\n#endif\n", ind);
     if (softmax) out += fmt::format("{}const float inv_s = 1.0f / s_s;\n", ind);
     else out += fmt::format("{}const float log_s = std::log(s_s);\n", ind);
@@ -1220,10 +1234,10 @@ void KernelEmitter::emit_norm_buffered(std::string& out) {
     for (size_t i = 0; i < wc.size(); ++i) (int(i) < k_.anchor ? post : pre)[i] = false;
     emit_exprs(b, pre, Level::Full, v, in);
     const std::string xs = v ? fmt::format("vld(xr_ + {})", pos) : fmt::format("xr_[{}]", pos);
-    // Softmax's buffer holds exp(x - max) already.
+    // Softmax's buffer holds exp(x - max) already (Note [subnormal probabilities]).
     std::string val = !softmax ? norm_value(xs, v)
-                      : v      ? fmt::format("{} * vset(inv_s)", xs)
-                               : fmt::format("{} * inv_s", xs);
+                      : v      ? fmt::format("vflush_tiny({} * vset(inv_s))", xs)
+                               : fmt::format("kn_flush_tiny({} * inv_s)", xs);
     if (softmax && nm.dtype == DType::BFloat16) val = v ? "vrbf16(" + val + ")" : "kn_rbf16(" + val + ")";
     b += fmt::format("{}const {} v{} = {};\n", in, v ? "VF" : compute_type(nm.dtype), k_.anchor, val);
     emit_exprs(b, post, Level::Full, v, in);
