@@ -120,6 +120,22 @@ TEST(InductorWinograd, WinogradConvolutionsMatchTheReferenceAndSurviveAPackage) 
   }
 }
 
+// layouts=fixed stops layout measurements only: Winograd is still decided per convolution.
+TEST(InductorWinograd, FixedLayoutsStillTakeWinograd) {
+  const Graph g = block_net();
+  compiler::Options o;
+  o.knobs.set("winograd", "always");
+  o.knobs.set("layouts", "fixed");
+  auto fixed = compiler::compile(g, Device::cpu(), o);
+  for (const char* name : {"fused_conv2d:stem ", "fused_conv2d:block_a ", "fused_conv2d:block_b "}) {
+    std::string line = kernel_line(fixed->report(), name);
+    if (cpu::native_conv_block() == 16)
+      EXPECT_NE(line.find("chose Winograd"), std::string::npos) << line;
+    else
+      EXPECT_EQ(line.find("Winograd"), std::string::npos) << line;
+  }
+}
+
 TEST(InductorWinograd, BadLayoutsKnobIsAnErrorNamingTheKnob) {
   const Graph g = block_net();
   compiler::Options o;

@@ -844,7 +844,11 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
   const Node& node = g.nodes[size_t(n)];
   if (node.op != OpId::Conv2d && node.op != OpId::FusedConv2d && node.op != OpId::ConvTranspose2d)
     return;
-  if (!options.allow_blocked || !options.measure_layouts) return;
+  if (!options.allow_blocked) return;
+  if (!options.measure_layouts) {  // layouts=fixed: no layout measured; Winograd still decided
+    choose_winograd(n, constants);
+    return;
+  }
   // The key: the convolution without its graph's names (shapes, geometry, epilogue, options),
   // the layouts and kernel its default build got, the machine, the thread count.
   const std::string key = fmt::format(

@@ -67,7 +67,7 @@ struct OnednnOptions {
   double measure_above_roofline = 3.0;
   // False (knob layouts=fixed): no convolution's layout is measured, not even one on a reference
   // kernel; every convolution keeps the layout its policy gives (tests of a layout's own path,
-  // bisecting a measured choice).
+  // bisecting a measured choice). Winograd (below) is decided as before.
   bool measure_layouts = true;
   // ConvPolicy::Auto: 3x3 stride-1 f32 convolutions take oneDNN's Winograd algorithm where it
   // agrees with the direct convolution and is not slower (Note [measured Winograd] in
