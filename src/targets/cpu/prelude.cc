@@ -206,6 +206,8 @@ template <typename F> static inline float kn_lanes(VF a, F f) {
   return _mm256_cvtss_f32(f(a, VF{_mm256_permute_ps(a.v, 0xB1)}).v);
 }
 #endif
+// Note [subnormal probabilities] (emitter.cc): float's least normal number and its log.
+static constexpr float kn_least_normal = 1.17549435e-38f, kn_ln_least_normal = -87.3365448f;
 #ifdef KN_W
 KN_CMP(veq, _CMP_EQ_OQ) KN_CMP(vne, _CMP_NEQ_UQ) KN_CMP(vlt, _CMP_LT_OQ) KN_CMP(vle, _CMP_LE_OQ)
 KN_CMP(vgt, _CMP_GT_OQ) KN_CMP(vge, _CMP_GE_OQ) KN_CMP(vunord, _CMP_UNORD_Q)
@@ -227,17 +229,17 @@ static inline VF vsign(VF a) { return vsel(vunord(a, a), a, vgt(a, vset(0.0f)) -
 static inline float vmax_all(VF a) { return kn_lanes(a, [](VF x, VF y) { return vmax(x, y); }); }
 static inline float vmin_all(VF a) { return kn_lanes(a, [](VF x, VF y) { return vmin(x, y); }); }
 static inline float vprod_all(VF a) { float t[KN_W]; std::memcpy(t, &a, sizeof(t)); float m = t[0]; for (int i = 1; i < KN_W; ++i) m *= t[i]; return m; }
-// Note [subnormal probabilities] (emitter.cc): |a| below float's least normal becomes 0; NaN stays.
-static inline VF vflush_tiny(VF a) { return vsel(vlt(vabs(a), vset(1.17549435e-38f)), vset(0.0f), a); }
+// |a| below float's least normal becomes 0; NaN stays.
+static inline VF vflush_tiny(VF a) { return vsel(vlt(vabs(a), vset(kn_least_normal)), vset(0.0f), a); }
 // exp without subnormal results: 0 below ln(least normal), where exp(a) would be subnormal (the
 // argument is replaced first, so no lane computes one); NaN stays NaN.
 static inline VF vexp_ftz(VF a) {
-  const VF tiny = vlt(a, vset(-87.3365448f));
+  const VF tiny = vlt(a, vset(kn_ln_least_normal));
   return vsel(tiny, vset(0.0f), vexp(vsel(tiny, vset(0.0f), a)));
 }
 #endif
-static inline float kn_flush_tiny(float a) { return std::fabs(a) < 1.17549435e-38f ? 0.0f : a; }
-static inline float kn_exp_ftz(float a) { return a < -87.3365448f ? 0.0f : std::exp(a); }
+static inline float kn_flush_tiny(float a) { return std::fabs(a) < kn_least_normal ? 0.0f : a; }
+static inline float kn_exp_ftz(float a) { return a < kn_ln_least_normal ? 0.0f : std::exp(a); }
 // ---- index checks (Note [Indexed loads] in lower/loop_ir.h) ----
 // The first bad index of a call wins: err[0] = the kernel's check number, err[1] = the value.
 static inline void kn_index_error(i64* err, i64 check, i64 value) {
