@@ -1,6 +1,7 @@
 #include "compiler/package.h"
 
 #include "compiler/replace_weights.h"
+#include "core/error.h"
 #include "runtime/executable.h"
 
 namespace kiln::compiler {
@@ -12,6 +13,15 @@ void write_package(const Graph& source, CompiledExecutable& compiled, const Opti
   info.knobs = options.knobs.str();
   info.autotune = compiled.report().autotune;
   info.precision = dtype_name(options.precision);
+  // Note [prepacked weights] (kernels/onednn_node.cc): on by default for CPU packages.
+  const std::string prepack = options.knobs.get("prepack", "on");
+  if (prepack != "on" && prepack != "off")
+    fail_kind(ErrorKind::InvalidArgument, "package: knob prepack expected on | off, found '{}'",
+              prepack);
+  if (compiled.executable().device().is_cuda() && options.knobs.find("prepack"))
+    fail_kind(ErrorKind::InvalidArgument, "package: knob prepack is for CPU packages (oneDNN's "
+              "weights); a CUDA package's library calls read their weights as stored: drop it");
+  info.prepack = prepack == "on";
   info.source = source_section_bytes(source, target_for(compiled.executable().device()), options,
                                      model_state, fixed_params);
   kiln::write_package(compiled.executable(), info, path);

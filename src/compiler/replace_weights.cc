@@ -418,7 +418,17 @@ ReplaceWeightsReport replace_weights(const std::string& package_path,
       },
       package_path);
 
-  std::vector<uint8_t> w = safetensors_bytes(weights);
+  // The section as the writer composes it: prepacked weights (Note [prepacked weights] in
+  // kernels/onednn_node.cc) are made from the new plain weights by the package's own nodes.
+  std::vector<uint8_t> w = safetensors_bytes(package_weights(
+      sections[0].bytes,
+      [&](const std::string& name) {
+        auto it = by_constant.find(name);
+        KILN_CHECK(it != by_constant.end(), "replace-weights: package '{}' has no constant '{}'",
+                   package_path, name);
+        return it->second;
+      },
+      package_path));
   weights_section->bytes.assign(w.begin(), w.end());
   std::vector<uint8_t>().swap(w);
   std::string out = package_container(sections, version);

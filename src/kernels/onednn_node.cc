@@ -340,6 +340,13 @@ struct OnednnNode::Plan {
   enum class Alias : uint8_t { SkipCopy, Safe, Unsafe } residual_alias = Alias::Unsafe;
   std::string description;
   std::string implementation;  // convolutions: pd->impl_info_str()
+  // Note [prepacked weights]: the constants reordered into their primitive's layout, in build
+  // order (those whose layout layout_text describes).
+  struct Packed {
+    std::string constant, layout;
+    memory mem;
+  };
+  std::vector<Packed> prepacked;
   // The instance run(node, inputs, output, scratch) uses: the plan's own memory objects.
   std::shared_ptr<OnednnNode::Instance> own;
 };
@@ -456,6 +463,60 @@ std::string reorder_into_output(PlanBuilder& b, const memory& dst_mem, const mem
   return all.empty() ? "" : "; reorders:" + all;
 }
 
+// Note [prepacked weights]
+// A node reorders its weights once, when it is built, into the layout its primitive chose
+// (format_tag::any): a blocked format for direct convolutions and GEMMs, a Winograd format (the
+// weights' transform, 1.8x their size) for Winograd convolutions. A package's load used to do
+// the same from the plain weights the package held, which was most of a CPU package's load:
+// resnet50 spent 0.16 of its 0.23 s load in these reorders (0.10 s in 13 Winograd transforms),
+// with the package built on the same machine with the same oneDNN for the same thread count.
+// So a CPU package now holds those weights as the node had them after the reorder (the
+// manifest's launch record lists them: constant, layout text, an entry of the weights section),
+// and the node reads the loader's copy of them in place where it would have reordered.
+//
+// The layout text is every field of oneDNN's memory descriptor that places an element (data
+// type, dims, padded dims and offsets, offset0, the blocking strides and inner blocks, or the
+// Winograd format's fields, and the extra flags), so equal texts mean byte-compatible
+// layouts. The loader never builds a descriptor from the text: the node computes its own layout
+// here and compares texts, and a package whose layout is not this machine's is refused with
+// both texts named (a hash cannot catch an edited-and-rehashed manifest; this check does). The
+// loader copies the entries out of the mapped file into one block (runtime/package.cc), which
+// keeps the promise that nothing refers to the file once the load returns (Note [CPU package
+// weights] there), and keeps the block alive as long as the nodes.
+std::string layout_text(const memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  const int n = std::clamp(d.ndims, 0, DNNL_MAX_NDIMS);
+  auto list = [n](const dnnl_dims_t& a, int count) {
+    return fmt::format("{}", fmt::join(a, a + std::clamp(count, 0, n), ","));
+  };
+  std::string s = fmt::format("dt {} dims {} padded {} offsets {} offset0 {}", int(d.data_type),
+                              list(d.dims, n), list(d.padded_dims, n), list(d.padded_offsets, n),
+                              d.offset0);
+  if (d.format_kind == dnnl_blocked) {
+    const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+    s += fmt::format(" blocked {} strides {} inner", format_name(md, ""), list(b.strides, n));
+    for (int i = 0; i < std::clamp(b.inner_nblks, 0, DNNL_MAX_NDIMS); ++i)
+      s += fmt::format(" {}:{}", b.inner_blks[i], b.inner_idxs[i]);
+  } else if (d.format_kind == dnnl_format_kind_wino) {
+    const dnnl_wino_desc_t& w = d.format_desc.wino_desc;
+    s += fmt::format(" wino {} r {} alpha {} ic {} oc {} blocks {},{},{},{} scale {:a} size {} "
+                     "oneDNN {}.{}",
+                     int(w.wino_format), w.r, w.alpha, w.ic, w.oc, w.ic_block, w.oc_block,
+                     w.ic2_block, w.oc2_block, double(w.adj_scale), w.size, DNNL_VERSION_MAJOR,
+                     DNNL_VERSION_MINOR);
+  } else {
+    s += fmt::format(" kind {}", int(d.format_kind));
+  }
+  s += fmt::format(" extra {} {} {:a} {}", d.extra.flags, d.extra.compensation_mask,
+                   double(d.extra.scale_adjust), d.extra.asymm_compensation_mask);
+  return s;
+}
+
+// Whether layout_text says everything about `md`'s element placement (see above).
+bool describable(const memory::desc& md) {
+  return md.data.format_kind == dnnl_blocked || md.data.format_kind == dnnl_format_kind_wino;
+}
+
 // Reorders `data` (described by user_md) into a new owned memory of layout `md`, once.
 memory prepack(PlanBuilder& b, const memory::desc& user_md, const Tensor& data,
                const memory::desc& md) {
@@ -528,6 +589,7 @@ struct Builder {
   const OnednnNodeDesc& d;
   OnednnLayouts::Impl& layouts;
   const ConstantSource& constants;
+  const PrepackedSource* prepacked_source = nullptr;  // Note [prepacked weights]; may be empty
 
   void build(Plan& p);
   void build_conv(Plan& p);
@@ -559,6 +621,34 @@ struct Builder {
                 v.constant, dtype_name(t.dtype()), fmt::join(have, ","), dtype_name(want_dt),
                 fmt::join(want, ","));
     return t;
+  }
+  // Constant operand v (weights) in the primitive's layout md, from its plain data (user_md):
+  // reordered here, or copied from the prepacked bytes the source gives (Note [prepacked
+  // weights]). Recorded in p.prepacked.
+  memory weights(PlanBuilder& b, Plan& p, const OnednnOperand& v, const memory::desc& user_md,
+                 const memory::desc& md) const {
+    std::string layout = layout_text(md);
+    const PrepackedWeights* given =
+        prepacked_source && *prepacked_source ? (*prepacked_source)(v.constant) : nullptr;
+    if (given) {
+      if (given->layout != layout)
+        fail_kind(ErrorKind::InvalidArgument,
+                  "oneDNN node '{}': the prepacked weights of '{}' are laid out as [{}], but "
+                  "oneDNN here computes with [{}]. They were prepacked on another CPU or by "
+                  "another oneDNN: rebuild the package on this machine with `kiln compile`, or "
+                  "build it with `--knobs prepack=off` (plain weights, reordered at load)",
+                  d.node, v.constant, given->layout, layout);
+      if (given->bytes != md.get_size() || !given->data)
+        fail_kind(ErrorKind::InvalidArgument,
+                  "oneDNN node '{}': the prepacked weights of '{}' are {} bytes, their layout "
+                  "[{}] takes {}", d.node, v.constant, given->bytes, layout, md.get_size());
+      memory m = b.fixed(md, const_cast<void*>(given->data));  // read only, never written
+      p.prepacked.push_back({v.constant, std::move(layout), m});
+      return m;
+    }
+    memory m = prepack(b, user_md, constant(v), md);
+    if (describable(md)) p.prepacked.push_back({v.constant, std::move(layout), m});
+    return m;
   }
   // Memory for activation input `index` (operand v) in layout md: bound to inputs[index] at run
   // time, or fixed to the data of a param/const.
@@ -788,7 +878,7 @@ void Builder::build_conv(Plan& p) {
       b.reorder(r_mem, dst_mem, /*residual_copy=*/true, residual_copy_scale);
     }
   }
-  memory w_mem = prepack(b, w_user, constant(w), w_md);
+  memory w_mem = weights(b, p, w, w_user, w_md);
   dnnl::primitive prim(*pd);
   memory::desc pad = pd->scratchpad_desc();
   if (has_bias) {
@@ -1104,7 +1194,7 @@ void Builder::build_linear(Plan& p) {
         is_constant(residual) ? Plan::Alias::Unsafe : Plan::Alias::SkipCopy;
     b.reorder(r_mem, y_mem, /*residual_copy=*/true);
   }
-  memory w_mem = prepack(b, w_user, constant(w), w_md);
+  memory w_mem = weights(b, p, w, w_user, w_md);
   dnnl::primitive prim(*pd);
   if (has_bias) {
     memory b_mem = bias_memory(b, constant(bias), bias_md);
@@ -1224,7 +1314,7 @@ void Builder::build_matmul(Plan& p) {
     return t;
   };
   memory a_mem = operand(0, activation(b, p, 0, a, user_md[0]), a_md);
-  memory b_mem = b_const ? prepack(b, b_md, constant(bv), pd->weights_desc())
+  memory b_mem = b_const ? weights(b, p, bv, b_md, pd->weights_desc())
                          : operand(1, b.input(1, user_md[1]), b_md);
   memory y_mem = b.output(y_md);
   b.step(dnnl::matmul(*pd), pd->scratchpad_desc(),
@@ -1246,12 +1336,13 @@ OnednnNode::OnednnNode() : plan_(std::make_unique<Plan>()) {}
 OnednnNode::~OnednnNode() = default;
 
 std::shared_ptr<OnednnNode> OnednnNode::build(const OnednnNodeDesc& desc, OnednnLayouts& layouts,
-                                              const ConstantSource& constants) {
+                                              const ConstantSource& constants,
+                                              const PrepackedSource& prepacked) {
   std::shared_ptr<OnednnNode> node(new OnednnNode());
   Plan& p = *node->plan_;
   p.requested = true;
   p.threads = cpu_threads();
-  Builder b{desc, layouts.impl(), constants};
+  Builder b{desc, layouts.impl(), constants, &prepacked};
   b.build(p);
   if (!p.lowered) {
     p.description = fmt::format("{} not lowered: {}", desc.op, p.why_not);
@@ -1270,6 +1361,12 @@ const std::string& OnednnNode::why_not() const { return plan_->why_not; }
 const std::string& OnednnNode::description() const { return plan_->description; }
 const std::string& OnednnNode::implementation() const { return plan_->implementation; }
 int64_t OnednnNode::scratch_bytes() const { return plan_->scratch_bytes; }
+std::vector<PrepackedWeights> OnednnNode::prepacked() const {
+  std::vector<PrepackedWeights> out;
+  for (const Plan::Packed& k : plan_->prepacked)
+    out.push_back({k.constant, k.layout, k.mem.get_data_handle(), k.mem.get_desc().get_size()});
+  return out;
+}
 bool OnednnNode::residual_may_alias_output() const {
   return plan_->lowered && plan_->residual_input >= 0 &&
          plan_->residual_alias != Plan::Alias::Unsafe;

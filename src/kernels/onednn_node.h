@@ -127,6 +127,23 @@ struct OnednnNodeDesc {
 // tensor need only live while build() runs: a node copies (or prepacks) what it reads at run time.
 using ConstantSource = std::function<Tensor(const std::string& name)>;
 
+// Weights a node reordered into the layout its primitive reads (Note [prepacked weights] in
+// onednn_node.cc): the constant's name, the layout as text (every field of oneDNN's memory
+// descriptor that says where an element lies; two layouts are the same exactly when their texts
+// are), and the bytes. A node reports the ones it holds (OnednnNode::prepacked), and a package's
+// loader hands them back (PrepackedSource) so that the node copies them instead of reordering.
+struct PrepackedWeights {
+  std::string constant;
+  std::string layout;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+// The prepacked bytes of a constant, or null: the node reorders the constant's plain data
+// (ConstantSource) as usual. The node reads given bytes in place (never writes them): they must
+// outlive it. A node given bytes whose layout is not the one its primitive chose
+// here throws (InvalidArgument), naming both layouts; it never reads them in another layout.
+using PrepackedSource = std::function<const PrepackedWeights*(const std::string& constant)>;
+
 // The layouts of blocked values, filled by the nodes that produce them (in graph order) and read
 // by their consumers. One per graph.
 class OnednnLayouts {
@@ -175,8 +192,10 @@ class OnednnNode {
   // Builds `desc` (oneDNN's primitive descriptors, weights prepacked from `constants`). A node
   // oneDNN has no implementation for comes back with lowered() false and why_not() saying so.
   // Primitives are created for the current OpenMP thread count.
+  // `prepacked` (optional) gives weights already in their primitive's layout.
   static std::shared_ptr<OnednnNode> build(const OnednnNodeDesc& desc, OnednnLayouts& layouts,
-                                           const ConstantSource& constants);
+                                           const ConstantSource& constants,
+                                           const PrepackedSource& prepacked = {});
   ~OnednnNode();
   OnednnNode(const OnednnNode&) = delete;
   OnednnNode& operator=(const OnednnNode&) = delete;
@@ -189,6 +208,10 @@ class OnednnNode {
   // oneDNN's implementation name for convolutions ("brg:avx512_core", "ref:any"), else "".
   const std::string& implementation() const;
   int64_t scratch_bytes() const;
+  // The weights this node holds reordered (conv / linear weights, a matmul's constant b), in
+  // build order, viewing the node's own buffers (valid while the node lives). Only layouts that
+  // a text describes exactly (blocked and Winograd formats) are listed.
+  std::vector<PrepackedWeights> prepacked() const;
   // Whether run() accepts the residual's buffer as the output buffer.
   bool residual_may_alias_output() const;
 

@@ -26,6 +26,16 @@ struct MemRef {
 struct LaunchRecord {
   std::string kind;
   std::string params;
+  // Weights the launch holds in its kernel's own layout (a oneDNN node's prepacked weights:
+  // Note [prepacked weights] in kernels/onednn_node.cc), which a package may store in place of
+  // their plain data: the constant, the layout as text, the bytes (kept alive by `owner`).
+  struct Prepacked {
+    std::string constant, layout;
+    const void* data = nullptr;
+    size_t bytes = 0;
+  };
+  std::vector<Prepacked> prepacked = {};
+  std::shared_ptr<const void> owner = {};
 };
 
 class Executable {

@@ -314,7 +314,51 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
   if (out.slot < 0 || scratch.slot < 0) throw std::out_of_range("output and scratch need a slot");
   std::string expect = p.at("expect").get<std::string>();
   KILN_ASSERT(env.onednn_layouts);
-  auto node = kernels::OnednnNode::build(desc, *env.onednn_layouts, env.constant);
+  // Note [prepacked weights] (kernels/onednn_node.cc): weights the package holds in the layout
+  // the node's primitive reads, each a 1-D uint8 entry of the weights section, listed once, for
+  // a constant operand of this node; every one listed must be taken as the node's weights.
+  std::vector<kernels::PrepackedWeights> given;
+  if (p.contains("prepacked")) {
+    for (const json& e : p.at("prepacked")) {
+      std::string constant = e.at("constant").get<std::string>();
+      std::string entry = e.at("entry").get<std::string>();
+      bool operand = false;
+      for (const kernels::OnednnOperand& in : desc.inputs)
+        operand = operand || (!constant.empty() && in.constant == constant);
+      if (!operand)
+        throw std::out_of_range("prepacked weights for '" + constant +
+                                "', which is not a constant operand of the node");
+      for (const kernels::PrepackedWeights& g : given)
+        if (g.constant == constant)
+          throw std::out_of_range("prepacked weights for '" + constant + "' listed twice");
+      Tensor t = env.constant(entry);
+      if (t.dtype() != DType::UInt8 || t.sizes().size() != 1)
+        throw std::out_of_range("prepacked entry '" + entry + "' is not a 1-D uint8 tensor");
+      given.push_back({constant, e.at("layout").get<std::string>(), t.raw_data(),
+                       size_t(t.nbytes())});
+    }
+  }
+  kernels::PrepackedSource source;
+  if (!given.empty())
+    source = [&given](const std::string& c) -> const kernels::PrepackedWeights* {
+      for (const kernels::PrepackedWeights& g : given)
+        if (g.constant == c) return &g;
+      return nullptr;
+    };
+  std::shared_ptr<kernels::OnednnNode> node;
+  try {
+    node = kernels::OnednnNode::build(desc, *env.onednn_layouts, env.constant, source);
+  } catch (const Error& e) {  // (a prepacked layout this machine does not compute with)
+    throw_error(e.kind(), fmt::format("{}: {}", where, e.message()));
+  }
+  if (node->lowered())
+    for (const kernels::PrepackedWeights& g : given) {
+      bool taken = false;
+      for (const kernels::PrepackedWeights& w : node->prepacked()) taken = taken || w.constant == g.constant;
+      if (!taken)
+        throw std::out_of_range("prepacked weights for '" + g.constant +
+                                "', which the node does not read as prepacked weights");
+    }
   if (!node->lowered())
     fail_kind(ErrorKind::Runtime, "{}: oneDNN has no implementation for node '{}' on this machine "
               "({}); rebuild the package here with `kiln compile`", where, desc.node,
@@ -570,7 +614,11 @@ Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode>
               {"output", ref_json(state->out)},
               {"scratch", ref_json(state->scratch)},
               {"expect", state->node->description()}};
-    return LaunchRecord{"onednn", p.dump()};
+    LaunchRecord r{"onednn", p.dump()};
+    for (const kernels::PrepackedWeights& w : state->node->prepacked())
+      r.prepacked.push_back({w.constant, w.layout, w.data, w.bytes});
+    r.owner = state;
+    return r;
   };
   l.owner = std::move(state);
   return l;

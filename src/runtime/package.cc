@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -100,8 +101,33 @@ uint64_t get_u64(std::string_view s, size_t at) {
 }
 std::string sha256_raw(std::string_view data) {
   std::string hex = sha256_hex(data), raw(32, '\0');
-  for (size_t i = 0; i < 32; ++i) raw[i] = char(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  for (size_t i = 0; i < 32; ++i) raw[i] = char(nibble(hex[2 * i]) * 16 + nibble(hex[2 * i + 1]));
   return raw;
+}
+
+// Note [chunked weights hash]
+// From format version 8 the weights section (nearly all of a package's bytes) is hashed in
+// chunks of 4 MiB: its entry in the section table holds the SHA-256 of the chunks' SHA-256
+// digests, in order (no chunks for an empty section: the SHA-256 of nothing). Every other
+// section, and the weights of older versions, hash as a whole. It is still one SHA-256 value
+// per section that any changed, added or removed byte changes, but the chunks are independent:
+// the loader verifies them on every core while it builds the launches, and copies the
+// prepacked weights (Note [prepacked weights]) out of each chunk while the chunk is in cache
+// (WeightsPass below). One SHA-256 stream runs at ~2 GB/s on this machine's cores, so a serial
+// hash alone put a floor under a load: resnet50's 128 MB 65 ms, bert_base's 437 MB 0.23 s.
+constexpr size_t kWeightsHashChunk = size_t(4) << 20;
+constexpr uint32_t kChunkedHashFormatVersion = 8;
+
+bool hashed_in_chunks(std::string_view section, uint32_t version) {
+  return section == "weights" && version >= kChunkedHashFormatVersion;
+}
+std::string section_sha256(std::string_view section, std::string_view bytes, uint32_t version) {
+  if (!hashed_in_chunks(section, version)) return sha256_raw(bytes);
+  std::string digests;
+  for (size_t at = 0; at < bytes.size(); at += kWeightsHashChunk)
+    digests += sha256_raw(bytes.substr(at, kWeightsHashChunk));
+  return sha256_raw(digests);
 }
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -157,7 +183,7 @@ std::string package_container(const std::vector<PackageSection>& sections, uint3
     std::memcpy(&out[e], sections[i].name.data(), sections[i].name.size());
     put_u64(out, e + 32, offsets[i]);
     put_u64(out, e + 40, sections[i].bytes.size());
-    std::string h = sha256_raw(sections[i].bytes);
+    std::string h = section_sha256(sections[i].name, sections[i].bytes, version);
     std::memcpy(&out[e + 48], h.data(), 32);
     std::memcpy(&out[offsets[i]], sections[i].bytes.data(), sections[i].bytes.size());
   }
@@ -233,13 +259,7 @@ std::vector<SectionView> parse_sections(std::string_view b, const std::string& s
                               name, off, size));
     for (size_t k = prev_end; k < off; ++k)
       if (b[k] != '\0') bad(source, fmt::format("padding before section '{}' is not zero", name));
-    std::string_view bytes = b.substr(off, size);
-    if (!defer.empty() && name == defer && deferred_hash) {
-      *deferred_hash = b.substr(e + 48, 32);  // the caller checks it (load_package_bytes)
-    } else if (sha256_raw(bytes) != b.substr(e + 48, 32)) {
-      bad(source, fmt::format("section '{}': SHA-256 mismatch (the section is corrupt)", name));
-    }
-    out.push_back({name, bytes});
+    out.push_back({name, b.substr(off, size)});
     prev_end = off + size;
   }
   if (prev_end != b.size()) bad(source, "bytes after the last section");
@@ -257,6 +277,15 @@ std::vector<SectionView> parse_sections(std::string_view b, const std::string& s
   }
   if (out.size() < 2 || out[0].name != "manifest" || out[1].name != "weights")
     bad(source, "sections 'manifest' and 'weights' are required");
+  // The hashes last: how a section is hashed depends on its name (Note [chunked weights hash]).
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::string_view stored = b.substr(kHeaderBytes + kEntryBytes * i + 48, 32);
+    if (!defer.empty() && out[i].name == defer && deferred_hash) {
+      *deferred_hash = stored;  // the caller checks it (load_package_bytes)
+    } else if (section_sha256(out[i].name, out[i].bytes, version) != stored) {
+      bad(source, fmt::format("section '{}': SHA-256 mismatch (the section is corrupt)", out[i].name));
+    }
+  }
   return out;
 }
 }  // namespace
@@ -377,16 +406,14 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   }
   m["symbols"] = symbols;
   m["guards"] = guards_of(ins);
-  NamedTensors weights;
-  std::set<std::string> names;
-  for (const Executable::ConstantSpec& c : exe.constants) {
-    if (!names.insert(c.name).second)
-      fail_kind(ErrorKind::NotSupported, "package: two constants are named '{}'; a package names "
-                "its weights uniquely", c.name);
-    consts.push_back({{"name", c.name}, {"slot", c.slot}, {"dtype", dtype_name(c.data.dtype())},
-                      {"shape", dims_json(c.data.sizes())}});
-    weights.emplace_back(c.name, c.data.device().is_cpu() ? c.data : c.data.to(Device::cpu()));
-  }
+  // Note [prepacked weights] (kernels/onednn_node.cc): a oneDNN launch's prepacked weights go
+  // into the weights section as 1-D uint8 entries "<constant>@onednn<launch index>", after the
+  // constants, and its record lists them; a constant that no launch reads otherwise (no slot, no
+  // other oneDNN operand) is then held prepacked only: the manifest marks it and the weights
+  // section has no plain copy of it.
+  NamedTensors packed_entries;
+  std::vector<LaunchRecord> records;  // keep the prepacked bytes alive until they are written
+  std::map<std::string, int> plain_uses, packed_uses;
   for (size_t i = 0; i < exe.launches.size(); ++i) {
     const Executable::Launch& l = exe.launches[i];
     if (!l.record)
@@ -398,6 +425,26 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
                 i, l.name, l.kind, l.nodes);
     LaunchRecord r = l.record();
     json params = json::parse(r.params);
+    if (r.kind == "onednn") {
+      std::set<std::string> packed_here;
+      if (info.prepack && !cuda && !r.prepacked.empty()) {
+        json list = json::array();
+        for (const LaunchRecord::Prepacked& w : r.prepacked) {
+          if (!packed_here.insert(w.constant).second) continue;
+          std::string entry = fmt::format("{}@onednn{}", w.constant, i);
+          packed_entries.emplace_back(
+              entry, Tensor::from_blob(const_cast<void*>(w.data), {int64_t(w.bytes)},
+                                       DType::UInt8, Device::cpu()));
+          list.push_back({{"constant", w.constant}, {"entry", entry}, {"layout", w.layout}});
+        }
+        params["prepacked"] = std::move(list);
+        version = std::max(version, kPrepackedFormatVersion);
+      }
+      for (const json& in : params.at("desc").at("inputs"))
+        if (in.contains("constant"))
+          ++(packed_here.count(in.at("constant").get<std::string>()) ? packed_uses : plain_uses)
+              [in.at("constant").get<std::string>()];
+    }
     if (r.kind == "onednn" && params.at("desc").at("op") == "concat")
       version = std::max(version, kOnednnConcatFormatVersion);
     if (r.kind == "onednn" && onednn_channels_last(params.at("desc")))
@@ -405,6 +452,28 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     if (r.kind == "upsample") version = std::max(version, kUpsampleFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
                         {"params", std::move(params)}});
+    records.push_back(std::move(r));
+  }
+  NamedTensors weights;
+  std::set<std::string> names;
+  for (const Executable::ConstantSpec& c : exe.constants) {
+    if (!names.insert(c.name).second)
+      fail_kind(ErrorKind::NotSupported, "package: two constants are named '{}'; a package names "
+                "its weights uniquely", c.name);
+    json rec = {{"name", c.name}, {"slot", c.slot}, {"dtype", dtype_name(c.data.dtype())},
+                {"shape", dims_json(c.data.sizes())}};
+    if (c.slot == -1 && packed_uses.count(c.name) && !plain_uses.count(c.name)) {
+      rec["prepacked"] = true;  // its data: the launches' entries only
+    } else {
+      weights.emplace_back(c.name, c.data.device().is_cpu() ? c.data : c.data.to(Device::cpu()));
+    }
+    consts.push_back(std::move(rec));
+  }
+  for (auto& [entry, t] : packed_entries) {
+    if (!names.insert(entry).second)
+      fail_kind(ErrorKind::Internal, "package: the prepacked weights' entry '{}' is also a "
+                "constant's name", entry);
+    weights.emplace_back(entry, t);
   }
   m["format_version"] = version;
   m["inputs"] = ins;
@@ -426,6 +495,55 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   if (!cuda_kernels.empty()) sections.push_back({"kernels.cuda", std::move(cuda_kernels)});
   if (!info.source.empty()) sections.push_back({"source", info.source});
   return package_container(sections, version);
+}
+
+NamedTensors package_weights(std::string_view manifest,
+                             const std::function<Tensor(const std::string&)>& constant,
+                             const std::string& package) {
+  json m = kernels::parse_untrusted_json(manifest);
+  NamedTensors out;
+  for (const json& c : m.at("constants"))
+    if (!c.value("prepacked", false)) {
+      std::string name = c.at("name").get<std::string>();
+      out.emplace_back(name, constant(name));
+    }
+  bool any = false;
+  for (const json& l : m.at("launches")) any = any || l.at("params").contains("prepacked");
+  if (!any) return out;
+  // Built as the loader builds them (load_sections): every oneDNN launch in order (their
+  // layouts flow to their consumers), for the thread count the package was written with.
+  kernels::ScopedCpuThreads threads(m.at("target").at("threads").get<int>());
+  kernels::OnednnLayouts layouts;
+  const json& launches = m.at("launches");
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const json& l = launches[i];
+    if (l.at("kind") != "onednn") continue;
+    const json& p = l.at("params");
+    std::string where = fmt::format("package '{}': launch {} ('{}')", package, i,
+                                    l.at("name").get<std::string>());
+    kernels::OnednnNodeDesc desc = kernels::OnednnNodeDesc::from_json(p.at("desc").dump(), where);
+    auto node = kernels::OnednnNode::build(desc, layouts, constant);
+    if (!p.contains("prepacked")) continue;
+    std::vector<kernels::PrepackedWeights> made = node->prepacked();
+    for (const json& e : p.at("prepacked")) {
+      std::string name = e.at("constant").get<std::string>();
+      std::string layout = e.at("layout").get<std::string>();
+      auto it = std::find_if(made.begin(), made.end(),
+                             [&](const kernels::PrepackedWeights& w) { return w.constant == name; });
+      if (it == made.end())
+        fail_kind(ErrorKind::InvalidArgument, "{}: node '{}' here does not prepack '{}', which "
+                  "the package holds prepacked", where, desc.node, name);
+      if (it->layout != layout)
+        fail_kind(ErrorKind::InvalidArgument,
+                  "{}: node '{}' here prepacks '{}' as [{}], the package holds it as [{}]: replace "
+                  "the weights on a machine like the one the package was built on, or compile the "
+                  "package again with these weights", where, desc.node, name, it->layout, layout);
+      Tensor t = Tensor::empty({int64_t(it->bytes)}, DType::UInt8);
+      std::memcpy(t.raw_data(), it->data, it->bytes);
+      out.emplace_back(e.at("entry").get<std::string>(), std::move(t));
+    }
+  }
+  return out;
 }
 
 void write_package(const Executable& exe, const PackageInfo& info, const std::string& path) {
@@ -577,9 +695,108 @@ CudaCode choose_cuda_code(const std::string& arch, const std::string& model,
 }  // namespace
 
 namespace {
+// The weights section's verification, with the prepacked weights' copies out of it, on several
+// threads beside the load (Note [chunked weights hash], Note [weights verified beside the
+// load]). A section hashed whole is one piece of work; a chunked one, one per 4 MiB chunk.
+class WeightsPass {
+ public:
+  WeightsPass(std::string_view data, std::string_view expected, bool chunked)
+      : data_(data), expected_(expected), chunked_(chunked) {
+    pieces_ = chunked_ ? (data_.size() + kWeightsHashChunk - 1) / kWeightsHashChunk : 1;
+    digests_.resize(pieces_);
+  }
+  ~WeightsPass() { join(); }
+  WeightsPass(const WeightsPass&) = delete;
+  WeightsPass& operator=(const WeightsPass&) = delete;
+
+  // A block of `n` bytes that the pass may copy into; the caller keeps `owner` as long as it
+  // reads the block. Before start(). The pass provides the block's pages a chunk at a time
+  // (MADV_POPULATE_WRITE: the kernel maps a range in one call) rather than a page fault at a
+  // time: resnet50's 128 MB took ~33,000 faults, most of the copy's time; populated on the
+  // loading thread up front (MAP_POPULATE), they took 30 ms of it. (Transparent huge pages
+  // were tried: a load could stall 0.2-1.2 s while the kernel compacted memory.)
+  char* block(size_t n, std::shared_ptr<void>* owner) {
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      fail_kind(ErrorKind::Runtime, "cannot map {} bytes for the prepacked weights: {}", n,
+                errno_text(errno));
+    block_ = std::shared_ptr<void>(p, [n](void* b) { ::munmap(b, n); });
+    *owner = block_;
+    return static_cast<char*>(p);
+  }
+  // Bytes [offset, offset + n) of the section go to `dst` as the pass reaches them. Before
+  // start(); copies do not overlap.
+  void copy(size_t offset, char* dst, size_t n) { copies_.push_back({offset, dst, n}); }
+  // Starts `threads` threads beside the caller (at most one per piece).
+  void start(int threads) {
+    if (started_) return;
+    started_ = true;
+    std::sort(copies_.begin(), copies_.end(),
+              [](const Copy& a, const Copy& b) { return a.offset < b.offset; });
+    threads = int(std::min<size_t>(size_t(std::max(threads, 0)), pieces_));
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  }
+  // Does what is left on the caller's thread too; true when the hash matched.
+  bool finish() {
+    start(0);
+    run();
+    join();
+    if (!chunked_) return digests_[0] == expected_;
+    std::string all;
+    for (const std::string& d : digests_) all += d;
+    return sha256_raw(all) == expected_;
+  }
+
+ private:
+  struct Copy {
+    size_t offset;
+    char* dst;
+    size_t n;
+  };
+  void run() {
+    for (size_t i = next_.fetch_add(1); i < pieces_; i = next_.fetch_add(1)) {
+      size_t a = chunked_ ? i * kWeightsHashChunk : 0;
+      size_t b = chunked_ ? std::min(data_.size(), a + kWeightsHashChunk) : data_.size();
+      auto it = std::partition_point(copies_.begin(), copies_.end(),
+                                     [a](const Copy& c) { return c.offset + c.n <= a; });
+      for (; it != copies_.end() && it->offset < b; ++it) {
+        size_t from = std::max(a, it->offset), to = std::min(b, it->offset + it->n);
+        char* dst = it->dst + (from - it->offset);
+        // Advice: where the kernel lacks MADV_POPULATE_WRITE (before Linux 5.14), the copy
+        // faults the pages in.
+        uintptr_t page_lo = reinterpret_cast<uintptr_t>(dst) & ~uintptr_t(4095);
+        uintptr_t page_hi = (reinterpret_cast<uintptr_t>(dst) + (to - from) + 4095) & ~uintptr_t(4095);
+        ::madvise(reinterpret_cast<void*>(page_lo), page_hi - page_lo, MADV_POPULATE_WRITE);
+        std::memcpy(dst, data_.data() + from, to - from);
+      }
+      digests_[i] = sha256_raw(data_.substr(a, b - a));
+    }
+  }
+  void join() {
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+  }
+  std::string_view data_;
+  std::string expected_;
+  bool chunked_;
+  size_t pieces_ = 1;
+  std::vector<std::string> digests_;
+  std::vector<Copy> copies_;
+  std::shared_ptr<void> block_;
+  std::atomic<size_t> next_{0};
+  std::vector<std::thread> threads_;
+  bool started_ = false;
+};
+
+// Threads a load verifies the weights on beside its own (it joins them when it is done).
+int weights_pass_threads() {
+  return int(std::clamp(std::thread::hardware_concurrency(), 2u, 8u)) - 1;
+}
+
 // load_package_bytes once the container is checked: `sections` as parse_sections returned them.
 LoadedPackage load_sections(std::string_view bytes, const std::string& source,
-                            const std::vector<SectionView>& sections, uint32_t out_version) {
+                            const std::vector<SectionView>& sections, uint32_t out_version,
+                            WeightsPass& pass) {
   LoadedPackage out;
   auto lap = std::chrono::steady_clock::now();
   auto phase = [&](const std::string& name) {  // adds the time since the last phase to `name`
@@ -680,16 +897,48 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       // resident memory (peak RSS of `kiln bench` 327 -> 229 MiB); the load takes about as
       // long as before (0.17-0.25 s on the 2-core dev machine), as the reorders now read the
       // file pages while the weights' hash (~55 ms of one core, OpenSSL's SHA-256) reads them.
-      for (const SafetensorsEntry& e :
-           parse_safetensors_entries(wbytes, source + ": section 'weights'")) {
+      // Note [prepacked weights] (kernels/onednn_node.cc): the entries the launches list as
+      // prepacked weights are copied into one block that their nodes then read in place (a
+      // copy, so that nothing refers to the file once the load returns), by the weights pass,
+      // chunk by chunk as it verifies them, beside the launches' build (WeightsPass::block).
+      std::set<std::string> packed_names;
+      for (const json& l : m.at("launches"))
+        if (l.contains("params") && l.at("params").is_object() && l.at("params").contains("prepacked"))
+          for (const json& e : l.at("params").at("prepacked"))
+            if (e.is_object() && e.contains("entry") && e.at("entry").is_string())
+              packed_names.insert(e.at("entry").get<std::string>());
+      std::vector<SafetensorsEntry> entries =
+          parse_safetensors_entries(wbytes, source + ": section 'weights'");
+      constexpr size_t kPage = 4096;
+      size_t block_bytes = 0;
+      for (const SafetensorsEntry& e : entries)
+        if (packed_names.count(e.name) && e.dtype == DType::UInt8 && e.nbytes > 0)
+          block_bytes += (size_t(e.nbytes) + kPage - 1) / kPage * kPage;
+      char* block = nullptr;
+      if (block_bytes > 0) {
+        std::shared_ptr<void> owner;
+        block = pass.block(block_bytes, &owner);
+        exe->keep_alive.push_back(std::move(owner));
+      }
+      size_t block_used = 0;
+      for (const SafetensorsEntry& e : entries) {
         const uint8_t* at = wbytes.data() + e.offset;
+        if (block && packed_names.count(e.name) && e.dtype == DType::UInt8 && e.nbytes > 0) {
+          char* dst = block + block_used;
+          block_used += (size_t(e.nbytes) + kPage - 1) / kPage * kPage;
+          pass.copy(size_t(e.offset), dst, size_t(e.nbytes));
+          weights.emplace(e.name, Tensor::from_blob(dst, e.sizes, e.dtype, Device::cpu()));
+          continue;
+        }
         bool in_place = e.dtype != DType::Bool && e.nbytes > 0 &&
                         reinterpret_cast<uintptr_t>(at) % size_t(dtype_size(e.dtype)) == 0;
         weights.emplace(e.name, in_place ? Tensor::from_blob(const_cast<uint8_t*>(at), e.sizes,
                                                              e.dtype, Device::cpu())
                                          : safetensors_entry_tensor(wbytes, e));
       }
+      pass.start(weights_pass_threads());
     } else {
+      pass.start(weights_pass_threads());
       // Note [CUDA package weights]: one device block holds every weight, each at a 256-byte
       // aligned offset (the alignment a tensor of its own has, which the library plans were
       // made for), filled by one host-to-device copy per tensor straight from the mapped file:
@@ -721,6 +970,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
   } catch (const Error& e) {
     bad(source, fmt::format("section 'weights': {}", e.what()));
   }
+  pass.start(weights_pass_threads());
   phase("weights");
   std::shared_ptr<KernelLibrary> lib;
   try {
@@ -733,10 +983,28 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
     auto check_slot = [&](int64_t slot, const std::string& what) {
       if (slot < 0 || slot >= num_slots) throw std::out_of_range(what + ": slot out of range");
     };
+    std::set<std::string> held_prepacked;  // the constants launches hold prepacked
     for (const json& c : m.at("constants")) {
       where = "manifest: constant";
       std::string name = c.at("name").get<std::string>();
       where = "manifest: constant '" + name + "'";
+      if (c.contains("prepacked")) {  // held by the launches' prepacked entries only
+        if (out.format_version < kPrepackedFormatVersion)
+          throw std::out_of_range(fmt::format("a prepacked constant is unknown to format version {}",
+                                              out.format_version));
+        if (cuda || !c.at("prepacked").get<bool>() || c.at("slot").get<int>() != -1)
+          throw std::out_of_range("'prepacked' is only for a CPU constant without a slot");
+        if (held_prepacked.empty())
+          for (const json& l : m.at("launches"))
+            if (l.at("params").contains("prepacked"))
+              for (const json& e : l.at("params").at("prepacked"))
+                held_prepacked.insert(e.at("constant").get<std::string>());
+        if (!held_prepacked.count(name))
+          throw std::out_of_range("marked prepacked, but no launch holds it prepacked");
+        (void)records::dtype_from(c.at("dtype"), where);
+        (void)dims_of(c.at("shape"));
+        continue;
+      }
       auto it = weights.find(name);
       if (it == weights.end()) throw std::out_of_range("absent from the weights section");
       DType dt = records::dtype_from(c.at("dtype"), where);
@@ -953,6 +1221,18 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
         if (out.format_version < kChannelsLastFormatVersion && onednn_channels_last(p.at("desc")))
           throw std::out_of_range(fmt::format("{}: a channels-last operand is unknown to format "
                                               "version {}", lw, out.format_version));
+        if (out.format_version < kPrepackedFormatVersion && p.contains("prepacked"))
+          throw std::out_of_range(fmt::format("{}: prepacked weights are unknown to format "
+                                              "version {}", lw, out.format_version));
+        // An entry is named after its constant and launch (package_bytes), so that one launch's
+        // record cannot point at another's bytes.
+        if (p.contains("prepacked"))
+          for (const json& e : p.at("prepacked"))
+            if (e.at("entry").get<std::string>() !=
+                fmt::format("{}@onednn{}", e.at("constant").get<std::string>(), i))
+              throw std::out_of_range(fmt::format("{}: prepacked entry '{}' is not this launch's "
+                                                  "entry for its constant", lw,
+                                                  e.at("entry").get<std::string>()));
         std::vector<json> refs(p.at("inputs").begin(), p.at("inputs").end());
         refs.push_back(p.at("output"));
         refs.push_back(p.at("scratch"));
@@ -1002,7 +1282,9 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
 // confirmed the weights are only numbers to the loader (the safetensors parser takes untrusted
 // bytes and is fuzzed; oneDNN reorders them), and nothing runs. The load returns only after the
 // hash matched; a mismatch is the error, whatever else the load tripped on. resnet50's CPU
-// package: the hash takes ~59 ms of a 180 ms load, now beside the rest.
+// package: the hash takes ~59 ms of a 180 ms load, now beside the rest. Since format version 8
+// the hash is chunked (Note [chunked weights hash]) and runs on up to 7 threads beside the load,
+// which joins in when its own work is done (WeightsPass).
 LoadedPackage load_package_bytes(std::string_view bytes, const std::string& source) {
   auto t0 = std::chrono::steady_clock::now();
   uint32_t version = 0;
@@ -1010,29 +1292,21 @@ LoadedPackage load_package_bytes(std::string_view bytes, const std::string& sour
   std::vector<SectionView> sections =
       parse_sections(bytes, source, &version, "weights", &weights_hash);
   const double parse_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  struct WeightsCheck {
-    std::thread thread;
-    bool ok = true;
-    ~WeightsCheck() {
-      if (thread.joinable()) thread.join();
-    }
-  } check;
-  const std::string_view data = sections[1].bytes;  // parse_sections requires it second
-  check.thread = std::thread([&check, data, weights_hash] { check.ok = sha256_raw(data) == weights_hash; });
+  // parse_sections requires the weights second.
+  WeightsPass pass(sections[1].bytes, weights_hash, hashed_in_chunks("weights", version));
   auto confirm = [&] {
-    check.thread.join();
-    if (!check.ok) bad(source, "section 'weights': SHA-256 mismatch (the section is corrupt)");
+    if (!pass.finish()) bad(source, "section 'weights': SHA-256 mismatch (the section is corrupt)");
   };
   LoadedPackage out;
   try {
-    out = load_sections(bytes, source, sections, version);
+    out = load_sections(bytes, source, sections, version, pass);
   } catch (...) {
     confirm();  // a corrupt weights section is the reason, whatever the load tripped on
     throw;
   }
   auto t1 = std::chrono::steady_clock::now();
   confirm();
-  // "verify": the container and the small sections, then any wait for the weights' hash.
+  // "verify": the container and the small sections, then the rest of the weights' pass.
   out.load_phases.insert(out.load_phases.begin(), {"verify", parse_s});
   out.load_phases.emplace_back(
       "verify weights (waited)", std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
@@ -1157,6 +1431,29 @@ std::string explain_package(const std::string& path) {
     }
   weight_bytes = int64_t(sections[1].bytes.size());
   s += fmt::format("weights: {} tensors, {} bytes\n", nconst, weight_bytes);
+  // Note [prepacked weights]: how many oneDNN nodes read their weights as stored, and how much.
+  int64_t packed = 0, packed_bytes = 0, wino = 0;
+  if (m.contains("launches") && m["launches"].is_array())
+    for (const json& l : m["launches"])
+      if (l.is_object() && l.contains("params") && l["params"].is_object() &&
+          l["params"].contains("prepacked") && l["params"]["prepacked"].is_array())
+        for (const json& e : l["params"]["prepacked"]) {
+          ++packed;
+          std::string layout = e.is_object() ? e.value("layout", "") : "";
+          wino += layout.find(" wino ") != std::string::npos;
+        }
+  if (packed > 0) {
+    try {
+      const std::string& w = sections[1].bytes;
+      for (const SafetensorsEntry& e : parse_safetensors_entries(
+               {reinterpret_cast<const uint8_t*>(w.data()), w.size()}, "weights"))
+        if (e.name.find("@onednn") != std::string::npos) packed_bytes += e.nbytes;
+    } catch (const Error&) {
+    }
+    s += fmt::format("prepacked: {} oneDNN weights ({} Winograd transforms) in their kernels' "
+                     "layouts, {} bytes (the load copies them instead of reordering)\n",
+                     packed, wino, packed_bytes);
+  }
   if (m.contains("cuda_modules") && m["cuda_modules"].is_array())
     for (const json& d : m["cuda_modules"]) {
       std::string ptx = d.contains("ptx_size") ? fmt::format("PTX {} bytes (for newer GPUs)",

@@ -7,6 +7,7 @@
 //   p.exe->run(inputs, n_in, outputs, n_out);
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "runtime/executable.h"
+#include "runtime/safetensors.h"
 
 namespace kiln {
 
@@ -27,14 +29,20 @@ namespace kiln {
 // a version-5 runtime has no such node); version 7 channels-last activations in CPU packages'
 // oneDNN nodes (Note [channels-last values] in targets/cpu/onednn_lowering.cc; a version-6
 // runtime would ignore the operand key and read them as NCHW) and the runtime's upsample
-// launch. A package is written with the lowest version that holds it: CPU packages are version
-// 2, 6 with a oneDNN concat, 7 with a channels-last operand or an upsample; CUDA packages are 5.
-inline constexpr uint32_t kPackageFormatVersion = 7;
-inline constexpr uint32_t kCudaPackageFormatVersion = 5;
+// launch; version 8 prepacked oneDNN weights in CPU packages (Note [prepacked weights] in
+// kernels/onednn_node.cc; a version-7 runtime would not find the constants they replace) and
+// the weights section's chunked hash (Note [chunked weights hash] in package.cc; a version-7
+// runtime would compute another hash and call the package corrupt). A package is written with
+// the lowest version that holds it: CPU packages are version 2, 6 with a oneDNN concat, 7 with a
+// channels-last operand or an upsample, 8 with prepacked weights (the default); CUDA packages
+// are 8 (their weights hashed in chunks; 3 to 7 still load).
+inline constexpr uint32_t kPackageFormatVersion = 8;
+inline constexpr uint32_t kCudaPackageFormatVersion = 8;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOnednnConcatFormatVersion = 6;
 inline constexpr uint32_t kChannelsLastFormatVersion = 7;
 inline constexpr uint32_t kUpsampleFormatVersion = 7;
+inline constexpr uint32_t kPrepackedFormatVersion = 8;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------
@@ -87,6 +95,10 @@ struct PackageInfo {
   // executable's own names, input<k> and the graph's value names). Each must match the
   // executable's count and ranks, else package_bytes throws (Internal).
   std::vector<SignatureName> inputs, outputs;
+  // CPU packages: hold oneDNN nodes' weights in their primitives' layouts rather than plain, so
+  // that the load copies them instead of reordering (Note [prepacked weights] in
+  // kernels/onednn_node.cc); the knob prepack=off clears it.
+  bool prepack = true;
 };
 // The package bytes of `exe` (a CPU or CUDA Executable whose every launch has a record). Throws
 // kiln::Error naming the launch and its graph nodes when one cannot be serialized (an eager
@@ -94,6 +106,17 @@ struct PackageInfo {
 std::string package_bytes(const Executable& exe, const PackageInfo& info);
 // The same, written atomically to `path`.
 void write_package(const Executable& exe, const PackageInfo& info, const std::string& path);
+
+// The weights section's tensors of a package with this manifest, given every constant's plain
+// data by name: the constants the manifest does not mark prepacked, in its order, then each
+// oneDNN launch's prepacked entries (Note [prepacked weights] in kernels/onednn_node.cc), made
+// here from the plain data by the launch's node, built as the loader builds it (every oneDNN
+// launch in order, for the manifest's thread count). `kiln package --replace-weights` writes
+// what this returns. Throws (InvalidArgument) naming the launch where a node here prepacks a
+// constant in another layout than the manifest records (another CPU or oneDNN).
+NamedTensors package_weights(std::string_view manifest,
+                             const std::function<Tensor(const std::string&)>& constant,
+                             const std::string& package);
 
 // ---- loading ------------------------------------------------------------------------------------
 struct LoadedPackage {

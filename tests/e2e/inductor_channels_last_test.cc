@@ -252,12 +252,18 @@ TEST(InductorChannelsLast, SqueezeExciteBlockRunsChannelsLastAndMatchesTheRefere
           EXPECT_NE(loop_line(r, "pool").find("[reduce, SIMD]"), std::string::npos)
               << compiled->summary();
         }
-        const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+        // The version its operands need (with prepacked weights, the default, it is 8).
+        PackageInfo plain_info;
+        plain_info.prepack = false;
+        const std::string plain = package_bytes(compiled->executable(), plain_info);
         uint32_t version = 0;
-        parse_package_container(bytes, "mbconv", &version);
+        parse_package_container(plain, "mbconv", &version);
         EXPECT_EQ(version, cl ? kChannelsLastFormatVersion : kCpuPackageFormatVersion);
+        const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+        parse_package_container(bytes, "mbconv", &version);
+        EXPECT_EQ(version, kPrepackedFormatVersion);
         LoadedPackage loaded = load_package_bytes(bytes, "mbconv");
-        if (cl) expect_refused_as_version_6(bytes);
+        if (cl) expect_refused_as_version_6(plain);
         check_outputs(b, *compiled, loaded.exe.get(), dt);
       }
 }

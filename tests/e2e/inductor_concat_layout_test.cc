@@ -132,10 +132,15 @@ TEST(InductorConcatLayout, ConcatOfConvolutionsKeepsTheirLayoutAndMatchesTheRefe
         EXPECT_NE(kernel_line(r, "concat:plain ").find("[runtime kernel concat]"),
                   std::string::npos) << compiled->summary();
 
-        const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+        // The version its concat needs; by default its weights are prepacked too (version 8).
+        PackageInfo plain;
+        plain.prepack = false;
         uint32_t version = 0;
-        std::vector<PackageSection> sections = parse_package_container(bytes, "fire", &version);
+        parse_package_container(package_bytes(compiled->executable(), plain), "fire", &version);
         EXPECT_EQ(version, kOnednnConcatFormatVersion);
+        const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+        parse_package_container(bytes, "fire", &version);
+        EXPECT_EQ(version, kPrepackedFormatVersion);
         LoadedPackage loaded = load_package_bytes(bytes, "fire");
         for (uint64_t seed : {1u, 2u}) {
           Generator gen(seed);
@@ -164,7 +169,9 @@ TEST(InductorConcatLayout, ConcatPackageLabelledAnOlderVersionIsRefused) {
   Generator wgen(315);
   Net net = fire_net(DType::Float32, 32, 32, 32, wgen);
   auto compiled = compiler::compile(net.g, Device::cpu(), compiler::Options{});
-  const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+  PackageInfo info;
+  info.prepack = false;  // prepacked weights would make it version 8 (kPrepackedFormatVersion)
+  const std::string bytes = package_bytes(compiled->executable(), info);
   uint32_t version = 0;
   parse_package_container(bytes, "fire", &version);
   ASSERT_EQ(version, kOnednnConcatFormatVersion);

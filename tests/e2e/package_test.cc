@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -23,6 +24,7 @@
 
 #include "../support/compare.h"
 #include "../support/c_run.h"
+#include "../support/package_edit.h"
 #include "compiler/compile.h"
 #include "compiler/package.h"
 #include "core/cuda_runtime.h"
@@ -36,6 +38,7 @@
 #include "ops/api.h"
 #include "runtime/launch_library.h"
 #include "runtime/package.h"
+#include "runtime/safetensors.h"
 #include "support/hash.h"
 #include "support/host_isa.h"
 
@@ -231,17 +234,36 @@ TEST(Package, WeightsOnlyOneDnnNodesReadHaveNoSlotAndNoLoadedCopy) {
     std::string bytes = read_bytes(p.path);
     std::vector<PackageSection> sections = parse_package_container(bytes, p.path);
     nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
-    int without_slot = 0, with_slot = 0;
-    for (const auto& c : m.at("constants")) (c.at("slot").get<int>() == -1 ? without_slot : with_slot)++;
+    int without_slot = 0, with_slot = 0, prepacked = 0;
+    for (const auto& c : m.at("constants")) {
+      (c.at("slot").get<int>() == -1 ? without_slot : with_slot)++;
+      prepacked += c.value("prepacked", false);
+    }
+    // Note [prepacked weights]: every weight only a oneDNN node reads is held prepacked only.
     if (std::string(name) == "resnet18") {
       EXPECT_GE(without_slot, 21) << "20 convolution weights and the fc weight";
+      EXPECT_GE(prepacked, 21) << "20 convolution weights and the fc weight";
     } else {
       EXPECT_GE(without_slot, 48) << "4 linear weights per layer, 12 layers";
       EXPECT_GE(with_slot, 26) << "2 layer norms per layer, the final one, tokens, embedding";
+      EXPECT_GE(prepacked, 48) << "4 linear weights per layer, 12 layers";
     }
-    // Loaded from bytes this test holds: a constant kept after the load must not point into them.
+    // Loaded from bytes this test holds: a constant kept after the load must not point into them,
+    // nor may a node's prepacked weights. (The loaded package lists no prepacked-only constant.)
     LoadedPackage loaded = load_package_bytes(bytes, p.path);
-    ASSERT_EQ(loaded.exe->constants.size(), size_t(without_slot + with_slot)) << name;
+    ASSERT_EQ(loaded.exe->constants.size(), size_t(without_slot + with_slot - prepacked)) << name;
+    int packed_views = 0;
+    for (const Executable::Launch& l : loaded.exe->launches) {
+      if (!l.record) continue;
+      LaunchRecord r = l.record();
+      for (const LaunchRecord::Prepacked& w : r.prepacked) {
+        const char* at = static_cast<const char*>(w.data);
+        EXPECT_TRUE(at + w.bytes <= bytes.data() || at >= bytes.data() + bytes.size())
+            << name << " " << w.constant << ": prepacked weights point into the loaded bytes";
+        ++packed_views;
+      }
+    }
+    EXPECT_GE(packed_views, prepacked) << name;
     const char* begin = bytes.data();
     const char* end = begin + bytes.size();
     for (const Executable::ConstantSpec& c : loaded.exe->constants) {
@@ -271,6 +293,101 @@ TEST(Package, SameModelTwiceGivesIdenticalBytes) {
     EXPECT_EQ(first.size(), second.size()) << name;
     EXPECT_TRUE(first == second) << name << ": two packages of the same model differ";
   }
+}
+
+// Note [prepacked weights]: a CPU package holds its oneDNN nodes' weights in their primitives'
+// layouts (Winograd's transform included), and loads to the same results, bitwise, as the
+// package with plain weights (prepack=off) and the in-process compiled run.
+TEST(Package, PrepackedWeightsRunAsThePlainPackageDoes) {
+  TempDir dir;
+  nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
+  std::shared_ptr<compiler::CompiledExecutable> compiled[2];
+  std::string paths[2] = {dir.path + "/packed.kiln", dir.path + "/plain.kiln"};
+  for (int k = 0; k < 2; ++k) {
+    compiler::Options o;
+    // winograd=always: the 3x3 convolutions' weights are Winograd transforms.
+    o.knobs = compiler::parse_knobs(k == 0 ? "winograd=always" : "winograd=always,prepack=off", "test");
+    compiled[k] = nn::export_package(m.module, m.inputs, o, "resnet18", paths[k]);
+  }
+  uint32_t version[2] = {0, 0};
+  nlohmann::json manifest[2];
+  std::set<std::string> entries[2];
+  for (int k = 0; k < 2; ++k) {
+    std::vector<PackageSection> sections = read_package_sections(paths[k], &version[k]);
+    manifest[k] = nlohmann::json::parse(sections[0].bytes);
+    SafetensorsContents w = parse_safetensors(
+        {reinterpret_cast<const uint8_t*>(sections[1].bytes.data()), sections[1].bytes.size()}, "test");
+    for (const auto& [name, t] : w.tensors) entries[k].insert(name);
+  }
+  EXPECT_EQ(version[0], kPrepackedFormatVersion);
+  EXPECT_LT(version[1], kPrepackedFormatVersion);
+  int packed = 0, wino = 0;
+  for (const nlohmann::json& l : manifest[0]["launches"]) {
+    if (!l["params"].contains("prepacked")) continue;
+    for (const nlohmann::json& e : l["params"]["prepacked"]) {
+      ++packed;
+      wino += e["layout"].get<std::string>().find(" wino ") != std::string::npos;
+      EXPECT_TRUE(entries[0].count(e["entry"].get<std::string>())) << e.dump();
+    }
+  }
+  EXPECT_EQ(packed, 21) << "20 convolutions and the classifier";
+  EXPECT_GE(wino, 8) << "resnet18's 3x3 stride-1 convolutions under winograd=always";
+  for (const nlohmann::json& c : manifest[0]["constants"])
+    if (c.value("prepacked", false))
+      EXPECT_FALSE(entries[0].count(c["name"].get<std::string>())) << c["name"] << " is also plain";
+  for (const nlohmann::json& l : manifest[1]["launches"]) EXPECT_FALSE(l["params"].contains("prepacked"));
+  for (const nlohmann::json& c : manifest[1]["constants"]) {
+    EXPECT_FALSE(c.contains("prepacked"));
+    EXPECT_TRUE(entries[1].count(c["name"].get<std::string>())) << c["name"];
+  }
+  // Labelled version 7 (header and manifest alike, re-hashed), it is refused naming the launch.
+  std::string err = test::load_error_as_version(read_bytes(paths[0]), kUpsampleFormatVersion, "r18");
+  EXPECT_NE(err.find("prepacked constant is unknown to format version 7"), std::string::npos) << err;
+  // A launch's record is checked the same way (the prepacked-only constants' records dropped).
+  {
+    std::vector<PackageSection> sections = read_package_sections(paths[0], &version[0]);
+    nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
+    nlohmann::json kept = nlohmann::json::array();
+    for (const nlohmann::json& c : m["constants"])
+      if (!c.value("prepacked", false)) kept.push_back(c);
+    m["constants"] = kept;
+    sections[0].bytes = m.dump(1);
+    err = test::load_error_as_version(package_container(sections, kPrepackedFormatVersion),
+                                      kUpsampleFormatVersion, "r18");
+    EXPECT_NE(err.find("prepacked weights are unknown to format version 7"), std::string::npos) << err;
+    EXPECT_NE(err.find("launch"), std::string::npos) << err;
+  }
+  LoadedPackage loaded[2] = {load_package(paths[0]), load_package(paths[1])};
+  for (uint64_t seed : {31u, 32u}) {
+    TensorList in = nn::zoo_example_inputs("resnet18", 1, seed);
+    Tensor want = compiled[0]->run(in)[0];
+    expect_bitwise(compiled[1]->run(in)[0], want, "the two compiles");
+    expect_bitwise(loaded[0].exe->run(in)[0], want, "prepacked package");
+    expect_bitwise(loaded[1].exe->run(in)[0], want, "plain package");
+  }
+  // The knob's values, and CUDA packages (no oneDNN weights), are checked.
+  for (const char* knobs : {"prepack=maybe"}) {
+    compiler::Options o;
+    o.knobs = compiler::parse_knobs(knobs, "test");
+    try {
+      nn::export_package(m.module, m.inputs, o, "resnet18", dir.path + "/bad.kiln");
+      ADD_FAILURE() << knobs << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("knob prepack expected on | off"), std::string::npos) << e.what();
+    }
+  }
+  nn::ZooModel small = nn::make_zoo_model("mlp", 1, 7);
+  compiler::Options o;
+  o.arch = "sm_90";
+  o.knobs = compiler::parse_knobs("prepack=on", "test");
+  try {
+    nn::export_package(small.module, small.inputs, o, "mlp", dir.path + "/cuda.kiln");
+    ADD_FAILURE() << "prepack=on was accepted for a CUDA package";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("knob prepack is for CPU packages"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/bad.kiln"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/cuda.kiln"));
 }
 
 // ---- a separate process: the C example, runtime only, bare environment ------------------------
@@ -426,6 +543,35 @@ TEST_F(PackageCorrupt, BitFlipsInEachSectionNameTheSection) {
   }
 }
 
+// Note [chunked weights hash]: from format version 8 the weights' entry in the section table is
+// the SHA-256 of the SHA-256 digests of its 4 MiB chunks, in order; a flipped bit in any chunk
+// (the first, one inside, the last, short one, on either side of a chunk boundary) is caught.
+TEST_F(PackageCorrupt, WeightsHashIsOverTheirChunksDigests) {
+  ASSERT_GE(version_, kPrepackedFormatVersion);
+  ASSERT_EQ((*sections_)[1].name, "weights");
+  const std::string& w = (*sections_)[1].bytes;
+  constexpr size_t kChunk = size_t(4) << 20;
+  ASSERT_GT(w.size(), 3 * kChunk) << "resnet18's weights span several chunks";
+  std::string digests;
+  for (size_t at = 0; at < w.size(); at += kChunk) {
+    std::string hex = sha256_hex(std::string_view(w).substr(at, kChunk));
+    for (size_t i = 0; i < 32; ++i) digests += char(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  }
+  const std::string root = sha256_hex(digests);
+  std::string stored;
+  for (size_t i = 0; i < 32; ++i) stored += fmt::format("{:02x}", uint8_t((*bytes_)[64 + 80 + 48 + i]));
+  EXPECT_EQ(stored, root);
+  EXPECT_NE(stored, sha256_hex(w)) << "not the plain SHA-256 of the section";
+  auto [off, size] = ranges()[1];
+  for (size_t at : {off, off + kChunk - 1, off + kChunk, off + 2 * kChunk + 17, off + size - 1}) {
+    std::string b = *bytes_;
+    b[at] = char(b[at] ^ 0x10);
+    std::string err = load_error(b);
+    EXPECT_NE(err.find("section 'weights': SHA-256 mismatch"), std::string::npos)
+        << "flip at " << at - off << ": " << err;
+  }
+}
+
 TEST_F(PackageCorrupt, ReorderedSectionsAreRefused) {
   // Sections written in another order (a valid table, valid hashes).
   std::vector<PackageSection> swapped = *sections_;
@@ -475,6 +621,7 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
   struct Edit {
     const char* what;
     std::function<void(nlohmann::json&)> apply;
+    const char* expect = nullptr;  // a part of the error, where the reason is specific
   };
   std::vector<Edit> edits = {
       {"not JSON", nullptr},
@@ -506,6 +653,50 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
          for (auto& l : m["launches"])
            if (l["kind"] == "onednn") l["params"]["desc"]["inputs"][1]["dims"][0] = 7;
        }},
+      // Note [prepacked weights]: the layout check, not the hash, must catch these.
+      {"prepacked layout",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["params"].contains("prepacked"))
+             l["params"]["prepacked"][0]["layout"] = "dt 3 dims 64,3,7,7 blocked abcd";
+       },
+       "are laid out as [dt 3 dims 64,3,7,7 blocked abcd], but oneDNN here computes with"},
+      {"prepacked entry",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["params"].contains("prepacked")) l["params"]["prepacked"][0]["entry"] = "nope";
+       },
+       "prepacked entry 'nope' is not this launch's entry"},
+      {"prepacked twice",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["params"].contains("prepacked"))
+             l["params"]["prepacked"].push_back(l["params"]["prepacked"][0]);
+       },
+       "listed twice"},
+      {"prepacked for another node's weights",
+       [](nlohmann::json& m) {
+         nlohmann::json* first = nullptr;
+         for (auto& l : m["launches"])
+           if (l["params"].contains("prepacked")) {
+             if (!first) {
+               first = &l;
+             } else {
+               std::swap((*first)["params"]["prepacked"][0]["entry"], l["params"]["prepacked"][0]["entry"]);
+               break;
+             }
+           }
+       },
+       "is not this launch's entry for its constant"},
+      {"prepacked constant no launch holds",
+       [](nlohmann::json& m) {
+         for (auto& c : m["constants"])
+           if (c.value("prepacked", false)) {
+             c["name"] = "no.such.weight";
+             break;
+           }
+       },
+       "marked prepacked, but no launch holds it prepacked"},
   };
   for (const Edit& e : edits) {
     std::vector<PackageSection> edited = *sections_;
@@ -520,6 +711,9 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
     EXPECT_FALSE(err.empty()) << e.what << " loads";
     EXPECT_TRUE(err.find("manifest") != std::string::npos || err.find("launch") != std::string::npos)
         << e.what << ": " << err;
+    if (e.expect) {
+      EXPECT_NE(err.find(e.expect), std::string::npos) << e.what << ": " << err;
+    }
   }
 }
 

@@ -19,6 +19,10 @@
 //        or oneDNN calls. Default generated.
 //   vec=256    8-lane AVX2 vectors on an AVX-512 machine (default: the widest the ISA has).
 //   unroll=4   4 vector accumulators per SIMD reduction (default 1).
+//   prepack=on|off  whether a package holds oneDNN nodes' weights in their primitives' layouts
+//        (Note [prepacked weights] in kernels/onednn_node.cc: the load copies instead of
+//        reordering; the package loads only where oneDNN lays them out alike) or plain. Read
+//        by compiler::write_package only. Default on.
 // max-autotune times conv and gemv as whole-graph candidates, then vec and unroll as
 // code-generation variants, then every parallel loop kernel's thread count (Note [autotuning]
 // in compiler/autotune.cc).
