@@ -127,6 +127,13 @@ class KernelEmitter {
 // executable decides per kernel, without recompiling, whether a kernel forks: by default from
 // parallel_threshold up (a fork/join costs microseconds, which a small kernel does not win
 // back), and max-autotune times both for each such kernel. Smaller kernels ignore kt.
+// parallel_threshold was 32768 elements, so kernels of 4096-32767 ran on one thread by default;
+// it is min_parallel now. Such a kernel's inputs were mostly just written by a parallel
+// producer (a oneDNN GEMM split across the cores), and one thread pulling them out of the other
+// cores' caches took longer than a fork: lstm_trajectory's LSTM cells (64 x 128 elements, five
+// sigmoids and tanhs each) took 22 us on one thread of a 1-thread run, 31-34 us on one thread of
+// a 2-thread run, 15.8 us forked; the model's p50 at 2 threads 0.84x, gru_trajectory's 0.87x,
+// twelve other models of the broad set unchanged (0.96-1.03, within their rounds' spread).
 bool KernelEmitter::par() const {
   return k_.numel() >= opt_.min_parallel;
 }

@@ -13,9 +13,10 @@ namespace kiln::cpu {
 using compiler::MemRef;
 
 struct CpuCodegenOptions {
-  // Kernels with fewer elements than this run on the calling thread (an OpenMP parallel region
-  // costs microseconds; a batch-1 MLP must not pay it).
-  int64_t parallel_threshold = 32768;
+  // Kernels with fewer elements than this run on the calling thread by default (an OpenMP
+  // parallel region costs microseconds; a batch-1 MLP must not pay it). Equal to min_parallel:
+  // see Note [kernel threads] for why a mid-size kernel forks.
+  int64_t parallel_threshold = 4096;
   // Kernels with at least this many elements take their thread count as an argument (see Note
   // [kernel threads] in codegen.cc): the default is all threads from parallel_threshold up and
   // one below it; max-autotune times the alternatives.
