@@ -48,7 +48,14 @@ ConstantFoldResult fold_constants(Graph& g, const ConstantFoldOptions& options) 
     int64_t output_elements = 0;
     if (foldable)
       for (ValueId o : n.outputs) output_elements += numel(to_dims(g.type(o).shape));
-    foldable = foldable && output_elements <= std::max(options.small_elements, input_elements);
+    // A gather of constant rows (Swin V2's relative position bias: a [225, heads] table read
+    // through a constant [4096] index) folds up to gather_elements even where it grows the
+    // data: read per call, it was an indirect, scalar gather, and it kept the chain after it
+    // (16 * sigmoid(bias)) from folding, so every call recomputed both.
+    const bool gather = n.op == OpId::IndexSelect || n.op == OpId::Gather || n.op == OpId::Embedding;
+    foldable = foldable &&
+               (output_elements <= std::max(options.small_elements, input_elements) ||
+                (gather && output_elements <= options.gather_elements));
     if (!foldable) {
       b.copy_node(n);
       continue;

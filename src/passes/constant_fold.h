@@ -21,7 +21,8 @@
 // What does not fold:
 //   - outputs larger than max(small_elements, the elements of the node's const/param inputs):
 //     folding must not make the graph's data grow (expand of a scalar to a big shape stays an
-//     expand), apart from small results;
+//     expand), apart from small results and gathers (index_select, gather, embedding) of up to
+//     gather_elements, whose per-call form is an indirect read (constant_fold.cc says why);
 //   - nodes with symbolic output shapes or symbolic int attributes;
 //   - nodes whose outputs are all unused (dce removes them; evaluating them is wasted work);
 //   - nodes whose kernel fails on these inputs (e.g. an out-of-range gather index): the node is
@@ -41,6 +42,7 @@ namespace kiln {
 struct ConstantFoldOptions {
   bool fold_params = true;         // treat params with data as constants (frozen weights)
   int64_t small_elements = 1 << 16;  // results this small always fold
+  int64_t gather_elements = 1 << 20;  // gathers of constant rows fold up to this, growing or not
 };
 
 std::unique_ptr<Pass> make_constant_fold_pass(ConstantFoldOptions options = {});

@@ -278,6 +278,45 @@ graph @g(%x: f32[4, 4]) {
   EXPECT_EQ(fold_constants(capped, tight).nodes_folded, 1);
 }
 
+// A gather of constant rows folds up to gather_elements although it grows the data (Swin V2's
+// relative position bias: a small table read through a large constant index), and the
+// elementwise chain after it (16 * sigmoid(bias)) folds with it; results are preserved.
+TEST(PassesNumeric, ConstantFoldTakesGrowingGathersUpToTheirCap) {
+  const char* text = R"(
+graph @g(%x: DT[4, 3, 6]) {
+  param %table: DT[5, 3]
+  const %idx: i64[24] = [0, 1, 2, 3, 4, 4, 3, 2, 1, 0, 0, 2, 4, 1, 3, 3, 1, 4, 2, 0, 1, 1, 2, 2]
+  const %k: DT[] = [16.0]
+  %rows = index_select(%table, %idx) {dim=0}
+  %s = sigmoid(%rows)
+  %b = mul(%s, %k)
+  %bt = reshape(%b) {shape=[4, 6, 3]}
+  %bp = permute(%bt) {dims=[0, 2, 1]}
+  %y = add(%x, %bp)
+  return %y
+}
+)";
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph g = check_preserves(with_dtype(text, dt), {"constant-fold", "dce"});
+    EXPECT_EQ(count_op(g, OpId::IndexSelect), 0);
+    EXPECT_EQ(count_op(g, OpId::Sigmoid), 0);
+    EXPECT_EQ(count_op(g, OpId::Mul), 0);
+  }
+  // The gather's 72 elements are more than its inputs' 15 + 24 and than small_elements: only
+  // the gather cap lets it fold.
+  Graph g = parse_graph(with_dtype(text, "f32"));
+  Generator gen(base_seed());
+  fill_params(g, gen);
+  Graph capped = g;
+  ConstantFoldOptions tight;
+  tight.small_elements = 8;
+  tight.gather_elements = 71;
+  EXPECT_EQ(fold_constants(capped, tight).nodes_folded, 0);
+  tight.gather_elements = 72;
+  EXPECT_GE(fold_constants(g, tight).nodes_folded, 3);  // index_select, sigmoid, mul
+}
+
 // ---- cse and dce -------------------------------------------------------------------------------
 TEST(PassesNumeric, CseAndDcePreserveResults) {
   const char* text = R"(
