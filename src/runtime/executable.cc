@@ -136,6 +136,15 @@ struct Executable::Context {
   std::vector<char*> staging;
   void* graph = nullptr;       // cudaGraph_t
   void* graph_exec = nullptr;  // cudaGraphExec_t
+  // Note [Copies inside the graph]: the graph with the call's copies around the launches'
+  // (cudaGraph_t, cudaGraphExec_t), its copy nodes (cudaGraphNode_t: the inputs', then the
+  // outputs') and the caller buffers they copy from and to now.
+  void* io_graph = nullptr;
+  void* io_exec = nullptr;
+  std::vector<void*> io_nodes;
+  std::vector<const void*> io_ptrs;
+  bool io_broken = false;  // building or updating it failed once: the plain path from then on
+  int64_t io_calls = 0;
   // A non-blocking stream's wait on the legacy default stream (cudaEvent_t; null for a blocking
   // stream): Note [CUDA streams of contexts].
   void* legacy_ready = nullptr;
@@ -146,6 +155,8 @@ struct Executable::Context {
   ~Context() {
     if (legacy_ready) cudaEventDestroy(static_cast<cudaEvent_t>(legacy_ready));
     if (status_host) cudaFreeHost(status_host);
+    if (io_exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(io_exec));
+    if (io_graph) cudaGraphDestroy(static_cast<cudaGraph_t>(io_graph));
     if (graph_exec) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec));
     if (graph) cudaGraphDestroy(static_cast<cudaGraph_t>(graph));
     if (stream) {
@@ -556,6 +567,17 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       on_device = out[i].defined() && out[i].device() == device_;
     if (on_device) wait_for_legacy_stream();
   }
+  // Graph mode with every input and output a contiguous buffer on this device: one graph launch
+  // holds the copies too (Note [Copies inside the graph]).
+  if (graph_requested_ && !c.io_broken && copies_fit_graph(in, num_inputs, out, num_outputs)) {
+    if (!c.graph_exec) capture_cuda_graph(c, in);
+    if (launch_graph_with_copies(c, in, num_inputs, out, num_outputs)) {
+      check(cudaStreamSynchronize(s), "cudaStreamSynchronize (the compiled graph's work)");
+      if (c.status_host && c.status_host[0] != 0) fail_device_check(c);
+      ++c.io_calls;
+      return;
+    }
+  }
   // Inputs: in place when on the device and contiguous (not in graph mode), else one async copy
   // into the input's staging buffer.
   for (size_t i = 0; i < num_inputs; ++i) {
@@ -618,6 +640,131 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
       t.copy_(view.device() == t.device() ? view : view.contiguous().to(t.device()));
     }
   }
+}
+
+// Note [Copies inside the graph]
+// In graph mode a call used to be: an async copy per input into its staging buffer, the graph's
+// launch, an async copy per output, the synchronisation: 2 + inputs + outputs stream operations,
+// each a few microseconds of host time and a separate piece of device work (mlp f32 on the
+// H200: 31 us a call, of which the graph itself is about 13). When every input and output is a
+// contiguous buffer on the executable's device (what a GPU pipeline passes, and `kiln bench`),
+// the copies are nodes of the graph instead: a second graph per context, built at the first
+// such call from the call's own buffers, holds a device-to-device copy node per input, the
+// captured launches as a child graph after them, and a copy node per output after that, so the
+// call is one graph launch and the synchronisation. A later call whose buffers moved repoints
+// the nodes that changed (cudaGraphExecMemcpyNodeSetParams1D, no re-instantiation); one with
+// the same buffers (run_into with kept tensors) touches nothing. The copies are the plain path's,
+// in the same order (inputs before the launches, outputs after), so the results are bitwise the
+// same. Host buffers (a pageable host copy cannot be a graph node), non-contiguous or strided
+// ones, empty ones, and outputs that overlap each other (the plain path copies them one after
+// another, the graph's nodes would race) take the plain path, which stays as it was. Building
+// or repointing that fails (a driver that refuses a node) turns the path off for the context,
+// and the call runs the plain way.
+
+bool Executable::copies_fit_graph(const Tensor* in, size_t num_inputs, const Tensor* out,
+                                  size_t num_outputs) const {
+  for (size_t i = 0; i < num_inputs; ++i) {
+    const Tensor& t = in[i];
+    if (t.device() != device_ || !t.is_contiguous() || t.nbytes() == 0) return false;
+  }
+  for (size_t i = 0; i < num_outputs; ++i) {
+    const OutputSpec& o = outputs[i];
+    const Tensor& t = out[i];
+    // Anything the plain path would refuse goes there, for its message.
+    if (!t.defined() || t.dtype() != o.dtype || t.sizes() != o.sizes || t.device() != device_ ||
+        !o.strides.empty() || !t.is_contiguous() || t.nbytes() == 0)
+      return false;
+    const char* a = static_cast<const char*>(t.raw_data());
+    for (size_t j = 0; j < i; ++j) {
+      const char* b = static_cast<const char*>(out[j].raw_data());
+      if (a < b + out[j].nbytes() && b < a + t.nbytes()) return false;
+    }
+  }
+  return true;
+}
+
+bool Executable::launch_graph_with_copies(Context& c, const Tensor* in, size_t num_inputs,
+                                          Tensor* out, size_t num_outputs) {
+  char* const* b = c.slots.data();
+  auto output_src = [&](size_t i) -> const char* {
+    return b[outputs[i].slot] + outputs[i].byte_offset;
+  };
+  auto give_up = [&] {
+    cudaGetLastError();
+    c.io_broken = true;
+    return false;
+  };
+  if (!c.io_exec) {
+    if (c.io_graph) return give_up();
+    cudaGraph_t g = nullptr;
+    if (cudaGraphCreate(&g, 0) != cudaSuccess) return give_up();
+    c.io_graph = g;
+    c.io_nodes.assign(num_inputs + num_outputs, nullptr);
+    c.io_ptrs.assign(num_inputs + num_outputs, nullptr);
+    std::vector<cudaGraphNode_t> before;
+    before.reserve(num_inputs);
+    for (size_t i = 0; i < num_inputs; ++i) {
+      cudaGraphNode_t n = nullptr;
+      if (cudaGraphAddMemcpyNode1D(&n, g, nullptr, 0, c.staging[size_t(inputs[i].slot)],
+                                   in[i].raw_data(), in[i].nbytes(),
+                                   cudaMemcpyDeviceToDevice) != cudaSuccess)
+        return give_up();
+      before.push_back(n);
+      c.io_nodes[i] = n;
+      c.io_ptrs[i] = in[i].raw_data();
+    }
+    cudaGraphNode_t body = nullptr;
+    if (cudaGraphAddChildGraphNode(&body, g, before.data(), before.size(),
+                                   static_cast<cudaGraph_t>(c.graph)) != cudaSuccess)
+      return give_up();
+    for (size_t i = 0; i < num_outputs; ++i) {
+      cudaGraphNode_t n = nullptr;
+      if (cudaGraphAddMemcpyNode1D(&n, g, &body, 1, out[i].raw_data(), output_src(i),
+                                   out[i].nbytes(), cudaMemcpyDeviceToDevice) != cudaSuccess)
+        return give_up();
+      c.io_nodes[num_inputs + i] = n;
+      c.io_ptrs[num_inputs + i] = out[i].raw_data();
+    }
+    cudaGraphExec_t exec = nullptr;
+    {
+      std::lock_guard<std::mutex> setup(pool_->cuda_setup);
+      if (cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) return give_up();
+    }
+    c.io_exec = exec;
+    if (cudaGraphUpload(exec, static_cast<cudaStream_t>(c.stream)) != cudaSuccess) return give_up();
+  } else {
+    cudaGraphExec_t exec = static_cast<cudaGraphExec_t>(c.io_exec);
+    for (size_t i = 0; i < num_inputs; ++i) {
+      const void* p = in[i].raw_data();
+      if (p == c.io_ptrs[i]) continue;
+      if (cudaGraphExecMemcpyNodeSetParams1D(exec, static_cast<cudaGraphNode_t>(c.io_nodes[i]),
+                                             c.staging[size_t(inputs[i].slot)], p, in[i].nbytes(),
+                                             cudaMemcpyDeviceToDevice) != cudaSuccess)
+        return give_up();
+      c.io_ptrs[i] = p;
+    }
+    for (size_t i = 0; i < num_outputs; ++i) {
+      void* p = out[i].raw_data();
+      if (p == c.io_ptrs[num_inputs + i]) continue;
+      if (cudaGraphExecMemcpyNodeSetParams1D(
+              exec, static_cast<cudaGraphNode_t>(c.io_nodes[num_inputs + i]), p, output_src(i),
+              out[i].nbytes(), cudaMemcpyDeviceToDevice) != cudaSuccess)
+        return give_up();
+      c.io_ptrs[num_inputs + i] = p;
+    }
+  }
+  // A launch that fails is a real error of the call (the device's state), not a reason to fall
+  // back: it throws.
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(c.io_exec), static_cast<cudaStream_t>(c.stream)),
+        "cudaGraphLaunch (the graph with its copies)");
+  return true;
+}
+
+int64_t Executable::calls_with_copies_in_graph() const {
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  int64_t n = 0;
+  for (const auto& c : pool_->all) n += c->io_calls;
+  return n;
 }
 
 // Note [CUDA graph at prepare]: in graph mode every input goes through its staging buffer, so a

@@ -206,6 +206,9 @@ class Executable {
   // kernel's first launch), which the first call paid for before (Note [CUDA modules warmed at
   // prepare]). Before prepare(); packages set it.
   void warm_cuda_modules_at_prepare() { warm_requested_ = true; }
+  // Graph mode: how many calls so far ran with their input and output copies inside the graph
+  // (Note [Copies inside the graph] in executable.cc), over every context. For tests and explain.
+  int64_t calls_with_copies_in_graph() const;
 
   // Per-launch timing for profiles: when set on this thread, each launch is bracketed by
   // launch_begin / launch_end (one branch per call when unset); `ctx` is the launch's (its
@@ -240,6 +243,14 @@ class Executable {
   // Captures the context's launches into its CUDA graph and instantiates it (graph mode). Holds
   // pool_->cuda_setup.
   void capture_cuda_graph(Context& c, const Tensor* in);
+  // Note [Copies inside the graph]: whether this call's inputs and outputs can be copied by the
+  // context's graph (all on this device, contiguous, non-empty, outputs unstrided), and the
+  // launch of that graph (built at the first such call; its copies repointed when the caller's
+  // buffers change). False: the call takes the plain path.
+  bool copies_fit_graph(const Tensor* in, size_t num_inputs, const Tensor* out,
+                        size_t num_outputs) const;
+  bool launch_graph_with_copies(Context& c, const Tensor* in, size_t num_inputs, Tensor* out,
+                                size_t num_outputs);
   // Note [CUDA modules warmed at prepare]: captures the launches and destroys the graph.
   void warm_cuda_modules(Context& c);
   [[noreturn]] void fail_device_check(Context& c);

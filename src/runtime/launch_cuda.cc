@@ -619,8 +619,12 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
       return g.algo_config.empty() ? std::memcmp(a.opaque, want, sizeof g.algo) == 0
                                    : a.config == g.algo_config;
     };
+    // A configuration the heuristic does not list (a timed split-K or tile variant: Note
+    // [cuBLASLt split-K and tile variants]) is rebuilt from its text.
     std::vector<cuda::GemmAlgo> cs = {plan->algo()};
-    if (!matches(cs[0]))
+    if (!matches(cs[0]) && !g.algo_config.empty())
+      if (std::optional<cuda::GemmAlgo> a = plan->algo_from_config(g.algo_config)) cs.push_back(*a);
+    if (!matches(cs.back()))
       for (const cuda::GemmAlgo& a : plan->candidates(32)) cs.push_back(a);
     for (const cuda::GemmAlgo& a : cs)
       if (matches(a)) {

@@ -163,6 +163,112 @@ std::string error_of_run(compiler::CompiledExecutable& exe, const TensorList& in
 
 using test::ints_tensor;
 
+// Note [Copies inside the graph] (runtime/executable.cc): in reduce-overhead, a call whose
+// inputs and outputs are contiguous device buffers runs its copies inside the graph. The copies
+// read the buffers' current contents (an input rewritten in place), follow buffers that move (new
+// tensors, other run_into destinations), and every call is bitwise the default mode's; host,
+// non-contiguous and overlapping buffers take the plain path, with the same results.
+TEST(CudaGraphCopies, DeviceBuffersAreCopiedInsideTheGraphAndFollowedWhenTheyMove) {
+  Graph g;
+  ValueId a = g.add_input("a", TensorType{DType::Float32, to_shape(Dims{37, 129})});
+  ValueId b = g.add_input("b", TensorType{DType::Float32, to_shape(Dims{37, 129})});
+  ValueId s = g.add_node1(OpId::Add, {a, b}, {}, "sum");
+  ValueId r = g.add_node1(OpId::Relu, {s}, {}, "relu");
+  ValueId m = g.add_node1(OpId::Mul, {a, r}, {}, "prod");
+  g.outputs = {r, m};
+  compiler::Options d, ro;
+  ro.mode = "reduce-overhead";
+  auto dexe = compiler::compile(g, Device::cuda(0), d);
+  auto rexe = compiler::compile(g, Device::cuda(0), ro);
+  Executable& ex = rexe->executable();
+  ASSERT_TRUE(ex.graph_mode());
+  const Device gpu = Device::cuda(0);
+  Generator gen(71);
+  auto fresh = [&] { return Tensor::randn({37, 129}, gen).to(gpu); };
+  // Each call against the default mode (bitwise) and the eager reference (float32 rounding).
+  auto check = [&](const TensorList& in, const TensorList& got, const std::string& what) {
+    TensorList want = dexe->run(in);
+    TensorList ref = find_backend("eager")(g, BackendOptions{})->run(
+        {in[0].to(Device::cpu()).contiguous(), in[1].to(Device::cpu()).contiguous()});
+    ASSERT_EQ(got.size(), 2u) << what;
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(test::usable_reference(ref[i])) << what;
+      EXPECT_TRUE(close_rel(got[i], ref[i], 1e-6)) << what << " output " << i;
+      EXPECT_EQ(test::first_byte_difference(got[i].to(Device::cpu()), want[i].to(Device::cpu())), "")
+          << what << " output " << i;
+    }
+  };
+  TensorList in1 = {fresh(), fresh()};
+  check(in1, rexe->run(in1), "first device call");
+  EXPECT_EQ(ex.calls_with_copies_in_graph(), 1);
+  // The same buffers rewritten in place: the graph's copies read what is there now.
+  in1[0].copy_(Tensor::randn({37, 129}, gen));
+  in1[1].copy_(Tensor::randn({37, 129}, gen));
+  check(in1, rexe->run(in1), "inputs rewritten in place");
+  // New input buffers, and new output buffers each call (run allocates them).
+  TensorList in2 = {fresh(), fresh()};
+  check(in2, rexe->run(in2), "inputs moved");
+  EXPECT_EQ(ex.calls_with_copies_in_graph(), 3);
+  // run_into: kept destinations, then others; the first ones keep their results.
+  TensorList o1 = {Tensor::empty({37, 129}, DType::Float32, gpu), Tensor::empty({37, 129}, DType::Float32, gpu)};
+  TensorList o2 = {Tensor::empty({37, 129}, DType::Float32, gpu), Tensor::empty({37, 129}, DType::Float32, gpu)};
+  rexe->run_into(in1, o1);
+  check(in1, o1, "run_into o1");
+  rexe->run_into(in2, o2);
+  check(in2, o2, "run_into o2");
+  check(in1, o1, "o1 after o2 was written");
+  rexe->run_into(in2, o1);
+  check(in2, o1, "run_into o1 again");
+  EXPECT_EQ(ex.calls_with_copies_in_graph(), 6);
+  // Plain path: host inputs; a non-contiguous device input; outputs that overlap.
+  TensorList host = {Tensor::randn({37, 129}, gen), Tensor::randn({37, 129}, gen)};
+  check(host, rexe->run(host), "host inputs");
+  Tensor wide = Tensor::randn({129, 37}, gen).to(gpu);
+  TensorList strided = {transpose(wide, 0, 1), fresh()};
+  ASSERT_FALSE(strided[0].is_contiguous());
+  check(strided, rexe->run(strided), "a non-contiguous device input");
+  EXPECT_EQ(ex.calls_with_copies_in_graph(), 6);
+  TensorList same = {o2[0], o2[0]};  // both outputs into one buffer: the plain path's order
+  rexe->run_into(in1, same);
+  TensorList want = dexe->run(in1);
+  EXPECT_EQ(test::first_byte_difference(o2[0].to(Device::cpu()), want[1].to(Device::cpu())), "");
+  EXPECT_EQ(ex.calls_with_copies_in_graph(), 6);
+  // And back: the graph's copies still follow.
+  TensorList in3 = {fresh(), fresh()};
+  check(in3, rexe->run(in3), "device inputs after the plain path");
+  EXPECT_EQ(ex.calls_with_copies_in_graph(), 7);
+}
+
+// Note [Device status] through the graph's copies: a bad value in a device input fails the call
+// naming the node, and the next call is right again.
+TEST(CudaGraphCopies, DeviceStatusFailsTheCallAndClears) {
+  Graph g;
+  ValueId a = g.add_input("a", TensorType{DType::Int32, to_shape(Dims{3, 4})});
+  ValueId b = g.add_input("b", TensorType{DType::Int32, to_shape(Dims{3, 4})});
+  g.outputs = {g.add_node1(OpId::Div, {a, b}, {}, "ratio.div")};
+  compiler::Options ro;
+  ro.mode = "reduce-overhead";
+  auto exe = compiler::compile(g, Device::cuda(0), ro);
+  Generator gen(29);
+  Tensor ta = Tensor::randint({3, 4}, gen, 0, 100, DType::Int32);
+  Tensor tb = Tensor::randint({3, 4}, gen, 1, 4, DType::Int32);
+  TensorList want = find_backend("eager")(g, BackendOptions{})->run({ta, tb});
+  const TensorList good = {ta.to(Device::cuda(0)), tb.to(Device::cuda(0))};
+  std::vector<int64_t> bv(12, 2);
+  bv[11] = 0;
+  const TensorList bad = {good[0], test::ints_tensor({3, 4}, bv, DType::Int32).to(Device::cuda(0))};
+  for (int round = 0; round < 2; ++round) {
+    TensorList got = exe->run(good);
+    EXPECT_EQ(test::first_byte_difference(got[0].to(Device::cpu()), want[0]), "") << round;
+    ErrorKind kind{};
+    std::string msg = error_of_run(*exe, bad, &kind);
+    EXPECT_EQ(kind, ErrorKind::InvalidArgument) << msg;
+    EXPECT_NE(msg.find("ratio.div"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(exe->executable().calls_with_copies_in_graph(), 4);
+}
+
+
 TEST(CudaDeviceStatus, IntegerDivisionAndPowerReportBadValuesNamingTheNode) {
   for (DType dt : {DType::Int32, DType::Int64, DType::UInt8}) {
     Graph g;

@@ -16,9 +16,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -474,6 +477,53 @@ TEST(CublasLtGemm, EveryCandidateAlgorithmIsCorrect) {
     }
     plan->set_algo(cs.back());
     EXPECT_EQ(plan->algo().index, cs.back().index);
+  }
+}
+
+// Note [cuBLASLt split-K and tile variants]: what the autotuner times beyond the heuristic's
+// list. Every variant cuBLASLt accepted computes the GEMM (against float64 on fresh inputs), is
+// none of the heuristic's, and is rebuilt from its configuration text alone, as the tuning store
+// and packages rebuild it; K long enough gives split-K variants. Malformed or unknown texts
+// give nothing.
+TEST(CublasLtGemm, VariantsAreCorrectAndRebuiltFromTheirConfiguration) {
+  auto rng = rng_for_test();
+  for (DType dt : {DType::BFloat16, DType::Float32}) {
+    cuda::GemmDesc g{.dtype = dt, .m = 64, .n = 256, .k = 1024, .trans_b = true,
+                     .epilogue = cuda::GemmEpilogue::Bias};
+    auto plan = cuda::GemmPlan::create(g);
+    const std::vector<cuda::GemmAlgo> base = plan->candidates(8);
+    ASSERT_FALSE(base.empty());
+    const std::vector<cuda::GemmAlgo> vs = plan->variants(base, 40);
+    ASSERT_FALSE(vs.empty()) << plan->describe();
+    int split = 0;
+    for (size_t i = 0; i < vs.size(); ++i) {
+      const cuda::GemmAlgo& v = vs[i];
+      EXPECT_EQ(v.index, int(base.size() + i));
+      for (const cuda::GemmAlgo& b : base) EXPECT_NE(v.config, b.config);
+      int k = 0;
+      const size_t at = v.config.find("splitk");
+      ASSERT_NE(at, std::string::npos) << v.config;
+      k = std::atoi(v.config.c_str() + at + 6);
+      split += k > 1;
+      EXPECT_TRUE(check_gemm(g, rng, &v)) << v.config;
+      std::optional<cuda::GemmAlgo> r = plan->algo_from_config(v.config);
+      ASSERT_TRUE(r.has_value()) << v.config;
+      EXPECT_EQ(r->config, v.config);
+      EXPECT_EQ(r->workspace_bytes, v.workspace_bytes) << v.config;
+      EXPECT_TRUE(check_gemm(g, rng, &*r)) << "rebuilt " << v.config;
+    }
+    EXPECT_GT(split, 0) << "no split-K variant for " << plan->describe();
+    std::optional<cuda::GemmAlgo> first = plan->algo_from_config(base[0].config);
+    ASSERT_TRUE(first.has_value()) << base[0].config;
+    EXPECT_TRUE(check_gemm(g, rng, &*first)) << "rebuilt " << base[0].config;
+    std::printf("%s: %zu heuristic algorithms, %zu variants (%d split-K)\n",
+                plan->describe().c_str(), base.size(), vs.size(), split);
+    EXPECT_FALSE(plan->algo_from_config(""));
+    EXPECT_FALSE(plan->algo_from_config("id66 tile"));
+    EXPECT_FALSE(plan->algo_from_config(
+        "id99999 tile0 stages0 splitk1 red0 swz0 custom0 inner0 cluster0"));
+    EXPECT_FALSE(plan->algo_from_config(
+        "id66 tile-5 stages35 splitk1 red0 swz0 custom0 inner0 cluster0"));
   }
 }
 

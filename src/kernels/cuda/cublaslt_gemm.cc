@@ -30,6 +30,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <tuple>
@@ -61,6 +62,10 @@ struct LtApi {
   decltype(&::cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
   decltype(&::cublasLtMatmulAlgoGetHeuristic) get_heuristic = nullptr;
   decltype(&::cublasLtMatmulAlgoConfigGetAttribute) algo_get = nullptr;
+  decltype(&::cublasLtMatmulAlgoConfigSetAttribute) algo_set = nullptr;
+  decltype(&::cublasLtMatmulAlgoCapGetAttribute) algo_cap = nullptr;
+  decltype(&::cublasLtMatmulAlgoInit) algo_init = nullptr;
+  decltype(&::cublasLtMatmulAlgoCheck) algo_check = nullptr;
   decltype(&::cublasLtMatmul) matmul = nullptr;
   size_t version = 0;
   std::string library;
@@ -96,6 +101,10 @@ LtApi load_cublaslt() {
                   bind_symbol(lib, "cublasLtMatmulPreferenceSetAttribute", &api.pref_set, &missing) &&
                   bind_symbol(lib, "cublasLtMatmulAlgoGetHeuristic", &api.get_heuristic, &missing) &&
                   bind_symbol(lib, "cublasLtMatmulAlgoConfigGetAttribute", &api.algo_get, &missing) &&
+                  bind_symbol(lib, "cublasLtMatmulAlgoConfigSetAttribute", &api.algo_set, &missing) &&
+                  bind_symbol(lib, "cublasLtMatmulAlgoCapGetAttribute", &api.algo_cap, &missing) &&
+                  bind_symbol(lib, "cublasLtMatmulAlgoInit", &api.algo_init, &missing) &&
+                  bind_symbol(lib, "cublasLtMatmulAlgoCheck", &api.algo_check, &missing) &&
                   bind_symbol(lib, "cublasLtMatmul", &api.matmul, &missing);
   if (!ok) {
     api.unavailable = fmt::format(
@@ -224,6 +233,8 @@ struct GemmPlan::Impl {
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;  // cuBLASLt's roles
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType_t type = CUDA_R_32F;
   mutable std::mutex mu;  // guards the bias pointer in `op` between set and enqueue
   ~Impl() {
     if (!api) return;
@@ -303,6 +314,8 @@ std::unique_ptr<GemmPlan> GemmPlan::create(const GemmDesc& desc_in, size_t max_w
   const cublasComputeType_t compute =
       g.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   check(a.matmul_desc_create(&im.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  im.compute = compute;
+  im.type = t;
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A = B
   const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B = A
   check(a.matmul_desc_set(im.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
@@ -410,6 +423,165 @@ std::vector<GemmAlgo> GemmPlan::candidates(int max_count) const {
     algo.waves = results[size_t(i)].wavesCount;
     algo.index = static_cast<int>(out.size());
     out.push_back(algo);
+  }
+  return out;
+}
+
+// Note [cuBLASLt split-K and tile variants]
+// At batch 1 a transformer's GEMMs are short and wide (BERT: M = 128 rows against 768-3072
+// columns), and cuBLASLt's heuristic offers at most 8 algorithms for them, all one kernel family
+// with K unsplit but for the 3072-deep GEMM; timing those 8 moved nothing (docs/cuda.md,
+// 2026-12-05). The autotuner (kernels=timed) therefore also times configurations the
+// heuristic does not propose, derived from its first candidates: the same algorithm with each
+// other tile it supports, and with K split 2 to 16 ways under each reduction scheme it supports
+// (float32 partial sums first). cuBLASLt checks each (cublasLtMatmulAlgoCheck) for this GEMM,
+// device and alignment, and says what workspace it needs; what it refuses, or what needs more
+// workspace than the plan allows, is dropped. A variant is an algorithm like any other: its
+// configuration text identifies it, and algo_from_config rebuilds it from that text
+// (cublasLtMatmulAlgoInit, then each attribute) for the tuning store and for packages, since
+// the heuristic would never list it.
+
+namespace {
+
+struct AlgoFields {
+  int32_t id = 0;
+  uint32_t tile = 0, stages = 0, reduction = 0, swizzle = 0, custom = 0;
+  int32_t splitk = 1;
+  uint16_t inner = 0, cluster = 0;
+};
+
+bool parse_config(const std::string& text, AlgoFields* f) {
+  long long v[9];
+  if (std::sscanf(text.c_str(), "id%lld tile%lld stages%lld splitk%lld red%lld swz%lld custom%lld inner%lld cluster%lld",
+                  &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]) != 9)
+    return false;
+  for (long long x : v)
+    if (x < 0 || x > 0xffffffffLL) return false;
+  if (v[7] > 0xffff || v[8] > 0xffff || v[0] > 0x7fffffff || v[3] > 0x7fffffff) return false;
+  f->id = int32_t(v[0]);
+  f->tile = uint32_t(v[1]);
+  f->stages = uint32_t(v[2]);
+  f->splitk = int32_t(v[3]);
+  f->reduction = uint32_t(v[4]);
+  f->swizzle = uint32_t(v[5]);
+  f->custom = uint32_t(v[6]);
+  f->inner = uint16_t(v[7]);
+  f->cluster = uint16_t(v[8]);
+  return true;
+}
+
+}  // namespace
+
+std::optional<GemmAlgo> GemmPlan::check_algo(const void* lt_algo, int index) const {
+  const Impl& im = *impl_;
+  const LtApi& a = *im.api;
+  cublasLtMatmulHeuristicResult_t r{};
+  cublasStatus_t s;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);  // the op descriptor is read
+    s = a.algo_check(im.handle, im.op, im.a, im.b, im.c, im.d,
+                     static_cast<const cublasLtMatmulAlgo_t*>(lt_algo), &r);
+  }
+  if (s != CUBLAS_STATUS_SUCCESS || r.state != CUBLAS_STATUS_SUCCESS) return std::nullopt;
+  if (r.workspaceSize > max_workspace_bytes_) return std::nullopt;
+  GemmAlgo g;
+  std::memcpy(g.opaque, lt_algo, sizeof g.opaque);
+  g.config = algo_config(a, *static_cast<const cublasLtMatmulAlgo_t*>(lt_algo));
+  g.workspace_bytes = r.workspaceSize;
+  g.waves = r.wavesCount;
+  g.index = index;
+  return g;
+}
+
+std::optional<GemmAlgo> GemmPlan::algo_from_config(const std::string& config) const {
+  AlgoFields f;
+  if (!parse_config(config, &f)) return std::nullopt;
+  const Impl& im = *impl_;
+  const LtApi& a = *im.api;
+  cublasLtMatmulAlgo_t algo;
+  if (a.algo_init(im.handle, im.compute, CUDA_R_32F, im.type, im.type, im.type, im.type, f.id,
+                  &algo) != CUBLAS_STATUS_SUCCESS)
+    return std::nullopt;
+  bool ok = true;
+  auto set = [&](cublasLtMatmulAlgoConfigAttributes_t attr, const auto& v) {
+    ok = ok && a.algo_set(&algo, attr, &v, sizeof v) == CUBLAS_STATUS_SUCCESS;
+  };
+  set(CUBLASLT_ALGO_CONFIG_TILE_ID, f.tile);
+  set(CUBLASLT_ALGO_CONFIG_STAGES_ID, f.stages);
+  set(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, f.splitk);
+  set(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, f.reduction);
+  set(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, f.swizzle);
+  set(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, f.custom);
+  set(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, f.inner);
+  set(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, f.cluster);
+  if (!ok) return std::nullopt;
+  std::optional<GemmAlgo> g = check_algo(&algo, -1);
+  // cuBLASLt may normalise what it was given; only the very configuration is the recorded one.
+  if (g && g->config != config) return std::nullopt;
+  return g;
+}
+
+std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int max_count) const {
+  const Impl& im = *impl_;
+  const LtApi& a = *im.api;
+  std::vector<GemmAlgo> out;
+  std::vector<std::string> seen;
+  for (const GemmAlgo& b : base) seen.push_back(b.config);
+  auto add = [&](const cublasLtMatmulAlgo_t& algo) {
+    if (int(out.size()) >= max_count) return;
+    std::optional<GemmAlgo> g = check_algo(&algo, int(base.size() + out.size()));
+    if (!g || g->config.empty()) return;
+    for (const std::string& c : seen)
+      if (c == g->config) return;
+    seen.push_back(g->config);
+    out.push_back(std::move(*g));
+  };
+  auto with = [&](cublasLtMatmulAlgo_t algo, cublasLtMatmulAlgoConfigAttributes_t attr,
+                  const auto& v) -> std::optional<cublasLtMatmulAlgo_t> {
+    if (a.algo_set(&algo, attr, &v, sizeof v) != CUBLAS_STATUS_SUCCESS) return std::nullopt;
+    return algo;
+  };
+  // Tiles: every other tile the heuristic's first algorithm supports.
+  if (!base.empty()) {
+    cublasLtMatmulAlgo_t first;
+    std::memcpy(&first, base[0].opaque, sizeof first);
+    size_t bytes = 0;
+    if (a.algo_cap(&first, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &bytes) == CUBLAS_STATUS_SUCCESS &&
+        bytes >= sizeof(uint32_t) && bytes <= 4096) {
+      std::vector<uint32_t> tiles(bytes / sizeof(uint32_t));
+      size_t written = 0;
+      if (a.algo_cap(&first, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), bytes, &written) ==
+          CUBLAS_STATUS_SUCCESS)
+        for (uint32_t t : tiles)
+          if (auto v = with(first, CUBLASLT_ALGO_CONFIG_TILE_ID, t)) add(*v);
+    }
+  }
+  // Split-K of the heuristic's first two algorithms, float32 partial sums first.
+  constexpr int32_t kSplits[] = {2, 3, 4, 6, 8, 12, 16};
+  constexpr uint32_t kSchemes[] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
+                                   CUBLASLT_REDUCTION_SCHEME_INPLACE,
+                                   CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE};
+  for (size_t i = 0; i < base.size() && i < 2; ++i) {
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, base[i].opaque, sizeof algo);
+    int32_t splitk_ok = 0;
+    uint32_t mask = 0;
+    size_t w = 0;
+    if (a.algo_cap(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splitk_ok, sizeof splitk_ok, &w) !=
+            CUBLAS_STATUS_SUCCESS || !splitk_ok)
+      continue;
+    if (a.algo_cap(&algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &mask, sizeof mask, &w) !=
+        CUBLAS_STATUS_SUCCESS)
+      continue;
+    for (int32_t k : kSplits) {
+      if (desc_.k / k < 32) break;
+      for (uint32_t scheme : kSchemes) {
+        if (!(mask & scheme)) continue;
+        auto v = with(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, k);
+        if (v) v = with(*v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme);
+        if (v) add(*v);
+      }
+    }
   }
   return out;
 }

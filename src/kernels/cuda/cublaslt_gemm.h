@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,14 @@ class GemmPlan {
   // Up to `max_count` candidates in heuristic order (for an autotuner to time); [0] is the
   // default choice.
   std::vector<GemmAlgo> candidates(int max_count = 8) const;
+  // Configurations the heuristic does not list, derived from `base` (its candidates): other
+  // tiles of the first, split-K of the first two; each checked by cuBLASLt for this GEMM and
+  // within the workspace limit, none a repeat of `base`; at most `max_count` (Note [cuBLASLt
+  // split-K and tile variants] in cublaslt_gemm.cc).
+  std::vector<GemmAlgo> variants(const std::vector<GemmAlgo>& base, int max_count = 32) const;
+  // The algorithm whose configuration text (GemmAlgo::config) is `config`, rebuilt and checked
+  // for this GEMM; nullopt when the text is malformed or cuBLASLt does not run it here.
+  std::optional<GemmAlgo> algo_from_config(const std::string& config) const;
   const GemmAlgo& algo() const { return algo_; }
   void set_algo(const GemmAlgo& algo);  // e.g. the autotuner's winner
   size_t workspace_bytes() const { return algo_.workspace_bytes; }
@@ -114,6 +123,8 @@ class GemmPlan {
 
  private:
   GemmPlan() = default;
+  // cublasLtMatmulAlgoCheck of a cublasLtMatmulAlgo_t: the algorithm as a GemmAlgo, or nullopt.
+  std::optional<GemmAlgo> check_algo(const void* lt_algo, int index) const;
   struct Impl;
   GemmDesc desc_;
   GemmAlgo algo_;

@@ -189,16 +189,19 @@ BuildFor build_for(const Knobs& knobs) {
 
 // Note [CUDA library kernels timed]
 // With the knob kernels=timed (max-autotune's candidates on CUDA), each convolution's cuDNN
-// engine configurations and each GEMM's cuBLASLt algorithms (the heuristic's first 8) are
-// timed at compile time on device buffers of the call's sizes (filled with a fixed non-zero
-// byte pattern: engines do not depend on values), in interleaved rounds (each round times 3
-// back-to-back calls of every candidate with events on the legacy stream; a candidate's time is
-// its best round). The fastest replaces the heuristic's choice only when it is at least 3%
+// engine configurations and each GEMM's cuBLASLt algorithms (the heuristic's first 8, and the
+// tile and split-K variants of Note [cuBLASLt split-K and tile variants]) are timed at compile
+// time on device buffers of the call's sizes (filled with a fixed non-zero byte pattern:
+// engines do not depend on values), in interleaved rounds (each round times 3 back-to-back
+// calls of every candidate with events on the legacy stream, held by a host function while the
+// calls are enqueued so that the device runs them back to back, as a CUDA graph would; a
+// candidate's time is its best round). The fastest replaces the heuristic's choice only when it is at least 3%
 // faster, so noise does not flip choices. A candidate that fails to run is skipped. Choices
 // are kept in the tuning store (support/tuning_store.h) keyed by the GPU, the driver, the
 // library version and the call's descriptor, so a later compile of the same call on the same
 // machine picks the same kernel without timing; a stored choice the library no longer offers
-// is timed again. The choice is what the package records pin (engine tag, algorithm bytes).
+// is timed again (the key's "v2": stores written before the variants and the hold are not
+// read). The choice is what the package records pin (engine tag, algorithm bytes).
 // Different engines round differently (split-K, other tile orders): max-autotune's accuracy
 // gate compares the whole graph with the default configuration's outputs.
 class LibraryTimer {
@@ -227,7 +230,7 @@ class LibraryTimer {
   // the times (ms per call; infinity where the candidate failed).
   int fastest(int n, const std::function<void(int)>& run, std::vector<double>* ms) {
     if (!events_) events_ = std::make_unique<CudaEventLog>(kDevice);
-    constexpr int kRounds = 5, kCalls = 3;
+    constexpr int kRounds = 5, kCalls = 3, kHoldMicroseconds = 300;
     ms->assign(size_t(n), std::numeric_limits<double>::infinity());
     std::vector<bool> ok(size_t(n), true);
     for (int i = 0; i < n; ++i) {  // warm-up, and which candidates run at all
@@ -242,6 +245,10 @@ class LibraryTimer {
       for (int i = 0; i < n; ++i) {
         if (!ok[size_t(i)]) continue;
         events_->clear();
+        // The stream waits while the host enqueues the calls, so that the events time them
+        // back to back on the device, as a CUDA graph runs them: a library call's host side
+        // (cuDNN's execute, ~10-20 us) would otherwise be what is timed for short kernels.
+        events_->hold(nullptr, kHoldMicroseconds);
         int a = events_->record(nullptr);
         for (int c = 0; c < kCalls; ++c) run(i);
         int b = events_->record(nullptr);
@@ -263,7 +270,7 @@ class LibraryTimer {
 
 std::string library_tuning_key(const std::string& what) {
   CudaDeviceInfo i = cuda_device_info(kDevice);
-  return fmt::format("cuda library kernel v1\n{} sm_{}{}\n{}\ncudnn {}\n{}", i.name, i.sm_major,
+  return fmt::format("cuda library kernel v2\n{} sm_{}{}\n{}\ncudnn {}\n{}", i.name, i.sm_major,
                      i.sm_minor, cuda_driver_version(), cudnn::version(), what);
 }
 
@@ -310,24 +317,28 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
   const std::string key = library_tuning_key(fmt::format(
       "{} ld {} {} {} strides {} {} {} alpha {}", plan.describe(), d.lda, d.ldb, d.ldd,
       d.stride_a, d.stride_b, d.stride_d, d.alpha));
-  std::vector<GemmAlgo> cands = plan.candidates(8);
   // The store's form of an algorithm: its configuration (Note [cuBLASLt algorithm identity] in
-  // kernels/cuda/cublaslt_gemm.cc); entries written before it (the opaque bytes in hex) match
-  // by their bytes.
-  auto hex_of = [](const GemmAlgo& g) {
-    std::string hex;
-    for (uint64_t x : g.opaque) hex += fmt::format("{:016x}", x);
-    return hex;
-  };
-  auto form_of = [&](const GemmAlgo& g) { return g.config.empty() ? hex_of(g) : g.config; };
+  // kernels/cuda/cublaslt_gemm.cc), which algo_from_config rebuilds (the heuristic may not list
+  // it: Note [cuBLASLt split-K and tile variants]).
+  // The candidates are listed first, also when the store has the choice: the algorithm taken
+  // is then the very one the timing compile took (the same bytes in a package), and
+  // algo_from_config is the fallback.
+  std::vector<GemmAlgo> cands = plan.candidates(8);
+  const size_t heuristic = cands.size();
+  for (GemmAlgo& v : plan.variants(cands, 40)) cands.push_back(std::move(v));
+  auto form_of = [](const GemmAlgo& g) { return g.config; };
   std::string stored;
-  if (tuning_get(key, &stored))
-    for (const GemmAlgo& c : cands) {
-      if (form_of(c) == stored || hex_of(c) == stored) {
+  if (tuning_get(key, &stored)) {
+    for (const GemmAlgo& c : cands)
+      if (c.config == stored) {
         plan.set_algo(c);
         return " (timed earlier: tuning store)";
       }
+    if (std::optional<GemmAlgo> g = plan.algo_from_config(stored)) {
+      plan.set_algo(*g);
+      return " (timed earlier: tuning store)";
     }
+  }
   if (cands.size() < 2) return "";
   const size_t es = size_t(dtype_size(d.dtype));
   auto up = [](size_t b) { return size_t(round_up_256(int64_t(b))); };
@@ -350,9 +361,10 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
   int best = timer.fastest(int(cands.size()), [&](int i) { plan.run(a, cands[size_t(i)]); }, &ms);
   plan.set_algo(cands[size_t(best)]);
   tuning_put(key, form_of(cands[size_t(best)]));
-  return fmt::format(" (timed {} algorithms: {:.1f} us [{}], the heuristic's {:.1f} us [{}])",
+  return fmt::format(" (timed {} algorithms: {:.1f} us [{}], the heuristic's {:.1f} us [{}]; {} "
+                     "of them tile or split-K variants)",
                      cands.size(), ms[size_t(best)] * 1e3, form_of(cands[size_t(best)]), ms[0] * 1e3,
-                     form_of(cands[0]));
+                     form_of(cands[0]), cands.size() - heuristic);
 }
 
 // A direct kernel around a convolution; each argument a node input, a node output or an offset
