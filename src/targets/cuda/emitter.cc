@@ -18,7 +18,9 @@
 //   Norm: one block per row. softmax / log_softmax: a pass for the row maximum, a pass for the
 //     sum of exp(x - max), a pass that writes; layer_norm: a pass for the mean, one for the
 //     variance (two-pass, in float), one that normalizes, applies weight and bias, runs the
-//     epilogue and stores. The prologue is recomputed in each pass (the row is in cache).
+//     epilogue and stores. Rows of up to 8 elements per thread keep the prologue's values in
+//     registers from the first pass on (Note [CUDA rows held in registers]); longer ones
+//     recompute the prologue in each pass (the row is in cache).
 // Statistics are computed in float (double for float64 inputs, int64 for integer reductions), as
 // on the CPU.
 // Each kernel is preceded by `// kiln-kernel: NAME` and the graph nodes it computes, so an NVRTC
@@ -151,6 +153,8 @@ class KernelEmitter {
   bool emit_pointwise_vector(std::string& out, CudaKernelInfo* info);
   void emit_reduce(std::string& out, CudaKernelInfo* info);
   void emit_norm(std::string& out, CudaKernelInfo* info);
+  // Note [CUDA rows held in registers]; false when the row or its cache is too large.
+  bool emit_norm_cached(std::string& out, CudaKernelInfo* info, const std::vector<bool>& wx);
   // Opens `for (row ...) { i<kept> from row; ` and returns the indentation inside.
   std::string open_rows(std::string& out) const;
   // A loop over the row's reduced elements around `body` (i<kept..> set from r).
@@ -455,6 +459,126 @@ void KernelEmitter::emit_reduce(std::string& out, CudaKernelInfo* info) {
   out += "  }\n";
 }
 
+bool KernelEmitter::emit_norm_cached(std::string& out, CudaKernelInfo* info,
+                                     const std::vector<bool>& wx) {
+  const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
+  const int x = nm.args[0];
+  const bool ln = nm.op == OpId::LayerNorm;
+  const bool dbl = nm.dtype == DType::Float64;
+  const std::string at = dbl ? "double" : "float";
+  const int64_t N = reduce_numel(), T = info->threads;
+  const int64_t R = (N + T - 1) / T;
+  if (R < 1 || R > 8) return false;
+  const size_t E = k_.exprs.size();
+  // C: x's prologue (computed by the first pass). The writing pass evaluates the rest (W), and
+  // needs from C whatever W's expressions read, whatever is stored, and x.
+  std::vector<bool> in_c(E, false), w(E, false), need(E, false);
+  for (size_t i = 0; i < E; ++i) {
+    const LoopExpr& e = k_.exprs[i];
+    if (int(i) == k_.anchor) continue;
+    if (e.level != Level::Full) {
+      if (e.kind != LoopExpr::Kind::Reduce && e.kind != LoopExpr::Kind::Norm) return false;
+      continue;
+    }
+    if (wx[i] && int(i) < k_.anchor) in_c[i] = true;
+    else w[i] = true;
+  }
+  need[size_t(x)] = true;
+  for (size_t i = 0; i < E; ++i) {
+    if (!w[i] && int(i) != k_.anchor) continue;
+    for (int a : k_.exprs[i].args)
+      if (a >= 0 && in_c[size_t(a)]) need[size_t(a)] = true;
+  }
+  for (const lower::LoopStore& st : k_.stores)
+    if (in_c[size_t(st.expr)]) need[size_t(st.expr)] = true;
+  int cached = 0;
+  for (size_t i = 0; i < E; ++i) cached += need[i] ? 1 : 0;
+  if (cached * R > 24) return false;
+
+  std::string ind = open_rows(out);
+  auto loop = [&](const std::string& body, bool index) {
+    std::string s = fmt::format("{0}#pragma unroll\n{0}for (int j_ = 0; j_ < {1}; ++j_) {{\n"
+                                "{0}  const i64 r = i64(threadIdx.x) + i64(j_) * {2};\n"
+                                "{0}  if (r < {3}) {{\n",
+                                ind, R, T, N);
+    if (index) s += "{\n" + unflatten(k_.kept_dims(), n(), "r", ind + "    ");
+    s += body;
+    if (index) s += "}\n";
+    s += ind + "  }\n" + ind + "}\n";
+    return s;
+  };
+  const std::string in = ind + "    ";
+  std::string restore;
+  for (size_t i = 0; i < E; ++i) {
+    if (!need[i]) continue;
+    out += fmt::format("{}{} c{}_[{}];\n", ind, compute_type(k_.exprs[i].dtype), i, R);
+    restore += fmt::format("{}const {} v{} = c{}_[j_];\n", in, compute_type(k_.exprs[i].dtype), i, i);
+  }
+  std::string first;
+  emit_exprs(first, wx, Level::Full, in);
+  for (size_t i = 0; i < E; ++i)
+    if (need[i]) first += fmt::format("{}c{}_[j_] = v{};\n", in, i, i);
+  const std::string xv = fmt::format("({})c{}_[j_]", at, x);
+  std::string rstat, rout;
+  if (ln) {
+    out += fmt::format("{}{} sum_ = 0;\n", ind, at);
+    out += loop(first + fmt::format("{}sum_ += ({})v{};\n", in, at, x), true);
+    out += fmt::format("{0}const {1} mean = kn_block_reduce(sum_, KnSum(), ({1})0) / ({1}){2};\n{0}{1} ss_ = 0;\n",
+                       ind, at, nm.count);
+    out += loop(fmt::format("{}{{ const {} d = {} - mean; ss_ += d * d; }}\n", in, at, xv), false);
+    double eps = nm.attrs->get_float("eps");
+    out += fmt::format("{0}const {1} rstd = ({1})1 / {4}(kn_block_reduce(ss_, KnSum(), ({1})0) / ({1}){2} + ({1}){3});\n",
+                       ind, at, nm.count, lower::literal(eps, lower::kCudaDialect), dbl ? "sqrt" : "sqrtf");
+  } else {
+    out += fmt::format("{}{} m_ = -INFINITY;\n", ind, at);
+    out += loop(first + fmt::format("{}m_ = kn_max(m_, ({})v{});\n", in, at, x), true);
+    out += fmt::format("{0}const {1} m_s = kn_block_reduce(m_, KnMax(), ({1})-INFINITY);\n{0}{1} s_ = 0;\n", ind, at);
+    out += loop(fmt::format("{}s_ += kn_exp({} - m_s);\n", in, xv), false);
+    out += fmt::format("{0}const {1} s_s = kn_block_reduce(s_, KnSum(), ({1})0);\n", ind, at);
+    if (nm.op == OpId::Softmax) out += fmt::format("{0}const {1} inv_s = ({1})1 / s_s;\n", ind, at);
+    else out += fmt::format("{}const {} log_s = kn_log(s_s);\n", ind, at);
+  }
+  // The writing pass: the cached values, then everything outside x's prologue in order (the
+  // anchor at its place), then the stores.
+  std::string xs = fmt::format("v{}", x);
+  std::string r;
+  if (ln) {
+    r = fmt::format("(({}){} - mean) * rstd", at, xs);
+    if (nm.args[1] >= 0) r = fmt::format("{} * ({})v{}", r, at, nm.args[1]);
+    if (nm.args[2] >= 0) r = fmt::format("{} + ({})v{}", r, at, nm.args[2]);
+  } else if (nm.op == OpId::Softmax) {
+    r = fmt::format("kn_exp(({}){} - m_s) * inv_s", at, xs);
+  } else {
+    r = fmt::format("({}){} - (m_s + log_s)", at, xs);
+  }
+  if (nm.dtype == DType::BFloat16) r = "kn_rbf16(" + r + ")";
+  if (nm.dtype == DType::Float16) r = "kn_rf16(" + r + ")";
+  std::vector<bool> pre(E, false), post(E, false);
+  for (size_t i = 0; i < E; ++i) (int(i) < k_.anchor ? pre : post)[i] = w[i];
+  std::string b = restore;
+  emit_exprs(b, pre, Level::Full, in);
+  b += fmt::format("{}const {} v{} = {};\n", in, compute_type(nm.dtype), k_.anchor, r);
+  emit_exprs(b, post, Level::Full, in);
+  emit_stores(b, Level::Full, in);
+  out += loop(b, true);
+  out += "  }\n";
+  return true;
+}
+
+// Note [CUDA rows held in registers]
+// A norm kernel's row passes (layer_norm: mean, variance, write; softmax: max, sum, write) each
+// used to evaluate the row's prologue again: the loads of every input and what the fused ops
+// compute from them, three times over (from L1 after the first pass, but each pass a dependent
+// round of loads behind a block reduction, in kernels that take a few microseconds). Where the
+// row fits the block R <= 8 times over (BERT's and ViT's 768 columns: R = 3 at 256 threads),
+// the first pass keeps, in R registers per thread, x and every other value of the prologue
+// that the writing pass needs (what it stores, what the epilogue reads); the later passes read
+// those registers and evaluate only what is not in x's prologue (weight and bias loads, the
+// epilogue). Each thread visits the same elements in the same order as the strided loops
+// (r = threadIdx.x + j * blockDim.x), so the statistics, and every result, are bitwise the same.
+// Longer rows, or prologues that would need more than 24 registers of cache, keep the
+// recomputing passes.
+
 void KernelEmitter::emit_norm(std::string& out, CudaKernelInfo* info) {
   const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
   const int x = nm.args[0];
@@ -464,8 +588,9 @@ void KernelEmitter::emit_norm(std::string& out, CudaKernelInfo* info) {
   const std::string at = dbl ? "double" : "float";
   info->threads = pow2_at_least(reduce_numel(), 32, opt_.threads_per_block);
   info->blocks = std::min<int64_t>(kept_numel(), max_blocks_);
-  std::string ind = open_rows(out);
   std::vector<bool> wx = lower::expr_closure(k_, x);
+  if (emit_norm_cached(out, info, wx)) return;
+  std::string ind = open_rows(out);
   auto pass = [&](const std::string& stat) {
     std::string b;
     emit_exprs(b, wx, Level::Full, ind + "  ");
