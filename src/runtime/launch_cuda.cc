@@ -619,13 +619,15 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
       return g.algo_config.empty() ? std::memcmp(a.opaque, want, sizeof g.algo) == 0
                                    : a.config == g.algo_config;
     };
-    // A configuration the heuristic does not list (a timed split-K or tile variant: Note
+    // Last, a configuration the heuristic does not list (a timed split-K or tile variant: Note
     // [cuBLASLt split-K and tile variants]) is rebuilt from its text.
     std::vector<cuda::GemmAlgo> cs = {plan->algo()};
-    if (!matches(cs[0]) && !g.algo_config.empty())
-      if (std::optional<cuda::GemmAlgo> a = plan->algo_from_config(g.algo_config)) cs.push_back(*a);
-    if (!matches(cs.back()))
+    if (!matches(cs[0])) {
       for (const cuda::GemmAlgo& a : plan->candidates(32)) cs.push_back(a);
+      if (!g.algo_config.empty() && std::none_of(cs.begin(), cs.end(), matches))
+        if (std::optional<cuda::GemmAlgo> a = plan->algo_from_config(g.algo_config))
+          cs.push_back(*a);
+    }
     for (const cuda::GemmAlgo& a : cs)
       if (matches(a)) {
         if (int64_t(a.workspace_bytes) > b.workspace_bytes)

@@ -195,8 +195,8 @@ BuildFor build_for(const Knobs& knobs) {
 // engines do not depend on values), in interleaved rounds (each round times 3 back-to-back
 // calls of every candidate with events on the legacy stream, held by a host function while the
 // calls are enqueued so that the device runs them back to back, as a CUDA graph would; a
-// candidate's time is its best round). The fastest replaces the heuristic's choice only when it is at least 3%
-// faster, so noise does not flip choices. A candidate that fails to run is skipped. Choices
+// candidate's time is its best round). The fastest replaces the heuristic's choice only when
+// it is at least 3% faster, so noise does not flip choices. A candidate that fails to run is skipped. Choices
 // are kept in the tuning store (support/tuning_store.h) keyed by the GPU, the driver, the
 // library version and the call's descriptor, so a later compile of the same call on the same
 // machine picks the same kernel without timing; a stored choice the library no longer offers
