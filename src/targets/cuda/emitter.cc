@@ -153,8 +153,9 @@ class KernelEmitter {
   bool emit_pointwise_vector(std::string& out, CudaKernelInfo* info);
   void emit_reduce(std::string& out, CudaKernelInfo* info);
   void emit_norm(std::string& out, CudaKernelInfo* info);
-  // Note [CUDA rows held in registers]; false when the row or its cache is too large.
-  bool emit_norm_cached(std::string& out, CudaKernelInfo* info, const std::vector<bool>& wx);
+  // Note [CUDA rows held in registers]: the plan of what the writing pass takes from registers.
+  bool norm_cache_plan(const std::vector<bool>& wx, int64_t threads, std::vector<bool>* cached,
+                       std::vector<bool>* rest, int64_t* per_thread) const;
   // Opens `for (row ...) { i<kept> from row; ` and returns the indentation inside.
   std::string open_rows(std::string& out) const;
   // A loop over the row's reduced elements around `body` (i<kept..> set from r).
@@ -459,112 +460,6 @@ void KernelEmitter::emit_reduce(std::string& out, CudaKernelInfo* info) {
   out += "  }\n";
 }
 
-bool KernelEmitter::emit_norm_cached(std::string& out, CudaKernelInfo* info,
-                                     const std::vector<bool>& wx) {
-  const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
-  const int x = nm.args[0];
-  const bool ln = nm.op == OpId::LayerNorm;
-  const bool dbl = nm.dtype == DType::Float64;
-  const std::string at = dbl ? "double" : "float";
-  const int64_t N = reduce_numel(), T = info->threads;
-  const int64_t R = (N + T - 1) / T;
-  if (R < 1 || R > 8) return false;
-  const size_t E = k_.exprs.size();
-  // C: x's prologue (computed by the first pass). The writing pass evaluates the rest (W), and
-  // needs from C whatever W's expressions read, whatever is stored, and x.
-  std::vector<bool> in_c(E, false), w(E, false), need(E, false);
-  for (size_t i = 0; i < E; ++i) {
-    const LoopExpr& e = k_.exprs[i];
-    if (int(i) == k_.anchor) continue;
-    if (e.level != Level::Full) {
-      if (e.kind != LoopExpr::Kind::Reduce && e.kind != LoopExpr::Kind::Norm) return false;
-      continue;
-    }
-    if (wx[i] && int(i) < k_.anchor) in_c[i] = true;
-    else w[i] = true;
-  }
-  need[size_t(x)] = true;
-  for (size_t i = 0; i < E; ++i) {
-    if (!w[i] && int(i) != k_.anchor) continue;
-    for (int a : k_.exprs[i].args)
-      if (a >= 0 && in_c[size_t(a)]) need[size_t(a)] = true;
-  }
-  for (const lower::LoopStore& st : k_.stores)
-    if (in_c[size_t(st.expr)]) need[size_t(st.expr)] = true;
-  int cached = 0;
-  for (size_t i = 0; i < E; ++i) cached += need[i] ? 1 : 0;
-  if (cached * R > 24) return false;
-
-  std::string ind = open_rows(out);
-  auto loop = [&](const std::string& body, bool index) {
-    std::string s = fmt::format("{0}#pragma unroll\n{0}for (int j_ = 0; j_ < {1}; ++j_) {{\n"
-                                "{0}  const i64 r = i64(threadIdx.x) + i64(j_) * {2};\n"
-                                "{0}  if (r < {3}) {{\n",
-                                ind, R, T, N);
-    if (index) s += "{\n" + unflatten(k_.kept_dims(), n(), "r", ind + "    ");
-    s += body;
-    if (index) s += "}\n";
-    s += ind + "  }\n" + ind + "}\n";
-    return s;
-  };
-  const std::string in = ind + "    ";
-  std::string restore;
-  for (size_t i = 0; i < E; ++i) {
-    if (!need[i]) continue;
-    out += fmt::format("{}{} c{}_[{}];\n", ind, compute_type(k_.exprs[i].dtype), i, R);
-    restore += fmt::format("{}const {} v{} = c{}_[j_];\n", in, compute_type(k_.exprs[i].dtype), i, i);
-  }
-  std::string first;
-  emit_exprs(first, wx, Level::Full, in);
-  for (size_t i = 0; i < E; ++i)
-    if (need[i]) first += fmt::format("{}c{}_[j_] = v{};\n", in, i, i);
-  const std::string xv = fmt::format("({})c{}_[j_]", at, x);
-  std::string rstat, rout;
-  if (ln) {
-    out += fmt::format("{}{} sum_ = 0;\n", ind, at);
-    out += loop(first + fmt::format("{}sum_ += ({})v{};\n", in, at, x), true);
-    out += fmt::format("{0}const {1} mean = kn_block_reduce(sum_, KnSum(), ({1})0) / ({1}){2};\n{0}{1} ss_ = 0;\n",
-                       ind, at, nm.count);
-    out += loop(fmt::format("{}{{ const {} d = {} - mean; ss_ += d * d; }}\n", in, at, xv), false);
-    double eps = nm.attrs->get_float("eps");
-    out += fmt::format("{0}const {1} rstd = ({1})1 / {4}(kn_block_reduce(ss_, KnSum(), ({1})0) / ({1}){2} + ({1}){3});\n",
-                       ind, at, nm.count, lower::literal(eps, lower::kCudaDialect), dbl ? "sqrt" : "sqrtf");
-  } else {
-    out += fmt::format("{}{} m_ = -INFINITY;\n", ind, at);
-    out += loop(first + fmt::format("{}m_ = kn_max(m_, ({})v{});\n", in, at, x), true);
-    out += fmt::format("{0}const {1} m_s = kn_block_reduce(m_, KnMax(), ({1})-INFINITY);\n{0}{1} s_ = 0;\n", ind, at);
-    out += loop(fmt::format("{}s_ += kn_exp({} - m_s);\n", in, xv), false);
-    out += fmt::format("{0}const {1} s_s = kn_block_reduce(s_, KnSum(), ({1})0);\n", ind, at);
-    if (nm.op == OpId::Softmax) out += fmt::format("{0}const {1} inv_s = ({1})1 / s_s;\n", ind, at);
-    else out += fmt::format("{}const {} log_s = kn_log(s_s);\n", ind, at);
-  }
-  // The writing pass: the cached values, then everything outside x's prologue in order (the
-  // anchor at its place), then the stores.
-  std::string xs = fmt::format("v{}", x);
-  std::string r;
-  if (ln) {
-    r = fmt::format("(({}){} - mean) * rstd", at, xs);
-    if (nm.args[1] >= 0) r = fmt::format("{} * ({})v{}", r, at, nm.args[1]);
-    if (nm.args[2] >= 0) r = fmt::format("{} + ({})v{}", r, at, nm.args[2]);
-  } else if (nm.op == OpId::Softmax) {
-    r = fmt::format("kn_exp(({}){} - m_s) * inv_s", at, xs);
-  } else {
-    r = fmt::format("({}){} - (m_s + log_s)", at, xs);
-  }
-  if (nm.dtype == DType::BFloat16) r = "kn_rbf16(" + r + ")";
-  if (nm.dtype == DType::Float16) r = "kn_rf16(" + r + ")";
-  std::vector<bool> pre(E, false), post(E, false);
-  for (size_t i = 0; i < E; ++i) (int(i) < k_.anchor ? pre : post)[i] = w[i];
-  std::string b = restore;
-  emit_exprs(b, pre, Level::Full, in);
-  b += fmt::format("{}const {} v{} = {};\n", in, compute_type(nm.dtype), k_.anchor, r);
-  emit_exprs(b, post, Level::Full, in);
-  emit_stores(b, Level::Full, in);
-  out += loop(b, true);
-  out += "  }\n";
-  return true;
-}
-
 // Note [CUDA rows held in registers]
 // A norm kernel's row passes (layer_norm: mean, variance, write; softmax: max, sum, write) each
 // used to evaluate the row's prologue again: the loads of every input and what the fused ops
@@ -579,6 +474,45 @@ bool KernelEmitter::emit_norm_cached(std::string& out, CudaKernelInfo* info,
 // Longer rows, or prologues that would need more than 24 registers of cache, keep the
 // recomputing passes.
 
+// Which of the norm kernel's expressions the writing pass takes from registers (Note [CUDA rows
+// held in registers]): `cached` gets them (x and what the rest reads of x's prologue), `rest`
+// what the writing pass evaluates; *per_thread the row's elements per thread. False when the
+// row or the cache is too large, or the kernel has per-row expressions.
+bool KernelEmitter::norm_cache_plan(const std::vector<bool>& wx, int64_t threads,
+                                    std::vector<bool>* cached, std::vector<bool>* rest,
+                                    int64_t* per_thread) const {
+  const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
+  const int64_t N = reduce_numel(), R = (N + threads - 1) / threads;
+  if (R < 1 || R > 8) return false;
+  const size_t E = k_.exprs.size();
+  std::vector<bool> in_c(E, false), w(E, false), need(E, false);
+  for (size_t i = 0; i < E; ++i) {
+    const LoopExpr& e = k_.exprs[i];
+    if (int(i) == k_.anchor) continue;
+    if (e.level != Level::Full) {
+      if (e.kind != LoopExpr::Kind::Reduce && e.kind != LoopExpr::Kind::Norm) return false;
+      continue;
+    }
+    if (wx[i] && int(i) < k_.anchor) in_c[i] = true;
+    else w[i] = true;
+  }
+  need[size_t(nm.args[0])] = true;
+  for (size_t i = 0; i < E; ++i) {
+    if (!w[i] && int(i) != k_.anchor) continue;
+    for (int a : k_.exprs[i].args)
+      if (a >= 0 && in_c[size_t(a)]) need[size_t(a)] = true;
+  }
+  for (const lower::LoopStore& st : k_.stores)
+    if (in_c[size_t(st.expr)]) need[size_t(st.expr)] = true;
+  int64_t n_cached = 0;
+  for (size_t i = 0; i < E; ++i) n_cached += need[i] ? 1 : 0;
+  if (n_cached * R > 24) return false;
+  *cached = std::move(need);
+  *rest = std::move(w);
+  *per_thread = R;
+  return true;
+}
+
 void KernelEmitter::emit_norm(std::string& out, CudaKernelInfo* info) {
   const LoopExpr& nm = k_.exprs[size_t(k_.anchor)];
   const int x = nm.args[0];
@@ -588,34 +522,66 @@ void KernelEmitter::emit_norm(std::string& out, CudaKernelInfo* info) {
   const std::string at = dbl ? "double" : "float";
   info->threads = pow2_at_least(reduce_numel(), 32, opt_.threads_per_block);
   info->blocks = std::min<int64_t>(kept_numel(), max_blocks_);
-  std::vector<bool> wx = lower::expr_closure(k_, x);
-  if (emit_norm_cached(out, info, wx)) return;
-  std::string ind = open_rows(out);
-  auto pass = [&](const std::string& stat) {
-    std::string b;
-    emit_exprs(b, wx, Level::Full, ind + "  ");
-    b += ind + "  " + stat + "\n";
-    return b;
+  const size_t E = k_.exprs.size();
+  const std::vector<bool> wx = lower::expr_closure(k_, x);
+  std::vector<bool> cached, rest;
+  int64_t R = 0;
+  const bool held = norm_cache_plan(wx, info->threads, &cached, &rest, &R);
+  const std::string ind = open_rows(out);
+  // A loop over the row's elements around `body`: strided (i<kept..> set from r), or, with the
+  // row held in registers, unrolled over the thread's R elements (j_ its slot; i<..> set only
+  // where `index`).
+  const std::string in = held ? ind + "    " : ind + "  ";
+  auto loop = [&](const std::string& body, bool index) {
+    if (!held) return row_loop(ind, body);
+    std::string s = fmt::format("{0}#pragma unroll\n{0}for (int j_ = 0; j_ < {1}; ++j_) {{\n"
+                                "{0}  const i64 r = i64(threadIdx.x) + i64(j_) * {2};\n"
+                                "{0}  if (r < {3}) {{\n",
+                                ind, R, info->threads, reduce_numel());
+    if (index) s += "{\n" + unflatten(k_.kept_dims(), n(), "r", in);
+    s += body;
+    if (index) s += "}\n";
+    return s + ind + "  }\n" + ind + "}\n";
+  };
+  // The first pass evaluates x's prologue (and fills the registers); later statistics passes
+  // read x from the registers, or evaluate the prologue again.
+  std::string first, restore;
+  emit_exprs(first, wx, Level::Full, in);
+  if (held)
+    for (size_t i = 0; i < E; ++i) {
+      if (!cached[i]) continue;
+      const char* t = compute_type(k_.exprs[i].dtype);
+      out += fmt::format("{}{} c{}_[{}];\n", ind, t, i, R);
+      first += fmt::format("{}c{}_[j_] = v{};\n", in, i, i);
+      restore += fmt::format("{}const {} v{} = c{}_[j_];\n", in, t, i, i);
+    }
+  auto again = [&](const std::string& stat) {
+    std::string b = held ? fmt::format("{}const {} v{} = c{}_[j_];\n", in,
+                                       compute_type(k_.exprs[size_t(x)].dtype), x, x)
+                         : std::string();
+    if (!held) emit_exprs(b, wx, Level::Full, in);
+    return loop(b + in + stat + "\n", !held);
   };
   if (ln) {
     out += fmt::format("{}{} sum_ = 0;\n", ind, at);
-    out += row_loop(ind, pass(fmt::format("sum_ += ({})v{};", at, x)));
+    out += loop(first + fmt::format("{}sum_ += ({})v{};\n", in, at, x), true);
     out += fmt::format("{0}const {1} mean = kn_block_reduce(sum_, KnSum(), ({1})0) / ({1}){2};\n{0}{1} ss_ = 0;\n",
                        ind, at, nm.count);
-    out += row_loop(ind, pass(fmt::format("{{ const {0} d = ({0})v{1} - mean; ss_ += d * d; }}", at, x)));
+    out += again(fmt::format("{{ const {0} d = ({0})v{1} - mean; ss_ += d * d; }}", at, x));
     double eps = nm.attrs->get_float("eps");
     out += fmt::format("{0}const {1} rstd = ({1})1 / {4}(kn_block_reduce(ss_, KnSum(), ({1})0) / ({1}){2} + ({1}){3});\n",
                        ind, at, nm.count, lower::literal(eps, lower::kCudaDialect), dbl ? "sqrt" : "sqrtf");
   } else {
     out += fmt::format("{}{} m_ = -INFINITY;\n", ind, at);
-    out += row_loop(ind, pass(fmt::format("m_ = kn_max(m_, ({})v{});", at, x)));
+    out += loop(first + fmt::format("{}m_ = kn_max(m_, ({})v{});\n", in, at, x), true);
     out += fmt::format("{0}const {1} m_s = kn_block_reduce(m_, KnMax(), ({1})-INFINITY);\n{0}{1} s_ = 0;\n", ind, at);
-    out += row_loop(ind, pass(fmt::format("s_ += kn_exp(({})v{} - m_s);", at, x)));
+    out += again(fmt::format("s_ += kn_exp(({})v{} - m_s);", at, x));
     out += fmt::format("{0}const {1} s_s = kn_block_reduce(s_, KnSum(), ({1})0);\n", ind, at);
     if (nm.op == OpId::Softmax) out += fmt::format("{0}const {1} inv_s = ({1})1 / s_s;\n", ind, at);
     else out += fmt::format("{}const {} log_s = kn_log(s_s);\n", ind, at);
   }
-    // The writing pass: everything before the anchor, the anchor, everything after, stores.
+  // The writing pass: everything before the anchor (with the row held: the registers, then what
+  // is outside x's prologue), the anchor, everything after, the stores.
   std::string xs = fmt::format("v{}", x);
   std::string r;
   if (ln) {
@@ -629,14 +595,15 @@ void KernelEmitter::emit_norm(std::string& out, CudaKernelInfo* info) {
   }
   if (nm.dtype == DType::BFloat16) r = "kn_rbf16(" + r + ")";
   if (nm.dtype == DType::Float16) r = "kn_rf16(" + r + ")";
-  std::string b;
-  std::vector<bool> pre(k_.exprs.size(), false), post(k_.exprs.size(), false);
-  for (size_t i = 0; i < k_.exprs.size(); ++i) (int(i) < k_.anchor ? pre : post)[i] = int(i) != k_.anchor;
-  emit_exprs(b, pre, Level::Full, ind + "  ");
-  b += fmt::format("{}  const {} v{} = {};\n", ind, compute_type(nm.dtype), k_.anchor, r);
-  emit_exprs(b, post, Level::Full, ind + "  ");
-  emit_stores(b, Level::Full, ind + "  ");
-  out += row_loop(ind, b);
+  std::vector<bool> pre(E, false), post(E, false);
+  for (size_t i = 0; i < E; ++i)
+    (int(i) < k_.anchor ? pre : post)[i] = held ? bool(rest[i]) : int(i) != k_.anchor;
+  std::string b = restore;
+  emit_exprs(b, pre, Level::Full, in);
+  b += fmt::format("{}const {} v{} = {};\n", in, compute_type(nm.dtype), k_.anchor, r);
+  emit_exprs(b, post, Level::Full, in);
+  emit_stores(b, Level::Full, in);
+  out += loop(b, true);
   out += "  }\n";
 }
 
