@@ -141,7 +141,7 @@ struct Executable::Context {
   // outputs') and the caller buffers they copy from and to now.
   void* io_graph = nullptr;
   void* io_exec = nullptr;
-  std::vector<void*> io_nodes;
+  std::vector<cudaGraphNode_t> io_nodes;
   std::vector<const void*> io_ptrs;
   bool io_broken = false;  // building or updating it failed once: the plain path from then on
   int64_t io_calls = 0;
@@ -685,46 +685,52 @@ bool Executable::copies_fit_graph(const Tensor* in, size_t num_inputs, const Ten
 
 bool Executable::launch_graph_with_copies(Context& c, const Tensor* in, size_t num_inputs,
                                           Tensor* out, size_t num_outputs) {
-  char* const* b = c.slots.data();
-  auto output_src = [&](size_t i) -> const char* {
-    return b[outputs[i].slot] + outputs[i].byte_offset;
+  // Copy k: input k into its staging buffer, or output k - num_inputs out of the arena; `caller`
+  // is the caller's buffer, what a later call may move.
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    const void* caller;
+  };
+  auto copy = [&](size_t k) -> Copy {
+    if (k < num_inputs)
+      return {c.staging[size_t(inputs[k].slot)], in[k].raw_data(), in[k].nbytes(), in[k].raw_data()};
+    const OutputSpec& o = outputs[k - num_inputs];
+    Tensor& t = out[k - num_inputs];
+    return {t.raw_data(), c.slots[size_t(o.slot)] + o.byte_offset, t.nbytes(), t.raw_data()};
   };
   auto give_up = [&] {
     cudaGetLastError();
     c.io_broken = true;
     return false;
   };
+  const size_t n = num_inputs + num_outputs;
   if (!c.io_exec) {
-    if (c.io_graph) return give_up();
     cudaGraph_t g = nullptr;
     if (cudaGraphCreate(&g, 0) != cudaSuccess) return give_up();
     c.io_graph = g;
-    c.io_nodes.assign(num_inputs + num_outputs, nullptr);
-    c.io_ptrs.assign(num_inputs + num_outputs, nullptr);
-    std::vector<cudaGraphNode_t> before;
-    before.reserve(num_inputs);
-    for (size_t i = 0; i < num_inputs; ++i) {
-      cudaGraphNode_t n = nullptr;
-      if (cudaGraphAddMemcpyNode1D(&n, g, nullptr, 0, c.staging[size_t(inputs[i].slot)],
-                                   in[i].raw_data(), in[i].nbytes(),
+    c.io_nodes.assign(n, nullptr);
+    c.io_ptrs.assign(n, nullptr);
+    auto add_copy = [&](size_t k, const cudaGraphNode_t* after, size_t num_after) {
+      const Copy cp = copy(k);
+      cudaGraphNode_t node = nullptr;
+      if (cudaGraphAddMemcpyNode1D(&node, g, after, num_after, cp.dst, cp.src, cp.bytes,
                                    cudaMemcpyDeviceToDevice) != cudaSuccess)
-        return give_up();
-      before.push_back(n);
-      c.io_nodes[i] = n;
-      c.io_ptrs[i] = in[i].raw_data();
-    }
+        return false;
+      c.io_nodes[k] = node;
+      c.io_ptrs[k] = cp.caller;
+      return true;
+    };
+    for (size_t k = 0; k < num_inputs; ++k)
+      if (!add_copy(k, nullptr, 0)) return give_up();
+    // The launches after every input's copy, the outputs' copies after the launches.
     cudaGraphNode_t body = nullptr;
-    if (cudaGraphAddChildGraphNode(&body, g, before.data(), before.size(),
-                                   static_cast<cudaGraph_t>(c.graph)) != cudaSuccess)
+    if (cudaGraphAddChildGraphNode(&body, g, c.io_nodes.data(),
+                                   num_inputs, static_cast<cudaGraph_t>(c.graph)) != cudaSuccess)
       return give_up();
-    for (size_t i = 0; i < num_outputs; ++i) {
-      cudaGraphNode_t n = nullptr;
-      if (cudaGraphAddMemcpyNode1D(&n, g, &body, 1, out[i].raw_data(), output_src(i),
-                                   out[i].nbytes(), cudaMemcpyDeviceToDevice) != cudaSuccess)
-        return give_up();
-      c.io_nodes[num_inputs + i] = n;
-      c.io_ptrs[num_inputs + i] = out[i].raw_data();
-    }
+    for (size_t k = num_inputs; k < n; ++k)
+      if (!add_copy(k, &body, 1)) return give_up();
     cudaGraphExec_t exec = nullptr;
     {
       std::lock_guard<std::mutex> setup(pool_->cuda_setup);
@@ -733,24 +739,14 @@ bool Executable::launch_graph_with_copies(Context& c, const Tensor* in, size_t n
     c.io_exec = exec;
     if (cudaGraphUpload(exec, static_cast<cudaStream_t>(c.stream)) != cudaSuccess) return give_up();
   } else {
-    cudaGraphExec_t exec = static_cast<cudaGraphExec_t>(c.io_exec);
-    for (size_t i = 0; i < num_inputs; ++i) {
-      const void* p = in[i].raw_data();
-      if (p == c.io_ptrs[i]) continue;
-      if (cudaGraphExecMemcpyNodeSetParams1D(exec, static_cast<cudaGraphNode_t>(c.io_nodes[i]),
-                                             c.staging[size_t(inputs[i].slot)], p, in[i].nbytes(),
-                                             cudaMemcpyDeviceToDevice) != cudaSuccess)
+    for (size_t k = 0; k < n; ++k) {
+      const Copy cp = copy(k);
+      if (cp.caller == c.io_ptrs[k]) continue;
+      if (cudaGraphExecMemcpyNodeSetParams1D(static_cast<cudaGraphExec_t>(c.io_exec),
+                                             c.io_nodes[k], cp.dst,
+                                             cp.src, cp.bytes, cudaMemcpyDeviceToDevice) != cudaSuccess)
         return give_up();
-      c.io_ptrs[i] = p;
-    }
-    for (size_t i = 0; i < num_outputs; ++i) {
-      void* p = out[i].raw_data();
-      if (p == c.io_ptrs[num_inputs + i]) continue;
-      if (cudaGraphExecMemcpyNodeSetParams1D(
-              exec, static_cast<cudaGraphNode_t>(c.io_nodes[num_inputs + i]), p, output_src(i),
-              out[i].nbytes(), cudaMemcpyDeviceToDevice) != cudaSuccess)
-        return give_up();
-      c.io_ptrs[num_inputs + i] = p;
+      c.io_ptrs[k] = cp.caller;
     }
   }
   // A launch that fails is a real error of the call (the device's state), not a reason to fall

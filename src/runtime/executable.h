@@ -207,7 +207,7 @@ class Executable {
   // prepare]). Before prepare(); packages set it.
   void warm_cuda_modules_at_prepare() { warm_requested_ = true; }
   // Graph mode: how many calls so far ran with their input and output copies inside the graph
-  // (Note [Copies inside the graph] in executable.cc), over every context. For tests and explain.
+  // (Note [Copies inside the graph] in executable.cc), over every context. For tests.
   int64_t calls_with_copies_in_graph() const;
 
   // Per-launch timing for profiles: when set on this thread, each launch is bracketed by

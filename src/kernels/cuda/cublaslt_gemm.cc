@@ -30,8 +30,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <tuple>
 
@@ -177,22 +177,50 @@ static_assert(sizeof(GemmAlgo::opaque) == sizeof(cublasLtMatmulAlgo_t),
 // configuration in two processes (a fresh process once did not find a package's recorded bytes
 // among the heuristic's first 32 candidates for resnet18's float32 classifier). Packages record
 // the configuration beside the bytes, and the loader matches on it.
+// The configuration attributes that identify an algorithm, in the order and with the names of
+// its text ("id66 tile80 stages35 splitk1 red0 swz0 custom2 inner0 cluster7"), and their sizes.
+// The id is set by cublasLtMatmulAlgoInit, the others through the configuration attributes.
+struct ConfigField {
+  cublasLtMatmulAlgoConfigAttributes_t attr;
+  const char* name;
+  size_t bytes;
+  bool is_signed;
+};
+constexpr ConfigField kConfigFields[] = {
+    {CUBLASLT_ALGO_CONFIG_ID, "id", 4, true},
+    {CUBLASLT_ALGO_CONFIG_TILE_ID, "tile", 4, false},
+    {CUBLASLT_ALGO_CONFIG_STAGES_ID, "stages", 4, false},
+    {CUBLASLT_ALGO_CONFIG_SPLITK_NUM, "splitk", 4, true},
+    {CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, "red", 4, false},
+    {CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, "swz", 4, false},
+    {CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, "custom", 4, false},
+    {CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, "inner", 2, false},
+    {CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, "cluster", 2, false},
+};
+
 std::string algo_config(const LtApi& a, const cublasLtMatmulAlgo_t& algo) {
-  auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) -> long long {
-    decltype(zero) v = 0;
+  std::string text;
+  for (const ConfigField& f : kConfigFields) {
+    uint64_t raw = 0;  // little-endian: the field's bytes are its low bytes
     size_t written = 0;
-    if (a.algo_get(&algo, attr, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS) return -1;
-    return static_cast<long long>(v);
-  };
-  return fmt::format("id{} tile{} stages{} splitk{} red{} swz{} custom{} inner{} cluster{}",
-                     get(CUBLASLT_ALGO_CONFIG_ID, int32_t{}), get(CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t{}),
-                     get(CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t{}),
-                     get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, int32_t{}),
-                     get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, uint32_t{}),
-                     get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, uint32_t{}),
-                     get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, uint32_t{}),
-                     get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, uint16_t{}),
-                     get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, uint16_t{}));
+    long long v = -1;
+    if (a.algo_get(&algo, f.attr, &raw, f.bytes, &written) == CUBLAS_STATUS_SUCCESS)
+      v = f.is_signed && f.bytes == 4 ? static_cast<long long>(static_cast<int32_t>(raw))
+                                      : static_cast<long long>(raw);
+    text += fmt::format("{}{}{}", text.empty() ? "" : " ", f.name, v);
+  }
+  return text;
+}
+
+// An algorithm with what cuBLASLt says of it (the heuristic's or cublasLtMatmulAlgoCheck's).
+GemmAlgo algo_of(const LtApi& a, const cublasLtMatmulHeuristicResult_t& r, int index) {
+  GemmAlgo g;
+  std::memcpy(g.opaque, &r.algo, sizeof g.opaque);
+  g.config = algo_config(a, r.algo);
+  g.workspace_bytes = r.workspaceSize;
+  g.waves = r.wavesCount;
+  g.index = index;
+  return g;
 }
 
 }  // namespace
@@ -416,13 +444,7 @@ std::vector<GemmAlgo> GemmPlan::candidates(int max_count) const {
   std::vector<GemmAlgo> out;
   for (int i = 0; i < returned; ++i) {
     if (results[size_t(i)].state != CUBLAS_STATUS_SUCCESS) continue;
-    GemmAlgo algo;
-    std::memcpy(algo.opaque, &results[size_t(i)].algo, sizeof algo.opaque);
-    algo.config = algo_config(a, results[size_t(i)].algo);
-    algo.workspace_bytes = results[size_t(i)].workspaceSize;
-    algo.waves = results[size_t(i)].wavesCount;
-    algo.index = static_cast<int>(out.size());
-    out.push_back(algo);
+    out.push_back(algo_of(a, results[size_t(i)], static_cast<int>(out.size())));
   }
   return out;
 }
@@ -441,80 +463,50 @@ std::vector<GemmAlgo> GemmPlan::candidates(int max_count) const {
 // (cublasLtMatmulAlgoInit, then each attribute) for the tuning store and for packages, since
 // the heuristic would never list it.
 
-namespace {
-
-struct AlgoFields {
-  int32_t id = 0;
-  uint32_t tile = 0, stages = 0, reduction = 0, swizzle = 0, custom = 0;
-  int32_t splitk = 1;
-  uint16_t inner = 0, cluster = 0;
-};
-
-bool parse_config(const std::string& text, AlgoFields* f) {
-  long long v[9];
-  if (std::sscanf(text.c_str(), "id%lld tile%lld stages%lld splitk%lld red%lld swz%lld custom%lld inner%lld cluster%lld",
-                  &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]) != 9)
-    return false;
-  for (long long x : v)
-    if (x < 0 || x > 0xffffffffLL) return false;
-  if (v[7] > 0xffff || v[8] > 0xffff || v[0] > 0x7fffffff || v[3] > 0x7fffffff) return false;
-  f->id = int32_t(v[0]);
-  f->tile = uint32_t(v[1]);
-  f->stages = uint32_t(v[2]);
-  f->splitk = int32_t(v[3]);
-  f->reduction = uint32_t(v[4]);
-  f->swizzle = uint32_t(v[5]);
-  f->custom = uint32_t(v[6]);
-  f->inner = uint16_t(v[7]);
-  f->cluster = uint16_t(v[8]);
-  return true;
-}
-
-}  // namespace
-
 std::optional<GemmAlgo> GemmPlan::check_algo(const void* lt_algo, int index) const {
   const Impl& im = *impl_;
   const LtApi& a = *im.api;
   cublasLtMatmulHeuristicResult_t r{};
+  std::memcpy(&r.algo, lt_algo, sizeof r.algo);
   cublasStatus_t s;
   {
     std::lock_guard<std::mutex> lock(im.mu);  // the op descriptor is read
-    s = a.algo_check(im.handle, im.op, im.a, im.b, im.c, im.d,
-                     static_cast<const cublasLtMatmulAlgo_t*>(lt_algo), &r);
+    s = a.algo_check(im.handle, im.op, im.a, im.b, im.c, im.d, &r.algo, &r);
   }
   if (s != CUBLAS_STATUS_SUCCESS || r.state != CUBLAS_STATUS_SUCCESS) return std::nullopt;
   if (r.workspaceSize > max_workspace_bytes_) return std::nullopt;
-  GemmAlgo g;
-  std::memcpy(g.opaque, lt_algo, sizeof g.opaque);
-  g.config = algo_config(a, *static_cast<const cublasLtMatmulAlgo_t*>(lt_algo));
-  g.workspace_bytes = r.workspaceSize;
-  g.waves = r.wavesCount;
-  g.index = index;
-  return g;
+  return algo_of(a, r, index);
 }
 
 std::optional<GemmAlgo> GemmPlan::algo_from_config(const std::string& config) const {
-  AlgoFields f;
-  if (!parse_config(config, &f)) return std::nullopt;
+  // "name<digits>" per field of kConfigFields, in order, one space apart; each in its range.
+  uint64_t value[std::size(kConfigFields)];
+  size_t at = 0;
+  for (size_t i = 0; i < std::size(kConfigFields); ++i) {
+    const ConfigField& f = kConfigFields[i];
+    const size_t len = std::strlen(f.name);
+    if (i > 0 && (at >= config.size() || config[at++] != ' ')) return std::nullopt;
+    if (config.compare(at, len, f.name) != 0) return std::nullopt;
+    at += len;
+    const size_t digits = at;
+    uint64_t v = 0;
+    for (; at < config.size() && config[at] >= '0' && config[at] <= '9' && at - digits < 10; ++at)
+      v = v * 10 + uint64_t(config[at] - '0');
+    const uint64_t max = f.bytes == 2 ? 0xffff : f.is_signed ? 0x7fffffff : 0xffffffff;
+    if (at == digits || v > max) return std::nullopt;
+    value[i] = v;
+  }
+  if (at != config.size()) return std::nullopt;
   const Impl& im = *impl_;
   const LtApi& a = *im.api;
   cublasLtMatmulAlgo_t algo;
-  if (a.algo_init(im.handle, im.compute, CUDA_R_32F, im.type, im.type, im.type, im.type, f.id,
-                  &algo) != CUBLAS_STATUS_SUCCESS)
+  if (a.algo_init(im.handle, im.compute, CUDA_R_32F, im.type, im.type, im.type, im.type,
+                  int(value[0]), &algo) != CUBLAS_STATUS_SUCCESS)
     return std::nullopt;
-  bool ok = true;
-  auto set = [&](cublasLtMatmulAlgoConfigAttributes_t attr, const auto& v) {
-    ok = ok && a.algo_set(&algo, attr, &v, sizeof v) == CUBLAS_STATUS_SUCCESS;
-  };
-  set(CUBLASLT_ALGO_CONFIG_TILE_ID, f.tile);
-  set(CUBLASLT_ALGO_CONFIG_STAGES_ID, f.stages);
-  set(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, f.splitk);
-  set(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, f.reduction);
-  set(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, f.swizzle);
-  set(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, f.custom);
-  set(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, f.inner);
-  set(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, f.cluster);
-  if (!ok) return std::nullopt;
+  for (size_t i = 1; i < std::size(kConfigFields); ++i)  // the id is set by the init
+    if (a.algo_set(&algo, kConfigFields[i].attr, &value[i], kConfigFields[i].bytes) !=
+        CUBLAS_STATUS_SUCCESS)
+      return std::nullopt;
   std::optional<GemmAlgo> g = check_algo(&algo, -1);
   // cuBLASLt may normalise what it was given; only the very configuration is the recorded one.
   if (g && g->config != config) return std::nullopt;
@@ -530,7 +522,7 @@ std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int 
   auto add = [&](const cublasLtMatmulAlgo_t& algo) {
     if (int(out.size()) >= max_count) return;
     std::optional<GemmAlgo> g = check_algo(&algo, int(base.size() + out.size()));
-    if (!g || g->config.empty()) return;
+    if (!g) return;
     for (const std::string& c : seen)
       if (c == g->config) return;
     seen.push_back(g->config);

@@ -556,10 +556,11 @@ void KernelEmitter::emit_norm(std::string& out, CudaKernelInfo* info) {
       restore += fmt::format("{}const {} v{} = c{}_[j_];\n", in, t, i, i);
     }
   auto again = [&](const std::string& stat) {
-    std::string b = held ? fmt::format("{}const {} v{} = c{}_[j_];\n", in,
-                                       compute_type(k_.exprs[size_t(x)].dtype), x, x)
-                         : std::string();
-    if (!held) emit_exprs(b, wx, Level::Full, in);
+    std::string b;
+    if (held)
+      b = fmt::format("{}const {} v{} = c{}_[j_];\n", in, compute_type(k_.exprs[size_t(x)].dtype), x, x);
+    else
+      emit_exprs(b, wx, Level::Full, in);
     return loop(b + in + stat + "\n", !held);
   };
   if (ln) {

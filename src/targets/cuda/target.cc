@@ -326,7 +326,6 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
   std::vector<GemmAlgo> cands = plan.candidates(8);
   const size_t heuristic = cands.size();
   for (GemmAlgo& v : plan.variants(cands, 40)) cands.push_back(std::move(v));
-  auto form_of = [](const GemmAlgo& g) { return g.config; };
   std::string stored;
   if (tuning_get(key, &stored)) {
     for (const GemmAlgo& c : cands)
@@ -360,11 +359,11 @@ std::string tune_gemm(GemmPlan& plan, LibraryTimer& timer) {
   std::vector<double> ms;
   int best = timer.fastest(int(cands.size()), [&](int i) { plan.run(a, cands[size_t(i)]); }, &ms);
   plan.set_algo(cands[size_t(best)]);
-  tuning_put(key, form_of(cands[size_t(best)]));
+  tuning_put(key, cands[size_t(best)].config);
   return fmt::format(" (timed {} algorithms: {:.1f} us [{}], the heuristic's {:.1f} us [{}]; {} "
                      "of them tile or split-K variants)",
-                     cands.size(), ms[size_t(best)] * 1e3, form_of(cands[size_t(best)]), ms[0] * 1e3,
-                     form_of(cands[0]), cands.size() - heuristic);
+                     cands.size(), ms[size_t(best)] * 1e3, cands[size_t(best)].config, ms[0] * 1e3,
+                     cands[0].config, cands.size() - heuristic);
 }
 
 // A direct kernel around a convolution; each argument a node input, a node output or an offset
