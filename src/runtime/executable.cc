@@ -71,6 +71,18 @@
 namespace kiln {
 
 namespace {
+
+// Note [Copies inside the graph]: KILN_GRAPH_COPIES=0 keeps every call on the plain path (a
+// driver whose graph copies misbehave; a diagnosis), as KILN_GRAPH_REPLAY=0 does for library
+// calls.
+bool copies_in_graph_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_GRAPH_COPIES");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
 thread_local Executable::LaunchTimer* t_timer = nullptr;
 
 void check(cudaError_t e, const char* what) {
@@ -138,11 +150,17 @@ struct Executable::Context {
   void* graph_exec = nullptr;  // cudaGraphExec_t
   // Note [Copies inside the graph]: the graph with the call's copies around the launches'
   // (cudaGraph_t, cudaGraphExec_t), its copy nodes (cudaGraphNode_t: the inputs', then the
-  // outputs') and the caller buffers they copy from and to now.
+  // outputs') and what each copies now (destination, source, bytes).
+  struct IoCopy {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+    bool operator==(const IoCopy& o) const { return dst == o.dst && src == o.src && bytes == o.bytes; }
+  };
   void* io_graph = nullptr;
   void* io_exec = nullptr;
   std::vector<cudaGraphNode_t> io_nodes;
-  std::vector<const void*> io_ptrs;
+  std::vector<IoCopy> io_copies;
   bool io_broken = false;  // building or updating it failed once: the plain path from then on
   int64_t io_calls = 0;
   // A non-blocking stream's wait on the legacy default stream (cudaEvent_t; null for a blocking
@@ -569,12 +587,13 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
   }
   // Graph mode with every input and output a contiguous buffer on this device: one graph launch
   // holds the copies too (Note [Copies inside the graph]).
-  if (graph_requested_ && !c.io_broken && copies_fit_graph(in, num_inputs, out, num_outputs)) {
+  if (graph_requested_ && !c.io_broken && copies_in_graph_enabled() &&
+      copies_fit_graph(in, num_inputs, out, num_outputs)) {
     if (!c.graph_exec) capture_cuda_graph(c, in);
     if (launch_graph_with_copies(c, in, num_inputs, out, num_outputs)) {
+      ++c.io_calls;  // also a call whose device check fails below: it ran through this graph
       check(cudaStreamSynchronize(s), "cudaStreamSynchronize (the compiled graph's work)");
       if (c.status_host && c.status_host[0] != 0) fail_device_check(c);
-      ++c.io_calls;
       return;
     }
   }
@@ -651,9 +670,13 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
 // the copies are nodes of the graph instead: a second graph per context, built at the first
 // such call from the call's own buffers, holds a device-to-device copy node per input, the
 // captured launches as a child graph after them, and a copy node per output after that, so the
-// call is one graph launch and the synchronisation. A later call whose buffers moved repoints
-// the nodes that changed (cudaGraphExecMemcpyNodeSetParams1D, no re-instantiation); one with
-// the same buffers (run_into with kept tensors) touches nothing. The copies are the plain path's,
+// call is one graph launch and the synchronisation. A later call whose copies differ (a caller
+// buffer moved; a destination moved because the input specs were reordered, which a package
+// export does after its first call: the first version keyed nodes by the caller's buffer
+// alone, and a package built from a CUDA module copied BERT's two inputs into each other's
+// staging, found on the H100) repoints the nodes that changed
+// (cudaGraphExecMemcpyNodeSetParams1D, no re-instantiation); one with the same copies
+// (run_into with kept tensors) touches nothing. The copies are the plain path's,
 // in the same order (inputs before the launches, outputs after), so the results are bitwise the
 // same. Host buffers (a pageable host copy cannot be a graph node), non-contiguous or strided
 // ones, empty ones, and outputs that overlap each other (the plain path copies them one after
@@ -685,20 +708,18 @@ bool Executable::copies_fit_graph(const Tensor* in, size_t num_inputs, const Ten
 
 bool Executable::launch_graph_with_copies(Context& c, const Tensor* in, size_t num_inputs,
                                           Tensor* out, size_t num_outputs) {
-  // Copy k: input k into its staging buffer, or output k - num_inputs out of the arena; `caller`
-  // is the caller's buffer, what a later call may move.
-  struct Copy {
-    void* dst;
-    const void* src;
-    size_t bytes;
-    const void* caller;
-  };
+  // Copy k: input k into its staging buffer, or output k - num_inputs out of the arena. All
+  // three parts are compared with the node's at every call, not only the caller's buffer: the
+  // input specs may be reordered after a context exists (nn::compile_captured_graph puts them
+  // in call order after its first call), which moves a node's destination, and a freed and
+  // reallocated caller buffer often comes back at the same address.
+  using Copy = Context::IoCopy;
   auto copy = [&](size_t k) -> Copy {
     if (k < num_inputs)
-      return {c.staging[size_t(inputs[k].slot)], in[k].raw_data(), in[k].nbytes(), in[k].raw_data()};
+      return {c.staging[size_t(inputs[k].slot)], in[k].raw_data(), in[k].nbytes()};
     const OutputSpec& o = outputs[k - num_inputs];
     Tensor& t = out[k - num_inputs];
-    return {t.raw_data(), c.slots[size_t(o.slot)] + o.byte_offset, t.nbytes(), t.raw_data()};
+    return {t.raw_data(), c.slots[size_t(o.slot)] + o.byte_offset, t.nbytes()};
   };
   auto give_up = [&] {
     cudaGetLastError();
@@ -711,7 +732,7 @@ bool Executable::launch_graph_with_copies(Context& c, const Tensor* in, size_t n
     if (cudaGraphCreate(&g, 0) != cudaSuccess) return give_up();
     c.io_graph = g;
     c.io_nodes.assign(n, nullptr);
-    c.io_ptrs.assign(n, nullptr);
+    c.io_copies.assign(n, Copy{});
     auto add_copy = [&](size_t k, const cudaGraphNode_t* after, size_t num_after) {
       const Copy cp = copy(k);
       cudaGraphNode_t node = nullptr;
@@ -719,7 +740,7 @@ bool Executable::launch_graph_with_copies(Context& c, const Tensor* in, size_t n
                                    cudaMemcpyDeviceToDevice) != cudaSuccess)
         return false;
       c.io_nodes[k] = node;
-      c.io_ptrs[k] = cp.caller;
+      c.io_copies[k] = cp;
       return true;
     };
     for (size_t k = 0; k < num_inputs; ++k)
@@ -741,12 +762,12 @@ bool Executable::launch_graph_with_copies(Context& c, const Tensor* in, size_t n
   } else {
     for (size_t k = 0; k < n; ++k) {
       const Copy cp = copy(k);
-      if (cp.caller == c.io_ptrs[k]) continue;
+      if (cp == c.io_copies[k]) continue;
       if (cudaGraphExecMemcpyNodeSetParams1D(static_cast<cudaGraphExec_t>(c.io_exec),
                                              c.io_nodes[k], cp.dst,
                                              cp.src, cp.bytes, cudaMemcpyDeviceToDevice) != cudaSuccess)
         return give_up();
-      c.io_ptrs[k] = cp.caller;
+      c.io_copies[k] = cp;
     }
   }
   // A launch that fails is a real error of the call (the device's state), not a reason to fall

@@ -5,6 +5,7 @@
 // (integer division by zero, indices out of range) failing the call as on the CPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -237,6 +238,37 @@ TEST(CudaGraphCopies, DeviceBuffersAreCopiedInsideTheGraphAndFollowedWhenTheyMov
   TensorList in3 = {fresh(), fresh()};
   check(in3, rexe->run(in3), "device inputs after the plain path");
   EXPECT_EQ(ex.calls_with_copies_in_graph(), 7);
+}
+
+// The input specs reordered after the graph with copies exists, as nn::compile_captured_graph
+// does after its first call (a package exported from a CUDA module): the same caller buffers at
+// the same positions now go to other staging buffers. The first version kept a node while the
+// caller's buffer was the same, and copied each input into the other's place (BERT's two inputs
+// in a package built from a CUDA module: all-zero and NaN outputs on the H100).
+TEST(CudaGraphCopies, InputSpecsReorderedAfterTheFirstCallMoveTheCopies) {
+  Graph g;
+  ValueId a = g.add_input("a", TensorType{DType::Float32, to_shape(Dims{5, 33})});
+  ValueId b = g.add_input("b", TensorType{DType::Float32, to_shape(Dims{5, 33})});
+  g.outputs = {g.add_node1(OpId::Sub, {a, b}, {}, "diff")};
+  compiler::Options ro;
+  ro.mode = "reduce-overhead";
+  auto rexe = compiler::compile(g, Device::cuda(0), ro);
+  Executable& ex = rexe->executable();
+  ASSERT_TRUE(ex.graph_mode());
+  Generator gen(73);
+  const Tensor x = Tensor::randn({5, 33}, gen), y = Tensor::randn({5, 33}, gen);
+  const TensorList in = {x.to(Device::cuda(0)), y.to(Device::cuda(0))};
+  auto eager = [&](const Tensor& av, const Tensor& bv) {
+    return find_backend("eager")(g, BackendOptions{})->run({av, bv})[0];
+  };
+  Tensor first = rexe->run(in)[0].to(Device::cpu());
+  EXPECT_TRUE(test::usable_reference(first));
+  EXPECT_EQ(test::first_byte_difference(first, eager(x, y)), "");
+  EXPECT_EQ(ex.calls_with_copies_in_graph(), 1);
+  std::reverse(ex.inputs.begin(), ex.inputs.end());  // position 0 is now b, position 1 a
+  Tensor second = rexe->run(in)[0].to(Device::cpu());  // b = x, a = y: y - x
+  EXPECT_EQ(test::first_byte_difference(second, eager(y, x)), "") << "after the reorder";
+  EXPECT_EQ(ex.calls_with_copies_in_graph(), 2);
 }
 
 // Note [Device status] through the graph's copies: a bad value in a device input fails the call

@@ -456,7 +456,9 @@ std::vector<GemmAlgo> GemmPlan::candidates(int max_count) const {
 // 2026-12-05). The autotuner (kernels=timed) therefore also times configurations the
 // heuristic does not propose, derived from its first candidates: the same algorithm with each
 // other tile it supports, and with K split 2 to 16 ways under each reduction scheme it supports
-// (float32 partial sums first). cuBLASLt checks each (cublasLtMatmulAlgoCheck) for this GEMM,
+// (float32 partial sums first). Tiles fill at most half the list before the split-K
+// variants are listed (a bfloat16 GEMM on the H100 supports over 40 tiles), then the rest of
+// the room. cuBLASLt checks each (cublasLtMatmulAlgoCheck) for this GEMM,
 // device and alignment, and says what workspace it needs; what it refuses, or what needs more
 // workspace than the plan allows, is dropped. A variant is an algorithm like any other: its
 // configuration text identifies it, and algo_from_config rebuilds it from that text
@@ -519,8 +521,9 @@ std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int 
   std::vector<GemmAlgo> out;
   std::vector<std::string> seen;
   for (const GemmAlgo& b : base) seen.push_back(b.config);
-  auto add = [&](const cublasLtMatmulAlgo_t& algo) {
-    if (int(out.size()) >= max_count) return;
+  // A variant counts when cuBLASLt accepts it and it is new; `limit` caps the list so far.
+  auto add = [&](const cublasLtMatmulAlgo_t& algo, int limit) {
+    if (int(out.size()) >= limit) return;
     std::optional<GemmAlgo> g = check_algo(&algo, int(base.size() + out.size()));
     if (!g) return;
     for (const std::string& c : seen)
@@ -533,7 +536,10 @@ std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int 
     if (a.algo_set(&algo, attr, &v, sizeof v) != CUBLAS_STATUS_SUCCESS) return std::nullopt;
     return algo;
   };
-  // Tiles: every other tile the heuristic's first algorithm supports.
+  // Tiles: every other tile the heuristic's first algorithm supports, into half the list at
+  // first (bfloat16 GEMMs on the H100 offer 40 and more: split-K was never reached), the rest
+  // after the split-K variants where room is left.
+  std::vector<cublasLtMatmulAlgo_t> tile_algos;
   if (!base.empty()) {
     cublasLtMatmulAlgo_t first;
     std::memcpy(&first, base[0].opaque, sizeof first);
@@ -545,9 +551,12 @@ std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int 
       if (a.algo_cap(&first, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), bytes, &written) ==
           CUBLAS_STATUS_SUCCESS)
         for (uint32_t t : tiles)
-          if (auto v = with(first, CUBLASLT_ALGO_CONFIG_TILE_ID, t)) add(*v);
+          if (auto v = with(first, CUBLASLT_ALGO_CONFIG_TILE_ID, t)) tile_algos.push_back(*v);
     }
   }
+  size_t tiles_taken = 0;
+  for (; tiles_taken < tile_algos.size() && int(out.size()) < max_count / 2; ++tiles_taken)
+    add(tile_algos[tiles_taken], max_count / 2);
   // Split-K of the heuristic's first two algorithms, float32 partial sums first.
   constexpr int32_t kSplits[] = {2, 3, 4, 6, 8, 12, 16};
   constexpr uint32_t kSchemes[] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
@@ -571,10 +580,11 @@ std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int 
         if (!(mask & scheme)) continue;
         auto v = with(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, k);
         if (v) v = with(*v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme);
-        if (v) add(*v);
+        if (v) add(*v, max_count);
       }
     }
   }
+  for (; tiles_taken < tile_algos.size(); ++tiles_taken) add(tile_algos[tiles_taken], max_count);
   return out;
 }
 
