@@ -470,7 +470,10 @@ TEST(CublasLtGemm, EveryCandidateAlgorithmIsCorrect) {
     const std::vector<cuda::GemmAlgo> cs = plan->candidates(8);
     ASSERT_FALSE(cs.empty());
     EXPECT_EQ(cs[0].index, 0);
-    EXPECT_EQ(std::memcmp(cs[0].opaque, plan->algo().opaque, sizeof cs[0].opaque), 0);
+    // The same algorithm: its configuration (Note [cuBLASLt algorithm identity]; the opaque
+    // bytes of two heuristic queries differed on the H100 for one of these dtypes).
+    EXPECT_FALSE(cs[0].config.empty());
+    EXPECT_EQ(cs[0].config, plan->algo().config);
     for (const cuda::GemmAlgo& a : cs) {
       EXPECT_EQ(a.index, &a - cs.data());
       EXPECT_TRUE(check_gemm(g, rng, &a)) << "candidate " << a.index;
