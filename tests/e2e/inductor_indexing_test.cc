@@ -144,7 +144,12 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
   // Compiles g (inputs x, grid and maybe w) and checks it against the interpreter on fresh
   // inputs of two seeds: normal values, the grid uniform in [-1.3, 1.3] but for `extremes`.
   auto check = [](const Graph& g, uint64_t seed0, std::vector<std::pair<size_t, float>> extremes) {
-    auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+    // 16-lane vectors (this machine's AVX-512, where it has it), then 8-lane ones (AVX2's
+    // kernels: their masked loads and gathers).
+    for (const char* vec : {"512", "256"}) {
+    compiler::Options options;
+    options.knobs.set("vec", vec);
+    auto compiled = compiler::compile(g, Device::cpu(), options);
     EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
     for (uint64_t seed : {seed0, seed0 + 1}) {
       Generator gen(seed);
@@ -161,7 +166,8 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
       }
       TensorList want = run(g, in), got = compiled->run(in);
       EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::rel(1e-5, 1e-5)))
-          << g.name << " seed " << seed << "\n" << compiled->summary();
+          << g.name << " seed " << seed << " vec " << vec << "\n" << compiled->summary();
+    }
     }
   };
   const float inf = std::numeric_limits<float>::infinity();
@@ -177,22 +183,24 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
     check(g, 31, {{7, 25.0f}, {100, -inf}, {513, nan}, {1040, 1.0f}, {1041, -1.0f}});
   }
   // The Reduce form (multi-scale deformable attention): the samples weighted and summed over the
-  // sampling points, one kernel whose tables hold each query's points. With 37 channels
-  // (contiguous in x) the kernel runs SIMD lanes along them: two full vectors and a scalar tail
-  // of 5 (AVX-512), checked against the same interpreter.
+  // sampling points, one kernel whose tables hold a tile of queries' points: 19 queries of 4
+  // points are a tile of 16 (64 rows, filled as whole vectors) and one of 3 (12 rows: the
+  // fill's scalar tail), extremes in both. With 37 channels (contiguous in x) the kernel runs
+  // SIMD lanes along them: two full vectors and a scalar tail of 5 (AVX-512), checked against
+  // the same interpreter.
   for (auto [ac, channels] : {std::pair{false, 6}, std::pair{true, 6}, std::pair{false, 37}, std::pair{true, 37}}) {
     Graph g;
     g.name = fmt::format("grid_sum{}_c{}", ac ? "_ac" : "", channels);
     ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, channels}));
-    ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 7, 4, 2}));
-    ValueId w = g.add_input("w", TensorType(f32, Shape{2, 1, 7, 4}));
+    ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 19, 4, 2}));
+    ValueId w = g.add_input("w", TensorType(f32, Shape{2, 1, 19, 4}));
     ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
     ValueId sm = g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", ac}}, "sample");
     ValueId wt = g.add_node1(OpId::Mul, {sm, w}, {}, "weigh");
     g.outputs = {g.add_node1(OpId::Sum, {wt}, {{"dims", Ints{-1}}, {"keepdim", false}}, "points")};
-    check(g, 33, {{3, 25.0f}, {20, inf}, {41, nan}});
+    check(g, 33, {{3, 25.0f}, {20, inf}, {41, nan}, {141, nan}, {150, -inf}, {300, -3.0f}});
   }
-  int tabled = 0, reduced = 0, lanes = 0;
+  int tabled = 0, reduced = 0, lanes = 0, gathers = 0;
   for (const auto& f : std::filesystem::directory_iterator(dump)) {
     std::ifstream in(f.path());
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -200,10 +208,13 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
     ++tabled;
     if (text.find("// reduce over") != std::string::npos) ++reduced;
     if (text.find("SIMD lanes along dim 1") != std::string::npos) ++lanes;
+    if (text.find("SIMD gathers along dim 2") != std::string::npos) ++gathers;
   }
-  EXPECT_EQ(tabled, 6) << "dumped sources in " << dump;
-  EXPECT_EQ(reduced, 4) << "dumped sources in " << dump;
-  EXPECT_EQ(lanes, 4) << "dumped sources in " << dump;  // every Reduce form (C = 6: the tail only)
+  // Each graph at both widths (the width is in the source: a unit each).
+  EXPECT_EQ(tabled, 12) << "dumped sources in " << dump;
+  EXPECT_EQ(reduced, 8) << "dumped sources in " << dump;
+  EXPECT_EQ(lanes, 8) << "dumped sources in " << dump;  // every Reduce form (C = 6: the tail only)
+  EXPECT_EQ(gathers, 4) << "dumped sources in " << dump;  // every Pointwise form ([2, 5, 527])
 }
 
 // The index computed in the kernel that would read through it: index_select of a 1-d x has the

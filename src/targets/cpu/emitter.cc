@@ -88,8 +88,16 @@ class KernelEmitter {
   // Note [grid_sample tap tables]: whether the kernel takes them; then grid_ is its grid_sample
   // expression and grid_dim_ the dim of the space the tables are shared along.
   bool find_grid_tables();
-  // The statements that fill row p_ of the tables from the grid_sample's coordinates.
-  std::string grid_tap_fill(const std::string& ind) const;
+  // The statement that stores row p_'s coordinates (cx_, cy_) from the grid_sample's loads.
+  std::string grid_coords(const std::string& ind) const;
+  // The tables' declarations for `rows` rows (offsets of type `off_type`), and the statements
+  // that fill rows [0, n) from the stored coordinates (Note [grid_sample tap tables]).
+  std::string grid_tables(int64_t rows, const char* off_type, const std::string& ind) const;
+  std::string grid_fill(int64_t rows, const char* off_type, const std::string& n,
+                        const std::string& ind) const;
+  // Whether the Pointwise form gathers KN_W points at a time: a float32 source whose offsets
+  // within a plane fit int32, stored contiguously along the points.
+  bool grid_gathers() const;
   void emit_grid_taps(std::string& out);
   void emit_reduce_grid(std::string& out);
   int grid_ = -1, grid_dim_ = -1;
@@ -290,11 +298,13 @@ std::string KernelEmitter::indexed_code(int ei) const {
         e.check);
   }
   if (read_tables_ && ei == grid_) {
+    // The four taps from the top-left one's offset: +x, +y, +y+x.
+    const int64_t tap[4] = {0, e.src_stride[1], e.src_stride[0], e.src_stride[0] + e.src_stride[1]};
     std::string taps;
     for (int t = 0; t < 4; ++t)
-      taps += fmt::format(" if (m_ & {}) a_ += wt_[p_][{}] * {};", 1 << t, t,
-                          source_load(e.load, fmt::format("off_[p_][{}]", t)));
-    return fmt::format("({{ const unsigned char m_ = ok_[p_]; float a_ = 0;\n"
+      taps += fmt::format(" if (m_ & {}) a_ += wt_[{}][p_] * {};", 1 << t, t,
+                          source_load(e.load, fmt::format("off_[p_] + {}", tap[t])));
+    return fmt::format("({{ const int m_ = ok_[p_]; float a_ = 0;\n"
                        "      if (m_ & 16) a_ = (float)NAN; else {{{} }}\n      (float)a_; }})",
                        taps);
   }
@@ -423,18 +433,35 @@ namespace {
 // shared by every channel) computed its coordinates, clamps, floors, weights and bounds tests
 // for every output element, once per channel: deform_sampling's nine grid_samples took 1.5-2 ms
 // each at one thread, 70-90x their roofline (`kiln profile`). When a dim d of the space walks
-// the source but not the grid (the channels), the taps (offsets, the four weight products,
-// which taps are in bounds, NaN coordinates) are computed once into small tables, then every
-// point along d reads them:
+// the source but not the grid (the channels), the taps (the top-left tap's offset, the four
+// weights, which taps are in bounds, NaN coordinates) are computed once into small tables, then
+// every point along d reads them:
 //   - Pointwise (a grid_sample stored alone): the innermost dim in blocks of kGridBlock points;
+//     along them, KN_W points at a time gather their taps (masked gathers: an out-of-bounds tap
+//     reads nothing) where the source is float32, its offsets fit int32 and the store is
+//     contiguous along them;
 //   - Reduce (multi-scale deformable attention: the samples of [head, channel, query, point]
-//     weighted and summed over the points, float32 sum or mean, no full-level stores): per point
-//     of the other kept dims, a table of the kGridTableRows reduced points at most; every other
-//     expression is evaluated as in the scalar kernel.
-// The arithmetic per output is the scalar kernel's, in its order (a tap's weight product is
-// formed before it multiplies the value, as there), so results are bitwise the same.
+//     weighted and summed over the points, float32 sum or mean, no full-level stores): per tile
+//     of up to Q points of the innermost other kept dim t (the queries), a table of their
+//     reduced points (kGridTableRows per point at most); every other expression is evaluated as
+//     in the scalar kernel. The sums of a tile go to a small buffer first, and its epilogue and
+//     stores then run along t innermost, where the output is usually contiguous (msda's
+//     [head, channel, query] sum): storing each sum as it was finished wrote a new cache line
+//     per channel, 2500 floats apart.
+// The tables are filled from the stored coordinates by kn_grid_taps (the prelude), SIMD over
+// their rows: msda's per-query tables of 4 points were filled one scalar row at a time, with
+// branches, which took a third of its kernels' time (0.5 of 1.45 ms at one thread); a tile of
+// queries gives the fill whole vectors of rows.
+// The arithmetic per output is the scalar kernel's, in its order (a tap's weight is formed
+// before it multiplies the value, as there; an absent tap adds nothing: the SIMD forms add a
+// zero product, which leaves the sum as it is, since a sum started at +0 is never -0), so the
+// SIMD and scalar forms give the same bits.
 constexpr int64_t kGridBlock = 256;
 constexpr int64_t kGridTableRows = 1024;
+constexpr int64_t kGridTileRows = 64;    // the Reduce form's tile: Q * rows up to this
+constexpr int64_t kGridTilePoints = 16;  // and Q up to this
+constexpr int64_t kGridSums = 4096;      // and its sums buffer, Q * size(d), up to this
+constexpr int64_t kGridMaxDim = 16384;   // size(d) for the Reduce form
 
 bool KernelEmitter::find_grid_tables() {
   const bool reduce = k_.kind == LoopKind::Reduce;
@@ -478,6 +505,7 @@ bool KernelEmitter::find_grid_tables() {
     for (int a : e.args)
       coords_fixed = coords_fixed && k_.loads[size_t(k_.exprs[size_t(a)].load)].strides[size_t(d)] == 0;
     if (coords_fixed && k_.loads[size_t(e.load)].strides[size_t(d)] != 0) {
+      if (reduce && k_.sizes[size_t(d)] > kGridMaxDim) return false;
       grid_ = grid;
       grid_dim_ = d;
       return true;
@@ -486,41 +514,48 @@ bool KernelEmitter::find_grid_tables() {
   return false;
 }
 
-std::string KernelEmitter::grid_tap_fill(const std::string& ind) const {
+std::string KernelEmitter::grid_coords(const std::string& ind) const {
   const LoopExpr& e = k_.exprs[size_t(grid_)];
-  std::string out;
-  for (int a : e.args) out += fmt::format("{}const float v{} = {};\n", ind, a, expr_code(a, false));
-  const bool ac = e.attrs->get_bool("align_corners");
-  const int64_t H = e.src_size[0], W = e.src_size[1];
-  auto unnorm = [&](int arg, int64_t size) {
-    return ac ? fmt::format("(((float)v{0} + 1) / 2 * (float){1})", arg, size - 1)
-              : fmt::format("((((float)v{0} + 1) * (float){1} - 1) / 2)", arg, size);
-  };
-  // NaN coordinates mark the row and end its iteration of the innermost loop.
-  return out + fmt::format(
-      "{8}float ix_ = {0}, iy_ = {1};\n"
-      "{8}if (ix_ != ix_ || iy_ != iy_) {{ ok_[p_] = 16; continue; }}\n"
-      "{8}ix_ = ix_ < -2 ? -2 : ix_ > {4} ? {4} : ix_; iy_ = iy_ < -2 ? -2 : iy_ > {5} ? {5} : iy_;\n"
-      "{8}const i64 x0_ = (i64)std::floor(ix_), y0_ = (i64)std::floor(iy_);\n"
-      "{8}const float wx1_ = ix_ - (float)x0_, wy1_ = iy_ - (float)y0_, wx0_ = 1 - wx1_, wy0_ = 1 - wy1_;\n"
-      "{8}const bool xa_ = x0_ >= 0 && x0_ < {2}, xb_ = x0_ + 1 >= 0 && x0_ + 1 < {2};\n"
-      "{8}const bool ya_ = y0_ >= 0 && y0_ < {3}, yb_ = y0_ + 1 >= 0 && y0_ + 1 < {3};\n"
-      "{8}ok_[p_] = (unsigned char)((ya_ && xa_) | (ya_ && xb_) << 1 | (yb_ && xa_) << 2 | (yb_ && xb_) << 3);\n"
-      "{8}off_[p_][0] = y0_ * {6} + x0_ * {7}; off_[p_][1] = off_[p_][0] + {7};\n"
-      "{8}off_[p_][2] = off_[p_][0] + {6}; off_[p_][3] = off_[p_][2] + {7};\n"
-      "{8}wt_[p_][0] = wy0_ * wx0_; wt_[p_][1] = wy0_ * wx1_; wt_[p_][2] = wy1_ * wx0_; wt_[p_][3] = wy1_ * wx1_;\n",
-      unnorm(e.args[0], W), unnorm(e.args[1], H), W, H, W + 1, H + 1, e.src_stride[0],
-      e.src_stride[1], ind);
+  return fmt::format("{0}cx_[p_] = (float){1}; cy_[p_] = (float){2};\n", ind,
+                     expr_code(e.args[0], false), expr_code(e.args[1], false));
 }
 
-// The Reduce form: per point of the other kept dims, the tables of every reduced point; then
-// each output along d walks the reduce dims as the scalar kernel does.
+std::string KernelEmitter::grid_tables(int64_t rows, const char* off_type,
+                                       const std::string& ind) const {
+  return fmt::format("{0}alignas(64) float cx_[{1}], cy_[{1}], wt_[4][{1}];\n"
+                     "{0}alignas(64) int tx_[{1}], ty_[{1}], ok_[{1}];\n"
+                     "{0}alignas(64) {2} off_[{1}];\n",
+                     ind, rows, off_type);
+}
+
+std::string KernelEmitter::grid_fill(int64_t rows, const char* off_type, const std::string& n,
+                                     const std::string& ind) const {
+  const LoopExpr& e = k_.exprs[size_t(grid_)];
+  const int64_t H = e.src_size[0], W = e.src_size[1];
+  return fmt::format(
+      "{0}kn_grid_taps(cx_, cy_, {1}, {2}, {3}, {4}, &wt_[0][0], {5}, ok_, tx_, ty_);\n"
+      "{0}for (i64 r_ = 0; r_ < {1}; ++r_) off_[r_] = ({6})ty_[r_] * {7} + ({6})tx_[r_] * {8};\n",
+      ind, n, e.attrs->get_bool("align_corners") ? 1 : 0, W, H, rows, off_type, e.src_stride[0],
+      e.src_stride[1]);
+}
+
+// The Reduce form: per tile of points along t (the innermost kept dim other than d), the tables
+// of every reduced point of the tile; then each output along d walks the reduce dims as the
+// scalar kernel does, into the tile's sums buffer; then the epilogue and the stores, t innermost.
 void KernelEmitter::emit_reduce_grid(std::string& out) {
   const LoopExpr& red = k_.exprs[size_t(k_.anchor)];
   const int x = red.args[0], kept = k_.kept_dims(), r = n(), d = grid_dim_;
   int64_t rows = 1;
   for (int t = kept; t < r; ++t) rows *= k_.sizes[size_t(t)];
-  // The reduce loops around `body`, with p_ the flat row of the reduced point.
+  const int64_t D = k_.sizes[size_t(d)];
+  int tdim = -1;
+  for (int t = kept - 1; t >= 0 && tdim < 0; --t)
+    if (t != d) tdim = t;
+  const int64_t T = tdim >= 0 ? k_.sizes[size_t(tdim)] : 1;
+  const int64_t Q = std::max<int64_t>(
+      1, std::min({kGridTileRows / rows, kGridTilePoints, T, kGridSums / D}));
+  const int64_t QR = Q * rows;
+  // The reduce loops around `body`, with p_ the row of the reduced point (rb_ + its flat index).
   auto reduce_nest = [&](std::string& o, const std::string& ind, auto&& body) {
     std::string in = ind, flat = fmt::format("i{}", kept);
     for (int t = kept; t < r; ++t) {
@@ -528,61 +563,69 @@ void KernelEmitter::emit_reduce_grid(std::string& out) {
       in += "  ";
       if (t > kept) flat = fmt::format("({}) * {} + i{}", flat, k_.sizes[size_t(t)], t);
     }
-    o += fmt::format("{}const i64 p_ = {};\n", in, flat);
+    o += fmt::format("{}const i64 p_ = rb_ + {};\n", in, flat);
     body(o, in);
     for (int t = kept; t < r; ++t) {
       in.resize(in.size() - 2);
       o += in + "}\n";
     }
   };
+  // The point of the tile: i<t> from tb_ and q_.
+  const std::string point = tdim >= 0 ? fmt::format("const i64 i{} = tb_ + q_; ", tdim) : "";
   if (par() && kept > 1)
     out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", kept - 1);
-  for (int t = 0; t < kept; ++t)
-    if (t != d) out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
+  for (int t = 0; t < kept; ++t) {
+    if (t == d) continue;
+    if (t == tdim)
+      out += fmt::format("  for (i64 tt_ = 0; tt_ < {}; ++tt_)\n", (T + Q - 1) / Q);
+    else
+      out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
+  }
   out += "  {\n";
-  out += fmt::format("    i64 off_[{0}][4]; float wt_[{0}][4]; unsigned char ok_[{0}];\n", rows);
+  out += grid_tables(QR, "i64", "    ");
+  out += fmt::format("    alignas(64) float sums_[{}][{}];\n", Q, D);
+  out += tdim >= 0 ? fmt::format("    const i64 tb_ = tt_ * {0}, tn_ = tb_ + {0} < {1} ? {0} : {1} - tb_;\n", Q, T)
+                   : "    const i64 tb_ = 0, tn_ = 1;\n    (void)tb_;\n";
   // The tables (the coordinates do not depend on dim d: i<d> = 0).
-  out += fmt::format("    {{\n      const i64 i{} = 0;\n", d);
-  reduce_nest(out, "      ", [&](std::string& o, const std::string& in) { o += grid_tap_fill(in); });
+  out += fmt::format("    for (i64 q_ = 0; q_ < tn_; ++q_) {{\n      {}const i64 i{} = 0, rb_ = q_ * {};\n",
+                     point, d, rows);
+  reduce_nest(out, "      ", [&](std::string& o, const std::string& in) { o += grid_coords(in); });
   out += "    }\n";
+  out += grid_fill(QR, "i64", fmt::format("tn_ * {}", rows), "    ");
   const std::vector<bool> want = lower::expr_closure(k_, x);
   std::vector<bool> all(k_.exprs.size(), true);
   std::string result = red.op == OpId::Mean ? fmt::format("acc / (float){}", red.count) : "acc";
-  const int64_t D = k_.sizes[size_t(d)];
   // The sum over the reduced points of output i<d> (SIMD: of KN_W outputs from i<d> on).
   auto sum_terms = [&](bool v) {
-    reduce_nest(out, "      ", [&](std::string& o, const std::string& in) {
+    reduce_nest(out, "        ", [&](std::string& o, const std::string& in) {
       read_tables_ = true;
       emit_exprs(o, want, Level::Full, v, in);
       read_tables_ = false;
       o += v ? fmt::format("{}vacc = vacc + v{};\n", in, x) : fmt::format("{}acc += (float)v{};\n", in, x);
     });
   };
-  // The epilogue and the stores of output i<d> from its sum `acc`.
-  auto finish = [&](const std::string& ind) {
-    out += fmt::format("{}const float v{} = (float)({});\n", ind, k_.anchor, result);
-    emit_exprs(out, all, Level::Kept, false, ind);
-    emit_stores(out, Level::Kept, false, ind);
-  };
-  out += fmt::format("    i64 i{} = 0;\n", d);
+  out += fmt::format("    for (i64 q_ = 0; q_ < tn_; ++q_) {{\n      {}const i64 rb_ = q_ * {};\n", point, rows);
+  out += fmt::format("      i64 i{} = 0;\n", d);
   if (grid_lanes()) {
     // KN_W outputs along d at a time: each lane sums its own output's terms in the scalar
-    // loop's order; the epilogue and the stores then run per lane, as the scalar loop's.
-    out += fmt::format("#ifdef KN_W\n    for (; i{0} + KN_W <= {1}; i{0} += KN_W) {{\n", d, D);
-    out += "      VF vacc = vset(0.0f);\n";
+    // loop's order.
+    out += fmt::format("#ifdef KN_W\n      for (; i{0} + KN_W <= {1}; i{0} += KN_W) {{\n", d, D);
+    out += "        VF vacc = vset(0.0f);\n";
     vdim_ = d;
     sum_terms(true);
     vdim_ = -1;
-    out += fmt::format("      alignas(64) float accs_[KN_W];\n      vst(accs_, vacc);\n"
-                       "      for (int l_ = 0; l_ < KN_W; ++l_) {{\n        const i64 j_ = i{0} + l_;\n"
-                       "        {{ const i64 i{0} = j_;\n        const float acc = accs_[l_];\n", d);
-    finish("        ");
-    out += "        }\n      }\n    }\n#endif\n";
+    out += fmt::format("        vst(&sums_[q_][i{}], vacc);\n      }}\n#endif\n", d);
   }
-  // Every (remaining) output along d.
-  out += fmt::format("    for (; i{0} < {1}; ++i{0}) {{\n      float acc = 0;\n", d, D);
+  out += fmt::format("      for (; i{0} < {1}; ++i{0}) {{\n        float acc = 0;\n", d, D);
   sum_terms(false);
-  finish("      ");
+  out += fmt::format("        sums_[q_][i{}] = acc;\n      }}\n    }}\n", d);
+  // The epilogue and the stores of every output of the tile, from its sum.
+  out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", d, D);
+  out += fmt::format("    for (i64 q_ = 0; q_ < tn_; ++q_) {{\n      {}const float acc = sums_[q_][i{}];\n",
+                     point, d);
+  out += fmt::format("      const float v{} = (float)({});\n", k_.anchor, result);
+  emit_exprs(out, all, Level::Kept, false, "      ");
+  emit_stores(out, Level::Kept, false, "      ");
   out += "    }\n  }\n";
 }
 
@@ -611,17 +654,29 @@ bool KernelEmitter::grid_lanes() const {
   return true;
 }
 
+// KN_W neighbours along d: every tap is one masked vector load (nothing read where the tap is
+// out of bounds), weighted and added in the scalar form's order.
 std::string KernelEmitter::grid_lanes_code(int ei) const {
   const LoopExpr& e = k_.exprs[size_t(ei)];
   KILN_ASSERT(read_tables_ && ei == grid_ && vdim_ == grid_dim_);
-  const std::string base = fmt::format("L{} + {}", e.load, index(k_.loads[size_t(e.load)].strides));
+  const int64_t tap[4] = {0, e.src_stride[1], e.src_stride[0], e.src_stride[0] + e.src_stride[1]};
   std::string taps;
   for (int t = 0; t < 4; ++t)
-    taps += fmt::format(" if (m_ & {0}) a_ = a_ + vset(wt_[p_][{1}]) * vld({2} + off_[p_][{1}]);",
-                        1 << t, t, base);
-  return fmt::format("({{ const unsigned char m_ = ok_[p_]; VF a_ = vset(0.0f);\n"
-                     "      if (m_ & 16) a_ = vset((float)NAN); else {{{} }}\n      a_; }})",
-                     taps);
+    taps += fmt::format("\n        a_ = a_ + vset(wt_[{0}][p_]) * vld_if((m_ >> {0}) & 1, s_ + {1});", t, tap[t]);
+  return fmt::format("({{ const int m_ = ok_[p_]; VF a_ = vset(0.0f);\n"
+                     "      if (m_ & 16) a_ = vset((float)NAN); else {{\n"
+                     "        const float* s_ = L{} + {} + off_[p_];{} }}\n      a_; }})",
+                     e.load, index(k_.loads[size_t(e.load)].strides), taps);
+}
+
+bool KernelEmitter::grid_gathers() const {
+  if (!opt_.vectorize || k_.kind != LoopKind::Pointwise || grid_ < 0) return false;
+  const LoopExpr& e = k_.exprs[size_t(grid_)];
+  if (k_.loads[size_t(e.load)].dtype != DType::Float32) return false;
+  const int64_t H = e.src_size[0], W = e.src_size[1];
+  const int64_t far = (H + 2) * std::abs(e.src_stride[0]) + (W + 2) * std::abs(e.src_stride[1]);
+  if (far >= (int64_t(1) << 31)) return false;
+  return store_vectorizable(k_.stores[0].access, size_t(n() - 1));
 }
 
 // The Pointwise form: blocks of kGridBlock points of the innermost dim.
@@ -629,28 +684,46 @@ void KernelEmitter::emit_grid_taps(std::string& out) {
   const int r = n(), in = r - 1, d = grid_dim_;
   const int64_t N = k_.sizes[size_t(in)];
   const int64_t blocks = (N + kGridBlock - 1) / kGridBlock;
+  const bool gathers = grid_gathers();
+  const char* off_type = gathers ? "int" : "i64";
   if (par())
     out += fmt::format("  #pragma omp parallel for collapse({}) schedule(static) if(nt > 1) num_threads(nt)\n", r - 1);
   for (int t = 0; t < in; ++t)
     if (t != d) out += fmt::format("  for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", t, k_.sizes[size_t(t)]);
   out += fmt::format("  for (i64 blk_ = 0; blk_ < {}; ++blk_)\n  {{\n", blocks);
   out += fmt::format("    const i64 j0_ = blk_ * {0}, j1_ = j0_ + {0} < {1} ? j0_ + {0} : {1};\n", kGridBlock, N);
-  out += fmt::format("    i64 off_[{0}][4]; float wt_[{0}][4]; unsigned char ok_[{0}];\n", kGridBlock);
+  out += grid_tables(kGridBlock, off_type, "    ");
   // The taps of the block's points (the coordinates do not depend on dim d: i<d> = 0).
   out += fmt::format("    {{\n      const i64 i{} = 0;\n", d);
   out += fmt::format("      for (i64 i{0} = j0_; i{0} < j1_; ++i{0}) {{\n", in);
   out += fmt::format("        const i64 p_ = i{} - j0_;\n", in);
-  out += grid_tap_fill("        ");
+  out += grid_coords("        ");
   out += "      }\n    }\n";
+  out += grid_fill(kGridBlock, off_type, "j1_ - j0_", "    ");
   // Every point along d through the tables.
-  out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0})\n", d, k_.sizes[size_t(d)]);
-  out += fmt::format("    for (i64 i{0} = j0_; i{0} < j1_; ++i{0}) {{\n", in);
-  out += fmt::format("      const i64 p_ = i{} - j0_;\n", in);
+  out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, k_.sizes[size_t(d)]);
+  out += fmt::format("      i64 i{} = j0_;\n", in);
+  if (gathers) {
+    const LoopExpr& e = k_.exprs[size_t(grid_)];
+    const int64_t tap[4] = {0, e.src_stride[1], e.src_stride[0], e.src_stride[0] + e.src_stride[1]};
+    out += fmt::format("#ifdef KN_W\n      const float* g_ = L{} + {};\n", e.load,
+                       index(k_.loads[size_t(e.load)].strides));
+    out += fmt::format("      for (; i{0} + KN_W <= j1_; i{0} += KN_W) {{\n", in);
+    out += fmt::format("        const i64 p_ = i{} - j0_;\n        VF a_ = vset(0.0f);\n", in);
+    for (int t = 0; t < 4; ++t)
+      out += fmt::format("        a_ = a_ + vld(&wt_[{0}][p_]) * vgather_tap(g_ + {1}, off_ + p_, ok_ + p_, {2});\n",
+                         t, tap[t], 1 << t);
+    out += fmt::format("        const VF v{} = vnan_where(a_, ok_ + p_);\n", grid_);
+    emit_stores(out, Level::Full, true, "        ");
+    out += "      }\n#endif\n";
+  }
+  out += fmt::format("      for (; i{0} < j1_; ++i{0}) {{\n", in);
+  out += fmt::format("        const i64 p_ = i{} - j0_;\n", in);
   read_tables_ = true;
-  out += fmt::format("      const float v{} = {};\n", grid_, expr_code(grid_, false));
+  out += fmt::format("        const float v{} = {};\n", grid_, expr_code(grid_, false));
   read_tables_ = false;
-  emit_stores(out, Level::Full, false, "      ");
-  out += "    }\n  }\n";
+  emit_stores(out, Level::Full, false, "        ");
+  out += "      }\n    }\n  }\n";
 }
 
 // Note [tiled transposes]
@@ -1322,8 +1395,10 @@ std::string KernelEmitter::emit(bool* vectorized) {
   if (buffered)
     out += fmt::format(", row buffer of {} (Note [row-buffered norms])\n", k_.exprs[size_t(k_.anchor)].count);
   else if (!vec && !lanes && find_grid_tables())
-    out += grid_lanes() ? fmt::format(", tap tables across dim {0}, SIMD lanes along dim {0}\n", grid_dim_)
-                        : fmt::format(", scalar, tap tables across dim {}\n", grid_dim_);
+    out += grid_lanes()     ? fmt::format(", tap tables across dim {0}, SIMD lanes along dim {0}\n", grid_dim_)
+           : grid_gathers() ? fmt::format(", tap tables across dim {}, SIMD gathers along dim {}\n",
+                                          grid_dim_, n() - 1)
+                            : fmt::format(", scalar, tap tables across dim {}\n", grid_dim_);
   else if (k_.kind == LoopKind::Pointwise && tiled_dim(vec) >= 0)
     out += fmt::format(", scalar, tiled with dim {} (Note [tiled transposes])\n", tiled_dim(vec));
   else

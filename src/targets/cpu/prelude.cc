@@ -145,6 +145,19 @@ template <typename F> static inline float kn_lanes(VF a, F f) {
   a = f(a, VF{_mm512_permute_ps(a.v, 0x4E)});
   return _mm512_cvtss_f32(f(a, VF{_mm512_permute_ps(a.v, 0xB1)}).v);
 }
+// Note [grid_sample tap tables] (emitter.cc): integral floats stored as int32; KN_W floats
+// loaded when c is 1, zeros (nothing read) when 0; a tap of KN_W points, base[idx[l]] where
+// ok[l] has `bit` (masked-off lanes read nothing); NaN where ok[l] has 16.
+static inline void vst_i32(int* p, VF a) { _mm512_storeu_si512((void*)p, _mm512_cvttps_epi32(a.v)); }
+static inline VF vld_if(int c, const float* p) { return {_mm512_maskz_loadu_ps((__mmask16)(-c), p)}; }
+static inline VF vgather_tap(const float* base, const int* idx, const int* ok, int bit) {
+  const __mmask16 m = _mm512_test_epi32_mask(_mm512_loadu_si512((const void*)ok), _mm512_set1_epi32(bit));
+  return {_mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_loadu_si512((const void*)idx), base, 4)};
+}
+static inline VF vnan_where(VF a, const int* ok) {
+  const __mmask16 m = _mm512_test_epi32_mask(_mm512_loadu_si512((const void*)ok), _mm512_set1_epi32(16));
+  return {_mm512_mask_blend_ps(m, a.v, _mm512_set1_ps(NAN))};
+}
 #elif defined(__AVX2__)
 #define KN_W 8
 struct VF { __m256 v; };
@@ -205,6 +218,18 @@ template <typename F> static inline float kn_lanes(VF a, F f) {
   a = f(a, VF{_mm256_permute_ps(a.v, 0x4E)});
   return _mm256_cvtss_f32(f(a, VF{_mm256_permute_ps(a.v, 0xB1)}).v);
 }
+static inline void vst_i32(int* p, VF a) { _mm256_storeu_si256((__m256i*)p, _mm256_cvttps_epi32(a.v)); }
+static inline VF vld_if(int c, const float* p) { return {_mm256_maskload_ps(p, _mm256_set1_epi32(-c))}; }
+static inline VF vgather_tap(const float* base, const int* idx, const int* ok, int bit) {
+  const __m256i b = _mm256_set1_epi32(bit);
+  const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i*)ok), b), b);
+  return {_mm256_mask_i32gather_ps(_mm256_setzero_ps(), base, _mm256_loadu_si256((const __m256i*)idx), _mm256_castsi256_ps(m), 4)};
+}
+static inline VF vnan_where(VF a, const int* ok) {
+  const __m256i b = _mm256_set1_epi32(16);
+  const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i*)ok), b), b);
+  return {_mm256_blendv_ps(a.v, _mm256_set1_ps(NAN), _mm256_castsi256_ps(m))};
+}
 #endif
 // Note [subnormal probabilities] (emitter.cc): float's least normal number and its log.
 static constexpr float kn_least_normal = 1.17549435e-38f, kn_ln_least_normal = -87.3365448f;
@@ -240,6 +265,58 @@ static inline VF vexp_ftz(VF a) {
 #endif
 static inline float kn_flush_tiny(float a) { return std::fabs(a) < kn_least_normal ? 0.0f : a; }
 static inline float kn_exp_ftz(float a) { return a < kn_ln_least_normal ? 0.0f : std::exp(a); }
+// Note [grid_sample tap tables] (emitter.cc): rows [0, n) of a grid_sample's tap tables from
+// its coordinates (cx, cy), as ref_grid_sample computes them (bilinear, zeros padding): the
+// source position clamped to [-2, size + 1], its top-left tap (tx, ty), the four taps' weights
+// (wt + t * ws: top-left, top-right, bottom-left, bottom-right) and which taps lie inside (ok
+// bits 0-3; 16 for a NaN coordinate, whose row is otherwise position 0). SIMD over the rows.
+static inline void kn_grid_taps(const float* cx, const float* cy, i64 n, int ac, i64 W, i64 H,
+                                float* wt, i64 ws, int* ok, int* tx, int* ty) {
+  const float fw = (float)W, fh = (float)H;
+  i64 i = 0;
+#ifdef KN_W
+  for (; i + KN_W <= n; i += KN_W) {
+    const VF one = vset(1.0f), two = vset(2.0f), zero = vset(0.0f);
+    const VF x = vld(cx + i), y = vld(cy + i);
+    VF ix = ac ? (x + one) / two * vset(fw - 1) : ((x + one) * vset(fw) - one) / two;
+    VF iy = ac ? (y + one) / two * vset(fh - 1) : ((y + one) * vset(fh) - one) / two;
+    const VF nan = vor(vunord(ix, ix), vunord(iy, iy));
+    ix = vmin(vmax(vsel(nan, zero, ix), vset(-2.0f)), vset(fw + 1));
+    iy = vmin(vmax(vsel(nan, zero, iy), vset(-2.0f)), vset(fh + 1));
+    const VF x0 = vfloor(ix), y0 = vfloor(iy);
+    const VF wx1 = ix - x0, wy1 = iy - y0, wx0 = one - wx1, wy0 = one - wy1;
+    const VF xa = vand(vge(x0, zero), vlt(x0, vset(fw))), xb = vand(vge(x0, vset(-1.0f)), vlt(x0, vset(fw - 1)));
+    const VF ya = vand(vge(y0, zero), vlt(y0, vset(fh))), yb = vand(vge(y0, vset(-1.0f)), vlt(y0, vset(fh - 1)));
+    const VF bits = ya * xa + ya * xb * two + yb * xa * vset(4.0f) + yb * xb * vset(8.0f);
+    vst_i32(ok + i, vsel(nan, vset(16.0f), bits));
+    vst_i32(tx + i, x0);
+    vst_i32(ty + i, y0);
+    vst(wt + i, wy0 * wx0);
+    vst(wt + ws + i, wy0 * wx1);
+    vst(wt + 2 * ws + i, wy1 * wx0);
+    vst(wt + 3 * ws + i, wy1 * wx1);
+  }
+#endif
+  for (; i < n; ++i) {
+    float ix = ac ? (cx[i] + 1) / 2 * (fw - 1) : ((cx[i] + 1) * fw - 1) / 2;
+    float iy = ac ? (cy[i] + 1) / 2 * (fh - 1) : ((cy[i] + 1) * fh - 1) / 2;
+    const bool nan = ix != ix || iy != iy;
+    if (nan) ix = iy = 0;
+    ix = ix < -2 ? -2 : ix > fw + 1 ? fw + 1 : ix;
+    iy = iy < -2 ? -2 : iy > fh + 1 ? fh + 1 : iy;
+    const float x0 = std::floor(ix), y0 = std::floor(iy);
+    const float wx1 = ix - x0, wy1 = iy - y0, wx0 = 1 - wx1, wy0 = 1 - wy1;
+    const bool xa = x0 >= 0 && x0 < fw, xb = x0 >= -1 && x0 < fw - 1;
+    const bool ya = y0 >= 0 && y0 < fh, yb = y0 >= -1 && y0 < fh - 1;
+    ok[i] = nan ? 16 : (ya && xa) | (ya && xb) << 1 | (yb && xa) << 2 | (yb && xb) << 3;
+    tx[i] = (int)x0;
+    ty[i] = (int)y0;
+    wt[i] = wy0 * wx0;
+    wt[ws + i] = wy0 * wx1;
+    wt[2 * ws + i] = wy1 * wx0;
+    wt[3 * ws + i] = wy1 * wx1;
+  }
+}
 // ---- index checks (Note [Indexed loads] in lower/loop_ir.h) ----
 // The first bad index of a call wins: err[0] = the kernel's check number, err[1] = the value.
 static inline void kn_index_error(i64* err, i64 check, i64 value) {
