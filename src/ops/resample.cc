@@ -149,8 +149,7 @@ void upsample_bilinear_f32(const KernelContext& ctx) {
   const int64_t H = x.sizes()[2], W = x.sizes()[3], Ho = out.sizes()[2], Wo = out.sizes()[3];
   std::vector<LinearTap> hs = linear_table(H, Ho, ac, scales, 0);
   std::vector<LinearTap> ws = linear_table(W, Wo, ac, scales, 1);
-  std::vector<float> wf(static_cast<size_t>(Wo));
-  for (int64_t ow = 0; ow < Wo; ++ow) wf[size_t(ow)] = float(ws[size_t(ow)].w1);
+  const resample::WidthTaps wt = resample::width_taps(ws);
   const float* xp = x.data<float>();
   float* op = out.data<float>();
   const int64_t planes = out.sizes()[0] * out.sizes()[1];
@@ -161,8 +160,7 @@ void upsample_bilinear_f32(const KernelContext& ctx) {
     std::vector<float> cache(size_t(2 * Wo));
 #pragma omp for
     for (int64_t p = 0; p < planes; ++p)
-      resample::bilinear_plane_f32(xp + p * H * W, W, op + p * Ho * Wo, hs, ws, wf.data(),
-                                   cache.data());
+      resample::bilinear_plane_f32(xp + p * H * W, W, op + p * Ho * Wo, hs, wt, cache.data());
   }
 }
 

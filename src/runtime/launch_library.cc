@@ -235,7 +235,7 @@ struct UpsampleState {
   MemRef x, y;
   std::vector<int64_t> nh, nw;                  // nearest
   std::vector<resample::LinearTap> lh, lw;      // bilinear
-  std::vector<float> wf;                        // float(lw[ow].w1)
+  resample::WidthTaps wt;                       // lw as int32 columns and float weights
 };
 
 void run_upsample(void* s, const Executable::RunContext& c) {
@@ -268,8 +268,8 @@ void run_upsample(void* s, const Executable::RunContext& c) {
 #pragma omp for
     for (int64_t p = 0; p < sp.planes; ++p)
       resample::bilinear_plane_f32(reinterpret_cast<const float*>(x + p * in_plane), sp.w,
-                                   reinterpret_cast<float*>(y + p * out_plane), k->lh, k->lw,
-                                   k->wf.data(), cache.data());
+                                   reinterpret_cast<float*>(y + p * out_plane), k->lh, k->wt,
+                                   cache.data());
   }
 }
 
@@ -683,7 +683,7 @@ Executable::Launch make_upsample_launch(const UpsampleSpec& spec, MemRef x, MemR
   if (spec.bilinear) {
     state->lh = resample::linear_table(spec.h, spec.ho, spec.align_corners, spec.scales, 0);
     state->lw = resample::linear_table(spec.w, spec.wo, spec.align_corners, spec.scales, 1);
-    for (const resample::LinearTap& t : state->lw) state->wf.push_back(float(t.w1));
+    state->wt = resample::width_taps(state->lw);
   } else {
     state->nh = resample::nearest_table(spec.h, spec.ho, spec.scales, 0);
     state->nw = resample::nearest_table(spec.w, spec.wo, spec.scales, 1);

@@ -6,10 +6,12 @@
 
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/resample.h"
 #include "harness_util.h"
 #include "ops/api.h"
 #include "ops/dispatch.h"
@@ -464,6 +466,55 @@ TEST(ResampleOps, GridSampleAtPixelCentersIsIdentity) {
   // Far outside the image: zeros padding.
   Tensor far = Tensor::full({2, 1, 1, 2}, 5.0);
   EXPECT_EQ(grid_sample(x, far).to_vector<float>(), std::vector<float>(6, 0.0f));
+}
+
+// Note [SIMD bilinear planes] (core/resample.cc): the AVX-512, AVX2 and scalar forms of a float32
+// bilinear plane give the same bits (each product and sum rounded as the scalar code rounds
+// it), on sizes that leave vector tails, both align_corners, up and down, with NaN, infinities
+// and -0 in the plane; and they match the float64 plane within float32 rounding.
+TEST(ResampleOps, BilinearPlaneFormsGiveTheSameBits) {
+  Generator g(23);
+  struct Size {
+    int64_t h, w, ho, wo;
+  };
+  int forms_run = 0;
+  for (Size z : {Size{5, 13, 11, 29}, Size{32, 32, 64, 64}, Size{9, 40, 4, 17}, Size{1, 3, 2, 8}}) {
+    for (bool ac : {false, true}) {
+      const std::vector<resample::LinearTap> hs = resample::linear_table(z.h, z.ho, ac, {}, 0);
+      const std::vector<resample::LinearTap> ws = resample::linear_table(z.w, z.wo, ac, {}, 1);
+      const resample::WidthTaps wt = resample::width_taps(ws);
+      Tensor x = Tensor::randn({z.h, z.w}, g);
+      float* xp = x.data<float>();
+      if (z.h * z.w > 8) {
+        xp[1] = std::numeric_limits<float>::quiet_NaN();
+        xp[4] = std::numeric_limits<float>::infinity();
+        xp[7] = -0.0f;
+      }
+      std::vector<float> cache(size_t(2 * z.wo));
+      std::vector<float> want(size_t(z.ho * z.wo));
+      ASSERT_TRUE(resample::bilinear_plane_f32_form("scalar", xp, z.w, want.data(), hs, wt, cache.data()));
+      for (const char* form : {"avx512", "avx2"}) {
+        std::vector<float> got(want.size(), 7.0f);
+        if (!resample::bilinear_plane_f32_form(form, xp, z.w, got.data(), hs, wt, cache.data()))
+          continue;  // this CPU lacks it
+        ++forms_run;
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+            << form << " " << z.h << "x" << z.w << " -> " << z.ho << "x" << z.wo << " ac " << ac;
+      }
+      // The dispatched form, and the float64 plane (NaN and infinity spread alike in both).
+      std::vector<float> best(want.size());
+      resample::bilinear_plane_f32(xp, z.w, best.data(), hs, wt, cache.data());
+      EXPECT_EQ(std::memcmp(best.data(), want.data(), want.size() * sizeof(float)), 0);
+      Tensor ref = Tensor::empty({z.ho, z.wo});
+      resample::bilinear_plane_f64(reinterpret_cast<const char*>(xp), z.w, 1,
+                                   reinterpret_cast<char*>(ref.data<float>()), DType::Float32, hs, ws);
+      EXPECT_TRUE(test::close(want, ref.to_vector<float>(), test::Tolerance::rel(1e-6, 1e-6)))
+          << z.h << "x" << z.w << " ac " << ac;
+    }
+  }
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) EXPECT_GT(forms_run, 0);
+#endif
 }
 
 }  // namespace
