@@ -7,6 +7,7 @@
 #include "passes/constant_fold.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
+#include "passes/deconv_to_conv.h"
 #include "passes/decompose.h"
 #include "passes/default_pipeline.h"
 #include "passes/fold_conv_bn.h"
@@ -25,6 +26,7 @@ constexpr PassEntry kPasses[] = {
     {"algebraic-simplify", make_algebraic_simplify_pass, true},
     {"constant-fold", [] { return make_constant_fold_pass(); }, true},
     {"matmul-to-linear", make_matmul_to_linear_pass, true},
+    {"pointwise-deconv-to-conv", make_pointwise_deconv_to_conv_pass, true},  // before fold-conv-bn
     // a target's choice (Target::graph_passes: CUDA), after the default pipeline
     {"patch-conv-to-linear", make_patch_conv_to_linear_pass, false},
     {"merge-sibling-linears", make_merge_sibling_linears_pass, false},

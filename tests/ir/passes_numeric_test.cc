@@ -21,6 +21,7 @@
 #include "passes/constant_fold.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
+#include "passes/deconv_to_conv.h"
 #include "passes/decompose.h"
 #include "passes/fold_conv_bn.h"
 #include "passes/fuse_epilogues.h"
@@ -729,6 +730,55 @@ graph @patches(%x: f32[2, 3, 12, 10], %y: f32[1, 4, 8, 8]) {
   expect_matches_float64(before, after, gen, 1e-5);
 }
 
+// pointwise-deconv-to-conv (passes/deconv_to_conv.h): 1x1 stride-1 transposed convolutions,
+// grouped (3 groups of 2 -> 4 channels) and not, with and without a bias, one followed by a
+// batch_norm that the default pipeline then folds into the new conv2d; a strided one, a 2x2 one
+// and a padded one stay. Results against float64 on fresh inputs, every float dtype.
+TEST(PassesNumeric, PointwiseDeconvBecomesAConv) {
+  const char* text = R"(
+graph @deconv(%x: DT[2, 6, 5, 7]) {
+  param %w1: DT[6, 4, 1, 1]
+  param %b1: DT[12]
+  param %w2: DT[6, 3, 1, 1]
+  param %w3: DT[6, 3, 1, 1]
+  param %w4: DT[6, 3, 2, 2]
+  param %mean: DT[3]
+  param %var: DT[3]
+  %a = conv_transpose2d(%x, %w1, %b1) {groups = 3} loc("grouped")
+  %c = conv_transpose2d(%x, %w2) loc("plain")
+  %n = batch_norm(%c, %mean, %var) {eps = 0.5}
+  %r = relu(%n)
+  %s = conv_transpose2d(%x, %w3) {stride = [2, 2]}
+  %k = conv_transpose2d(%x, %w4) {stride = [2, 2]}
+  %p = conv_transpose2d(%x, %w3) {padding = [0, 0], output_padding = [0, 0], dilation = [2, 2]}
+  return %a, %r, %s, %k, %p
+}
+)";
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph before = parse_graph(with_dtype(text, dt), "test");
+    Generator gen(base_seed() ^ 31);
+    fill_params(before, gen);
+    for (Value& v : before.values)  // variances > 0
+      if (v.name == "var") v.data = Tensor::rand(v.data.sizes(), gen, 0.5, 2.0, v.data.dtype());
+    Graph once = before;
+    EXPECT_EQ(pointwise_deconv_to_conv(once), 3);  // %a, %c and the dilated 1x1 %p
+    EXPECT_EQ(pointwise_deconv_to_conv(once), 0);
+    EXPECT_EQ(count_op(once, OpId::ConvTranspose2d), 2) << print_graph(once);
+    Graph after = before;
+    ASSERT_TRUE(run_passes(after, default_pipeline()));
+    EXPECT_EQ(count_op(after, OpId::BatchNorm), 0) << print_graph(after);  // folded into the conv
+    EXPECT_EQ(count_op(after, OpId::ConvTranspose2d), 2) << print_graph(after);
+    bool grouped = false;
+    for (const Node& n : after.nodes)
+      grouped = grouped || ((n.op == OpId::Conv2d || n.op == OpId::FusedConv2d) &&
+                            n.attrs.get_int("groups") == 3);
+    EXPECT_TRUE(grouped) << print_graph(after);
+    expect_matches_float64(before, after, gen, std::string(dt) == "f32" || std::string(dt) == "f64"
+                                                   ? 1e-5 : 3e-2);
+  }
+}
+
 // merge-sibling-linears (passes/merge_linears.h): BERT's q, k, v (three linears of one input
 // with biases) become one linear and a split; a linear of another input, one whose output size
 // is not a multiple of 8, and one without a bias beside biased siblings stay. Results against
@@ -775,7 +825,8 @@ graph @qkv(%x: f32[2, 5, 16], %y: f32[2, 5, 16]) {
 TEST(PassesNumeric, DefaultPipelineIsTheTableOrder) {
   EXPECT_EQ(default_pipeline(),
             (std::vector<std::string>{"algebraic-simplify", "constant-fold", "matmul-to-linear",
-                                      "fold-conv-bn", "cse", "fuse-epilogues", "dce"}));
+                                      "pointwise-deconv-to-conv", "fold-conv-bn", "cse",
+                                      "fuse-epilogues", "dce"}));
   for (const PassEntry& e : registered_passes()) {
     std::unique_ptr<Pass> p = e.make();
     EXPECT_EQ(p->name(), e.name);
