@@ -94,11 +94,6 @@ constexpr PolicyTable kPolicy = make_policy_table({
     {OpId::IndexSelect, W}, {OpId::Embedding, W}, {OpId::Upsample, W}, {OpId::GridSample, W},
 });
 
-bool has_data(const Value& v) {
-  return (v.kind == ValueKind::Param || v.kind == ValueKind::Const) && v.data.defined() &&
-         v.data.has_storage();
-}
-
 bool is_constant(const Value& v) { return v.kind == ValueKind::Param || v.kind == ValueKind::Const; }
 
 // A float32 weight converted to a low dtype, and what the conversion lost beyond rounding: the

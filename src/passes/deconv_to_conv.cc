@@ -5,12 +5,6 @@
 namespace kiln {
 namespace {
 
-bool all_equal(const Ints& v, int64_t x) {
-  for (int64_t e : v)
-    if (e != x) return false;
-  return true;
-}
-
 // Whether node n is a 1x1, stride-1, unpadded transposed convolution (see the header).
 bool is_pointwise_deconv(const Graph& g, const Node& n) {
   if (n.op != OpId::ConvTranspose2d || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
@@ -44,14 +38,13 @@ int pointwise_deconv_to_conv(Graph& g) {
     // w' [O, C/g, 1, 1]: element (k * Og + o, i) of w' is element (k * Cg + i, o) of w.
     ValueId w;
     const Value& wv = g.value(n.inputs[1]);
-    if ((wv.kind == ValueKind::Param || wv.kind == ValueKind::Const) && wv.data.defined() &&
-        wv.data.has_storage()) {
-      Tensor t = wv.data.contiguous()
-                     .as_strided({groups, Og, Cg}, {Cg * Og, 1, Og}, 0)
-                     .clone()
-                     .as_strided({O, Cg, 1, 1}, {Cg, 1, 1, 1}, 0);
-      std::string name = b.fresh_name(wv.name + ".conv");
-      w = wv.kind == ValueKind::Param ? b.add_param(t, name) : b.add_const(t, name);
+    if (has_data(wv)) {
+      w = b.add_derived(wv,
+                        wv.data.contiguous()
+                            .as_strided({groups, Og, Cg}, {Cg * Og, 1, Og}, 0)
+                            .clone()
+                            .as_strided({O, Cg, 1, 1}, {Cg, 1, 1, 1}, 0),
+                        ".conv");
     } else {
       ValueId w3 = b.add_node1(OpId::Reshape, {b.map(n.inputs[1])}, {{"shape", Ints{groups, Cg, Og}}},
                                n.name, "", out + ".weight_groups");

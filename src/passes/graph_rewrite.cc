@@ -132,6 +132,23 @@ ValueId GraphBuilder::add_param(Tensor data, std::string exact_name, std::string
   return dst_.add_param(std::move(exact_name), std::move(data));
 }
 
+ValueId GraphBuilder::add_derived(const Value& from, Tensor data, std::string_view suffix) {
+  std::string name = fresh_name(from.name + std::string(suffix));
+  return from.kind == ValueKind::Param ? add_param(std::move(data), std::move(name))
+                                       : add_const(std::move(data), std::move(name));
+}
+
+bool all_equal(const Ints& v, int64_t x) {
+  for (int64_t e : v)
+    if (e != x) return false;
+  return true;
+}
+
+bool has_data(const Value& v) {
+  return (v.kind == ValueKind::Param || v.kind == ValueKind::Const) && v.data.defined() &&
+         v.data.has_storage();
+}
+
 const Node* GraphBuilder::producer_of(ValueId v) const {
   if (!dst_.valid(v)) return nullptr;
   const Value& val = dst_.value(v);

@@ -61,6 +61,10 @@ class GraphBuilder {
   // New params and consts. `exact_name` as for add_node; empty: a fresh name from `hint`.
   ValueId add_const(Tensor data, std::string exact_name, std::string_view hint = "const");
   ValueId add_param(Tensor data, std::string exact_name, std::string_view hint = "param");
+  // A weight derived from old-graph value `from` (a param or const with data: has_data), as a
+  // param when `from` is one (so that replace-weights derives it again from new weights),
+  // else a const; named `<from's name><suffix>` (fresh).
+  ValueId add_derived(const Value& from, Tensor data, std::string_view suffix);
 
   // A name used by no value of the old graph and none of the new one: "base", "base_1", ...
   std::string fresh_name(std::string_view base);
@@ -92,5 +96,11 @@ std::vector<bool> live_nodes(const Graph& g);
 
 // Whether the int attributes of `attrs` are all concrete (no symbolic SymInt raw values).
 bool attrs_concrete(const Attrs& attrs);
+
+// Whether every element of `v` is x (a convolution's stride, padding or dilation).
+bool all_equal(const Ints& v, int64_t x);
+
+// Whether `v` is a param or const whose data a pass can transform at compile time.
+bool has_data(const Value& v);
 
 }  // namespace kiln

@@ -50,9 +50,7 @@ int matmul_to_linear(Graph& g) {
       Tensor t = wt.as_strided({wt.size(1), wt.size(0)}, {wt.strides()[1], wt.strides()[0]},
                                wt.offset())
                      .contiguous();
-      std::string name = b.fresh_name(wv.name + ".t");
-      ValueId nv = wv.kind == ValueKind::Param ? b.add_param(t, name) : b.add_const(t, name);
-      it = transposed.emplace(w, nv).first;
+      it = transposed.emplace(w, b.add_derived(wv, t, ".t")).first;
     }
     ValueId y = b.add_node1(OpId::Linear, {b.map(n.inputs[0]), it->second}, {}, n.name,
                             g.value(n.outputs[0]).name);

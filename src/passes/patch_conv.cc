@@ -5,12 +5,6 @@
 namespace kiln {
 namespace {
 
-bool all_equal(const Ints& v, int64_t x) {
-  for (int64_t e : v)
-    if (e != x) return false;
-  return true;
-}
-
 // Whether node n is a convolution whose windows tile its input (see the header).
 bool is_patch_conv(const Graph& g, const Node& n) {
   if (n.op != OpId::Conv2d || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
@@ -60,11 +54,9 @@ int patch_conv_to_linear(Graph& g) {
     // again from new weights); else a reshape view.
     ValueId w;
     const Value& wv = g.value(n.inputs[1]);
-    if ((wv.kind == ValueKind::Param || wv.kind == ValueKind::Const) && wv.data.defined() &&
-        wv.data.has_storage()) {
-      Tensor rows = wv.data.contiguous().as_strided({O, C * kh * kw}, {C * kh * kw, 1}, 0).clone();
-      std::string name = b.fresh_name(wv.name + ".rows");
-      w = wv.kind == ValueKind::Param ? b.add_param(rows, name) : b.add_const(rows, name);
+    if (has_data(wv)) {
+      w = b.add_derived(wv, wv.data.contiguous().as_strided({O, C * kh * kw}, {C * kh * kw, 1}, 0).clone(),
+                        ".rows");
     } else {
       w = b.add_node1(OpId::Reshape, {b.map(n.inputs[1])}, {{"shape", Ints{O, C * kh * kw}}},
                       n.name, "", out + ".weight");
