@@ -221,3 +221,37 @@ TEST(InductorTiledTransposes, PermutedCopiesMatchTheReference) {
   check(g, test::Tolerance::rel(0, 0), 371);
   EXPECT_GE(dump.count("tiled with dim"), 2) << "dumped sources in " << dump.path;
 }
+
+// The same for copies alone: whole 16 x 16 tiles go through registers (kn_transpose16), the
+// partial ones stay scalar; [64, 48] is whole tiles only, [37, 45] and the 3-D permutation have
+// both. At both vector widths (AVX2's four 8 x 8 transposes), bitwise the interpreter's copy.
+TEST(InductorTiledTransposes, WholeTilesOfPlainCopiesGoThroughRegisters) {
+  DumpDir dump("kiln_register_transposes");
+  Graph g;
+  g.name = "copy_transposes";
+  ValueId a = g.add_input("a", TensorType(f32, Shape{37, 45}));
+  ValueId b = g.add_input("b", TensorType(f32, Shape{64, 48}));
+  ValueId c = g.add_input("c", TensorType(f32, Shape{5, 19, 33}));
+  auto tr = [&](ValueId v, const char* name) {
+    return g.add_node1(OpId::Transpose, {v}, {{"dim0", int64_t(0)}, {"dim1", int64_t(1)}}, name);
+  };
+  ValueId cp = g.add_node1(OpId::Permute, {c}, {{"dims", Ints{2, 0, 1}}}, "rotate");
+  g.outputs = {g.add_node1(OpId::Copy, {tr(a, "at")}, {}, "a_copy"),
+               g.add_node1(OpId::Copy, {tr(b, "bt")}, {}, "b_copy"),
+               g.add_node1(OpId::Copy, {cp}, {}, "c_copy")};
+  for (const char* vec : {"512", "256"}) {
+    compiler::Options options;
+    options.knobs.set("vec", vec);
+    auto compiled = compiler::compile(g, Device::cpu(), options);
+    Generator gen(383);
+    TensorList in;
+    for (ValueId v : g.inputs) in.push_back(Tensor::randn(dims_of(g, v), gen, f32));
+    TensorList want = run(g, in), got = compiled->run(in);
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t o = 0; o < 3; ++o) {
+      EXPECT_TRUE(test::usable_reference(want[o]));
+      EXPECT_EQ(test::first_byte_difference(got[o], want[o]), "") << "output " << o << " vec " << vec;
+    }
+  }
+  EXPECT_GE(dump.count("kn_transpose16(L"), 6) << "dumped sources in " << dump.path;
+}

@@ -158,6 +158,36 @@ static inline VF vnan_where(VF a, const int* ok) {
   const __mmask16 m = _mm512_test_epi32_mask(_mm512_loadu_si512((const void*)ok), _mm512_set1_epi32(16));
   return {_mm512_mask_blend_ps(m, a.v, _mm512_set1_ps(NAN))};
 }
+// Note [tiled transposes] (emitter.cc): d[i * ds + j] = s[j * ss + i] for a 16 x 16 tile of
+// floats, through registers (16 loads, 64 shuffles, 16 stores).
+static inline void kn_transpose16(const float* s, i64 ss, float* d, i64 ds) {
+  __m512 r[16], t[16];
+  for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(s + j * ss);
+  for (int j = 0; j < 16; j += 2) {
+    t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+  }
+  for (int j = 0; j < 16; j += 4) {
+    r[j] = _mm512_shuffle_ps(t[j], t[j + 2], 0x44);
+    r[j + 1] = _mm512_shuffle_ps(t[j], t[j + 2], 0xEE);
+    r[j + 2] = _mm512_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+    r[j + 3] = _mm512_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+  }
+  // r[4k + m], 128-bit lane L: rows 4k..4k+3 of column 4L + m.
+  for (int m = 0; m < 4; ++m) {
+    t[m] = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88);
+    t[4 + m] = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xDD);
+    t[8 + m] = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88);
+    t[12 + m] = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xDD);
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm512_shuffle_f32x4(t[m], t[8 + m], 0x88);
+    r[8 + m] = _mm512_shuffle_f32x4(t[m], t[8 + m], 0xDD);
+    r[4 + m] = _mm512_shuffle_f32x4(t[4 + m], t[12 + m], 0x88);
+    r[12 + m] = _mm512_shuffle_f32x4(t[4 + m], t[12 + m], 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(d + i * ds, r[i]);
+}
 #elif defined(__AVX2__)
 #define KN_W 8
 struct VF { __m256 v; };
@@ -217,6 +247,30 @@ template <typename F> static inline float kn_lanes(VF a, F f) {
   a = f(a, VF{_mm256_permute2f128_ps(a.v, a.v, 1)});
   a = f(a, VF{_mm256_permute_ps(a.v, 0x4E)});
   return _mm256_cvtss_f32(f(a, VF{_mm256_permute_ps(a.v, 0xB1)}).v);
+}
+// An 8 x 8 tile: d[i * ds + j] = s[j * ss + i]; kn_transpose16 is four of them.
+static inline void kn_transpose8(const float* s, i64 ss, float* d, i64 ds) {
+  __m256 r[8], t[8];
+  for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(s + j * ss);
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+  }
+  for (int j = 0; j < 8; j += 4) {
+    r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+    r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+    r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+    r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    t[m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x20);
+    t[4 + m] = _mm256_permute2f128_ps(r[m], r[4 + m], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(d + i * ds, t[i]);
+}
+static inline void kn_transpose16(const float* s, i64 ss, float* d, i64 ds) {
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b) kn_transpose8(s + a * 8 * ss + b * 8, ss, d + b * 8 * ds + a * 8, ds);
 }
 static inline void vst_i32(int* p, VF a) { _mm256_storeu_si256((__m256i*)p, _mm256_cvttps_epi32(a.v)); }
 static inline VF vld_if(int c, const float* p) { return {_mm256_maskload_ps(p, _mm256_set1_epi32(-c))}; }
