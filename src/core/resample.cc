@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <string>
+#include <string_view>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -87,23 +87,31 @@ WidthTaps width_taps(std::span<const LinearTap> ws) {
 // compiled for those ISAs alone (target attributes) and taken when the CPU has them: the width
 // pass gathers 16 (8) outputs' taps at once, the blend is a vector loop. Every product and sum
 // is rounded as the scalar code rounds it (no fused multiply-add: the masked _round_
-// intrinsics, which the compiler does not contract), so the three forms give the same bits, and an eager upsample
-// on one machine equals the compiled one on another.
+// intrinsics, which the compiler does not contract), so the three forms give the same bits,
+// and an eager upsample on one machine equals the compiled one on another.
 namespace {
 
 using WidthPass = void (*)(const float* src, const WidthTaps& ws, float* t);
 using BlendPass = void (*)(const float* top, const float* bottom, float h0, float h1, float* dst,
                            int64_t n);
 
-void width_scalar(const float* src, const WidthTaps& ws, float* t) {
+// The scalar passes from column `from` on: the scalar form, and the AVX2 form's tails.
+void width_from(const float* src, const WidthTaps& ws, float* t, int64_t from) {
   const int64_t Wo = int64_t(ws.w1.size());
-  for (int64_t ow = 0; ow < Wo; ++ow)
+  for (int64_t ow = from; ow < Wo; ++ow)
     t[ow] = ws.w0[size_t(ow)] * src[ws.i0[size_t(ow)]] + ws.w1[size_t(ow)] * src[ws.i1[size_t(ow)]];
 }
 
+void blend_from(const float* top, const float* bottom, float h0, float h1, float* dst,
+                int64_t n, int64_t from) {
+  for (int64_t i = from; i < n; ++i) dst[i] = h0 * top[i] + h1 * bottom[i];
+}
+
+void width_scalar(const float* src, const WidthTaps& ws, float* t) { width_from(src, ws, t, 0); }
+
 void blend_scalar(const float* top, const float* bottom, float h0, float h1, float* dst,
                   int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = h0 * top[i] + h1 * bottom[i];
+  blend_from(top, bottom, h0, h1, dst, n, 0);
 }
 
 #if defined(__x86_64__)
@@ -147,8 +155,7 @@ __attribute__((target("avx2"))) void width_avx2(const float* src, const WidthTap
     const __m256 pb = _mm256_mul_ps(_mm256_loadu_ps(ws.w1.data() + ow), vb);
     _mm256_storeu_ps(t + ow, _mm256_add_ps(pa, pb));
   }
-  for (; ow < Wo; ++ow)
-    t[ow] = ws.w0[size_t(ow)] * src[ws.i0[size_t(ow)]] + ws.w1[size_t(ow)] * src[ws.i1[size_t(ow)]];
+  width_from(src, ws, t, ow);
 }
 
 __attribute__((target("avx2"))) void blend_avx2(const float* top, const float* bottom, float h0,
@@ -158,7 +165,7 @@ __attribute__((target("avx2"))) void blend_avx2(const float* top, const float* b
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_mul_ps(v0, _mm256_loadu_ps(top + i)),
                                             _mm256_mul_ps(v1, _mm256_loadu_ps(bottom + i))));
-  for (; i < n; ++i) dst[i] = h0 * top[i] + h1 * bottom[i];
+  blend_from(top, bottom, h0, h1, dst, n, i);
 }
 #endif
 
@@ -168,8 +175,7 @@ struct Passes {
 };
 
 // The named form, when this CPU runs it.
-bool form_passes(const char* form, Passes* p) {
-  const std::string f = form;
+bool form_passes(std::string_view f, Passes* p) {
 #if defined(__x86_64__)
   if (f == "avx512" && __builtin_cpu_supports("avx512f")) return *p = {width_avx512, blend_avx512}, true;
   if (f == "avx2" && __builtin_cpu_supports("avx2")) return *p = {width_avx2, blend_avx2}, true;

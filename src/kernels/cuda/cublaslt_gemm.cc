@@ -521,9 +521,9 @@ std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int 
   std::vector<GemmAlgo> out;
   std::vector<std::string> seen;
   for (const GemmAlgo& b : base) seen.push_back(b.config);
-  // A variant counts when cuBLASLt accepts it and it is new; `limit` caps the list so far.
-  auto add = [&](const cublasLtMatmulAlgo_t& algo, int limit) {
-    if (int(out.size()) >= limit) return;
+  // A variant counts when cuBLASLt accepts it, it is new and the list has room.
+  auto add = [&](const cublasLtMatmulAlgo_t& algo) {
+    if (int(out.size()) >= max_count) return;
     std::optional<GemmAlgo> g = check_algo(&algo, int(base.size() + out.size()));
     if (!g) return;
     for (const std::string& c : seen)
@@ -556,7 +556,7 @@ std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int 
   }
   size_t tiles_taken = 0;
   for (; tiles_taken < tile_algos.size() && int(out.size()) < max_count / 2; ++tiles_taken)
-    add(tile_algos[tiles_taken], max_count / 2);
+    add(tile_algos[tiles_taken]);
   // Split-K of the heuristic's first two algorithms, float32 partial sums first.
   constexpr int32_t kSplits[] = {2, 3, 4, 6, 8, 12, 16};
   constexpr uint32_t kSchemes[] = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE,
@@ -580,11 +580,11 @@ std::vector<GemmAlgo> GemmPlan::variants(const std::vector<GemmAlgo>& base, int 
         if (!(mask & scheme)) continue;
         auto v = with(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, k);
         if (v) v = with(*v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme);
-        if (v) add(*v, max_count);
+        if (v) add(*v);
       }
     }
   }
-  for (; tiles_taken < tile_algos.size(); ++tiles_taken) add(tile_algos[tiles_taken], max_count);
+  for (; tiles_taken < tile_algos.size(); ++tiles_taken) add(tile_algos[tiles_taken]);
   return out;
 }
 

@@ -21,6 +21,7 @@
 #include "targets/cpu/emitter.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include <fmt/format.h>
@@ -46,6 +47,12 @@ std::string num(double v) { return lower::literal(v, lower::kHostDialect); }
 
 // Ops the vector path implements (the support table's vector_body column).
 bool op_vectorizable(OpId op) { return cpu_support()[size_t(op)].vector_body; }
+
+// Note [grid_sample tap tables]: a grid_sample's four taps as offsets from its top-left one
+// (top-right +x, bottom-left +y, bottom-right +y+x), in the order of the tables' weights.
+std::array<int64_t, 4> grid_tap_offsets(const LoopExpr& e) {
+  return {0, e.src_stride[1], e.src_stride[0], e.src_stride[0] + e.src_stride[1]};
+}
 
 bool vec_dtype(DType d) { return d == DType::Float32 || d == DType::BFloat16 || d == DType::Bool; }
 
@@ -299,8 +306,7 @@ std::string KernelEmitter::indexed_code(int ei) const {
         e.check);
   }
   if (read_tables_ && ei == grid_) {
-    // The four taps from the top-left one's offset: +x, +y, +y+x.
-    const int64_t tap[4] = {0, e.src_stride[1], e.src_stride[0], e.src_stride[0] + e.src_stride[1]};
+    const std::array<int64_t, 4> tap = grid_tap_offsets(e);
     std::string taps;
     for (int t = 0; t < 4; ++t)
       taps += fmt::format(" if (m_ & {}) a_ += wt_[{}][p_] * {};", 1 << t, t,
@@ -660,7 +666,7 @@ bool KernelEmitter::grid_lanes() const {
 std::string KernelEmitter::grid_lanes_code(int ei) const {
   const LoopExpr& e = k_.exprs[size_t(ei)];
   KILN_ASSERT(read_tables_ && ei == grid_ && vdim_ == grid_dim_);
-  const int64_t tap[4] = {0, e.src_stride[1], e.src_stride[0], e.src_stride[0] + e.src_stride[1]};
+  const std::array<int64_t, 4> tap = grid_tap_offsets(e);
   std::string taps;
   for (int t = 0; t < 4; ++t)
     taps += fmt::format("\n        a_ = a_ + vset(wt_[{0}][p_]) * vld_if((m_ >> {0}) & 1, s_ + {1});", t, tap[t]);
@@ -706,7 +712,7 @@ void KernelEmitter::emit_grid_taps(std::string& out) {
   out += fmt::format("      i64 i{} = j0_;\n", in);
   if (gathers) {
     const LoopExpr& e = k_.exprs[size_t(grid_)];
-    const int64_t tap[4] = {0, e.src_stride[1], e.src_stride[0], e.src_stride[0] + e.src_stride[1]};
+    const std::array<int64_t, 4> tap = grid_tap_offsets(e);
     out += fmt::format("#ifdef KN_W\n      const float* g_ = L{} + {};\n", e.load,
                        index(k_.loads[size_t(e.load)].strides));
     out += fmt::format("      for (; i{0} + KN_W <= j1_; i{0} += KN_W) {{\n", in);
