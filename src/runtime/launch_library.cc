@@ -235,7 +235,7 @@ struct UpsampleState {
   MemRef x, y;
   std::vector<int64_t> nh, nw;                  // nearest
   std::vector<resample::LinearTap> lh, lw;      // bilinear
-  resample::WidthTaps wt;                       // lw as int32 columns and float weights
+  resample::WidthTaps wt;                       // float32: lw as int32 columns and float weights
 };
 
 void run_upsample(void* s, const Executable::RunContext& c) {
@@ -683,7 +683,7 @@ Executable::Launch make_upsample_launch(const UpsampleSpec& spec, MemRef x, MemR
   if (spec.bilinear) {
     state->lh = resample::linear_table(spec.h, spec.ho, spec.align_corners, spec.scales, 0);
     state->lw = resample::linear_table(spec.w, spec.wo, spec.align_corners, spec.scales, 1);
-    state->wt = resample::width_taps(state->lw);
+    if (spec.dtype == DType::Float32) state->wt = resample::width_taps(state->lw);
   } else {
     state->nh = resample::nearest_table(spec.h, spec.ho, spec.scales, 0);
     state->nw = resample::nearest_table(spec.w, spec.wo, spec.scales, 1);
