@@ -296,7 +296,11 @@ class TorchRunner:
             sync()
             t2 = time.perf_counter()
         self.setup = {"setup_s": setup_s, "first_run_s": t2 - t1, "first_call_s": t2 - t0}
+        # Two windows (Note [Device memory windows] in src/bench/bench.cc, as kiln bench reports
+        # them): load + compile + first call, then the warm-up and timed calls alone.
+        self.setup_peak_device = None
         if self.cuda:
+            self.setup_peak_device = int(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
 
     def peak_device_bytes(self):
@@ -438,7 +442,8 @@ def worker_main(args):
         spec = SYSTEMS[system]
         runner = (OrtRunner if spec["kind"] == "ort" else TorchRunner)(system, model, args)
         ready = {"event": "ready", "system": system, "model": model, **runner.setup,
-                 "config": runner.config, "pid": os.getpid(), "peak_rss_bytes": rss_peak_bytes()}
+                 "config": runner.config, "pid": os.getpid(), "peak_rss_bytes": rss_peak_bytes(),
+                 "setup_peak_device_bytes": getattr(runner, "setup_peak_device", None)}
         if not args.serve:
             phase = "run"
             samples = run_calls(runner, args.warmup, args.iters or 50, args.seconds or 0.0)
@@ -639,7 +644,8 @@ class SystemRun:
         self.setup = {}
         self.config = {}
         self.peak_rss_bytes = None
-        self.peak_device_bytes = None
+        self.peak_device_bytes = None        # CUDA: the warm-up and timed calls' peak
+        self.setup_peak_device_bytes = None  # CUDA: the peak of load, compile and first call
         self.kiln_json = []         # every kiln bench JSON (one per round)
         self.latency_source = "samples"
         self.proc = None
@@ -727,8 +733,12 @@ def kiln_round(sr, args, spec, target, warmup, iters, seconds, logdir, env):
     rss = j.get("peak_rss_bytes")
     if rss is not None:
         sr.peak_rss_bytes = max(sr.peak_rss_bytes or 0, int(rss))
-    if j.get("peak_device_bytes") is not None:
-        sr.peak_device_bytes = max(sr.peak_device_bytes or 0, int(j["peak_device_bytes"]))
+    # Kiln's steady window is its timed calls' peak (older kiln binaries: the whole run's).
+    steady = j.get("steady_peak_device_bytes", j.get("peak_device_bytes"))
+    if steady is not None:
+        sr.peak_device_bytes = max(sr.peak_device_bytes or 0, int(steady))
+    if j.get("steady_peak_device_bytes") is not None and j.get("peak_device_bytes") is not None:
+        sr.setup_peak_device_bytes = max(sr.setup_peak_device_bytes or 0, int(j["peak_device_bytes"]))
 
 
 def start_worker(sr, args, model, onnx, logdir, env):
@@ -771,6 +781,7 @@ def start_worker(sr, args, model, onnx, logdir, env):
     sr.setup = {k: msg[k] for k in ("setup_s", "first_run_s", "first_call_s")}
     sr.config = msg.get("config", {})
     sr.peak_rss_bytes = msg.get("peak_rss_bytes")
+    sr.setup_peak_device_bytes = msg.get("setup_peak_device_bytes")
 
 
 def worker_round(sr, args, warmup, iters, seconds):
@@ -967,7 +978,9 @@ def run_model_systems(args, model, systems, outdir, log):
         rec = {"system": s, "status": sr.status, "error": sr.error,
                "error_detail": sr.error_detail, "first_call_s": sr.first_call_s,
                "setup": sr.setup, "config": sr.config, "peak_rss_bytes": sr.peak_rss_bytes,
-               "peak_device_bytes": sr.peak_device_bytes, "latency_source": sr.latency_source,
+               "peak_device_bytes": sr.peak_device_bytes,
+               "setup_peak_device_bytes": sr.setup_peak_device_bytes,
+               "latency_source": sr.latency_source,
                "rounds": sr.round_summaries}
         if sr.status == "ok" and not sr.round_summaries:
             rec.update(status="error", error="no timed calls recorded")
@@ -1118,15 +1131,18 @@ def cuda_notes(model_result):
         if rec["status"] != "ok":
             continue
         if rec.get("peak_device_bytes") is not None:
-            peaks.append(f"{name} {rec['peak_device_bytes'] / 2**20:.1f}")
+            setup = rec.get("setup_peak_device_bytes")
+            peaks.append(f"{name} {rec['peak_device_bytes'] / 2**20:.1f}" +
+                         (f" ({setup / 2**20:.1f})" if setup is not None else ""))
         kb = [x for x in [rec.get("kiln_bench")] + (rec.get("kiln_bench_rounds") or []) if x]
         if kb and kb[0].get("device") == "cuda" and kb[0].get("device_p50_ms") is not None:
             dp50 = percentile([x["device_p50_ms"] for x in kb if x.get("device_p50_ms")], 50)
             device.append(f"{name} {fmt_ms(dp50)} ms")
     out = []
     if peaks:
-        out.append("Peak device memory (MB; Kiln: its caching allocator's peak, torch: "
-                   "max_memory_allocated): " + ", ".join(peaks) + ".")
+        out.append("Peak device memory in MiB over the warm-up and timed calls, and in brackets "
+                   "over load, compile and the first call (Kiln: its caching allocator's peak, "
+                   "torch: max_memory_allocated): " + ", ".join(peaks) + ".")
     if device:
         out.append("Device time per call (CUDA events, median of the rounds' p50; the table's "
                    "p50 is host-observed including synchronization): " + ", ".join(device) + ".")

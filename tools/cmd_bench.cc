@@ -89,6 +89,11 @@ void bench_command(BenchOptions o, bool json) {
   std::printf("  %-30s %s\n", "peak RSS", fmt_bytes(r.peak_rss_bytes).c_str());
   std::printf("  %-30s %s\n", "peak device memory",
               r.peak_device_bytes ? fmt_bytes(*r.peak_device_bytes).c_str() : "n/a (CPU)");
+  if (r.steady_peak_device_bytes)
+    std::printf("  %-30s %s loaded, %s after the first call, %s peak in the timed calls\n",
+                "device memory windows", fmt_bytes(*r.loaded_device_bytes).c_str(),
+                fmt_bytes(*r.resident_device_bytes).c_str(),
+                fmt_bytes(*r.steady_peak_device_bytes).c_str());
   std::printf("  %-30s %s\n", "arena",
               r.arena_bytes ? fmt_bytes(*r.arena_bytes).c_str()
                             : "n/a (the backend plans no arena)");

@@ -15,9 +15,14 @@
 //   device before anything is timed; outputs stay on the device. Each call is timed on the host
 //   from before the call until cudaDeviceSynchronize returns (what a control loop sees); two
 //   CUDA events recorded inside that window give the device time (so device <= host).
-//   peak_device_bytes is the caching allocator's peak of bytes handed out (tensors, the
-//   compiled arenas, weights and input staging), reset before the model is loaded: what
-//   torch.cuda.max_memory_allocated reports for the PyTorch peers.
+//   Note [Device memory windows]: peak_device_bytes is the caching allocator's peak of bytes
+//   handed out (tensors, the compiled arenas, weights and input staging), reset before the
+//   model is loaded, so it covers loading, compiling (transient copies of folded weights
+//   included) and every call. Three more figures split it: loaded_device_bytes (allocated once
+//   the model's weights and inputs are on the device), resident_device_bytes (allocated after
+//   the first call: the model plus what the compiled code keeps) and steady_peak_device_bytes
+//   (the peak of the warm-up and timed calls, reset after the first call) — the window in which
+//   bench/compare.py reads torch.cuda.max_memory_allocated for the PyTorch peers.
 #include "bench/bench.h"
 #include "runtime/package.h"
 
@@ -482,6 +487,9 @@ std::string BenchResult::json(int indent) const {
   j["throughput_per_s"] = throughput_per_s;
   j["peak_rss_bytes"] = peak_rss_bytes;
   j["peak_device_bytes"] = opt(peak_device_bytes);
+  j["loaded_device_bytes"] = opt(loaded_device_bytes);
+  j["resident_device_bytes"] = opt(resident_device_bytes);
+  j["steady_peak_device_bytes"] = opt(steady_peak_device_bytes);
   j["arena_bytes"] = opt(arena_bytes);
   j["launches_per_call"] = opt(launches_per_call);
   j["steady_state_allocs_per_call"] = opt(steady_state_allocs_per_call);
@@ -565,6 +573,7 @@ BenchResult run_bench(const BenchOptions& given) {
     m = load_bench_target(o.target, o.batch, o.seed, device);
   }
   BenchResult r;
+  if (cuda) r.loaded_device_bytes = int64_t(cuda_allocator_stats(device.index).allocated_bytes);
   r.load_s = load_s;
   if (pkg) r.load_phases_s = pkg->load_phases;
   if (pkg) r.cuda_code = pkg->cuda_code;
@@ -626,6 +635,11 @@ BenchResult run_bench(const BenchOptions& given) {
     }
     r.first_call_s = seconds_since(t0);
   }
+  if (cuda) {
+    r.resident_device_bytes = int64_t(cuda_allocator_stats(device.index).allocated_bytes);
+    r.peak_device_bytes = int64_t(cuda_allocator_stats(device.index).peak_allocated_bytes);
+    cuda_reset_peak_stats(device.index);  // the steady window: warm-up and timed calls
+  }
 
   int64_t total = o.seconds > 0 ? -1 : int64_t(o.warmup) + (o.iters > 0 ? o.iters : 50);
   auto start = std::chrono::steady_clock::now();
@@ -680,7 +694,8 @@ BenchResult run_bench(const BenchOptions& given) {
   if (cuda) {
     r.device_p50_ms = percentile(device_ms, 50);
     r.device_p99_ms = percentile(device_ms, 99);
-    r.peak_device_bytes = int64_t(cuda_allocator_stats(device.index).peak_allocated_bytes);
+    r.steady_peak_device_bytes = int64_t(cuda_allocator_stats(device.index).peak_allocated_bytes);
+    r.peak_device_bytes = std::max(*r.peak_device_bytes, *r.steady_peak_device_bytes);
   }
 
   if (o.backend == "compiled" && !is_package) {

@@ -111,6 +111,11 @@ struct BenchResult {
   double throughput_per_s = 0;
   int64_t peak_rss_bytes = 0;
   std::optional<int64_t> peak_device_bytes, arena_bytes;
+  // CUDA only, the device memory in windows (Note [Device memory windows] in bench.cc):
+  // allocated after the model's weights and inputs are on the device (a package: after its load),
+  // allocated after the first call (what the compiled model keeps), and the peak of the warm-up
+  // and timed calls alone (the window torch.cuda.max_memory_allocated covers for the peers).
+  std::optional<int64_t> loaded_device_bytes, resident_device_bytes, steady_peak_device_bytes;
   // Compiled: kernel and library launches per call, summed over the compiled graphs.
   std::optional<int64_t> launches_per_call;
   // Involuntary context switches of the process's threads (getrusage ru_nivcsw) during the

@@ -81,14 +81,21 @@ lower::ScheduleOptions schedule_options(const KernelChoice& choice, const Option
   return so;
 }
 
+// KILN_TRACE_MEMORY=1 (passes/pass.h): the compile's phases, after the passes' own lines.
+void trace_phase(const char* phase, const Graph& g) {
+  trace_memory(std::string("compile: ") + phase, g);
+}
+
 Built build(const Graph& input, const Target& target, const Options& opt, const Knobs& knobs) {
   auto t0 = std::chrono::steady_clock::now();
+  trace_phase("start", input);
   CompileReport rep;
   rep.target = target.name();
   rep.library = target.library_name();
 
   Graph g = input;
   prepare(g, target, opt.precision);                                      // 1. passes
+  trace_phase("passes", g);
   rep.passes_s = seconds_since(t0);
   rep.precision = dtype_name(opt.precision);
   for (const Node& n : g.nodes) {
@@ -108,6 +115,7 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   std::shared_ptr<LibraryKernels> lib =                                   // 4. library kernels
       target.lower_library(g, copied.library_nodes, std::move(request), knobs);
   rep.library_s = seconds_since(t1);
+  trace_phase("library", g);
 
   t1 = std::chrono::steady_clock::now();
   lower::ScheduleOptions so = schedule_options(choice, opt);              // 5. schedule
@@ -124,6 +132,7 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   MemoryAssignment mem = assign_memory(g, s, copied.view_is_copy, *lib, target,  // 6. memory
                                        /*place_constants=*/opt.arch.empty());
   rep.schedule_s = seconds_since(t1);
+  trace_phase("memory", g);
 
   t1 = std::chrono::steady_clock::now();
   LoopBuild loops = target.build_loops(g, s, mem.mem, mem.status, opt, knobs);        // 7. emit + build
@@ -135,6 +144,7 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   BoundExecutable bound = bind_executable(g, s, mem, lib, std::move(loops), target,  // 8. bind
                                           opt.arch);
   rep.bind_s = seconds_since(t1);
+  trace_phase("bind", g);
 
   rep.nodes = int(g.nodes.size());
   rep.fused_nodes = s.fused_nodes;

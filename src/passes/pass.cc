@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "core/allocator.h"
 #include "ir/printer.h"
 #include "support/files.h"
 #include "ir/verifier.h"
@@ -51,6 +53,39 @@ void dump_ir(const char* dir, int index, std::string_view pass_name, const Graph
 }  // namespace
 
 std::unique_ptr<Pass> make_verify_pass() { return std::make_unique<VerifyPass>(); }
+
+bool memory_trace_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_TRACE_MEMORY");
+    return e && *e && std::string_view(e) != "0";
+  }();
+  return on;
+}
+
+void trace_memory(std::string_view phase, const Graph& g) {
+  if (!memory_trace_enabled()) return;
+  std::vector<const Storage*> seen;
+  size_t bytes = 0;
+  int cuda_index = -1;
+  for (const Value& v : g.values) {
+    if ((v.kind != ValueKind::Param && v.kind != ValueKind::Const) || !v.data.has_storage())
+      continue;
+    const Storage* st = v.data.impl()->storage.get();
+    if (std::find(seen.begin(), seen.end(), st) != seen.end()) continue;
+    seen.push_back(st);
+    bytes += st->nbytes();
+    if (v.data.device().is_cuda()) cuda_index = v.data.device().index;
+  }
+  std::string line = fmt::format("[kiln] memory {:<24} graph weights {:8.1f} MiB in {:4}", phase,
+                                 double(bytes) / 1048576.0, seen.size());
+  if (cuda_index >= 0) {
+    CudaAllocatorStats st = cuda_allocator_stats(cuda_index);
+    line += fmt::format(" | device allocated {:8.1f} MiB, peak {:8.1f} MiB",
+                        double(st.allocated_bytes) / 1048576.0,
+                        double(st.peak_allocated_bytes) / 1048576.0);
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
 
 std::vector<std::string> default_pipeline() {
   std::vector<std::string> out;
@@ -114,6 +149,7 @@ bool run_passes(Graph& g, std::span<Pass* const> passes) {
       throw_error(e.kind(), fmt::format("pass '{}': {}", p.name(), e.message()));
     }
     if (dump_dir) dump_ir(dump_dir, int(i + 1), p.name(), g);
+    trace_memory(p.name(), g);
     if (check) {
       try {
         verify(g);

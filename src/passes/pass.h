@@ -59,4 +59,10 @@ bool run_passes(Graph& g, std::span<Pass* const> passes);
 // Checks the graph (ir/verifier.h) and changes nothing.
 std::unique_ptr<Pass> make_verify_pass();
 
+// KILN_TRACE_MEMORY=1 (memory_trace_enabled): run_passes and the compiler's phases print one
+// stderr line each with the bytes of the weights the graph holds (distinct storages) and, where
+// those weights live on a CUDA device, its allocator's bytes allocated now and peak.
+bool memory_trace_enabled();
+void trace_memory(std::string_view phase, const Graph& g);
+
 }  // namespace kiln

@@ -139,6 +139,17 @@ TEST(BenchCuda, OnnxPointwiseModelJsonIsSane) {
   // The peak holds at least the weights and the input (16 x 96 floats) on the device.
   ASSERT_TRUE(j["peak_device_bytes"].is_number());
   EXPECT_GE(j["peak_device_bytes"].get<int64_t>(), int64_t(16 * kFeatures * 4 + 3 * kFeatures * 4));
+  // The windows (Note [Device memory windows]): what was loaded stays allocated through the
+  // first call, and every window's figure is at most the whole run's peak.
+  ASSERT_TRUE(j["loaded_device_bytes"].is_number());
+  ASSERT_TRUE(j["resident_device_bytes"].is_number());
+  ASSERT_TRUE(j["steady_peak_device_bytes"].is_number());
+  const int64_t loaded = j["loaded_device_bytes"], resident = j["resident_device_bytes"],
+                steady = j["steady_peak_device_bytes"], peak = j["peak_device_bytes"];
+  EXPECT_GE(loaded, int64_t(16 * kFeatures * 4 + 3 * kFeatures * 4));
+  EXPECT_GE(resident, loaded);
+  EXPECT_GE(steady, resident);
+  EXPECT_LE(steady, peak);
   EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
   std::printf("[bench cuda] pointwise.onnx batch 16: host p50 %.4f ms p99 %.4f ms, device p50 "
               "%.4f ms p99 %.4f ms, first call %.4f s, peak device %lld bytes\n",

@@ -63,6 +63,7 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
        {"model", "backend", "device", "mode", "batch", "threads", "kiln_version", "compile_s",
         "warm_compile_s", "first_call_s", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms",
         "stddev_ms", "throughput_per_s", "peak_rss_bytes", "peak_device_bytes", "arena_bytes",
+        "loaded_device_bytes", "resident_device_bytes", "steady_peak_device_bytes",
         "launches_per_call",
         "steady_state_allocs_per_call", "host", "iters", "warmup", "samples_ms", "device_p50_ms",
         "device_p99_ms", "involuntary_switches_per_call"})
@@ -91,6 +92,9 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
   EXPECT_GT(j["first_call_s"].get<double>(), 0);
   EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0);
   EXPECT_TRUE(j["peak_device_bytes"].is_null());  // CPU
+  EXPECT_TRUE(j["loaded_device_bytes"].is_null());
+  EXPECT_TRUE(j["resident_device_bytes"].is_null());
+  EXPECT_TRUE(j["steady_peak_device_bytes"].is_null());
   EXPECT_TRUE(j["device_p50_ms"].is_null());
   EXPECT_TRUE(j["device_p99_ms"].is_null());
   EXPECT_GT(j["arena_bytes"].get<int64_t>(), 0);  // the CPU compiler plans an arena
