@@ -80,6 +80,11 @@ void bench_command(BenchOptions o, bool json) {
                 "events: p50 %.4f ms, p99 %.4f ms)\n",
                 *r.device_p50_ms, *r.device_p99_ms);
   std::printf("\n  %-30s %.1f /s\n", "throughput", r.throughput_per_s);
+  if (r.load_s)
+    std::printf("  %-30s %.4f s%s\n", "package load", *r.load_s,
+                r.cuda_context_s
+                    ? fmt::format("  (the CUDA context before it: {:.4f} s)", *r.cuda_context_s).c_str()
+                    : "");
   std::printf("  %-30s %.4f s\n", "first call", r.first_call_s);
   std::printf("  %-30s %s\n", "compile (cold)", opt_s(r.compile_s).c_str());
   std::string warm = opt_s(r.warm_compile_s);

@@ -101,6 +101,8 @@ struct BenchResult {
   std::optional<bool> warm_compile_cache_hit;
   double first_call_s = 0;
   std::optional<double> load_s;  // a .kiln package: load_package's wall time
+  // A CUDA package: making the process's CUDA context before the load (not in load_s).
+  std::optional<double> cuda_context_s;
   std::vector<std::pair<std::string, double>> load_phases_s;  // ... and where it went (LoadedPackage)
   std::string cuda_code;  // a CUDA package: "cubin" or "ptx" (LoadedPackage::cuda_code); else ""
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0, min_ms = 0, mean_ms = 0, stddev_ms = 0;

@@ -295,11 +295,19 @@ const void* ConvState::krsc_filter(const void* src) const {
   const size_t bytes = size_t(k * c * rs * es);
   std::vector<char> kcrs(bytes), out(bytes);
   cuda_memcpy(kcrs.data(), src, bytes, CopyKind::DeviceToHost);
-  for (int64_t ki = 0; ki < k; ++ki)
-    for (int64_t ci = 0; ci < c; ++ci)
-      for (int64_t p = 0; p < rs; ++p)
-        std::memcpy(out.data() + ((ki * rs + p) * c + ci) * es,
-                    kcrs.data() + ((ki * c + ci) * rs + p) * es, size_t(es));
+  // Typed element moves (a memcpy call per 2-byte element was most of a ResNet-50 load).
+  auto permute = [&](auto tag) {
+    using T = decltype(tag);
+    const T* from = reinterpret_cast<const T*>(kcrs.data());
+    T* to = reinterpret_cast<T*>(out.data());
+    for (int64_t ki = 0; ki < k; ++ki)
+      for (int64_t ci = 0; ci < c; ++ci)
+        for (int64_t p = 0; p < rs; ++p) to[(ki * rs + p) * c + ci] = from[(ki * c + ci) * rs + p];
+  };
+  if (es == 2) permute(uint16_t{});
+  else if (es == 4) permute(uint32_t{});
+  else if (es == 8) permute(uint64_t{});
+  else fail_kind(ErrorKind::Internal, "cuda: a {}-byte filter element", es);
   std::shared_ptr<char> copy = allocate_device_arena(int64_t(bytes), desc.device);
   cuda_memcpy(copy.get(), out.data(), bytes, CopyKind::HostToDevice);
   krsc.emplace_back(src, copy);
@@ -808,13 +816,13 @@ SdpaRecord parse_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env, const std::st
   return rec;
 }
 
-Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
-                                      const std::string& where) {
-  SdpaRecord rec = parse_cudnn_sdpa(r, env, where);
+// The record's attention plan with its engine chosen (finalizing the engine builds its kernels).
+std::shared_ptr<cuda::SdpaPlan> sdpa_plan_for(const SdpaRecord& rec, const LaunchEnv& env,
+                                              const std::string& where) {
   const cuda::SdpaDesc& d = rec.desc;
   const CudnnSdpaBuffers& b = rec.buf;
   std::string why;
-  std::unique_ptr<cuda::SdpaPlan> plan = cuda::SdpaPlan::try_create(d, &why);
+  std::shared_ptr<cuda::SdpaPlan> plan = cuda::SdpaPlan::try_create(d, &why);
   if (!plan)
     fail_kind(ErrorKind::NotSupported, "{}: cuDNN on this machine has no fused attention engine "
               "for {} ({}); rebuild the package here with `kiln compile ... --device cuda`",
@@ -824,7 +832,7 @@ Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
     if (!select_engine_at_load(*plan, b.workspace_bytes))
       fail_kind(ErrorKind::NotSupported, "{}: cuDNN offers no attention engine for {} within the "
                 "package's {} bytes of workspace", where, cuda::describe(d), b.workspace_bytes);
-    return make_cudnn_sdpa_launch(std::move(plan), b);
+    return plan;
   }
   if (!plan->select_tag(tag))
     fail_kind(ErrorKind::Runtime,
@@ -835,7 +843,35 @@ Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
   if (int64_t(plan->workspace_bytes()) > b.workspace_bytes)
     fail_kind(ErrorKind::ParseError, "{}: engine {} needs {} bytes of workspace, the package "
               "reserves {}", where, tag, plan->workspace_bytes(), b.workspace_bytes);
-  return make_cudnn_sdpa_launch(std::move(plan), b);
+  return plan;
+}
+
+std::shared_ptr<void> prebuild_cudnn_sdpa(const LaunchRecord& r, const LaunchEnv& shared,
+                                          const std::string& where) {
+  LaunchEnv env = shared;  // parse_cudnn_sdpa takes it mutable; a copy per thread
+  return sdpa_plan_for(parse_cudnn_sdpa(r, env, where), env, where);
+}
+
+Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
+                                      const std::string& where) {
+  SdpaRecord rec = parse_cudnn_sdpa(r, env, where);
+  std::shared_ptr<cuda::SdpaPlan> plan = std::static_pointer_cast<cuda::SdpaPlan>(env.prebuilt);
+  if (!plan) plan = sdpa_plan_for(rec, env, where);
+  return make_cudnn_sdpa_launch(std::move(plan), rec.buf);
+}
+
+}  // namespace
+
+std::string cudnn_desc_key(const cuda::ConvDesc& d) { return conv_desc_json(d).dump(); }
+std::string cudnn_desc_key(const cuda::SdpaDesc& d) { return sdpa_desc_json(d).dump(); }
+
+namespace {
+
+// What a cuDNN record's plan depends on (LaunchPrebuildKeyFn): its descriptor, its recorded
+// engine and its workspace (the engine chosen at load must fit it); never its buffers.
+std::string cudnn_plan_key(const LaunchRecord& r) {
+  json p = kernels::parse_untrusted_json(r.params);
+  return p.at("desc").dump() + "|" + p.at("engine").dump() + "|" + p.at("workspace_bytes").dump();
 }
 
 const bool g_registered = [] {
@@ -852,11 +888,12 @@ const bool g_registered = [] {
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cudnn_conv(r, env, where);
                        },
-                       prebuild_cudnn_conv);
+                       prebuild_cudnn_conv, cudnn_plan_key);
   register_launch_kind("cudnn_sdpa", Device::cuda(), rebuild_cudnn_sdpa,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cudnn_sdpa(r, env, where);
-                       });
+                       },
+                       prebuild_cudnn_sdpa, cudnn_plan_key);
   return true;
 }();
 

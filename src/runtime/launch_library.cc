@@ -282,6 +282,7 @@ struct LaunchKind {
   LaunchRebuildFn fn;
   LaunchValidateFn validate;  // may be empty
   LaunchPrebuildFn prebuild;  // may be empty
+  LaunchPrebuildKeyFn prebuild_key;  // may be empty
 };
 std::map<std::string, LaunchKind>& registry();
 
@@ -749,9 +750,11 @@ bool validate_launch_record(const LaunchRecord& record, LaunchEnv& env, const st
 }
 
 void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn,
-                          LaunchValidateFn validate, LaunchPrebuildFn prebuild) {
+                          LaunchValidateFn validate, LaunchPrebuildFn prebuild,
+                          LaunchPrebuildKeyFn prebuild_key) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[kind] = LaunchKind{device, std::move(fn), std::move(validate), std::move(prebuild)};
+  registry()[kind] = LaunchKind{device, std::move(fn), std::move(validate), std::move(prebuild),
+                                std::move(prebuild_key)};
 }
 
 std::vector<std::shared_ptr<void>> prebuild_launches(const std::vector<LaunchRecord>& records,
@@ -761,11 +764,33 @@ std::vector<std::shared_ptr<void>> prebuild_launches(const std::vector<LaunchRec
   KILN_ASSERT(where.size() == records.size());
   std::vector<std::shared_ptr<void>> out(records.size());
   std::vector<std::pair<size_t, LaunchPrebuildFn>> work;
+  // Records whose key an earlier record has: (record, the earlier record) — given its result.
+  std::vector<std::pair<size_t, size_t>> sharing;
   {
+    std::vector<std::pair<std::string, size_t>> first_of_key;  // "kind\0key" -> record
     std::lock_guard<std::mutex> lock(registry_mutex());
     for (size_t i = 0; i < records.size(); ++i) {
       auto it = registry().find(records[i].kind);
-      if (it != registry().end() && it->second.prebuild) work.emplace_back(i, it->second.prebuild);
+      if (it == registry().end() || !it->second.prebuild) continue;
+      std::string key;
+      if (it->second.prebuild_key) {
+        try {
+          key = it->second.prebuild_key(records[i]);
+        } catch (...) {
+          key.clear();  // a malformed record: prebuilt alone (rebuild reports it)
+        }
+      }
+      if (!key.empty()) {
+        key = records[i].kind + std::string(1, '\0') + key;
+        auto seen = std::find_if(first_of_key.begin(), first_of_key.end(),
+                                 [&](const auto& e) { return e.first == key; });
+        if (seen != first_of_key.end()) {
+          sharing.emplace_back(i, seen->second);
+          continue;
+        }
+        first_of_key.emplace_back(std::move(key), i);
+      }
+      work.emplace_back(i, it->second.prebuild);
     }
   }
   if (work.empty()) return out;
@@ -785,6 +810,7 @@ std::vector<std::shared_ptr<void>> prebuild_launches(const std::vector<LaunchRec
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (std::thread& t : pool) t.join();
+  for (auto [i, from] : sharing) out[i] = out[from];
   return out;
 }
 

@@ -151,6 +151,13 @@ struct CudnnSdpaBuffers {
 Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> plan,
                                           CudnnSdpaBuffers buffers);
 
+// A cuDNN descriptor as its package record writes it (complete: a load rebuilds the plan from
+// it). Equal texts, equal plans: the CUDA target builds one plan per distinct descriptor of a
+// compile and the loader one per distinct record (LaunchPrebuildKeyFn), each plan then serving
+// several launches (Note [Variant packs of a shared plan] in kernels/cuda/cudnn_backend.cc).
+std::string cudnn_desc_key(const cuda::ConvDesc& desc);
+std::string cudnn_desc_key(const cuda::SdpaDesc& desc);
+
 // What rebuilding a launch needs from the package being loaded.
 struct LaunchEnv {
   std::function<void*(const std::string& symbol)> symbol;  // in the kernels' shared object; null if absent
@@ -191,14 +198,21 @@ using LaunchValidateFn =
 // and reports the errors) when it cannot do it.
 using LaunchPrebuildFn = std::function<std::shared_ptr<void>(
     const LaunchRecord&, const LaunchEnv&, const std::string& where)>;
+// The part of a record its prebuild depends on, as a string (a cuDNN descriptor, engine and
+// workspace; not its buffers): records with equal keys share one prebuilt result, built once
+// (ResNet-50 has 53 convolutions of 23 descriptors; ViT-B/16 12 attentions of one). Empty: the
+// record shares with none. The result must then serve every such launch (and every execution
+// context) with its own buffers.
+using LaunchPrebuildKeyFn = std::function<std::string(const LaunchRecord&)>;
 // Registers a launch kind, the device whose memory its buffers are in and, optionally, its
 // parse-only check (the runtime registers the host kinds "loop", "onednn", "gather_rows" and
-// "concat" itself, without one) and its prebuild.
+// "concat" itself, without one), its prebuild and the prebuild's key.
 void register_launch_kind(const std::string& kind, Device device, LaunchRebuildFn fn,
-                          LaunchValidateFn validate = {}, LaunchPrebuildFn prebuild = {});
-// Runs the prebuild of every record whose kind has one on up to `max_threads` threads; result i
-// belongs to records[i] (null where there is none). Never throws for a record: a failed prebuild
-// is a null result.
+                          LaunchValidateFn validate = {}, LaunchPrebuildFn prebuild = {},
+                          LaunchPrebuildKeyFn prebuild_key = {});
+// Runs the prebuild of every record whose kind has one on up to `max_threads` threads, once per
+// distinct key; result i belongs to records[i] (null where there is none; records of one key
+// share theirs). Never throws for a record: a failed prebuild is a null result.
 std::vector<std::shared_ptr<void>> prebuild_launches(const std::vector<LaunchRecord>& records,
                                                      const LaunchEnv& env,
                                                      const std::vector<std::string>& where,

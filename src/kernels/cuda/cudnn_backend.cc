@@ -359,10 +359,8 @@ std::string plan_tag(const Descriptor& cfg, int64_t engine) {
 void GraphPlans::reset() {
   std::lock_guard<std::mutex> lock(pack_mu_);
   std::lock_guard<std::mutex> plans_lock(plans_mu_);
-  last_pack_ = Descriptor();
-  last_pointers_.clear();
-  last_uids_.clear();
-  last_workspace_ = nullptr;
+  packs_.clear();
+  next_victim_ = 0;
   candidates_.clear();
   pending_.clear();
   graph_.reset();
@@ -543,22 +541,42 @@ void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointer
   const bool in_capture = stream && stream == GraphReplay::capturing_stream();
   std::unique_lock<std::mutex> handle_lock(h.mu, std::defer_lock);
   if (!(in_capture && t_capture_holds == &h)) handle_lock.lock();
+  // Note [Variant packs of a shared plan]
+  // A variant pack binds the plan's tensors to pointers; making one allocates inside cuDNN. One
+  // plan serves every launch of its descriptor (a package's load builds each distinct
+  // convolution or attention once: prebuild_launches) and every execution context, each with
+  // its own pointers, so the plan keeps a pack per pointer set: a steady-state call finds its
+  // pack by comparing a few pointers and allocates nothing. Past kMaxPacks sets (more launches
+  // and contexts share a plan than any model has), packs are replaced in turn.
   std::lock_guard<std::mutex> pack_lock(pack_mu_);
-  const bool same = last_pack_.get() && last_workspace_ == workspace &&
-                    last_uids_.size() == count &&
-                    std::equal(uids, uids + count, last_uids_.begin()) &&
-                    std::equal(pointers, pointers + count, last_pointers_.begin());
-  if (!same) {
-    Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, what_);
-    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(count), uids);
-    pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(count),
-             pointers);
-    pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-    pack.finalize();
-    last_pack_ = std::move(pack);
-    last_uids_.assign(uids, uids + count);
-    last_pointers_.assign(pointers, pointers + count);
-    last_workspace_ = workspace;
+  const Pack* pack = nullptr;
+  for (const Pack& p : packs_)
+    if (p.workspace == workspace && p.uids.size() == count &&
+        std::equal(uids, uids + count, p.uids.begin()) &&
+        std::equal(pointers, pointers + count, p.pointers.begin())) {
+      pack = &p;
+      break;
+    }
+  if (!pack) {
+    Pack made;
+    made.desc = Descriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, what_);
+    made.desc.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(count), uids);
+    made.desc.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(count),
+                  pointers);
+    made.desc.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    made.desc.finalize();
+    made.uids.assign(uids, uids + count);
+    made.pointers.assign(pointers, pointers + count);
+    made.workspace = workspace;
+    if (packs_.size() < kMaxPacks) {
+      packs_.push_back(std::move(made));
+      pack = &packs_.back();
+    } else {
+      Pack& slot = packs_[next_victim_];
+      next_victim_ = (next_victim_ + 1) % kMaxPacks;
+      slot = std::move(made);
+      pack = &slot;
+    }
   }
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != device_)
@@ -569,7 +587,7 @@ void GraphPlans::execute(size_t index, const int64_t* uids, void* const* pointer
     fail_kind(ErrorKind::Runtime, "{}: cudnnSetStream failed: {}", what_, status_text(s));
   s = a.execute(static_cast<cudnnHandle_t>(h.handle),
                 static_cast<cudnnBackendDescriptor_t>(c.plan.get()),
-                static_cast<cudnnBackendDescriptor_t>(last_pack_.get()));
+                static_cast<cudnnBackendDescriptor_t>(pack->desc.get()));
   if (in_capture && handle_lock.owns_lock()) {
     t_capture_holds = &h;
     handle_lock.release();

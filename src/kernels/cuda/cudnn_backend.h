@@ -151,11 +151,17 @@ class GraphPlans {
   mutable std::mutex plans_mu_;
   mutable std::vector<Pending> pending_;  // not yet finalized, heuristic order
   mutable std::vector<PlanCandidate> candidates_;
+  // Variant packs by their pointers (Note [Variant packs of a shared plan]).
+  struct Pack {
+    Descriptor desc;
+    std::vector<void*> pointers;
+    std::vector<int64_t> uids;
+    void* workspace = nullptr;
+  };
+  static constexpr size_t kMaxPacks = 32;
   mutable std::mutex pack_mu_;
-  mutable Descriptor last_pack_;
-  mutable std::vector<void*> last_pointers_;
-  mutable std::vector<int64_t> last_uids_;
-  mutable void* last_workspace_ = nullptr;
+  mutable std::vector<Pack> packs_;
+  mutable size_t next_victim_ = 0;
 };
 
 }  // namespace kiln::cuda::cudnn

@@ -584,7 +584,32 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   std::string program_name_, arch_;
   std::shared_ptr<CudaModule> module_;
   LibraryTimer timer_;  // kernels=timed
+  // Note [One plan per descriptor]: building a cuDNN plan finalizes its engine, which for a
+  // runtime-fusion engine compiles kernels (tens of ms each). The convolutions and attentions of
+  // one descriptor (ResNet-50: 53 convolutions of 23; ViT-B/16: 12 attentions of one) share one
+  // plan, tuned once under kernels=timed; each launch still has its own buffers and replay.
+  // Failed tries are kept too (their reason), so a fused try that cuDNN refused is not retried.
+  struct CachedPlan {
+    std::string key;
+    std::shared_ptr<ConvPlan> conv;
+    std::shared_ptr<SdpaPlan> sdpa;
+    std::string why, tuned;
+    bool tried_tuning = false;
+  };
+  std::vector<CachedPlan> plans_;
+  CachedPlan& cached_conv(const ConvDesc& d);
 };
+
+CudaLibraryKernels::CachedPlan& CudaLibraryKernels::cached_conv(const ConvDesc& d) {
+  std::string key = "conv " + cudnn_desc_key(d);
+  for (CachedPlan& c : plans_)
+    if (c.key == key) return c;
+  CachedPlan c;
+  c.key = std::move(key);
+  c.conv = ConvPlan::try_create(d, &c.why);
+  plans_.push_back(std::move(c));
+  return plans_.back();
+}
 
 void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                               std::string& source) {
@@ -694,16 +719,23 @@ std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, int32_t
   };
   if (!bhsd(0, q, &d.q_stride) || !bhsd(1, k, &d.k_stride) || !bhsd(2, v, &d.v_stride))
     return "a view whose batch dims do not merge into one stride";
-  std::string why;
-  std::unique_ptr<SdpaPlan> plan;
-  try {
-    plan = SdpaPlan::try_create(d, &why);
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::NotSupported && e.kind() != ErrorKind::InvalidArgument) throw;
-    return e.message();
+  // One plan per descriptor (Note [One plan per descriptor]).
+  std::string key = "sdpa " + cudnn_desc_key(d);
+  auto it = std::find_if(plans_.begin(), plans_.end(), [&](const CachedPlan& c) { return c.key == key; });
+  if (it == plans_.end()) {
+    CachedPlan c;
+    c.key = std::move(key);
+    try {
+      c.sdpa = SdpaPlan::try_create(d, &c.why);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::NotSupported && e.kind() != ErrorKind::InvalidArgument) throw;
+      c.why = e.message();
+    }
+    plans_.push_back(std::move(c));
+    it = plans_.end() - 1;
   }
-  if (!plan) return why;
-  ln.sdpa = std::move(plan);
+  if (!it->sdpa) return it->why;
+  ln.sdpa = it->sdpa;
   ln.kind = LibNode::Kind::Sdpa;
   ln.describe = ::kiln::cuda::describe(d) + " cuDNN fused flash attention, engine " +
                 ln.sdpa->engine().tag;
@@ -905,10 +937,21 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
     t.residual = t.relu = false;
     if (bias && build_.conv_fuse) tries.push_back(t);
     tries.push_back(d);
-    std::string why;
-    for (size_t i = 0; i + 1 < tries.size() && !ln.conv; ++i) ln.conv = ConvPlan::try_create(tries[i], &why);
-    if (!ln.conv) ln.conv = ConvPlan::create(tries.back());
-    if (build_.timed) tuned = tune_conv(*ln.conv, timer_);
+    CachedPlan* cached = nullptr;
+    for (size_t i = 0; i + 1 < tries.size() && !ln.conv; ++i) {
+      cached = &cached_conv(tries[i]);
+      ln.conv = cached->conv;
+    }
+    if (!ln.conv) {
+      cached = &cached_conv(tries.back());
+      if (!cached->conv) cached->conv = ConvPlan::create(tries.back());  // throws, saying why
+      ln.conv = cached->conv;
+    }
+    if (build_.timed) {
+      if (!cached->tried_tuning) cached->tuned = tune_conv(*ln.conv, timer_);
+      cached->tried_tuning = true;
+      tuned = cached->tuned;
+    }
     d = ln.conv->desc();
     if (ln.conv->output_dims() != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
       fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
