@@ -592,9 +592,10 @@ GemmRecord parse_cublaslt(const LaunchRecord& r, LaunchEnv& env, const std::stri
   return g;
 }
 
-Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
-                                    const std::string& where) {
-  GemmRecord g = parse_cublaslt(r, env, where);
+// The record's GEMM plan with its algorithm set (a heuristic query, and more when the recorded
+// algorithm is not the heuristic's first: most of a package's cuBLASLt rebuild time).
+std::shared_ptr<cuda::GemmPlan> gemm_plan_for(const GemmRecord& g, const LaunchEnv& env,
+                                              const std::string& where) {
   const cuda::GemmDesc& d = g.desc;
   const CublasltBuffers& b = g.buf;
   std::shared_ptr<cuda::GemmPlan> plan = cuda::GemmPlan::create(d);
@@ -655,7 +656,30 @@ Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
                 where, g.algo_config.empty() ? std::string("recorded by its bytes") : g.algo_config,
                 plan->describe(), cs.size());
   }
-  return make_cublaslt_launch(d, std::move(plan), b);
+  return plan;
+}
+
+std::shared_ptr<void> prebuild_cublaslt(const LaunchRecord& r, const LaunchEnv& shared,
+                                        const std::string& where) {
+  LaunchEnv env = shared;  // parse_cublaslt takes it mutable; a copy per thread
+  return gemm_plan_for(parse_cublaslt(r, env, where), env, where);
+}
+
+Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
+                                    const std::string& where) {
+  GemmRecord g = parse_cublaslt(r, env, where);
+  std::shared_ptr<cuda::GemmPlan> plan = std::static_pointer_cast<cuda::GemmPlan>(env.prebuilt);
+  if (!plan) plan = gemm_plan_for(g, env, where);
+  return make_cublaslt_launch(g.desc, std::move(plan), g.buf);
+}
+
+// What a cuBLASLt record's plan depends on: its descriptor, recorded algorithm and workspace
+// (a plan serves every launch of them: GemmPlan::run sets the bias pointer under its lock).
+std::string cublaslt_plan_key(const LaunchRecord& r) {
+  json p = kernels::parse_untrusted_json(r.params);
+  return p.at("desc").dump() + "|" + p.at("algo").dump() + "|" +
+         (p.contains("algo_config") ? p.at("algo_config").dump() : std::string()) + "|" +
+         p.at("workspace_bytes").dump();
 }
 
 // A cudnn_conv record, checked without a GPU: the descriptor (and the output shape it
@@ -883,7 +907,8 @@ const bool g_registered = [] {
   register_launch_kind("cublaslt", Device::cuda(), rebuild_cublaslt,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cublaslt(r, env, where);
-                       });
+                       },
+                       prebuild_cublaslt, cublaslt_plan_key);
   register_launch_kind("cudnn_conv", Device::cuda(), rebuild_cudnn_conv,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cudnn_conv(r, env, where);
