@@ -27,9 +27,11 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include <fmt/format.h>
@@ -757,6 +759,14 @@ void register_launch_kind(const std::string& kind, Device device, LaunchRebuildF
                                 std::move(prebuild_key)};
 }
 
+bool library_plans_shared() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_SHARED_PLANS");
+    return !(v && std::string_view(v) == "0");
+  }();
+  return on;
+}
+
 std::vector<std::shared_ptr<void>> prebuild_launches(const std::vector<LaunchRecord>& records,
                                                      const LaunchEnv& env,
                                                      const std::vector<std::string>& where,
@@ -773,7 +783,7 @@ std::vector<std::shared_ptr<void>> prebuild_launches(const std::vector<LaunchRec
       auto it = registry().find(records[i].kind);
       if (it == registry().end() || !it->second.prebuild) continue;
       std::string key;
-      if (it->second.prebuild_key) {
+      if (it->second.prebuild_key && library_plans_shared()) {
         try {
           key = it->second.prebuild_key(records[i]);
         } catch (...) {

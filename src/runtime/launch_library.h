@@ -157,6 +157,9 @@ Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> 
 // several launches (Note [Variant packs of a shared plan] in kernels/cuda/cudnn_backend.cc).
 std::string cudnn_desc_key(const cuda::ConvDesc& desc);
 std::string cudnn_desc_key(const cuda::SdpaDesc& desc);
+// False when KILN_SHARED_PLANS=0 (read once): every launch then builds its own library plan, at
+// compile time and at load (the A/B switch for the sharing above).
+bool library_plans_shared();
 
 // What rebuilding a launch needs from the package being loaded.
 struct LaunchEnv {

@@ -602,6 +602,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
 
 CudaLibraryKernels::CachedPlan& CudaLibraryKernels::cached_conv(const ConvDesc& d) {
   std::string key = "conv " + cudnn_desc_key(d);
+  if (!library_plans_shared()) key += " #" + std::to_string(plans_.size());  // never equal
   for (CachedPlan& c : plans_)
     if (c.key == key) return c;
   CachedPlan c;
@@ -721,6 +722,7 @@ std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, int32_t
     return "a view whose batch dims do not merge into one stride";
   // One plan per descriptor (Note [One plan per descriptor]).
   std::string key = "sdpa " + cudnn_desc_key(d);
+  if (!library_plans_shared()) key += " #" + std::to_string(plans_.size());  // never equal
   auto it = std::find_if(plans_.begin(), plans_.end(), [&](const CachedPlan& c) { return c.key == key; });
   if (it == plans_.end()) {
     CachedPlan c;
