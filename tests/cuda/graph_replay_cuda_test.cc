@@ -241,7 +241,10 @@ TEST_P(CudaSteadyState, CompiledCallsDoNoHostHeapAllocation) {
   o.mode = c.mode;
   o.dtype = c.dtype;
   o.warmup = 3;  // direct, captured, replayed
-  o.iters = 60;
+  // 300 calls: the driver's own allocations come in bursts (7 and 21 in one 60-call window of
+  // resnet50 in bfloat16, 0.006-0.011 per call over 1500 calls with and without shared plans),
+  // so a short window measured the burst, not the rate the bound is about.
+  o.iters = 300;
   BenchResult r = run_bench(o);
   ASSERT_TRUE(r.steady_state_allocs_per_call.has_value())
       << "no allocation counter: kiln_cuda_tests must link tools/alloc_counter.cc";
