@@ -2,6 +2,7 @@
 // libcuda.so at run time: on a machine without a driver every call below returns an error code
 // that we turn into "no CUDA device" instead of failing to start.
 #include "core/cuda_runtime.h"
+#include "core/block_cache.h"
 
 #include <cuda_runtime_api.h>
 
@@ -174,92 +175,70 @@ void CudaEventLog::clear() { used_ = 0; }
 
 // ---- caching allocator -----------------------------------------------------------------------
 // Note [CUDA caching allocator]
-// cudaMalloc/cudaFree synchronize the device and cost tens of microseconds, so freed blocks are
-// kept in per-size free lists and handed out again. Sizes are rounded up to 512 bytes (small)
-// or to 2 MiB multiples above 1 MiB, which bounds fragmentation while letting a steady-state
-// workload hit the cache on every call. cuda_empty_cache() returns everything to the driver.
+// cudaMalloc/cudaFree synchronize the device and cost tens of microseconds, so memory is kept:
+// segments from cudaMalloc, blocks carved from them and reused by size (BlockCache, Note
+// [Device memory from segments] in block_cache.cc). cuda_empty_cache() returns every segment
+// with no block in use to the driver; a cudaMalloc that fails does the same and is retried.
 namespace {
-
-size_t round_size(size_t bytes) {
-  if (bytes == 0) bytes = 1;
-  if (bytes <= (size_t(1) << 20)) return (bytes + 511) / 512 * 512;
-  size_t mb2 = size_t(2) << 20;
-  return (bytes + mb2 - 1) / mb2 * mb2;
-}
 
 class CudaCachingAllocator final : public Allocator {
  public:
-  explicit CudaCachingAllocator(int index) : index_(index) {}
+  explicit CudaCachingAllocator(int index) : index_(index), cache_(&obtain, &give_back, this) {}
   void* allocate(size_t bytes) override {
-    size_t n = round_size(bytes);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(n);
-    if (it != free_.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      stats_.cache_hits++;
-      note_alloc(n);
-      return p;
-    }
-    check_cuda(cudaSetDevice(index_), "cudaSetDevice");
-    void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, n);
-    if (e != cudaSuccess) {
-      // Release the cache and retry once before reporting out-of-memory.
-      cudaGetLastError();
-      release_locked();
-      e = cudaMalloc(&p, n);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        fail_kind(ErrorKind::Runtime, "CUDA out of memory on cuda:{} allocating {} bytes ({})",
-                  index_, bytes, cudaGetErrorString(e));
-      }
-    }
-    stats_.cuda_malloc_calls++;
-    stats_.reserved_bytes += n;
-    note_alloc(n);
+    void* p = cache_.allocate(bytes);
+    if (!p)
+      fail_kind(ErrorKind::Runtime, "CUDA out of memory on cuda:{} allocating {} bytes ({})",
+                index_, bytes, cudaGetErrorString(last_error_));
     return p;
   }
   void deallocate(void* ptr, size_t bytes) override {
-    size_t n = round_size(bytes);
     std::lock_guard<std::mutex> lock(mu_);
-    free_[n].push_back(ptr);
-    stats_.allocated_bytes -= n;
+    cache_.deallocate(ptr, bytes);
   }
   Device device() const override { return Device::cuda(index_); }
   CudaAllocatorStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    const BlockCache::Stats& c = cache_.stats();
+    CudaAllocatorStats s;
+    s.allocated_bytes = c.allocated_bytes;
+    s.reserved_bytes = c.reserved_bytes;
+    s.peak_allocated_bytes = c.peak_allocated_bytes;
+    s.cuda_malloc_calls = c.segments_obtained;
+    s.cache_hits = c.cache_hits;
+    return s;
   }
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
-    release_locked();
+    cache_.release_free_segments();
   }
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+    cache_.reset_peak();
   }
 
  private:
-  void note_alloc(size_t n) {
-    stats_.allocated_bytes += n;
-    if (stats_.allocated_bytes > stats_.peak_allocated_bytes)
-      stats_.peak_allocated_bytes = stats_.allocated_bytes;
-  }
-  void release_locked() {
-    cudaSetDevice(index_);
-    for (auto& [n, list] : free_) {
-      for (void* p : list) {
-        cudaFree(p);
-        stats_.reserved_bytes -= n;
-      }
-      list.clear();
+  static void* obtain(void* ctx, size_t bytes) {
+    auto* self = static_cast<CudaCachingAllocator*>(ctx);
+    check_cuda(cudaSetDevice(self->index_), "cudaSetDevice");
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear it: the cache releases its free segments and asks again
+      self->last_error_ = e;
+      return nullptr;
     }
+    return p;
+  }
+  static void give_back(void* ctx, void* p, size_t) {
+    auto* self = static_cast<CudaCachingAllocator*>(ctx);
+    cudaSetDevice(self->index_);
+    cudaFree(p);
   }
   int index_;
   std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
-  CudaAllocatorStats stats_;
+  cudaError_t last_error_ = cudaSuccess;
+  BlockCache cache_;
 };
 
 std::mutex g_alloc_mu;

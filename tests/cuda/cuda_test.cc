@@ -480,8 +480,9 @@ TEST(CudaAllocator, FreedBlockIsReusedAndCacheEmpties) {
   cuda_synchronize(0);
   cuda_empty_cache();
   const CudaAllocatorStats s0 = cuda_allocator_stats(0);
-  EXPECT_EQ(s0.reserved_bytes, s0.allocated_bytes) << "empty_cache left cached blocks";
-  const int64_t n = int64_t(3) << 20;  // 12 MiB of float32: a multiple of the 2 MiB rounding
+  // 40 MiB of float32: above half a 32 MiB segment, so it gets a segment of its own (Note
+  // [Device memory from segments]).
+  const int64_t n = int64_t(10) << 20;
   const size_t bytes = size_t(n) * 4;
   Generator g(113);
   Tensor host = random_tensor(g, {n}, DType::Float32);
@@ -496,15 +497,14 @@ TEST(CudaAllocator, FreedBlockIsReusedAndCacheEmpties) {
   }
   const CudaAllocatorStats s2 = cuda_allocator_stats(0);
   EXPECT_EQ(s2.allocated_bytes, s0.allocated_bytes) << "freeing did not return the block";
-  EXPECT_EQ(s2.reserved_bytes, s1.reserved_bytes) << "a freed block should stay cached";
+  EXPECT_EQ(s2.reserved_bytes, s1.reserved_bytes) << "a freed segment should stay cached";
   CudaAllocatorStats s3, s4;
   {
-    // Same size again: served from the cache, no cudaMalloc; the data is intact.
+    // Same size again: from the cached segment, no cudaMalloc; the data is intact.
     Tensor t = host.to(kCuda);
     s3 = cuda_allocator_stats(0);
-    EXPECT_EQ(s3.cache_hits, s2.cache_hits + 1);
     EXPECT_EQ(s3.cuda_malloc_calls, s2.cuda_malloc_calls);
-    expect_bitwise(t, host, "data through a reused block");
+    expect_bitwise(t, host, "data through a reused segment");
     // A second live block of the same size needs a new cudaMalloc and raises the peak.
     Tensor u = host.to(kCuda);
     s4 = cuda_allocator_stats(0);
@@ -513,21 +513,32 @@ TEST(CudaAllocator, FreedBlockIsReusedAndCacheEmpties) {
   }
   cuda_empty_cache();
   const CudaAllocatorStats s5 = cuda_allocator_stats(0);
-  EXPECT_EQ(s5.reserved_bytes, s5.allocated_bytes) << "empty_cache kept blocks";
-  EXPECT_EQ(s5.reserved_bytes + 2 * bytes, s4.reserved_bytes) << "empty_cache missed a block";
+  EXPECT_EQ(s5.allocated_bytes, s0.allocated_bytes);
+  EXPECT_LE(s5.reserved_bytes + 2 * bytes, s4.reserved_bytes) << "empty_cache kept a segment";
   // The numbers docs/cuda.md records (cumulative over the process: earlier tests count too).
-  std::printf("[allocator] 12 MiB block: alloc -> cudaMalloc calls %lld -> %lld; free + alloc "
-              "again -> cudaMalloc calls %lld, cache hits %lld -> %lld; second live block -> "
-              "cudaMalloc calls %lld; reserved %zu -> %zu bytes after empty_cache; process peak "
-              "allocated %zu bytes\n",
+  std::printf("[allocator] 40 MiB block: alloc -> cudaMalloc calls %lld -> %lld; free + alloc "
+              "again -> cudaMalloc calls %lld; second live block -> cudaMalloc calls %lld; "
+              "reserved %zu -> %zu bytes after empty_cache; process peak allocated %zu bytes\n",
               (long long)s0.cuda_malloc_calls, (long long)s1.cuda_malloc_calls,
-              (long long)s3.cuda_malloc_calls, (long long)s2.cache_hits, (long long)s3.cache_hits,
-              (long long)s4.cuda_malloc_calls, s4.reserved_bytes, s5.reserved_bytes,
-              s5.peak_allocated_bytes);
+              (long long)s3.cuda_malloc_calls, (long long)s4.cuda_malloc_calls, s4.reserved_bytes,
+              s5.reserved_bytes, s5.peak_allocated_bytes);
+}
+
+// Weights of awkward sizes cost what they hold: a 768 x 768 bfloat16 matrix (1.1 MiB) took a
+// 2 MiB block before the segments, now 1.1 MiB rounded to 512 bytes.
+TEST(CudaAllocator, BlocksAreSizedToTheirTensors) {
+  cuda_synchronize(0);
+  const CudaAllocatorStats s0 = cuda_allocator_stats(0);
+  std::vector<Tensor> ws;
+  for (int i = 0; i < 8; ++i) ws.push_back(Tensor::empty({768, 768}, DType::BFloat16, kCuda));
+  const CudaAllocatorStats s1 = cuda_allocator_stats(0);
+  EXPECT_EQ(s1.allocated_bytes - s0.allocated_bytes, size_t(8) * 768 * 768 * 2);
+  EXPECT_LE(s1.cuda_malloc_calls - s0.cuda_malloc_calls, 1);  // at most one new segment
 }
 
 // Eager ops allocate their outputs and scratch through the cache: a steady-state loop makes no
-// cudaMalloc calls once warm.
+// cudaMalloc calls once warm, and reserves nothing more (its blocks come from the free lists,
+// or are carved again from a segment that the last iteration left empty).
 TEST(CudaAllocator, SteadyStateEagerLoopHitsTheCache) {
   Generator g(114);
   Tensor a = random_tensor(g, {64, 4096}, DType::Float32).to(kCuda);
@@ -540,7 +551,8 @@ TEST(CudaAllocator, SteadyStateEagerLoopHitsTheCache) {
   for (int i = 0; i < 20; ++i) warm = sum(relu(add(a, b)), {0});
   const CudaAllocatorStats after = cuda_allocator_stats(0);
   EXPECT_EQ(after.cuda_malloc_calls, before.cuda_malloc_calls);
-  EXPECT_GE(after.cache_hits - before.cache_hits, 20 * 3);
+  EXPECT_EQ(after.reserved_bytes, before.reserved_bytes);
+  EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
   std::printf("[allocator] 20 iterations of sum(relu(add(a, b))): %lld cache hits, %lld "
               "cudaMalloc calls\n",
               (long long)(after.cache_hits - before.cache_hits),
