@@ -543,11 +543,11 @@ Executable::Launch rebuild_upsample(const LaunchRecord& r, LaunchEnv& env, const
 }
 
 std::map<std::string, LaunchKind>& registry() {
-  static std::map<std::string, LaunchKind> r = {{"loop", {Device::cpu(), rebuild_loop, {}, {}}},
-                                                {"onednn", {Device::cpu(), rebuild_onednn, {}, {}}},
-                                                {"gather_rows", {Device::cpu(), rebuild_gather_rows, {}, {}}},
-                                                {"concat", {Device::cpu(), rebuild_concat, {}, {}}},
-                                                {"upsample", {Device::cpu(), rebuild_upsample, {}, {}}}};
+  static std::map<std::string, LaunchKind> r = {{"loop", {Device::cpu(), rebuild_loop, {}, {}, {}}},
+                                                {"onednn", {Device::cpu(), rebuild_onednn, {}, {}, {}}},
+                                                {"gather_rows", {Device::cpu(), rebuild_gather_rows, {}, {}, {}}},
+                                                {"concat", {Device::cpu(), rebuild_concat, {}, {}, {}}},
+                                                {"upsample", {Device::cpu(), rebuild_upsample, {}, {}, {}}}};
   return r;
 }
 
