@@ -592,6 +592,23 @@ GemmRecord parse_cublaslt(const LaunchRecord& r, LaunchEnv& env, const std::stri
   return g;
 }
 
+// A library launch's slow part is its plan, built from its record alone: prebuild_plan runs
+// `Parse` and `PlanFor` ahead of the launch loop on a worker thread (LaunchPrebuildFn), and a
+// rebuild takes that plan, or builds it where there is none (prebuilt_or_new).
+template <auto Parse, auto PlanFor>
+std::shared_ptr<void> prebuild_plan(const LaunchRecord& r, const LaunchEnv& shared,
+                                    const std::string& where) {
+  LaunchEnv env = shared;  // the parsers take it mutable; a copy per thread
+  return PlanFor(Parse(r, env, where), env, where);
+}
+
+template <auto PlanFor, class Record>
+auto prebuilt_or_new(const Record& rec, const LaunchEnv& env, const std::string& where) {
+  using Plan = typename decltype(PlanFor(rec, env, where))::element_type;
+  std::shared_ptr<Plan> plan = std::static_pointer_cast<Plan>(env.prebuilt);
+  return plan ? plan : PlanFor(rec, env, where);
+}
+
 // The record's GEMM plan with its algorithm set (a heuristic query, and more when the recorded
 // algorithm is not the heuristic's first: most of a package's cuBLASLt rebuild time).
 std::shared_ptr<cuda::GemmPlan> gemm_plan_for(const GemmRecord& g, const LaunchEnv& env,
@@ -659,18 +676,10 @@ std::shared_ptr<cuda::GemmPlan> gemm_plan_for(const GemmRecord& g, const LaunchE
   return plan;
 }
 
-std::shared_ptr<void> prebuild_cublaslt(const LaunchRecord& r, const LaunchEnv& shared,
-                                        const std::string& where) {
-  LaunchEnv env = shared;  // parse_cublaslt takes it mutable; a copy per thread
-  return gemm_plan_for(parse_cublaslt(r, env, where), env, where);
-}
-
 Executable::Launch rebuild_cublaslt(const LaunchRecord& r, LaunchEnv& env,
                                     const std::string& where) {
   GemmRecord g = parse_cublaslt(r, env, where);
-  std::shared_ptr<cuda::GemmPlan> plan = std::static_pointer_cast<cuda::GemmPlan>(env.prebuilt);
-  if (!plan) plan = gemm_plan_for(g, env, where);
-  return make_cublaslt_launch(g.desc, std::move(plan), g.buf);
+  return make_cublaslt_launch(g.desc, prebuilt_or_new<gemm_plan_for>(g, env, where), g.buf);
 }
 
 // What a cuBLASLt record's plan depends on: its descriptor, recorded algorithm and workspace
@@ -776,24 +785,18 @@ std::shared_ptr<cuda::ConvPlan> conv_plan_for(const ConvRecord& rec, const Launc
   return plan;
 }
 
-// Note [cuDNN plans built beside each other]: a CUDA package's load builds its convolutions'
-// plans on several threads ahead of the launch loop (prebuild_launches); cuDNN is thread-safe
-// and its plans are used later from the loading thread, as plans built by one thread and run
-// by another are at compile time.
-std::shared_ptr<void> prebuild_cudnn_conv(const LaunchRecord& r, const LaunchEnv& shared,
-                                          const std::string& where) {
-  LaunchEnv env = shared;  // parse_cudnn_conv takes it mutable; a copy per thread
-  ConvRecord rec = parse_cudnn_conv(r, env, where);
-  return conv_plan_for(rec, env, where);
-}
+// Note [cuDNN plans built beside each other]: a CUDA package's load builds its library plans
+// (convolutions, attention, GEMMs) on several threads ahead of the launch loop, one per
+// distinct record (prebuild_launches, prebuild_plan); cuDNN and cuBLASLt are thread-safe and
+// the plans are used later from the loading thread, as plans built by one thread and run by
+// another are at compile time.
 
 Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
                                       const std::string& where) {
   ConvRecord rec = parse_cudnn_conv(r, env, where);
   const cuda::ConvDesc& d = rec.desc;
   const CudnnConvBuffers& b = rec.buf;
-  std::shared_ptr<cuda::ConvPlan> plan = std::static_pointer_cast<cuda::ConvPlan>(env.prebuilt);
-  if (!plan) plan = conv_plan_for(rec, env, where);
+  std::shared_ptr<cuda::ConvPlan> plan = prebuilt_or_new<conv_plan_for>(rec, env, where);
   CudnnConvKernels k;
   std::vector<cuda::CudaKernel> loaded;
   loaded.reserve(rec.pre.size() + rec.post.size());
@@ -870,18 +873,10 @@ std::shared_ptr<cuda::SdpaPlan> sdpa_plan_for(const SdpaRecord& rec, const Launc
   return plan;
 }
 
-std::shared_ptr<void> prebuild_cudnn_sdpa(const LaunchRecord& r, const LaunchEnv& shared,
-                                          const std::string& where) {
-  LaunchEnv env = shared;  // parse_cudnn_sdpa takes it mutable; a copy per thread
-  return sdpa_plan_for(parse_cudnn_sdpa(r, env, where), env, where);
-}
-
 Executable::Launch rebuild_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env,
                                       const std::string& where) {
   SdpaRecord rec = parse_cudnn_sdpa(r, env, where);
-  std::shared_ptr<cuda::SdpaPlan> plan = std::static_pointer_cast<cuda::SdpaPlan>(env.prebuilt);
-  if (!plan) plan = sdpa_plan_for(rec, env, where);
-  return make_cudnn_sdpa_launch(std::move(plan), rec.buf);
+  return make_cudnn_sdpa_launch(prebuilt_or_new<sdpa_plan_for>(rec, env, where), rec.buf);
 }
 
 }  // namespace
@@ -908,17 +903,17 @@ const bool g_registered = [] {
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cublaslt(r, env, where);
                        },
-                       prebuild_cublaslt, cublaslt_plan_key);
+                       prebuild_plan<parse_cublaslt, gemm_plan_for>, cublaslt_plan_key);
   register_launch_kind("cudnn_conv", Device::cuda(), rebuild_cudnn_conv,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cudnn_conv(r, env, where);
                        },
-                       prebuild_cudnn_conv, cudnn_plan_key);
+                       prebuild_plan<parse_cudnn_conv, conv_plan_for>, cudnn_plan_key);
   register_launch_kind("cudnn_sdpa", Device::cuda(), rebuild_cudnn_sdpa,
                        [](const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
                          parse_cudnn_sdpa(r, env, where);
                        },
-                       prebuild_cudnn_sdpa, cudnn_plan_key);
+                       prebuild_plan<parse_cudnn_sdpa, sdpa_plan_for>, cudnn_plan_key);
   return true;
 }();
 
