@@ -11,8 +11,11 @@
 // lists every call and carves nothing). When a segment has no block out any more, its blocks
 // leave the free lists and it is carved from its start again — the whole segment coalesces, so
 // memory freed in one pattern of sizes serves another. release_free_segments (empty_cache, and
-// a failed obtain before it is retried) gives such segments back. Bookkeeping allocates host
-// memory only when a segment is obtained or a size is freed for the first time.
+// a failed obtain before it is retried) gives such segments back. The price: memory freed
+// inside a segment that still has a block out stays with this cache (for requests of its sizes,
+// or until the segment empties), where the one-allocation-per-block cache could give any freed
+// block back under memory pressure. Bookkeeping allocates host memory only when a segment is
+// obtained or a size is freed for the first time.
 #include "core/block_cache.h"
 
 #include <algorithm>
