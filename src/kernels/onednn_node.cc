@@ -1130,12 +1130,13 @@ void Builder::build_concat(Plan& p) {
 
 // ---- linear -----------------------------------------------------------------------------------
 namespace {
-// Note [linear choice].
+// Note [linear choice]. Auto here is a record's from before the choice was recorded.
 bool use_matmul_for_linear(OnednnLinearImpl pref, int64_t k) {
   if (pref != OnednnLinearImpl::Auto) return pref == OnednnLinearImpl::Matmul;
   return k >= 2048;
 }
 }  // namespace
+
 
 void Builder::build_linear(Plan& p) {
   Epilogue epi = read_epilogue(d);
@@ -1330,6 +1331,12 @@ void Builder::build_matmul(Plan& p) {
 
 
 }  // namespace
+
+OnednnLinearImpl choose_linear_impl(OnednnLinearImpl pref, int64_t m, int64_t k) {
+  if (pref != OnednnLinearImpl::Auto) return pref;
+  return k >= 2048 || (m >= 64 && k >= 128) ? OnednnLinearImpl::Matmul
+                                             : OnednnLinearImpl::InnerProduct;
+}
 
 // ---- the node ---------------------------------------------------------------------------------
 OnednnNode::OnednnNode() : plan_(std::make_unique<Plan>()) {}

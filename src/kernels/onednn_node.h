@@ -83,6 +83,10 @@ struct OnednnOperand {
 
 enum class OnednnConvPolicy : uint8_t { Auto, Blocked, Winograd };   // Note [convolution policy]
 enum class OnednnLinearImpl : uint8_t { Auto, InnerProduct, Matmul };  // Note [linear choice]
+// The compiler's choice for a linear of M rows and K inputs (Note [linear choice]): `pref`
+// unless it is Auto. Records carry the result, so a package keeps the choice it was built with;
+// Auto in a record (packages made before the choice was recorded) means matmul for K >= 2048.
+OnednnLinearImpl choose_linear_impl(OnednnLinearImpl pref, int64_t m, int64_t k);
 
 // The most inputs a oneDNN concat node takes (a descriptor with more is malformed).
 inline constexpr size_t kMaxConcatInputs = 1024;

@@ -460,6 +460,23 @@ TEST(OnednnLowering, LinearAndFusedLinear) {
         }
 }
 
+// Note [linear choice]: Auto resolves by shape when the compiler makes the record (matmul for
+// K >= 2048, or M >= 64 with K >= 128), a forced choice stays; the LinearAndFusedLinear cases
+// above run the inner_product resolution of Auto and both forced choices.
+TEST(OnednnLowering, LinearChoiceByShape) {
+  using kernels::OnednnLinearImpl;
+  using kernels::choose_linear_impl;
+  EXPECT_EQ(choose_linear_impl(OnednnLinearImpl::Auto, 1, 768), OnednnLinearImpl::InnerProduct);
+  EXPECT_EQ(choose_linear_impl(OnednnLinearImpl::Auto, 63, 2047), OnednnLinearImpl::InnerProduct);
+  EXPECT_EQ(choose_linear_impl(OnednnLinearImpl::Auto, 64, 128), OnednnLinearImpl::Matmul);
+  EXPECT_EQ(choose_linear_impl(OnednnLinearImpl::Auto, 12000, 9), OnednnLinearImpl::InnerProduct);
+  EXPECT_EQ(choose_linear_impl(OnednnLinearImpl::Auto, 197, 768), OnednnLinearImpl::Matmul);
+  EXPECT_EQ(choose_linear_impl(OnednnLinearImpl::Auto, 1, 2048), OnednnLinearImpl::Matmul);
+  EXPECT_EQ(choose_linear_impl(OnednnLinearImpl::InnerProduct, 197, 4096),
+            OnednnLinearImpl::InnerProduct);
+  EXPECT_EQ(choose_linear_impl(OnednnLinearImpl::Matmul, 1, 16), OnednnLinearImpl::Matmul);
+}
+
 // a @ b with a the graph input "a" and b a parameter (b_const) or the input "b"; the inputs,
 // fresh N(0, 1) values, go to *inputs.
 Graph matmul_graph(Generator& gen, const Dims& ad, const Dims& bd, bool b_const, DType dt,

@@ -206,8 +206,20 @@
 //   M=1: 2048->1000 0.89..0.98, 2048->1024 0.90, 2048->2048 0.98, 4096->1000 0.99,
 //        512->1000 1.01, 768->768 1.03, 1024->1024 1.03, 1000->2048 1.04, 64->64 1.07
 //   M=4 2048->1000 0.97, M=8 256->128 1.00, M=64 2048->1000 0.93..1.0, M=128 768->3072 1.00
-// So Auto takes matmul for K >= 2048 and inner_product below; LinearImpl forces either (for
-// an autotuner).
+// So Auto took matmul for K >= 2048 and inner_product below. Measured again whole-model
+// (twenty-fourth session, `KILN_KNOBS=linear=matmul|auto kiln bench M.onnx --iters 10`, two
+// rounds interleaved, p50 ms, 2 threads / 1 thread): matmul is faster where M is large —
+// vit_b_16 (M = 197) 162 -> 129 / 284 -> 253, bert_base (128) 93 -> 86 / 179 -> 165,
+// distilbert 47 -> 43 / 89.5 -> 83, convnext_tiny (3136) 39.6 -> 37.8 / 79 -> 72, swin_t
+// 43.0 -> 41.6 / 81.5 -> 76.8 — and level where it is small (vit_b_32, M = 50: 45.1 -> 45.5 /
+// 85.3 -> 87.2; gpt2_6l, maxvit_t, the GRU/LSTM and pillar models within 2%): oneDNN's matmul
+// splits a tall [M, N] output over both threads better (vit_b_16's 197 x 768 x 3072 GEMM: 1.63x
+// from the second thread as inner_product, 1.90x as matmul). A short K goes the other way:
+// pointpillars' per-point linear (K = 9, M = 96,000) was 2.8% slower as matmul at one
+// thread. So Auto takes matmul for K >= 2048, or M >= 64 with K >= 128 (choose_linear_impl),
+// and the record carries the choice, so a package keeps the
+// primitive its prepacked weights were made for (Auto in an older record keeps meaning the old
+// rule). LinearImpl (knob `linear=auto|matmul|inner_product`) forces either.
 #include "targets/cpu/onednn_lowering.h"
 #include "targets/cpu/support.h"
 
@@ -612,6 +624,14 @@ kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
   d.linear = options.linear == LinearImpl::Matmul         ? kernels::OnednnLinearImpl::Matmul
              : options.linear == LinearImpl::InnerProduct ? kernels::OnednnLinearImpl::InnerProduct
                                                           : kernels::OnednnLinearImpl::Auto;
+  if (node.op == OpId::Linear || node.op == OpId::FusedLinear) {
+    // The choice made here goes into the record (Note [linear choice]).
+    const TensorType& xt = g.type(node.inputs[0]);
+    int64_t m = 1;
+    for (size_t i = 0; i + 1 < xt.shape.size(); ++i) m *= xt.shape[i].value();
+    const int64_t k = xt.shape.empty() ? 1 : xt.shape[xt.shape.size() - 1].value();
+    d.linear = kernels::choose_linear_impl(d.linear, m, k);
+  }
   switch (node.op) {
     case OpId::Conv2d:
     case OpId::FusedConv2d:

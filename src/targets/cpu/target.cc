@@ -187,6 +187,11 @@ class CpuTarget final : public compiler::Target {
       fail("cpu target: knob layouts expected measured | fixed, found '{}'", layouts);
     o.measure_layouts = layouts == "measured";
     if (winograd == "always") o.winograd_veto_above = HUGE_VAL;
+    const std::string linear = knobs.get("linear", "auto");
+    if (linear == "auto") o.linear = LinearImpl::Auto;
+    else if (linear == "matmul") o.linear = LinearImpl::Matmul;
+    else if (linear == "inner_product") o.linear = LinearImpl::InnerProduct;
+    else fail("cpu target: knob linear expected auto | matmul | inner_product, found '{}'", linear);
     o.matmul_strides = std::move(request.strided_operands);
     o.generated = std::move(request.generated);
     return std::make_unique<OnednnKernels>(g, nodes, o);
