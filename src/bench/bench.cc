@@ -646,8 +646,9 @@ BenchResult run_bench(const BenchOptions& given) {
     r.first_call_s = seconds_since(t0);
   }
   if (cuda) {
-    r.resident_device_bytes = int64_t(cuda_allocator_stats(device.index).allocated_bytes);
-    r.peak_device_bytes = int64_t(cuda_allocator_stats(device.index).peak_allocated_bytes);
+    const CudaAllocatorStats st = cuda_allocator_stats(device.index);
+    r.resident_device_bytes = int64_t(st.allocated_bytes);
+    r.peak_device_bytes = int64_t(st.peak_allocated_bytes);
     cuda_reset_peak_stats(device.index);  // the steady window: warm-up and timed calls
   }
 

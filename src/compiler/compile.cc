@@ -83,7 +83,7 @@ lower::ScheduleOptions schedule_options(const KernelChoice& choice, const Option
 
 // KILN_TRACE_MEMORY=1 (passes/pass.h): the compile's phases, after the passes' own lines.
 void trace_phase(const char* phase, const Graph& g) {
-  trace_memory(std::string("compile: ") + phase, g);
+  if (memory_trace_enabled()) trace_memory(std::string("compile: ") + phase, g);
 }
 
 Built build(const Graph& input, const Target& target, const Options& opt, const Knobs& knobs) {
@@ -95,8 +95,8 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
 
   Graph g = input;
   prepare(g, target, opt.precision);                                      // 1. passes
-  trace_phase("passes", g);
   rep.passes_s = seconds_since(t0);
+  trace_phase("passes", g);
   rep.precision = dtype_name(opt.precision);
   for (const Node& n : g.nodes) {
     rep.casts += n.op == OpId::Cast;

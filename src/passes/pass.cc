@@ -14,6 +14,7 @@
 
 #include "core/allocator.h"
 #include "ir/printer.h"
+#include "passes/graph_rewrite.h"
 #include "support/files.h"
 #include "ir/verifier.h"
 
@@ -68,8 +69,7 @@ void trace_memory(std::string_view phase, const Graph& g) {
   size_t bytes = 0;
   int cuda_index = -1;
   for (const Value& v : g.values) {
-    if ((v.kind != ValueKind::Param && v.kind != ValueKind::Const) || !v.data.has_storage())
-      continue;
+    if (!has_data(v)) continue;
     const Storage* st = v.data.impl()->storage.get();
     if (std::find(seen.begin(), seen.end(), st) != seen.end()) continue;
     seen.push_back(st);

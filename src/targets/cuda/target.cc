@@ -597,20 +597,24 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     bool tried_tuning = false;
   };
   std::vector<CachedPlan> plans_;
-  CachedPlan& cached_conv(const ConvDesc& d);
+  // The entry for `key`; the first time, `make` fills its plan (or its reason) and only then is
+  // it kept (a `make` that throws leaves nothing behind).
+  template <class Make>
+  CachedPlan& cached_plan(std::string key, Make make) {
+    if (!library_plans_shared()) key += " #" + std::to_string(plans_.size());  // never equal
+    for (CachedPlan& c : plans_)
+      if (c.key == key) return c;
+    CachedPlan c;
+    c.key = std::move(key);
+    make(c);
+    plans_.push_back(std::move(c));
+    return plans_.back();
+  }
+  CachedPlan& cached_conv(const ConvDesc& d) {
+    return cached_plan("conv " + cudnn_desc_key(d),
+                       [&](CachedPlan& c) { c.conv = ConvPlan::try_create(d, &c.why); });
+  }
 };
-
-CudaLibraryKernels::CachedPlan& CudaLibraryKernels::cached_conv(const ConvDesc& d) {
-  std::string key = "conv " + cudnn_desc_key(d);
-  if (!library_plans_shared()) key += " #" + std::to_string(plans_.size());  // never equal
-  for (CachedPlan& c : plans_)
-    if (c.key == key) return c;
-  CachedPlan c;
-  c.key = std::move(key);
-  c.conv = ConvPlan::try_create(d, &c.why);
-  plans_.push_back(std::move(c));
-  return plans_.back();
-}
 
 void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                               std::string& source) {
@@ -721,23 +725,16 @@ std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, int32_t
   if (!bhsd(0, q, &d.q_stride) || !bhsd(1, k, &d.k_stride) || !bhsd(2, v, &d.v_stride))
     return "a view whose batch dims do not merge into one stride";
   // One plan per descriptor (Note [One plan per descriptor]).
-  std::string key = "sdpa " + cudnn_desc_key(d);
-  if (!library_plans_shared()) key += " #" + std::to_string(plans_.size());  // never equal
-  auto it = std::find_if(plans_.begin(), plans_.end(), [&](const CachedPlan& c) { return c.key == key; });
-  if (it == plans_.end()) {
-    CachedPlan c;
-    c.key = std::move(key);
+  const CachedPlan& cached = cached_plan("sdpa " + cudnn_desc_key(d), [&](CachedPlan& c) {
     try {
       c.sdpa = SdpaPlan::try_create(d, &c.why);
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::NotSupported && e.kind() != ErrorKind::InvalidArgument) throw;
       c.why = e.message();
     }
-    plans_.push_back(std::move(c));
-    it = plans_.end() - 1;
-  }
-  if (!it->sdpa) return it->why;
-  ln.sdpa = it->sdpa;
+  });
+  if (!cached.sdpa) return cached.why;
+  ln.sdpa = cached.sdpa;
   ln.kind = LibNode::Kind::Sdpa;
   ln.describe = ::kiln::cuda::describe(d) + " cuDNN fused flash attention, engine " +
                 ln.sdpa->engine().tag;
