@@ -15,10 +15,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -32,11 +34,13 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/cublaslt_gemm.h"
+#include "kernels/cuda/cudnn_backend.h"
 #include "kernels/cuda/cuda_driver.h"
 #include "kernels/cuda/cudnn_conv.h"
 #include "kernels/cuda/cudnn_sdpa.h"
 #include "targets/cuda/nvrtc.h"
 #include "../support/compare.h"
+#include "../support/files.h"
 
 namespace kiln {
 namespace {
@@ -974,6 +978,110 @@ TEST(CudnnConv, FusedReluNanBehaviourMatchesTheFlag) {
   }
 }
 
+// The files of the plan cache under `dir` (Note [cuDNN plan cache]).
+std::vector<std::filesystem::path> plan_cache_files(const std::string& dir, const char* ext) {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir + "/cudnn-plans", ec))
+    if (e.path().extension() == ext) out.push_back(e.path());
+  return out;
+}
+
+// Note [Serialized cuDNN plans], Note [cuDNN plan cache]: a runtime-fusion plan (ResNet-50's
+// conv + bias + residual + relu, half precision, channels last) serializes; the plan restored
+// from its bytes computes the same bits as the built one, and the reference's values; bytes cut
+// short or not cuDNN's are refused, not run. A second create() of the descriptor comes from the
+// cache (one candidate until more are asked for, then the graph is built and the selected engine
+// keeps its tag); a damaged cache entry is a miss, rebuilt.
+TEST(CudnnConv, SerializedPlanRestoresAndTheCacheServesIt) {
+  auto rng = rng_for_test();
+  test::TempDir cache("kiln-plan-cache");
+  test::ScopedEnv env("KILN_CACHE_DIR", cache.path);
+  ASSERT_TRUE(cuda::cudnn::plan_cache_enabled()) << "KILN_CUDNN_PLAN_CACHE is off";
+  for (DType dt : kHalfDTypes) {
+    cuda::ConvDesc d{.dtype = dt, .layout = cuda::ConvLayout::NHWC, .n = 1, .c_in = 64, .h = 28,
+                     .w = 28, .c_out = 128, .kh = 3, .kw = 3, .pad_pre = {1, 1},
+                     .pad_post = {1, 1}, .bias = true, .residual = true, .relu = true};
+    const size_t entries_before = plan_cache_files(cache.path, ".plan").size();
+    auto t0 = std::chrono::steady_clock::now();
+    auto built = cuda::ConvPlan::create(d);
+    const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string bytes = built->serialize();
+    ASSERT_FALSE(bytes.empty()) << cuda::describe(d) << ": engine " << built->engine().tag
+                                << " did not serialize";
+    // Two entries: the descriptor's first choice ("") and its engine by tag.
+    EXPECT_EQ(plan_cache_files(cache.path, ".plan").size(), entries_before + 2);
+    std::string why;
+    t0 = std::chrono::steady_clock::now();
+    auto restored = cuda::ConvPlan::try_restore(d, built->engine().tag, bytes, &why);
+    const double restore_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(restored) << why;
+    EXPECT_EQ(restored->engine().tag, built->engine().tag);
+    EXPECT_EQ(restored->workspace_bytes(), built->workspace_bytes());
+    t0 = std::chrono::steady_clock::now();
+    auto cached = cuda::ConvPlan::create(d);
+    const double cached_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(cached->engine().tag, built->engine().tag);
+    std::printf("%s: engine %s, %zu bytes serialized; built in %.1f ms, restored in %.1f ms, "
+                "created from the cache in %.1f ms\n",
+                cuda::describe(d).c_str(), built->engine().tag.c_str(), bytes.size(),
+                build_s * 1e3, restore_s * 1e3, cached_s * 1e3);
+
+    const auto o = built->output_dims();
+    const std::array<int64_t, 4> xd = {d.n, d.c_in, d.h, d.w}, wd = {d.c_out, d.c_in, d.kh, d.kw};
+    const size_t xn = size_t(d.n * d.c_in * d.h * d.w), wn = size_t(d.c_out * d.c_in * d.kh * d.kw);
+    const size_t yn = size_t(o[0] * o[1] * o[2] * o[3]);
+    const auto x = rounded(randn(xn, rng), dt);
+    const auto w = rounded(randn(wn, rng, 1.0 / std::sqrt(double(wn / size_t(d.c_out)))), dt);
+    const auto bias = rounded(randn(size_t(d.c_out), rng), dt);
+    const auto residual = rounded(randn(yn, rng), dt);
+    const auto ref = conv_reference(d, x, w, bias, residual);
+    auto dx = upload(to_layout(x, xd, d.layout), dt);
+    auto dw = upload(to_layout(w, wd, d.layout), dt);
+    auto db = upload(bias, dt);
+    auto dr = upload(to_layout(residual, o, d.layout), dt);
+    auto run = [&](const cuda::ConvPlan& plan) {
+      auto dy = nan_buffer(yn, dt);
+      DeviceBuffer ws(plan.workspace_bytes());
+      plan.run({.x = dx->get(), .w = dw->get(), .y = dy->get(), .bias = db->get(),
+                .residual = dr->get(), .workspace = ws.get(), .workspace_bytes = ws.bytes()});
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      return download(*dy, yn, dt);
+    };
+    const std::vector<double> a = run(*built), b = run(*restored), c = run(*cached);
+    EXPECT_TRUE(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0)
+        << "the restored plan computed other bits";
+    EXPECT_TRUE(std::memcmp(a.data(), c.data(), a.size() * sizeof(double)) == 0)
+        << "the cached plan computed other bits";
+    EXPECT_TRUE(close_to(from_layout(b, o, d.layout), ref, tolerance(dt),
+                         cuda::describe(d) + " restored"));
+
+    // The cached plan's other candidates: its graph is built, its engine keeps its tag.
+    const std::vector<cuda::ConvEngine> all = cached->candidates();
+    ASSERT_FALSE(all.empty());
+    EXPECT_EQ(cached->engine().tag, built->engine().tag);
+    EXPECT_EQ(all[size_t(cached->engine().index)].tag, built->engine().tag);
+    const std::vector<double> c2 = run(*cached);
+    EXPECT_TRUE(std::memcmp(a.data(), c2.data(), a.size() * sizeof(double)) == 0)
+        << "the cached plan, built out, computed other bits";
+
+    // Damaged bytes: refused with cuDNN's reason, never run.
+    EXPECT_FALSE(cuda::ConvPlan::try_restore(d, built->engine().tag,
+                                             bytes.substr(0, bytes.size() / 2), &why));
+    EXPECT_FALSE(why.empty());
+    EXPECT_FALSE(cuda::ConvPlan::try_restore(d, built->engine().tag, "{}", &why));
+    // A damaged cache entry: a miss; the plan is built again and computes the same bits.
+    for (const auto& f : plan_cache_files(cache.path, ".plan")) {
+      std::string text = test::read_bytes(f.string());
+      text[text.size() / 2] ^= 0x20;
+      test::write_bytes(f.string(), text);
+    }
+    auto rebuilt = cuda::ConvPlan::create(d);
+    const std::vector<double> r = run(*rebuilt);
+    EXPECT_TRUE(std::memcmp(a.data(), r.data(), a.size() * sizeof(double)) == 0);
+  }
+}
+
 TEST(CudnnConv, ErrorsNameTheConvolution) {
   const Error groups = error_of([] {
     cuda::ConvPlan::create({.c_in = 6, .h = 4, .w = 4, .c_out = 8, .groups = 4});
@@ -1116,6 +1224,61 @@ TEST(CudnnSdpa, CausalMaskedOddLengthsAndStrides) {
       ASSERT_TRUE(r.ran) << c.name << ": " << cuda::describe(d) << ": " << r.why_not;
       EXPECT_TRUE(close_to(r.got, r.ref, tolerance(dt), std::string(c.name) + ": " + cuda::describe(d)));
     }
+}
+
+// As CudnnConv.SerializedPlanRestoresAndTheCacheServesIt, for attention (ViT-B/16's).
+TEST(CudnnSdpa, SerializedPlanRestoresAndTheCacheServesIt) {
+  auto rng = rng_for_test();
+  test::TempDir cache("kiln-plan-cache");
+  test::ScopedEnv env("KILN_CACHE_DIR", cache.path);
+  for (DType dt : kHalfDTypes) {
+    cuda::SdpaDesc d{.dtype = dt, .batch = 1, .heads = 12, .seq_q = 197, .seq_kv = 197,
+                     .head_dim = 64};
+    auto t0 = std::chrono::steady_clock::now();
+    auto built = cuda::SdpaPlan::create(d);
+    const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string bytes = built->serialize();
+    ASSERT_FALSE(bytes.empty()) << cuda::describe(d) << ": engine " << built->engine().tag
+                                << " did not serialize";
+    std::string why;
+    t0 = std::chrono::steady_clock::now();
+    auto restored = cuda::SdpaPlan::try_restore(d, built->engine().tag, bytes, &why);
+    const double restore_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(restored) << why;
+    EXPECT_EQ(restored->workspace_bytes(), built->workspace_bytes());
+    auto cached = cuda::SdpaPlan::create(d);
+    EXPECT_EQ(cached->engine().tag, built->engine().tag);
+    EXPECT_EQ(cached->workspace_bytes(), built->workspace_bytes());
+    std::printf("%s: engine %s, %zu bytes serialized; built in %.1f ms, restored in %.1f ms\n",
+                cuda::describe(d).c_str(), built->engine().tag.c_str(), bytes.size(),
+                build_s * 1e3, restore_s * 1e3);
+    const size_t n = size_t(d.batch * d.heads * d.seq_q * d.head_dim);
+    const auto q = rounded(randn(n, rng), dt), k = rounded(randn(n, rng), dt),
+               v = rounded(randn(n, rng), dt);
+    auto dq = upload(q, dt), dk = upload(k, dt), dv = upload(v, dt);
+    const std::array<int64_t, 4> st = {197 * 12 * 64, 197 * 64, 64, 1};
+    const auto ref = sdpa_reference(d, q, k, v, {}, st, st, st);
+    auto run = [&](const cuda::SdpaPlan& plan) {
+      auto out = nan_buffer(n, dt);
+      DeviceBuffer ws(plan.workspace_bytes());
+      plan.run({.q = dq->get(), .k = dk->get(), .v = dv->get(), .o = out->get(),
+                .workspace = ws.get(), .workspace_bytes = ws.bytes()});
+      return download(*out, n, dt);
+    };
+    const std::vector<double> a = run(*built), b = run(*restored), c = run(*cached);
+    EXPECT_TRUE(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0)
+        << "the restored plan computed other bits";
+    EXPECT_TRUE(std::memcmp(a.data(), c.data(), a.size() * sizeof(double)) == 0)
+        << "the cached plan computed other bits";
+    EXPECT_TRUE(close_to(b, ref, tolerance(dt), cuda::describe(d) + " restored"));
+    const std::vector<cuda::SdpaEngine> all = cached->candidates();
+    EXPECT_EQ(all[size_t(cached->engine().index)].tag, built->engine().tag);
+    const std::vector<double> c2 = run(*cached);
+    EXPECT_TRUE(std::memcmp(a.data(), c2.data(), a.size() * sizeof(double)) == 0);
+    EXPECT_FALSE(cuda::SdpaPlan::try_restore(d, built->engine().tag,
+                                             bytes.substr(0, bytes.size() / 2), &why));
+    EXPECT_FALSE(cuda::SdpaPlan::try_restore(d, built->engine().tag, "x", &why));
+  }
 }
 
 TEST(CudnnSdpa, NotSupportedHasReasons) {

@@ -86,6 +86,23 @@ struct Handle {
 };
 Handle& handle_for(int device, const std::string& what);
 
+// Note [cuDNN plan cache]: serialized execution plans on disk, by what determines them.
+// `plan_key`: the plan's full description (the op's descriptor, alignment, engine filter);
+// `tag`: an engine's tag, or "" for "the plan build() picks first". The key adds cuDNN's
+// version, the GPU (name, compute capability, SM count) and the driver's version. Off when
+// KILN_CUDNN_PLAN_CACHE is 0 or off; lookups fail and writes are skipped quietly where the
+// cache directory cannot be read or written. Thread-safe.
+struct CachedPlan {
+  std::string tag;
+  bool tensor_cores = false;
+  std::string bytes;  // GraphPlans::serialize()'s
+};
+bool plan_cache_enabled();
+bool plan_cache_get(int device, const std::string& plan_key, const std::string& tag,
+                    CachedPlan* out);
+void plan_cache_put(int device, const std::string& plan_key, const std::string& tag,
+                    const CachedPlan& plan);
+
 // Which engines an op accepts (from the engines' numerical notes).
 struct EngineFilter {
   bool allow_tensor_cores = true;     // false: float32 without TF32 (TENSOR_CORE note rejected)
@@ -126,6 +143,16 @@ class GraphPlans {
   // Drops the graph, its plans and the kept variant pack (before the descriptors that build()
   // referenced are destroyed).
   void reset();
+  // Note [Serialized cuDNN plans]: the bytes cuDNN serializes candidate `index`'s execution
+  // plan to (CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION), or "" where cuDNN cannot serialize
+  // it (only runtime-fusion engines serialize) or the plan is a restored one.
+  std::string serialize(size_t index) const;
+  // Holds one plan, restored from serialize()'s bytes for the same cuDNN and GPU, as its only
+  // candidate, under `tag` (no operation graph is built: no heuristics, no kernel compile).
+  // false with *why_not (cuDNN's status and message) when cuDNN refuses them; the caller
+  // then builds the plan.
+  bool restore(int device, const std::string& bytes, const std::string& tag,
+               const std::string& what, std::string* why_not);
   // Executes candidate `index` (of candidates(); 0 needs no call to it) with the variant pack
   // (uids[i] -> pointers[i]) on `stream`. The last variant pack is kept and reused while the
   // pointers stay the same (the steady state of an executable, whose arena addresses are fixed),

@@ -15,9 +15,11 @@
 #include <cudnn_graph.h>
 
 #include <deque>
+#include <mutex>
 
 #include <fmt/format.h>
 
+#include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "kernels/cuda/cudnn_backend.h"
 
@@ -114,23 +116,35 @@ struct ConvPlan::Impl {
   std::deque<Descriptor> tensors;  // kept alive with the graph; references stay valid
   std::deque<Descriptor> ops;
   cudnn::GraphPlans graph;
+  // Note [cuDNN plan cache]: false while the graph is not built (a plan restored from the
+  // cache is the one candidate); ensure_built builds it when more candidates are asked for.
+  bool graph_built = false;
+  std::string key;  // the plan cache's description of the plan (cache_key)
+  std::mutex mu;    // guards turning a restored plan into a built one
 };
 
-std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string* why_not) {
-  const std::string what = describe(desc);
-  std::unique_ptr<ConvPlan> plan(new ConvPlan());
-  plan->desc_ = desc;
-  plan->out_ = conv_output_dims(desc);  // validates
-  const ConvDesc& d = plan->desc_;
-  cudnn::version();  // NotSupported with the install hint when cuDNN is missing
-  plan->impl_ = std::make_unique<Impl>();
-  Impl& im = *plan->impl_;
+namespace {
 
+// What a convolution's plan depends on besides the machine: the descriptor (describe() names
+// dtype, TF32, layout, shapes, stride, padding, dilation, groups and the epilogue) and the
+// pointers' alignment.
+std::string cache_key(const ConvDesc& d) {
+  return fmt::format("{} | align {} | output_padding {},{}", describe(d), d.alignment_bytes,
+                     d.output_padding[0], d.output_padding[1]);
+}
+
+// Builds the cuDNN graph of `d` (output dims `y_dims`) into `im` and finalizes its first plan;
+// false with *why_not when cuDNN has no engine.
+bool build_graph(ConvPlan::Impl& im, const ConvDesc& d, const std::array<int64_t, 4>& y_dims,
+                 std::string* why_not) {
+  const std::string what = describe(d);
+  im.graph.reset();
+  im.tensors.clear();
+  im.ops.clear();
   const int io = cudnn::data_type(d.dtype);
   const int64_t align = d.alignment_bytes;
   const bool transpose = d.kind == ConvKind::Transpose;
   const std::array<int64_t, 4> x_dims = {d.n, d.c_in, d.h, d.w};
-  const std::array<int64_t, 4>& y_dims = plan->out_;
   // Filter dims [K, C/g, R, S]: forward K = c_out; backward-data K = c_in ("dy"'s channels).
   const std::array<int64_t, 4> w_dims =
       transpose ? std::array<int64_t, 4>{d.c_in, d.c_out / d.groups, d.kh, d.kw}
@@ -186,7 +200,7 @@ std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string
     if (const int s = op.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
       *why_not = fmt::format("cuDNN {} rejects the convolution: {}", cudnn::version(),
                              cudnn::status_text(s));
-      return nullptr;
+      return false;
     }
     im.ops.push_back(std::move(op));
   }
@@ -219,10 +233,62 @@ std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string
   for (const Descriptor& op : im.ops) ops.push_back(&op);
   cudnn::EngineFilter filter;
   filter.allow_tensor_cores = d.dtype != DType::Float32 || d.allow_tf32;
-  if (!im.graph.build(d.device, ops, filter, what, why_not)) return nullptr;
+  if (!im.graph.build(d.device, ops, filter, what, why_not)) return false;
+  im.graph_built = true;
+  return true;
+}
+
+// The plan of the cache's entry (key, tag) restored into `im`; false on a miss (`im` as it was)
+// or a refusal (`im` then holds no plan and no graph: ensure_built builds them).
+bool restore_cached(ConvPlan::Impl& im, const ConvDesc& d, const std::string& tag,
+                    cudnn::CachedPlan* hit) {
+  if (!cudnn::plan_cache_get(d.device, im.key, tag, hit)) return false;
+  std::string why;
+  im.tensors.clear();
+  im.ops.clear();
+  im.graph_built = false;
+  return im.graph.restore(d.device, hit->bytes, hit->tag, describe(d), &why);
+}
+
+}  // namespace
+
+std::unique_ptr<ConvPlan> ConvPlan::try_create(const ConvDesc& desc, std::string* why_not) {
+  std::unique_ptr<ConvPlan> plan(new ConvPlan());
+  plan->desc_ = desc;
+  plan->out_ = conv_output_dims(desc);  // validates
+  cudnn::version();  // NotSupported with the install hint when cuDNN is missing
+  require_cuda_device(desc.device, describe(desc).c_str());
+  plan->impl_ = std::make_unique<Impl>();
+  Impl& im = *plan->impl_;
+  im.key = cache_key(desc);
+  cudnn::CachedPlan hit;
+  if (restore_cached(im, desc, "", &hit)) {
+    plan->selected_ = {hit.tag, im.graph.first().workspace_bytes, hit.tensor_cores, 0};
+    return plan;
+  }
+  if (!build_graph(im, desc, plan->out_, why_not)) return nullptr;
   const cudnn::PlanCandidate& first = im.graph.first();
   plan->selected_ = {first.tag, first.workspace_bytes, first.tensor_cores, 0};
+  const cudnn::CachedPlan made{first.tag, first.tensor_cores, im.graph.serialize(0)};
+  cudnn::plan_cache_put(desc.device, im.key, "", made);
+  cudnn::plan_cache_put(desc.device, im.key, first.tag, made);
   return plan;
+}
+
+void ConvPlan::ensure_built() const {
+  Impl& im = *impl_;
+  std::lock_guard<std::mutex> lock(im.mu);
+  if (im.graph_built) return;
+  std::string why;
+  if (!build_graph(im, desc_, out_, &why))
+    fail_kind(ErrorKind::Runtime, "{}: the cached plan restored, but the graph does not build: {}",
+              describe(desc_), why);
+  // The selected engine keeps its tag; its index is now the built graph's.
+  int i = 0;
+  if (!im.graph.find_tag(selected_.tag, &i))
+    fail_kind(ErrorKind::Runtime, "{}: the built graph has no engine {} (the cached plan's)",
+              describe(desc_), selected_.tag);
+  selected_.index = i;
 }
 
 std::unique_ptr<ConvPlan> ConvPlan::create(const ConvDesc& desc) {
@@ -236,9 +302,30 @@ std::unique_ptr<ConvPlan> ConvPlan::create(const ConvDesc& desc) {
   return plan;
 }
 
+std::unique_ptr<ConvPlan> ConvPlan::try_restore(const ConvDesc& desc, const std::string& tag,
+                                                const std::string& bytes,
+                                                std::string* why_not) {
+  std::unique_ptr<ConvPlan> plan(new ConvPlan());
+  plan->desc_ = desc;
+  plan->out_ = conv_output_dims(desc);  // validates
+  cudnn::version();
+  plan->impl_ = std::make_unique<Impl>();
+  plan->impl_->key = cache_key(desc);
+  if (!plan->impl_->graph.restore(desc.device, bytes, tag, describe(desc), why_not))
+    return nullptr;
+  const cudnn::PlanCandidate& c = plan->impl_->graph.first();
+  plan->selected_ = {c.tag, c.workspace_bytes, c.tensor_cores, 0};
+  return plan;
+}
+
+std::string ConvPlan::serialize() const {
+  return impl_->graph.serialize(size_t(selected_.index));
+}
+
 ConvPlan::~ConvPlan() = default;
 
 std::vector<ConvEngine> ConvPlan::candidates() const {
+  ensure_built();
   std::vector<ConvEngine> out;
   for (const cudnn::PlanCandidate& c : impl_->graph.candidates())
     out.push_back({c.tag, c.workspace_bytes, c.tensor_cores, int(out.size())});
@@ -246,6 +333,7 @@ std::vector<ConvEngine> ConvPlan::candidates() const {
 }
 
 void ConvPlan::select(int index) {
+  ensure_built();
   const auto& cs = impl_->graph.candidates();
   if (index < 0 || size_t(index) >= cs.size())
     fail("{}: engine index {} out of range ({} candidates)", describe(desc_), index, cs.size());
@@ -254,10 +342,25 @@ void ConvPlan::select(int index) {
 }
 
 bool ConvPlan::select_tag(const std::string& tag) {
+  if (tag == selected_.tag) return true;
+  Impl& im = *impl_;
+  {
+    // Another engine than the one at hand (a tuned package's): its own cache entry, else the
+    // graph's candidates, then remembered.
+    std::lock_guard<std::mutex> lock(im.mu);
+    cudnn::CachedPlan hit;
+    if (restore_cached(im, desc_, tag, &hit) && hit.tag == tag) {
+      selected_ = {hit.tag, im.graph.first().workspace_bytes, hit.tensor_cores, 0};
+      return true;
+    }
+  }
+  ensure_built();
   int i = 0;
-  const cudnn::PlanCandidate* c = impl_->graph.find_tag(tag, &i);
+  const cudnn::PlanCandidate* c = im.graph.find_tag(tag, &i);
   if (!c) return false;
   selected_ = {c->tag, c->workspace_bytes, c->tensor_cores, i};
+  cudnn::plan_cache_put(desc_.device, im.key, tag,
+                        {c->tag, c->tensor_cores, im.graph.serialize(size_t(i))});
   return true;
 }
 

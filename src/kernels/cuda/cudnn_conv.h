@@ -87,6 +87,14 @@ class ConvPlan {
   static std::unique_ptr<ConvPlan> try_create(const ConvDesc& desc, std::string* why_not);
   // As try_create, but a graph without an engine is a NotSupported error naming the conv.
   static std::unique_ptr<ConvPlan> create(const ConvDesc& desc);
+  // The plan of engine `tag` restored from serialize()'s bytes (Note [Serialized cuDNN plans]
+  // in cudnn_backend.cc): no graph, heuristics or kernel compile, one candidate. Null with
+  // *why_not when cuDNN refuses the bytes (another cuDNN or GPU); the caller builds instead.
+  static std::unique_ptr<ConvPlan> try_restore(const ConvDesc& desc, const std::string& tag,
+                                               const std::string& bytes, std::string* why_not);
+  // The selected engine's plan as cuDNN serializes it; "" when it cannot (only runtime-fusion
+  // engines serialize).
+  std::string serialize() const;
   ~ConvPlan();
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
@@ -107,12 +115,16 @@ class ConvPlan {
 
   void run(const ConvArgs& args) const;
 
+  struct Impl;
+
  private:
   ConvPlan() = default;
-  struct Impl;
+  // A plan restored from the cache (Note [cuDNN plan cache]) has one candidate; this builds its
+  // graph, for the others.
+  void ensure_built() const;
   ConvDesc desc_;
   std::array<int64_t, 4> out_{};
-  ConvEngine selected_;
+  mutable ConvEngine selected_;  // ensure_built re-indexes it
   std::unique_ptr<Impl> impl_;
 };
 

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -110,6 +111,11 @@ struct SdpaPlan::Impl {
   // By-value operands: the variant pack points at these (stable addresses, see GraphPlans).
   float scale = 0;
   float neg_inf = -std::numeric_limits<float>::infinity();
+  // Note [cuDNN plan cache]: false while the graph is not built (a plan restored from the cache
+  // is the one candidate); ensure_built builds it when more candidates are asked for.
+  bool graph_built = false;
+  std::string key;  // the plan cache's description of the plan
+  std::mutex mu;    // guards turning a restored plan into a built one
 
   // Builds one form of the graph (Note [cuDNN SDPA graph]); false + *why when no engine.
   bool build(const SdpaDesc& d, bool stats, const std::string& what, std::string* why);
@@ -227,8 +233,55 @@ bool SdpaPlan::Impl::build(const SdpaDesc& d, bool stats, const std::string& wha
   std::vector<const Descriptor*> list;
   for (const Descriptor& op : ops) list.push_back(&op);
   cudnn::EngineFilter filter;  // f16/bf16: tensor cores with f32 accumulation
-  return graph.build(d.device, list, filter, what, why);
+  graph_built = graph.build(d.device, list, filter, what, why);
+  return graph_built;
 }
+
+namespace {
+
+// What an attention plan depends on besides the machine: describe()'s shapes, the operands'
+// strides, the scale and the pointers' alignment.
+std::string cache_key(const SdpaDesc& d) {
+  auto st = [](const std::array<int64_t, 4>& a) {
+    return fmt::format("{},{},{},{}", a[0], a[1], a[2], a[3]);
+  };
+  return fmt::format("{} | q {} k {} v {} o {} | scale {} | align {}", describe(d),
+                     st(d.q_stride), st(d.k_stride), st(d.v_stride), st(d.o_stride), d.scale,
+                     d.alignment_bytes);
+}
+
+size_t stats_bytes_of(const SdpaDesc& d) {
+  return (size_t(d.batch * d.heads * d.seq_q) * sizeof(float) + kStatsAlignment - 1) /
+         kStatsAlignment * kStatsAlignment;
+}
+
+// Restores serialize()'s bytes (a form byte, then cuDNN's) into `im`; false (with `im` holding
+// no plan and no graph) when they are malformed or cuDNN refuses them.
+bool restore_into(SdpaPlan::Impl& im, const SdpaDesc& d, const std::string& tag,
+                  const std::string& bytes, std::string* why_not) {
+  im.tensors.clear();
+  im.ops.clear();
+  im.graph_built = false;
+  if (bytes.size() < 2 || (bytes[0] != 's' && bytes[0] != 'i')) {
+    im.graph.reset();
+    *why_not = "the serialized attention plan has no form byte";
+    return false;
+  }
+  im.with_stats = bytes[0] == 's';
+  im.stats_bytes = im.with_stats ? stats_bytes_of(d) : 0;
+  return im.graph.restore(d.device, bytes.substr(1), tag, describe(d), why_not);
+}
+
+// The cache's entry (key, tag) restored into `im`; false on a miss (`im` as it was) or a
+// refusal (as restore_into).
+bool restore_cached(SdpaPlan::Impl& im, const SdpaDesc& d, const std::string& tag,
+                    cudnn::CachedPlan* hit) {
+  if (!cudnn::plan_cache_get(d.device, im.key, tag, hit)) return false;
+  std::string why;
+  return restore_into(im, d, hit->tag, hit->bytes, &why);
+}
+
+}  // namespace
 
 std::unique_ptr<SdpaPlan> SdpaPlan::try_create(const SdpaDesc& desc, std::string* why_not) {
   const std::string what = describe(desc);
@@ -255,17 +308,28 @@ std::unique_ptr<SdpaPlan> SdpaPlan::try_create(const SdpaDesc& desc, std::string
   plan->impl_ = std::make_unique<Impl>();
   Impl& im = *plan->impl_;
   im.scale = float(desc.scale != 0 ? desc.scale : 1.0 / std::sqrt(double(desc.head_dim)));
+  im.key = cache_key(desc);
+  cudnn::CachedPlan hit;
+  if (restore_cached(im, desc, "", &hit)) {
+    plan->selected_ = {hit.tag, im.graph.first().workspace_bytes + im.stats_bytes, 0};
+    return plan;
+  }
   std::string why_inference, why_stats;
   if (!im.build(desc, /*stats=*/false, what, &why_inference) &&
       !im.build(desc, /*stats=*/true, what, &why_stats)) {
     *why_not = fmt::format("{} (inference form); {} (with statistics)", why_inference, why_stats);
     return nullptr;
   }
-  if (im.with_stats)
-    im.stats_bytes = (size_t(desc.batch * desc.heads * desc.seq_q) * sizeof(float) +
-                      kStatsAlignment - 1) / kStatsAlignment * kStatsAlignment;
+  if (im.with_stats) im.stats_bytes = stats_bytes_of(desc);
   const cudnn::PlanCandidate& first = im.graph.first();
   plan->selected_ = {first.tag, first.workspace_bytes + im.stats_bytes, 0};
+  std::string bytes = im.graph.serialize(0);
+  if (!bytes.empty()) {
+    const cudnn::CachedPlan made{first.tag, first.tensor_cores,
+                                 (im.with_stats ? "s" : "i") + bytes};
+    cudnn::plan_cache_put(desc.device, im.key, "", made);
+    cudnn::plan_cache_put(desc.device, im.key, first.tag, made);
+  }
   return plan;
 }
 
@@ -292,9 +356,51 @@ SdpaSupport sdpa_supported(const SdpaDesc& desc) {
   return s;
 }
 
+// The serialized form: one byte for the graph's form ('s': with statistics, 'i': inference),
+// then cuDNN's bytes.
+std::unique_ptr<SdpaPlan> SdpaPlan::try_restore(const SdpaDesc& desc, const std::string& tag,
+                                                const std::string& bytes,
+                                                std::string* why_not) {
+  if (std::string r = static_reason(desc, describe(desc)); !r.empty()) {
+    *why_not = r;
+    return nullptr;
+  }
+  cudnn::version();
+  std::unique_ptr<SdpaPlan> plan(new SdpaPlan());
+  plan->desc_ = desc;
+  plan->impl_ = std::make_unique<Impl>();
+  Impl& im = *plan->impl_;
+  im.scale = float(desc.scale != 0 ? desc.scale : 1.0 / std::sqrt(double(desc.head_dim)));
+  im.key = cache_key(desc);
+  if (!restore_into(im, desc, tag, bytes, why_not)) return nullptr;
+  plan->selected_ = {tag, im.graph.first().workspace_bytes + im.stats_bytes, 0};
+  return plan;
+}
+
+void SdpaPlan::ensure_built() const {
+  Impl& im = *impl_;
+  std::lock_guard<std::mutex> lock(im.mu);
+  if (im.graph_built) return;
+  std::string why;
+  if (!im.build(desc_, im.with_stats, describe(desc_), &why))
+    fail_kind(ErrorKind::Runtime, "{}: the cached plan restored, but the graph does not build: {}",
+              describe(desc_), why);
+  int i = 0;
+  if (!im.graph.find_tag(selected_.tag, &i))
+    fail_kind(ErrorKind::Runtime, "{}: the built graph has no engine {} (the cached plan's)",
+              describe(desc_), selected_.tag);
+  selected_.index = i;
+}
+
+std::string SdpaPlan::serialize() const {
+  std::string bytes = impl_->graph.serialize(size_t(selected_.index));
+  return bytes.empty() ? bytes : (impl_->with_stats ? "s" : "i") + bytes;
+}
+
 SdpaPlan::~SdpaPlan() = default;
 
 std::vector<SdpaEngine> SdpaPlan::candidates() const {
+  ensure_built();
   std::vector<SdpaEngine> out;
   for (const cudnn::PlanCandidate& c : impl_->graph.candidates())
     out.push_back({c.tag, c.workspace_bytes + impl_->stats_bytes, int(out.size())});
@@ -302,14 +408,32 @@ std::vector<SdpaEngine> SdpaPlan::candidates() const {
 }
 
 bool SdpaPlan::select_tag(const std::string& tag) {
+  if (tag == selected_.tag) return true;
+  Impl& im = *impl_;
+  {
+    // Another engine than the one at hand: its own cache entry, else the graph's candidates,
+    // then remembered (as ConvPlan::select_tag).
+    std::lock_guard<std::mutex> lock(im.mu);
+    cudnn::CachedPlan hit;
+    if (restore_cached(im, desc_, tag, &hit) && hit.tag == tag) {
+      selected_ = {hit.tag, im.graph.first().workspace_bytes + im.stats_bytes, 0};
+      return true;
+    }
+  }
+  ensure_built();
   int i = 0;
-  const cudnn::PlanCandidate* c = impl_->graph.find_tag(tag, &i);
+  const cudnn::PlanCandidate* c = im.graph.find_tag(tag, &i);
   if (!c) return false;
-  selected_ = {c->tag, c->workspace_bytes + impl_->stats_bytes, i};
+  selected_ = {c->tag, c->workspace_bytes + im.stats_bytes, i};
+  std::string bytes = im.graph.serialize(size_t(i));
+  if (!bytes.empty())
+    cudnn::plan_cache_put(desc_.device, im.key, tag,
+                          {c->tag, c->tensor_cores, (im.with_stats ? "s" : "i") + bytes});
   return true;
 }
 
 void SdpaPlan::select(int index) {
+  ensure_built();
   const auto& cs = impl_->graph.candidates();
   if (index < 0 || size_t(index) >= cs.size())
     fail("{}: engine index {} out of range ({} candidates)", describe(desc_), index, cs.size());

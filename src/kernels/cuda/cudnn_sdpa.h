@@ -85,6 +85,11 @@ class SdpaPlan {
   // Null with *why_not when not supported (as sdpa_supported).
   static std::unique_ptr<SdpaPlan> try_create(const SdpaDesc& desc, std::string* why_not);
   static std::unique_ptr<SdpaPlan> create(const SdpaDesc& desc);  // NotSupported when null
+  // As ConvPlan::try_restore / serialize (Note [Serialized cuDNN plans] in cudnn_backend.cc);
+  // the bytes also say which form of the graph the plan is (with statistics or not).
+  static std::unique_ptr<SdpaPlan> try_restore(const SdpaDesc& desc, const std::string& tag,
+                                               const std::string& bytes, std::string* why_not);
+  std::string serialize() const;
   ~SdpaPlan();
   SdpaPlan(const SdpaPlan&) = delete;
   SdpaPlan& operator=(const SdpaPlan&) = delete;
@@ -100,11 +105,15 @@ class SdpaPlan {
 
   void run(const SdpaArgs& args) const;
 
+  struct Impl;
+
  private:
   SdpaPlan() = default;
-  struct Impl;
+  // A plan restored from the cache (Note [cuDNN plan cache]) has one candidate; this builds its
+  // graph, for the others.
+  void ensure_built() const;
   SdpaDesc desc_;
-  SdpaEngine selected_;
+  mutable SdpaEngine selected_;  // ensure_built re-indexes it
   std::unique_ptr<Impl> impl_;
 };
 
