@@ -281,7 +281,35 @@ std::string GemmPlan::describe() const {
                      g.beta != 0 ? fmt::format(", beta {}", g.beta) : "");
 }
 
-std::unique_ptr<GemmPlan> GemmPlan::create(const GemmDesc& desc_in, size_t max_workspace_bytes) {
+std::unique_ptr<GemmPlan> GemmPlan::create(const GemmDesc& desc, size_t max_workspace_bytes) {
+  std::unique_ptr<GemmPlan> plan = make(desc, max_workspace_bytes);
+  plan->select_first();
+  return plan;
+}
+
+// Note [cuBLASLt plans from their configuration]
+// A package records each GEMM's algorithm by its configuration text (Note [cuBLASLt algorithm
+// identity]). Its load used to ask the heuristic for the plan's first algorithm and match the
+// text against it (then against 32 candidates); it now rebuilds the configuration directly
+// (cublasLtMatmulAlgoInit + attributes) and has cuBLASLt check it for this GEMM and device
+// (cublasLtMatmulAlgoCheck), as tuned split-K and tile variants always were. The heuristic is
+// asked only when the check fails. The same configuration is the same kernel with the same
+// parameters, so the results are the recorded algorithm's either way (CudaPackage tests compare
+// loaded and compiled runs bit for bit).
+std::unique_ptr<GemmPlan> GemmPlan::create_with_config(const GemmDesc& desc,
+                                                       const std::string& config,
+                                                       size_t max_workspace_bytes) {
+  std::unique_ptr<GemmPlan> plan = make(desc, max_workspace_bytes);
+  if (std::optional<GemmAlgo> a = plan->algo_from_config(config)) {
+    a->index = 0;
+    plan->algo_ = std::move(*a);
+    return plan;
+  }
+  plan->select_first();
+  return plan;
+}
+
+std::unique_ptr<GemmPlan> GemmPlan::make(const GemmDesc& desc_in, size_t max_workspace_bytes) {
   std::unique_ptr<GemmPlan> plan(new GemmPlan());
   GemmDesc& g = plan->desc_;
   g = desc_in;
@@ -384,15 +412,17 @@ std::unique_ptr<GemmPlan> GemmPlan::create(const GemmDesc& desc_in, size_t max_w
   else
     layout(&im.c, g.n, g.m, g.ldd, g.stride_d, "C");
   layout(&im.d, g.n, g.m, g.ldd, g.stride_d, "D");
+  return plan;
+}
 
-  const std::vector<GemmAlgo> found = plan->candidates(1);
+void GemmPlan::select_first() {
+  const std::vector<GemmAlgo> found = candidates(1);
   if (found.empty())
     fail_kind(ErrorKind::NotSupported,
               "{}: cuBLASLt {} offers no algorithm for this GEMM within {} bytes of workspace "
               "and {}-byte alignment; run it as a generated matmul",
-              what, a.version, max_workspace_bytes, g.alignment_bytes);
-  plan->algo_ = found[0];
-  return plan;
+              describe(), impl_->api->version, max_workspace_bytes_, desc_.alignment_bytes);
+  algo_ = found[0];
 }
 
 GemmPlan::~GemmPlan() = default;

@@ -94,6 +94,14 @@ class GemmPlan {
   // NotSupported when cuBLASLt (or a GPU) is missing or offers no algorithm, naming the GEMM.
   static std::unique_ptr<GemmPlan> create(const GemmDesc& desc,
                                           size_t max_workspace_bytes = size_t(32) << 20);
+  // As create, with the algorithm of configuration text `config` (GemmAlgo::config) rebuilt and
+  // checked (algo_from_config) instead of asking the heuristic: a package's load (Note [cuBLASLt
+  // plans from their configuration] in cublaslt_gemm.cc). When cuBLASLt does not run that
+  // configuration here, the heuristic's first algorithm is selected, as create does: the caller
+  // compares algo().config with what it asked for.
+  static std::unique_ptr<GemmPlan> create_with_config(const GemmDesc& desc,
+                                                      const std::string& config,
+                                                      size_t max_workspace_bytes);
   ~GemmPlan();
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -123,6 +131,9 @@ class GemmPlan {
 
  private:
   GemmPlan() = default;
+  // Validates the descriptor and creates the cuBLASLt descriptors; no algorithm yet.
+  static std::unique_ptr<GemmPlan> make(const GemmDesc& desc, size_t max_workspace_bytes);
+  void select_first();  // the heuristic's first algorithm (NotSupported when there is none)
   // cublasLtMatmulAlgoCheck of a cublasLtMatmulAlgo_t: the algorithm as a GemmAlgo, or nullopt.
   std::optional<GemmAlgo> check_algo(const void* lt_algo, int index) const;
   struct Impl;
