@@ -13,11 +13,14 @@
 //   cublaslt {"desc": GemmDesc, "algo": [8 x u64] | null, "algo_config" (format 5: what the
 //           loader matches, Note [cuBLASLt algorithm identity]), "a", "b", "bias", "d", "workspace":
 //           [slot, offset], "workspace_bytes"}: a cuBLASLt GEMM. The algorithm is cuBLASLt's
-//           opaque cublasLtMatmulAlgo_t: the loader never hands recorded bytes to cuBLASLt, it
-//           asks the heuristic for its choice (and then its candidates) and takes the one with
-//           the same configuration (format 5; the same bytes for older records), else
-//           refuses (another cuBLASLt or GPU would compute differently). null (a cross-build
-//           made without a GPU): the heuristic's first choice within the workspace.
+//           opaque cublasLtMatmulAlgo_t: the loader never hands recorded bytes to cuBLASLt. A
+//           format-5 record's configuration is rebuilt from its text and checked by cuBLASLt
+//           for this GEMM (Note [cuBLASLt plans from their configuration]); where that fails,
+//           and for older records, the loader asks the heuristic for its choice (and then its
+//           candidates) and takes the one with the same configuration (the same bytes for
+//           older records), else refuses (another cuBLASLt or GPU would compute differently).
+//           null (a cross-build made without a GPU): the heuristic's first choice within the
+//           workspace.
 //   cudnn_conv {"desc": ConvDesc, "engine": tag | null, "x", "w", "bias", "y", "residual",
 //           "workspace", "workspace_bytes", "pre": [cuda_kernel params], "post": [...],
 //           "w_krsc": bool}: a cuDNN graph plan between direct kernels (layout changes into and
@@ -38,7 +41,9 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -273,6 +278,7 @@ struct ConvState {
   CudnnConvBuffers buf;
   std::vector<KernelState> pre, post;
   bool w_krsc = false;
+  bool w_stored_krsc = false;  // w holds KRSC already (Note [Filters stored KRSC at load])
   std::vector<int32_t> key_slots;  // every slot the call reads or writes, once
   std::string why;
   // w_krsc: the KRSC copies of the filters the contexts were made with, by source buffer.
@@ -286,12 +292,14 @@ struct ConvState {
 // source buffer: a context is made off the run path, and the weights of a loaded executable do
 // not change (replacing them makes a new package, hence new launches).
 const void* ConvState::krsc_filter(const void* src) const {
-  std::lock_guard<std::mutex> lock(krsc_mu);
-  for (const auto& [from, copy] : krsc)
-    if (from == src) return copy.get();
   const bool t = desc.kind == cuda::ConvKind::Transpose;
   const int64_t k = t ? desc.c_in : desc.c_out, c = (t ? desc.c_out : desc.c_in) / desc.groups;
   const int64_t rs = desc.kh * desc.kw, es = dtype_size(desc.dtype);
+  // A 1x1 filter, or one channel per group (depthwise): KRSC is KCRS, byte for byte.
+  if (rs == 1 || c == 1) return src;
+  std::lock_guard<std::mutex> lock(krsc_mu);
+  for (const auto& [from, copy] : krsc)
+    if (from == src) return copy.get();
   const size_t bytes = size_t(k * c * rs * es);
   std::vector<char> kcrs(bytes), out(bytes);
   cuda_memcpy(kcrs.data(), src, bytes, CopyKind::DeviceToHost);
@@ -615,7 +623,12 @@ std::shared_ptr<cuda::GemmPlan> gemm_plan_for(const GemmRecord& g, const LaunchE
                                               const std::string& where) {
   const cuda::GemmDesc& d = g.desc;
   const CublasltBuffers& b = g.buf;
-  std::shared_ptr<cuda::GemmPlan> plan = cuda::GemmPlan::create(d);
+  // A recorded configuration is rebuilt and checked, no heuristic asked (Note [cuBLASLt plans
+  // from their configuration]); the search below runs only when that fails.
+  const bool by_config = g.has_algo && !env.library_choices_at_load && !g.algo_config.empty();
+  std::shared_ptr<cuda::GemmPlan> plan =
+      by_config ? cuda::GemmPlan::create_with_config(d, g.algo_config, size_t(32) << 20)
+                : cuda::GemmPlan::create(d);
   if (!g.has_algo || env.library_choices_at_load) {
     // A cross-build, or another architecture: the heuristic's first choice within the workspace
     std::vector<cuda::GemmAlgo> cs = plan->candidates(8);
@@ -791,6 +804,23 @@ std::shared_ptr<cuda::ConvPlan> conv_plan_for(const ConvRecord& rec, const Launc
 // the plans are used later from the loading thread, as plans built by one thread and run by
 // another are at compile time.
 
+// Note [Filters stored KRSC at load]
+// A channels-last convolution reads its filter KRSC, while a package stores weights as the
+// model has them (KCRS), and an in-process executable shares them with the graph: each context
+// is made with a KRSC copy (ConvState::krsc_filter), ResNet-50's 57 MiB beside the 57 of its
+// filters, made through the host at the load's end (0.08 s). A filter whose every reader is
+// such a convolution, reading it whole, is stored KRSC by a package's load instead: permuted on
+// the host as it goes from the mapped file to the device, with no copy beside it, and its
+// convolutions read it as it is. The loader finds them in the records (filters_to_store_krsc);
+// the package's bytes and records are unchanged, so older runtimes and replace-weights see the
+// same file. 1x1 filters and one channel per group (depthwise) are the same bytes in both
+// layouts: never copied, never permuted.
+KrscFilter krsc_filter_of(const cuda::ConvDesc& d) {
+  const bool t = d.kind == cuda::ConvKind::Transpose;
+  return {t ? d.c_in : d.c_out, (t ? d.c_out : d.c_in) / d.groups, d.kh * d.kw,
+          dtype_size(d.dtype)};
+}
+
 Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
                                       const std::string& where) {
   ConvRecord rec = parse_cudnn_conv(r, env, where);
@@ -804,8 +834,17 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
   for (const CudaKernelSpec& s : rec.post) k.post_loaded.push_back(&loaded.emplace_back(load_kernel(s, env, where)));
   k.pre = std::move(rec.pre);
   k.post = std::move(rec.post);
-  return make_cudnn_conv_launch(d, std::move(plan), b, k, rec.w_krsc);
+  bool stored = false;
+  if (rec.w_krsc && b.w.byte_offset == 0) {
+    auto it = env.krsc_slots.find(b.w.slot);
+    const KrscFilter f = krsc_filter_of(d);
+    stored = it != env.krsc_slots.end() && it->second.k == f.k && it->second.c == f.c &&
+             it->second.rs == f.rs && it->second.elem_bytes == f.elem_bytes;
+  }
+  return make_cudnn_conv_launch(d, std::move(plan), b, k, rec.w_krsc, stored);
 }
+
+
 
 // A cudnn_sdpa record, checked without a GPU: the descriptor, every buffer inside its slot.
 struct SdpaRecord {
@@ -968,12 +1007,13 @@ Executable::Launch make_cublaslt_launch(const cuda::GemmDesc& desc,
 Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
                                           std::shared_ptr<const cuda::ConvPlan> plan,
                                           CudnnConvBuffers buffers, const CudnnConvKernels& kernels,
-                                          bool w_krsc) {
+                                          bool w_krsc, bool w_stored_krsc) {
   auto state = std::make_shared<ConvState>();
   state->plan = std::move(plan);
   state->desc = desc;
   state->buf = buffers;
   state->w_krsc = w_krsc;
+  state->w_stored_krsc = w_krsc && w_stored_krsc;
   auto add = [&](const std::vector<CudaKernelSpec>& specs,
                  const std::vector<const cuda::CudaKernel*>& loaded, std::vector<KernelState>& out) {
     for (size_t i = 0; i < specs.size(); ++i) {
@@ -1003,7 +1043,8 @@ Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
   const ConvState* shared = state.get();
   l.make_local = [shared](char* const* slots) -> std::shared_ptr<void> {
     auto local = std::make_shared<ConvLocal>(shared);
-    if (shared->w_krsc && shared->plan) local->w_krsc = shared->krsc_filter(ptr(slots, shared->buf.w));
+    if (shared->w_krsc && !shared->w_stored_krsc && shared->plan)
+      local->w_krsc = shared->krsc_filter(ptr(slots, shared->buf.w));
     return local;
   };
   l.record = [state] {
@@ -1045,6 +1086,77 @@ Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> 
   };
   l.owner = std::move(state);
   return l;
+}
+
+void KrscFilter::permute(const void* from_v, void* to_v) const {
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    const T* from = static_cast<const T*>(from_v);
+    T* to = static_cast<T*>(to_v);
+    for (int64_t ki = 0; ki < k; ++ki) {
+      const T* f = from + ki * c * rs;
+      T* o = to + ki * c * rs;
+      for (int64_t ci = 0; ci < c; ++ci)
+        for (int64_t p = 0; p < rs; ++p) o[p * c + ci] = f[ci * rs + p];
+    }
+  };
+  if (elem_bytes == 2) go(uint16_t{});
+  else if (elem_bytes == 4) go(uint32_t{});
+  else if (elem_bytes == 8) go(uint64_t{});
+  else fail_kind(ErrorKind::Internal, "cuda: a {}-byte filter element", elem_bytes);
+}
+
+std::map<int32_t, KrscFilter> filters_to_store_krsc(const std::vector<LaunchRecord>& records,
+                                                    const std::vector<int64_t>& constant_slots,
+                                                    const std::vector<int32_t>& output_slots) {
+  auto is_constant = [&](int64_t slot) {
+    return slot > 0 && size_t(slot) < constant_slots.size() && constant_slots[size_t(slot)] > 0;
+  };
+  std::map<int32_t, KrscFilter> found;
+  std::vector<bool> other(constant_slots.size(), false);  // read some other way
+  for (int32_t s : output_slots)
+    if (is_constant(s)) other[size_t(s)] = true;
+  // Every [slot, offset] pair in a record's parameters (descriptors aside: their pairs are
+  // strides and paddings) is a reference; a pair that only looks like one keeps a filter KCRS.
+  std::function<void(const json&)> walk = [&](const json& j) {
+    if (j.is_array()) {
+      if (j.size() == 2 && j[0].is_number_integer() && j[1].is_number_integer() &&
+          is_constant(j[0].get<int64_t>()))
+        other[size_t(j[0].get<int64_t>())] = true;
+      for (const json& e : j) walk(e);
+    } else if (j.is_object()) {
+      for (const auto& [key, v] : j.items())
+        if (key != "desc") walk(v);
+    }
+  };
+  for (const LaunchRecord& r : records) {
+    try {
+      json p = kernels::parse_untrusted_json(r.params);
+      if (r.kind == "cudnn_conv" && p.is_object() && p.value("w_krsc", false)) {
+        const MemRef w = ref_from(p.at("w"));
+        const cuda::ConvDesc d = conv_desc_from(p.at("desc"));
+        const KrscFilter f = krsc_filter_of(d);
+        const bool whole = w.byte_offset == 0 && is_constant(w.slot) &&
+                           f.k > 0 && f.c > 0 && f.rs > 0 &&
+                           constant_slots[size_t(w.slot)] == f.k * f.c * f.rs * f.elem_bytes;
+        if (!whole) {
+          if (is_constant(w.slot)) other[size_t(w.slot)] = true;
+        } else if (auto it = found.find(w.slot); it == found.end()) {
+          found[w.slot] = f;
+        } else if (it->second.k != f.k || it->second.c != f.c || it->second.rs != f.rs ||
+                   it->second.elem_bytes != f.elem_bytes) {
+          other[size_t(w.slot)] = true;
+        }
+        p.erase("w");
+      }
+      walk(p);
+    } catch (const std::exception&) {
+      // Malformed: rebuilding the launch reports it; nothing here depends on it.
+    }
+  }
+  for (auto it = found.begin(); it != found.end();)
+    it = other[size_t(it->first)] ? found.erase(it) : std::next(it);
+  return found;
 }
 
 }  // namespace kiln

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -136,10 +137,28 @@ struct CudnnConvKernels {
   std::vector<CudaKernelSpec> pre, post;
   std::vector<const cuda::CudaKernel*> pre_loaded, post_loaded;  // empty: not loaded (cross-build)
 };
+// `w_stored_krsc` (with w_krsc): the w buffer holds the filter as KRSC already (a package's
+// filter permuted at load: Note [Filters stored KRSC at load] in launch_cuda.cc), so no copy is
+// made; the record still says w_krsc (the package's weights are KCRS).
 Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
                                           std::shared_ptr<const cuda::ConvPlan> plan,
                                           CudnnConvBuffers buffers, const CudnnConvKernels& kernels,
-                                          bool w_krsc);
+                                          bool w_krsc, bool w_stored_krsc = false);
+
+// Note [Filters stored KRSC at load] (launch_cuda.cc): the constants of a CUDA package that only
+// channels-last convolutions read, as their filter, whole; by slot, the filter's shape. A load
+// stores them KRSC on the device (KrscFilter::permute) instead of making KRSC copies beside
+// them. `constant_slots`: slot -> constant bytes (0: not a constant's slot); `output_slots`:
+// the slots the outputs read. Unparseable records are skipped (the launches' own checks report
+// them later); any other reference to a slot, or a doubt, keeps it KCRS.
+struct KrscFilter {
+  int64_t k = 0, c = 0, rs = 0, elem_bytes = 0;
+  // KCRS `from` -> KRSC `to` (host memory, k * c * rs elements each).
+  void permute(const void* from, void* to) const;
+};
+std::map<int32_t, KrscFilter> filters_to_store_krsc(const std::vector<LaunchRecord>& records,
+                                                    const std::vector<int64_t>& constant_slots,
+                                                    const std::vector<int32_t>& output_slots);
 
 // cuDNN's fused attention (flash attention graph plan with its selected engine), o = softmax(q k^T
 // scale [+ causal]) v over contiguous [B, H, S, D] buffers. Always made with a plan (cross-builds
@@ -181,6 +200,8 @@ struct LaunchEnv {
   bool library_choices_at_load = false;
   // The result of this record's prebuild (prebuild_launches), or null: rebuild does the work.
   std::shared_ptr<void> prebuilt;
+  // CUDA packages: the constant slots whose filters the load stored KRSC (filters_to_store_krsc).
+  std::map<int32_t, KrscFilter> krsc_slots;
 };
 
 // Rebuilds a launch from its record; `where` names it in errors ("launch 3 'k2_add'"). Throws

@@ -76,6 +76,39 @@ bool onednn_channels_last(const json& desc) {
   return desc.contains("output") && cl(desc.at("output"));
 }
 
+// Note [Filters stored KRSC at load] (runtime/launch_cuda.cc): the constants, by name, with
+// their slot and filter shape, that a CUDA package's load stores KRSC. Read from the manifest
+// before it is checked: anything malformed leaves the constant out (the checks that follow
+// report it).
+std::map<std::string, std::pair<int32_t, KrscFilter>> krsc_constants(const json& m) {
+  std::map<std::string, std::pair<int32_t, KrscFilter>> out;
+  try {
+    constexpr int64_t kMaxSlot = int64_t(1) << 20;
+    std::map<int32_t, std::string> name_of;
+    std::vector<int64_t> slot_bytes;
+    for (const json& c : m.at("constants")) {
+      const int64_t slot = c.at("slot").get<int64_t>();
+      if (slot <= 0 || slot >= kMaxSlot || name_of.count(int32_t(slot))) continue;
+      int64_t bytes = dtype_size(records::dtype_from(c.at("dtype"), "constant"));
+      for (const json& d : c.at("shape")) bytes *= d.get<int64_t>();
+      if (bytes <= 0) continue;
+      name_of[int32_t(slot)] = c.at("name").get<std::string>();
+      if (slot_bytes.size() <= size_t(slot)) slot_bytes.resize(size_t(slot) + 1, 0);
+      slot_bytes[size_t(slot)] = bytes;
+    }
+    std::vector<int32_t> outputs;
+    for (const json& o : m.at("outputs")) outputs.push_back(o.at("slot").get<int32_t>());
+    std::vector<LaunchRecord> records;
+    for (const json& l : m.at("launches"))
+      records.push_back({l.at("kind").get<std::string>(), l.at("params").dump()});
+    for (const auto& [slot, f] : filters_to_store_krsc(records, slot_bytes, outputs))
+      out[name_of.at(slot)] = {slot, f};
+  } catch (const std::exception&) {
+    out.clear();  // a malformed manifest: the load's checks report it
+  }
+  return out;
+}
+
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'K', 'G', '\0'};
 constexpr size_t kHeaderBytes = 64, kEntryBytes = 80, kNameBytes = 32, kAlign = 64;
 constexpr uint32_t kMaxSections = 16;
@@ -884,6 +917,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
 
   auto exe = std::make_shared<Executable>();
   std::map<std::string, Tensor> weights;
+  std::map<int32_t, KrscFilter> krsc_slots;  // CUDA: Note [Filters stored KRSC at load]
   try {
     const std::span<const uint8_t> wbytes(reinterpret_cast<const uint8_t*>(weights_bytes.data()),
                                           weights_bytes.size());
@@ -954,10 +988,25 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       }
       Tensor block = Tensor::empty({std::max<int64_t>(total, 1)}, DType::UInt8, Device::cuda(0));
       char* base = static_cast<char*>(block.raw_data());
+      // Note [Filters stored KRSC at load] (launch_cuda.cc): filters that only channels-last
+      // convolutions read go to the device permuted to KRSC.
+      std::map<std::string, std::pair<int32_t, KrscFilter>> krsc_by_name = krsc_constants(m);
+      std::vector<char> staging;
       for (size_t i = 0; i < entries.size(); ++i) {
         const SafetensorsEntry& e = entries[i];
         char* dst = base + at[i];
-        if (e.dtype == DType::Bool && e.nbytes > 0) {  // normalized to 0 and 1 on the host
+        auto krsc = krsc_by_name.find(e.name);
+        if (krsc != krsc_by_name.end() && e.nbytes > 0 && e.dtype != DType::Bool &&
+            dtype_size(e.dtype) == krsc->second.second.elem_bytes &&
+            int64_t(e.nbytes) == krsc->second.second.k * krsc->second.second.c *
+                                     krsc->second.second.rs * krsc->second.second.elem_bytes) {
+          const KrscFilter& f = krsc->second.second;
+          staging.resize(size_t(e.nbytes));
+          if (f.rs == 1 || f.c == 1) std::memcpy(staging.data(), wbytes.data() + e.offset, size_t(e.nbytes));
+          else f.permute(wbytes.data() + e.offset, staging.data());
+          cuda_memcpy(dst, staging.data(), size_t(e.nbytes), CopyKind::HostToDevice);
+          krsc_slots[krsc->second.first] = f;
+        } else if (e.dtype == DType::Bool && e.nbytes > 0) {  // normalized to 0 and 1 on the host
           Tensor t = safetensors_entry_tensor(wbytes, e);
           cuda_memcpy(dst, t.raw_data(), size_t(e.nbytes), CopyKind::HostToDevice);
         } else if (e.nbytes > 0) {
@@ -1162,6 +1211,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
     };
     env.onednn_layouts = &layouts;
     env.library_choices_at_load = cuda_code == CudaCode::Ptx;
+    env.krsc_slots = krsc_slots;
     if (cuda)
       env.cuda_module = [&modules](const std::string& name) -> std::shared_ptr<const cuda::CudaModule> {
         auto it = modules.find(name);
