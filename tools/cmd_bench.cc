@@ -86,7 +86,9 @@ void bench_command(BenchOptions o, bool json) {
                     ? fmt::format("  (the CUDA context before it: {:.4f} s)", *r.cuda_context_s).c_str()
                     : "");
   std::printf("  %-30s %.4f s\n", "first call", r.first_call_s);
-  std::printf("  %-30s %s\n", "compile (cold)", opt_s(r.compile_s).c_str());
+  std::printf("  %-30s %s\n",
+              r.compile_cache == "user" ? "compile (user's cache)" : "compile (cold)",
+              opt_s(r.compile_s).c_str());
   std::string warm = opt_s(r.warm_compile_s);
   if (r.warm_compile_cache_hit)
     warm += *r.warm_compile_cache_hit ? "  (cache hit)" : "  (cache miss)";
@@ -133,6 +135,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--seconds", o.seconds, "Time-box the timed loop instead of --iters")
       ->excludes(iters);
   cmd->add_option("--seed", o.seed, "Seed for weights and inputs (default 0)");
+  cmd->add_option("--compile-cache", o.compile_cache,
+                  "fresh | user: the first compile starts from an empty cache (default: a cold "
+                  "compile) or from the user's (KILN_CACHE_DIR or ~/.cache/kiln: a restarted "
+                  "process's warm compile)");
   cmd->add_flag("--json", json, "Print exactly one JSON object");
   cmd->callback([iters] {
     // 0 is run_bench's "default" sentinel; an explicit --iters 0 is a mistake.

@@ -468,6 +468,7 @@ std::string BenchResult::json(int indent) const {
   j["compile_s"] = opt(compile_s);
   j["warm_compile_s"] = opt(warm_compile_s);
   j["warm_compile_cache_hit"] = opt(warm_compile_cache_hit);
+  j["compile_cache"] = compile_cache.empty() ? json(nullptr) : json(compile_cache);
   j["first_call_s"] = first_call_s;
   j["load_s"] = load_s ? json(*load_s) : json(nullptr);
   j["cuda_context_s"] = cuda_context_s ? json(*cuda_context_s) : json(nullptr);
@@ -619,8 +620,12 @@ BenchResult run_bench(const BenchOptions& given) {
     r.backend = "compiled(" + copts.backend + ")";
     reset();  // cold: no cached graphs from earlier compiles in this process
     // Cold means an empty code cache: compile into a private, fresh cache directory (the warm
-    // compile below then hits it); the user's cache is left alone.
-    cold_cache.emplace();
+    // compile below then hits it); the user's cache is left alone. --compile-cache user
+    // compiles with the user's cache instead, as a restarted process would.
+    if (o.compile_cache != "fresh" && o.compile_cache != "user")
+      fail("bench: --compile-cache expected fresh or user, found '{}'", o.compile_cache);
+    r.compile_cache = o.compile_cache;
+    if (o.compile_cache == "fresh") cold_cache.emplace();
     auto t0 = std::chrono::steady_clock::now();
     compiled = m.compile(copts);
     compile_call_s = seconds_since(t0);

@@ -31,6 +31,10 @@ struct BenchOptions {
   int iters = 0;       // timed iterations; 0 with seconds == 0 means 50
   double seconds = 0;  // time-boxed: iterate until this much time has passed (at least once)
   uint64_t seed = 0;
+  // The first compile's cache directory: "fresh" (a new, empty one: compile_s is a cold
+  // compile) or "user" (KILN_CACHE_DIR, else ~/.cache/kiln, as a restarted process finds it:
+  // compile_s is a warm-cache compile when the cache holds the model's kernels and plans).
+  std::string compile_cache = "fresh";
   // Called after each warm-up/timed iteration with (done, total); total is -1 when time-boxed.
   std::function<void(int64_t done, int64_t total, double elapsed_s)> progress;
 };
@@ -99,6 +103,7 @@ struct BenchResult {
   int64_t iters = 0, warmup = 0;
   std::optional<double> compile_s, warm_compile_s;
   std::optional<bool> warm_compile_cache_hit;
+  std::string compile_cache;  // BenchOptions::compile_cache of a compiled run, else empty
   double first_call_s = 0;
   std::optional<double> load_s;  // a .kiln package: load_package's wall time
   // A CUDA package: making the process's CUDA context before the load (not in load_s).

@@ -66,9 +66,10 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
         "loaded_device_bytes", "resident_device_bytes", "steady_peak_device_bytes",
         "launches_per_call",
         "steady_state_allocs_per_call", "host", "iters", "warmup", "samples_ms", "device_p50_ms",
-        "device_p99_ms", "involuntary_switches_per_call"})
+        "device_p99_ms", "involuntary_switches_per_call", "compile_cache"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["model"], "mlp");
+  EXPECT_EQ(j["compile_cache"], "fresh");
   EXPECT_EQ(j["backend"], "compiled(" + best_compile_backend() + ")");
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["mode"], "default");
@@ -106,6 +107,41 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
   EXPECT_FALSE(j["host"]["cpu_model"].get<std::string>().empty());
   EXPECT_GE(j["host"]["cores"].get<int>(), 1);
   EXPECT_TRUE(j["host"]["isa"].is_array());
+}
+
+// --compile-cache: "fresh" leaves the user's cache directory alone (the cold compile fills a
+// private one); "user" compiles into it, as a restarted process would, so the second such run
+// finds its code there.
+TEST(Bench, CompileCacheFreshOrUser) {
+  char tmpl[] = "/tmp/kiln-bench-user-cache-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const char* old = std::getenv("KILN_CACHE_DIR");
+  const std::string old_value = old ? old : "";
+  setenv("KILN_CACHE_DIR", dir.c_str(), 1);
+  auto files = [&] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+      n += e.is_regular_file();
+    return n;
+  };
+  BenchOptions o = small();
+  run_bench(o);
+  EXPECT_EQ(files(), 0u) << "a fresh-cache bench wrote into the user's cache";
+  o.compile_cache = "user";
+  BenchResult first = run_bench(o);
+  EXPECT_EQ(first.compile_cache, "user");
+  EXPECT_GT(files(), 0u) << "a user-cache bench did not compile into the user's cache";
+  const size_t after_first = files();
+  BenchResult second = run_bench(o);
+  EXPECT_EQ(files(), after_first) << "the second user-cache compile did not find its code";
+  EXPECT_TRUE(second.compile_s.has_value());
+  o.compile_cache = "warm";
+  EXPECT_NE(error_of([&] { run_bench(o); }).find("--compile-cache expected fresh or user"),
+            std::string::npos);
+  if (old) setenv("KILN_CACHE_DIR", old_value.c_str(), 1);
+  else unsetenv("KILN_CACHE_DIR");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Bench, EagerBackendHasNoCompileCost) {
