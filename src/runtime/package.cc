@@ -51,7 +51,9 @@
 
 #include "core/cuda_runtime.h"
 #include "core/error.h"
+#include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_driver.h"
+#include "kernels/cuda/cudnn_conv.h"
 #include "kernels/json_numbers.h"
 #include "kernels/onednn_node.h"
 #include "runtime/launch_library.h"
@@ -108,6 +110,50 @@ std::map<std::string, std::pair<int32_t, KrscFilter>> krsc_constants(const json&
   }
   return out;
 }
+
+// Note [CUDA libraries opened beside the load]
+// A CUDA package's first cuBLASLt plan pays for opening cuBLASLt (a 540 MB library), making its
+// handle and its first heuristic query for each data type, and its first cuDNN plan for opening
+// cuDNN and making its handle: together most of what a load spent building its library plans
+// once cuDNN's came from the plan cache (Note [cuDNN plan cache]). None of it depends on the
+// package's bytes, so a thread pays it while the load verifies and uploads the weights and
+// loads the cubins; the plans are built after it is done. The thread swallows errors: the plans
+// themselves report them.
+class LibraryWarmUp {
+ public:
+  LibraryWarmUp() = default;
+  LibraryWarmUp(const LibraryWarmUp&) = delete;
+  LibraryWarmUp& operator=(const LibraryWarmUp&) = delete;
+  ~LibraryWarmUp() { join(); }
+  void start(const json& manifest) {
+    std::vector<DType> gemm;
+    bool dnn = false;
+    try {
+      for (const json& l : manifest.at("launches")) {
+        const std::string kind = l.at("kind").get<std::string>();
+        if (kind == "cudnn_conv" || kind == "cudnn_sdpa") dnn = true;
+        if (kind != "cublaslt") continue;
+        const DType d = records::dtype_from(l.at("params").at("desc").at("dtype"), "gemm");
+        if (std::find(gemm.begin(), gemm.end(), d) == gemm.end()) gemm.push_back(d);
+      }
+    } catch (const std::exception&) {
+      return;  // a malformed manifest: its checks report it
+    }
+    if (gemm.empty() && !dnn) return;
+    if (dnn) dnn_ = std::thread([] { cuda::cudnn_warm_up(0); });
+    if (!gemm.empty())
+      gemm_ = std::thread([gemm] {
+        for (DType d : gemm) cuda::cublaslt_warm_up(0, d);
+      });
+  }
+  void join() {
+    if (dnn_.joinable()) dnn_.join();
+    if (gemm_.joinable()) gemm_.join();
+  }
+
+ private:
+  std::thread dnn_, gemm_;
+};
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'K', 'G', '\0'};
 constexpr size_t kHeaderBytes = 64, kEntryBytes = 80, kNameBytes = 32, kAlign = 64;
@@ -902,6 +948,8 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
     out.cuda_code = cuda_code == CudaCode::Ptx ? "ptx" : "cubin";
     phase("device");
   }
+  LibraryWarmUp libraries;  // joined before the launches are built, or when the load fails
+  if (cuda) libraries.start(m);
   // The CPU check: the kernels were compiled with -march=native on a machine with these features.
   std::vector<std::string> missing = cuda ? std::vector<std::string>{}
                                           : missing_isa_features(out.isa, host_isa());
@@ -1247,6 +1295,8 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       // More than 8 did not help on the H200's 16 cores (resnet50: 1 thread 1.53-1.58 s, 4 threads
       // 0.82-0.85 s, 8 threads 0.70-0.78 s, 16 threads 0.77-0.84 s).
       const int threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+      libraries.join();
+      phase("libraries (waited)");
       prebuilt = prebuild_launches(records, env, wheres, threads);
       phase("launches prebuilt");
     }

@@ -254,6 +254,17 @@ bool cublaslt_available(std::string* why) {
   return a.unavailable.empty();
 }
 
+void cublaslt_warm_up(int device, DType dtype) {
+  try {
+    GemmDesc d;
+    d.dtype = dtype;
+    d.m = d.n = d.k = 64;
+    d.device = device;
+    (void)GemmPlan::create(d);
+  } catch (const std::exception&) {
+  }
+}
+
 // ---- the plan --------------------------------------------------------------------------------
 
 struct GemmPlan::Impl {

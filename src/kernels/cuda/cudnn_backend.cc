@@ -330,6 +330,14 @@ Handle& handle_for(int device, const std::string& what) {
   return *h;
 }
 
+void warm_up(int device) {
+  try {
+    std::string why;
+    if (available(&why)) (void)handle_for(device, "cuDNN warm-up");
+  } catch (const std::exception&) {
+  }
+}
+
 // ---- the plan cache --------------------------------------------------------------------------
 
 // Note [cuDNN plan cache]

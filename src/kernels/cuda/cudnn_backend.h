@@ -19,6 +19,9 @@ namespace kiln::cuda::cudnn {
 // or is not version 9.
 size_t version();
 bool available(std::string* why);
+// Loads cuDNN and makes device `device`'s handle: the first-use costs, paid ahead (Note [CUDA
+// libraries opened beside the load] in runtime/package.cc). Never throws.
+void warm_up(int device);
 
 // "CUDNN_STATUS_NOT_SUPPORTED (cuDNN's last error message)".
 std::string status_text(int status);

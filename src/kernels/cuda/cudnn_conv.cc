@@ -406,4 +406,6 @@ bool conv_fused_supported(const ConvDesc& desc, std::string* why_not) {
   return ok;
 }
 
+void cudnn_warm_up(int device) { cudnn::warm_up(device); }
+
 }  // namespace kiln::cuda

@@ -134,4 +134,8 @@ class ConvPlan {
 // rather than throw). Throws InvalidArgument for impossible shapes.
 bool conv_fused_supported(const ConvDesc& desc, std::string* why_not = nullptr);
 
+// Loads cuDNN and makes device `device`'s handle: the first-use costs, paid ahead (Note [CUDA
+// libraries opened beside the load] in runtime/package.cc). Never throws.
+void cudnn_warm_up(int device);
+
 }  // namespace kiln::cuda
