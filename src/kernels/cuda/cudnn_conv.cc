@@ -345,11 +345,12 @@ bool ConvPlan::select_tag(const std::string& tag) {
   if (tag == selected_.tag) return true;
   Impl& im = *impl_;
   {
-    // Another engine than the one at hand (a tuned package's): its own cache entry, else the
-    // graph's candidates, then remembered.
+    // Another engine than the one at hand (a tuned package's). A plan restored from the cache
+    // looks for that engine's own entry; a built graph keeps its candidates (and their
+    // indices); else the graph's candidates are finalized, and the choice remembered.
     std::lock_guard<std::mutex> lock(im.mu);
     cudnn::CachedPlan hit;
-    if (restore_cached(im, desc_, tag, &hit) && hit.tag == tag) {
+    if (!im.graph_built && restore_cached(im, desc_, tag, &hit) && hit.tag == tag) {
       selected_ = {hit.tag, im.graph.first().workspace_bytes, hit.tensor_cores, 0};
       return true;
     }

@@ -320,7 +320,7 @@ std::unique_ptr<SdpaPlan> SdpaPlan::try_create(const SdpaDesc& desc, std::string
     *why_not = fmt::format("{} (inference form); {} (with statistics)", why_inference, why_stats);
     return nullptr;
   }
-  if (im.with_stats) im.stats_bytes = stats_bytes_of(desc);
+  im.stats_bytes = im.with_stats ? stats_bytes_of(desc) : 0;  // not a refused restore's
   const cudnn::PlanCandidate& first = im.graph.first();
   plan->selected_ = {first.tag, first.workspace_bytes + im.stats_bytes, 0};
   std::string bytes = im.graph.serialize(0);
@@ -411,11 +411,11 @@ bool SdpaPlan::select_tag(const std::string& tag) {
   if (tag == selected_.tag) return true;
   Impl& im = *impl_;
   {
-    // Another engine than the one at hand: its own cache entry, else the graph's candidates,
-    // then remembered (as ConvPlan::select_tag).
+    // Another engine than the one at hand: as ConvPlan::select_tag (the cache's entry for a
+    // restored plan, a built graph's candidates, then remembered).
     std::lock_guard<std::mutex> lock(im.mu);
     cudnn::CachedPlan hit;
-    if (restore_cached(im, desc_, tag, &hit) && hit.tag == tag) {
+    if (!im.graph_built && restore_cached(im, desc_, tag, &hit) && hit.tag == tag) {
       selected_ = {hit.tag, im.graph.first().workspace_bytes + im.stats_bytes, 0};
       return true;
     }
