@@ -562,6 +562,14 @@ const PlanCandidate* GraphPlans::find_tag(const std::string& tag, int* index) co
   return nullptr;
 }
 
+int GraphPlans::index_of_restored(const std::string& tag) const {
+  int i = 0;
+  if (!find_tag(tag, &i))
+    fail_kind(ErrorKind::Runtime, "{}: the built graph has no engine {} (the cached plan's)",
+              what_, tag);
+  return i;
+}
+
 const std::vector<PlanCandidate>& GraphPlans::candidates() const {
   std::lock_guard<std::mutex> lock(plans_mu_);
   if (!pending_.empty()) finalize_pending(/*all=*/true, nullptr);

@@ -143,6 +143,9 @@ class GraphPlans {
   // first is finalized already; the others are finalized only when the tag is not the first's
   // (up to a second each): a package loader whose pinned engine is the first pays for none.
   const PlanCandidate* find_tag(const std::string& tag, int* index) const;
+  // find_tag's index, or a Runtime error naming the plan: a graph built for a plan restored
+  // from the cache must offer the restored engine (Note [cuDNN plan cache]).
+  int index_of_restored(const std::string& tag) const;
   // Drops the graph, its plans and the kept variant pack (before the descriptors that build()
   // referenced are destroyed).
   void reset();

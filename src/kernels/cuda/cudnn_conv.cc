@@ -283,12 +283,7 @@ void ConvPlan::ensure_built() const {
   if (!build_graph(im, desc_, out_, &why))
     fail_kind(ErrorKind::Runtime, "{}: the cached plan restored, but the graph does not build: {}",
               describe(desc_), why);
-  // The selected engine keeps its tag; its index is now the built graph's.
-  int i = 0;
-  if (!im.graph.find_tag(selected_.tag, &i))
-    fail_kind(ErrorKind::Runtime, "{}: the built graph has no engine {} (the cached plan's)",
-              describe(desc_), selected_.tag);
-  selected_.index = i;
+  selected_.index = im.graph.index_of_restored(selected_.tag);  // the same engine, re-indexed
 }
 
 std::unique_ptr<ConvPlan> ConvPlan::create(const ConvDesc& desc) {

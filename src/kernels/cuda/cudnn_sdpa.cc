@@ -283,6 +283,16 @@ bool restore_cached(SdpaPlan::Impl& im, const SdpaDesc& d, const std::string& ta
 
 }  // namespace
 
+std::unique_ptr<SdpaPlan> SdpaPlan::blank(const SdpaDesc& desc) {
+  std::unique_ptr<SdpaPlan> plan(new SdpaPlan());
+  plan->desc_ = desc;
+  plan->impl_ = std::make_unique<Impl>();
+  plan->impl_->scale =
+      float(desc.scale != 0 ? desc.scale : 1.0 / std::sqrt(double(desc.head_dim)));
+  plan->impl_->key = cache_key(desc);
+  return plan;
+}
+
 std::unique_ptr<SdpaPlan> SdpaPlan::try_create(const SdpaDesc& desc, std::string* why_not) {
   const std::string what = describe(desc);
   if (std::string r = static_reason(desc, what); !r.empty()) {
@@ -303,12 +313,8 @@ std::unique_ptr<SdpaPlan> SdpaPlan::try_create(const SdpaDesc& desc, std::string
     *why_not = why_available;
     return nullptr;
   }
-  std::unique_ptr<SdpaPlan> plan(new SdpaPlan());
-  plan->desc_ = desc;
-  plan->impl_ = std::make_unique<Impl>();
+  std::unique_ptr<SdpaPlan> plan = blank(desc);
   Impl& im = *plan->impl_;
-  im.scale = float(desc.scale != 0 ? desc.scale : 1.0 / std::sqrt(double(desc.head_dim)));
-  im.key = cache_key(desc);
   cudnn::CachedPlan hit;
   if (restore_cached(im, desc, "", &hit)) {
     plan->selected_ = {hit.tag, im.graph.first().workspace_bytes + im.stats_bytes, 0};
@@ -366,12 +372,8 @@ std::unique_ptr<SdpaPlan> SdpaPlan::try_restore(const SdpaDesc& desc, const std:
     return nullptr;
   }
   cudnn::version();
-  std::unique_ptr<SdpaPlan> plan(new SdpaPlan());
-  plan->desc_ = desc;
-  plan->impl_ = std::make_unique<Impl>();
+  std::unique_ptr<SdpaPlan> plan = blank(desc);
   Impl& im = *plan->impl_;
-  im.scale = float(desc.scale != 0 ? desc.scale : 1.0 / std::sqrt(double(desc.head_dim)));
-  im.key = cache_key(desc);
   if (!restore_into(im, desc, tag, bytes, why_not)) return nullptr;
   plan->selected_ = {tag, im.graph.first().workspace_bytes + im.stats_bytes, 0};
   return plan;
@@ -385,11 +387,7 @@ void SdpaPlan::ensure_built() const {
   if (!im.build(desc_, im.with_stats, describe(desc_), &why))
     fail_kind(ErrorKind::Runtime, "{}: the cached plan restored, but the graph does not build: {}",
               describe(desc_), why);
-  int i = 0;
-  if (!im.graph.find_tag(selected_.tag, &i))
-    fail_kind(ErrorKind::Runtime, "{}: the built graph has no engine {} (the cached plan's)",
-              describe(desc_), selected_.tag);
-  selected_.index = i;
+  selected_.index = im.graph.index_of_restored(selected_.tag);  // the same engine, re-indexed
 }
 
 std::string SdpaPlan::serialize() const {

@@ -109,6 +109,8 @@ class SdpaPlan {
 
  private:
   SdpaPlan() = default;
+  // The plan's descriptor, scale and cache key; no graph and no plan yet.
+  static std::unique_ptr<SdpaPlan> blank(const SdpaDesc& desc);
   // A plan restored from the cache (Note [cuDNN plan cache]) has one candidate; this builds its
   // graph, for the others.
   void ensure_built() const;
