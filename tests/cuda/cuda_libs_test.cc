@@ -978,6 +978,14 @@ TEST(CudnnConv, FusedReluNanBehaviourMatchesTheFlag) {
   }
 }
 
+// Whether two runs' outputs (downloaded as doubles) are the same bits.
+::testing::AssertionResult same_bits(const std::vector<double>& a, const std::vector<double>& b,
+                                     const std::string& what) {
+  if (a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << " computed other bits";
+}
+
 // The files of the plan cache under `dir` (Note [cuDNN plan cache]).
 std::vector<std::filesystem::path> plan_cache_files(const std::string& dir, const char* ext) {
   std::vector<std::filesystem::path> out;
@@ -1049,10 +1057,8 @@ TEST(CudnnConv, SerializedPlanRestoresAndTheCacheServesIt) {
       return download(*dy, yn, dt);
     };
     const std::vector<double> a = run(*built), b = run(*restored), c = run(*cached);
-    EXPECT_TRUE(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0)
-        << "the restored plan computed other bits";
-    EXPECT_TRUE(std::memcmp(a.data(), c.data(), a.size() * sizeof(double)) == 0)
-        << "the cached plan computed other bits";
+    EXPECT_TRUE(same_bits(a, b, "the restored plan"));
+    EXPECT_TRUE(same_bits(a, c, "the cached plan"));
     EXPECT_TRUE(close_to(from_layout(b, o, d.layout), ref, tolerance(dt),
                          cuda::describe(d) + " restored"));
 
@@ -1062,8 +1068,7 @@ TEST(CudnnConv, SerializedPlanRestoresAndTheCacheServesIt) {
     EXPECT_EQ(cached->engine().tag, built->engine().tag);
     EXPECT_EQ(all[size_t(cached->engine().index)].tag, built->engine().tag);
     const std::vector<double> c2 = run(*cached);
-    EXPECT_TRUE(std::memcmp(a.data(), c2.data(), a.size() * sizeof(double)) == 0)
-        << "the cached plan, built out, computed other bits";
+    EXPECT_TRUE(same_bits(a, c2, "the cached plan, built out"));
 
     // Damaged bytes: refused with cuDNN's reason, never run.
     EXPECT_FALSE(cuda::ConvPlan::try_restore(d, built->engine().tag,
@@ -1078,7 +1083,7 @@ TEST(CudnnConv, SerializedPlanRestoresAndTheCacheServesIt) {
     }
     auto rebuilt = cuda::ConvPlan::create(d);
     const std::vector<double> r = run(*rebuilt);
-    EXPECT_TRUE(std::memcmp(a.data(), r.data(), a.size() * sizeof(double)) == 0);
+    EXPECT_TRUE(same_bits(a, r, "the plan rebuilt over a damaged entry"));
   }
 }
 
@@ -1266,15 +1271,13 @@ TEST(CudnnSdpa, SerializedPlanRestoresAndTheCacheServesIt) {
       return download(*out, n, dt);
     };
     const std::vector<double> a = run(*built), b = run(*restored), c = run(*cached);
-    EXPECT_TRUE(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0)
-        << "the restored plan computed other bits";
-    EXPECT_TRUE(std::memcmp(a.data(), c.data(), a.size() * sizeof(double)) == 0)
-        << "the cached plan computed other bits";
+    EXPECT_TRUE(same_bits(a, b, "the restored plan"));
+    EXPECT_TRUE(same_bits(a, c, "the cached plan"));
     EXPECT_TRUE(close_to(b, ref, tolerance(dt), cuda::describe(d) + " restored"));
     const std::vector<cuda::SdpaEngine> all = cached->candidates();
     EXPECT_EQ(all[size_t(cached->engine().index)].tag, built->engine().tag);
     const std::vector<double> c2 = run(*cached);
-    EXPECT_TRUE(std::memcmp(a.data(), c2.data(), a.size() * sizeof(double)) == 0);
+    EXPECT_TRUE(same_bits(a, c2, "the cached plan, built out"));
     EXPECT_FALSE(cuda::SdpaPlan::try_restore(d, built->engine().tag,
                                              bytes.substr(0, bytes.size() / 2), &why));
     EXPECT_FALSE(cuda::SdpaPlan::try_restore(d, built->engine().tag, "x", &why));
