@@ -288,34 +288,26 @@ struct ConvState {
   const void* krsc_filter(const void* src) const;
 };
 
+// The filter shape of a convolution's descriptor (K: the filter's first dim).
+KrscFilter krsc_filter_of(const cuda::ConvDesc& d) {
+  const bool t = d.kind == cuda::ConvKind::Transpose;
+  return {t ? d.c_in : d.c_out, (t ? d.c_out : d.c_in) / d.groups, d.kh * d.kw,
+          dtype_size(d.dtype)};
+}
+
 // The filter as KRSC ([K][R][S][C]; dims [K, C, R, S] of the stored KCRS), copied once per
 // source buffer: a context is made off the run path, and the weights of a loaded executable do
 // not change (replacing them makes a new package, hence new launches).
 const void* ConvState::krsc_filter(const void* src) const {
-  const bool t = desc.kind == cuda::ConvKind::Transpose;
-  const int64_t k = t ? desc.c_in : desc.c_out, c = (t ? desc.c_out : desc.c_in) / desc.groups;
-  const int64_t rs = desc.kh * desc.kw, es = dtype_size(desc.dtype);
-  // A 1x1 filter, or one channel per group (depthwise): KRSC is KCRS, byte for byte.
-  if (rs == 1 || c == 1) return src;
+  const KrscFilter f = krsc_filter_of(desc);
+  if (f.identity()) return src;
   std::lock_guard<std::mutex> lock(krsc_mu);
   for (const auto& [from, copy] : krsc)
     if (from == src) return copy.get();
-  const size_t bytes = size_t(k * c * rs * es);
+  const size_t bytes = size_t(f.bytes());
   std::vector<char> kcrs(bytes), out(bytes);
   cuda_memcpy(kcrs.data(), src, bytes, CopyKind::DeviceToHost);
-  // Typed element moves (a memcpy call per 2-byte element was most of a ResNet-50 load).
-  auto permute = [&](auto tag) {
-    using T = decltype(tag);
-    const T* from = reinterpret_cast<const T*>(kcrs.data());
-    T* to = reinterpret_cast<T*>(out.data());
-    for (int64_t ki = 0; ki < k; ++ki)
-      for (int64_t ci = 0; ci < c; ++ci)
-        for (int64_t p = 0; p < rs; ++p) to[(ki * rs + p) * c + ci] = from[(ki * c + ci) * rs + p];
-  };
-  if (es == 2) permute(uint16_t{});
-  else if (es == 4) permute(uint32_t{});
-  else if (es == 8) permute(uint64_t{});
-  else fail_kind(ErrorKind::Internal, "cuda: a {}-byte filter element", es);
+  f.permute(kcrs.data(), out.data());
   std::shared_ptr<char> copy = allocate_device_arena(int64_t(bytes), desc.device);
   cuda_memcpy(copy.get(), out.data(), bytes, CopyKind::HostToDevice);
   krsc.emplace_back(src, copy);
@@ -627,7 +619,7 @@ std::shared_ptr<cuda::GemmPlan> gemm_plan_for(const GemmRecord& g, const LaunchE
   // from their configuration]); the search below runs only when that fails.
   const bool by_config = g.has_algo && !env.library_choices_at_load && !g.algo_config.empty();
   std::shared_ptr<cuda::GemmPlan> plan =
-      by_config ? cuda::GemmPlan::create_with_config(d, g.algo_config, size_t(32) << 20)
+      by_config ? cuda::GemmPlan::create_with_config(d, g.algo_config)
                 : cuda::GemmPlan::create(d);
   if (!g.has_algo || env.library_choices_at_load) {
     // A cross-build, or another architecture: the heuristic's first choice within the workspace
@@ -815,12 +807,6 @@ std::shared_ptr<cuda::ConvPlan> conv_plan_for(const ConvRecord& rec, const Launc
 // the package's bytes and records are unchanged, so older runtimes and replace-weights see the
 // same file. 1x1 filters and one channel per group (depthwise) are the same bytes in both
 // layouts: never copied, never permuted.
-KrscFilter krsc_filter_of(const cuda::ConvDesc& d) {
-  const bool t = d.kind == cuda::ConvKind::Transpose;
-  return {t ? d.c_in : d.c_out, (t ? d.c_out : d.c_in) / d.groups, d.kh * d.kw,
-          dtype_size(d.dtype)};
-}
-
 Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
                                       const std::string& where) {
   ConvRecord rec = parse_cudnn_conv(r, env, where);
@@ -837,14 +823,10 @@ Executable::Launch rebuild_cudnn_conv(const LaunchRecord& r, LaunchEnv& env,
   bool stored = false;
   if (rec.w_krsc && b.w.byte_offset == 0) {
     auto it = env.krsc_slots.find(b.w.slot);
-    const KrscFilter f = krsc_filter_of(d);
-    stored = it != env.krsc_slots.end() && it->second.k == f.k && it->second.c == f.c &&
-             it->second.rs == f.rs && it->second.elem_bytes == f.elem_bytes;
+    stored = it != env.krsc_slots.end() && it->second == krsc_filter_of(d);
   }
   return make_cudnn_conv_launch(d, std::move(plan), b, k, rec.w_krsc, stored);
 }
-
-
 
 // A cudnn_sdpa record, checked without a GPU: the descriptor, every buffer inside its slot.
 struct SdpaRecord {
@@ -1089,6 +1071,11 @@ Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> 
 }
 
 void KrscFilter::permute(const void* from_v, void* to_v) const {
+  if (identity()) {
+    std::memcpy(to_v, from_v, size_t(bytes()));
+    return;
+  }
+  // Typed element moves (a memcpy call per 2-byte element was most of a ResNet-50 load).
   auto go = [&](auto tag) {
     using T = decltype(tag);
     const T* from = static_cast<const T*>(from_v);
@@ -1138,13 +1125,12 @@ std::map<int32_t, KrscFilter> filters_to_store_krsc(const std::vector<LaunchReco
         const KrscFilter f = krsc_filter_of(d);
         const bool whole = w.byte_offset == 0 && is_constant(w.slot) &&
                            f.k > 0 && f.c > 0 && f.rs > 0 &&
-                           constant_slots[size_t(w.slot)] == f.k * f.c * f.rs * f.elem_bytes;
+                           constant_slots[size_t(w.slot)] == f.bytes();
         if (!whole) {
           if (is_constant(w.slot)) other[size_t(w.slot)] = true;
         } else if (auto it = found.find(w.slot); it == found.end()) {
           found[w.slot] = f;
-        } else if (it->second.k != f.k || it->second.c != f.c || it->second.rs != f.rs ||
-                   it->second.elem_bytes != f.elem_bytes) {
+        } else if (!(it->second == f)) {
           other[size_t(w.slot)] = true;
         }
         p.erase("w");

@@ -153,8 +153,12 @@ Executable::Launch make_cudnn_conv_launch(const cuda::ConvDesc& desc,
 // them later); any other reference to a slot, or a doubt, keeps it KCRS.
 struct KrscFilter {
   int64_t k = 0, c = 0, rs = 0, elem_bytes = 0;
-  // KCRS `from` -> KRSC `to` (host memory, k * c * rs elements each).
+  int64_t bytes() const { return k * c * rs * elem_bytes; }
+  // 1x1, or one channel per group (depthwise): KRSC is KCRS, byte for byte.
+  bool identity() const { return rs == 1 || c == 1; }
+  // KCRS `from` -> KRSC `to` (host memory, bytes() each; a copy where identity()).
   void permute(const void* from, void* to) const;
+  bool operator==(const KrscFilter&) const = default;
 };
 std::map<int32_t, KrscFilter> filters_to_store_krsc(const std::vector<LaunchRecord>& records,
                                                     const std::vector<int64_t>& constant_slots,

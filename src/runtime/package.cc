@@ -1046,12 +1046,10 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
         auto krsc = krsc_by_name.find(e.name);
         if (krsc != krsc_by_name.end() && e.nbytes > 0 && e.dtype != DType::Bool &&
             dtype_size(e.dtype) == krsc->second.second.elem_bytes &&
-            int64_t(e.nbytes) == krsc->second.second.k * krsc->second.second.c *
-                                     krsc->second.second.rs * krsc->second.second.elem_bytes) {
+            int64_t(e.nbytes) == krsc->second.second.bytes()) {
           const KrscFilter& f = krsc->second.second;
           staging.resize(size_t(e.nbytes));
-          if (f.rs == 1 || f.c == 1) std::memcpy(staging.data(), wbytes.data() + e.offset, size_t(e.nbytes));
-          else f.permute(wbytes.data() + e.offset, staging.data());
+          f.permute(wbytes.data() + e.offset, staging.data());
           cuda_memcpy(dst, staging.data(), size_t(e.nbytes), CopyKind::HostToDevice);
           krsc_slots[krsc->second.first] = f;
         } else if (e.dtype == DType::Bool && e.nbytes > 0) {  // normalized to 0 and 1 on the host

@@ -99,9 +99,9 @@ class GemmPlan {
   // plans from their configuration] in cublaslt_gemm.cc). When cuBLASLt does not run that
   // configuration here, the heuristic's first algorithm is selected, as create does: the caller
   // compares algo().config with what it asked for.
-  static std::unique_ptr<GemmPlan> create_with_config(const GemmDesc& desc,
-                                                      const std::string& config,
-                                                      size_t max_workspace_bytes);
+  static std::unique_ptr<GemmPlan> create_with_config(
+      const GemmDesc& desc, const std::string& config,
+      size_t max_workspace_bytes = size_t(32) << 20);
   ~GemmPlan();
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;

@@ -403,7 +403,7 @@ bool plan_cache_get(int device, const std::string& plan_key, const std::string& 
     out->tensor_cores = entry[a + 1] == '1';
     out->bytes = entry.substr(b + 1);
     return !out->tag.empty();
-  } catch (const Error&) {
+  } catch (const std::exception&) {
     return false;  // an unreadable cache is a miss
   }
 }
@@ -415,7 +415,7 @@ void plan_cache_put(int device, const std::string& plan_key, const std::string& 
     plan_cache().put(plan_cache_key(device, plan_key, tag),
                      fmt::format("{}\n{}\n", plan.tag, plan.tensor_cores ? 1 : 0) + plan.bytes,
                      {{"plan", plan_key}, {"engine", plan.tag}});
-  } catch (const Error&) {
+  } catch (const std::exception&) {
     // A read-only or full cache directory: the next build makes the plan again.
   }
 }
@@ -491,11 +491,10 @@ void GraphPlans::finalize_pending(bool all, std::vector<std::string>* rejected) 
 // Finalizing an execution plan of a runtime-fusion engine (ResNet-50's fused convolutions in
 // half precision, attention) compiles its kernels: most of a CUDA package's load (0.27 s of
 // resnet50's 0.36 s on the H100 with 23 plans on 8 threads). cuDNN serializes such a plan with
-// its compiled kernels, for the same cuDNN version and GPU, and restores it without compiling.
-// A package records the bytes beside the engine's tag (runtime/launch_cuda.cc); a load on the
-// same cuDNN and GPU model restores them, anything else (or a refusal) builds the plan as
-// before. The bytes are cuDNN's own format, trusted as built like the package's cubins: the
-// section hashes catch corruption, not a deliberate edit.
+// its compiled kernels, for the same cuDNN version and GPU, and restores it without compiling
+// (measured on the H100: 68-83 KB, 0.6-1.1 ms to restore against 270-670 ms to build). The bytes
+// are kept in the plan cache (Note [cuDNN plan cache]), not in packages; a refused restore
+// builds the plan as before.
 std::string GraphPlans::serialize(size_t index) const {
   std::lock_guard<std::mutex> lock(plans_mu_);
   if (index >= candidates_.size()) return {};
