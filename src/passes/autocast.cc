@@ -33,11 +33,13 @@
 //     rounded.
 #include "passes/autocast.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <iterator>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -96,28 +98,53 @@ constexpr PolicyTable kPolicy = make_policy_table({
 
 bool is_constant(const Value& v) { return v.kind == ValueKind::Param || v.kind == ValueKind::Const; }
 
-// A float32 weight converted to a low dtype, and what the conversion lost beyond rounding: the
-// first nonzero finite value that became 0 (underflow) or an infinity (overflow).
+// A float32 weight converted to a low dtype, and what the conversion lost beyond rounding:
+// whether a nonzero finite value became 0 (underflow) or an infinity (overflow), and the first
+// value that overflowed (the error names it).
 struct Conversion {
   Tensor data;
   bool overflow = false, underflow = false;
   double value = 0;
 };
 
-// One pass over the raw data, converting with the scalar conversions every cast uses (Half,
-// BFloat16: round to nearest even); weights are large, so no per-element dispatch. Done on the
-// host; the result goes back to the data's device.
+// Converts with the scalar conversions every cast uses (Half, BFloat16: round to nearest even);
+// weights are large, so no per-element dispatch. Done on the host, in chunks over the OpenMP
+// threads (ResNet-50's 25M weights took 0.09 s on one core); each chunk converts, then checks
+// its results in branch-free loops, and only a chunk that overflowed looks for its first
+// overflow. Overflow and underflow are found independently: a weight whose small values
+// underflow is still refused when a later value overflows.
 template <typename Low>
 void convert_into(const float* x, uint16_t* out, int64_t n, uint16_t inf_bits, Conversion& c) {
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = Low(x[i]).bits;
-    if (c.overflow || c.underflow || !std::isfinite(x[i]) || x[i] == 0) continue;
-    uint16_t mag = out[i] & 0x7FFF;
-    if (mag == inf_bits || mag == 0) {
-      (mag == inf_bits ? c.overflow : c.underflow) = true;
-      c.value = x[i];
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<int64_t> first_over(size_t(chunks), n);
+  std::vector<uint8_t> under(size_t(chunks), 0);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const int64_t lo = ch * kChunk, hi = std::min(n, lo + kChunk);
+    for (int64_t i = lo; i < hi; ++i) out[i] = Low(x[i]).bits;
+    // A finite float32 that became an infinity, or a nonzero one that became a (signed) zero.
+    auto over = [&](int64_t i) { return (out[i] & 0x7FFF) == inf_bits && std::isfinite(x[i]); };
+    bool any_over = false, any_under = false;
+    for (int64_t i = lo; i < hi; ++i) {
+      any_over |= over(i);
+      any_under |= (out[i] & 0x7FFF) == 0 && x[i] != 0;
     }
+    under[size_t(ch)] = any_under;
+    if (any_over)
+      for (int64_t i = lo; i < hi; ++i)
+        if (over(i)) {
+          first_over[size_t(ch)] = i;
+          break;
+        }
   }
+  for (uint8_t u : under) c.underflow = c.underflow || u;
+  for (int64_t i : first_over)
+    if (i != n) {
+      c.overflow = true;
+      c.value = x[i];
+      break;
+    }
 }
 
 Conversion convert(const Tensor& data, DType low) {

@@ -253,6 +253,44 @@ TEST(AutocastOption, Float16OverflowNamesTheNode) {
   EXPECT_EQ(y[0].data<float>()[0], 99840.0f);
 }
 
+// A weight large enough to be converted in several chunks on several threads: values that
+// underflow early in it do not hide an overflow later, and the error names the first overflow
+// (by position, not the largest value), whichever chunk found it.
+TEST(AutocastOption, OverflowLateInALargeWeightIsFoundAfterEarlyUnderflows) {
+  constexpr int64_t kOut = 64, kIn = 4096;  // 262144 values: four chunks of 65536
+  Generator gen(11);
+  Tensor w = Tensor::randn({kOut, kIn}, gen, DType::Float32);
+  float* p = w.data<float>();
+  p[1000] = 1e-9f;      // underflows float16 (and is kept as a tiny bfloat16)
+  p[150000] = 7e4f;     // the first overflow of float16
+  p[200001] = 2e5f;     // a larger, later one
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{1, kIn}));
+  ValueId wv = g.add_param("big.weight", w);
+  g.outputs = {g.add_node1(OpId::Linear, {x, wv}, {}, "big.fc")};
+  compiler::Options o;
+  o.precision = DType::Float16;
+  try {
+    compiler::compile(g, Device::cpu(), o);
+    ADD_FAILURE() << "a weight holding 7e4 and 2e5 was converted to float16";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::NotSupported);
+    EXPECT_NE(e.message().find("'%big.weight', whose value 70000 overflows float16"),
+              std::string::npos)
+        << e.message();
+  }
+  // bfloat16 overflows only at float32's top: 3.4e38 rounds up to bfloat16's infinity.
+  p[150000] = 1.0f;
+  p[200001] = 3.4e38f;
+  o.precision = DType::BFloat16;
+  try {
+    compiler::compile(g, Device::cpu(), o);
+    ADD_FAILURE() << "a weight holding 3.4e38 was converted to bfloat16";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("overflows bfloat16"), std::string::npos) << e.message();
+  }
+}
+
 // ---- models that are not float32 --------------------------------------------------------------
 // Decision: only float32 values are rewritten. A model in bfloat16, float16 or float64 (or with
 // only integer values) compiles exactly as without the option: bitwise the same outputs, no casts.
