@@ -93,6 +93,7 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   rep.target = target.name();
   rep.library = target.library_name();
 
+  std::unique_ptr<Target::Background> background = target.begin_compile(input, opt);
   Graph g = input;
   prepare(g, target, opt.precision);                                      // 1. passes
   rep.passes_s = seconds_since(t0);

@@ -176,6 +176,17 @@ class Target {
   virtual const char* library_name() const = 0;  // "oneDNN": reports and explain
   virtual const OpSupportTable& support() const = 0;
 
+  // Work a compile of g needs whatever its passes make of it, begun before them on threads of
+  // the target's own (CUDA: opening cuDNN and cuBLASLt, Note [CUDA libraries opened ahead] in
+  // kernels/cuda/library_warm_up.h). The returned object waits for it when destroyed; nullptr
+  // when there is nothing to begin.
+  struct Background {
+    virtual ~Background() = default;
+  };
+  virtual std::unique_ptr<Background> begin_compile(const Graph& g, const Options& options) const {
+    return nullptr;
+  }
+
   // Ops the compiler pipeline decomposes (passes/pipeline.h: compiler_pipeline).
   virtual std::vector<OpId> decompositions() const = 0;
   // Passes of the registry (passes/pipeline.cc) this target runs after the default pipeline,

@@ -54,6 +54,7 @@
 #include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_driver.h"
 #include "kernels/cuda/cudnn_conv.h"
+#include "kernels/cuda/library_warm_up.h"
 #include "kernels/json_numbers.h"
 #include "kernels/onednn_node.h"
 #include "runtime/launch_library.h"
@@ -111,49 +112,26 @@ std::map<std::string, std::pair<int32_t, KrscFilter>> krsc_constants(const json&
   return out;
 }
 
-// Note [CUDA libraries opened beside the load]
-// A CUDA package's first cuBLASLt plan pays for opening cuBLASLt (a 540 MB library), making its
-// handle and its first heuristic query for each data type, and its first cuDNN plan for opening
-// cuDNN and making its handle: together most of what a load spent building its library plans
-// once cuDNN's came from the plan cache (Note [cuDNN plan cache]). None of it depends on the
-// package's bytes, so a thread pays it while the load verifies and uploads the weights and
-// loads the cubins; the plans are built after it is done. The thread swallows errors: the plans
-// themselves report them.
-class LibraryWarmUp {
- public:
-  LibraryWarmUp() = default;
-  LibraryWarmUp(const LibraryWarmUp&) = delete;
-  LibraryWarmUp& operator=(const LibraryWarmUp&) = delete;
-  ~LibraryWarmUp() { join(); }
-  void start(const json& manifest) {
-    std::vector<DType> gemm;
-    bool dnn = false;
-    try {
-      for (const json& l : manifest.at("launches")) {
-        const std::string kind = l.at("kind").get<std::string>();
-        if (kind == "cudnn_conv" || kind == "cudnn_sdpa") dnn = true;
-        if (kind != "cublaslt") continue;
-        const DType d = records::dtype_from(l.at("params").at("desc").at("dtype"), "gemm");
-        if (std::find(gemm.begin(), gemm.end(), d) == gemm.end()) gemm.push_back(d);
-      }
-    } catch (const std::exception&) {
-      return;  // a malformed manifest: its checks report it
+// A CUDA package's library launches say which libraries its plans open: cuDNN for convolutions
+// and attention, cuBLASLt for GEMMs of these data types. Started while the load verifies and
+// uploads the weights and loads the cubins (Note [CUDA libraries opened ahead]); joined before
+// the plans are built. A malformed manifest starts nothing: its checks report it.
+void start_library_warm_up(cuda::LibraryWarmUp& warm, const json& manifest) {
+  std::vector<DType> gemm;
+  bool dnn = false;
+  try {
+    for (const json& l : manifest.at("launches")) {
+      const std::string kind = l.at("kind").get<std::string>();
+      if (kind == "cudnn_conv" || kind == "cudnn_sdpa") dnn = true;
+      if (kind != "cublaslt") continue;
+      const DType d = records::dtype_from(l.at("params").at("desc").at("dtype"), "gemm");
+      if (std::find(gemm.begin(), gemm.end(), d) == gemm.end()) gemm.push_back(d);
     }
-    if (gemm.empty() && !dnn) return;
-    if (dnn) dnn_ = std::thread([] { cuda::cudnn_warm_up(0); });
-    if (!gemm.empty())
-      gemm_ = std::thread([gemm] {
-        for (DType d : gemm) cuda::cublaslt_warm_up(0, d);
-      });
+  } catch (const std::exception&) {
+    return;
   }
-  void join() {
-    if (dnn_.joinable()) dnn_.join();
-    if (gemm_.joinable()) gemm_.join();
-  }
-
- private:
-  std::thread dnn_, gemm_;
-};
+  warm.start(0, dnn, std::move(gemm));
+}
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'K', 'G', '\0'};
 constexpr size_t kHeaderBytes = 64, kEntryBytes = 80, kNameBytes = 32, kAlign = 64;
@@ -948,8 +926,8 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
     out.cuda_code = cuda_code == CudaCode::Ptx ? "ptx" : "cubin";
     phase("device");
   }
-  LibraryWarmUp libraries;  // joined before the launches are built, or when the load fails
-  if (cuda) libraries.start(m);
+  cuda::LibraryWarmUp libraries;  // joined before the launches are built, or when the load fails
+  if (cuda) start_library_warm_up(libraries, m);
   // The CPU check: the kernels were compiled with -march=native on a machine with these features.
   std::vector<std::string> missing = cuda ? std::vector<std::string>{}
                                           : missing_isa_features(out.isa, host_isa());

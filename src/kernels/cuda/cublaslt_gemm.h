@@ -146,8 +146,8 @@ class GemmPlan {
 // True when cuBLASLt can be loaded (no GPU needed); `why` gets the reason when not.
 bool cublaslt_available(std::string* why = nullptr);
 // Opens cuBLASLt, makes device `device`'s handle and asks the heuristic once for a small GEMM of
-// `dtype`: the first-use costs (Note [CUDA libraries opened beside the load] in
-// runtime/package.cc), paid ahead. Never throws: a failure is left to the real plans to report.
+// `dtype`: the first-use costs (Note [CUDA libraries opened ahead] in
+// kernels/cuda/library_warm_up.h), paid ahead. Never throws: a failure is left to the real plans to report.
 void cublaslt_warm_up(int device, DType dtype);
 
 }  // namespace kiln::cuda

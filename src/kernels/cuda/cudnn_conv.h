@@ -135,7 +135,7 @@ class ConvPlan {
 bool conv_fused_supported(const ConvDesc& desc, std::string* why_not = nullptr);
 
 // Loads cuDNN and makes device `device`'s handle: the first-use costs, paid ahead (Note [CUDA
-// libraries opened beside the load] in runtime/package.cc). Never throws.
+// libraries opened ahead] in kernels/cuda/library_warm_up.h). Never throws.
 void cudnn_warm_up(int device);
 
 }  // namespace kiln::cuda

@@ -54,6 +54,7 @@
 #include "kernels/cuda/cudnn_backend.h"
 #include "kernels/cuda/cudnn_conv.h"
 #include "kernels/cuda/cudnn_sdpa.h"
+#include "kernels/cuda/library_warm_up.h"
 #include "targets/cuda/direct_kernels.h"
 #include "targets/cuda/emitter.h"
 #include "targets/cuda/nvrtc.h"
@@ -1145,6 +1146,50 @@ class CudaTarget final : public compiler::Target {
     for (size_t i = 0; i + 1 < r; ++i)
       if (st[i] < 0 || (st[i] * es) % 16 != 0) return false;
     return true;
+  }
+
+  // Note [CUDA libraries opened ahead], for a compile: the libraries its input graph will
+  // reach, judged before the passes. Convolutions of a library dtype open cuDNN, as does
+  // half-precision attention, whole or as the softmax that a pass may fuse into it; linears and
+  // matmuls open cuBLASLt with a first query in their dtype, except the float32 ones small
+  // enough to be generated code (the schedule policy's small_linear_macs). Precision is the
+  // compile's where the node is float32 (autocast converts it). Nothing for a cross-build, or
+  // where there is no device.
+  std::unique_ptr<Background> begin_compile(const Graph& g,
+                                            const compiler::Options& o) const override {
+    if (!o.arch.empty() || cuda_device_count() <= kDevice) return nullptr;
+    bool dnn = false;
+    std::vector<DType> gemm;
+    for (const Node& n : g.nodes) {
+      if (n.inputs.empty() || n.outputs.empty() || n.inputs[0] == kNoValue) continue;
+      DType dt = g.type(n.inputs[0]).dtype;
+      if (dt == DType::Float32) dt = o.precision;
+      const bool half = dt == DType::Float16 || dt == DType::BFloat16;
+      switch (n.op) {
+        case OpId::Conv2d: case OpId::ConvTranspose2d: case OpId::FusedConv2d:
+          dnn = dnn || library_dtype(dt);
+          break;
+        case OpId::ScaledDotProductAttention: case OpId::Softmax: dnn = dnn || half; break;
+        case OpId::Linear: case OpId::Matmul: case OpId::FusedLinear: {
+          if (!library_dtype(dt)) break;
+          const TensorType& x = g.type(n.inputs[0]);
+          const TensorType& y = g.type(n.outputs[0]);
+          if (dt == DType::Float32 && concrete(x) && concrete(y) && x.rank() > 0 &&
+              numel(dims_of(y)) * x.shape.back().value() <= kSmallLinearMacs)
+            break;
+          if (std::find(gemm.begin(), gemm.end(), dt) == gemm.end()) gemm.push_back(dt);
+          break;
+        }
+        default: break;
+      }
+    }
+    if (!dnn && gemm.empty()) return nullptr;
+    struct Warm final : Background {
+      LibraryWarmUp libraries;
+    };
+    auto w = std::make_unique<Warm>();
+    w->libraries.start(kDevice, dnn, std::move(gemm));
+    return w;
   }
 
   std::unique_ptr<compiler::LibraryKernels> lower_library(const Graph& g,
