@@ -209,6 +209,9 @@ class Executable {
   // Graph mode: how many calls so far ran with their input and output copies inside the graph
   // (Note [Copies inside the graph] in executable.cc), over every context. For tests.
   int64_t calls_with_copies_in_graph() const;
+  // Contexts whose graph with copies is built (Note [Graph with copies at prepare]: the first
+  // context's is built by prepare()). For tests.
+  int64_t graphs_with_copies_built() const;
 
   // Per-launch timing for profiles: when set on this thread, each launch is bracketed by
   // launch_begin / launch_end (one branch per call when unset); `ctx` is the launch's (its
@@ -243,10 +246,15 @@ class Executable {
   // Captures the context's launches into its CUDA graph and instantiates it (graph mode). Holds
   // pool_->cuda_setup.
   void capture_cuda_graph(Context& c, const Tensor* in);
+  // Note [Copies inside the graph]: builds the context's graph with copies over its io_copies
+  // (false where the driver refuses it, nothing kept); and at prepare, over placeholder copies
+  // (Note [Graph with copies at prepare]).
+  bool build_io_graph(Context& c);
+  void prebuild_io_graph(Context& c);
   // Note [Copies inside the graph]: whether this call's inputs and outputs can be copied by the
   // context's graph (all on this device, contiguous, non-empty, outputs unstrided), and the
-  // launch of that graph (built at the first such call; its copies repointed when the caller's
-  // buffers change). False: the call takes the plain path.
+  // launch of that graph (built at prepare or the first such call; its copies repointed when
+  // the caller's buffers change). False: the call takes the plain path.
   bool copies_fit_graph(const Tensor* in, size_t num_inputs, const Tensor* out,
                         size_t num_outputs) const;
   bool launch_graph_with_copies(Context& c, const Tensor* in, size_t num_inputs, Tensor* out,

@@ -199,9 +199,13 @@ TEST(CudaGraphCopies, DeviceBuffersAreCopiedInsideTheGraphAndFollowedWhenTheyMov
           << what << " output " << i;
     }
   };
+  // Note [Graph with copies at prepare]: built by the compile, over placeholder copies that the
+  // first call repoints (the checks below: its results are the default mode's).
+  EXPECT_EQ(ex.graphs_with_copies_built(), 1);
   TensorList in1 = {fresh(), fresh()};
   check(in1, rexe->run(in1), "first device call");
   EXPECT_EQ(ex.calls_with_copies_in_graph(), 1);
+  EXPECT_EQ(ex.graphs_with_copies_built(), 1);
   // The same buffers rewritten in place: the graph's copies read what is there now.
   in1[0].copy_(Tensor::randn({37, 129}, gen));
   in1[1].copy_(Tensor::randn({37, 129}, gen));
