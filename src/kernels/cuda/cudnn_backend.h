@@ -20,7 +20,7 @@ namespace kiln::cuda::cudnn {
 size_t version();
 bool available(std::string* why);
 // Loads cuDNN and makes device `device`'s handle: the first-use costs, paid ahead (Note [CUDA
-// libraries opened beside the load] in runtime/package.cc). Never throws.
+// libraries opened ahead] in kernels/cuda/library_warm_up.h). Never throws.
 void warm_up(int device);
 
 // "CUDNN_STATUS_NOT_SUPPORTED (cuDNN's last error message)".
