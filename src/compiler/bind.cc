@@ -17,6 +17,15 @@ namespace kiln::compiler {
 
 namespace {
 
+// A concat part copied as one contiguous chunk per outer index (no strided geometry).
+ConcatPart contiguous_part(MemRef src, int64_t chunk_bytes, int64_t dst_offset) {
+  ConcatPart p;
+  p.src = src;
+  p.chunk_bytes = chunk_bytes;
+  p.dst_offset = dst_offset;
+  return p;
+}
+
 // Where an eager kernel's tensor that is not a graph input lives: a parameter or constant
 // (shared by every execution context), or a view of a value in the arena, rebuilt over each
 // context's arena (Note [Execution contexts] in runtime/executable.cc).
@@ -228,7 +237,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
       if (v == kNoValue || g.type(v).dtype != yt.dtype) return {};
       int64_t chunk = g.type(v).shape[size_t(dim)].value() * inner;
       if (plain(v)) {
-        parts.push_back({m.mem[size_t(v)], chunk, at});
+        parts.push_back(contiguous_part(m.mem[size_t(v)], chunk, at));
       } else if (s.virtual_view[size_t(v)]) {
         // A view (a permuted activation, an expanded parameter): copied element by element from
         // its base buffer, or as a contiguous part (Note [concat part geometry]).
@@ -237,7 +246,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
         if (contiguous_block(geo) && geo.offset >= 0 && g.type(geo.base).dtype == yt.dtype) {
           MemRef src = m.mem[size_t(geo.base)];
           src.byte_offset += geo.offset * elt;
-          parts.push_back({src, chunk, at});
+          parts.push_back(contiguous_part(src, chunk, at));
           at += chunk;
           continue;
         }
