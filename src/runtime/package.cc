@@ -51,9 +51,7 @@
 
 #include "core/cuda_runtime.h"
 #include "core/error.h"
-#include "kernels/cuda/cublaslt_gemm.h"
 #include "kernels/cuda/cuda_driver.h"
-#include "kernels/cuda/cudnn_conv.h"
 #include "kernels/cuda/library_warm_up.h"
 #include "kernels/json_numbers.h"
 #include "kernels/onednn_node.h"
