@@ -588,7 +588,9 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
   }
   // Graph mode with every input and output a contiguous buffer on this device: one graph launch
   // holds the copies too (Note [Copies inside the graph]).
-  if (graph_requested_ && !c.io_broken && copies_in_graph_enabled() &&
+  // Note [Profiled graph-mode calls]: a call under a launch timer runs its launches one by one.
+  const bool replay = graph_requested_ && !t_timer;
+  if (replay && !c.io_broken && copies_in_graph_enabled() &&
       copies_fit_graph(in, num_inputs, out, num_outputs)) {
     if (!c.graph_exec) capture_cuda_graph(c, in);
     if (launch_graph_with_copies(c, in, num_inputs, out, num_outputs)) {
@@ -618,7 +620,7 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
     // A temporary (a non-contiguous input made contiguous) must live until its copy ran.
     if (!same_tensor(src, t)) check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
-  if (graph_requested_) {
+  if (replay) {
     if (!c.graph_exec) capture_cuda_graph(c, in);
     check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(c.graph_exec), s), "cudaGraphLaunch");
   } else {
@@ -844,8 +846,21 @@ int64_t Executable::calls_with_copies_in_graph() const {
 // (no kernel executes on uninitialised inputs), but the capture makes the library plans record
 // their launches and the driver load every kernel the graph launches, which the first call paid
 // for before. Contexts made later for concurrent callers capture at their first call.
+// Note [Profiled graph-mode calls]
+// A profile times each launch with events recorded on its stream around it (Executable::
+// LaunchTimer). Recorded during a stream capture, those events would become nodes of the graph,
+// never complete as events of the stream, and the profiler's wait on them fails ("invalid
+// argument"). So a capture runs with the thread's timer unset, and a graph-mode call made under a
+// timer runs its launches one by one on the context's stream, as default mode does, instead of
+// replaying the graph: each kernel's device time is its own, and the launch gaps the graph saves
+// are not in those times. The host-observed time of a call (`call_ms`) is measured with no
+// timer, through the graph. ProfileCuda.* (tests/cuda) profiles both modes.
 void* Executable::capture_launches(Context& c, const Tensor* in) {
   cudaStream_t s = static_cast<cudaStream_t>(c.stream);
+  struct NoTimer {  // restored on every exit, a throw included
+    LaunchTimer* saved = set_launch_timer(nullptr);
+    ~NoTimer() { set_launch_timer(saved); }
+  } no_timer;
   // This context's graph, over its arena and staging buffers (Note [Execution contexts]).
   for (const InputSpec& sp : inputs) c.slots[size_t(sp.slot)] = c.staging[size_t(sp.slot)];
   cudaGraph_t graph = nullptr;

@@ -360,13 +360,18 @@ TEST(BenchCuda, PeakResetAndEventTimer) {
 
 // `kiln profile --device cuda` (compiled): every launch timed on the device by events around it
 // on its stream, read once per iteration; the device times add up to less than the call, and the
-// Chrome trace carries each launch on the GPU's row.
-TEST(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
+// Chrome trace carries each launch on the GPU's row. In both modes: reduce-overhead's calls run
+// their launches one by one while timed (Note [Profiled graph-mode calls]); its call_ms is the
+// graph's.
+class ProfileCuda : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
   Profiler p;
   ProfileOptions o;
   o.target = "resnet18";
   o.device = "cuda";
   o.dtype = "bfloat16";
+  o.mode = GetParam();
   o.iters = 3;
   ProfileRun run = run_profile(o, p);
   ASSERT_FALSE(run.table.empty());
@@ -392,7 +397,8 @@ TEST(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
   int gpu_rows = 0;
   for (const json& e : doc["traceEvents"]) gpu_rows += e["tid"] == 0 && e["ph"] == "X";
   EXPECT_EQ(gpu_rows, gpu);
-  std::printf("resnet18 bf16: %.4f ms device time per call in %.4f ms\n", run.device_ms, run.call_ms);
+  std::printf("resnet18 bf16 %s: %.4f ms device time per call in %.4f ms\n", o.mode.c_str(),
+              run.device_ms, run.call_ms);
   // Note [Kernel work] on the GPU: the device's measured rates, a floor for every launch, and
   // what each achieved; a bf16 GEMM far above the float32 rate, a copy of at least 100 GB/s.
   const Roofline& r = run.roofline;
@@ -411,6 +417,11 @@ TEST(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
               run.worst_kernel.c_str(), run.worst_ratio, run.worst_ms, run.worst_floor_ms,
               run.share_within_2x);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, ProfileCuda, ::testing::Values("default", "reduce-overhead"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param[0] == 'd' ? "default" : "reduce_overhead");
+                         });
 
 }  // namespace
 }  // namespace kiln
