@@ -69,7 +69,11 @@ void profile_command(const ProfileOptions& o, const std::string& trace, const st
   std::printf("\n  times are self times (nested decomposition ops are counted separately)\n");
   if (o.device == "cuda" && o.backend == "compiled")
     std::printf("  CUDA: each launch's device time, from events recorded on its stream around it "
-                "(read once per iteration); reduce-overhead replays one CUDA graph (one launch)\n");
+                "(read once per iteration)%s\n",
+                o.mode == "reduce-overhead"
+                    ? "; the profiled calls run the launches one by one, not the CUDA graph "
+                      "(Note [Profiled graph-mode calls]), so their sum exceeds the graph's call"
+                    : "");
   else if (o.device == "cuda")
     std::printf("  CUDA: every op is timed between device synchronizations (its device time plus "
                 "one synchronization)\n");

@@ -392,7 +392,14 @@ TEST_P(ProfileCuda, CompiledLaunchesAreTimedOnTheDevice) {
   EXPECT_GT(launches, 20);  // resnet18: 20 convolutions and more
   EXPECT_EQ(timed, launches);
   EXPECT_EQ(gpu, launches);
-  EXPECT_LE(run.device_ms, run.call_ms + 0.002 * double(run.ops_per_iteration));
+  // Default mode: the call holds every kernel and the launch gaps between them. A graph's call
+  // has no such gaps, while the launches timed one by one each carry their events and their
+  // front-end time (resnet18 bf16 on an H100: 0.2505 ms of launches against a 0.2003 ms graph
+  // call), so the sum bounds nothing there; both are measured and reported.
+  if (o.mode == "default")
+    EXPECT_LE(run.device_ms, run.call_ms + 0.002 * double(run.ops_per_iteration));
+  else
+    EXPECT_GT(run.call_ms, 0.0);
   json doc = json::parse(p.chrome_trace());
   int gpu_rows = 0;
   for (const json& e : doc["traceEvents"]) gpu_rows += e["tid"] == 0 && e["ph"] == "X";
