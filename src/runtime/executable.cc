@@ -846,6 +846,7 @@ int64_t Executable::calls_with_copies_in_graph() const {
 // (no kernel executes on uninitialised inputs), but the capture makes the library plans record
 // their launches and the driver load every kernel the graph launches, which the first call paid
 // for before. Contexts made later for concurrent callers capture at their first call.
+
 // Note [Profiled graph-mode calls]
 // A profile times each launch with events recorded on its stream around it (Executable::
 // LaunchTimer). Recorded during a stream capture, those events would become nodes of the graph,

@@ -359,8 +359,8 @@ TEST(BenchCuda, PeakResetAndEventTimer) {
 
 
 // `kiln profile --device cuda` (compiled): every launch timed on the device by events around it
-// on its stream, read once per iteration; the device times add up to less than the call, and the
-// Chrome trace carries each launch on the GPU's row. In both modes: reduce-overhead's calls run
+// on its stream, read once per iteration; in default mode the device times add up to less than
+// the call; the Chrome trace carries each launch on the GPU's row. In both modes: reduce-overhead's calls run
 // their launches one by one while timed (Note [Profiled graph-mode calls]); its call_ms is the
 // graph's.
 class ProfileCuda : public ::testing::TestWithParam<const char*> {};
