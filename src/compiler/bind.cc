@@ -17,15 +17,6 @@ namespace kiln::compiler {
 
 namespace {
 
-// A concat part copied as one contiguous chunk per outer index (no strided geometry).
-ConcatPart contiguous_part(MemRef src, int64_t chunk_bytes, int64_t dst_offset) {
-  ConcatPart p;
-  p.src = src;
-  p.chunk_bytes = chunk_bytes;
-  p.dst_offset = dst_offset;
-  return p;
-}
-
 // Where an eager kernel's tensor that is not a graph input lives: a parameter or constant
 // (shared by every execution context), or a view of a value in the arena, rebuilt over each
 // context's arena (Note [Execution contexts] in runtime/executable.cc).

@@ -499,7 +499,7 @@ Executable::Launch rebuild_concat(const LaunchRecord& r, LaunchEnv& env, const s
         v[3] > out_chunk - v[2])
       throw std::out_of_range("concat: a part must be [slot, offset, chunk_bytes, dst_offset] "
                               "inside the output block");
-    ConcatPart part{MemRef{int32_t(v[0]), v[1]}, v[2], v[3]};
+    const ConcatPart part = contiguous_part(MemRef{int32_t(v[0]), v[1]}, v[2], v[3]);
     check_buffer(env, part.src, outer * part.chunk_bytes, where);
     parts.push_back(part);
   }

@@ -77,6 +77,14 @@ struct ConcatPart {
   int64_t elem_offset = 0, elem_bytes = 0;
   MemRef dst;  // strided parts: a destination of its own (split's outputs); slot -1: `out`
 };
+// A part copied as one contiguous chunk per outer index (no strided geometry).
+inline ConcatPart contiguous_part(MemRef src, int64_t chunk_bytes, int64_t dst_offset) {
+  ConcatPart p;
+  p.src = src;
+  p.chunk_bytes = chunk_bytes;
+  p.dst_offset = dst_offset;
+  return p;
+}
 Executable::Launch make_concat_launch(std::vector<ConcatPart> parts, int64_t outer,
                                       int64_t out_chunk_bytes, MemRef out);
 
