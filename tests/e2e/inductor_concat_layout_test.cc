@@ -183,7 +183,7 @@ TEST(InductorConcatLayout, ConcatPackageLabelledAnOlderVersionIsRefused) {
 // Note [blocked concat copies] and the mixed-layout concat (Note [measured Winograd]): two
 // images, x -> [conv 3x3 "wide" 32->48 (relu), conv 1x1 "narrow" 32->32 (relu)] -> concat "join"
 // -> conv 1x1 "head". Under conv=nChw16c every part is whole channel blocks, and the concat is
-// Kiln's block copy, per image; under winograd=always the 3x3 part is nChw16c (Winograd) and the
+// Kiln's block copy, per image; under winograd=checked the 3x3 part is nChw16c (Winograd) and the
 // 1x1 part nhwc, and the concat reorders the odd part first instead of running oneDNN's
 // reference concat. Both against float64 on fresh random inputs and through a package, bitwise.
 TEST(InductorConcatLayout, BlockedAndMixedLayoutConcatsMatchTheReference) {
@@ -197,7 +197,7 @@ TEST(InductorConcatLayout, BlockedAndMixedLayoutConcatsMatchTheReference) {
   std::vector<Case> cases = {{"conv", cpu::native_conv_layout(), DType::Float32, "kiln block copy"}};
   if (onednn::supports_dtype(DType::BFloat16))
     cases.push_back({"conv", cpu::native_conv_layout(), DType::BFloat16, "kiln block copy"});
-  if (avx512) cases.push_back({"winograd", "always", DType::Float32, "reorders: src 1 nChw16c->nhwc"});
+  if (avx512) cases.push_back({"winograd", "checked", DType::Float32, "reorders: src 1 nChw16c->nhwc"});
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("{}={} {}", c.knob, c.value, dtype_name(c.dtype)));
     Generator wgen(316);

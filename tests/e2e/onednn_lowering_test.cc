@@ -771,13 +771,14 @@ TEST(OnednnLowering, TimedConvolutionsFarFromTheirRooflineAreMeasured) {
   }
 }
 
-// Note [measured Winograd]: a 3x3 stride-1 f32 convolution is measured against oneDNN's
+// Note [measured Winograd]: a 3x3 stride-1 f32 convolution is checked against oneDNN's
 // Winograd algorithm. A chain in ResNet's shape (3x3 + relu, 3x3 + residual + relu, a 1x1
-// consumer reading whatever layout the second one wrote): winograd_veto_above = infinity takes
-// Winograd wherever there is a kernel and the accuracy check passes, so that what runs does
-// not depend on this machine's timings; the result must then match float64 as the direct
-// convolution does. A tolerance no rounding meets keeps every convolution direct (the check
-// is what refuses it), and winograd = false never tries.
+// consumer reading whatever layout the second one wrote): winograd_veto_above = infinity (the
+// default) takes Winograd wherever there is a kernel and the accuracy check passes, so that
+// what runs does not depend on this machine's timings; the result must then match float64 as
+// the direct convolution does. A tolerance no rounding meets keeps every convolution direct
+// (the check is what refuses it), winograd = false never tries, and the opt-in veto
+// (kWinogradVetoAbove, knob winograd=measured) times both and says so.
 // Without AVX-512 (oneDNN 2.6 has Winograd kernels for it only) nothing is tried.
 TEST(OnednnLowering, WinogradIsMeasuredCheckedAndMatchesFloat64) {
   const bool avx512 = cpu::native_conv_block() == 16;
@@ -829,8 +830,16 @@ TEST(OnednnLowering, WinogradIsMeasuredCheckedAndMatchesFloat64) {
   auto off = check_graph(g, inputs, double(c * 9), OnednnOptions{.winograd = false});
   for (int32_t n : {0, 1}) EXPECT_EQ(off->describe(n).find("Winograd"), std::string::npos);
 
-  // The default measures and says what it found, whichever it keeps.
-  auto measured = check_graph(g, inputs, double(c * 9), OnednnOptions{});
+  // The default (knob winograd=checked) times nothing: it decides as `always` above did.
+  auto checked = check_graph(g, inputs, double(c * 9), OnednnOptions{});
+  for (int32_t n : {0, 1}) {
+    std::string d = checked->describe(n);
+    EXPECT_EQ(d.find(" vs direct "), std::string::npos) << d;
+    EXPECT_NE(d.find("chose Winograd"), std::string::npos) << d;
+  }
+  // Knob winograd=measured: the timing veto measures and says what it found, whichever it keeps.
+  auto measured = check_graph(g, inputs, double(c * 9),
+                              OnednnOptions{.winograd_veto_above = OnednnOptions::kWinogradVetoAbove});
   for (int32_t n : {0, 1}) {
     std::string d = measured->describe(n);
     EXPECT_NE(d.find(" vs direct "), std::string::npos) << d;

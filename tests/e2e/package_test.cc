@@ -305,8 +305,8 @@ TEST(Package, PrepackedWeightsRunAsThePlainPackageDoes) {
   std::string paths[2] = {dir.path + "/packed.kiln", dir.path + "/plain.kiln"};
   for (int k = 0; k < 2; ++k) {
     compiler::Options o;
-    // winograd=always: the 3x3 convolutions' weights are Winograd transforms.
-    o.knobs = compiler::parse_knobs(k == 0 ? "winograd=always" : "winograd=always,prepack=off", "test");
+    // winograd=checked (the default, spelled out): the 3x3 convolutions' weights are Winograd transforms.
+    o.knobs = compiler::parse_knobs(k == 0 ? "winograd=checked" : "winograd=checked,prepack=off", "test");
     compiled[k] = nn::export_package(m.module, m.inputs, o, "resnet18", paths[k]);
   }
   uint32_t version[2] = {0, 0};
@@ -331,7 +331,7 @@ TEST(Package, PrepackedWeightsRunAsThePlainPackageDoes) {
     }
   }
   EXPECT_EQ(packed, 21) << "20 convolutions and the classifier";
-  EXPECT_GE(wino, 8) << "resnet18's 3x3 stride-1 convolutions under winograd=always";
+  EXPECT_GE(wino, 8) << "resnet18's 3x3 stride-1 convolutions under winograd=checked";
   for (const nlohmann::json& c : manifest[0]["constants"])
     if (c.value("prepacked", false))
       EXPECT_FALSE(entries[0].count(c["name"].get<std::string>())) << c["name"] << " is also plain";

@@ -8,6 +8,7 @@
 // (oneDNN's own execute() allocates a few small objects; see the Note), into the value layouts
 // that blocked() / value_bytes() report. dnnl.hpp stays inside the .cc file.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -70,15 +71,17 @@ struct OnednnOptions {
   // bisecting a measured choice). Winograd (below) is decided as before.
   bool measure_layouts = true;
   // ConvPolicy::Auto: 3x3 stride-1 f32 convolutions take oneDNN's Winograd algorithm where it
-  // agrees with the direct convolution and is not slower (Note [measured Winograd] in
-  // onednn_lowering.cc). False: every convolution is direct.
+  // agrees with the direct convolution (Note [measured Winograd] in onednn_lowering.cc).
+  // False: every convolution is direct.
   bool winograd = true;
   // Winograd is taken only where it differs from the direct convolution by at most
-  // winograd_tolerance of the largest output on random activations, and not where one timed
-  // call takes more than winograd_veto_above times the direct one's (infinity: not timed, the
-  // knob winograd=always).
+  // winograd_tolerance of the largest output on random activations, and, where
+  // winograd_veto_above is finite (knob winograd=measured: kWinogradVetoAbove), not where its
+  // timed call takes more than that many times the direct one's. Infinity (the default, knob
+  // winograd=checked): no timing decides, so two compiles of a model give the same package.
+  static constexpr double kWinogradVetoAbove = 1.2;
   double winograd_tolerance = 1e-5;
-  double winograd_veto_above = 1.2;
+  double winograd_veto_above = HUGE_VAL;
   // Per node of the graph (empty: none): runs as generated loop code. Values those kernels
   // share with convolutions may then be stored channels-last (Note [channels-last values] in
   // onednn_lowering.cc).

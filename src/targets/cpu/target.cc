@@ -5,10 +5,12 @@
 //   conv=auto|nChw16c|nChw16c+winograd|plain  convolution layout policy, nChw8c in place of
 //                                              nChw16c on CPUs without AVX-512 (Note [convolution
 //        policy] in onednn_lowering.cc); plain keeps every activation NCHW. Default auto.
-//   winograd=measured|always|off  under conv=auto, 3x3 stride-1 f32 convolutions take
-//        oneDNN's Winograd algorithm where it agrees with the direct one and a timing does
-//        not veto it (Note [measured Winograd] in onednn_lowering.cc), where it agrees (no
-//        timing), or never (every convolution direct). Default measured.
+//   winograd=checked|measured|off  under conv=auto, 3x3 stride-1 f32 convolutions take
+//        oneDNN's Winograd algorithm where it agrees with the direct one (checked: no
+//        timing, so two compiles give the same package), where it agrees and a timing does
+//        not veto it (measured: the decision can differ between compiles on a loaded
+//        machine), or never (off: every convolution direct). Default checked (Note [measured
+//        Winograd] in onednn_lowering.cc).
 //   layouts=measured|fixed  whether a convolution far from its roofline gets its layout
 //        measured against the others (Note [measured convolution layout]), or keeps the one
 //        its policy gives (fixed: tests of a layout's own path, bisecting a measured choice;
@@ -178,15 +180,15 @@ class CpuTarget final : public compiler::Target {
       fail("cpu target: knob conv expected auto | {0} | {0}+winograd | plain on this CPU, found '{1}'",
            native_conv_layout(), conv);
     o.allow_blocked = conv != "plain";
-    std::string winograd = knobs.get("winograd", "measured");
-    if (winograd != "measured" && winograd != "always" && winograd != "off")
-      fail("cpu target: knob winograd expected measured | always | off, found '{}'", winograd);
+    std::string winograd = knobs.get("winograd", "checked");
+    if (winograd != "checked" && winograd != "measured" && winograd != "off")
+      fail("cpu target: knob winograd expected checked | measured | off, found '{}'", winograd);
     o.winograd = winograd != "off";
     const std::string layouts = knobs.get("layouts", "measured");
     if (layouts != "measured" && layouts != "fixed")
       fail("cpu target: knob layouts expected measured | fixed, found '{}'", layouts);
     o.measure_layouts = layouts == "measured";
-    if (winograd == "always") o.winograd_veto_above = HUGE_VAL;
+    if (winograd == "measured") o.winograd_veto_above = OnednnOptions::kWinogradVetoAbove;
     const std::string linear = knobs.get("linear", "auto");
     if (linear == "auto") o.linear = LinearImpl::Auto;
     else if (linear == "matmul") o.linear = LinearImpl::Matmul;
