@@ -407,7 +407,8 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
     cases.push_back({"bert_padding", {2, 12, 128, 64}, {2, 12, 128, 64}, {2, 12, 128, 64}, dt, 1});
   for (DType dt : {DType::Float32, DType::Float16})
     cases.push_back({"causal", {1, 4, 300, 64}, {1, 4, 300, 64}, {1, 4, 300, 64}, dt, 0, true});
-  cases.push_back({"dead_rows", {2, 2, 5, 16}, {2, 2, 70, 16}, {2, 2, 70, 8}, DType::Float32, 2});
+  for (DType dt : {DType::Float32, DType::BFloat16})
+    cases.push_back({"dead_rows", {2, 2, 5, 16}, {2, 2, 70, 16}, {2, 2, 70, 8}, dt, 2});
   cases.push_back({"head128", {1, 2, 100, 128}, {1, 2, 90, 128}, {1, 2, 90, 128}, DType::Float32});
   cases.push_back({"head256_global", {1, 2, 50, 256}, {1, 2, 77, 256}, {1, 2, 77, 256}, DType::Float32});
   cases.push_back({"broadcast_f64", {2, 3, 40, 32}, {3, 60, 32}, {1, 60, 16}, DType::Float64});
@@ -447,16 +448,26 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
     KernelContext ctx{op, std::span<const Tensor>(in64), std::span<Tensor>(want), g.nodes[0].attrs,
                       std::span<const TensorType>(types)};
     op.reference(ctx);
+    const bool half = c.dt == DType::Float16 || c.dt == DType::BFloat16;
+    // Half precision also under attention=direct (the tensor-core kernel where cuDNN would run)
+    // and attention=simt (the SIMT kernel).
+    std::vector<const char*> knobs = {"auto"};
+    if (half) knobs.insert(knobs.end(), {"direct", "simt"});
+    for (const char* attention : knobs) {
     Tensor first;
     for (const char* mode : {"default", "reduce-overhead"}) {
+      SCOPED_TRACE(std::string("attention=") + attention);
       compiler::Options o;
       o.mode = mode;
+      o.knobs.set("attention", attention);
       auto exe = compiler::compile(g, Device::cuda(0), o);
       const std::string summary = exe->summary();
       EXPECT_EQ(exe->report().eager_launches, 0) << label << "\n" << summary;
-      const bool cudnn = (c.dt == DType::Float16 || c.dt == DType::BFloat16) && c.mask == 0;
+      const bool cudnn = half && c.mask == 0 && std::string(attention) == "auto";
+      const bool tensor_cores = half && !cudnn && std::string(attention) != "simt";
       EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : "flash kernel"), std::string::npos)
           << label << "\n" << summary;
+      EXPECT_EQ(summary.find("tensor cores") != std::string::npos, tensor_cores) << label << "\n" << summary;
       EXPECT_EQ(summary.find("softmax"), std::string::npos) << label << "\n" << summary;
       Tensor got = exe->run(in)[0].to(Device::cpu());
       EXPECT_TRUE(test::close(got.to(DType::Float64), want[0],
@@ -469,6 +480,7 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
       }
       if (!first.defined()) first = got;
       else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
+    }
     }
   }
 }
@@ -505,18 +517,25 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
     TensorList pp = split(p64, {E, E, E}, -1);
     auto hd = [&](const Tensor& t) { return transpose(reshape(t, {B, S, H, D}), 1, 2).contiguous(); };
     Tensor want = scaled_dot_product_attention(hd(pp[0]), hd(pp[1]), hd(pp[2]));
+    const bool half = dt == DType::Float16 || dt == DType::BFloat16;
+    std::vector<const char*> knobs = {"auto"};
+    if (half) knobs.push_back("direct");  // the tensor-core kernel reads the views
+    for (const char* attention : knobs) {
     Tensor first;
     for (const char* mode : {"default", "reduce-overhead"}) {
+      SCOPED_TRACE(std::string("attention=") + attention);
       compiler::Options opt;
       opt.mode = mode;
+      opt.knobs.set("attention", attention);
       auto exe = compiler::compile(g, Device::cuda(0), opt);
       const std::string summary = exe->summary();
       EXPECT_EQ(summary.find("split"), std::string::npos) << label << "\n" << summary;
       EXPECT_EQ(summary.find("copy"), std::string::npos) << label << "\n" << summary;
       EXPECT_EQ(summary.find("reshape"), std::string::npos) << label << "\n" << summary;
       EXPECT_EQ(exe->report().loop_kernels, 0) << label << "\n" << summary;
-      const bool cudnn = dt == DType::Float16 || dt == DType::BFloat16;
-      EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : "flash kernel"), std::string::npos)
+      const bool cudnn = half && std::string(attention) == "auto";
+      EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : half ? "flash kernel on tensor cores" : "flash kernel"),
+                std::string::npos)
           << label << "\n" << summary;
       Tensor got = exe->run(in)[0].to(Device::cpu());
       // Two library steps (the projection, then attention) in dt: twice attention's tolerance.
@@ -525,6 +544,7 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
           << label << " " << mode;
       if (!first.defined()) first = got;
       else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
+    }
     }
   }
 }

@@ -1086,6 +1086,45 @@ TEST(Package, CudaCrossBuildRecordsTf32InEveryLibraryCall) {
   }
 }
 
+// Note [CUDA tensor-core attention] in a cross-build (no GPU needed): bfloat16 attention built
+// for sm_90 takes the tensor-core kernel, for sm_75 (no bf16 mma.sync) or under attention=simt
+// the SIMT kernel; the knob attention takes auto, direct or simt, another value is an error
+// naming it.
+TEST(CudaCrossBuild, AttentionTakesTheTensorCoresFromSm80) {
+  Graph g;
+  std::vector<ValueId> ids;
+  for (const char* name : {"q", "k", "v"})
+    ids.push_back(g.add_input(name, TensorType(DType::BFloat16, Shape{1, 2, 16, 64})));
+  ids.push_back(g.add_input("mask", TensorType(DType::BFloat16, Shape{1, 1, 1, 16})));
+  g.outputs = g.add_node(OpId::ScaledDotProductAttention, ids, {{"is_causal", false}}, "attn");
+  struct Case {
+    const char* arch;
+    const char* knobs;
+    bool tensor_cores;
+  };
+  for (const Case& c : {Case{"sm_90", "", true}, Case{"sm_80", "attention=direct", true},
+                        Case{"sm_75", "", false}, Case{"sm_90", "attention=simt", false}}) {
+    SCOPED_TRACE(fmt::format("{} {}", c.arch, c.knobs));
+    compiler::Options o;
+    o.arch = c.arch;
+    o.knobs = compiler::parse_knobs(c.knobs, "test");
+    const std::string summary = compiler::compile(g, Device::cuda(0), o)->summary();
+    EXPECT_NE(summary.find("flash kernel"), std::string::npos) << summary;
+    EXPECT_EQ(summary.find("flash kernel on tensor cores") != std::string::npos, c.tensor_cores) << summary;
+  }
+  compiler::Options bad;
+  bad.arch = "sm_90";
+  bad.knobs = compiler::parse_knobs("attention=fast", "test");
+  try {
+    compiler::compile(g, Device::cuda(0), bad);
+    ADD_FAILURE() << "attention=fast was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda: knob attention=fast is not auto, direct or simt"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 namespace {
 // A zoo model in bfloat16 cross-built for sm_90 (the CUDA pipeline runs without a GPU): its
 // compile summary and the count of each launch kind in the package.

@@ -275,6 +275,54 @@ TEST(CudaDirectKernels, EverySampleOfEveryDirectOpCompilesWithNvrtc) {
   std::printf("%d direct kernels in %zu programs\n", kernels, reqs.size());
 }
 
+// Note [CUDA tensor-core attention]: the mma.sync kernels (float16 and bfloat16; float, bool
+// and no masks; causal; head dims 16 to 128, EV != E; two attentions in one program, so the
+// helpers' include guard matters) compile with NVRTC for sm_80 and sm_90, with launch bounds
+// equal to the block size. Their numbers: CudaDirectEmulatedAttention.TensorCoreKernel... here,
+// CudaAttention.* on the GPU.
+TEST(CudaDirectKernels, TensorCoreAttentionCompilesWithNvrtc) {
+  std::string why;
+  ASSERT_TRUE(cuda::nvrtc_available(&why)) << why;
+  Graph g;
+  g.name = "attention_mma";
+  struct Shape4 {
+    DType dt;
+    Dims q, k, v;
+    int mask;  // 0 none, 1 float [B,1,1,S], 2 bool [B,1,L,S]
+    bool causal;
+  };
+  const std::vector<Shape4> shapes = {
+      {DType::BFloat16, {1, 12, 128, 64}, {1, 12, 128, 64}, {1, 12, 128, 64}, 1, false},
+      {DType::Float16, {2, 4, 300, 128}, {2, 4, 300, 128}, {2, 4, 300, 128}, 0, true},
+      {DType::BFloat16, {2, 1, 9, 16}, {2, 1, 70, 16}, {2, 1, 70, 8}, 2, false},
+  };
+  std::string source;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape4& c = shapes[i];
+    std::vector<ValueId> ids = {g.add_input(fmt::format("q{}", i), TensorType(c.dt, to_shape(c.q))),
+                                g.add_input(fmt::format("k{}", i), TensorType(c.dt, to_shape(c.k))),
+                                g.add_input(fmt::format("v{}", i), TensorType(c.dt, to_shape(c.v)))};
+    const int64_t B = c.q[0], L = c.q[2], S = c.k[2];
+    if (c.mask == 1) ids.push_back(g.add_input(fmt::format("m{}", i), TensorType(c.dt, to_shape(Dims{B, 1, 1, S}))));
+    if (c.mask == 2) ids.push_back(g.add_input(fmt::format("m{}", i), TensorType(DType::Bool, to_shape(Dims{B, 1, L, S}))));
+    g.add_node(OpId::ScaledDotProductAttention, ids, {{"is_causal", c.causal}}, fmt::format("attn{}", i));
+    cuda::DirectKernel k = cuda::plan_direct_kernel(g, g.nodes.back(), int32_t(i), 132 * 16, {}, 90);
+    EXPECT_NE(k.describe.find("tensor cores"), std::string::npos) << k.describe;
+    EXPECT_TRUE(k.threads == 64 || k.threads == 128) << k.threads;
+    EXPECT_NE(k.source.find(fmt::format("__launch_bounds__({}) {}(", k.threads, k.name)), std::string::npos);
+    source += k.source;
+  }
+  for (const char* arch : {"sm_80", "sm_90"}) {
+    try {
+      auto cubins = cuda::compile_cuda_all({cuda::direct_program(source, g.name, arch)});
+      ASSERT_EQ(cubins.size(), 1u);
+      EXPECT_GT(cubins[0]->cubin.size(), 1000u) << arch;
+    } catch (const Error& e) {
+      FAIL() << arch << ": the tensor-core attention program does not compile: " << e.what();
+    }
+  }
+}
+
 // What goes to cuBLASLt and what to the direct GEMM kernel.
 TEST(CudaDirectKernels, GemmRoutesToTheDirectKernelExactlyWhereCublasLtCannot) {
   auto route = [](OpId op, DType d, Dims a, Dims b, bool bias = false) {

@@ -63,6 +63,46 @@ static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); ret
 static inline double __longlong_as_double(long long v) { double d; std::memcpy(&d, &v, 8); return d; }
 #define __noinline__
 #define __forceinline__ inline
+// mma.sync m16n8k16 (float32 accumulators) over the warp's 32 emulated threads, from the
+// fragment layouts of the PTX ISA: A (16x16, row) register x of lane l holds row l/4 (+8 for
+// x = 1, 3), columns 2 (l%4) and 2 (l%4) + 1 (+8 for x = 2, 3), the lower column in the low
+// half; B (16x8, col) register x holds column l/4, rows 2 (l%4), 2 (l%4) + 1 (+8 for x = 1);
+// D element x holds row l/4 (+8 for x = 2, 3), column 2 (l%4) + x%2. Each product is summed in
+// double and added once, as the device's float32 accumulate of exact bf16/f16 products.
+#define KN_HOST_EMULATION
+struct uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+static float kn_bf16_f32(unsigned short h);
+static float kn_f16_f32(unsigned short h);
+template <bool Bf16>
+static inline void kn_mma_emulated(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  static unsigned kn_a[256][4], kn_b[256][2];
+  const unsigned t = threadIdx.x;
+  for (int x = 0; x < 4; ++x) kn_a[t][x] = a[x];
+  kn_b[t][0] = b0;
+  kn_b[t][1] = b1;
+  kn_bar->arrive_and_wait();
+  const unsigned w0 = t & ~31u, lane = t & 31u;
+  auto half = [](unsigned v, int k) {
+    const unsigned short h = (unsigned short)((k & 1) ? v >> 16 : v & 0xffffu);
+    return double(Bf16 ? kn_bf16_f32(h) : kn_f16_f32(h));
+  };
+  auto A = [&](int r, int k) {
+    return half(kn_a[w0 + unsigned((r % 8) * 4 + (k % 8) / 2)][(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k);
+  };
+  auto B = [&](int k, int n) { return half(kn_b[w0 + unsigned(n * 4 + (k % 8) / 2)][k >= 8 ? 1 : 0], k); };
+  float out[4];
+  for (int x = 0; x < 4; ++x) {
+    const int r = int(lane / 4) + (x >= 2 ? 8 : 0), n = int(lane % 4) * 2 + (x & 1);
+    double sum = 0;
+    for (int k = 0; k < 16; ++k) sum += A(r, k) * B(k, n);
+    out[x] = float(double(d[x]) + sum);
+  }
+  kn_bar->arrive_and_wait();
+  for (int x = 0; x < 4; ++x) d[x] = out[x];
+}
+static inline void kn_mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) { kn_mma_emulated<true>(d, a, b0, b1); }
+static inline void kn_mma_f16(float* d, const unsigned* a, unsigned b0, unsigned b1) { kn_mma_emulated<false>(d, a, b0, b1); }
 static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long cmp, unsigned long long v) {
   __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return cmp;  // the old value
@@ -72,18 +112,19 @@ static inline long long max(long long a, long long b) { return a > b ? a : b; }
 #include <thread>
 #include <vector>
 template <typename F>
-static void kn_launch(int blocks, bool sync, F f) {
+static void kn_launch(int blocks, int threads, bool sync, F f) {
   gridDim.x = unsigned(blocks);
+  blockDim.x = unsigned(threads);
   for (int b = 0; b < blocks; ++b) {
     if (!sync) {
       blockIdx.x = unsigned(b);
-      for (unsigned t = 0; t < 256; ++t) { threadIdx.x = t; f(); }
+      for (unsigned t = 0; t < unsigned(threads); ++t) { threadIdx.x = t; f(); }
       continue;
     }
-    std::barrier<> bar(256);
+    std::barrier<> bar(threads);
     kn_bar = &bar;
     std::vector<std::thread> ts;
-    for (unsigned t = 0; t < 256; ++t)
+    for (unsigned t = 0; t < unsigned(threads); ++t)
       ts.emplace_back([&, t, b] { threadIdx.x = t; blockIdx.x = unsigned(b); f(); });
     for (auto& th : ts) th.join();
   }
@@ -209,8 +250,8 @@ struct HostKernels {
       for (size_t i = 0; i < nargs; ++i) args += fmt::format("{}a[{}]", i ? ", " : "", i);
       bool sync = k->source.find("__syncthreads") != std::string::npos ||
                   k->source.find("__shfl_xor_sync") != std::string::npos;
-      src += fmt::format("extern \"C\" void {0}_launch(char** a, int blocks) {{ kn_launch(blocks, {1}, [&] {{ {0}({2}); }}); }}\n",
-                         k->name, sync ? "true" : "false", args);
+      src += fmt::format("extern \"C\" void {0}_launch(char** a, int blocks) {{ kn_launch(blocks, {1}, {2}, [&] {{ {0}({3}); }}); }}\n",
+                         k->name, k->threads, sync ? "true" : "false", args);
     }
     std::string base = testing::TempDir() + "kiln_cuda_emulated_" + name + "_" + std::to_string(::getpid());
     cc = base + ".cc";
@@ -524,6 +565,88 @@ TEST(CudaDirectEmulatedAttention, SmallGridsTakeOneRowPerWarp) {
   Tensor want = run_reference(op, g, g.nodes[0], in64)[0];
   Tensor got = host.run(k, g, g.nodes[0], in)[0];
   EXPECT_EQ(compare(want, got, tolerance(DType::BFloat16, op.tolerance_scale)), "");
+}
+
+// Note [CUDA tensor-core attention]: float16 / bfloat16 attention planned for sm_90 runs
+// mma.sync m16n8k16 (emulated here from the PTX fragment layouts): a BERT-style float padding
+// mask with a batch item whose every key is padded (NaN rows), a causal case whose rows and keys
+// are not multiples of the tiles, a bool mask with a dead row, head dims 16 to 128 with EV != E,
+// q/k/v views with an odd row stride (two-element reads that are not 4-byte aligned), and a
+// grid smaller than the tiles — each against the float64 reference with the dtype's tolerance,
+// NaN exactly where the reference has NaN. Planned for sm_75 (or without a compute capability)
+// the same nodes take the SIMT kernel.
+TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
+  struct Case {
+    std::string name;
+    DType dt;
+    Dims q, k, v;
+    int mask = 0;  // 1: float [B,1,1,S] padding (batch 1 fully padded); 2: bool [B,1,L,S], row 2 dead
+    bool causal = false;
+    int64_t max_blocks = 3;
+    int64_t odd_stride = 0;  // > 0: q, k, v are views of one [B, S, 3 H D + 1] tensor, H = this
+  };
+  std::vector<Case> cases = {
+      {"bert_padding", DType::BFloat16, {2, 3, 40, 64}, {2, 3, 100, 64}, {2, 3, 100, 32}, 1},
+      {"causal", DType::Float16, {1, 2, 70, 32}, {1, 2, 70, 32}, {1, 2, 70, 32}, 0, true},
+      {"bool_dead_row", DType::BFloat16, {2, 1, 9, 16}, {2, 1, 70, 16}, {2, 1, 70, 8}, 2},
+      {"head128", DType::Float16, {1, 1, 20, 128}, {1, 1, 33, 128}, {1, 1, 33, 128}},
+      {"odd_stride_views", DType::BFloat16, {2, 2, 45, 32}, {2, 2, 45, 32}, {2, 2, 45, 32}, 0, false, 3, 2},
+      {"many_blocks", DType::BFloat16, {1, 4, 64, 64}, {1, 4, 64, 64}, {1, 4, 64, 64}, 0, false, 132 * 16},
+  };
+  const OpDef& op = op_def(OpId::ScaledDotProductAttention);
+  Generator gen(91);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TensorList in, views;
+    std::vector<Dims> strides;
+    if (c.odd_stride) {
+      const int64_t B = c.q[0], H = c.q[1], S = c.q[2], D = c.q[3], W = 3 * H * D + 1;
+      Tensor packed = Tensor::randn({B, S, W}, gen).to(c.dt);
+      const Dims st = {S * W, D, W, 1};
+      for (int64_t i = 0; i < 3; ++i) views.push_back(packed.as_strided({B, H, S, D}, st, i * H * D + 1));
+      strides = {st, st, st};
+      in = views;
+    } else {
+      in = {Tensor::randn(c.q, gen).to(c.dt), Tensor::randn(c.k, gen).to(c.dt), Tensor::randn(c.v, gen).to(c.dt)};
+    }
+    const int64_t B = c.q[0], L = c.q[2], S = c.k[2];
+    if (c.mask == 1) {
+      Tensor m = Tensor::empty(Dims{B, 1, 1, S}, DType::Float32);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < S; ++j) m.data<float>()[b * S + j] = b == 1 || j >= S - 30 ? -INFINITY : 0.0f;
+      in.push_back(m.to(c.dt));
+    } else if (c.mask == 2) {
+      Tensor m = Tensor::empty(Dims{B, 1, L, S}, DType::Bool);
+      for (int64_t x = 0; x < m.numel(); ++x) m.data<bool>()[x] = gen.uniform() < 0.5;
+      for (int64_t j = 0; j < S; ++j) m.data<bool>()[2 * S + j] = false;
+      in.push_back(m);
+    }
+    Graph g;
+    std::vector<ValueId> ids;
+    for (size_t i = 0; i < in.size(); ++i)
+      ids.push_back(g.add_input(fmt::format("in{}", i), in[i].contiguous().type()));
+    g.add_node(OpId::ScaledDotProductAttention, ids, {{"is_causal", c.causal}}, c.name);
+    cuda::DirectKernel k = cuda::plan_direct_kernel(g, g.nodes[0], 0, c.max_blocks, strides, 90);
+    EXPECT_NE(k.describe.find("tensor cores"), std::string::npos) << k.describe;
+    for (int cc : {0, 75}) {
+      cuda::DirectKernel simt = cuda::plan_direct_kernel(g, g.nodes[0], 1, c.max_blocks, strides, cc);
+      EXPECT_EQ(simt.describe.find("tensor cores"), std::string::npos) << cc << ": " << simt.describe;
+    }
+    HostKernels host({&k}, "attention_mma_" + c.name);
+    ASSERT_EQ(host.error, "");
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(is_floating(t.dtype()) ? t.to(DType::Float64).contiguous() : t);
+    Tensor want = run_reference(op, g, g.nodes[0], in64)[0];
+    Tensor got = host.run(k, g, g.nodes[0], in)[0];
+    EXPECT_EQ(compare(want, got, tolerance(c.dt, op.tolerance_scale)), "") << k.describe;
+    // The NaN rows are there (compare checks they are where the reference's are).
+    const Tensor w = want.contiguous();
+    int64_t nan_rows = 0;
+    for (int64_t x = 0; x < w.numel(); x += c.v.back()) nan_rows += std::isnan(w.data<double>()[x]);
+    if (c.mask == 1) EXPECT_EQ(nan_rows, c.q[1] * L) << "batch 1 is fully padded";
+    if (c.mask == 2) EXPECT_EQ(nan_rows, 1);
+    if (c.mask == 0) EXPECT_EQ(nan_rows, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaDirectEmulated,

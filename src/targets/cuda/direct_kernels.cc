@@ -388,10 +388,78 @@ AttnOperand attn_operand(const Dims& d, const Dims& out_batch, size_t tail, cons
   return a;
 }
 
+// What both attention kernels read off the node: sizes, operands (views with their strides),
+// the mask's strides along L and S (0 where broadcast), causal, the scale.
+struct AttnShape {
+  int64_t L = 0, E = 0, S = 0, EV = 0, nbatch = 0;
+  Dims batch;
+  AttnOperand qa, ka, va, ma;
+  bool has_mask = false, causal = false;
+  DType mdt = DType::Bool;
+  int64_t msi = 0, msj = 0;
+  double scale = 1;
+};
+
+AttnShape attn_shape(const Graph& g, const Node& n, const std::vector<Dims>& input_strides) {
+  auto strides_of = [&](size_t i) { return i < input_strides.size() ? input_strides[i] : Dims{}; };
+  AttnShape a;
+  Dims qd = dims_of(g.type(n.inputs[0])), kd = dims_of(g.type(n.inputs[1]));
+  Dims vd = dims_of(g.type(n.inputs[2])), od = dims_of(g.type(n.outputs[0]));
+  a.L = qd[qd.size() - 2];
+  a.E = qd.back();
+  a.S = kd[kd.size() - 2];
+  a.EV = vd.back();
+  a.batch = Dims(od.begin(), od.end() - 2);
+  a.nbatch = numel(a.batch);
+  a.qa = attn_operand(qd, a.batch, 2, strides_of(0));
+  a.ka = attn_operand(kd, a.batch, 2, strides_of(1));
+  a.va = attn_operand(vd, a.batch, 2, strides_of(2));
+  a.has_mask = has_input(n, 3);
+  a.causal = n.attrs.get_bool("is_causal");
+  if (a.has_mask) {
+    const TensorType& mt = g.type(n.inputs[3]);
+    a.mdt = mt.dtype;
+    Dims md = dims_of(mt);
+    while (md.size() < a.batch.size() + 2) md.insert(0, 1);
+    a.ma = attn_operand(md, a.batch, 2);
+    Dims ms = row_major_strides(md);
+    a.msi = md[md.size() - 2] == 1 ? 0 : ms[md.size() - 2];
+    a.msj = md.back() == 1 ? 0 : ms.back();
+  }
+  a.scale = n.attrs.has("scale") ? n.attrs.get_float("scale") : 1.0 / std::sqrt(double(a.E));
+  return a;
+}
+
+// The element offsets of batch item `bt` in q, k, v and the mask: qoff, koff, voff, moff.
+std::string attn_batch_offsets(const AttnShape& a) {
+  std::string body = "    long long qoff = 0, koff = 0, voff = 0, moff = 0;\n";
+  if (!a.batch.empty()) {
+    body += coords(a.batch, "bt", "cb");
+    for (size_t i = 0; i < a.batch.size(); ++i) {
+      if (a.qa.batch_stride[i]) body += fmt::format("    qoff += cb{} * {}LL;\n", i, a.qa.batch_stride[i]);
+      if (a.ka.batch_stride[i]) body += fmt::format("    koff += cb{} * {}LL;\n", i, a.ka.batch_stride[i]);
+      if (a.va.batch_stride[i]) body += fmt::format("    voff += cb{} * {}LL;\n", i, a.va.batch_stride[i]);
+      if (a.has_mask && a.ma.batch_stride[i]) body += fmt::format("    moff += cb{} * {}LL;\n", i, a.ma.batch_stride[i]);
+    }
+  }
+  return body + "    (void)moff;\n";
+}
+
+// The kernel's pointer parameters: q, k, v, the mask if any, the output.
+void attn_params(const AttnShape& a, DirectKernel& k, std::string& params) {
+  k.arg_inputs = {0, 1, 2};
+  params = "char* q_, char* k_, char* v_, ";
+  if (a.has_mask) {
+    k.arg_inputs.push_back(3);
+    params += "char* m_, ";
+  }
+  params += "char* o_";
+  k.arg_outputs = {0};
+}
+
 void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
                            const std::vector<Dims>& input_strides, DirectKernel& k,
                            std::string& params, std::string& body) {
-  auto strides_of = [&](size_t i) { return i < input_strides.size() ? input_strides[i] : Dims{}; };
   DType dt = g.type(n.outputs[0]).dtype;
   if (!is_floating(dt))
     fail_kind(ErrorKind::NotSupported, "attention takes floating dtypes, not {}", dtype_name(dt));
@@ -399,30 +467,12 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
   const char* T = cuda_storage(dt);
   const char* A = f64 ? "double" : "float";
   auto load = [&](DType d, const std::string& v) { return f64 && d == dt ? "(" + v + ")" : to_float(d, v); };
-  Dims qd = dims_of(g.type(n.inputs[0])), kd = dims_of(g.type(n.inputs[1]));
-  Dims vd = dims_of(g.type(n.inputs[2])), od = dims_of(g.type(n.outputs[0]));
-  const int64_t L = qd[qd.size() - 2], E = qd.back(), S = kd[kd.size() - 2], EV = vd.back();
-  Dims batch(od.begin(), od.end() - 2);
-  const int64_t nbatch = numel(batch);
-  AttnOperand qa = attn_operand(qd, batch, 2, strides_of(0));
-  AttnOperand ka = attn_operand(kd, batch, 2, strides_of(1));
-  AttnOperand va = attn_operand(vd, batch, 2, strides_of(2));
-  const bool has_mask = has_input(n, 3);
-  const bool causal = n.attrs.get_bool("is_causal");
-  DType mdt = DType::Bool;
-  AttnOperand ma;
-  int64_t msi = 0, msj = 0;  // the mask's strides along L and S (0 where broadcast)
-  if (has_mask) {
-    const TensorType& mt = g.type(n.inputs[3]);
-    mdt = mt.dtype;
-    Dims md = dims_of(mt);
-    while (md.size() < batch.size() + 2) md.insert(0, 1);
-    ma = attn_operand(md, batch, 2);
-    Dims ms = row_major_strides(md);
-    msi = md[md.size() - 2] == 1 ? 0 : ms[md.size() - 2];
-    msj = md.back() == 1 ? 0 : ms.back();
-  }
-  const double scale = n.attrs.has("scale") ? n.attrs.get_float("scale") : 1.0 / std::sqrt(double(E));
+  const AttnShape a = attn_shape(g, n, input_strides);
+  const int64_t L = a.L, E = a.E, S = a.S, EV = a.EV, nbatch = a.nbatch, msi = a.msi, msj = a.msj;
+  const AttnOperand &qa = a.qa, &ka = a.ka, &va = a.va;
+  const bool has_mask = a.has_mask, causal = a.causal;
+  const DType mdt = a.mdt;
+  const double scale = a.scale;
   const std::string scale_lit = f64 ? dlit(scale) : flit(float(scale));
   const std::string neg_inf = f64 ? "(-__longlong_as_double(0x7ff0000000000000LL))" : "(-INFINITY)";
   const std::string nan = f64 ? "__longlong_as_double(0x7ff8000000000000LL)" : "__int_as_float(0x7fc00000)";
@@ -464,14 +514,7 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
   const int64_t tiles = nbatch * qtiles;
   k.blocks = EV > 0 ? std::min(tiles, max_blocks) : 0;  // 0: an empty output
   k.threads = 256;
-  k.arg_inputs = {0, 1, 2};
-  params = "char* q_, char* k_, char* v_, ";
-  if (has_mask) {
-    k.arg_inputs.push_back(3);
-    params += "char* m_, ";
-  }
-  params += "char* o_";
-  k.arg_outputs = {0};
+  attn_params(a, k, params);
   const char* fma = f64 ? "__fma_rn" : "__fmaf_rn";  // explicit: the program has --fmad=false
   const char* fmx = f64 ? "fmax" : "fmaxf";
   const char* ex = f64 ? "exp" : "expf";
@@ -487,17 +530,7 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
   body += fmt::format("  for (long long t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", tiles);
   body += fmt::format("    const long long bt = t / {0}LL, i0 = (t % {0}LL) * {1}LL + warp * {2};\n",
                       qtiles, qt, rows);
-  body += "    long long qoff = 0, koff = 0, voff = 0, moff = 0;\n";
-  if (!batch.empty()) {
-    body += coords(batch, "bt", "cb");
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (qa.batch_stride[i]) body += fmt::format("    qoff += cb{} * {}LL;\n", i, qa.batch_stride[i]);
-      if (ka.batch_stride[i]) body += fmt::format("    koff += cb{} * {}LL;\n", i, ka.batch_stride[i]);
-      if (va.batch_stride[i]) body += fmt::format("    voff += cb{} * {}LL;\n", i, va.batch_stride[i]);
-      if (has_mask && ma.batch_stride[i]) body += fmt::format("    moff += cb{} * {}LL;\n", i, ma.batch_stride[i]);
-    }
-  }
-  body += "    (void)moff;\n";
+  body += attn_batch_offsets(a);
   // i0: this warp's first row; its rows are i0 .. i0 + rows - 1.
   std::string qload = load(dt, fmt::format("q[qoff + (i0 + r) * {}LL + e]", qa.row_stride));
   std::string kload = load(dt, fmt::format("kk[koff + (j0 + jj) * {}LL + e]", ka.row_stride));
@@ -603,6 +636,229 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
       staged ? " in shared memory" : " read from global memory");
 }
 
+
+// Note [CUDA tensor-core attention]
+// In float16 and bfloat16 on sm_80 and later, with head dims E a multiple of 16 and EV a
+// multiple of 8 (both at most 128), attention runs on the tensor cores: the same online
+// softmax as Note [CUDA flash attention], with both products as mma.sync m16n8k16 (float32
+// accumulators). A warp owns 16 query rows; its Q fragments stay in registers for the whole
+// walk. The block (2 or 4 warps: 4 unless that gives fewer blocks than multiprocessors) stages
+// each tile of 64 keys in shared memory: K as rows (a B fragment of Q K^T is two consecutive
+// features of one key) and V transposed (a B fragment of P V is two consecutive keys of one
+// feature), both with rows padded by 8 elements so that a fragment load touches 32 banks.
+// The score fragment of two 8-key tiles is, element for element, the A fragment of the next
+// product, so P never leaves registers: it is rounded to the I/O dtype there (cuDNN's graph
+// does the same), while the row sums l add the unrounded float probabilities. Semantics are
+// the SIMT kernel's: mask (bool: -inf where false; float: added after the scale) and causal
+// pattern per score, a row whose every score is -inf is NaN, NaN scores propagate through p
+// and l, rows past L and keys past S read zeros and score -inf. Operands are read through
+// their strides (views in place); two consecutive elements are read as one 32-bit word where
+// the address allows, else as two. The row maximum and sum reduce over the quad of lanes that
+// share a row (xor 1, 2), in a fixed order: bitwise reproducible. BERT-base (12 heads x 128
+// rows, a [B,1,1,S] float padding mask, which keeps cuDNN away: Note [CUDA attention]) ran
+// the SIMT kernel at 18.5 us a layer on an H100.
+constexpr int64_t kMmaKeyTile = 64;
+
+bool attention_on_tensor_cores(DType dt, int64_t E, int64_t EV, int compute_capability) {
+  return (dt == DType::BFloat16 || dt == DType::Float16) && compute_capability >= 80 &&
+         E >= 16 && E <= 128 && E % 16 == 0 && EV >= 8 && EV <= 128 && EV % 8 == 0;
+}
+
+const char* const kMmaHelpers = R"MMA(#ifndef KN_MMA_HELPERS
+#define KN_MMA_HELPERS
+#ifndef KN_HOST_EMULATION
+// d += a b: one m16n8k16 tile, float32 accumulators (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+__device__ __forceinline__ void kn_mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void kn_mma_f16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+// Elements p[0] and p[1] as one word, p[0] in the low half, from any 2-byte aligned address.
+__device__ __forceinline__ unsigned kn_ld2(const unsigned short* p) {
+  return (unsigned)p[0] | ((unsigned)p[1] << 16);
+}
+#endif
+)MMA";
+
+void plan_attention_mma(const Graph& g, const Node& n, int64_t max_blocks,
+                        const std::vector<Dims>& input_strides, DirectKernel& k,
+                        std::string& params, std::string& body, std::string& tables) {
+  const DType dt = g.type(n.outputs[0]).dtype;
+  const char* cvt = dt == DType::BFloat16 ? "kn_f32_bf16" : "kn_f32_f16";
+  const char* mma = dt == DType::BFloat16 ? "kn_mma_bf16" : "kn_mma_f16";
+  const AttnShape a = attn_shape(g, n, input_strides);
+  const int64_t L = a.L, E = a.E, S = a.S, EV = a.EV, nbatch = a.nbatch, msi = a.msi, msj = a.msj;
+  const AttnOperand &qa = a.qa, &ka = a.ka, &va = a.va;
+  const bool has_mask = a.has_mask, causal = a.causal;
+  const DType mdt = a.mdt;
+  const double scale = a.scale;
+  // A mask broadcast over the query rows (BERT's [B,1,1,S]) is staged per key tile as float.
+  const bool row_mask = has_mask && msi == 0;
+  const int64_t min_blocks = std::max<int64_t>(max_blocks / 16, 1);
+  int64_t warps = 4;
+  if (nbatch * ((L + 63) / 64) < min_blocks) warps = 2;
+  const int64_t qt = 16 * warps, qtiles = (L + qt - 1) / qt, tiles = nbatch * qtiles;
+  const int64_t bc = kMmaKeyTile, kp = E + 8, vp = bc + 8;  // shared rows, padded
+  k.threads = int(32 * warps);
+  k.blocks = std::min(tiles, max_blocks);
+  attn_params(a, k, params);
+  tables += kMmaHelpers;
+  body += "  const unsigned short* q = (const unsigned short*)q_; const unsigned short* kk = (const unsigned short*)k_;\n";
+  body += "  const unsigned short* v = (const unsigned short*)v_; unsigned short* o = (unsigned short*)o_;\n";
+  if (has_mask) body += fmt::format("  const {0}* mk = (const {0}*)m_;\n", cuda_storage(mdt));
+  body += "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c2 = (lane & 3) * 2;\n";
+  // uint4 storage: 16-byte aligned rows for the staging stores (kp * 2 bytes is a multiple of 16).
+  body += fmt::format("  __shared__ uint4 ks4[{}];\n  __shared__ uint4 vt4[{}];\n", bc * kp / 8, (EV * vp + 7) / 8);
+  body += "  unsigned* ksw = (unsigned*)ks4; unsigned* vtw = (unsigned*)vt4;\n";
+  body += "  unsigned short* ks = (unsigned short*)ks4; unsigned short* vt = (unsigned short*)vt4;\n";
+  if (row_mask) body += fmt::format("  __shared__ float mrow[{}];\n", bc);
+  body += fmt::format("  for (long long t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", tiles);
+  body += fmt::format("    const long long bt = t / {0}LL, b0 = (t % {0}LL) * {1}LL, i0 = b0 + warp * 16;\n", qtiles, qt);
+  body += attn_batch_offsets(a);
+  // Q fragments: rows r[0] = i0 + g and r[1] = i0 + g + 8, features kc * 16 + c2 (+1, +8, +9).
+  // With 16-byte aligned rows (`al`: the strides at plan time, the pointers here; uniform) the
+  // tile is staged with 16-byte loads, all of a thread's issued before any is stored; else two
+  // 2-byte loads per word.
+  body += "    const long long r[2] = {i0 + g, i0 + g + 8};\n";
+  body += fmt::format("    unsigned qf[{}][4];\n", E / 16);
+  auto q_loads = [&](bool vec) {
+    std::string b;
+    b += fmt::format("      for (int kc = 0; kc < {}; ++kc) for (int h = 0; h < 2; ++h) {{\n", E / 16);
+    b += fmt::format("        const unsigned short* row = q + qoff + (r[h] < {}LL ? r[h] : 0LL) * {}LL + kc * 16 + c2;\n", L, qa.row_stride);
+    if (vec)
+      b += fmt::format("        const unsigned lo = *(const unsigned*)row, hi = *(const unsigned*)(row + 8);\n");
+    else
+      b += "        const unsigned lo = kn_ld2(row), hi = kn_ld2(row + 8);\n";
+    b += fmt::format("        qf[kc][h] = r[h] < {0}LL ? lo : 0u;\n        qf[kc][h + 2] = r[h] < {0}LL ? hi : 0u;\n      }}\n", L);
+    return b;
+  };
+  const int64_t nt_threads = 32 * warps;
+  auto stage = [&](bool vec) {
+    std::string b;
+    if (vec) {
+      // K: rows of E / 8 chunks; V: chunk d8 of key jj at x = d8 * bc + jj (a warp: 32 keys of
+      // one chunk), scattered transposed into vt.
+      const int64_t kchunks = bc * E / 8, vchunks = bc * EV / 8;
+      const int64_t ku = (kchunks + nt_threads - 1) / nt_threads, vu = (vchunks + nt_threads - 1) / nt_threads;
+      b += fmt::format("        uint4 kr4[{}], vr4[{}];\n", ku, vu);
+      b += fmt::format("        #pragma unroll\n        for (int u = 0; u < {}; ++u) {{\n", ku);
+      b += fmt::format("          const int x = threadIdx.x + u * {}, jj = x / {}, e8 = (x % {}) * 8;\n", nt_threads, E / 8, E / 8);
+      b += fmt::format("          kr4[u] = x < {} && jj < bcn ? *(const uint4*)(kk + koff + (j0 + jj) * {}LL + e8) : make_uint4(0u, 0u, 0u, 0u);\n        }}\n",
+                       kchunks, ka.row_stride);
+      b += fmt::format("        #pragma unroll\n        for (int u = 0; u < {}; ++u) {{\n", vu);
+      b += fmt::format("          const int x = threadIdx.x + u * {}, jj = x % {}, d8 = (x / {}) * 8;\n", nt_threads, bc, bc);
+      b += fmt::format("          vr4[u] = x < {} && jj < bcn ? *(const uint4*)(v + voff + (j0 + jj) * {}LL + d8) : make_uint4(0u, 0u, 0u, 0u);\n        }}\n",
+                       vchunks, va.row_stride);
+      b += fmt::format("        #pragma unroll\n        for (int u = 0; u < {}; ++u) {{\n", ku);
+      b += fmt::format("          const int x = threadIdx.x + u * {}, jj = x / {}, e8 = (x % {}) * 8;\n", nt_threads, E / 8, E / 8);
+      b += fmt::format("          if (x < {}) *(uint4*)(ks + jj * {} + e8) = kr4[u];\n        }}\n", kchunks, kp);
+      b += fmt::format("        #pragma unroll\n        for (int u = 0; u < {}; ++u) {{\n", vu);
+      b += fmt::format("          const int x = threadIdx.x + u * {}, jj = x % {}, d8 = (x / {}) * 8;\n", nt_threads, bc, bc);
+      b += fmt::format("          if (x >= {}) continue;\n", vchunks);
+      b += "          const unsigned w[4] = {vr4[u].x, vr4[u].y, vr4[u].z, vr4[u].w};\n";
+      b += "          for (int e = 0; e < 8; ++e) vt[(d8 + e) * " + std::to_string(vp) +
+           " + jj] = (unsigned short)(w[e >> 1] >> ((e & 1) * 16));\n        }\n";
+    } else {
+      b += fmt::format("        for (int x = threadIdx.x; x < {}; x += {}) {{\n", bc * (E / 2), nt_threads);
+      b += fmt::format("          const int jj = x / {0}, e = (x % {0}) * 2;\n", E / 2);
+      b += fmt::format("          ksw[(jj * {} + e) / 2] = jj < bcn ? kn_ld2(kk + koff + (j0 + jj) * {}LL + e) : 0u;\n        }}\n",
+                       kp, ka.row_stride);
+      b += fmt::format("        for (int x = threadIdx.x; x < {}; x += {}) {{\n", bc * EV, nt_threads);
+      b += fmt::format("          const int jj = x % {0}, d = x / {0};\n", bc);
+      b += fmt::format("          vt[d * {} + jj] = jj < bcn ? v[voff + (j0 + jj) * {}LL + d] : (unsigned short)0;\n        }}\n",
+                       vp, va.row_stride);
+    }
+    return b;
+  };
+  // 16-byte rows: every stride a multiple of 8 elements (the pointers are checked per call).
+  bool vec_ok = qa.row_stride % 8 == 0 && ka.row_stride % 8 == 0 && va.row_stride % 8 == 0;
+  for (const AttnOperand* a : {&qa, &ka, &va})
+    for (int64_t st : a->batch_stride) vec_ok = vec_ok && st % 8 == 0;
+  if (vec_ok)
+    body += "    const bool al = (((unsigned long long)q | (unsigned long long)kk | (unsigned long long)v) & 15ULL) == 0;\n";
+  else
+    body += "    const bool al = false;\n";
+  body += "    if (al) {\n" + (vec_ok ? q_loads(true) : std::string()) + "    } else {\n" + q_loads(false) + "    }\n";
+  body += fmt::format("    float m[2] = {{-INFINITY, -INFINITY}}, l[2] = {{0.f, 0.f}}, acc[{}][4];\n", EV / 8);
+  body += fmt::format("    for (int nt = 0; nt < {}; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;\n", EV / 8);
+  body += fmt::format("    const long long send = {};\n",
+                      causal ? fmt::format("(b0 + {0}LL < {1}LL ? b0 + {0}LL : {1}LL)", qt, S) : fmt::format("{}LL", S));
+  body += fmt::format("    for (long long j0 = 0; j0 < send; j0 += {}) {{\n", bc);
+  body += fmt::format("      const int bcn = send - j0 < {0} ? (int)(send - j0) : {0};\n", bc);
+  body += "      __syncthreads();\n";
+  body += "      if (al) {\n" + (vec_ok ? stage(true) : std::string()) + "      } else {\n" + stage(false) + "      }\n";
+  if (row_mask)  // the mask's values for this tile (one row serves every query row)
+    body += fmt::format("      for (int x = threadIdx.x; x < {}; x += {}) mrow[x] = x < bcn ? {} : 0.f;\n", bc, nt_threads,
+                        mdt == DType::Bool ? fmt::format("(mk[moff + (j0 + x) * {}LL] != 0 ? 1.f : 0.f)", msj)
+                                           : to_float(mdt, fmt::format("mk[moff + (j0 + x) * {}LL]", msj)));
+  body += "      __syncthreads();\n";
+  // S = Q K^T over the tile: score (row r[h], key j0 + nt * 8 + c2 + w) is s[nt][2 h + w].
+  body += fmt::format("      float s[{}][4];\n", bc / 8);
+  body += fmt::format("      for (int nt = 0; nt < {}; ++nt) {{\n", bc / 8);
+  body += "        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;\n";
+  body += fmt::format("        const unsigned* kr = ksw + ((nt * 8 + g) * {} + c2) / 2;\n", kp);
+  body += fmt::format("        for (int kc = 0; kc < {}; ++kc) {}(s[nt], qf[kc], kr[kc * 8], kr[kc * 8 + 4]);\n      }}\n", E / 16, mma);
+  // Scale, mask, online softmax per row.
+  body += "      for (int h = 0; h < 2; ++h) {\n";
+  body += "        const long long i = r[h];\n";
+  body += "        float tmax = -INFINITY;\n";
+  body += fmt::format("        for (int nt = 0; nt < {}; ++nt) for (int w = 0; w < 2; ++w) {{\n", bc / 8);
+  body += "          const int jj = nt * 8 + c2 + w; const long long j = j0 + jj;\n          (void)j;\n";
+  std::string valid = fmt::format("jj < bcn && i < {}LL", L);
+  if (causal) valid += " && j <= i";
+  if (has_mask && mdt == DType::Bool)
+    valid += row_mask ? " && mrow[jj] != 0.f" : fmt::format(" && mk[moff + i * {}LL + j * {}LL] != 0", msi, msj);
+  body += "          float x = -INFINITY;\n";
+  body += fmt::format("          if ({}) {{\n", valid);
+  body += fmt::format("            x = s[nt][2 * h + w] * {};\n", flit(float(scale)));
+  if (has_mask && mdt != DType::Bool)
+    body += fmt::format("            x += {};\n", row_mask ? std::string("mrow[jj]")
+                                                         : to_float(mdt, fmt::format("mk[moff + i * {}LL + j * {}LL]", msi, msj)));
+  body += "          }\n";
+  body += "          s[nt][2 * h + w] = x;\n          tmax = fmaxf(tmax, x);\n        }\n";
+  body += "        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));\n";
+  body += "        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));\n";
+  body += "        const float mn = fmaxf(m[h], tmax);\n";
+  body += "        const float mu = mn == -INFINITY ? 0.f : mn;\n";
+  body += "        const float alpha = expf(m[h] - mu);\n";
+  body += "        float psum = 0.f;\n";
+  body += fmt::format("        for (int nt = 0; nt < {}; ++nt) for (int w = 0; w < 2; ++w) {{\n", bc / 8);
+  body += "          const float p = expf(s[nt][2 * h + w] - mu);\n          s[nt][2 * h + w] = p;\n          psum += p;\n        }\n";
+  body += "        psum += __shfl_xor_sync(0xffffffffu, psum, 1);\n";
+  body += "        psum += __shfl_xor_sync(0xffffffffu, psum, 2);\n";
+  body += "        l[h] = l[h] * alpha + psum;\n        m[h] = mn;\n";
+  body += fmt::format("        for (int nt = 0; nt < {}; ++nt) {{ acc[nt][2 * h] *= alpha; acc[nt][2 * h + 1] *= alpha; }}\n      }}\n", EV / 8);
+  // acc += P V: the scores of 8-key tiles 2 kc and 2 kc + 1 are the A fragment of keys 16 kc ...
+  body += fmt::format("      for (int kc = 0; kc < {}; ++kc) {{\n", bc / 16);
+  body += "        unsigned pa[4];\n";
+  body += "        for (int x = 0; x < 4; ++x) {\n";
+  body += "          const float* f = s[2 * kc + (x >> 1)] + 2 * (x & 1);\n";
+  body += fmt::format("          pa[x] = (unsigned){0}(f[0]) | ((unsigned){0}(f[1]) << 16);\n        }}\n", cvt);
+  body += fmt::format("        for (int nt = 0; nt < {}; ++nt) {{\n", EV / 8);
+  body += fmt::format("          const unsigned* vr = vtw + ((nt * 8 + g) * {} + kc * 16 + c2) / 2;\n", vp);
+  body += fmt::format("          {}(acc[nt], pa, vr[0], vr[4]);\n        }}\n      }}\n", mma);
+  body += "    }\n";
+  // Store: a row with every score -inf is NaN.
+  body += "    for (int h = 0; h < 2; ++h) {\n";
+  body += fmt::format("      if (r[h] >= {}LL) continue;\n", L);
+  body += fmt::format("      unsigned short* orow = o + bt * {}LL + r[h] * {}LL + c2;\n", L * EV, EV);
+  body += fmt::format("      for (int nt = 0; nt < {}; ++nt) for (int w = 0; w < 2; ++w)\n", EV / 8);
+  body += fmt::format("        orow[nt * 8 + w] = {}(m[h] == -INFINITY ? __int_as_float(0x7fc00000) : acc[nt][2 * h + w] / l[h]);\n    }}\n", cvt);
+  body += "  }\n";
+  k.describe = fmt::format(
+      "scaled_dot_product_attention flash kernel on tensor cores ({}, batch {} x [{}x{}] keys {} "
+      "values {}{}{}; mma.sync m16n8k16, {} query rows per block, key tiles of {} in shared memory, "
+      "score matrix never stored)",
+      dtype_name(dt), nbatch, L, E, S, EV, causal ? ", causal" : "",
+      has_mask ? fmt::format(", {} mask", dtype_name(mdt)) : "", qt, bc);
+}
+
 }  // namespace
 
 std::string gemm_needs_direct_kernel(const Graph& g, const Node& n) {
@@ -623,7 +879,7 @@ std::string gemm_needs_direct_kernel(const Graph& g, const Node& n) {
 }
 
 DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks,
-                                const std::vector<Dims>& input_strides) {
+                                const std::vector<Dims>& input_strides, int compute_capability) {
   max_blocks = std::max<int64_t>(max_blocks, 1);
   for (ValueId o : n.outputs)
     for (size_t i = 0; i < g.type(o).shape.size(); ++i)
@@ -1070,9 +1326,17 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
     case OpId::Conv2d: case OpId::ConvTranspose2d:
       plan_conv_kernel(g, n, max_blocks, k, params, body);
       break;
-    case OpId::ScaledDotProductAttention:
-      plan_attention_kernel(g, n, max_blocks, input_strides, k, params, body);
+    case OpId::ScaledDotProductAttention: {
+      const int64_t E = g.type(n.inputs[0]).shape.back().value();
+      const int64_t EV = g.type(n.inputs[2]).shape.back().value();
+      const TensorType& kt = g.type(n.inputs[1]);
+      const int64_t S = kt.shape.size() >= 2 ? kt.shape[kt.shape.size() - 2].value() : 0;
+      if (S > 0 && attention_on_tensor_cores(dt, E, EV, compute_capability))
+        plan_attention_mma(g, n, max_blocks, input_strides, k, params, body, tables);
+      else
+        plan_attention_kernel(g, n, max_blocks, input_strides, k, params, body);
       break;
+    }
     default:
       fail_kind(ErrorKind::NotSupported, "op '{}' has no CUDA direct kernel", op_def(n.op).name);
   }
@@ -1080,8 +1344,8 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
     params += ", char* kn_status_";
     body = "  long long* kn_status = (long long*)kn_status_;  // the status record\n" + body;
   }
-  k.source = fmt::format("// kiln-kernel: {}\n// {} '{}'\n{}extern \"C\" __global__ void __launch_bounds__(256) {}({}) {{\n{}}}\n\n",
-                         k.name, op_def(n.op).name, n.name, tables, k.name, params, body);
+  k.source = fmt::format("// kiln-kernel: {}\n// {} '{}'\n{}extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n{}}}\n\n",
+                         k.name, op_def(n.op).name, n.name, tables, k.threads, k.name, params, body);
   return k;
 }
 

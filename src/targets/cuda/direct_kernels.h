@@ -40,8 +40,11 @@ struct DirectKernel {
 // scaled_dot_product_attention (a flash-style kernel: Note [CUDA flash attention]), and
 // direct GEMM (matmul, linear) and convolution (conv2d, conv_transpose2d) kernels for the
 // dtypes and shapes the libraries do not take.
+// `compute_capability` (e.g. 90 for sm_90; 0: unknown) lets float16/bfloat16 attention use the
+// tensor cores from 80 on (Note [CUDA tensor-core attention]).
 DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks,
-                                const std::vector<Dims>& input_strides = {});
+                                const std::vector<Dims>& input_strides = {},
+                                int compute_capability = 0);
 
 // Why cuBLASLt cannot run this matmul / linear ("" when it can): the dtype (float64, integers),
 // batch dims that broadcast only partially, K = 0 or an empty output. The target then runs the

@@ -137,6 +137,11 @@ struct BuildFor {
   bool conv_fuse = true;  // knob conv_epilogue=fused|kernel (kernel: tests of the epilogue kernel)
   bool timed = false;     // knob kernels=heuristic|timed: Note [CUDA library kernels timed]
   bool tf32 = false;      // knob tf32=off|on: Note [CUDA TF32]
+  // knob attention=auto|direct|simt (Note [CUDA attention]): direct never asks cuDNN; simt
+  // also keeps float16/bfloat16 off the tensor cores (Note [CUDA tensor-core attention]).
+  std::string attention = "auto";
+  // The compute capability the direct kernels are planned for (90 for sm_90).
+  int compute_capability() const { return attention == "simt" ? 0 : std::stoi(arch.substr(3)); }
 };
 
 BuildFor build_for(const Knobs& knobs) {
@@ -157,6 +162,9 @@ BuildFor build_for(const Knobs& knobs) {
   if (tf32 != "off" && tf32 != "on")
     fail("cuda: knob tf32={} is not off or on", tf32);
   b.tf32 = tf32 == "on";
+  b.attention = knobs.get("attention", "auto");
+  if (b.attention != "auto" && b.attention != "direct" && b.attention != "simt")
+    fail("cuda: knob attention={} is not auto, direct or simt", b.attention);
   const std::string* arch = knobs.find("arch");
   if (!arch) {
     b.arch = device_arch(kDevice);
@@ -663,8 +671,13 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
 //     batch dim is H, the others multiply into B);
 //   - compiled on the GPU (a cross-build has no cuDNN to ask: the direct kernel, which computes
 //     the same function on every GPU);
-//   - cuDNN offers an engine (head dims multiples of 8 and at most 256, sm_80 and later).
-// Returns "" when ln is planned as cuDNN attention, else why not.
+//   - cuDNN offers an engine (head dims multiples of 8 and at most 256, sm_80 and later);
+//   - the knob attention is auto (direct: the direct kernels only; simt: the SIMT kernel only,
+//     for tests and for bisecting a tensor-core result).
+// The direct kernel runs on the tensor cores in float16/bfloat16 where Note [CUDA tensor-core
+// attention] allows (sm_80 and later, head dims multiples of 16 and 8 up to 128): BERT's
+// padded attention, cross-builds. Returns "" when ln is planned as cuDNN attention, else why
+// not.
 //
 // Note [CUDA attention reads views]
 // Attention reads q, k and v in place where they are views whose feature dim is contiguous
@@ -678,6 +691,7 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
 // them (`q_stride`, `k_stride`, `v_stride`; format version 5).
 std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, int32_t index, LibNode& ln) {
   if (build_.cross) return "a cross-build (no cuDNN to ask)";
+  if (build_.attention != "auto") return "knob attention=" + build_.attention;
   DType dt = g.type(n.outputs[0]).dtype;
   if (dt != DType::Float16 && dt != DType::BFloat16)
     return fmt::format("{} (cuDNN fuses float16 and bfloat16)", dtype_name(dt));
@@ -1064,7 +1078,8 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
 
 void CudaLibraryKernels::plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                                      std::string& source) {
-  DirectKernel k = plan_direct_kernel(g, n, index, int64_t(build_.sms) * 16, strides_[size_t(index)]);
+  DirectKernel k = plan_direct_kernel(g, n, index, int64_t(build_.sms) * 16, strides_[size_t(index)],
+                                      build_.compute_capability());
   ln.kernel_name = k.name;
   ln.blocks = k.blocks;
   ln.threads = k.threads;
