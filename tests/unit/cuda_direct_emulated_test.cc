@@ -575,8 +575,9 @@ TEST(CudaDirectEmulatedAttention, SmallGridsTakeOneRowPerWarp) {
 
 // Note [CUDA tensor-core attention]: float16 / bfloat16 attention planned for sm_90 runs
 // mma.sync m16n8k16 (emulated here from the PTX fragment layouts): a BERT-style float padding
-// mask with a batch item whose every key is padded (NaN rows), a causal case whose rows and keys
-// are not multiples of the tiles, a bool mask with a dead row, head dims 16 to 128 with EV != E,
+// mask with a batch item whose every key is padded (NaN rows), the same as a bool [B,1,1,S] mask
+// (staged per key tile), a causal case whose rows and keys are not multiples of the tiles, a bool
+// mask with a dead row, head dims 16 to 128 with EV != E,
 // q/k/v views with an odd row stride (two-element reads that are not 4-byte aligned), and a
 // grid smaller than the tiles — each against the float64 reference with the dtype's tolerance,
 // NaN exactly where the reference has NaN. Planned for sm_75 (or without a compute capability)
@@ -586,7 +587,8 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
     std::string name;
     DType dt;
     Dims q, k, v;
-    int mask = 0;  // 1: float [B,1,1,S] padding (batch 1 fully padded); 2: bool [B,1,L,S], row 2 dead
+    int mask = 0;  // 1: float [B,1,1,S] padding (batch 1 fully padded); 2: bool [B,1,L,S], row 2
+                   // dead; 3: bool [B,1,1,S] padding (batch 1 fully padded)
     bool causal = false;
     int64_t max_blocks = 3;
     int64_t odd_stride = 0;  // > 0: q, k, v are views of one [B, S, 3 H D + 1] tensor, H = this
@@ -595,6 +597,7 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
       {"bert_padding", DType::BFloat16, {2, 3, 40, 64}, {2, 3, 100, 64}, {2, 3, 100, 32}, 1},
       {"causal", DType::Float16, {1, 2, 70, 32}, {1, 2, 70, 32}, {1, 2, 70, 32}, 0, true},
       {"bool_dead_row", DType::BFloat16, {2, 1, 9, 16}, {2, 1, 70, 16}, {2, 1, 70, 8}, 2},
+      {"bool_padding", DType::Float16, {2, 2, 20, 32}, {2, 2, 90, 32}, {2, 2, 90, 16}, 3},
       {"head128", DType::Float16, {1, 1, 20, 128}, {1, 1, 33, 128}, {1, 1, 33, 128}},
       {"odd_stride_views", DType::BFloat16, {2, 2, 45, 32}, {2, 2, 45, 32}, {2, 2, 45, 32}, 0, false, 3, 2},
       {"many_blocks", DType::BFloat16, {1, 4, 64, 64}, {1, 4, 64, 64}, {1, 4, 64, 64}, 0, false, 132 * 16},
@@ -626,6 +629,11 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
       for (int64_t x = 0; x < m.numel(); ++x) m.data<bool>()[x] = gen.uniform() < 0.5;
       for (int64_t j = 0; j < S; ++j) m.data<bool>()[2 * S + j] = false;
       in.push_back(m);
+    } else if (c.mask == 3) {
+      Tensor m = Tensor::empty(Dims{B, 1, 1, S}, DType::Bool);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < S; ++j) m.data<bool>()[b * S + j] = b == 0 && j < S - 25;
+      in.push_back(m);
     }
     Graph g;
     std::vector<ValueId> ids;
@@ -649,7 +657,7 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
     const Tensor w = want.contiguous();
     int64_t nan_rows = 0;
     for (int64_t x = 0; x < w.numel(); x += c.v.back()) nan_rows += std::isnan(w.data<double>()[x]);
-    const int64_t want_nan_rows = c.mask == 1 ? c.q[1] * L : c.mask == 2 ? 1 : 0;  // batch 1 fully padded
+    const int64_t want_nan_rows = c.mask == 1 || c.mask == 3 ? c.q[1] * L : c.mask == 2 ? 1 : 0;
     EXPECT_EQ(nan_rows, want_nan_rows);
   }
 }
