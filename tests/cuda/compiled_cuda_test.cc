@@ -454,33 +454,33 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
     std::vector<const char*> knobs = {"auto"};
     if (half) knobs.insert(knobs.end(), {"direct", "simt"});
     for (const char* attention : knobs) {
-    Tensor first;
-    for (const char* mode : {"default", "reduce-overhead"}) {
-      SCOPED_TRACE(std::string("attention=") + attention);
-      compiler::Options o;
-      o.mode = mode;
-      o.knobs.set("attention", attention);
-      auto exe = compiler::compile(g, Device::cuda(0), o);
-      const std::string summary = exe->summary();
-      EXPECT_EQ(exe->report().eager_launches, 0) << label << "\n" << summary;
-      const bool cudnn = half && c.mask == 0 && std::string(attention) == "auto";
-      const bool tensor_cores = half && !cudnn && std::string(attention) != "simt";
-      EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : "flash kernel"), std::string::npos)
-          << label << "\n" << summary;
-      EXPECT_EQ(summary.find("tensor cores") != std::string::npos, tensor_cores) << label << "\n" << summary;
-      EXPECT_EQ(summary.find("softmax"), std::string::npos) << label << "\n" << summary;
-      Tensor got = exe->run(in)[0].to(Device::cpu());
-      EXPECT_TRUE(test::close(got.to(DType::Float64), want[0],
-                              test::Tolerance::for_dtype(c.dt).scaled(op.tolerance_scale)))
-          << label << " " << mode;
-      if (c.mask == 2) {
-        const Tensor f = got.to(DType::Float32).contiguous();
-        const int64_t ev = c.v.back();
-        for (int64_t e = 0; e < ev; ++e) EXPECT_TRUE(std::isnan(f.data<float>()[3 * ev + e])) << label << " dead row";
+      Tensor first;
+      for (const char* mode : {"default", "reduce-overhead"}) {
+        SCOPED_TRACE(std::string("attention=") + attention);
+        compiler::Options o;
+        o.mode = mode;
+        o.knobs.set("attention", attention);
+        auto exe = compiler::compile(g, Device::cuda(0), o);
+        const std::string summary = exe->summary();
+        EXPECT_EQ(exe->report().eager_launches, 0) << label << "\n" << summary;
+        const bool cudnn = half && c.mask == 0 && std::string(attention) == "auto";
+        const bool tensor_cores = half && !cudnn && std::string(attention) != "simt";
+        EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : "flash kernel"), std::string::npos)
+            << label << "\n" << summary;
+        EXPECT_EQ(summary.find("tensor cores") != std::string::npos, tensor_cores) << label << "\n" << summary;
+        EXPECT_EQ(summary.find("softmax"), std::string::npos) << label << "\n" << summary;
+        Tensor got = exe->run(in)[0].to(Device::cpu());
+        EXPECT_TRUE(test::close(got.to(DType::Float64), want[0],
+                                test::Tolerance::for_dtype(c.dt).scaled(op.tolerance_scale)))
+            << label << " " << mode;
+        if (c.mask == 2) {
+          const Tensor f = got.to(DType::Float32).contiguous();
+          const int64_t ev = c.v.back();
+          for (int64_t e = 0; e < ev; ++e) EXPECT_TRUE(std::isnan(f.data<float>()[3 * ev + e])) << label << " dead row";
+        }
+        if (!first.defined()) first = got;
+        else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
       }
-      if (!first.defined()) first = got;
-      else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
-    }
     }
   }
 }
@@ -521,30 +521,30 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
     std::vector<const char*> knobs = {"auto"};
     if (half) knobs.push_back("direct");  // the tensor-core kernel reads the views
     for (const char* attention : knobs) {
-    Tensor first;
-    for (const char* mode : {"default", "reduce-overhead"}) {
-      SCOPED_TRACE(std::string("attention=") + attention);
-      compiler::Options opt;
-      opt.mode = mode;
-      opt.knobs.set("attention", attention);
-      auto exe = compiler::compile(g, Device::cuda(0), opt);
-      const std::string summary = exe->summary();
-      EXPECT_EQ(summary.find("split"), std::string::npos) << label << "\n" << summary;
-      EXPECT_EQ(summary.find("copy"), std::string::npos) << label << "\n" << summary;
-      EXPECT_EQ(summary.find("reshape"), std::string::npos) << label << "\n" << summary;
-      EXPECT_EQ(exe->report().loop_kernels, 0) << label << "\n" << summary;
-      const bool cudnn = half && std::string(attention) == "auto";
-      EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : half ? "flash kernel on tensor cores" : "flash kernel"),
-                std::string::npos)
-          << label << "\n" << summary;
-      Tensor got = exe->run(in)[0].to(Device::cpu());
-      // Two library steps (the projection, then attention) in dt: twice attention's tolerance.
-      EXPECT_TRUE(test::close(got.to(DType::Float64), want,
-                              test::Tolerance::for_dtype(dt).scaled(2 * op_def(OpId::ScaledDotProductAttention).tolerance_scale)))
-          << label << " " << mode;
-      if (!first.defined()) first = got;
-      else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
-    }
+      Tensor first;
+      for (const char* mode : {"default", "reduce-overhead"}) {
+        SCOPED_TRACE(std::string("attention=") + attention);
+        compiler::Options opt;
+        opt.mode = mode;
+        opt.knobs.set("attention", attention);
+        auto exe = compiler::compile(g, Device::cuda(0), opt);
+        const std::string summary = exe->summary();
+        EXPECT_EQ(summary.find("split"), std::string::npos) << label << "\n" << summary;
+        EXPECT_EQ(summary.find("copy"), std::string::npos) << label << "\n" << summary;
+        EXPECT_EQ(summary.find("reshape"), std::string::npos) << label << "\n" << summary;
+        EXPECT_EQ(exe->report().loop_kernels, 0) << label << "\n" << summary;
+        const bool cudnn = half && std::string(attention) == "auto";
+        EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : half ? "flash kernel on tensor cores" : "flash kernel"),
+                  std::string::npos)
+            << label << "\n" << summary;
+        Tensor got = exe->run(in)[0].to(Device::cpu());
+        // Two library steps (the projection, then attention) in dt: twice attention's tolerance.
+        EXPECT_TRUE(test::close(got.to(DType::Float64), want,
+                                test::Tolerance::for_dtype(dt).scaled(2 * op_def(OpId::ScaledDotProductAttention).tolerance_scale)))
+            << label << " " << mode;
+        if (!first.defined()) first = got;
+        else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
+      }
     }
   }
 }
