@@ -44,6 +44,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 
 #include <fmt/format.h>
 
@@ -221,6 +222,22 @@ GemmShape gemm_shape(const Graph& g, const Node& n) {
   return s;
 }
 
+// The kernel's pointer parameters: inputs 0 .. n-1 named `inputs`, the last of them only where
+// `with_last` (an optional input: a bias, a mask), then output 0 named `output`.
+void pointer_params(DirectKernel& k, std::string& params, std::initializer_list<const char*> inputs,
+                    bool with_last, const char* output) {
+  k.arg_inputs.clear();
+  params.clear();
+  int i = 0;
+  for (const char* name : inputs) {
+    if (i + 1 == int(inputs.size()) && !with_last) break;
+    k.arg_inputs.push_back(i++);
+    params += fmt::format("char* {}_, ", name);
+  }
+  params += fmt::format("char* {}_", output);
+  k.arg_outputs = {0};
+}
+
 void plan_gemm_kernel(const Graph& g, const Node& n, const std::string& name, int64_t max_blocks,
                       DirectKernel& k, std::string& params, std::string& body) {
   DType dt = g.type(n.outputs[0]).dtype;
@@ -231,14 +248,7 @@ void plan_gemm_kernel(const Graph& g, const Node& n, const std::string& name, in
   int64_t batch = numel(s.batch);
   int64_t tm = (s.m + 15) / 16, tn = (s.n + 15) / 16, tiles = batch * tm * tn;
   k.blocks = std::min(tiles, max_blocks);
-  k.arg_inputs = {0, 1};
-  params = "char* a_, char* b_, ";
-  if (s.bias) {
-    k.arg_inputs.push_back(2);
-    params += "char* bias_, ";
-  }
-  params += "char* y_";
-  k.arg_outputs = {0};
+  pointer_params(k, params, {"a", "b", "bias"}, s.bias, "y");
   body += fmt::format("  const {0}* a = (const {0}*)a_; const {0}* b = (const {0}*)b_; {0}* y = ({0}*)y_;\n", T);
   if (s.bias) body += fmt::format("  const {0}* bias = (const {0}*)bias_;\n", T);
   body += fmt::format("  __shared__ {0} As[16][17];\n  __shared__ {0} Bs[16][17];\n", A);
@@ -294,14 +304,7 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
   const bool bias = has_input(n, 2);
   int64_t total = numel(y);
   k.blocks = std::min((total + 255) / 256, max_blocks);
-  k.arg_inputs = {0, 1};
-  params = "char* x_, char* w_, ";
-  if (bias) {
-    k.arg_inputs.push_back(2);
-    params += "char* bias_, ";
-  }
-  params += "char* y_";
-  k.arg_outputs = {0};
+  pointer_params(k, params, {"x", "w", "bias"}, bias, "y");
   body += fmt::format("  const {0}* x = (const {0}*)x_; const {0}* w = (const {0}*)w_; {0}* y = ({0}*)y_;\n", T);
   if (bias) body += fmt::format("  const {0}* bias = (const {0}*)bias_;\n", T);
   body += grid_loop(total);
@@ -445,18 +448,6 @@ std::string attn_batch_offsets(const AttnShape& a) {
   return body + "    (void)moff;\n";
 }
 
-// The kernel's pointer parameters: q, k, v, the mask if any, the output.
-void attn_params(const AttnShape& a, DirectKernel& k, std::string& params) {
-  k.arg_inputs = {0, 1, 2};
-  params = "char* q_, char* k_, char* v_, ";
-  if (a.has_mask) {
-    k.arg_inputs.push_back(3);
-    params += "char* m_, ";
-  }
-  params += "char* o_";
-  k.arg_outputs = {0};
-}
-
 void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
                            const std::vector<Dims>& input_strides, DirectKernel& k,
                            std::string& params, std::string& body) {
@@ -514,7 +505,7 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
   const int64_t tiles = nbatch * qtiles;
   k.blocks = EV > 0 ? std::min(tiles, max_blocks) : 0;  // 0: an empty output
   k.threads = 256;
-  attn_params(a, k, params);
+  pointer_params(k, params, {"q", "k", "v", "m"}, a.has_mask, "o");
   const char* fma = f64 ? "__fma_rn" : "__fmaf_rn";  // explicit: the program has --fmad=false
   const char* fmx = f64 ? "fmax" : "fmaxf";
   const char* ex = f64 ? "exp" : "expf";
@@ -728,7 +719,7 @@ void plan_attention_mma(const Graph& g, const Node& n, int64_t max_blocks,
   const int64_t bc = kMmaKeyTile, kp = E + 8, vp = bc + 8;  // shared rows, padded
   k.threads = int(32 * warps);
   k.blocks = std::min(tiles, max_blocks);
-  attn_params(a, k, params);
+  pointer_params(k, params, {"q", "k", "v", "m"}, a.has_mask, "o");
   tables += kMmaHelpers;
   body += "  const unsigned short* q = (const unsigned short*)q_; const unsigned short* kk = (const unsigned short*)k_;\n";
   body += "  const unsigned short* v = (const unsigned short*)v_; unsigned short* o = (unsigned short*)o_;\n";
