@@ -383,6 +383,15 @@ TEST(CudaDeviceStatus, OutOfRangeIndicesFailLikeTheCpu) {
   }
 }
 
+// `g` compiled for CUDA in `mode` under the knob attention=`attention` (Note [CUDA attention]).
+std::unique_ptr<compiler::CompiledExecutable> compile_attention(const Graph& g, const char* mode,
+                                                                const char* attention) {
+  compiler::Options o;
+  o.mode = mode;
+  o.knobs.set("attention", attention);
+  return compiler::compile(g, Device::cuda(0), o);
+}
+
 // scaled_dot_product_attention compiled for CUDA runs as one fused kernel — cuDNN's flash
 // attention in float16 / bfloat16 without a mask input, else the flash-style direct kernel (Note
 // [CUDA attention] in targets/cuda/target.cc) — at the sizes models use — ViT's 197 tokens, BERT's padding mask, causal 300, head
@@ -457,10 +466,7 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
       Tensor first;
       for (const char* mode : {"default", "reduce-overhead"}) {
         SCOPED_TRACE(std::string("attention=") + attention);
-        compiler::Options o;
-        o.mode = mode;
-        o.knobs.set("attention", attention);
-        auto exe = compiler::compile(g, Device::cuda(0), o);
+        auto exe = compile_attention(g, mode, attention);
         const std::string summary = exe->summary();
         EXPECT_EQ(exe->report().eager_launches, 0) << label << "\n" << summary;
         const bool cudnn = half && c.mask == 0 && std::string(attention) == "auto";
@@ -524,10 +530,7 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
       Tensor first;
       for (const char* mode : {"default", "reduce-overhead"}) {
         SCOPED_TRACE(std::string("attention=") + attention);
-        compiler::Options opt;
-        opt.mode = mode;
-        opt.knobs.set("attention", attention);
-        auto exe = compiler::compile(g, Device::cuda(0), opt);
+        auto exe = compile_attention(g, mode, attention);
         const std::string summary = exe->summary();
         EXPECT_EQ(summary.find("split"), std::string::npos) << label << "\n" << summary;
         EXPECT_EQ(summary.find("copy"), std::string::npos) << label << "\n" << summary;
