@@ -10,6 +10,11 @@
 //     explicit mask together with is_causal is an error.
 // A row whose every score is -inf (all masked) has no defined softmax: like PyTorch's math path
 // it comes out NaN. With S == 0 the output is 0 (an empty sum), as matmul over S gives.
+// heads_last (default false) stores the output with its last batch dim moved after the sequence
+// dim: [..., L, H, Ev] instead of [..., H, L, Ev] (H: the last batch dim; the output has one).
+// It is the same numbers as transpose(out, -3, -2): models transpose attention's output so, and
+// reshape it to [..., L, H * Ev] for the output projection; written heads-last, that reshape is a
+// view (Note [attention writes heads last] in passes/attention_heads_last.h).
 //
 // The op is composite: `decompose` writes it with matmul/transpose/mul/where|add/softmax/matmul
 // through the eager API, and eager CPU runs that decomposition (so eager performance is that of
@@ -87,6 +92,12 @@ std::vector<TensorType> infer_sdpa(const InferContext& ctx) {
   Shape out = batch;
   out.push_back(L);
   out.push_back(Ev);
+  if (ctx.attrs.get_bool("heads_last")) {
+    if (batch.rank() == 0)
+      ctx.fail("heads_last needs a batch dim to move after the sequence dim, but q {}, k {} and "
+               "v {} have none", to_string(q.shape), to_string(k.shape), to_string(v.shape));
+    std::swap(out[out.rank() - 3], out[out.rank() - 2]);
+  }
   return {TensorType(q.dtype, out, q.device)};
 }
 
@@ -105,8 +116,14 @@ void ref_sdpa(const KernelContext& ctx) {
   const int r = out.dim(), nb = r - 2;
   const int64_t L = q.size(-2), E = q.size(-1), S = k.size(-2), Ev = v.size(-1);
   const double scale = sdpa_scale(ctx.attrs, E);
+  // The output as [..., H, L, Ev] (heads_last: the stored [..., L, H, Ev] seen transposed).
+  Dims osz = out.sizes(), os = out.strides();
+  if (ctx.attrs.get_bool("heads_last")) {
+    std::swap(osz[size_t(nb - 1)], osz[size_t(nb)]);
+    std::swap(os[size_t(nb - 1)], os[size_t(nb)]);
+  }
   Dims batch;
-  for (int d = 0; d < nb; ++d) batch.push_back(out.sizes()[d]);
+  for (int d = 0; d < nb; ++d) batch.push_back(osz[size_t(d)]);
   auto full = [&](int64_t a, int64_t b) {
     Dims s = batch;
     s.push_back(a);
@@ -116,7 +133,6 @@ void ref_sdpa(const KernelContext& ctx) {
   Dims qs = broadcast_strides(q, full(L, E)), ks = broadcast_strides(k, full(S, E));
   Dims vs = broadcast_strides(v, full(S, Ev));
   Dims ms = mask.defined() ? broadcast_strides(mask, full(L, S)) : Dims(size_t(r), int64_t(0));
-  const Dims& os = out.strides();
   const char *qp = elem_ptr(q, 0), *kp = elem_ptr(k, 0), *vp = elem_ptr(v, 0);
   const char* mp = mask.defined() ? elem_ptr(mask, 0) : nullptr;
   char* op = elem_ptr(out, 0);
@@ -199,7 +215,9 @@ TensorList decompose_sdpa(std::span<const Tensor> in, const Attrs& attrs) {
     scores = where(causal_allowed(q.size(-2), k.size(-2), q.device()), scores, neg_inf);
   if (mask.defined())
     scores = mask.dtype() == DType::Bool ? where(mask, scores, neg_inf) : add(scores, mask);
-  return {matmul(softmax(scores, -1), v)};
+  Tensor out = matmul(softmax(scores, -1), v);
+  if (attrs.get_bool("heads_last")) out = transpose(out, -3, -2);
+  return {out};
 }
 
 // Eager runs the decomposition (see Note [SDPA semantics]) and stores it in the output.
@@ -270,6 +288,12 @@ std::vector<OpSample> samples_sdpa(Generator& g) {
        plain, "40 queries x 100 keys, bool mask"},
       {{sample_randn(g, {1, 2, 70, 8}), sample_randn(g, {1, 2, 70, 8}), sample_randn(g, {1, 2, 70, 40})},
        causal, "causal 70 x 70, Ev = 40"},
+      // heads_last: [B, L, H, Ev] out, as the [B, S, H * D] reshape that follows wants it.
+      {{sample_randn(g, {2, 3, 5, 8}), sample_randn(g, {2, 3, 7, 8}), sample_randn(g, {2, 3, 7, 4}),
+        sample_float_mask(g, {2, 1, 1, 7})},
+       {{"is_causal", false}, {"heads_last", true}}, "heads_last, float padding mask"},
+      {{sample_randn(g, {2, 70, 16}), sample_randn(g, {2, 70, 16}), sample_randn(g, {2, 70, 16})},
+       {{"is_causal", true}, {"heads_last", true}}, "heads_last, rank 3, causal 70 x 70"},
   };
 }
 
@@ -278,9 +302,11 @@ std::vector<OpSample> samples_sdpa(Generator& g) {
 void register_attention_ops() {
   OpDef& d = define_op(OpId::ScaledDotProductAttention);
   d.doc = "softmax(q @ k^T * scale + mask) @ v; mask bool (true = attend) or float (added); "
-          "is_causal: lower-triangular, top-left aligned; a fully masked row is NaN";
+          "is_causal: lower-triangular, top-left aligned; a fully masked row is NaN; heads_last: "
+          "output [..., L, H, Ev] (the last batch dim after the sequence)";
   d.inputs = {{"q"}, {"k"}, {"v"}, {"mask", true}};
-  d.attrs = {{"is_causal", AttrType::Bool, false}, {"scale", AttrType::Float, {}, true}};
+  d.attrs = {{"is_causal", AttrType::Bool, false}, {"scale", AttrType::Float, {}, true},
+             {"heads_last", AttrType::Bool, false}};
   d.infer = infer_sdpa;
   d.reference = ref_sdpa;
   d.decompose = decompose_sdpa;

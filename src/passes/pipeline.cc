@@ -3,6 +3,7 @@
 #include "passes/pipeline.h"
 #include "passes/pass.h"
 #include "passes/algebraic_simplify.h"
+#include "passes/attention_heads_last.h"
 #include "passes/autocast.h"
 #include "passes/constant_fold.h"
 #include "passes/cse.h"
@@ -30,6 +31,7 @@ constexpr PassEntry kPasses[] = {
     // a target's choice (Target::graph_passes: CUDA), after the default pipeline
     {"patch-conv-to-linear", make_patch_conv_to_linear_pass, false},
     {"merge-sibling-linears", make_merge_sibling_linears_pass, false},
+    {"attention-heads-last", make_attention_heads_last_pass, false},
     {"fold-conv-bn", make_fold_conv_bn_pass, true},
     {"cse", make_cse_pass, true},
     {"fuse-epilogues", make_fuse_epilogues_pass, true},

@@ -35,7 +35,9 @@
 //           found by its tag among the plan's candidates or refused as above. The descriptor's
 //           q_stride / k_stride / v_stride ([B, H, S, D] element strides of views read in
 //           place; all zero: contiguous) are new in format version 5; version-4 records have
-//           none and read contiguous operands.
+//           none and read contiguous operands. o_stride (format version 9, present only when
+//           not contiguous): the output written heads-last, [B, S, H, D] through its
+//           [B, H, S, D] strides (Note [attention writes heads last]).
 // Buffers are checked against their slots' sizes (LaunchEnv::slot_bytes) from the descriptors,
 // so an edited manifest cannot point a library call outside its memory.
 #include <algorithm>
@@ -442,11 +444,14 @@ void run_sdpa(void* s, const Executable::RunContext& c) {
 }
 
 json sdpa_desc_json(const cuda::SdpaDesc& d) {
-  return {{"dtype", dtype_name(d.dtype)}, {"batch", d.batch}, {"heads", d.heads},
-          {"seq_q", d.seq_q}, {"seq_kv", d.seq_kv}, {"head_dim", d.head_dim},
-          {"head_dim_v", d.head_dim_v ? d.head_dim_v : d.head_dim}, {"scale", d.scale},
-          {"causal", d.causal}, {"alignment_bytes", d.alignment_bytes},
-          {"q_stride", d.q_stride}, {"k_stride", d.k_stride}, {"v_stride", d.v_stride}};
+  json j = {{"dtype", dtype_name(d.dtype)}, {"batch", d.batch}, {"heads", d.heads},
+            {"seq_q", d.seq_q}, {"seq_kv", d.seq_kv}, {"head_dim", d.head_dim},
+            {"head_dim_v", d.head_dim_v ? d.head_dim_v : d.head_dim}, {"scale", d.scale},
+            {"causal", d.causal}, {"alignment_bytes", d.alignment_bytes},
+            {"q_stride", d.q_stride}, {"k_stride", d.k_stride}, {"v_stride", d.v_stride}};
+  // Format 9 (kAttentionOutputFormatVersion): only where the output is not contiguous.
+  if (d.o_stride != std::array<int64_t, 4>{}) j["o_stride"] = d.o_stride;
+  return j;
 }
 
 // A [B, H, S, D] stride record: absent (format 4) or all zero = contiguous; else the last is 1
@@ -482,6 +487,7 @@ cuda::SdpaDesc sdpa_desc_from(const json& j) {
   d.q_stride = sdpa_strides_from(j, "q_stride");
   d.k_stride = sdpa_strides_from(j, "k_stride");
   d.v_stride = sdpa_strides_from(j, "v_stride");
+  d.o_stride = sdpa_strides_from(j, "o_stride");  // format 9
   return d;
 }
 
@@ -858,7 +864,7 @@ SdpaRecord parse_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env, const std::st
   check_buffer(env, b.q, span(d.q_stride, d.seq_q, d.head_dim), where, "q");
   check_buffer(env, b.k, span(d.k_stride, d.seq_kv, d.head_dim), where, "k");
   check_buffer(env, b.v, span(d.v_stride, d.seq_kv, d.head_dim_v), where, "v");
-  check_buffer(env, b.o, product({bh, d.seq_q, d.head_dim_v, es}), where, "o");
+  check_buffer(env, b.o, span(d.o_stride, d.seq_q, d.head_dim_v), where, "o");
   if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
   rec.engine = p.at("engine").get<std::string>();
   return rec;

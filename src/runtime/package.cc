@@ -505,6 +505,8 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     if (r.kind == "onednn" && onednn_channels_last(params.at("desc")))
       version = std::max(version, kChannelsLastFormatVersion);
     if (r.kind == "upsample") version = std::max(version, kUpsampleFormatVersion);
+    if (r.kind == "cudnn_sdpa" && params.at("desc").contains("o_stride"))
+      version = std::max(version, kAttentionOutputFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
                         {"params", std::move(params)}});
     records.push_back(std::move(r));
@@ -1287,6 +1289,10 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       if (r.kind == "upsample" && out.format_version < kUpsampleFormatVersion)
         throw std::out_of_range(fmt::format("{}: an upsample launch is unknown to format version {}",
                                             lw, out.format_version));
+      if (r.kind == "cudnn_sdpa" && out.format_version < kAttentionOutputFormatVersion &&
+          j.at("params").at("desc").contains("o_stride"))
+        throw std::out_of_range(fmt::format("{}: an attention output stride (o_stride) is unknown "
+                                            "to format version {}", lw, out.format_version));
       if (r.kind == "onednn") {  // its buffers must lie in the slot table and the arena
         const json& p = j.at("params");
         if (out.format_version < kOnednnConcatFormatVersion && p.at("desc").at("op") == "concat")

@@ -35,14 +35,18 @@ namespace kiln {
 // runtime would compute another hash and call the package corrupt). A package is written with
 // the lowest version that holds it: CPU packages are version 2, 6 with a oneDNN concat, 7 with a
 // channels-last operand or an upsample, 8 with prepacked weights (the default); CUDA packages
-// are 8 (their weights hashed in chunks; 3 to 7 still load).
-inline constexpr uint32_t kPackageFormatVersion = 8;
+// are 8 (their weights hashed in chunks; 3 to 7 still load), 9 with a cuDNN attention that writes
+// its output through strides (`o_stride`: Note [attention writes heads last] in
+// passes/attention_heads_last.h; a version-8 runtime would ignore the key and write the output
+// contiguous, in the wrong order).
+inline constexpr uint32_t kPackageFormatVersion = 9;
 inline constexpr uint32_t kCudaPackageFormatVersion = 8;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOnednnConcatFormatVersion = 6;
 inline constexpr uint32_t kChannelsLastFormatVersion = 7;
 inline constexpr uint32_t kUpsampleFormatVersion = 7;
 inline constexpr uint32_t kPrepackedFormatVersion = 8;
+inline constexpr uint32_t kAttentionOutputFormatVersion = 9;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------

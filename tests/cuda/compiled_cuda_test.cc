@@ -552,4 +552,55 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
   }
 }
 
+// Note [attention writes heads last]: attention whose output is transposed to [B, S, H, D] and
+// reshaped for the output projection (BERT's and MultiheadAttention's pattern) writes [B, S, H,
+// D] itself — cuDNN through its output strides (bfloat16 and float16 without a mask), the
+// tensor-core and SIMT kernels through their output offsets — so no copy kernel runs between it
+// and the projection. Against the float64 reference of the block, batch 2 (the batch stride
+// matters), in default and reduce-overhead (bitwise equal).
+TEST(CudaAttention, OutputWrittenHeadsLastFeedsTheProjection) {
+  const int64_t B = 2, S = 77, E = 256, H = 4, D = E / H;
+  Generator gen(78);
+  for (DType dt : {DType::BFloat16, DType::Float16, DType::Float32}) {
+    const std::string label = dtype_name(dt);
+    TensorList in = {Tensor::randn({B, H, S, D}, gen).to(dt), Tensor::randn({B, H, S, D}, gen).to(dt),
+                     Tensor::randn({B, H, S, D}, gen).to(dt), (Tensor::randn({E, E}, gen) * 0.06).to(dt)};
+    Graph g;
+    std::vector<ValueId> qkv;
+    for (const char* name : {"q", "k", "v"}) qkv.push_back(g.add_input(name, in[qkv.size()].type()));
+    ValueId w = g.add_input("w", in[3].type());
+    ValueId o = g.add_node1(OpId::ScaledDotProductAttention, qkv, {{"is_causal", false}}, "attn");
+    ValueId t = g.add_node1(OpId::Transpose, {o}, {{"dim0", int64_t(1)}, {"dim1", int64_t(2)}}, "heads");
+    ValueId r = g.add_node1(OpId::Reshape, {t}, {{"shape", Ints{B, S, E}}}, "merge");
+    g.outputs = {g.add_node1(OpId::Linear, {r, w}, {}, "out_proj")};
+    TensorList in64;
+    for (const Tensor& x : in) in64.push_back(x.to(DType::Float64));
+    Tensor want = linear(reshape(transpose(scaled_dot_product_attention(in64[0], in64[1], in64[2]), 1, 2), {B, S, E}), in64[3], Tensor());
+    const bool half = dt != DType::Float32;
+    std::vector<const char*> knobs = {"auto"};
+    if (half) knobs.insert(knobs.end(), {"direct", "simt"});
+    for (const char* attention : knobs) {
+      Tensor first;
+      for (const char* mode : {"default", "reduce-overhead"}) {
+        SCOPED_TRACE(std::string("attention=") + attention);
+        auto exe = compile_attention(g, mode, attention);
+        const std::string summary = exe->summary();
+        EXPECT_NE(summary.find("output written heads-last"), std::string::npos) << label << "\n" << summary;
+        EXPECT_EQ(summary.find("reshape"), std::string::npos) << label << "\n" << summary;
+        EXPECT_EQ(exe->report().loop_kernels, 0) << label << "\n" << summary;
+        if (half && std::string(attention) == "auto") {
+          EXPECT_NE(summary.find("cuDNN fused flash attention"), std::string::npos) << label << "\n" << summary;
+        }
+        Tensor got = exe->run(in)[0].to(Device::cpu());
+        // Two steps (attention, then the projection) in dt: twice attention's tolerance.
+        EXPECT_TRUE(test::close(got.to(DType::Float64), want,
+                                test::Tolerance::for_dtype(dt).scaled(2 * op_def(OpId::ScaledDotProductAttention).tolerance_scale)))
+            << label << " " << mode;
+        if (!first.defined()) first = got;
+        else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
+      }
+    }
+  }
+}
+
 }  // namespace

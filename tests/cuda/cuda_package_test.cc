@@ -26,6 +26,7 @@
 #include "../support/c_run.h"
 #include "pick_rows.h"
 #include "../support/files.h"
+#include "../support/package_edit.h"
 #include "compiler/compile.h"
 #include "compiler/package.h"
 #include "compiler/replace_weights.h"
@@ -395,8 +396,15 @@ TEST(CudaPackage, CudnnAttentionEngineIsPinnedAndAnUnknownOneRefused) {
       // reads views]): [B, H, S, D] strides, rows 2304 apart.
       EXPECT_EQ(l["params"]["desc"]["q_stride"], json({453888, 64, 2304, 1})) << l.dump();
       EXPECT_EQ(l["params"]["desc"]["v_stride"], json({453888, 64, 2304, 1})) << l.dump();
+      // The output written heads-last, [1, 197, 12, 64] (Note [attention writes heads last]).
+      EXPECT_EQ(l["params"]["desc"]["o_stride"], json({151296, 64, 768, 1})) << l.dump();
     }
   EXPECT_EQ(sdpa, 12) << "one fused attention per encoder layer";
+  // Format version 9 holds the output strides; labelled 8 (re-hashed), the package is refused as
+  // a version-8 runtime, which would ignore them, must refuse it.
+  EXPECT_EQ(version, kAttentionOutputFormatVersion);
+  std::string old = test::load_error_as_version(test::read_bytes(p.path), kAttentionOutputFormatVersion - 1, "vit");
+  EXPECT_NE(old.find("o_stride) is unknown to format version 8"), std::string::npos) << old;
   bool edited_one = false;
   std::string err = load_error(edited(p.path, [&](json& mm) {
     for (json& l : mm["launches"])

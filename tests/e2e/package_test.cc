@@ -1149,18 +1149,26 @@ CrossBuilt cross_build_bf16(const std::string& model) {
 
 // BERT: q, k and v are one GEMM (passes/merge_linears.h) whose slices attention reads in place,
 // so each layer is 4 GEMMs; the package's weights hold the merged projection instead of the
-// three.
+// three. Attention writes [B, S, H, D] (Note [attention writes heads last]), so no copy kernel
+// reshapes its output for the output projection.
 TEST(Package, CudaCrossBuiltBertProjectsQkvInOneGemm) {
   CrossBuilt c = cross_build_bf16("bert_base");
   EXPECT_NE(c.summary.find("gemm bfloat16 128x2304x768"), std::string::npos) << c.summary;
   EXPECT_EQ(c.summary.find("split"), std::string::npos) << c.summary;
+  EXPECT_EQ(c.summary.find("reshape"), std::string::npos) << c.summary;
+  size_t heads_last = 0;
+  for (size_t at = c.summary.find("output written heads-last"); at != std::string::npos;
+       at = c.summary.find("output written heads-last", at + 1))
+    ++heads_last;
+  EXPECT_EQ(heads_last, 12u) << c.summary;
   EXPECT_EQ(c.launches["cublaslt"], 12 * 4 + 1);  // 4 per layer, the pooler
 }
 
 // ViT: its patch embedding is one GEMM (passes/patch_conv.h: no convolution left), and
 // attention reads q, k and v in place from the packed projection (Note [CUDA attention reads
-// views]: no split and no copies before it), so each encoder layer is 4 GEMMs, attention, 1 copy
-// back to [B, S, E], 2 layer-norm kernels and a GELU.
+// views]: no split and no copies before it) and writes its output heads-last (Note [attention
+// writes heads last]: no copy after it), so each encoder layer is 4 GEMMs, attention, 2
+// layer-norm kernels and a GELU.
 TEST(Package, CudaCrossBuiltVitHasNoPatchConvolutionAndNoSplit) {
   CrossBuilt c = cross_build_bf16("vit_b_16");
   EXPECT_EQ(c.summary.find("conv2d"), std::string::npos) << c.summary;
@@ -1168,8 +1176,14 @@ TEST(Package, CudaCrossBuiltVitHasNoPatchConvolutionAndNoSplit) {
   EXPECT_NE(c.summary.find("gemm bfloat16 196x768x768"), std::string::npos) << c.summary;
   EXPECT_EQ(c.launches["cudnn_conv"], 0);
   EXPECT_EQ(c.launches["cublaslt"], 1 + 12 * 4 + 1);  // patches, 4 per layer, the head
-  // 12 layers x (attention, its copy back, 2 layer norms, GELU) + the patch gather and cast, the
-  // class-token concat and the last layer norm, casts at the ends.
-  EXPECT_LE(c.launches["cuda_kernel"], 12 * 5 + 8) << c.summary;
+  // 12 layers x (attention, 2 layer norms, GELU) + the patch gather and cast, the class-token
+  // concat and the last layer norm, casts at the ends.
+  int reshapes = 0;  // kernel lines of the summary with a reshape: the patch gather's only
+  for (size_t at = 0, end; at < c.summary.size(); at = end + 1) {
+    end = std::min(c.summary.find('\n', at), c.summary.size());
+    reshapes += c.summary.substr(at, end - at).find("reshape") != std::string::npos;
+  }
+  EXPECT_EQ(reshapes, 1) << c.summary;
+  EXPECT_LE(c.launches["cuda_kernel"], 12 * 4 + 8) << c.summary;
 }
 

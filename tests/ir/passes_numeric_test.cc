@@ -730,6 +730,55 @@ graph @patches(%x: f32[2, 3, 12, 10], %y: f32[1, 4, 8, 8]) {
   expect_matches_float64(before, after, gen, 1e-5);
 }
 
+// attention-heads-last (passes/attention_heads_last.h, Note [attention writes heads last]):
+// attention whose one use is a transpose of dims -3 and -2 (as transpose(1, 2), transpose(-3,
+// -2) or ONNX's permute [0, 2, 1, 3]; rank 3 too) writes heads-last and the transpose goes, so
+// the reshape after it reads a contiguous value; attention used twice, transposed over other
+// dims, or returned as it is stays. Results against the interpreter before the pass in every
+// float dtype, and against float64.
+TEST(PassesNumeric, AttentionWritesHeadsLastWhereOnlyTransposed) {
+  const std::string text = R"(
+graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2, 1, 1, 7], %x: DT[3, 6, 8]) {
+  %o = scaled_dot_product_attention(%q, %k, %v, %m) {is_causal=false}
+  %t = transpose(%o) {dim0=1, dim1=2}
+  %y = reshape(%t) {shape=[2, 5, 12]}
+  %o2 = scaled_dot_product_attention(%q, %k, %v) {is_causal=true}
+  %p = permute(%o2) {dims=[0, 2, 1, 3]}
+  %o3 = scaled_dot_product_attention(%q, %k, %v) {is_causal=false, scale=0.5}
+  %t3 = transpose(%o3) {dim0=-3, dim1=-2}
+  %s3 = add(%o3, %o3)
+  %o4 = scaled_dot_product_attention(%q, %k, %v) {is_causal=false}
+  %t4 = transpose(%o4) {dim0=2, dim1=3}
+  %o5 = scaled_dot_product_attention(%x, %x, %x) {is_causal=true}
+  %t5 = transpose(%o5) {dim0=-2, dim1=-3}
+  %o6 = scaled_dot_product_attention(%q, %k, %v) {is_causal=false}
+  return %y, %p, %t3, %s3, %t4, %t5, %o6
+}
+)";
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph after = check_preserves(with_dtype(text, dt), {"attention-heads-last"});
+    int heads_last = 0;
+    for (const Node& n : after.nodes)
+      if (n.op == OpId::ScaledDotProductAttention) heads_last += n.attrs.get_bool("heads_last");
+    EXPECT_EQ(heads_last, 3) << print_graph(after);
+    EXPECT_EQ(count_op(after, OpId::Transpose), 2) << print_graph(after);  // %t3, %t4
+    EXPECT_EQ(count_op(after, OpId::Permute), 0) << print_graph(after);
+    EXPECT_EQ(to_dims(after.type(after.outputs[1]).shape), (Dims{2, 5, 3, 4}));
+    // The rewritten graph's values keep the transposes' names.
+    EXPECT_EQ(after.value(after.outputs[1]).name, "p");
+    EXPECT_EQ(after.value(after.outputs[5]).name, "t5");
+    // A second run finds nothing left to rewrite.
+    Graph again = after;
+    EXPECT_FALSE(run_passes(again, std::vector<std::string>{"attention-heads-last"}));
+    if (std::string(dt) == "f32") {
+      Graph before = parse_graph(with_dtype(text, dt), "test");
+      Generator gen(base_seed() ^ 31);
+      expect_matches_float64(before, after, gen, 1e-5);
+    }
+  }
+}
+
 // pointwise-deconv-to-conv (passes/deconv_to_conv.h): 1x1 stride-1 transposed convolutions,
 // grouped (3 groups of 2 -> 4 channels) and not, with and without a bias, one followed by a
 // batch_norm that the default pipeline then folds into the new conv2d; a strided one, a 2x2 one

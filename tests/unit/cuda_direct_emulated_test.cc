@@ -578,8 +578,9 @@ TEST(CudaDirectEmulatedAttention, SmallGridsTakeOneRowPerWarp) {
 // mask with a batch item whose every key is padded (NaN rows), the same as a bool [B,1,1,S] mask
 // (staged per key tile), a causal case whose rows and keys are not multiples of the tiles, a bool
 // mask with a dead row, head dims 16 to 128 with EV != E,
-// q/k/v views with an odd row stride (two-element reads that are not 4-byte aligned), and a
-// grid smaller than the tiles — each against the float64 reference with the dtype's tolerance,
+// q/k/v views with an odd row stride (two-element reads that are not 4-byte aligned), a
+// grid smaller than the tiles, and outputs written heads-last ([B, L, H, Ev]: padded, and causal
+// over views) — each against the float64 reference with the dtype's tolerance,
 // NaN exactly where the reference has NaN. Planned for sm_75 (or without a compute capability)
 // the same nodes take the SIMT kernel.
 TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
@@ -592,6 +593,7 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
     bool causal = false;
     int64_t max_blocks = 3;
     int64_t odd_stride = 0;  // > 0: q, k, v are views of one [B, S, 3 H D + 1] tensor, H = this
+    bool heads_last = false;  // the output stored [B, L, H, Ev] (Note [attention writes heads last])
   };
   std::vector<Case> cases = {
       {"bert_padding", DType::BFloat16, {2, 3, 40, 64}, {2, 3, 100, 64}, {2, 3, 100, 32}, 1},
@@ -601,6 +603,8 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
       {"head128", DType::Float16, {1, 1, 20, 128}, {1, 1, 33, 128}, {1, 1, 33, 128}},
       {"odd_stride_views", DType::BFloat16, {2, 2, 45, 32}, {2, 2, 45, 32}, {2, 2, 45, 32}, 0, false, 3, 2},
       {"many_blocks", DType::BFloat16, {1, 4, 64, 64}, {1, 4, 64, 64}, {1, 4, 64, 64}, 0, false, 132 * 16},
+      {"bert_heads_last", DType::BFloat16, {2, 3, 40, 64}, {2, 3, 100, 64}, {2, 3, 100, 32}, 1, false, 3, 0, true},
+      {"causal_heads_last_views", DType::Float16, {2, 2, 45, 32}, {2, 2, 45, 32}, {2, 2, 45, 32}, 0, true, 3, 2, true},
   };
   const OpDef& op = op_def(OpId::ScaledDotProductAttention);
   Generator gen(91);
@@ -639,8 +643,9 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
     std::vector<ValueId> ids;
     for (size_t i = 0; i < in.size(); ++i)
       ids.push_back(g.add_input(fmt::format("in{}", i), in[i].contiguous().type()));
-    g.add_node(OpId::ScaledDotProductAttention, ids, {{"is_causal", c.causal}}, c.name);
+    g.add_node(OpId::ScaledDotProductAttention, ids, {{"is_causal", c.causal}, {"heads_last", c.heads_last}}, c.name);
     cuda::DirectKernel k = cuda::plan_direct_kernel(g, g.nodes[0], 0, c.max_blocks, strides, 90);
+    EXPECT_EQ(k.describe.find("heads-last") != std::string::npos, c.heads_last) << k.describe;
     EXPECT_NE(k.describe.find("tensor cores"), std::string::npos) << k.describe;
     for (int cc : {0, 75}) {
       cuda::DirectKernel simt = cuda::plan_direct_kernel(g, g.nodes[0], 1, c.max_blocks, strides, cc);

@@ -392,10 +392,14 @@ AttnOperand attn_operand(const Dims& d, const Dims& out_batch, size_t tail, cons
 }
 
 // What both attention kernels read off the node: sizes, operands (views with their strides),
-// the mask's strides along L and S (0 where broadcast), causal, the scale.
+// the mask's strides along L and S (0 where broadcast), causal, the scale, and where the output
+// rows go: per batch dim and between rows (heads_last: Note [attention writes heads last]).
 struct AttnShape {
   int64_t L = 0, E = 0, S = 0, EV = 0, nbatch = 0;
-  Dims batch;
+  Dims batch;  // [..., H] also when the output is stored heads-last
+  Dims out_batch_stride;
+  int64_t out_row_stride = 0;
+  bool heads_last = false;
   AttnOperand qa, ka, va, ma;
   bool has_mask = false, causal = false;
   DType mdt = DType::Bool;
@@ -412,7 +416,17 @@ AttnShape attn_shape(const Graph& g, const Node& n, const std::vector<Dims>& inp
   a.E = qd.back();
   a.S = kd[kd.size() - 2];
   a.EV = vd.back();
+  // The output's dims and strides as [..., H, L, EV].
+  Dims ost = row_major_strides(od);
+  const size_t r = od.size();
+  a.heads_last = n.attrs.get_bool("heads_last");
+  if (a.heads_last) {
+    std::swap(od[r - 3], od[r - 2]);
+    std::swap(ost[r - 3], ost[r - 2]);
+  }
   a.batch = Dims(od.begin(), od.end() - 2);
+  a.out_batch_stride = Dims(ost.begin(), ost.end() - 2);
+  a.out_row_stride = ost[r - 2];
   a.nbatch = numel(a.batch);
   a.qa = attn_operand(qd, a.batch, 2, strides_of(0));
   a.ka = attn_operand(kd, a.batch, 2, strides_of(1));
@@ -433,9 +447,10 @@ AttnShape attn_shape(const Graph& g, const Node& n, const std::vector<Dims>& inp
   return a;
 }
 
-// The element offsets of batch item `bt` in q, k, v and the mask: qoff, koff, voff, moff.
+// The element offsets of batch item `bt` in q, k, v, the mask and the output: qoff, koff, voff,
+// moff, ooff.
 std::string attn_batch_offsets(const AttnShape& a) {
-  std::string body = "    long long qoff = 0, koff = 0, voff = 0, moff = 0;\n";
+  std::string body = "    long long qoff = 0, koff = 0, voff = 0, moff = 0, ooff = 0;\n";
   if (!a.batch.empty()) {
     body += coords(a.batch, "bt", "cb");
     for (size_t i = 0; i < a.batch.size(); ++i) {
@@ -443,6 +458,7 @@ std::string attn_batch_offsets(const AttnShape& a) {
       if (a.ka.batch_stride[i]) body += fmt::format("    koff += cb{} * {}LL;\n", i, a.ka.batch_stride[i]);
       if (a.va.batch_stride[i]) body += fmt::format("    voff += cb{} * {}LL;\n", i, a.va.batch_stride[i]);
       if (a.has_mask && a.ma.batch_stride[i]) body += fmt::format("    moff += cb{} * {}LL;\n", i, a.ma.batch_stride[i]);
+      if (a.out_batch_stride[i]) body += fmt::format("    ooff += cb{} * {}LL;\n", i, a.out_batch_stride[i]);
     }
   }
   return body + "    (void)moff;\n";
@@ -616,15 +632,16 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
   body += fmt::format("        if (d >= {}) continue;\n", EV);
   std::string value = S == 0 ? fmt::format("({})0", A)
                              : fmt::format("(m[r] == {} ? {} : acc[r][c] / l[r])", neg_inf, nan);
-  body += fmt::format("        o[bt * {}LL + i * {}LL + d] = {};\n", L * EV, EV, store_acc(dt, value));
+  body += fmt::format("        o[ooff + i * {}LL + d] = {};\n", a.out_row_stride, store_acc(dt, value));
   body += "      }\n    }\n";
   body += "  }\n";
   k.describe = fmt::format(
       "scaled_dot_product_attention flash kernel ({}, batch {} x [{}x{}] keys {} values {}{}{}; "
-      "{} query rows per block, key tiles of {}{}, score matrix never stored)",
+      "{} query rows per block, key tiles of {}{}, score matrix never stored{})",
       dtype_name(dt), nbatch, L, E, S, EV, causal ? ", causal" : "",
       has_mask ? fmt::format(", {} mask", dtype_name(mdt)) : "", qt, bc,
-      staged ? " in shared memory" : " read from global memory");
+      staged ? " in shared memory" : " read from global memory",
+      a.heads_last ? ", output written heads-last" : "");
 }
 
 
@@ -651,9 +668,12 @@ void plan_attention_kernel(const Graph& g, const Node& n, int64_t max_blocks,
 // rows, a [B,1,1,S] float padding mask, which keeps cuDNN away: Note [CUDA attention]) ran
 // the SIMT kernel at 18.5 us a layer on an H100, this one at 13.9 us (the call 0.672 -> 0.605
 // ms); ViT-B/16's unmasked attention stays with cuDNN (10.2 us against this kernel's 15.3).
-// What bounds it: 12 x 128 rows are 96 warps of 16 rows, two per multiprocessor, so each
-// warp's softmax latency is exposed; splitting a row block's keys across warps is the next
-// step.
+// Splitting a row block's keys over 2 or 4 warps (partial softmaxes merged through shared
+// memory; twenty-ninth session, not kept) gave BERT-base no gain on an H100: 0.578 ms a call
+// with the keys on one warp, 0.579 over two, 0.585 over four (ViT under attention=direct 0.684,
+// 0.699, 0.687), though the profiled launch (run alone between events) fell from 13.6 to
+// 11.9 us a layer over four: inside the CUDA graph the serial softmax latency was not what
+// the call waited on.
 constexpr int64_t kMmaKeyTile = 64;
 
 bool attention_on_tensor_cores(DType dt, int64_t E, int64_t EV, int compute_capability) {
@@ -859,16 +879,17 @@ void plan_attention_mma(const Graph& g, const Node& n, int64_t max_blocks,
   // Store: a row with every score -inf is NaN.
   body += "    for (int h = 0; h < 2; ++h) {\n";
   body += fmt::format("      if (r[h] >= {}LL) continue;\n", L);
-  body += fmt::format("      unsigned short* orow = o + bt * {}LL + r[h] * {}LL + c2;\n", L * EV, EV);
+  body += fmt::format("      unsigned short* orow = o + ooff + r[h] * {}LL + c2;\n", a.out_row_stride);
   body += fmt::format("      for (int nt = 0; nt < {}; ++nt) for (int w = 0; w < 2; ++w)\n", EV / 8);
   body += fmt::format("        orow[nt * 8 + w] = {}(m[h] == -INFINITY ? __int_as_float(0x7fc00000) : acc[nt][2 * h + w] / l[h]);\n    }}\n", cvt);
   body += "  }\n";
   k.describe = fmt::format(
       "scaled_dot_product_attention flash kernel on tensor cores ({}, batch {} x [{}x{}] keys {} "
       "values {}{}{}; mma.sync m16n8k16, {} query rows per block, key tiles of {} in shared memory, "
-      "score matrix never stored)",
+      "score matrix never stored{})",
       dtype_name(dt), nbatch, L, E, S, EV, causal ? ", causal" : "",
-      has_mask ? fmt::format(", {} mask", dtype_name(mdt)) : "", qt, bc);
+      has_mask ? fmt::format(", {} mask", dtype_name(mdt)) : "", qt, bc,
+      a.heads_last ? ", output written heads-last" : "");
 }
 
 }  // namespace

@@ -739,6 +739,10 @@ std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, int32_t
   };
   if (!bhsd(0, q, &d.q_stride) || !bhsd(1, k, &d.k_stride) || !bhsd(2, v, &d.v_stride))
     return "a view whose batch dims do not merge into one stride";
+  // Note [attention writes heads last]: the output stored [B, S, H, D], written through its
+  // strides in [B, H, S, D] order.
+  if (n.attrs.get_bool("heads_last"))
+    d.o_stride = {d.seq_q * d.heads * d.head_dim_v, d.head_dim_v, d.heads * d.head_dim_v, 1};
   // One plan per descriptor (Note [One plan per descriptor]).
   const CachedPlan& cached = cached_plan("sdpa " + cudnn_desc_key(d), [&](CachedPlan& c) {
     try {
@@ -752,7 +756,7 @@ std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, int32_t
   ln.sdpa = cached.sdpa;
   ln.kind = LibNode::Kind::Sdpa;
   ln.describe = ::kiln::cuda::describe(d) + " cuDNN fused flash attention, engine " +
-                ln.sdpa->engine().tag;
+                ln.sdpa->engine().tag + (n.attrs.get_bool("heads_last") ? ", output written heads-last" : "");
   return "";
 }
 
@@ -1109,9 +1113,11 @@ class CudaTarget final : public compiler::Target {
 
   // A convolution whose windows tile its input (ViT's patch embedding) as one GEMM
   // (passes/patch_conv.h): cuDNN's 3-channel NCHW kernel for it is ~10x the GEMM's time. Linears
-  // of one input as one GEMM (passes/merge_linears.h): BERT's q, k, v.
+  // of one input as one GEMM (passes/merge_linears.h): BERT's q, k, v. Attention writes its
+  // output heads-last where the model transposes it so (passes/attention_heads_last.h): no copy
+  // kernel before the output projection.
   std::vector<std::string> graph_passes() const override {
-    return {"patch-conv-to-linear", "merge-sibling-linears"};
+    return {"patch-conv-to-linear", "merge-sibling-linears", "attention-heads-last"};
   }
 
   // Note [CUDA convolution layouts]: fused_conv2d with an epilogue cuDNN's graphs express.
