@@ -34,7 +34,8 @@ CopiedGraph insert_copies(Graph& g, KernelChoice& choice, const Target& target) 
     Node n = std::move(old[i]);
     const OpDef& d = op_def(n.op);
     bool lib = before.library[i];
-    bool eager = !lib && !d.is_view && !before.generated[i];
+    // A small linear is a generated GEMV (a loop kernel): it reads what loop kernels read.
+    bool eager = !lib && !d.is_view && !before.generated[i] && !before.gemv[i];
     size_t strided_before = out.strided_operands.size();
     if (lib || eager) {
       for (size_t k = 0; k < n.inputs.size(); ++k) {

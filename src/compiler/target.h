@@ -79,6 +79,8 @@ struct SchedulePolicy {
   // linear / fused_linear with at most this many multiply-adds become a generated reduction
   // (GEMV) instead of a library call; 0: never.
   int64_t small_linear_macs = 0;
+  // The same for a float16 / bfloat16 linear of one input row (lower::small_linear).
+  int64_t small_half_gemv_macs = 0;
 };
 
 // ---- library kernels ----------------------------------------------------------------------------

@@ -98,13 +98,19 @@ bool is_global_avg_pool(const Node& n) {
 
 }  // namespace
 
-bool small_linear(const Graph& g, const Node& n, int64_t max_macs) {
+bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_half_row_macs) {
   if (n.op != OpId::Linear && n.op != OpId::FusedLinear) return false;
   if (n.inputs.size() < 2) return false;
   const TensorType& x = g.type(n.inputs[0]);
   const TensorType& w = g.type(n.inputs[1]);
-  if (!concrete(x) || !concrete(w) || x.dtype != DType::Float32 || w.dtype != DType::Float32)
+  if (!concrete(x) || !concrete(w) || w.dtype != x.dtype || x.rank() == 0) return false;
+  const bool half = x.dtype == DType::Float16 || x.dtype == DType::BFloat16;
+  if (half) {
+    if (numel(dims_of(x)) != x.shape[x.rank() - 1].value()) return false;  // one row
+    max_macs = max_half_row_macs;
+  } else if (x.dtype != DType::Float32) {
     return false;
+  }
   if (n.op == OpId::FusedLinear) {
     const std::string& act = n.attrs.get_string("activation");
     if (act != "none" && act != "relu" && act != "gelu" && act != "gelu_tanh" && act != "silu" &&

@@ -61,10 +61,11 @@ struct Schedule {
 // layer_norm) or a global average pool. A target narrows this down by dtype
 // (compiler::Target::generates).
 bool loop_expressible(const Graph& g, const Node& n);
-// Whether `n` is a float32 linear / fused_linear (with an activation the GEMV epilogue has) of
-// at most `max_macs` multiply-adds: the scheduler can generate it as a reduction over K (a
-// GEMV in registers for batch-1 MLPs); a target decides the threshold.
-bool small_linear(const Graph& g, const Node& n, int64_t max_macs);
+// Whether `n` is a linear / fused_linear (with an activation the GEMV epilogue has) that the
+// scheduler generates as a reduction over K (a GEMV in registers for batch-1 MLPs): float32 of
+// at most `max_macs` multiply-adds, or float16 / bfloat16 of one input row (a GEMV: batch-1
+// classifier heads) and at most `max_half_row_macs`. A target decides the thresholds.
+bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_half_row_macs = 0);
 
 // `view_is_copy[v]`: the memory planner materializes view value v (PlanKind::Copy); such view
 // nodes become copy kernels. Values consumed by extern/fallback steps must not be virtual

@@ -552,6 +552,56 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
   }
 }
 
+// A float16 / bfloat16 linear of one input row (resnet50's classifier, BERT's pooler with its
+// tanh) is a generated GEMV (CudaTarget::policy): one loop kernel with its bias, activation and
+// the cast after it, no cuBLASLt call; under gemv=cublaslt it is cuBLASLt's GEMM again. Both
+// against the float64 reference on fresh inputs, in default and reduce-overhead (bitwise equal).
+TEST(CudaGemv, HalfPrecisionRowLinearsAreGeneratedAndMatchTheReference) {
+  Generator gen(79);
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    for (bool tanh_after : {false, true}) {
+      const std::string label = fmt::format("{}{}", dtype_name(dt), tanh_after ? " + tanh" : "");
+      const int64_t K = tanh_after ? 768 : 2048, N = tanh_after ? 768 : 1000;
+      TensorList in = {Tensor::randn({1, K}, gen).to(dt), (Tensor::randn({N, K}, gen) * 0.03).to(dt),
+                       Tensor::randn({N}, gen).to(dt)};
+      Graph g;
+      ValueId x = g.add_input("x", in[0].type()), w = g.add_input("w", in[1].type());
+      ValueId b = g.add_input("b", in[2].type());
+      ValueId y = g.add_node1(OpId::Linear, {x, w, b}, {}, "fc");
+      if (tanh_after) y = g.add_node1(OpId::Tanh, {y}, {}, "act");
+      g.outputs = {g.add_node1(OpId::Cast, {y}, {{"dtype", DType::Float32}}, "out")};
+      TensorList in64;
+      for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+      Tensor want = linear(in64[0], in64[1], in64[2]);
+      if (tanh_after) want = tanh(want);
+      for (const char* gemv : {"generated", "cublaslt"}) {
+        Tensor first;
+        for (const char* mode : {"default", "reduce-overhead"}) {
+          SCOPED_TRACE(fmt::format("{} gemv={} {}", label, gemv, mode));
+          compiler::Options o;
+          o.mode = mode;
+          o.knobs.set("gemv", gemv);
+          auto exe = compiler::compile(g, Device::cuda(0), o);
+          const std::string summary = exe->summary();
+          const bool generated = std::string(gemv) == "generated";
+          EXPECT_EQ(summary.find("gemm") == std::string::npos, generated) << summary;
+          // Generated: the GEMV with its bias, tanh and cast, one kernel; else cuBLASLt's GEMM
+          // and a kernel for the rest.
+          EXPECT_EQ(exe->report().loop_kernels, 1) << summary;
+          EXPECT_EQ(exe->report().library_launches, generated ? 0 : 1) << summary;
+          Tensor got = exe->run(in)[0].to(Device::cpu());
+          // Rounded to dt once (the linear's output), as cuBLASLt rounds it.
+          EXPECT_TRUE(test::close(got.to(DType::Float64), want,
+                                  test::Tolerance::for_dtype(dt).scaled(op_def(OpId::Linear).tolerance_scale)))
+              << summary;
+          if (!first.defined()) first = got;
+          else EXPECT_EQ(test::first_byte_difference(got, first), "") << "replay differs from the plain run";
+        }
+      }
+    }
+  }
+}
+
 // Note [attention writes heads last]: attention whose output is transposed to [B, S, H, D] and
 // reshaped for the output projection (BERT's and MultiheadAttention's pattern) writes [B, S, H,
 // D] itself — cuDNN through its output strides (bfloat16 and float16 without a mask), the

@@ -1147,10 +1147,20 @@ CrossBuilt cross_build_bf16(const std::string& model) {
 }
 }  // namespace
 
+// ResNet-50 in bfloat16: its classifier (one row, 2048 -> 1000) is a generated GEMV fused with
+// the output cast (CudaTarget::policy), so the package has no cuBLASLt call and its load opens
+// cuDNN only.
+TEST(Package, CudaCrossBuiltResnetClassifierIsAGeneratedGemv) {
+  CrossBuilt c = cross_build_bf16("resnet50");
+  EXPECT_EQ(c.launches["cublaslt"], 0) << c.summary;
+  EXPECT_EQ(c.launches["cudnn_conv"], 53) << c.summary;
+  EXPECT_NE(c.summary.find("[reduce]: linear 'layers.cc:53', cast"), std::string::npos) << c.summary;
+}
+
 // BERT: q, k and v are one GEMM (passes/merge_linears.h) whose slices attention reads in place,
 // so each layer is 4 GEMMs; the package's weights hold the merged projection instead of the
 // three. Attention writes [B, S, H, D] (Note [attention writes heads last]), so no copy kernel
-// reshapes its output for the output projection.
+// reshapes its output for the output projection. The pooler (one row) is a generated GEMV.
 TEST(Package, CudaCrossBuiltBertProjectsQkvInOneGemm) {
   CrossBuilt c = cross_build_bf16("bert_base");
   EXPECT_NE(c.summary.find("gemm bfloat16 128x2304x768"), std::string::npos) << c.summary;
@@ -1161,7 +1171,7 @@ TEST(Package, CudaCrossBuiltBertProjectsQkvInOneGemm) {
        at = c.summary.find("output written heads-last", at + 1))
     ++heads_last;
   EXPECT_EQ(heads_last, 12u) << c.summary;
-  EXPECT_EQ(c.launches["cublaslt"], 12 * 4 + 1);  // 4 per layer, the pooler
+  EXPECT_EQ(c.launches["cublaslt"], 12 * 4);  // 4 per layer
 }
 
 // ViT: its patch embedding is one GEMM (passes/patch_conv.h: no convolution left), and
@@ -1175,7 +1185,7 @@ TEST(Package, CudaCrossBuiltVitHasNoPatchConvolutionAndNoSplit) {
   EXPECT_EQ(c.summary.find("split"), std::string::npos) << c.summary;
   EXPECT_NE(c.summary.find("gemm bfloat16 196x768x768"), std::string::npos) << c.summary;
   EXPECT_EQ(c.launches["cudnn_conv"], 0);
-  EXPECT_EQ(c.launches["cublaslt"], 1 + 12 * 4 + 1);  // patches, 4 per layer, the head
+  EXPECT_EQ(c.launches["cublaslt"], 1 + 12 * 4);  // patches, 4 per layer (the head: a GEMV)
   // 12 layers x (attention, 2 layer norms, GELU) + the patch gather and cast, the class-token
   // concat and the last layer norm, casts at the ends.
   int reshapes = 0;  // kernel lines of the summary with a reshape: the patch gather's only

@@ -69,6 +69,27 @@ using compiler::MemRef;
 
 constexpr int kDevice = 0;
 constexpr int64_t kSmallLinearMacs = int64_t(1) << 15;
+constexpr int64_t kSmallHalfGemvMacs = int64_t(1) << 22;
+
+// Whether float32 linear `n` of a caller's graph becomes a generated GEMV once a float16 /
+// bfloat16 precision has converted it (lower::small_linear's rule for half GEMVs).
+bool half_gemv_after_autocast(const Graph& g, const Node& n) {
+  if ((n.op != OpId::Linear && n.op != OpId::FusedLinear) || n.inputs.size() < 2) return false;
+  Graph probe;
+  std::vector<ValueId> in;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (n.inputs[i] == kNoValue) {
+      in.push_back(kNoValue);
+      continue;
+    }
+    TensorType t = g.type(n.inputs[i]);
+    if (t.dtype != DType::Float32) return false;
+    t.dtype = DType::BFloat16;
+    in.push_back(probe.add_input(fmt::format("in{}", i), t));
+  }
+  probe.add_node(n.op, in, n.attrs);
+  return lower::small_linear(probe, probe.nodes[0], 0, kSmallHalfGemvMacs);
+}
 
 // Device buffers and scratch regions start at 256-byte boundaries.
 constexpr int64_t round_up_256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -1144,10 +1165,14 @@ class CudaTarget final : public compiler::Target {
 
   // A float32 linear of at most kSmallLinearMacs multiply-adds is a generated block-per-row
   // reduction (one block per output row, warp shuffles), fused with its neighbours: a cuBLASLt
-  // call for mlp's 10->50 layer costs more than the arithmetic (knob gemv=cublaslt: never).
+  // call for mlp's 10->50 layer costs more than the arithmetic (knob gemv=cublaslt: never). So
+  // is a float16 / bfloat16 linear of one input row up to kSmallHalfGemvMacs (resnet50's and
+  // ViT's classifier, BERT's pooler: a GEMV, whose bias and output cast then share its kernel).
   compiler::SchedulePolicy policy(const Knobs& knobs) const override {
     compiler::SchedulePolicy p;
-    p.small_linear_macs = knobs.get("gemv", "generated") == "cublaslt" ? 0 : kSmallLinearMacs;
+    const bool never = knobs.get("gemv", "generated") == "cublaslt";
+    p.small_linear_macs = never ? 0 : kSmallLinearMacs;
+    p.small_half_gemv_macs = never ? 0 : kSmallHalfGemvMacs;
     return p;
   }
 
@@ -1195,9 +1220,13 @@ class CudaTarget final : public compiler::Target {
           if (!library_dtype(dt)) break;
           const TensorType& x = g.type(n.inputs[0]);
           const TensorType& y = g.type(n.outputs[0]);
-          if (dt == DType::Float32 && concrete(x) && concrete(y) && x.rank() > 0 &&
-              numel(dims_of(y)) * x.shape.back().value() <= kSmallLinearMacs)
-            break;
+          if (concrete(x) && concrete(y) && x.rank() > 0) {  // generated GEMVs (policy above)
+            const int64_t macs = numel(dims_of(y)) * x.shape.back().value();
+            if (dt == DType::Float32 && macs <= kSmallLinearMacs) break;
+            if (half && numel(dims_of(x)) == x.shape.back().value() && macs <= kSmallHalfGemvMacs &&
+                o.knobs.get("gemv", "generated") != "cublaslt")
+              break;
+          }
           if (std::find(gemm.begin(), gemm.end(), dt) == gemm.end()) gemm.push_back(dt);
           break;
         }
@@ -1293,8 +1322,11 @@ class CudaTarget final : public compiler::Target {
     const bool tf32 = build_for(o.knobs).tf32;
     for (const Node& n : g.nodes) {
       half_conv = half_conv || nhwc_candidate(g, n, o.precision, tf32);
-      small_linear = small_linear || (o.precision == DType::Float32 &&
-                                      lower::small_linear(g, n, kSmallLinearMacs));
+      // The graph is the caller's: its float32 nodes run in the compile's precision.
+      const bool half = o.precision == DType::Float16 || o.precision == DType::BFloat16;
+      small_linear = small_linear ||
+                     (o.precision == DType::Float32 && lower::small_linear(g, n, kSmallLinearMacs)) ||
+                     (half && half_gemv_after_autocast(g, n));
       library = library || n.op == OpId::Conv2d || n.op == OpId::FusedConv2d ||
                 n.op == OpId::ConvTranspose2d || n.op == OpId::Linear || n.op == OpId::Matmul ||
                 n.op == OpId::FusedLinear;
