@@ -71,8 +71,9 @@ constexpr int kDevice = 0;
 constexpr int64_t kSmallLinearMacs = int64_t(1) << 15;
 constexpr int64_t kSmallHalfGemvMacs = int64_t(1) << 22;
 
-// Whether float32 linear `n` of a caller's graph becomes a generated GEMV once a float16 /
-// bfloat16 precision has converted it (lower::small_linear's rule for half GEMVs).
+// Whether linear `n` of a caller's graph is a generated half-precision GEMV in a float16 /
+// bfloat16 compile (lower::small_linear's rule), its float32 operands converted as autocast
+// converts them.
 bool half_gemv_after_autocast(const Graph& g, const Node& n) {
   if ((n.op != OpId::Linear && n.op != OpId::FusedLinear) || n.inputs.size() < 2) return false;
   Graph probe;
@@ -83,8 +84,8 @@ bool half_gemv_after_autocast(const Graph& g, const Node& n) {
       continue;
     }
     TensorType t = g.type(n.inputs[i]);
-    if (t.dtype != DType::Float32) return false;
-    t.dtype = DType::BFloat16;
+    if (t.dtype == DType::Float32) t.dtype = DType::BFloat16;
+    else if (t.dtype != DType::BFloat16 && t.dtype != DType::Float16) return false;
     in.push_back(probe.add_input(fmt::format("in{}", i), t));
   }
   probe.add_node(n.op, in, n.attrs);
@@ -1220,13 +1221,12 @@ class CudaTarget final : public compiler::Target {
           if (!library_dtype(dt)) break;
           const TensorType& x = g.type(n.inputs[0]);
           const TensorType& y = g.type(n.outputs[0]);
-          if (concrete(x) && concrete(y) && x.rank() > 0) {  // generated GEMVs (policy above)
-            const int64_t macs = numel(dims_of(y)) * x.shape.back().value();
-            if (dt == DType::Float32 && macs <= kSmallLinearMacs) break;
-            if (half && numel(dims_of(x)) == x.shape.back().value() && macs <= kSmallHalfGemvMacs &&
-                o.knobs.get("gemv", "generated") != "cublaslt")
-              break;
-          }
+          // Generated GEMVs (CudaTarget::policy) need no cuBLASLt.
+          if (dt == DType::Float32 && concrete(x) && concrete(y) && x.rank() > 0 &&
+              numel(dims_of(y)) * x.shape.back().value() <= kSmallLinearMacs)
+            break;
+          if (half && o.knobs.get("gemv", "generated") != "cublaslt" && half_gemv_after_autocast(g, n))
+            break;
           if (std::find(gemm.begin(), gemm.end(), dt) == gemm.end()) gemm.push_back(dt);
           break;
         }
