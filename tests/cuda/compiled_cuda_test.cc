@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 #include <fmt/format.h>
@@ -383,13 +384,25 @@ TEST(CudaDeviceStatus, OutOfRangeIndicesFailLikeTheCpu) {
   }
 }
 
-// `g` compiled for CUDA in `mode` under the knob attention=`attention` (Note [CUDA attention]).
-std::unique_ptr<compiler::CompiledExecutable> compile_attention(const Graph& g, const char* mode,
-                                                                const char* attention) {
-  compiler::Options o;
-  o.mode = mode;
-  o.knobs.set("attention", attention);
-  return compiler::compile(g, Device::cuda(0), o);
+// `g` compiled for CUDA under the knob attention=`attention` (Note [CUDA attention]) in default
+// and in reduce-overhead mode, each run on `in`: check(mode, exe, summary, output on the host)
+// for each, and the reduce-overhead output (a CUDA-graph replay) bitwise the default one.
+void check_attention_modes(
+    const Graph& g, const char* attention, const TensorList& in, const std::string& label,
+    const std::function<void(const char* mode, const compiler::CompiledExecutable& exe,
+                             const std::string& summary, const Tensor& got)>& check) {
+  SCOPED_TRACE(std::string("attention=") + attention);
+  Tensor first;
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    compiler::Options o;
+    o.mode = mode;
+    o.knobs.set("attention", attention);
+    auto exe = compiler::compile(g, Device::cuda(0), o);
+    Tensor got = exe->run(in)[0].to(Device::cpu());
+    check(mode, *exe, exe->summary(), got);
+    if (!first.defined()) first = got;
+    else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
+  }
 }
 
 // scaled_dot_product_attention compiled for CUDA runs as one fused kernel — cuDNN's flash
@@ -463,19 +476,15 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
     std::vector<const char*> knobs = {"auto"};
     if (half) knobs.insert(knobs.end(), {"direct", "simt"});
     for (const char* attention : knobs) {
-      Tensor first;
-      for (const char* mode : {"default", "reduce-overhead"}) {
-        SCOPED_TRACE(std::string("attention=") + attention);
-        auto exe = compile_attention(g, mode, attention);
-        const std::string summary = exe->summary();
-        EXPECT_EQ(exe->report().eager_launches, 0) << label << "\n" << summary;
-        const bool cudnn = half && c.mask == 0 && std::string(attention) == "auto";
-        const bool tensor_cores = half && !cudnn && std::string(attention) != "simt";
+      const bool cudnn = half && c.mask == 0 && std::string(attention) == "auto";
+      const bool tensor_cores = half && !cudnn && std::string(attention) != "simt";
+      check_attention_modes(g, attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
+                                                         const std::string& summary, const Tensor& got) {
+        EXPECT_EQ(exe.report().eager_launches, 0) << label << "\n" << summary;
         EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : "flash kernel"), std::string::npos)
             << label << "\n" << summary;
         EXPECT_EQ(summary.find("tensor cores") != std::string::npos, tensor_cores) << label << "\n" << summary;
         EXPECT_EQ(summary.find("softmax"), std::string::npos) << label << "\n" << summary;
-        Tensor got = exe->run(in)[0].to(Device::cpu());
         EXPECT_TRUE(test::close(got.to(DType::Float64), want[0],
                                 test::Tolerance::for_dtype(c.dt).scaled(op.tolerance_scale)))
             << label << " " << mode;
@@ -484,9 +493,7 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
           const int64_t ev = c.v.back();
           for (int64_t e = 0; e < ev; ++e) EXPECT_TRUE(std::isnan(f.data<float>()[3 * ev + e])) << label << " dead row";
         }
-        if (!first.defined()) first = got;
-        else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
-      }
+      });
     }
   }
 }
@@ -527,27 +534,21 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
     std::vector<const char*> knobs = {"auto"};
     if (half) knobs.push_back("direct");  // the tensor-core kernel reads the views
     for (const char* attention : knobs) {
-      Tensor first;
-      for (const char* mode : {"default", "reduce-overhead"}) {
-        SCOPED_TRACE(std::string("attention=") + attention);
-        auto exe = compile_attention(g, mode, attention);
-        const std::string summary = exe->summary();
+      const bool cudnn = half && std::string(attention) == "auto";
+      check_attention_modes(g, attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
+                                                         const std::string& summary, const Tensor& got) {
         EXPECT_EQ(summary.find("split"), std::string::npos) << label << "\n" << summary;
         EXPECT_EQ(summary.find("copy"), std::string::npos) << label << "\n" << summary;
         EXPECT_EQ(summary.find("reshape"), std::string::npos) << label << "\n" << summary;
-        EXPECT_EQ(exe->report().loop_kernels, 0) << label << "\n" << summary;
-        const bool cudnn = half && std::string(attention) == "auto";
+        EXPECT_EQ(exe.report().loop_kernels, 0) << label << "\n" << summary;
         EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : half ? "flash kernel on tensor cores" : "flash kernel"),
                   std::string::npos)
             << label << "\n" << summary;
-        Tensor got = exe->run(in)[0].to(Device::cpu());
         // Two library steps (the projection, then attention) in dt: twice attention's tolerance.
         EXPECT_TRUE(test::close(got.to(DType::Float64), want,
                                 test::Tolerance::for_dtype(dt).scaled(2 * op_def(OpId::ScaledDotProductAttention).tolerance_scale)))
             << label << " " << mode;
-        if (!first.defined()) first = got;
-        else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
-      }
+      });
     }
   }
 }
@@ -630,25 +631,19 @@ TEST(CudaAttention, OutputWrittenHeadsLastFeedsTheProjection) {
     std::vector<const char*> knobs = {"auto"};
     if (half) knobs.insert(knobs.end(), {"direct", "simt"});
     for (const char* attention : knobs) {
-      Tensor first;
-      for (const char* mode : {"default", "reduce-overhead"}) {
-        SCOPED_TRACE(std::string("attention=") + attention);
-        auto exe = compile_attention(g, mode, attention);
-        const std::string summary = exe->summary();
+      check_attention_modes(g, attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
+                                                         const std::string& summary, const Tensor& got) {
         EXPECT_NE(summary.find("output written heads-last"), std::string::npos) << label << "\n" << summary;
         EXPECT_EQ(summary.find("reshape"), std::string::npos) << label << "\n" << summary;
-        EXPECT_EQ(exe->report().loop_kernels, 0) << label << "\n" << summary;
+        EXPECT_EQ(exe.report().loop_kernels, 0) << label << "\n" << summary;
         if (half && std::string(attention) == "auto") {
           EXPECT_NE(summary.find("cuDNN fused flash attention"), std::string::npos) << label << "\n" << summary;
         }
-        Tensor got = exe->run(in)[0].to(Device::cpu());
         // Two steps (attention, then the projection) in dt: twice attention's tolerance.
         EXPECT_TRUE(test::close(got.to(DType::Float64), want,
                                 test::Tolerance::for_dtype(dt).scaled(2 * op_def(OpId::ScaledDotProductAttention).tolerance_scale)))
             << label << " " << mode;
-        if (!first.defined()) first = got;
-        else EXPECT_EQ(test::first_byte_difference(got, first), "") << label << ": replay differs from the plain run";
-      }
+      });
     }
   }
 }
