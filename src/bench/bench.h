@@ -113,7 +113,8 @@ struct BenchResult {
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0, min_ms = 0, mean_ms = 0, stddev_ms = 0;
   // Every timed call's latency in ms, in call order: the samples the statistics above come from.
   std::vector<double> samples_ms;
-  // CUDA only: device time of each timed call (CUDA events around it), nearest-rank percentiles.
+  // CUDA only: device time of a call (CUDA events around each of up to 1000 calls made after the
+  // timed ones: Note [Device time in calls of its own] in bench.cc), nearest-rank percentiles.
   std::optional<double> device_p50_ms, device_p99_ms;
   double throughput_per_s = 0;
   int64_t peak_rss_bytes = 0;
