@@ -557,6 +557,50 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
 // tanh) is a generated GEMV (CudaTarget::policy): one loop kernel with its bias, activation and
 // the cast after it, no cuBLASLt call; under gemv=cublaslt it is cuBLASLt's GEMM again. Both
 // against the float64 reference on fresh inputs, in default and reduce-overhead (bitwise equal).
+// Note [CUDA small-channel convolutions]: a 3-channel 7x7 stride-2 stem with bias, a residual
+// and relu (fused into one fused_conv2d by the passes), batch 2 with partial tiles, in the three
+// library dtypes: the direct kernel (stem_conv=direct) and cuDNN (stem_conv=cudnn, the default)
+// both against float64, in both modes, the replay bitwise equal to the plain run.
+TEST(CudaSmallConv, StemRunsTheDirectKernelAndMatchesTheReference) {
+  Generator gen(83);
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    TensorList in = {Tensor::randn({2, 3, 45, 50}, gen).to(dt), (Tensor::randn({24, 3, 7, 7}, gen) * 0.2).to(dt),
+                     Tensor::randn({24}, gen).to(dt), Tensor::randn({2, 24, 23, 25}, gen).to(dt)};
+    Graph g;
+    ValueId x = g.add_input("x", in[0].type()), w = g.add_input("w", in[1].type());
+    ValueId b = g.add_input("b", in[2].type()), r = g.add_input("r", in[3].type());
+    ValueId y = g.add_node1(OpId::Conv2d, {x, w, b},
+                            {{"stride", Ints{2, 2}}, {"padding", Ints{3, 3}}, {"dilation", Ints{1, 1}}, {"groups", int64_t(1)}},
+                            "stem");
+    y = g.add_node1(OpId::Add, {y, r}, {}, "plus");
+    y = g.add_node1(OpId::Relu, {y}, {}, "act");
+    g.outputs = {g.add_node1(OpId::Cast, {y}, {{"dtype", DType::Float32}}, "out")};
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    Tensor want = relu(add(conv2d(in64[0], in64[1], in64[2], {2, 2}, {3, 3}), in64[3]));
+    for (const char* stem : {"direct", "cudnn"}) {
+      Tensor first;
+      for (const char* mode : {"default", "reduce-overhead"}) {
+        SCOPED_TRACE(fmt::format("{} stem_conv={} {}", dtype_name(dt), stem, mode));
+        compiler::Options o;
+        o.mode = mode;
+        o.knobs.set("stem_conv", stem);
+        auto exe = compiler::compile(g, Device::cuda(0), o);
+        const std::string summary = exe->summary();
+        const bool direct = std::string(stem) == "direct";
+        EXPECT_EQ(summary.find("small-channel direct kernel") != std::string::npos, direct) << summary;
+        EXPECT_EQ(exe->report().library_launches, 1) << summary;  // the convolution, whole
+        Tensor got = exe->run(in)[0].to(Device::cpu());
+        EXPECT_TRUE(test::close(got.to(DType::Float64), want,
+                                test::Tolerance::for_dtype(dt).scaled(op_def(OpId::FusedConv2d).tolerance_scale)))
+            << summary;
+        if (!first.defined()) first = got;
+        else EXPECT_EQ(test::first_byte_difference(got, first), "") << "replay differs from the plain run";
+      }
+    }
+  }
+}
+
 TEST(CudaGemv, HalfPrecisionRowLinearsAreGeneratedAndMatchTheReference) {
   Generator gen(79);
   for (DType dt : {DType::BFloat16, DType::Float16}) {

@@ -1053,6 +1053,33 @@ std::string knob_error(const Graph& g, Device device, const char* knobs) {
 }
 }  // namespace
 
+// Note [CUDA small-channel convolutions]: under the knob stem_conv=direct, resnet18's
+// 3-channel stem is a direct kernel of the package (an NVRTC cubin, no cuDNN record) with its
+// bias and relu; the other 19 convolutions stay cuDNN's. By default all 20 are cuDNN's.
+TEST(Package, CudaCrossBuiltStemIsTheSmallChannelKernelUnderItsKnob) {
+  TempDir dir;
+  for (const bool direct : {false, true}) {
+    nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
+    compiler::Options o;
+    o.arch = "sm_90";
+    if (direct) o.knobs = compiler::parse_knobs("stem_conv=direct", "test");
+    const std::string path = dir.path + (direct ? "/direct.kiln" : "/cudnn.kiln");
+    const std::string summary = nn::export_package(m.module, m.inputs, o, "resnet18", path)->summary();
+    nlohmann::json manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
+    int convs = 0, stems = 0;
+    for (const nlohmann::json& l : manifest["launches"]) {
+      const std::string kind = l["kind"];
+      convs += kind == "cudnn_conv";
+      stems += kind == "cuda_kernel" && l["params"]["kernel"].get<std::string>().rfind("kn_fused_conv2d_", 0) == 0;
+    }
+    EXPECT_EQ(convs, direct ? 19 : 20) << summary;
+    EXPECT_EQ(stems, direct ? 1 : 0) << summary;
+    EXPECT_EQ(summary.find("fused_conv2d small-channel direct kernel (float32, 3 input channels, 7x7 stride 2x2, bias, relu") !=
+                  std::string::npos,
+              direct) << summary;
+  }
+}
+
 TEST(Package, CudaCrossBuildRecordsTf32InEveryLibraryCall) {
   TempDir dir;
   for (const bool tf32 : {false, true}) {

@@ -71,6 +71,7 @@ static inline double __longlong_as_double(long long v) { double d; std::memcpy(&
 // double and added once, as the device's float32 accumulate of exact bf16/f16 products.
 #define KN_HOST_EMULATION
 struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static float kn_bf16_f32(unsigned short h);
 static float kn_f16_f32(unsigned short h);
@@ -665,6 +666,123 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
     const int64_t want_nan_rows = c.mask == 1 || c.mask == 3 ? c.q[1] * L : c.mask == 2 ? 1 : 0;
     EXPECT_EQ(nan_rows, want_nan_rows);
   }
+}
+
+// Note [CUDA small-channel convolutions]: conv2d and fused_conv2d with 1-4 input channels, in
+// the three library dtypes: the vfe / ResNet stem (7x7 stride 2 pad 3, several tiles, the last
+// partial, borders zero-filled), output channels that are not a multiple of the 16 per block
+// (a partial chunk), no bias, a residual at scale 1 and 0.5, relu and none, dilation, batch 2,
+// asymmetric strides, and NaN and infinite inputs (which must reach the outputs as the
+// reference's do). Each against the float64 reference with the dtype's tolerance.
+TEST(CudaDirectEmulatedConv, SmallChannelConvolutionsMatchTheReference) {
+  struct Conv {
+    const char* name;
+    Dims x, w;
+    Ints stride, padding, dilation;
+    bool bias, residual;
+    const char* act;  // nullptr: conv2d; else fused_conv2d's activation
+    double sum_scale;
+    bool poison;      // NaN and inf in the input
+  };
+  const Conv convs[] = {
+      {"stem", {1, 3, 37, 41}, {20, 3, 7, 7}, {2, 2}, {3, 3}, {1, 1}, true, false, "relu", 1.0, false},
+      {"conv_plain", {2, 1, 19, 18}, {5, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, false, false, nullptr, 1.0, false},
+      {"conv_bias_dilated", {1, 4, 21, 23}, {17, 4, 3, 3}, {1, 2}, {2, 2}, {2, 2}, true, false, nullptr, 1.0, false},
+      {"residual_relu", {2, 2, 17, 16}, {16, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, true, true, "relu", 1.0, false},
+      {"half_residual_none", {1, 3, 12, 33}, {8, 3, 5, 5}, {2, 3}, {2, 1}, {1, 1}, false, true, "none", 0.5, false},
+      {"poisoned", {1, 3, 20, 20}, {6, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, true, false, "relu", 1.0, true},
+  };
+  Generator gen(41);
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    Graph g;
+    std::vector<TensorList> node_inputs;
+    for (const Conv& c : convs) {
+      Tensor x = Tensor::randn(c.x, gen), w = Tensor::randn(c.w, gen);
+      if (c.poison) {
+        x.data<float>()[25] = std::numeric_limits<float>::quiet_NaN();
+        x.data<float>()[400 + 77] = std::numeric_limits<float>::infinity();
+      }
+      TensorList in = {x.to(dt), w.to(dt)};
+      std::vector<ValueId> ids = {g.add_input(std::string(c.name) + "_x", in[0].type()),
+                                  g.add_input(std::string(c.name) + "_w", in[1].type())};
+      const int64_t oc = c.w[0];
+      const int64_t oh = (c.x[2] + 2 * c.padding[0] - c.dilation[0] * (c.w[2] - 1) - 1) / c.stride[0] + 1;
+      const int64_t ow = (c.x[3] + 2 * c.padding[1] - c.dilation[1] * (c.w[3] - 1) - 1) / c.stride[1] + 1;
+      {  // the bias slot, absent or not (the reference reads it by position)
+        Tensor b = c.bias ? Tensor::randn({oc}, gen).to(dt) : Tensor();
+        in.push_back(b);
+        ids.push_back(c.bias ? g.add_input(std::string(c.name) + "_b", b.type()) : kNoValue);
+      }
+      if (c.residual) {
+        Tensor r = Tensor::randn({c.x[0], oc, oh, ow}, gen).to(dt);
+        in.push_back(r);
+        ids.push_back(g.add_input(std::string(c.name) + "_r", r.type()));
+      }
+      Attrs a{{"stride", c.stride}, {"padding", c.padding}, {"dilation", c.dilation}, {"groups", int64_t(1)}};
+      if (c.act) {
+        a.set("activation", std::string(c.act));
+        a.set("sum_scale", c.sum_scale);
+      }
+      g.add_node(c.act ? OpId::FusedConv2d : OpId::Conv2d, ids, a, c.name);
+      node_inputs.push_back(in);
+    }
+    std::vector<cuda::DirectKernel> ks;
+    std::vector<const cuda::DirectKernel*> kp;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      ASSERT_TRUE(cuda::small_channel_conv(g, g.nodes[i])) << g.nodes[i].name;
+      ks.push_back(cuda::plan_direct_kernel(g, g.nodes[i], int32_t(i), 5));
+    }
+    for (const cuda::DirectKernel& k : ks) {
+      EXPECT_NE(k.describe.find("small-channel direct kernel"), std::string::npos) << k.describe;
+      kp.push_back(&k);
+    }
+    HostKernels host(kp, std::string("small_conv_") + dtype_name(dt));
+    ASSERT_EQ(host.error, "");
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& n = g.nodes[i];
+      const OpDef& op = op_def(n.op);
+      TensorList in64;
+      for (const Tensor& t : node_inputs[i]) in64.push_back(t.defined() ? t.to(DType::Float64) : t);
+      Tensor want = run_reference(op, g, n, in64)[0];
+      Tensor got = host.run(ks[i], g, n, node_inputs[i])[0];
+      EXPECT_EQ(compare(want, got, tolerance(dt, op.tolerance_scale)), "") << n.name << " " << dtype_name(dt);
+      if (std::string(n.name) == "poisoned") {  // the poison reached some outputs, not all
+        Tensor w64 = want.contiguous();
+        int64_t nonfinite = 0;
+        for (int64_t e = 0; e < w64.numel(); ++e) nonfinite += !std::isfinite(w64.data<double>()[e]);
+        EXPECT_GT(nonfinite, 0);
+        EXPECT_LT(nonfinite, w64.numel());
+      }
+    }
+  }
+}
+
+// Where the kernel does not apply, small_channel_conv says so and plan_direct_kernel keeps the
+// one-thread-per-output kernel (conv2d) or refuses (fused_conv2d): 5 input channels, groups 2,
+// a GELU epilogue, float64, a convolution over 2^28 multiply-adds.
+TEST(CudaDirectEmulatedConv, SmallChannelKernelOnlyWhereItApplies) {
+  auto node = [](Graph& g, Dims x, Dims w, DType dt, int64_t groups, const char* act, int64_t stride = 1) {
+    ValueId xi = g.add_input("x" + std::to_string(g.nodes.size()), TensorType(dt, to_shape(x)));
+    ValueId wi = g.add_input("w" + std::to_string(g.nodes.size()), TensorType(dt, to_shape(w)));
+    const int64_t pad = stride == 2 ? 3 : 1;
+    Attrs a{{"stride", Ints{stride, stride}}, {"padding", Ints{pad, pad}}, {"dilation", Ints{1, 1}}, {"groups", groups}};
+    if (act) a.set("activation", std::string(act)), a.set("sum_scale", 1.0);
+    g.add_node(act ? OpId::FusedConv2d : OpId::Conv2d, {xi, wi}, a, "c" + std::to_string(g.nodes.size()));
+    return g.nodes.size() - 1;
+  };
+  Graph g;
+  const size_t five = node(g, {1, 5, 8, 8}, {4, 5, 3, 3}, DType::Float32, 1, nullptr);
+  const size_t grouped = node(g, {1, 4, 8, 8}, {4, 2, 3, 3}, DType::Float32, 2, nullptr);
+  const size_t gelu = node(g, {1, 3, 8, 8}, {4, 3, 3, 3}, DType::Float32, 1, "gelu");
+  const size_t f64 = node(g, {1, 3, 8, 8}, {4, 3, 3, 3}, DType::Float64, 1, nullptr);
+  // ResNet-50's stem (7x7 stride 2): 118M multiply-adds at batch 1, 3.8G at batch 32.
+  const size_t big = node(g, {32, 3, 224, 224}, {64, 3, 7, 7}, DType::BFloat16, 1, "relu", 2);
+  const size_t small = node(g, {1, 3, 224, 224}, {64, 3, 7, 7}, DType::BFloat16, 1, "relu", 2);
+  for (size_t i : {five, grouped, gelu, f64, big}) EXPECT_FALSE(cuda::small_channel_conv(g, g.nodes[i])) << i;
+  EXPECT_TRUE(cuda::small_channel_conv(g, g.nodes[small]));
+  EXPECT_EQ(cuda::plan_direct_kernel(g, g.nodes[five], int32_t(five), 5).describe.find("small-channel"), std::string::npos);
+  EXPECT_NE(cuda::plan_direct_kernel(g, g.nodes[five], int32_t(five), 5).describe.find("conv2d direct kernel"), std::string::npos);
+  EXPECT_THROW(cuda::plan_direct_kernel(g, g.nodes[gelu], int32_t(gelu), 5), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CudaDirectEmulated,

@@ -35,6 +35,9 @@
 //     Integers accumulate in unsigned 64-bit (int64 wraparound, as the reference) and wrap on
 //     store. Batch dims broadcast in any pattern (a stride-0 dim per broadcast operand dim).
 //     K = 0 gives the bias or zeros;
+//   - conv2d and fused_conv2d with at most 4 input channels (image stems; the target routes
+//     them here under the knob stem_conv=direct): Note [CUDA small-channel convolutions], a
+//     tiled kernel with the epilogue fused, in float with FMA;
 //   - conv2d: one thread per output, bias then (channel, kh, kw) in the reference's order;
 //     conv_transpose2d as a gather (the adjoint of conv2d): each output adds the contributions
 //     the reference scatters to it, in the reference's order (input channel, then input row and
@@ -343,6 +346,176 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
     k.describe = fmt::format("conv_transpose2d direct kernel ({}, groups {})", dtype_name(dt), groups);
   }
   body += fmt::format("    y[i] = {};\n  }}\n", store_acc(dt, "acc"));
+}
+
+
+// Note [CUDA small-channel convolutions]
+// An image stem (3 input channels: ResNet's 7x7 stride-2 convolution, the zoo's vfe) looked
+// like a poor fit for cuDNN's engines, which tile over input channels: vfe's float32 7x7
+// convolution takes 15-18 us a call on an H100/H200 (about 4x its FLOP floor), 80% of the
+// model's call. With the knob stem_conv=direct, where small_channel_conv() holds, the
+// convolution and its fused epilogue (bias, sum_scale * residual, relu) are one direct kernel
+// instead. It is not the default, because it did not win where it was measured: a first
+// version (one pixel of 16 channels per thread, the weights read one float at a time) took
+// vfe f32 reduce-overhead from 29.2-29.6 to 38.1-38.5 us a call and resnet50 bf16 from 0.380
+// to 0.390-0.392 ms on an H100 (thirtieth session, two rounds each, stem_conv=cudnn in the same
+// bundle 29.3 us and 0.380 ms); the profile put the kernel at 28.8 us against cuDNN's 19.6,
+// bound by its shared-memory reads (16 per tap per thread for 16 multiply-adds). This version
+// (below: two pixels per thread, 16-byte weight reads, 6 reads per 32 multiply-adds) is
+// checked against the reference on the host (tests/unit/cuda_direct_emulated_test.cc) and
+// compiles with NVRTC; the session's device time ran out before it was timed or run on a GPU. A block owns a 16x16 tile of output pixels and
+// a chunk of up to 16 output channels; it stages the tile's input window (every input channel,
+// zero-filled outside the image) and the chunk's weights (as [tap][channel]) in shared memory,
+// then each thread computes one pixel of every channel of the chunk: per tap, one input value
+// from shared memory and the chunk's weights as a broadcast read, one fused multiply-add per
+// channel (explicit fmaf: the program is compiled without contraction). The sum runs over
+// (channel, kh, kw) in the reference's order, in float; bias, residual and relu follow in the
+// epilogue's order (Note [Fused epilogues]), and the result is rounded to the output dtype once.
+// NaN propagates (relu keeps NaN, as Kiln's relu). Only convolutions of at most 2^28
+// multiply-adds (ResNet-50's stem at batch 1: 118M): beyond that cuDNN's tensor-core engines
+// have the throughput, and the call is no longer bound by its latency. A cross-build needs no
+// cuDNN for such a convolution.
+constexpr int64_t kSmallConvRows = 16;      // output rows per block (one per thread row)
+constexpr int64_t kSmallConvCols = 32;      // output columns per block: 16 threads x 2 pixels
+constexpr int64_t kSmallConvChannels = 16;  // output channels per block
+constexpr int64_t kSmallConvSharedBytes = 44 * 1024;
+// Larger convolutions keep cuDNN: the kernel computes on the CUDA cores, where a tensor-core
+// engine's throughput wins once there is enough work (ResNet-50's stem at batch 32: 3.8G
+// multiply-adds); below this the call is bound by its latency, which is what the kernel cuts.
+constexpr int64_t kSmallConvMaxMacs = int64_t(1) << 28;
+
+struct SmallConv {
+  Dims x, w, y;
+  int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  int64_t iht = 0, iwt = 0;  // the staged window's rows and columns
+  int64_t oct = 0, ocp = 0;  // channels per block; the same rounded up to 4 (a float4 row)
+};
+// The geometry, or false where the kernel does not apply (small_channel_conv's rules).
+bool small_conv_geometry(const Graph& g, const Node& n, SmallConv* out) {
+  if (n.op != OpId::Conv2d && n.op != OpId::FusedConv2d) return false;
+  if (n.inputs.size() < 2 || n.outputs.size() != 1) return false;
+  const TensorType& xt = g.type(n.inputs[0]);
+  const TensorType& wt = g.type(n.inputs[1]);
+  const TensorType& yt = g.type(n.outputs[0]);
+  const DType dt = xt.dtype;
+  if (!library_dtype(dt) || wt.dtype != dt || yt.dtype != dt) return false;
+  if (xt.shape.size() != 4 || wt.shape.size() != 4 || yt.shape.size() != 4) return false;
+  for (const TensorType* t : {&xt, &wt, &yt})
+    for (size_t i = 0; i < 4; ++i)
+      if (!t->shape[i].is_concrete()) return false;
+  if (n.attrs.get_int("groups") != 1) return false;
+  if (n.op == OpId::FusedConv2d) {
+    const std::string& act = n.attrs.get_string("activation");
+    if (act != "none" && act != "relu") return false;
+  }
+  SmallConv c;
+  c.x = dims_of(xt);
+  c.w = dims_of(wt);
+  c.y = dims_of(yt);
+  if (c.x[1] < 1 || c.x[1] > 4 || c.w[1] != c.x[1] || numel(c.y) == 0) return false;
+  const Ints& st = n.attrs.get_ints("stride");
+  const Ints& pd = n.attrs.get_ints("padding");
+  const Ints& dl = n.attrs.get_ints("dilation");
+  c.sh = st[0], c.sw = st[1], c.ph = pd[0], c.pw = pd[1], c.dh = dl[0], c.dw = dl[1];
+  c.iht = (kSmallConvRows - 1) * c.sh + (c.w[2] - 1) * c.dh + 1;
+  c.iwt = (kSmallConvCols - 1) * c.sw + (c.w[3] - 1) * c.dw + 1;
+  c.oct = std::min(c.y[1], kSmallConvChannels);
+  c.ocp = (c.oct + 3) / 4 * 4;
+  const int64_t taps = c.x[1] * c.w[2] * c.w[3];
+  if ((c.x[1] * c.iht * c.iwt + taps * c.ocp) * 4 > kSmallConvSharedBytes) return false;
+  if (numel(c.y) * taps > kSmallConvMaxMacs) return false;
+  *out = c;
+  return true;
+}
+
+void plan_small_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectKernel& k,
+                            std::string& params, std::string& body) {
+  SmallConv c;
+  if (!small_conv_geometry(g, n, &c))
+    fail_kind(ErrorKind::Internal, "small-channel convolution kernel planned for '{}', which it does not take", n.name);
+  const DType dt = g.type(n.outputs[0]).dtype;
+  const char* T = cuda_storage(dt);
+  const bool fused = n.op == OpId::FusedConv2d;
+  const bool bias = has_input(n, 2), residual = fused && has_input(n, 3);
+  const bool relu = fused && n.attrs.get_string("activation") == "relu";
+  const double sum_scale = residual ? n.attrs.get_float("sum_scale") : 1.0;
+  const int64_t C = c.x[1], H = c.x[2], W = c.x[3], OC = c.y[1], OH = c.y[2], OW = c.y[3];
+  const int64_t KH = c.w[2], KW = c.w[3], TR = kSmallConvRows, TC = kSmallConvCols;
+  const int64_t OCT = c.oct, OCP = c.ocp, HALF = TC / 2;
+  const int64_t taps = C * KH * KW, window = C * c.iht * c.iwt, threads = TR * HALF;
+  const int64_t th = (OH + TR - 1) / TR, tw = (OW + TC - 1) / TC, chunks = (OC + OCT - 1) / OCT;
+  const int64_t tiles = c.y[0] * th * tw * chunks;
+  k.threads = int(threads);
+  k.blocks = std::min(tiles, max_blocks);
+  // Inputs in the node's order, the absent ones left out.
+  k.arg_inputs = {0, 1};
+  params = "char* x_, char* w_, ";
+  if (bias) k.arg_inputs.push_back(2), params += "char* b_, ";
+  if (residual) k.arg_inputs.push_back(3), params += "char* r_, ";
+  params += "char* y_";
+  k.arg_outputs = {0};
+  body += fmt::format("  const {0}* x = (const {0}*)x_; const {0}* w = (const {0}*)w_; {0}* y = ({0}*)y_;\n", T);
+  if (bias) body += fmt::format("  const {0}* bias = (const {0}*)b_;\n", T);
+  if (residual) body += fmt::format("  const {0}* res = (const {0}*)r_;\n", T);
+  body += fmt::format("  __shared__ float xs[{}];\n", window);
+  body += fmt::format("  __shared__ float4 ws4[{}];  // [tap][channel of the chunk], rows of {} (zero-padded)\n",
+                      taps * OCP / 4, OCP);
+  body += "  float* ws = (float*)ws4;\n";
+  // Thread (tx, ty) computes pixels (ty, tx) and (ty, tx + HALF) of the tile: stores stay
+  // coalesced over tx.
+  body += fmt::format("  const int tx = threadIdx.x % {0}, ty = threadIdx.x / {0};\n", HALF);
+  body += fmt::format("  for (long long t = blockIdx.x; t < {}LL; t += gridDim.x) {{\n", tiles);
+  body += fmt::format("    const long long och = t % {0}LL, r0 = t / {0}LL, tc = r0 % {1}LL, r1 = r0 / {1}LL;\n", chunks, tw);
+  body += fmt::format("    const long long tr = r1 % {0}LL, nb = r1 / {0}LL;\n", th);
+  body += fmt::format("    const long long oh0 = tr * {}LL, ow0 = tc * {}LL, oc0 = och * {}LL;\n", TR, TC, OCT);
+  body += fmt::format("    const long long ih0 = oh0 * {}LL - {}LL, iw0 = ow0 * {}LL - {}LL;\n", c.sh, c.ph, c.sw, c.pw);
+  body += "    __syncthreads();  // the previous tile's reads are done\n";
+  body += fmt::format("    for (int i = threadIdx.x; i < {}; i += {}) {{\n", window, threads);
+  body += fmt::format("      const int ci = i / {0}, rr = (i / {1}) % {2}, cc = i % {1};\n", c.iht * c.iwt, c.iwt, c.iht);
+  body += "      const long long ih = ih0 + rr, iw = iw0 + cc;\n";
+  body += fmt::format("      xs[i] = ih >= 0 && ih < {}LL && iw >= 0 && iw < {}LL ? {} : 0.f;\n    }}\n", H, W,
+                      to_float(dt, fmt::format("x[((nb * {}LL + ci) * {}LL + ih) * {}LL + iw]", C, H, W)));
+  body += fmt::format("    for (int i = threadIdx.x; i < {}; i += {}) {{\n", taps * OCP, threads);
+  body += fmt::format("      const int tap = i / {0}, o = i % {0};\n", OCP);
+  body += fmt::format("      ws[i] = o < {} && oc0 + o < {}LL ? {} : 0.f;\n    }}\n", OCT, OC,
+                      to_float(dt, fmt::format("w[(oc0 + o) * {}LL + tap]", taps)));
+  body += "    __syncthreads();\n";
+  body += fmt::format("    float acc0[{0}], acc1[{0}];\n", OCP);
+  body += fmt::format("    #pragma unroll\n    for (int o = 0; o < {}; ++o) acc0[o] = acc1[o] = 0.f;\n", OCP);
+  body += fmt::format("    for (int ci = 0; ci < {}; ++ci)\n", C);
+  body += fmt::format("      for (int a = 0; a < {}; ++a) {{\n", KH);
+  body += fmt::format("        const float* xr = xs + (ci * {} + ty * {} + a * {}) * {} + tx * {};\n", c.iht, c.sh, c.dh, c.iwt, c.sw);
+  body += fmt::format("        const float4* wr = ws4 + (ci * {} + a) * {};\n", KH, KW * OCP / 4);
+  body += fmt::format("        #pragma unroll\n        for (int b = 0; b < {}; ++b) {{\n", KW);
+  body += fmt::format("          const float x0 = xr[b * {}], x1 = xr[b * {} + {}];\n", c.dw, c.dw, HALF * c.sw);
+  body += fmt::format("          #pragma unroll\n          for (int q = 0; q < {}; ++q) {{\n", OCP / 4);
+  body += fmt::format("            const float4 wv = wr[b * {} + q];\n", OCP / 4);
+  body += "            acc0[4 * q] = __fmaf_rn(x0, wv.x, acc0[4 * q]); acc1[4 * q] = __fmaf_rn(x1, wv.x, acc1[4 * q]);\n";
+  body += "            acc0[4 * q + 1] = __fmaf_rn(x0, wv.y, acc0[4 * q + 1]); acc1[4 * q + 1] = __fmaf_rn(x1, wv.y, acc1[4 * q + 1]);\n";
+  body += "            acc0[4 * q + 2] = __fmaf_rn(x0, wv.z, acc0[4 * q + 2]); acc1[4 * q + 2] = __fmaf_rn(x1, wv.z, acc1[4 * q + 2]);\n";
+  body += "            acc0[4 * q + 3] = __fmaf_rn(x0, wv.w, acc0[4 * q + 3]); acc1[4 * q + 3] = __fmaf_rn(x1, wv.w, acc1[4 * q + 3]);\n";
+  body += "          }\n        }\n      }\n";
+  body += "    const long long oh = oh0 + ty;\n";
+  body += fmt::format("    #pragma unroll\n    for (int p = 0; p < 2; ++p) {{\n");
+  body += fmt::format("      const long long ow = ow0 + tx + p * {}LL;\n", HALF);
+  body += fmt::format("      if (oh >= {}LL || ow >= {}LL) continue;\n", OH, OW);
+  body += fmt::format("      #pragma unroll\n      for (int o = 0; o < {}; ++o) {{\n", OCT);
+  body += "        const long long oc = oc0 + o;\n";
+  body += fmt::format("        if (oc >= {}LL) break;\n", OC);
+  body += fmt::format("        const long long yi = ((nb * {}LL + oc) * {}LL + oh) * {}LL + ow;\n", OC, OH, OW);
+  body += "        float v = p == 0 ? acc0[o] : acc1[o];\n";
+  if (bias) body += fmt::format("        v += {};\n", to_float(dt, "bias[oc]"));
+  if (residual) {
+    body += sum_scale == 1.0 ? fmt::format("        v += {};\n", to_float(dt, "res[yi]"))
+                             : fmt::format("        v += {} * {};\n", flit(float(sum_scale)), to_float(dt, "res[yi]"));
+  }
+  if (relu) body += "        v = v < 0.f ? 0.f : v;  // NaN stays NaN\n";
+  body += fmt::format("        y[yi] = {};\n      }}\n    }}\n  }}\n", from_float(dt, "v"));
+  k.describe = fmt::format(
+      "{} small-channel direct kernel ({}, {} input channels, {}x{} stride {}x{}{}{}{}; {}x{} pixels x {} "
+      "channels per block, window and weights in shared memory)",
+      op_def(n.op).name, dtype_name(dt), C, KH, KW, c.sh, c.sw, bias ? ", bias" : "",
+      residual ? ", residual" : "", relu ? ", relu" : "", TR, TC, OCT);
 }
 
 
@@ -912,6 +1085,11 @@ void plan_attention_mma(const Graph& g, const Node& n, int64_t max_blocks,
 
 }  // namespace
 
+bool small_channel_conv(const Graph& g, const Node& n) {
+  SmallConv c;
+  return small_conv_geometry(g, n, &c);
+}
+
 std::string gemm_needs_direct_kernel(const Graph& g, const Node& n) {
   DType dt = g.type(n.inputs[0]).dtype;
   if (!library_dtype(dt)) return fmt::format("cuBLASLt takes float32, float16 or bfloat16, not {}", dtype_name(dt));
@@ -1374,8 +1552,11 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
     case OpId::Matmul: case OpId::Linear:
       plan_gemm_kernel(g, n, k.name, max_blocks, k, params, body);
       break;
-    case OpId::Conv2d: case OpId::ConvTranspose2d:
-      plan_conv_kernel(g, n, max_blocks, k, params, body);
+    case OpId::Conv2d: case OpId::ConvTranspose2d: case OpId::FusedConv2d:
+      if (small_channel_conv(g, n)) plan_small_conv_kernel(g, n, max_blocks, k, params, body);
+      else if (n.op == OpId::FusedConv2d)
+        fail_kind(ErrorKind::NotSupported, "fused_conv2d has a direct kernel only as a small-channel convolution");
+      else plan_conv_kernel(g, n, max_blocks, k, params, body);
       break;
     case OpId::ScaledDotProductAttention: {
       const int64_t E = g.type(n.inputs[0]).shape.back().value();

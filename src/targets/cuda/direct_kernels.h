@@ -37,14 +37,23 @@ struct DirectKernel {
 // Note [CUDA attention reads views]). Throws NotSupported (or InvalidArgument) naming the reason when
 // the op, dtype or shape has none. Covers: max/avg pooling, adaptive_avg_pool2d, concat, split,
 // embedding, index_select, gather, scatter_add, pad, upsample, grid_sample, argmax/argmin,
-// scaled_dot_product_attention (a flash-style kernel: Note [CUDA flash attention]), and
-// direct GEMM (matmul, linear) and convolution (conv2d, conv_transpose2d) kernels for the
-// dtypes and shapes the libraries do not take.
+// scaled_dot_product_attention (a flash-style kernel: Note [CUDA flash attention]), the
+// small-channel convolution (conv2d, fused_conv2d: small_channel_conv), and direct GEMM
+// (matmul, linear) and convolution (conv2d, conv_transpose2d) kernels for the dtypes and shapes
+// the libraries do not take.
 // `compute_capability` (e.g. 90 for sm_90; 0: unknown) lets float16/bfloat16 attention use the
 // tensor cores from 80 on (Note [CUDA tensor-core attention]).
 DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, int64_t max_blocks,
                                 const std::vector<Dims>& input_strides = {},
                                 int compute_capability = 0);
+
+// Whether conv2d / fused_conv2d node `n` runs as the small-channel direct kernel (Note [CUDA
+// small-channel convolutions] in direct_kernels.cc) when the target routes it there (the knob
+// stem_conv=direct): float32,
+// float16 or bfloat16, concrete 4-D shapes, groups 1, at most 4 input channels, a fused
+// epilogue of bias, residual and relu or none, and a staged window that fits shared memory.
+// plan_direct_kernel plans such a node with that kernel.
+bool small_channel_conv(const Graph& g, const Node& n);
 
 // Why cuBLASLt cannot run this matmul / linear ("" when it can): the dtype (float64, integers),
 // batch dims that broadcast only partially, K = 0 or an empty output. The target then runs the
