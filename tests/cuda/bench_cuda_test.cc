@@ -125,8 +125,10 @@ TEST(BenchCuda, OnnxPointwiseModelJsonIsSane) {
   EXPECT_EQ(j["p99_ms"].get<double>(), percentile(s, 99));
   EXPECT_EQ(j["max_ms"].get<double>(), percentile(s, 100));
 
-  // Device time is measured inside each call's host window, so each call's device time is at
-  // most its host time, and so is every order statistic (epsilon: the two clocks).
+  // Device time is measured in calls of its own after the timed ones (Note [Device time in
+  // calls of its own] in bench.cc), with two events around each: the median is the same call's,
+  // plus at most the events' own cost (about 2 us; epsilon 5 us). The tails come from different
+  // calls, so only the medians are compared.
   ASSERT_TRUE(j["device_p50_ms"].is_number());
   ASSERT_TRUE(j["device_p99_ms"].is_number());
   double dp50 = j["device_p50_ms"], dp99 = j["device_p99_ms"];
@@ -134,7 +136,6 @@ TEST(BenchCuda, OnnxPointwiseModelJsonIsSane) {
   EXPECT_LE(dp50, dp99);
   const double eps_ms = 0.005;
   EXPECT_LE(dp50, j["p50_ms"].get<double>() + eps_ms);
-  EXPECT_LE(dp99, j["p99_ms"].get<double>() + eps_ms);
 
   // The peak holds at least the weights and the input (16 x 96 floats) on the device.
   ASSERT_TRUE(j["peak_device_bytes"].is_number());
