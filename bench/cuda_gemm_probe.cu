@@ -276,6 +276,48 @@ Fn kernel_of(const Cfg& c) {
   return nullptr;
 }
 
+// cuBLASLt's y = x W^T (+ b) in bfloat16 with float32 accumulation, x [M, K], W [N, K], y
+// [M, N], all row-major: column-major, Y^T [N, M] = W [N, K] (op T of a [K, N] matrix) X^T.
+// `algos` holds the heuristic's first `count` algorithms.
+struct LtLinear {
+  cublasLtHandle_t lt;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  std::vector<cublasLtMatmulHeuristicResult_t> algos;
+  void* ws;
+  size_t ws_bytes;
+  LtLinear(cublasLtHandle_t h, int M, int N, int K, const __nv_bfloat16* bias, void* workspace,
+           size_t workspace_bytes, int count)
+      : lt(h), ws(workspace), ws_bytes(workspace_bytes) {
+    LK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (bias) {
+      cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+      LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+      LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      cudaDataType_t bt = CUDA_R_16BF;
+      LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
+    LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
+    LK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
+    cublasLtMatmulPreference_t pref;
+    LK(cublasLtMatmulPreferenceCreate(&pref));
+    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+    algos.resize(size_t(count));
+    int n = 0;
+    LK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, count, algos.data(), &n));
+    algos.resize(size_t(n));
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  void run(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* y, cudaStream_t st, size_t algo = 0) {
+    const float alpha = 1.f, beta = 0.f;
+    LK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, y, lc, y, lc, &algos[algo].algo, ws, ws_bytes, st));
+  }
+};
+
 float time_graph(cudaStream_t st, const std::function<void()>& launch_one, int reps = 20, int iters = 200) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -332,30 +374,8 @@ void l2_experiment(cublasLtHandle_t lt, cudaStream_t st, void* lt_ws, size_t lt_
     CK(cudaMalloc(&b, size_t(N) * 2));
     CK(cudaMemset(b, 0, size_t(N) * 2));
     CK(cudaMalloc(&y, size_t(M) * N * 2));
-    cublasLtMatmulDesc_t desc;
-    LK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
-    cudaDataType_t bt = CUDA_R_16BF;
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-    cublasLtMatrixLayout_t la, lb, lc;
-    LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
-    LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
-    LK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt_ws_bytes, sizeof lt_ws_bytes));
-    cublasLtMatmulHeuristicResult_t res[1];
-    int nres = 0;
-    LK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, res, &nres));
-    float alpha = 1.f, beta = 0.f;
-    auto gemm_w = [&](const __nv_bfloat16* w) {
-      LK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, y, lc, y, lc, &res[0].algo, lt_ws, lt_ws_bytes, st));
-    };
+    LtLinear gemm(lt, M, N, K, b, lt_ws, lt_ws_bytes, 1);
+    auto gemm_w = [&](const __nv_bfloat16* w) { gemm.run(x, w, y, st); };
     for (long long spin_ns : {0LL, 5000LL}) {
       int call = 0;
       float hot = time_graph(st, [&] { if (spin_ns) spin_kernel<<<1, 32, 0, st>>>(spin_ns); gemm_w(ws[0]); }, 20, 100);
@@ -424,25 +444,8 @@ void pdl_experiment(cublasLtHandle_t lt, cudaStream_t st, void* lt_ws, size_t lt
   CK(cudaMemset(b, 0, size_t(N) * 2));
   CK(cudaMalloc(&y, size_t(M) * N * 2));
   CK(cudaMalloc(&z, size_t(M) * N * 2));
-  cublasLtMatmulDesc_t desc;
-  LK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  cublasLtMatrixLayout_t la, lb, lc;
-  LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
-  LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
-  LK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
-  cublasLtMatmulPreference_t pref;
-  LK(cublasLtMatmulPreferenceCreate(&pref));
-  LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt_ws_bytes, sizeof lt_ws_bytes));
-  cublasLtMatmulHeuristicResult_t res[1];
-  int nres = 0;
-  LK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 1, res, &nres));
-  float alpha = 1.f, beta = 0.f;
-  auto gemm = [&] {
-    LK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, y, lc, y, lc, &res[0].algo, lt_ws, lt_ws_bytes, st));
-  };
+  LtLinear lin(lt, M, N, K, nullptr, lt_ws, lt_ws_bytes, 1);
+  auto gemm = [&] { lin.run(x, w, y, st); };
   const int n = M * N;
   for (int round = 0; round < 2; ++round) {
     float g_plain = time_graph(st, [&] { gemm(); launch_pw(false, st, y, z, n); }, 20, 200);
@@ -631,41 +634,17 @@ int main() {
     CK(cudaMemcpy(w, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
 
-    // cuBLASLt, column-major view: Y^T [N, M] = W [N, K] (op T of a [K, N] col-major) x X^T.
-    cublasLtMatmulDesc_t desc;
-    LK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
-    cudaDataType_t bt = CUDA_R_16BF;
-    LK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-    cublasLtMatrixLayout_t la, lb, lc;
-    LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
-    LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
-    LK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    LK(cublasLtMatmulPreferenceCreate(&pref));
-    LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &lt_ws_bytes, sizeof lt_ws_bytes));
-    cublasLtMatmulHeuristicResult_t res[8];
-    int nres = 0;
-    LK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, res, &nres));
-    float alpha = 1.f, beta = 0.f;
+    LtLinear lin(lt, M, N, K, b, lt_ws, lt_ws_bytes, 8);
+    const int nres = int(lin.algos.size());
     float best_lt = 1e9, first_lt = 0;
     for (int i = 0; i < nres; ++i) {
-      auto run = [&] {
-        LK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, yref, lc, yref, lc, &res[i].algo, lt_ws,
-                          lt_ws_bytes, st));
-      };
+      auto run = [&] { lin.run(x, w, yref, st, size_t(i)); };
       float t = time_graph(st, run);
       if (i == 0) first_lt = t;
       best_lt = std::min(best_lt, t);
     }
     {  // leave the heuristic's first choice in yref
-      LK(cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, yref, lc, yref, lc, &res[0].algo, lt_ws,
-                        lt_ws_bytes, st));
+      lin.run(x, w, yref, st);
       CK(cudaStreamSynchronize(st));
     }
     std::vector<__nv_bfloat16> href(size_t(M) * N), hy(size_t(M) * N);

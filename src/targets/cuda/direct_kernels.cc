@@ -490,10 +490,9 @@ void plan_small_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, D
   body += fmt::format("          const float x0 = xr[b * {}], x1 = xr[b * {} + {}];\n", c.dw, c.dw, HALF * c.sw);
   body += fmt::format("          #pragma unroll\n          for (int q = 0; q < {}; ++q) {{\n", OCP / 4);
   body += fmt::format("            const float4 wv = wr[b * {} + q];\n", OCP / 4);
-  body += "            acc0[4 * q] = __fmaf_rn(x0, wv.x, acc0[4 * q]); acc1[4 * q] = __fmaf_rn(x1, wv.x, acc1[4 * q]);\n";
-  body += "            acc0[4 * q + 1] = __fmaf_rn(x0, wv.y, acc0[4 * q + 1]); acc1[4 * q + 1] = __fmaf_rn(x1, wv.y, acc1[4 * q + 1]);\n";
-  body += "            acc0[4 * q + 2] = __fmaf_rn(x0, wv.z, acc0[4 * q + 2]); acc1[4 * q + 2] = __fmaf_rn(x1, wv.z, acc1[4 * q + 2]);\n";
-  body += "            acc0[4 * q + 3] = __fmaf_rn(x0, wv.w, acc0[4 * q + 3]); acc1[4 * q + 3] = __fmaf_rn(x1, wv.w, acc1[4 * q + 3]);\n";
+  for (int e = 0; e < 4; ++e)  // channel 4 q + e takes component e of the weights' float4
+    body += fmt::format("            acc0[4 * q + {0}] = __fmaf_rn(x0, wv.{1}, acc0[4 * q + {0}]); "
+                        "acc1[4 * q + {0}] = __fmaf_rn(x1, wv.{1}, acc1[4 * q + {0}]);\n", e, "xyzw"[e]);
   body += "          }\n        }\n      }\n";
   body += "    const long long oh = oh0 + ty;\n";
   body += fmt::format("    #pragma unroll\n    for (int p = 0; p < 2; ++p) {{\n");
