@@ -576,8 +576,8 @@ void Executable::run_cuda(Context& c, const Tensor* in, size_t num_inputs, Tenso
   // The context's stream waits for the work queued so far on the legacy stream.
   auto wait_for_legacy_stream = [&] {
     // Nothing pending there (the usual case: the caller's tensors were written long before):
-    // no event, no cross-stream wait for the graph's launch.
-    // (cudaErrorNotReady, or an error that the event's record below reports.)
+    // no event, no cross-stream wait for the graph's launch. Anything but cudaSuccess
+    // (cudaErrorNotReady, or an error, which the event's record below reports) takes the wait.
     if (cudaStreamQuery(cudaStreamLegacy) == cudaSuccess) return;
     cudaEvent_t e = static_cast<cudaEvent_t>(c.legacy_ready);
     check(cudaEventRecord(e, cudaStreamLegacy), "cudaEventRecord (legacy stream)");

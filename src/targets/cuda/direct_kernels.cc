@@ -355,26 +355,31 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
 // convolution takes 15-18 us a call on an H100/H200 (about 4x its FLOP floor), 80% of the
 // model's call. With the knob stem_conv=direct, where small_channel_conv() holds, the
 // convolution and its fused epilogue (bias, sum_scale * residual, relu) are one direct kernel
-// instead. It is not the default, because it did not win where it was measured: a first
-// version (one pixel of 16 channels per thread, the weights read one float at a time) took
-// vfe f32 reduce-overhead from 29.2-29.6 to 38.1-38.5 us a call and resnet50 bf16 from 0.380
-// to 0.390-0.392 ms on an H100 (thirtieth session, two rounds each, stem_conv=cudnn in the same
-// bundle 29.3 us and 0.380 ms); the profile put the kernel at 28.8 us against cuDNN's 19.6,
+// instead.
+//
+// The kernel: a block owns a 16x32 tile of output pixels and a chunk of up to 16 output
+// channels. It stages the tile's input window (every input channel, zero-filled outside the
+// image) and the chunk's weights (as [tap][channel], float4 rows, zero-padded) in shared
+// memory; each of its 256 threads then computes two pixels, (row, col) and (row, col + 16), of
+// every channel of the chunk: per tap, two input values from shared memory and the chunk's
+// weights as broadcast 16-byte reads, one fused multiply-add per pixel and channel (explicit
+// fmaf: the program is compiled without contraction). The sum runs over (channel, kh, kw) in
+// the reference's order, in float; bias, residual and relu follow in the epilogue's order
+// (Note [Fused epilogues]), and the result is rounded to the output dtype once. NaN propagates
+// (relu keeps NaN, as Kiln's relu). Only convolutions of at most 2^28 multiply-adds (ResNet-50's
+// stem at batch 1: 118M): beyond that cuDNN's tensor-core engines have the throughput, and the
+// call is no longer bound by its latency. A cross-build needs no cuDNN for such a convolution.
+//
+// It is not the default, because it did not win where it was measured. A first version (one
+// pixel of 16 channels per thread, the weights read one float at a time) took vfe f32
+// reduce-overhead from 29.2-29.6 to 38.1-38.5 us a call and resnet50 bf16 from 0.380 to
+// 0.390-0.392 ms on an H100 (thirtieth session, two rounds each; stem_conv=cudnn in the same
+// bundle: 29.3 us and 0.380 ms). The profile put that kernel at 28.8 us against cuDNN's 19.6,
 // bound by its shared-memory reads (16 per tap per thread for 16 multiply-adds). This version
-// (below: two pixels per thread, 16-byte weight reads, 6 reads per 32 multiply-adds) is
-// checked against the reference on the host (tests/unit/cuda_direct_emulated_test.cc) and
-// compiles with NVRTC; the session's device time ran out before it was timed or run on a GPU. A block owns a 16x16 tile of output pixels and
-// a chunk of up to 16 output channels; it stages the tile's input window (every input channel,
-// zero-filled outside the image) and the chunk's weights (as [tap][channel]) in shared memory,
-// then each thread computes one pixel of every channel of the chunk: per tap, one input value
-// from shared memory and the chunk's weights as a broadcast read, one fused multiply-add per
-// channel (explicit fmaf: the program is compiled without contraction). The sum runs over
-// (channel, kh, kw) in the reference's order, in float; bias, residual and relu follow in the
-// epilogue's order (Note [Fused epilogues]), and the result is rounded to the output dtype once.
-// NaN propagates (relu keeps NaN, as Kiln's relu). Only convolutions of at most 2^28
-// multiply-adds (ResNet-50's stem at batch 1: 118M): beyond that cuDNN's tensor-core engines
-// have the throughput, and the call is no longer bound by its latency. A cross-build needs no
-// cuDNN for such a convolution.
+// (6 reads per 32 multiply-adds) is checked against the reference on the host
+// (tests/unit/cuda_direct_emulated_test.cc) and compiles with NVRTC; the session's device time
+// ran out before it was timed or run on a GPU. Time it (`kiln bench vfe --device cuda --mode
+// reduce-overhead` with and without the knob) before making it the default.
 constexpr int64_t kSmallConvRows = 16;      // output rows per block (one per thread row)
 constexpr int64_t kSmallConvCols = 32;      // output columns per block: 16 threads x 2 pixels
 constexpr int64_t kSmallConvChannels = 16;  // output channels per block
