@@ -360,7 +360,8 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
 // The kernel: a block owns a 16x32 tile of output pixels and a chunk of up to 16 output
 // channels. It stages the tile's input window (every input channel, zero-filled outside the
 // image) and the chunk's weights (as [tap][channel], float4 rows, zero-padded) in shared
-// memory; each of its 256 threads then computes two pixels, (row, col) and (row, col + 16), of
+// memory, each thread issuing 8 loads before it stores them (so the staging waits for a few
+// round trips to memory, not one per element); each of its 256 threads then computes two pixels, (row, col) and (row, col + 16), of
 // every channel of the chunk: per tap, two input values from shared memory and the chunk's
 // weights as broadcast 16-byte reads, one fused multiply-add per pixel and channel (explicit
 // fmaf: the program is compiled without contraction). The sum runs over (channel, kh, kw) in
@@ -375,8 +376,11 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
 // reduce-overhead from 29.2-29.6 to 38.1-38.5 us a call and resnet50 bf16 from 0.380 to
 // 0.390-0.392 ms on an H100 (thirtieth session, two rounds each; stem_conv=cudnn in the same
 // bundle: 29.3 us and 0.380 ms). The profile put that kernel at 28.8 us against cuDNN's 19.6,
-// bound by its shared-memory reads (16 per tap per thread for 16 multiply-adds). This version
-// (6 reads per 32 multiply-adds) is checked against the reference on the host
+// bound, we think, by its staging: each thread loaded its 16 window elements one after another
+// (a load, then its store to shared memory, about 16 round trips to memory before the first
+// product), and its 10 weight elements the same way; and by its shared-memory reads (16 per
+// tap per thread for 16 multiply-adds). This version (batched staging; 6 reads per 32
+// multiply-adds; 74 registers, no spills, for vfe under ptxas) is checked against the reference on the host
 // (tests/unit/cuda_direct_emulated_test.cc) and compiles with NVRTC; the session's device time
 // ran out before it was timed or run on a GPU. Time it (`kiln bench vfe --device cuda --mode
 // reduce-overhead` with and without the knob) before making it the default.
@@ -384,6 +388,7 @@ constexpr int64_t kSmallConvRows = 16;      // output rows per block (one per th
 constexpr int64_t kSmallConvCols = 32;      // output columns per block: 16 threads x 2 pixels
 constexpr int64_t kSmallConvChannels = 16;  // output channels per block
 constexpr int64_t kSmallConvSharedBytes = 44 * 1024;
+constexpr int64_t kSmallConvBatch = 8;      // staging loads a thread issues before it stores them
 // Larger convolutions keep cuDNN: the kernel computes on the CUDA cores, where a tensor-core
 // engine's throughput wins once there is enough work (ResNet-50's stem at batch 32: 3.8G
 // multiply-adds); below this the call is bound by its latency, which is what the kernel cuts.
@@ -475,15 +480,33 @@ void plan_small_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, D
   body += fmt::format("    const long long oh0 = tr * {}LL, ow0 = tc * {}LL, oc0 = och * {}LL;\n", TR, TC, OCT);
   body += fmt::format("    const long long ih0 = oh0 * {}LL - {}LL, iw0 = ow0 * {}LL - {}LL;\n", c.sh, c.ph, c.sw, c.pw);
   body += "    __syncthreads();  // the previous tile's reads are done\n";
-  body += fmt::format("    for (int i = threadIdx.x; i < {}; i += {}) {{\n", window, threads);
-  body += fmt::format("      const int ci = i / {0}, rr = (i / {1}) % {2}, cc = i % {1};\n", c.iht * c.iwt, c.iwt, c.iht);
-  body += "      const long long ih = ih0 + rr, iw = iw0 + cc;\n";
-  body += fmt::format("      xs[i] = ih >= 0 && ih < {}LL && iw >= 0 && iw < {}LL ? {} : 0.f;\n    }}\n", H, W,
-                      to_float(dt, fmt::format("x[((nb * {}LL + ci) * {}LL + ih) * {}LL + iw]", C, H, W)));
-  body += fmt::format("    for (int i = threadIdx.x; i < {}; i += {}) {{\n", taps * OCP, threads);
-  body += fmt::format("      const int tap = i / {0}, o = i % {0};\n", OCP);
-  body += fmt::format("      ws[i] = o < {} && oc0 + o < {}LL ? {} : 0.f;\n    }}\n", OCT, OC,
-                      to_float(dt, fmt::format("w[(oc0 + o) * {}LL + tap]", taps)));
+  // Staging: a thread issues its loads in batches of kSmallConvBatch before storing them
+  // (through registers), so the tile waits for a few round trips to memory rather than one per
+  // element.
+  auto stage = [&](int64_t total, const std::string& value, const std::string& dst) {
+    std::string t;
+    t += fmt::format("    for (int u0 = 0; u0 < {}; u0 += {}) {{\n      float v[{}];\n", (total + threads - 1) / threads,
+                     kSmallConvBatch, kSmallConvBatch);
+    t += fmt::format("      #pragma unroll\n      for (int u = 0; u < {}; ++u) {{\n", kSmallConvBatch);
+    t += fmt::format("        const int i = threadIdx.x + (u0 + u) * {};\n", threads);
+    t += value;
+    t += "      }\n";
+    t += fmt::format("      #pragma unroll\n      for (int u = 0; u < {}; ++u) {{\n", kSmallConvBatch);
+    t += fmt::format("        const int i = threadIdx.x + (u0 + u) * {};\n        if (i < {}) {}[i] = v[u];\n      }}\n    }}\n",
+                     threads, total, dst);
+    return t;
+  };
+  body += stage(window,
+                fmt::format("        const int ci = i / {0}, rr = (i / {1}) % {2}, cc = i % {1};\n", c.iht * c.iwt, c.iwt, c.iht) +
+                    "        const long long ih = ih0 + rr, iw = iw0 + cc;\n" +
+                    fmt::format("        v[u] = i < {} && ih >= 0 && ih < {}LL && iw >= 0 && iw < {}LL ? {} : 0.f;\n", window, H, W,
+                                to_float(dt, fmt::format("x[((nb * {}LL + ci) * {}LL + ih) * {}LL + iw]", C, H, W))),
+                "xs");
+  body += stage(taps * OCP,
+                fmt::format("        const int tap = i / {0}, o = i % {0};\n", OCP) +
+                    fmt::format("        v[u] = i < {} && o < {} && oc0 + o < {}LL ? {} : 0.f;\n", taps * OCP, OCT, OC,
+                                to_float(dt, fmt::format("w[(oc0 + o) * {}LL + tap]", taps))),
+                "ws");
   body += "    __syncthreads();\n";
   body += fmt::format("    float acc0[{0}], acc1[{0}];\n", OCP);
   body += fmt::format("    #pragma unroll\n    for (int o = 0; o < {}; ++o) acc0[o] = acc1[o] = 0.f;\n", OCP);
