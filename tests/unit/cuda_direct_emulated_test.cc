@@ -669,8 +669,8 @@ TEST(CudaDirectEmulatedAttention, TensorCoreKernelMatchesTheReference) {
 }
 
 // Note [CUDA small-channel convolutions]: conv2d and fused_conv2d with 1-4 input channels, in
-// the three library dtypes: the vfe / ResNet stem (7x7 stride 2 pad 3, several tiles, the last
-// partial, borders zero-filled), output channels that are not a multiple of the 16 per block
+// the three library dtypes: the vfe / ResNet stem (7x7 stride 2 pad 3, 2x2 tiles of 16x32
+// pixels, the last row and column partial, borders zero-filled), output channels that are not a multiple of the 16 per block
 // (a partial chunk), no bias, a residual at scale 1 and 0.5, relu and none, dilation, batch 2,
 // asymmetric strides, and NaN and infinite inputs (which must reach the outputs as the
 // reference's do). Each against the float64 reference with the dtype's tolerance.
@@ -685,7 +685,7 @@ TEST(CudaDirectEmulatedConv, SmallChannelConvolutionsMatchTheReference) {
     bool poison;      // NaN and inf in the input
   };
   const Conv convs[] = {
-      {"stem", {1, 3, 37, 41}, {20, 3, 7, 7}, {2, 2}, {3, 3}, {1, 1}, true, false, "relu", 1.0, false},
+      {"stem", {1, 3, 37, 75}, {20, 3, 7, 7}, {2, 2}, {3, 3}, {1, 1}, true, false, "relu", 1.0, false},
       {"conv_plain", {2, 1, 19, 18}, {5, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, false, false, nullptr, 1.0, false},
       {"conv_bias_dilated", {1, 4, 21, 23}, {17, 4, 3, 3}, {1, 2}, {2, 2}, {2, 2}, true, false, nullptr, 1.0, false},
       {"residual_relu", {2, 2, 17, 16}, {16, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, true, true, "relu", 1.0, false},
