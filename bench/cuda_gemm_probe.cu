@@ -25,21 +25,21 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                   \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                            \
-    }                                                                          \
+// Exits naming the call's place when a CUDA runtime (CK) or cuBLASLt (LK) call fails.
+inline void die_unless(bool ok, const char* file, int line, const char* what) {
+  if (ok) return;
+  std::fprintf(stderr, "%s:%d %s\n", file, line, what);
+  std::exit(1);
+}
+#define CK(x)                                                                        \
+  do {                                                                               \
+    const cudaError_t e_ = (x);                                                      \
+    die_unless(e_ == cudaSuccess, __FILE__, __LINE__, cudaGetErrorString(e_));       \
   } while (0)
-#define LK(x)                                                                  \
-  do {                                                                         \
-    cublasStatus_t s_ = (x);                                                   \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                         \
-      std::fprintf(stderr, "%s:%d cublas %d\n", __FILE__, __LINE__, int(s_));  \
-      std::exit(1);                                                            \
-    }                                                                          \
+#define LK(x)                                                                        \
+  do {                                                                               \
+    const cublasStatus_t s_ = (x);                                                   \
+    die_unless(s_ == CUBLAS_STATUS_SUCCESS, __FILE__, __LINE__, "cuBLASLt call failed"); \
   } while (0)
 
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
@@ -188,9 +188,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     }
   }
   cp_wait<0>();
-  if (S > 1) {
-    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-    float* mine = ws + (size_t)s * M * N;
+  // f(pair, r, c) for each pair of accumulators this thread holds: row r, columns c and c + 1.
+  auto each_pair = [&](auto&& f) {
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -198,8 +197,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = m0 + wm + i * 16 + g + h * 8, c = n0 + wn + j * 8 + c2;
-          if (r < M) *(float2*)(mine + (size_t)r * N + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+          if (r < M) f(acc[i][j] + 2 * h, r, c);
         }
+  };
+  if (S > 1) {
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float* mine = ws + (size_t)s * M * N;
+    each_pair([&](float* p, int r, int c) { *(float2*)(mine + (size_t)r * N + c) = make_float2(p[0], p[1]); });
     __threadfence();
     __syncthreads();
     __shared__ unsigned last;
@@ -207,38 +211,24 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     __syncthreads();
     if (!last) return;
     __threadfence();
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = m0 + wm + i * 16 + g + h * 8, c = n0 + wn + j * 8 + c2;
-          if (r >= M) continue;
-          float v0 = 0.f, v1 = 0.f;
-          for (int t = 0; t < S; ++t) {
-            float2 p = t == s ? make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1])
-                              : __ldcg((const float2*)(ws + (size_t)t * M * N + (size_t)r * N + c));
-            v0 += p.x;
-            v1 += p.y;
-          }
-          acc[i][j][2 * h] = v0;
-          acc[i][j][2 * h + 1] = v1;
-        }
+    // The last block sums the partial tiles in split order (its own from registers).
+    each_pair([&](float* p, int r, int c) {
+      float v0 = 0.f, v1 = 0.f;
+      for (int t = 0; t < S; ++t) {
+        const float2 q = t == s ? make_float2(p[0], p[1])
+                                : __ldcg((const float2*)(ws + (size_t)t * M * N + (size_t)r * N + c));
+        v0 += q.x;
+        v1 += q.y;
+      }
+      p[0] = v0;
+      p[1] = v1;
+    });
     if (tid == 0) counters[tile] = 0;
   }
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = m0 + wm + i * 16 + g + h * 8, c = n0 + wn + j * 8 + c2;
-        if (r >= M) continue;
-        const float b0 = __bfloat162float(bias[c]), b1 = __bfloat162float(bias[c + 1]);
-        __nv_bfloat162 o = __floats2bfloat162_rn(acc[i][j][2 * h] + b0, acc[i][j][2 * h + 1] + b1);
-        *(__nv_bfloat162*)(y + (size_t)r * N + c) = o;
-      }
+  each_pair([&](float* p, int r, int c) {
+    const float b0 = __bfloat162float(bias[c]), b1 = __bfloat162float(bias[c + 1]);
+    *(__nv_bfloat162*)(y + (size_t)r * N + c) = __floats2bfloat162_rn(p[0] + b0, p[1] + b1);
+  });
 }
 
 struct Cfg {
