@@ -384,19 +384,20 @@ TEST(CudaDeviceStatus, OutOfRangeIndicesFailLikeTheCpu) {
   }
 }
 
-// `g` compiled for CUDA under the knob attention=`attention` (Note [CUDA attention]) in default
-// and in reduce-overhead mode, each run on `in`: check(mode, exe, summary, output on the host)
-// for each, and the reduce-overhead output (a CUDA-graph replay) bitwise the default one.
-void check_attention_modes(
-    const Graph& g, const char* attention, const TensorList& in, const std::string& label,
+// `g` compiled for CUDA under the knob `knob`=`value` in default and in reduce-overhead mode,
+// each run on `in`: check(mode, exe, summary, output on the host) for each, and the
+// reduce-overhead output (a CUDA-graph replay) bitwise the default one.
+void check_both_modes(
+    const Graph& g, const char* knob, const char* value, const TensorList& in, const std::string& label,
     const std::function<void(const char* mode, const compiler::CompiledExecutable& exe,
                              const std::string& summary, const Tensor& got)>& check) {
-  SCOPED_TRACE(std::string("attention=") + attention);
+  SCOPED_TRACE(fmt::format("{} {}={}", label, knob, value));
   Tensor first;
   for (const char* mode : {"default", "reduce-overhead"}) {
+    SCOPED_TRACE(mode);
     compiler::Options o;
     o.mode = mode;
-    o.knobs.set("attention", attention);
+    o.knobs.set(knob, value);
     auto exe = compiler::compile(g, Device::cuda(0), o);
     Tensor got = exe->run(in)[0].to(Device::cpu());
     check(mode, *exe, exe->summary(), got);
@@ -478,7 +479,7 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
     for (const char* attention : knobs) {
       const bool cudnn = half && c.mask == 0 && std::string(attention) == "auto";
       const bool tensor_cores = half && !cudnn && std::string(attention) != "simt";
-      check_attention_modes(g, attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
+      check_both_modes(g, "attention", attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
                                                          const std::string& summary, const Tensor& got) {
         EXPECT_EQ(exe.report().eager_launches, 0) << label << "\n" << summary;
         EXPECT_NE(summary.find(cudnn ? "cuDNN fused flash attention" : "flash kernel"), std::string::npos)
@@ -535,7 +536,7 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
     if (half) knobs.push_back("direct");  // the tensor-core kernel reads the views
     for (const char* attention : knobs) {
       const bool cudnn = half && std::string(attention) == "auto";
-      check_attention_modes(g, attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
+      check_both_modes(g, "attention", attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
                                                          const std::string& summary, const Tensor& got) {
         EXPECT_EQ(summary.find("split"), std::string::npos) << label << "\n" << summary;
         EXPECT_EQ(summary.find("copy"), std::string::npos) << label << "\n" << summary;
@@ -553,10 +554,6 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
   }
 }
 
-// A float16 / bfloat16 linear of one input row (resnet50's classifier, BERT's pooler with its
-// tanh) is a generated GEMV (CudaTarget::policy): one loop kernel with its bias, activation and
-// the cast after it, no cuBLASLt call; under gemv=cublaslt it is cuBLASLt's GEMM again. Both
-// against the float64 reference on fresh inputs, in default and reduce-overhead (bitwise equal).
 // Note [CUDA small-channel convolutions]: a 3-channel 7x7 stride-2 stem with bias, a residual
 // and relu (fused into one fused_conv2d by the passes), batch 2 with partial tiles, in the three
 // library dtypes: the direct kernel (stem_conv=direct) and cuDNN (stem_conv=cudnn, the default)
@@ -579,28 +576,23 @@ TEST(CudaSmallConv, StemRunsTheDirectKernelAndMatchesTheReference) {
     for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
     Tensor want = relu(add(conv2d(in64[0], in64[1], in64[2], {2, 2}, {3, 3}), in64[3]));
     for (const char* stem : {"direct", "cudnn"}) {
-      Tensor first;
-      for (const char* mode : {"default", "reduce-overhead"}) {
-        SCOPED_TRACE(fmt::format("{} stem_conv={} {}", dtype_name(dt), stem, mode));
-        compiler::Options o;
-        o.mode = mode;
-        o.knobs.set("stem_conv", stem);
-        auto exe = compiler::compile(g, Device::cuda(0), o);
-        const std::string summary = exe->summary();
-        const bool direct = std::string(stem) == "direct";
+      const bool direct = std::string(stem) == "direct";
+      check_both_modes(g, "stem_conv", stem, in, dtype_name(dt), [&](const char*, const compiler::CompiledExecutable& exe,
+                                                                     const std::string& summary, const Tensor& got) {
         EXPECT_EQ(summary.find("small-channel direct kernel") != std::string::npos, direct) << summary;
-        EXPECT_EQ(exe->report().library_launches, 1) << summary;  // the convolution, whole
-        Tensor got = exe->run(in)[0].to(Device::cpu());
+        EXPECT_EQ(exe.report().library_launches, 1) << summary;  // the convolution, whole
         EXPECT_TRUE(test::close(got.to(DType::Float64), want,
                                 test::Tolerance::for_dtype(dt).scaled(op_def(OpId::FusedConv2d).tolerance_scale)))
             << summary;
-        if (!first.defined()) first = got;
-        else EXPECT_EQ(test::first_byte_difference(got, first), "") << "replay differs from the plain run";
-      }
+      });
     }
   }
 }
 
+// A float16 / bfloat16 linear of one input row (resnet50's classifier, BERT's pooler with its
+// tanh) is a generated GEMV (CudaTarget::policy): one loop kernel with its bias, activation and
+// the cast after it, no cuBLASLt call; under gemv=cublaslt it is cuBLASLt's GEMM again. Both
+// against the float64 reference on fresh inputs, in default and reduce-overhead (bitwise equal).
 TEST(CudaGemv, HalfPrecisionRowLinearsAreGeneratedAndMatchTheReference) {
   Generator gen(79);
   for (DType dt : {DType::BFloat16, DType::Float16}) {
@@ -620,28 +612,19 @@ TEST(CudaGemv, HalfPrecisionRowLinearsAreGeneratedAndMatchTheReference) {
       Tensor want = linear(in64[0], in64[1], in64[2]);
       if (tanh_after) want = tanh(want);
       for (const char* gemv : {"generated", "cublaslt"}) {
-        Tensor first;
-        for (const char* mode : {"default", "reduce-overhead"}) {
-          SCOPED_TRACE(fmt::format("{} gemv={} {}", label, gemv, mode));
-          compiler::Options o;
-          o.mode = mode;
-          o.knobs.set("gemv", gemv);
-          auto exe = compiler::compile(g, Device::cuda(0), o);
-          const std::string summary = exe->summary();
-          const bool generated = std::string(gemv) == "generated";
+        const bool generated = std::string(gemv) == "generated";
+        check_both_modes(g, "gemv", gemv, in, label, [&](const char*, const compiler::CompiledExecutable& exe,
+                                                         const std::string& summary, const Tensor& got) {
           EXPECT_EQ(summary.find("gemm") == std::string::npos, generated) << summary;
           // Generated: the GEMV with its bias, tanh and cast, one kernel; else cuBLASLt's GEMM
           // and a kernel for the rest.
-          EXPECT_EQ(exe->report().loop_kernels, 1) << summary;
-          EXPECT_EQ(exe->report().library_launches, generated ? 0 : 1) << summary;
-          Tensor got = exe->run(in)[0].to(Device::cpu());
+          EXPECT_EQ(exe.report().loop_kernels, 1) << summary;
+          EXPECT_EQ(exe.report().library_launches, generated ? 0 : 1) << summary;
           // Rounded to dt once (the linear's output), as cuBLASLt rounds it.
           EXPECT_TRUE(test::close(got.to(DType::Float64), want,
                                   test::Tolerance::for_dtype(dt).scaled(op_def(OpId::Linear).tolerance_scale)))
               << summary;
-          if (!first.defined()) first = got;
-          else EXPECT_EQ(test::first_byte_difference(got, first), "") << "replay differs from the plain run";
-        }
+        });
       }
     }
   }
@@ -675,7 +658,7 @@ TEST(CudaAttention, OutputWrittenHeadsLastFeedsTheProjection) {
     std::vector<const char*> knobs = {"auto"};
     if (half) knobs.insert(knobs.end(), {"direct", "simt"});
     for (const char* attention : knobs) {
-      check_attention_modes(g, attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
+      check_both_modes(g, "attention", attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
                                                          const std::string& summary, const Tensor& got) {
         EXPECT_NE(summary.find("output written heads-last"), std::string::npos) << label << "\n" << summary;
         EXPECT_EQ(summary.find("reshape"), std::string::npos) << label << "\n" << summary;

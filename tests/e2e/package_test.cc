@@ -1053,47 +1053,52 @@ std::string knob_error(const Graph& g, Device device, const char* knobs) {
 }
 }  // namespace
 
+namespace {
+// A zoo model cross-built for sm_90 in `precision` under `knobs` (the CUDA pipeline runs without
+// a GPU): its compile summary, the package's manifest and the count of each launch kind in it.
+struct CrossBuilt {
+  std::string summary;
+  nlohmann::json manifest;
+  std::map<std::string, int> launches;
+};
+CrossBuilt cross_build(const std::string& model, DType precision = DType::BFloat16, const char* knobs = "") {
+  TempDir dir;
+  nn::ZooModel m = nn::make_zoo_model(model, 1, 7);
+  compiler::Options o;
+  o.arch = "sm_90";
+  o.precision = precision;
+  o.knobs = compiler::parse_knobs(knobs, "test");
+  const std::string path = dir.path + "/" + model + "-sm90.kiln";
+  CrossBuilt c;
+  c.summary = nn::export_package(m.module, m.inputs, o, model, path)->summary();
+  c.manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
+  for (const nlohmann::json& l : c.manifest["launches"]) ++c.launches[l["kind"].get<std::string>()];
+  return c;
+}
+}  // namespace
+
 // Note [CUDA small-channel convolutions]: under the knob stem_conv=direct, resnet18's
 // 3-channel stem is a direct kernel of the package (an NVRTC cubin, no cuDNN record) with its
 // bias and relu; the other 19 convolutions stay cuDNN's. By default all 20 are cuDNN's.
 TEST(Package, CudaCrossBuiltStemIsTheSmallChannelKernelUnderItsKnob) {
-  TempDir dir;
   for (const bool direct : {false, true}) {
-    nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
-    compiler::Options o;
-    o.arch = "sm_90";
-    if (direct) o.knobs = compiler::parse_knobs("stem_conv=direct", "test");
-    const std::string path = dir.path + (direct ? "/direct.kiln" : "/cudnn.kiln");
-    const std::string summary = nn::export_package(m.module, m.inputs, o, "resnet18", path)->summary();
-    nlohmann::json manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
-    int convs = 0, stems = 0;
-    for (const nlohmann::json& l : manifest["launches"]) {
-      const std::string kind = l["kind"];
-      convs += kind == "cudnn_conv";
-      stems += kind == "cuda_kernel" && l["params"]["kernel"].get<std::string>().rfind("kn_fused_conv2d_", 0) == 0;
-    }
-    EXPECT_EQ(convs, direct ? 19 : 20) << summary;
-    EXPECT_EQ(stems, direct ? 1 : 0) << summary;
-    EXPECT_EQ(summary.find("fused_conv2d small-channel direct kernel (float32, 3 input channels, 7x7 stride 2x2, bias, relu") !=
+    CrossBuilt c = cross_build("resnet18", DType::Float32, direct ? "stem_conv=direct" : "");
+    int stems = 0;
+    for (const nlohmann::json& l : c.manifest["launches"])
+      stems += l["kind"] == "cuda_kernel" && l["params"]["kernel"].get<std::string>().rfind("kn_fused_conv2d_", 0) == 0;
+    EXPECT_EQ(c.launches["cudnn_conv"], direct ? 19 : 20) << c.summary;
+    EXPECT_EQ(stems, direct ? 1 : 0) << c.summary;
+    EXPECT_EQ(c.summary.find("fused_conv2d small-channel direct kernel (float32, 3 input channels, 7x7 stride 2x2, bias, relu") !=
                   std::string::npos,
-              direct) << summary;
+              direct) << c.summary;
   }
 }
 
 TEST(Package, CudaCrossBuildRecordsTf32InEveryLibraryCall) {
-  TempDir dir;
   for (const bool tf32 : {false, true}) {
-    nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
-    compiler::Options o;
-    o.arch = "sm_90";
-    if (tf32) o.knobs = compiler::parse_knobs("tf32=on", "test");
-    const std::string path = dir.path + (tf32 ? "/tf32.kiln" : "/exact.kiln");
-    nn::export_package(m.module, m.inputs, o, "resnet18", path);
-    uint32_t version = 0;
-    std::vector<PackageSection> sections = read_package_sections(path, &version);
-    nlohmann::json manifest = nlohmann::json::parse(sections[0].bytes);
+    CrossBuilt c = cross_build("resnet18", DType::Float32, tf32 ? "tf32=on" : "");
     int library = 0;
-    for (const nlohmann::json& l : manifest["launches"]) {
+    for (const nlohmann::json& l : c.manifest["launches"]) {
       const std::string kind = l["kind"];
       if (kind != "cudnn_conv" && kind != "cublaslt") continue;
       ++library;
@@ -1146,33 +1151,11 @@ TEST(CudaCrossBuild, AttentionTakesTheTensorCoresFromSm80) {
       << (err.empty() ? "accepted" : err);
 }
 
-namespace {
-// A zoo model in bfloat16 cross-built for sm_90 (the CUDA pipeline runs without a GPU): its
-// compile summary and the count of each launch kind in the package.
-struct CrossBuilt {
-  std::string summary;
-  std::map<std::string, int> launches;
-};
-CrossBuilt cross_build_bf16(const std::string& model) {
-  TempDir dir;
-  nn::ZooModel m = nn::make_zoo_model(model, 1, 7);
-  compiler::Options o;
-  o.arch = "sm_90";
-  o.precision = DType::BFloat16;
-  const std::string path = dir.path + "/" + model + "-sm90.kiln";
-  CrossBuilt c;
-  c.summary = nn::export_package(m.module, m.inputs, o, model, path)->summary();
-  nlohmann::json manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
-  for (const nlohmann::json& l : manifest["launches"]) ++c.launches[l["kind"].get<std::string>()];
-  return c;
-}
-}  // namespace
-
 // ResNet-50 in bfloat16: its classifier (one row, 2048 -> 1000) is a generated GEMV fused with
 // the output cast (CudaTarget::policy), so the package has no cuBLASLt call and its load opens
 // cuDNN only.
 TEST(Package, CudaCrossBuiltResnetClassifierIsAGeneratedGemv) {
-  CrossBuilt c = cross_build_bf16("resnet50");
+  CrossBuilt c = cross_build("resnet50");
   EXPECT_EQ(c.launches["cublaslt"], 0) << c.summary;
   EXPECT_EQ(c.launches["cudnn_conv"], 53) << c.summary;
   EXPECT_NE(c.summary.find("[reduce]: linear 'layers.cc:53', cast"), std::string::npos) << c.summary;
@@ -1183,7 +1166,7 @@ TEST(Package, CudaCrossBuiltResnetClassifierIsAGeneratedGemv) {
 // three. Attention writes [B, S, H, D] (Note [attention writes heads last]), so no copy kernel
 // reshapes its output for the output projection. The pooler (one row) is a generated GEMV.
 TEST(Package, CudaCrossBuiltBertProjectsQkvInOneGemm) {
-  CrossBuilt c = cross_build_bf16("bert_base");
+  CrossBuilt c = cross_build("bert_base");
   EXPECT_NE(c.summary.find("gemm bfloat16 128x2304x768"), std::string::npos) << c.summary;
   EXPECT_EQ(c.summary.find("split"), std::string::npos) << c.summary;
   EXPECT_EQ(c.summary.find("reshape"), std::string::npos) << c.summary;
@@ -1201,7 +1184,7 @@ TEST(Package, CudaCrossBuiltBertProjectsQkvInOneGemm) {
 // writes heads last]: no copy after it), so each encoder layer is 4 GEMMs, attention, 2
 // layer-norm kernels and a GELU.
 TEST(Package, CudaCrossBuiltVitHasNoPatchConvolutionAndNoSplit) {
-  CrossBuilt c = cross_build_bf16("vit_b_16");
+  CrossBuilt c = cross_build("vit_b_16");
   EXPECT_EQ(c.summary.find("conv2d"), std::string::npos) << c.summary;
   EXPECT_EQ(c.summary.find("split"), std::string::npos) << c.summary;
   EXPECT_NE(c.summary.find("gemm bfloat16 196x768x768"), std::string::npos) << c.summary;
