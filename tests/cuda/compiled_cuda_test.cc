@@ -87,8 +87,9 @@ TEST_P(CudaZoo, CompiledMatchesCpuEagerAndGraphReplayIsBitwiseEqual) {
     TensorList ref2 = find_backend("eager")(g, BackendOptions{})->run(gin2);
     TensorList got2 = exe->run(gin2);
     for (size_t i = 0; i < ref2.size(); ++i)
-      if (is_floating(ref2[i].dtype()))
+      if (is_floating(ref2[i].dtype())) {
         EXPECT_TRUE(close_rel(got2[i], ref2[i], 1e-4)) << name << " second inputs, output " << i;
+      }
     // reduce-overhead: CUDA-graph replay, bitwise equal to default (same kernels, same order).
     compiler::Options ro;
     ro.mode = "reduce-overhead";
@@ -556,7 +557,7 @@ TEST(CudaAttention, PackedProjectionIsReadInPlace) {
 
 // Note [CUDA small-channel convolutions]: a 3-channel 7x7 stride-2 stem with bias, a residual
 // and relu (fused into one fused_conv2d by the passes), batch 2 with partial tiles, in the three
-// library dtypes: the direct kernel (stem_conv=direct) and cuDNN (stem_conv=cudnn, the default)
+// library dtypes: the direct kernel (stem_conv=direct, the default) and cuDNN (stem_conv=cudnn)
 // both against float64, in both modes, the replay bitwise equal to the plain run.
 TEST(CudaSmallConv, StemRunsTheDirectKernelAndMatchesTheReference) {
   Generator gen(83);

@@ -544,7 +544,9 @@ TEST(CudaLoopKernelsOnHost, VectorAccessesMatchTheInterpreterAlignedAndNot) {
     // Aligned inputs must take the vector form: every arena value the kernels touch sits on a
     // 16-byte boundary (the planner's alignment), as do the inputs run_on_host places.
     for (ValueId v = 0; v < ValueId(e.graph.values.size()); ++v)
-      if (e.mem[size_t(v)].slot == 0) EXPECT_EQ(e.mem[size_t(v)].byte_offset % 16, 0) << "value " << v;
+      if (e.mem[size_t(v)].slot == 0) {
+        EXPECT_EQ(e.mem[size_t(v)].byte_offset % 16, 0) << "value " << v;
+      }
     HostProgram hp(e.program, c.name);
     ASSERT_EQ(hp.error, "");
     for (int misalign : {0, 1}) {  // 1: every input off its chunk alignment -> the scalar loop

@@ -503,10 +503,12 @@ TEST(CudaDirectEmulatedAttention, MaskedRowsNoKeysAndLargeHeadsMatchTheReference
           EXPECT_TRUE(std::isfinite(o[b * 12 + e]) && std::isfinite(o[b * 12 + 8 + e])) << b << "," << e;
         }
     }
-    if (n.name == "bool_masked_row")
+    if (n.name == "bool_masked_row") {
       for (int e = 0; e < 6; ++e) EXPECT_TRUE(std::isnan(o[18 + e])) << e;
-    if (n.name == "no_keys")
+    }
+    if (n.name == "no_keys") {
       for (int64_t e = 0; e < got.numel(); ++e) EXPECT_EQ(o[e], 0.0f) << e;
+    }
   }
 }
 

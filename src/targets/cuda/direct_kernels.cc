@@ -36,7 +36,7 @@
 //     store. Batch dims broadcast in any pattern (a stride-0 dim per broadcast operand dim).
 //     K = 0 gives the bias or zeros;
 //   - conv2d and fused_conv2d with at most 4 input channels (image stems; the target routes
-//     them here under the knob stem_conv=direct): Note [CUDA small-channel convolutions], a
+//     them here unless the knob stem_conv=cudnn): Note [CUDA small-channel convolutions], a
 //     tiled kernel with the epilogue fused, in float with FMA;
 //   - conv2d: one thread per output, bias then (channel, kh, kw) in the reference's order;
 //     conv_transpose2d as a gather (the adjoint of conv2d): each output adds the contributions
@@ -353,16 +353,16 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
 // An image stem (3 input channels: ResNet's 7x7 stride-2 convolution, the zoo's vfe) looked
 // like a poor fit for cuDNN's engines, which tile over input channels: vfe's float32 7x7
 // convolution takes 15-18 us a call on an H100/H200 (about 4x its FLOP floor), 80% of the
-// model's call. With the knob stem_conv=direct, where small_channel_conv() holds, the
-// convolution and its fused epilogue (bias, sum_scale * residual, relu) are one direct kernel
-// instead.
+// model's call. Where small_channel_conv() holds, the convolution and its fused epilogue (bias,
+// sum_scale * residual, relu) are one direct kernel instead (the knob stem_conv=cudnn keeps
+// cuDNN).
 //
 // The kernel: a block owns a 16x32 tile of output pixels and a chunk of up to 16 output
 // channels. It stages the tile's input window (every input channel, zero-filled outside the
 // image) and the chunk's weights (as [tap][channel], float4 rows, zero-padded) in shared
 // memory, each thread issuing 8 loads before it stores them (so the staging waits for a few
-// round trips to memory, not one per element); each of its 256 threads then computes two pixels, (row, col) and (row, col + 16), of
-// every channel of the chunk: per tap, two input values from shared memory and the chunk's
+// round trips to memory, not one per element); each of its 256 threads then computes two
+// pixels, (row, col) and (row, col + 16), of every channel of the chunk: per tap, two input values from shared memory and the chunk's
 // weights as broadcast 16-byte reads, one fused multiply-add per pixel and channel (explicit
 // fmaf: the program is compiled without contraction). The sum runs over (channel, kh, kw) in
 // the reference's order, in float; bias, residual and relu follow in the epilogue's order
@@ -371,19 +371,18 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
 // stem at batch 1: 118M): beyond that cuDNN's tensor-core engines have the throughput, and the
 // call is no longer bound by its latency. A cross-build needs no cuDNN for such a convolution.
 //
-// It is not the default, because it did not win where it was measured. A first version (one
-// pixel of 16 channels per thread, the weights read one float at a time) took vfe f32
-// reduce-overhead from 29.2-29.6 to 38.1-38.5 us a call and resnet50 bf16 from 0.380 to
-// 0.390-0.392 ms on an H100 (thirtieth session, two rounds each; stem_conv=cudnn in the same
-// bundle: 29.3 us and 0.380 ms). The profile put that kernel at 28.8 us against cuDNN's 19.6,
-// bound, we think, by its staging: each thread loaded its 16 window elements one after another
-// (a load, then its store to shared memory, about 16 round trips to memory before the first
-// product), and its 10 weight elements the same way; and by its shared-memory reads (16 per
-// tap per thread for 16 multiply-adds). This version (batched staging; 6 reads per 32
-// multiply-adds; 74 registers, no spills, for vfe under ptxas) is checked against the reference on the host
-// (tests/unit/cuda_direct_emulated_test.cc) and compiles with NVRTC; the session's device time
-// ran out before it was timed or run on a GPU. Time it (`kiln bench vfe --device cuda --mode
-// reduce-overhead` with and without the knob) before making it the default.
+// A first version (one pixel of 16 channels per thread, the weights read one float at a time)
+// lost to cuDNN: vfe f32 reduce-overhead went from 29.2-29.6 to 38.1-38.5 us a call on an H100
+// (thirtieth session). Its profile put the kernel at 28.8 us against cuDNN's 19.6, bound by its
+// staging (each thread loaded its 16 window elements one after another, a load then its store to
+// shared memory, about 16 round trips to memory before the first product, and its weights the
+// same way) and by its shared-memory reads (16 per tap per thread for 16 multiply-adds). This
+// version batches the staging loads and does 6 shared-memory reads per 32 multiply-adds (74
+// registers, no spills, for vfe under ptxas). Measured on an H100 (thirty-first session, `kiln
+// bench M --device cuda --mode reduce-overhead` with stem_conv=cudnn and =direct alternately,
+// two rounds, host p50): vfe f32 29.5, 29.8 -> 27.9, 27.8 us; resnet50 bf16 0.382, 0.384 ->
+// 0.381, 0.381 ms; resnet50 f32 1.955, 1.953 -> 1.951, 1.950 ms. `kiln profile vfe`: the
+// convolution's launch 16.4 us against cuDNN's 19.9. So it is the default.
 constexpr int64_t kSmallConvRows = 16;      // output rows per block (one per thread row)
 constexpr int64_t kSmallConvCols = 32;      // output columns per block: 16 threads x 2 pixels
 constexpr int64_t kSmallConvChannels = 16;  // output channels per block

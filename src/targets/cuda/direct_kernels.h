@@ -48,9 +48,8 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
                                 int compute_capability = 0);
 
 // Whether conv2d / fused_conv2d node `n` runs as the small-channel direct kernel (Note [CUDA
-// small-channel convolutions] in direct_kernels.cc) when the target routes it there (the knob
-// stem_conv=direct): float32,
-// float16 or bfloat16, concrete 4-D shapes, groups 1, at most 4 input channels, a fused
+// small-channel convolutions] in direct_kernels.cc) when the target routes it there (unless the
+// knob stem_conv=cudnn): float32, float16 or bfloat16, concrete 4-D shapes, groups 1, at most 4 input channels, a fused
 // epilogue of bias, residual and relu or none, and a staged window that fits shared memory.
 // plan_direct_kernel plans such a node with that kernel.
 bool small_channel_conv(const Graph& g, const Node& n);

@@ -157,7 +157,7 @@ struct BuildFor {
   bool cross = false;
   bool conv_nhwc = true;  // knob conv=auto|nchw: Note [CUDA convolution layouts]
   bool conv_fuse = true;  // knob conv_epilogue=fused|kernel (kernel: tests of the epilogue kernel)
-  bool small_conv = false;  // knob stem_conv=cudnn|direct: Note [CUDA small-channel convolutions]
+  bool small_conv = true;  // knob stem_conv=direct|cudnn: Note [CUDA small-channel convolutions]
   bool timed = false;     // knob kernels=heuristic|timed: Note [CUDA library kernels timed]
   bool tf32 = false;      // knob tf32=off|on: Note [CUDA TF32]
   // knob attention=auto|direct|simt (Note [CUDA attention]): direct never asks cuDNN; simt
@@ -185,7 +185,7 @@ BuildFor build_for(const Knobs& knobs) {
   if (tf32 != "off" && tf32 != "on")
     fail("cuda: knob tf32={} is not off or on", tf32);
   b.tf32 = tf32 == "on";
-  const std::string stem = knobs.get("stem_conv", "cudnn");
+  const std::string stem = knobs.get("stem_conv", "direct");
   if (stem != "direct" && stem != "cudnn")
     fail("cuda: knob stem_conv={} is not direct or cudnn", stem);
   b.small_conv = stem == "direct";
@@ -664,8 +664,8 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
       else plan_direct(g, n, index, ln, source);
       break;
     case OpId::Conv2d: case OpId::ConvTranspose2d: case OpId::FusedConv2d:
-      // Note [CUDA small-channel convolutions]: image stems as a direct kernel (NCHW), where
-      // the knob stem_conv=direct asks for it.
+      // Note [CUDA small-channel convolutions]: image stems as a direct kernel (NCHW), unless
+      // the knob stem_conv=cudnn asks for cuDNN.
       if (build_.small_conv && !nhwc_conv_[size_t(index)] && small_channel_conv(g, n))
         plan_direct(g, n, index, ln, source);
       else if (library_dtype(g.type(n.inputs[0]).dtype)) plan_conv(g, n, index, ln, source);
