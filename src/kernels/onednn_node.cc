@@ -74,6 +74,7 @@
 // and the post-op adds with scale 1.
 
 #include "kernels/onednn_node.h"
+#include "kernels/grouped_conv.h"
 
 #include <omp.h>
 
@@ -308,10 +309,13 @@ struct BlockCopy {
 };
 
 struct Step {
-  dnnl::primitive prim;  // none for a block copy
+  dnnl::primitive prim;  // none for a block copy or Kiln's grouped convolution
   std::vector<dnnl_exec_arg_t> args;  // a block copy: its parts' memories, then the destination
   bool residual_copy = false;  // skipped when the residual already is the output buffer
   std::vector<BlockCopy> copies;  // Note [blocked concat copies]: one per part
+  // Note [Kiln grouped convolution] (kernels/grouped_conv.cc): args are src, dst, its staging
+  // scratch, then the residual where it has one.
+  std::shared_ptr<const GroupedConv> kiln;
 };
 
 // Per call state: see OnednnNode::Instance in the header.
@@ -405,6 +409,17 @@ class PlanBuilder {
                                      attr);
     step(dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
          residual_copy);
+  }
+
+  // Note [Kiln grouped convolution]: `conv` reads src (and the residual), writes dst and
+  // stages its input in `staging`.
+  void kiln_step(std::shared_ptr<const GroupedConv> conv, const memory& src, const memory& dst,
+                 const memory& staging, const memory& residual) {
+    Step s;
+    s.kiln = std::move(conv);
+    s.args = {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_DST, dst.get()}, {DNNL_ARG_SCRATCHPAD, staging.get()}};
+    if (residual) s.args.push_back({DNNL_ARG_SRC_1, residual.get()});
+    plan_.steps.push_back(std::move(s));
   }
 
   // Note [blocked concat copies]: parts[i] copied into dst as copies[i] says.
@@ -597,6 +612,7 @@ struct Builder {
   void build_linear(Plan& p);
   void build_matmul(Plan& p);
   void build_concat(Plan& p);
+  void build_kiln_conv(Plan& p);
 
   DT dt() const { return d.bf16 ? DT::bf16 : DT::f32; }
   bool blocked(const OnednnOperand& v) const {
@@ -696,6 +712,10 @@ void Builder::build(Plan& p) {
 
 // ---- convolution / deconvolution ------------------------------------------------------------
 void Builder::build_conv(Plan& p) {
+  if (d.conv_layout == kKilnDirectLayout) {
+    build_kiln_conv(p);
+    return;
+  }
   bool transposed = d.op == "conv_transpose2d";
   Epilogue epi = read_epilogue(d);
   const OnednnOperand &x = d.inputs.at(0), &w = d.inputs.at(1), &bias = input_or_none(d, 2);
@@ -911,6 +931,103 @@ void Builder::build_conv(Plan& p) {
       residual_copy_scale == 1.0f ? "" : fmt::format(" (the residual scaled in its copy)"),
       reorders.empty() ? "" : "; reorders:" + reorders);
   p.implementation = pd->impl_info_str();
+  p.lowered = true;
+}
+
+// ---- Kiln's grouped convolution ----------------------------------------------------------------
+namespace {
+// The kernel's shape and epilogue for `d`, or why it does not take it.
+std::string kiln_conv_shape(const OnednnNodeDesc& d, GroupedConvShape* s, GroupedConvEpilogue* e) {
+  if (d.op != "conv2d" && d.op != "fused_conv2d") return "not a convolution";
+  if (d.bf16) return "bfloat16";
+  if (d.inputs.size() < 2 || d.inputs[0].dims.size() != 4 || d.inputs[1].dims.size() != 4 ||
+      d.output.dims.size() != 4)
+    return "not 4-D";
+  if (!d.inputs[1].constant.size()) return "weights are not a constant";
+  if (d.inputs.size() > 2 && d.inputs[2].value >= 0 && d.inputs[2].constant.empty())
+    return "bias is not a constant";
+  const std::vector<int64_t>&x = d.inputs[0].dims, &w = d.inputs[1].dims, &y = d.output.dims;
+  s->n = x[0], s->c = x[1], s->h = x[2], s->w = x[3];
+  s->o = y[1], s->oh = y[2], s->ow = y[3];
+  s->groups = d.groups, s->kh = w[2], s->kw = w[3];
+  s->pad_top = d.pad_begin[0], s->pad_left = d.pad_begin[1];
+  if (y[0] != x[0] || w[0] != y[1] || w[1] * d.groups != x[1]) return "inconsistent shapes";
+  const Epilogue epi = read_epilogue(d);
+  if (epi.act == Act::Relu) e->act = GroupedConvEpilogue::Act::Relu;
+  else if (epi.act == Act::Clamp) e->act = GroupedConvEpilogue::Act::Clamp;
+  else if (epi.act != Act::None) return "its activation is not relu or clamp";
+  e->lo = epi.lo, e->hi = epi.hi, e->sum_scale = epi.sum_scale, e->residual = epi.has_residual;
+  if (e->residual && d.inputs.size() < 4) return "no residual operand";
+  return GroupedConv::why_not(*s, d.stride[0], d.stride[1], d.dilation[0], d.dilation[1]);
+}
+}  // namespace
+
+// Note [Kiln grouped convolution]: src reordered to plain NCHW where x is stored otherwise, the
+// kernel writing plain NCHW (reordered into the value's layout after, where that differs), the
+// residual read in place when plain.
+void Builder::build_kiln_conv(Plan& p) {
+  GroupedConvShape s;
+  GroupedConvEpilogue e;
+  if (std::string why = kiln_conv_shape(d, &s, &e); !why.empty()) {
+    p.why_not = "Kiln's grouped convolution kernel does not take it: " + why;
+    return;
+  }
+  const OnednnOperand &x = d.inputs[0], &w = d.inputs[1], &bias = input_or_none(d, 2);
+  const OnednnOperand& residual = e.residual ? d.inputs.at(3) : kAbsent;
+  const OnednnOperand& y = d.output;
+  Tensor wt = constant(w).contiguous();
+  Tensor bt = bias.value >= 0 ? constant(bias).contiguous() : Tensor();
+  PlanBuilder b(p);
+  const memory::dims xd = x.dims, yd = y.dims;
+  std::string reorders;
+  const memory::desc plain_x = plain_md(xd, DT::f32), nhwc_x(xd, DT::f32, Tag::nhwc);
+  // x as stored when that is NCHW or NHWC (channels-last, or a blocked value oneDNN left in
+  // nhwc), else reordered to NCHW.
+  const memory::desc x_md = value_md(x, xd);
+  memory src = activation(b, p, 0, x, x_md);
+  s.x_nhwc = same_layout(x_md, nhwc_x);
+  if (!s.x_nhwc && !same_layout(x_md, plain_x)) {
+    memory t = b.temp(plain_x);
+    b.reorder(src, t);
+    src = t;
+    reorders += fmt::format(" src {}->nchw", format_name(x_md, "nchw"));
+  }
+  // y in its value's layout: NHWC where it is channels-last, or where it may be blocked and x
+  // came in NHWC (the oneDNN convolutions around it compute in nhwc), else NCHW.
+  s.y_nhwc = y.channels_last || (d.output_may_block && s.x_nhwc);
+  const memory::desc y_md = s.y_nhwc ? memory::desc(yd, DT::f32, Tag::nhwc) : plain_md(yd, DT::f32);
+  memory r_mem;
+  if (e.residual) {
+    const memory::desc r_md = value_md(residual, yd);
+    r_mem = activation(b, p, 3, residual, r_md);
+    if (!same_layout(r_md, y_md)) {
+      memory t = b.temp(y_md);
+      b.reorder(r_mem, t);
+      r_mem = t;
+      reorders += fmt::format(" residual {}->{}", format_name(r_md, "nchw"), format_name(y_md, "nchw"));
+    }
+    p.residual_input = 3;
+    // Read before its element is written, by the same thread: the output may be its buffer.
+    p.residual_alias = is_constant(residual) ? Plan::Alias::Unsafe : Plan::Alias::Safe;
+  }
+  auto conv = std::make_shared<const GroupedConv>(
+      s, e, static_cast<const float*>(wt.raw_data()),
+      bt.defined() ? static_cast<const float*>(bt.raw_data()) : nullptr);
+  memory user_out;
+  memory dst = bind_dst(b, y, y_md, &user_out);
+  memory staging = b.temp(memory::desc({conv->scratch_bytes(p.threads) / 4}, DT::f32, Tag::a));
+  b.kiln_step(conv, src, dst, staging, r_mem);
+  if (user_out) {
+    b.reorder(dst, user_out);
+    reorders += fmt::format(" dst {}->{}", format_name(y_md, "nchw"), format_name(user_out.get_desc(), "nchw"));
+  }
+  b.finish();
+  std::string geo = fmt::format("{}x{} g{}", s.kh, s.kw, s.groups);
+  p.implementation = fmt::format("kiln:grouped_direct_{}", conv->isa());
+  p.description = fmt::format("{} {} {}->{} f32 {} src {} -> dst {}{}{}", d.op, geo, s.c, s.o,
+                              p.implementation, s.x_nhwc ? "nhwc" : "nchw", s.y_nhwc ? "nhwc" : "nchw",
+                              epilogue_str(read_epilogue(d)),
+                              reorders.empty() ? "" : "; reorders:" + reorders);
   p.lowered = true;
 }
 
@@ -1496,6 +1613,13 @@ void OnednnNode::run(Instance& inst, const void* const* inputs, void* output,
       run_block_copies(s.copies, args);
       continue;
     }
+    if (s.kiln) {
+      void* h[4] = {nullptr, nullptr, nullptr, nullptr};
+      for (size_t i = 0; i < args.size() && i < 4; ++i) dnnl_memory_get_data_handle(args[i].memory, &h[i]);
+      s.kiln->run(static_cast<const float*>(h[0]), static_cast<const float*>(h[3]),
+                  static_cast<float*>(h[1]), h[2]);
+      continue;
+    }
     dnnl_status_t st = dnnl_primitive_execute(s.prim.get(), strm, int(args.size()), args.data());
     if (st != dnnl_success) [[unlikely]]
       fail_kind(ErrorKind::Runtime, "oneDNN node: executing {} failed (status {})", p.description,
@@ -1711,7 +1835,8 @@ OnednnNodeDesc OnednnNodeDesc::from_json(std::string_view text, const std::strin
     d.matmul_strides[1] = ms[1];
     if (j.contains("conv_layout")) {
       d.conv_layout = j.at("conv_layout").get<std::string>();
-      if (d.conv_layout != "nchw" && d.conv_layout != "nhwc" && d.conv_layout != "blocked")
+      if (d.conv_layout != "nchw" && d.conv_layout != "nhwc" && d.conv_layout != "blocked" &&
+          d.conv_layout != kKilnDirectLayout)
         throw std::out_of_range("conv_layout " + d.conv_layout);
     }
     if (d.op == "concat") {
@@ -1732,6 +1857,12 @@ OnednnNodeDesc OnednnNodeDesc::from_json(std::string_view text, const std::strin
   } catch (const std::exception& e) {
     fail_kind(ErrorKind::ParseError, "{}: malformed oneDNN node descriptor: {}", where, e.what());
   }
+}
+
+std::string kiln_direct_conv_why_not(const OnednnNodeDesc& d) {
+  GroupedConvShape s;
+  GroupedConvEpilogue e;
+  return kiln_conv_shape(d, &s, &e);
 }
 
 bool is_reference(std::string_view implementation) { return implementation.rfind("ref", 0) == 0; }

@@ -117,7 +117,9 @@ struct OnednnNodeDesc {
   std::vector<int64_t> matmul_strides[2];  // a strided matmul operand (empty: contiguous)
   // Convolutions: the layout the primitive computes in, pinned by the compiler's measured
   // choice (Note [measured convolution layout] in targets/cpu/onednn_lowering.cc): "nchw",
-  // "nhwc" or "blocked" (the native block); "" = what `conv` says.
+  // "nhwc" or "blocked" (the native block); "" = what `conv` says; kKilnDirectLayout: Kiln's
+  // own grouped convolution kernel in NCHW instead of a oneDNN primitive (Note [Kiln grouped
+  // convolution] in kernels/grouped_conv.cc).
   std::string conv_layout;
   // concat: the dim the inputs are joined along (Note [oneDNN concat] in onednn_node.cc).
   int64_t concat_dim = 1;
@@ -169,6 +171,13 @@ class OnednnLayouts {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// OnednnNodeDesc::conv_layout for Kiln's grouped convolution kernel.
+inline constexpr const char* kKilnDirectLayout = "kiln-direct";
+// Why Kiln's grouped convolution kernel does not take `d` ("" when it does): float32 conv2d /
+// fused_conv2d, grouped, stride 1, undilated, constant weights and bias, relu / clamp / no
+// activation (Note [Kiln grouped convolution] in kernels/grouped_conv.cc).
+std::string kiln_direct_conv_why_not(const OnednnNodeDesc& d);
 
 // Whether oneDNN's implementation name ("ref:any", "brgconv:avx512_core") is one of its
 // reference kernels: correct, but an element at a time, 100-1000x slower than its jit kernels.

@@ -505,6 +505,8 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     if (r.kind == "onednn" && onednn_channels_last(params.at("desc")))
       version = std::max(version, kChannelsLastFormatVersion);
     if (r.kind == "upsample") version = std::max(version, kUpsampleFormatVersion);
+    if (r.kind == "onednn" && params.at("desc").value("conv_layout", "") == kernels::kKilnDirectLayout)
+      version = std::max(version, kKilnGroupedConvFormatVersion);
     if (r.kind == "cudnn_sdpa" && params.at("desc").contains("o_stride"))
       version = std::max(version, kAttentionOutputFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
@@ -1304,6 +1306,11 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
         if (out.format_version < kPrepackedFormatVersion && p.contains("prepacked"))
           throw std::out_of_range(fmt::format("{}: prepacked weights are unknown to format "
                                               "version {}", lw, out.format_version));
+        if (out.format_version < kKilnGroupedConvFormatVersion &&
+            p.at("desc").value("conv_layout", "") == kernels::kKilnDirectLayout)
+          throw std::out_of_range(fmt::format("{}: Kiln's grouped convolution kernel (conv_layout "
+                                              "kiln-direct) is unknown to format version {}", lw,
+                                              out.format_version));
         // An entry is named after its constant and launch (package_bytes), so that one launch's
         // record cannot point at another's bytes.
         if (p.contains("prepacked"))

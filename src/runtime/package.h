@@ -38,8 +38,10 @@ namespace kiln {
 // are 8 (their weights hashed in chunks; 3 to 7 still load), 9 with a cuDNN attention that writes
 // its output through strides (`o_stride`: Note [attention writes heads last] in
 // passes/attention_heads_last.h; a version-8 runtime would ignore the key and write the output
-// contiguous, in the wrong order).
-inline constexpr uint32_t kPackageFormatVersion = 9;
+// contiguous, in the wrong order); version 10 CPU packages whose oneDNN node runs Kiln's grouped
+// convolution kernel (conv_layout "kiln-direct": Note [Kiln grouped convolution] in
+// kernels/grouped_conv.cc; a version-9 runtime would call the record malformed).
+inline constexpr uint32_t kPackageFormatVersion = 10;
 inline constexpr uint32_t kCudaPackageFormatVersion = 8;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOnednnConcatFormatVersion = 6;
@@ -47,6 +49,7 @@ inline constexpr uint32_t kChannelsLastFormatVersion = 7;
 inline constexpr uint32_t kUpsampleFormatVersion = 7;
 inline constexpr uint32_t kPrepackedFormatVersion = 8;
 inline constexpr uint32_t kAttentionOutputFormatVersion = 9;
+inline constexpr uint32_t kKilnGroupedConvFormatVersion = 10;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------

@@ -789,7 +789,12 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
     note = fmt::format("layout measured (default {} not timed):", first);
   }
   std::string not_timed;
-  for (const char* layout : {"blocked", "nhwc", "nchw"}) {
+  // Note [Kiln grouped convolution]: Kiln's own kernel is a candidate where it takes the node.
+  std::vector<const char*> layouts_tried = {"blocked", "nhwc", "nchw"};
+  if (options.grouped_conv == OnednnOptions::GroupedConv::Measured &&
+      kernels::kiln_direct_conv_why_not(descs[size_t(n)]).empty())
+    layouts_tried.push_back(kernels::kKilnDirectLayout);
+  for (const char* layout : layouts_tried) {
     kernels::OnednnNodeDesc d = descs[size_t(n)];
     d.conv_layout = layout;
     std::shared_ptr<kernels::OnednnNode> cand = kernels::OnednnNode::build(d, layouts, constants);
@@ -870,6 +875,14 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
   const Node& node = g.nodes[size_t(n)];
   if (node.op != OpId::Conv2d && node.op != OpId::FusedConv2d && node.op != OpId::ConvTranspose2d)
     return;
+  // Note [Kiln grouped convolution]: grouped_conv=kiln pins Kiln's kernel, nothing measured.
+  if (options.grouped_conv == OnednnOptions::GroupedConv::Kiln &&
+      kernels::kiln_direct_conv_why_not(descs[size_t(n)]).empty()) {
+    descs[size_t(n)].conv_layout = kernels::kKilnDirectLayout;
+    nodes[size_t(n)] = kernels::OnednnNode::build(descs[size_t(n)], layouts, constants);
+    layout_note[size_t(n)] = "Kiln's grouped convolution kernel (knob grouped_conv=kiln)";
+    return;
+  }
   if (!options.allow_blocked) return;
   if (!options.measure_layouts) {  // layouts=fixed: no layout measured; Winograd still decided
     choose_winograd(n, constants);
@@ -877,11 +890,12 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
   }
   // The key: the convolution without its graph's names (shapes, geometry, epilogue, options),
   // the layouts and kernel its default build got, the machine, the thread count.
+  // Version 2: Kiln's grouped convolution kernel became a candidate (grouped_conv says whether).
   const std::string key = fmt::format(
-      "onednn conv layout 1\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {}",
+      "onednn conv layout 2\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {} grouped_conv {}",
       anonymous_json(descs[size_t(n)]), nodes[size_t(n)]->description(), onednn::cpu_isa_name(),
       kernels::cpu_threads(), DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH,
-      options.measure_above_roofline);
+      options.measure_above_roofline, int(options.grouped_conv));
   const ValueId y = node.outputs[0];
   const std::shared_ptr<const kernels::OnednnLayouts::Entry> kept = layouts.entry(y);
   LayoutDecision decision = stored_or_measured(key, [&] { return measure_conv_layout(n, constants); });

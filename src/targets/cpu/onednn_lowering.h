@@ -70,6 +70,11 @@ struct OnednnOptions {
   // kernel; every convolution keeps the layout its policy gives (tests of a layout's own path,
   // bisecting a measured choice). Winograd (below) is decided as before.
   bool measure_layouts = true;
+  // Kiln's grouped convolution kernel (Note [Kiln grouped convolution] in
+  // kernels/grouped_conv.cc): one more candidate of a measured layout (Measured, knob
+  // grouped_conv=measured), pinned wherever it takes the convolution (Kiln, grouped_conv=kiln:
+  // tests of its path), or never tried (Onednn, grouped_conv=onednn).
+  enum class GroupedConv : uint8_t { Measured, Kiln, Onednn } grouped_conv = GroupedConv::Measured;
   // ConvPolicy::Auto: 3x3 stride-1 f32 convolutions take oneDNN's Winograd algorithm where it
   // agrees with the direct convolution (Note [measured Winograd] in onednn_lowering.cc).
   // False: every convolution is direct.

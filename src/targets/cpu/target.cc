@@ -16,6 +16,10 @@
 //        its policy gives (fixed: tests of a layout's own path, bisecting a measured choice;
 //        on CPUs with AMX, bf16 convolutions in nChw16c run 8x slower than in nhwc, and the
 //        measurement moves them). Default measured.
+//   grouped_conv=measured|kiln|onednn  Kiln's grouped convolution kernel (Note [Kiln grouped
+//        convolution] in kernels/grouped_conv.cc) as one more candidate where a convolution's
+//        layout is measured (measured), pinned wherever it takes the convolution (kiln: tests
+//        of its path), or never (onednn). Default measured.
 //   tf32=...   refused: CUDA's (Note [CUDA TF32]).
 //   gemv=generated|onednn  small linears (<= 2^15 multiply-adds) as generated GEMV reductions
 //        or oneDNN calls. Default generated.
@@ -188,6 +192,12 @@ class CpuTarget final : public compiler::Target {
     if (layouts != "measured" && layouts != "fixed")
       fail("cpu target: knob layouts expected measured | fixed, found '{}'", layouts);
     o.measure_layouts = layouts == "measured";
+    const std::string grouped = knobs.get("grouped_conv", "measured");
+    if (grouped != "measured" && grouped != "kiln" && grouped != "onednn")
+      fail("cpu target: knob grouped_conv expected measured | kiln | onednn, found '{}'", grouped);
+    o.grouped_conv = grouped == "kiln"     ? OnednnOptions::GroupedConv::Kiln
+                     : grouped == "onednn" ? OnednnOptions::GroupedConv::Onednn
+                                           : OnednnOptions::GroupedConv::Measured;
     if (winograd == "measured") o.winograd_veto_above = OnednnOptions::kWinogradVetoAbove;
     const std::string linear = knobs.get("linear", "auto");
     if (linear == "auto") o.linear = LinearImpl::Auto;

@@ -1,0 +1,441 @@
+// Note [Kiln grouped convolution]
+// ResNeXt's 3x3 convolutions have 4-32 channels per group (32 groups), RegNet's 8-48. oneDNN
+// 2.6 runs such a convolution, in any layout, far from this CPU's FLOP rate: with 4 channels
+// per group (ResNeXt-50's layer1, 128 -> 128 at 56x56) its best kernel takes 1.0-1.1 ms a call
+// on one core, 6-7x the 0.16 ms its multiply-adds need (Note [convolution roofline]); oneDNN
+// vectorizes over the channels of a group, and 4 of them fill a quarter of a 16-lane vector.
+//
+// This kernel vectorizes over the output's columns instead, which every group has many of, in
+// NCHW: for one (image, group) it stages the group's input channels into a zero-padded plane
+// (scratch per thread: the borders become zeros, so the inner loop has no bounds tests), then
+// for each block of 4 output channels, each pair of output rows and each run of V output
+// columns (V = 16 floats with AVX-512, 8 with AVX2, 4 otherwise) it keeps 2 x 4 vector
+// accumulators and, per input channel and tap, loads the two rows' V inputs once and adds them
+// times the 4 output channels' weights (broadcast from a weight array rearranged as
+// [group][block][channel][tap][4] at build time): 8 fused multiply-adds per 2 loads and 4
+// broadcasts. The epilogue is oneDNN's order: + bias, + sum_scale * residual, then relu or clamp
+// (NaN kept, as Kiln's relu and clamp keep it); a last partial run of columns is stored lane by
+// lane. Work is split over (image, group) pairs, so each thread reads and writes whole planes.
+//
+// Float32 only, stride 1, no dilation (the 3x3 convolutions ResNeXt and RegNet spend their time
+// in; the stride-2 ones are 1.9-3.6x their roofline under oneDNN). It is not chosen by a rule:
+// it is one more candidate of the measured convolution layout (Note [measured convolution
+// layout] in targets/cpu/onednn_lowering.cc), conv_layout "kiln-direct", timed beside oneDNN's
+// layouts with its reorders, for convolutions that oneDNN leaves more than 3x from their
+// roofline; the knob grouped_conv=kiln pins it (tests), grouped_conv=onednn never tries it.
+// The sums run over (channel, kh, kw) in a different order than the float64 reference's, as
+// oneDNN's do; the result is within float32's tolerance.
+#include "kernels/grouped_conv.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+constexpr int kBlock = 4;  // output channels per block
+// Output rows per band: a thread stages and computes every group of one band before the next,
+// so that with NHWC values the band's pixels (all channels) stay in its caches.
+constexpr int64_t kBand = 8;
+
+template <int V>
+struct VecOf;
+template <>
+struct VecOf<16> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct VecOf<8> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct VecOf<4> {
+  typedef float type __attribute__((vector_size(16)));
+};
+
+// Note [Kiln grouped convolution], NHWC output: four vectors a, b, c, d of V columns each (4
+// consecutive output channels) interleaved into four vectors of (column, channel) pairs, each
+// holding V / 4 columns' 4 channels: what NHWC memory holds at those pixels. Two rounds of
+// two-input shuffles (vpermt2ps with AVX-512).
+template <int V>
+struct Interleave;
+template <>
+struct Interleave<16> {
+  typedef int mask __attribute__((vector_size(64)));
+  static constexpr mask lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+  static constexpr mask hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  static constexpr mask pairs_lo = {0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23};
+  static constexpr mask pairs_hi = {8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31};
+  static constexpr mask un_t = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  static constexpr mask un_u = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  static constexpr mask even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  static constexpr mask odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+};
+template <>
+struct Interleave<8> {
+  typedef int mask __attribute__((vector_size(32)));
+  static constexpr mask lo = {0, 8, 1, 9, 2, 10, 3, 11};
+  static constexpr mask hi = {4, 12, 5, 13, 6, 14, 7, 15};
+  static constexpr mask pairs_lo = {0, 1, 8, 9, 2, 3, 10, 11};
+  static constexpr mask pairs_hi = {4, 5, 12, 13, 6, 7, 14, 15};
+  static constexpr mask un_t = {0, 1, 4, 5, 8, 9, 12, 13};
+  static constexpr mask un_u = {2, 3, 6, 7, 10, 11, 14, 15};
+  static constexpr mask even = {0, 2, 4, 6, 8, 10, 12, 14};
+  static constexpr mask odd = {1, 3, 5, 7, 9, 11, 13, 15};
+};
+template <>
+struct Interleave<4> {
+  typedef int mask __attribute__((vector_size(16)));
+  static constexpr mask lo = {0, 4, 1, 5};
+  static constexpr mask hi = {2, 6, 3, 7};
+  static constexpr mask pairs_lo = {0, 1, 4, 5};
+  static constexpr mask pairs_hi = {2, 3, 6, 7};
+  static constexpr mask un_t = {0, 1, 4, 5};
+  static constexpr mask un_u = {2, 3, 6, 7};
+  static constexpr mask even = {0, 2, 4, 6};
+  static constexpr mask odd = {1, 3, 5, 7};
+};
+
+template <int V, typename vf>
+inline __attribute__((always_inline)) void interleave4(const vf* in, vf* out) {
+  using I = Interleave<V>;
+  const vf t0 = __builtin_shuffle(in[0], in[1], I::lo), t1 = __builtin_shuffle(in[0], in[1], I::hi);
+  const vf u0 = __builtin_shuffle(in[2], in[3], I::lo), u1 = __builtin_shuffle(in[2], in[3], I::hi);
+  out[0] = __builtin_shuffle(t0, u0, I::pairs_lo);
+  out[1] = __builtin_shuffle(t0, u0, I::pairs_hi);
+  out[2] = __builtin_shuffle(t1, u1, I::pairs_lo);
+  out[3] = __builtin_shuffle(t1, u1, I::pairs_hi);
+}
+
+// The inverse: four vectors of (column, channel) pairs (V / 4 columns' 4 channels each, as
+// NHWC memory holds them) into four vectors of V columns, one per channel.
+template <int V, typename vf>
+inline __attribute__((always_inline)) void deinterleave4(const vf* in, vf* out) {
+  using I = Interleave<V>;
+  const vf t0 = __builtin_shuffle(in[0], in[1], I::un_t), u0 = __builtin_shuffle(in[0], in[1], I::un_u);
+  const vf t1 = __builtin_shuffle(in[2], in[3], I::un_t), u1 = __builtin_shuffle(in[2], in[3], I::un_u);
+  out[0] = __builtin_shuffle(t0, t1, I::even);
+  out[1] = __builtin_shuffle(t0, t1, I::odd);
+  out[2] = __builtin_shuffle(u0, u1, I::even);
+  out[3] = __builtin_shuffle(u0, u1, I::odd);
+}
+
+// One (image, group)'s work.
+struct Args {
+  float* plane;        // staged input channels: [cg][sh][sw], zero-padded
+  int64_t sh, sw;
+  int64_t rb, re;      // the band of output rows [rb, re); plane row i is staged row rb + i
+  const float* x;      // the input at (image, first channel of the group)
+  int64_t h, w, pad_top, pad_left;
+  int64_t c, o;        // all channels of x and y (NHWC's pixel strides)
+  bool x_nhwc, y_nhwc;
+  const float* wk;     // the group's weights: [blocks][cg][kh][kw][kBlock]
+  const float* bias;   // the group's bias: [og]
+  const float* res;    // the residual at (image, first channel of the group), or null
+  float* y;            // the output at (image, first channel of the group)
+  int64_t cg, og, blocks, kh, kw, oh, ow;
+  GroupedConvEpilogue e;
+};
+
+// The epilogue's activation: relu or clamp, NaN kept (a comparison with NaN is false).
+template <typename vf>
+inline __attribute__((always_inline)) void activation(const GroupedConvEpilogue& e, vf& v) {
+  const vf zero = vf{};
+  if (e.act == GroupedConvEpilogue::Act::Relu) {
+    v = v < zero ? zero : v;
+  } else if (e.act == GroupedConvEpilogue::Act::Clamp) {
+    const vf lo = zero + e.lo, hi = zero + e.hi;
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+  }
+}
+
+// ROWS output rows x V columns from (r0, c0) of output block `blk`. KH / KW: the filter's size
+// when it is known at compile time (3x3), else 0 (read from `a`).
+template <int V, int ROWS, int KH, int KW>
+inline __attribute__((always_inline)) void tile(const Args& a, int64_t blk, int64_t r0,
+                                                int64_t c0) {
+  using vf = typename VecOf<V>::type;
+  const int64_t kh = KH ? KH : a.kh, kw = KW ? KW : a.kw;
+  // (The small loops are unrolled so that the accumulators live in registers: GCC at -O2
+  // keeps an array it indexes in a loop in memory.)
+  vf acc[ROWS][kBlock];
+#pragma GCC unroll 8
+  for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < kBlock; ++j) acc[r][j] = vf{};
+  const float* wb = a.wk + blk * a.cg * kh * kw * kBlock;
+  for (int64_t ic = 0; ic < a.cg; ++ic) {
+    const float* base = a.plane + (ic * a.sh + r0 - a.rb) * a.sw + c0;
+#pragma GCC unroll 8
+    for (int64_t i = 0; i < kh; ++i) {
+      const float* row = base + i * a.sw;
+      const float* wr = wb + (ic * kh + i) * kw * kBlock;
+#pragma GCC unroll 8
+      for (int64_t k = 0; k < kw; ++k) {
+        vf x[ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < ROWS; ++r) std::memcpy(&x[r], row + r * a.sw + k, sizeof(vf));
+        const float* wp = wr + k * kBlock;
+#pragma GCC unroll 8
+        for (int j = 0; j < kBlock; ++j) {
+          const float wj = wp[j];
+#pragma GCC unroll 8
+          for (int r = 0; r < ROWS; ++r) acc[r][j] += x[r] * wj;
+        }
+      }
+    }
+  }
+  const int64_t lanes = std::min<int64_t>(V, a.ow - c0);
+  const vf zero = vf{};
+  if (a.y_nhwc && (blk + 1) * kBlock <= a.og) {
+    // NHWC: the block's 4 channels interleaved per column (Interleave), then 16 bytes per
+    // pixel: bias before, residual (read the same way) and activation after.
+    constexpr int P = V / 4;  // pixels per interleaved vector
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      vf in[kBlock], out[kBlock];
+#pragma GCC unroll 8
+      for (int j = 0; j < kBlock; ++j) in[j] = acc[r][j] + a.bias[blk * kBlock + j];
+      interleave4<V>(in, out);
+      const int64_t row = (r0 + r) * a.ow;
+#pragma GCC unroll 8
+      for (int k = 0; k < kBlock; ++k) {
+        vf v = out[k];
+        const int64_t first = c0 + k * P;  // this vector's first pixel
+        const int64_t pixels = std::min<int64_t>(P, a.ow - first);
+        if (pixels <= 0) break;
+        if (a.e.residual) {
+          vf rv = zero;
+          for (int64_t q = 0; q < pixels; ++q)
+            std::memcpy(reinterpret_cast<float*>(&rv) + 4 * q,
+                        a.res + (row + first + q) * a.o + blk * kBlock, 4 * sizeof(float));
+          v = v + rv * a.e.sum_scale;
+        }
+        activation(a.e, v);
+        for (int64_t q = 0; q < pixels; ++q)
+          std::memcpy(a.y + (row + first + q) * a.o + blk * kBlock,
+                      reinterpret_cast<const float*>(&v) + 4 * q, 4 * sizeof(float));
+      }
+    }
+    return;
+  }
+  // Element strides of y (and the residual) along channels and columns.
+  const int64_t cs = a.y_nhwc ? 1 : a.oh * a.ow, ws = a.y_nhwc ? a.o : 1;
+#pragma GCC unroll 8
+  for (int j = 0; j < kBlock; ++j) {
+    const int64_t oc = blk * kBlock + j;
+    if (oc >= a.og) break;
+#pragma GCC unroll 8
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t at = oc * cs + ((r0 + r) * a.ow + c0) * ws;
+      vf v = acc[r][j] + a.bias[oc];
+      // (Whole vectors by fixed-size copies, which are vector loads and stores; a copy of a
+      // variable size is a loop through the stack.)
+      if (a.e.residual) {
+        vf rv = zero;
+        if (lanes == V && ws == 1) std::memcpy(&rv, a.res + at, sizeof(vf));
+        else
+          for (int64_t l = 0; l < lanes; ++l) rv[l] = a.res[at + l * ws];
+        v = v + rv * a.e.sum_scale;
+      }
+      activation(a.e, v);
+      if (lanes == V && ws == 1) std::memcpy(a.y + at, &v, sizeof(vf));
+      else
+        for (int64_t l = 0; l < lanes; ++l) a.y[at + l * ws] = v[l];
+    }
+  }
+}
+
+// The group's input channels for the band into the staged plane: plane row i is input row
+// rb + i - pad_top (all zeros outside the input), plane column c input column c - pad_left. The
+// columns outside the input were zeroed by the caller and are never written. Whole vectors by
+// fixed-size copies (vector moves), the rest of a row element by element.
+template <int V>
+inline __attribute__((always_inline)) void stage(const Args& a) {
+  using vf = typename VecOf<V>::type;
+  const int64_t rows = a.re - a.rb + a.kh - 1;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t ih = a.rb + i - a.pad_top;
+    if (ih < 0 || ih >= a.h) {
+      for (int64_t ic = 0; ic < a.cg; ++ic)
+        std::memset(a.plane + (ic * a.sh + i) * a.sw, 0, size_t(a.sw) * sizeof(float));
+      continue;
+    }
+    if (a.x_nhwc) {  // the group's channels are contiguous at each pixel
+      int64_t col = 0;
+      if (a.cg % 4 == 0) {
+        // V pixels x 4 channels at a time: 16 bytes per pixel into four vectors, then
+        // deinterleave4 into one vector per channel.
+        constexpr int P = V / 4;
+        for (; col + V <= a.w; col += V)
+          for (int64_t q4 = 0; q4 < a.cg; q4 += 4) {
+            vf in[4], out[4];
+#pragma GCC unroll 8
+            for (int k = 0; k < 4; ++k)
+#pragma GCC unroll 16
+              for (int q = 0; q < P; ++q)
+                std::memcpy(reinterpret_cast<float*>(&in[k]) + 4 * q,
+                            a.x + (ih * a.w + col + k * P + q) * a.c + q4, 4 * sizeof(float));
+            deinterleave4<V>(in, out);
+#pragma GCC unroll 8
+            for (int j = 0; j < 4; ++j)
+              std::memcpy(a.plane + ((q4 + j) * a.sh + i) * a.sw + a.pad_left + col, &out[j], sizeof(vf));
+          }
+      }
+      for (; col < a.w; ++col) {
+        const float* src = a.x + (ih * a.w + col) * a.c;
+        float* dst = a.plane + i * a.sw + a.pad_left + col;
+        for (int64_t ic = 0; ic < a.cg; ++ic) dst[ic * a.sh * a.sw] = src[ic];
+      }
+      continue;
+    }
+    for (int64_t ic = 0; ic < a.cg; ++ic) {
+      const float* src = a.x + (ic * a.h + ih) * a.w;
+      float* dst = a.plane + (ic * a.sh + i) * a.sw + a.pad_left;
+      int64_t c = 0;
+      for (; c + V <= a.w; c += V) std::memcpy(dst + c, src + c, sizeof(vf));
+      for (; c < a.w; ++c) dst[c] = src[c];
+    }
+  }
+}
+
+// Rows per tile: 4 with AVX-512's 32 vector registers (16 accumulators), else 2.
+template <int V, int KH, int KW>
+inline __attribute__((always_inline)) void group_of(const Args& a) {
+  stage<V>(a);
+  constexpr int R = V == 16 ? 4 : 2;
+  // Columns: whole runs of V, then the rest as one more whole run ending at the last column
+  // (its first columns computed again, to the same values) where the row has V columns and
+  // the residual is not the output's own buffer (whose first columns are then already
+  // overwritten), else as a partial run.
+  const int64_t whole = a.ow / V * V;
+  const int64_t last = a.ow == whole ? -1
+                       : a.ow > V && !(a.e.residual && a.res == a.y) ? a.ow - V
+                                                                     : whole;
+  for (int64_t blk = 0; blk < a.blocks; ++blk) {
+    int64_t r = a.rb;
+    for (; r + R <= a.re; r += R) {
+      for (int64_t c0 = 0; c0 < whole; c0 += V) tile<V, R, KH, KW>(a, blk, r, c0);
+      if (last >= 0) tile<V, R, KH, KW>(a, blk, r, last);
+    }
+    for (; r < a.re; ++r) {
+      for (int64_t c0 = 0; c0 < whole; c0 += V) tile<V, 1, KH, KW>(a, blk, r, c0);
+      if (last >= 0) tile<V, 1, KH, KW>(a, blk, r, last);
+    }
+  }
+}
+
+template <int V>
+inline __attribute__((always_inline)) void group(const Args& a) {
+  if (a.kh == 3 && a.kw == 3) group_of<V, 3, 3>(a);
+  else group_of<V, 0, 0>(a);
+}
+
+__attribute__((target("avx512f,fma"))) void group_avx512(const Args& a) { group<16>(a); }
+__attribute__((target("avx2,fma"))) void group_avx2(const Args& a) { group<8>(a); }
+void group_generic(const Args& a) { group<4>(a); }
+
+int64_t vector_floats() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return 16;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 8;
+  return 4;
+}
+
+}  // namespace
+
+std::string GroupedConv::why_not(const GroupedConvShape& s, int64_t stride_h, int64_t stride_w,
+                                 int64_t dilation_h, int64_t dilation_w) {
+  if (s.groups < 2) return "not grouped";
+  if (stride_h != 1 || stride_w != 1) return "stride is not 1";
+  if (dilation_h != 1 || dilation_w != 1) return "dilated";
+  if (s.n < 1 || s.c < 1 || s.h < 1 || s.w < 1 || s.o < 1 || s.oh < 1 || s.ow < 1 || s.kh < 1 ||
+      s.kw < 1)
+    return "empty";
+  if (s.c % s.groups != 0 || s.o % s.groups != 0) return "channels not divisible by groups";
+  if (s.pad_top < 0 || s.pad_left < 0 || s.pad_top >= s.kh || s.pad_left >= s.kw)
+    return "padding outside [0, kernel)";
+  // Stride 1: oh = h + pad_top + pad_bottom - kh + 1, so the bottom and right pads follow.
+  const int64_t pad_bottom = s.oh + s.kh - 1 - s.h - s.pad_top;
+  const int64_t pad_right = s.ow + s.kw - 1 - s.w - s.pad_left;
+  if (pad_bottom < 0 || pad_right < 0 || pad_bottom >= s.kh || pad_right >= s.kw)
+    return "bottom or right padding outside [0, kernel)";
+  return "";
+}
+
+GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e,
+                         const float* weights, const float* bias)
+    : s_(s), e_(e) {
+  const std::string why = why_not(s, 1, 1, 1, 1);
+  KILN_CHECK(why.empty(), "grouped convolution kernel: {}", why);
+  cg_ = s.c / s.groups;
+  og_ = s.o / s.groups;
+  blocks_ = (og_ + kBlock - 1) / kBlock;
+  vec_ = vector_floats();
+  sh_ = std::min(s.oh, kBand) + s.kh - 1;
+  sw_ = (s.ow + vec_ - 1) / vec_ * vec_ + s.kw - 1;
+  const int64_t taps = s.kh * s.kw;
+  wk_.assign(size_t(s.groups * blocks_ * cg_ * taps * kBlock), 0.0f);
+  for (int64_t g = 0; g < s.groups; ++g)
+    for (int64_t b = 0; b < blocks_; ++b)
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const int64_t oc = b * kBlock + j;
+        if (oc >= og_) break;
+        const float* src = weights + (g * og_ + oc) * cg_ * taps;
+        for (int64_t ic = 0; ic < cg_; ++ic)
+          for (int64_t t = 0; t < taps; ++t)
+            wk_[size_t((((g * blocks_ + b) * cg_ + ic) * taps + t) * kBlock + j)] = src[ic * taps + t];
+      }
+  bias_.assign(size_t(s.o), 0.0f);
+  if (bias) std::memcpy(bias_.data(), bias, size_t(s.o) * sizeof(float));
+}
+
+const char* GroupedConv::isa() const {
+  return vec_ == 16 ? "avx512" : vec_ == 8 ? "avx2" : "generic";
+}
+
+int64_t GroupedConv::scratch_bytes(int threads) const {
+  const int64_t plane = (cg_ * sh_ * sw_ * int64_t(sizeof(float)) + 63) / 64 * 64;
+  return plane * std::max(threads, 1);
+}
+
+void GroupedConv::run(const float* x, const float* residual, float* y, void* scratch) const {
+  const int64_t bands = (s_.oh + kBand - 1) / kBand, items = s_.n * bands;
+  const int64_t plane = (cg_ * sh_ * sw_ * int64_t(sizeof(float)) + 63) / 64 * 64 / int64_t(sizeof(float));
+  void (*fn)(const Args&) = vec_ == 16 ? group_avx512 : vec_ == 8 ? group_avx2 : group_generic;
+  // Each thread zeroes its plane once: the padding columns stay zero, stage() writes the rest.
+#pragma omp parallel if (items > 1)
+  {
+    float* pl = static_cast<float*>(scratch) + int64_t(omp_get_thread_num()) * plane;
+    std::memset(pl, 0, size_t(plane) * sizeof(float));
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t ni = it / bands, rb = it % bands * kBand, re = std::min(s_.oh, rb + kBand);
+      for (int64_t gi = 0; gi < s_.groups; ++gi) {
+        // The group's first channel of image ni (NHWC: at its first pixel).
+        const int64_t out_at = s_.y_nhwc ? ni * s_.o * s_.oh * s_.ow + gi * og_
+                                         : (ni * s_.o + gi * og_) * s_.oh * s_.ow;
+        const int64_t in_at = s_.x_nhwc ? ni * s_.c * s_.h * s_.w + gi * cg_
+                                        : (ni * s_.c + gi * cg_) * s_.h * s_.w;
+        Args a{pl, sh_, sw_, rb, re,
+               x + in_at, s_.h, s_.w, s_.pad_top, s_.pad_left, s_.c, s_.o, s_.x_nhwc, s_.y_nhwc,
+               wk_.data() + gi * blocks_ * cg_ * s_.kh * s_.kw * kBlock,
+               bias_.data() + gi * og_,
+               e_.residual ? residual + out_at : nullptr,
+               y + out_at,
+               cg_, og_, blocks_, s_.kh, s_.kw, s_.oh, s_.ow, e_};
+        fn(a);
+      }
+    }
+  }
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,60 @@
+// Kiln's own CPU kernel for grouped convolutions with few channels per group, where oneDNN's
+// kernels stay far from the machine's FLOP rate whatever the layout (Note [convolution roofline]
+// in targets/cpu/onednn_lowering.cc: 2-6 channels per group at 4.6-21x). See Note [Kiln grouped
+// convolution] in grouped_conv.cc. The oneDNN node layer (onednn_node.cc) runs it as one step of
+// a node's plan, so the compiler's measurement, packages and the runtime treat it as any other
+// implementation of the node.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln::kernels {
+
+// float32, stride 1, no dilation. x and y (the residual: y's layout) are NCHW, or NHWC in
+// memory (dims still N, C, H, W).
+struct GroupedConvShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // x
+  int64_t o = 0, oh = 0, ow = 0;       // y
+  int64_t groups = 1, kh = 0, kw = 0;  // weights [o, c / groups, kh, kw]
+  int64_t pad_top = 0, pad_left = 0;   // the bottom and right pads follow from oh and ow
+  bool x_nhwc = false, y_nhwc = false;
+};
+
+// The epilogue, in oneDNN's order: y = act(conv + bias + sum_scale * residual).
+struct GroupedConvEpilogue {
+  enum class Act : uint8_t { None, Relu, Clamp } act = Act::None;
+  float lo = 0, hi = 0;  // Clamp
+  float sum_scale = 1.0f;
+  bool residual = false;
+};
+
+class GroupedConv {
+ public:
+  // Why the kernel does not take this convolution ("" when it does).
+  static std::string why_not(const GroupedConvShape& s, int64_t stride_h, int64_t stride_w,
+                             int64_t dilation_h, int64_t dilation_w);
+  // `weights`: [o, c / groups, kh, kw], float32, row-major; `bias`: [o] or null. Both are copied
+  // (rearranged for the kernel).
+  GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e, const float* weights,
+              const float* bias);
+  // Bytes of scratch run() needs when called with up to `threads` OpenMP threads.
+  int64_t scratch_bytes(int threads) const;
+  // x, residual (when the epilogue has one; may be y itself), y: float32 in the shape's layouts. `scratch`:
+  // scratch_bytes(threads) bytes, 64-byte aligned. Parallel over images and groups with the
+  // calling thread's OpenMP thread count (at most `threads` of scratch_bytes).
+  void run(const float* x, const float* residual, float* y, void* scratch) const;
+  // "avx512" / "avx2" / "generic": the vector code this CPU runs.
+  const char* isa() const;
+
+ private:
+  GroupedConvShape s_;
+  GroupedConvEpilogue e_;
+  int64_t cg_ = 0, og_ = 0, blocks_ = 0;  // channels per group in and out; output blocks
+  int64_t vec_ = 4;                        // floats per vector on this CPU
+  int64_t sh_ = 0, sw_ = 0;                // the staged (zero-padded) plane's rows and columns
+  std::vector<float> wk_;                  // [groups][blocks][cg][kh][kw][kBlock]
+  std::vector<float> bias_;                // [o], zeros without a bias
+};
+
+}  // namespace kiln::kernels
