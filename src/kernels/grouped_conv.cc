@@ -63,69 +63,130 @@ struct VecOf<4> {
 // Note [Kiln grouped convolution], NHWC output: four vectors a, b, c, d of V columns each (4
 // consecutive output channels) interleaved into four vectors of (column, channel) pairs, each
 // holding V / 4 columns' 4 channels: what NHWC memory holds at those pixels. Two rounds of
-// two-input shuffles (vpermt2ps with AVX-512).
+// two-input shuffles (vpermt2ps with AVX-512). __builtin_shufflevector takes its indices as
+// constants (GCC 12 and clang alike), so each width spells them out. With index lists
+//   lo:    0, V, 1, V+1, ... (the first halves, alternating)    hi: the same from V/2
+//   pairs: 0, 1, V, V+1, 2, 3, V+2, V+3, ... (pairs alternating), from 0 and from V/2.
+#define KN_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 template <int V>
-struct Interleave;
+struct Shuffles;
 template <>
-struct Interleave<16> {
-  typedef int mask __attribute__((vector_size(64)));
-  static constexpr mask lo = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
-  static constexpr mask hi = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  static constexpr mask pairs_lo = {0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23};
-  static constexpr mask pairs_hi = {8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31};
-  static constexpr mask un_t = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  static constexpr mask un_u = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-  static constexpr mask even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  static constexpr mask odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+struct Shuffles<16> {
+  using vf = VecOf<16>::type;
+  using v4 = VecOf<4>::type;
+  using v8 = VecOf<8>::type;
+  // 4 floats at p, p + stride, p + 2 stride, p + 3 stride (pixels of NHWC memory) as one vector,
+  // through 16-byte loads joined in registers; and the reverse, storing the first `pixels`.
+  static inline __attribute__((always_inline)) void load_quads(const float* p, int64_t stride, vf& out) {
+    v4 q[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) std::memcpy(&q[i], p + i * stride, sizeof(v4));
+    const v8 h0 = KN_SHUF(q[0], q[1], 0, 1, 2, 3, 4, 5, 6, 7);
+    const v8 h1 = KN_SHUF(q[2], q[3], 0, 1, 2, 3, 4, 5, 6, 7);
+    out = KN_SHUF(h0, h1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  }
+  static inline __attribute__((always_inline)) void store_quads(const vf& v, float* p, int64_t stride,
+                                                                int64_t pixels) {
+    v4 q[4] = {KN_SHUF(v, v, 0, 1, 2, 3), KN_SHUF(v, v, 4, 5, 6, 7), KN_SHUF(v, v, 8, 9, 10, 11),
+               KN_SHUF(v, v, 12, 13, 14, 15)};
+    if (pixels == 4) {
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) std::memcpy(p + i * stride, &q[i], sizeof(v4));
+      return;
+    }
+    for (int64_t i = 0; i < pixels; ++i) std::memcpy(p + i * stride, &q[i], sizeof(v4));
+  }
+  static inline __attribute__((always_inline)) void interleave(const vf* in, vf* out) {
+    const vf t0 = KN_SHUF(in[0], in[1], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const vf t1 = KN_SHUF(in[0], in[1], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const vf u0 = KN_SHUF(in[2], in[3], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const vf u1 = KN_SHUF(in[2], in[3], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    out[0] = KN_SHUF(t0, u0, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+    out[1] = KN_SHUF(t0, u0, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
+    out[2] = KN_SHUF(t1, u1, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+    out[3] = KN_SHUF(t1, u1, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
+  }
+  // The inverse: (column, channel) pairs as NHWC memory holds them into one vector per channel.
+  static inline __attribute__((always_inline)) void deinterleave(const vf* in, vf* out) {
+    const vf t0 = KN_SHUF(in[0], in[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+    const vf u0 = KN_SHUF(in[0], in[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    const vf t1 = KN_SHUF(in[2], in[3], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+    const vf u1 = KN_SHUF(in[2], in[3], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    out[0] = KN_SHUF(t0, t1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    out[1] = KN_SHUF(t0, t1, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    out[2] = KN_SHUF(u0, u1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    out[3] = KN_SHUF(u0, u1, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  }
 };
 template <>
-struct Interleave<8> {
-  typedef int mask __attribute__((vector_size(32)));
-  static constexpr mask lo = {0, 8, 1, 9, 2, 10, 3, 11};
-  static constexpr mask hi = {4, 12, 5, 13, 6, 14, 7, 15};
-  static constexpr mask pairs_lo = {0, 1, 8, 9, 2, 3, 10, 11};
-  static constexpr mask pairs_hi = {4, 5, 12, 13, 6, 7, 14, 15};
-  static constexpr mask un_t = {0, 1, 4, 5, 8, 9, 12, 13};
-  static constexpr mask un_u = {2, 3, 6, 7, 10, 11, 14, 15};
-  static constexpr mask even = {0, 2, 4, 6, 8, 10, 12, 14};
-  static constexpr mask odd = {1, 3, 5, 7, 9, 11, 13, 15};
+struct Shuffles<8> {
+  using vf = VecOf<8>::type;
+  using v4 = VecOf<4>::type;
+  static inline __attribute__((always_inline)) void load_quads(const float* p, int64_t stride, vf& out) {
+    v4 q[2];
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i) std::memcpy(&q[i], p + i * stride, sizeof(v4));
+    out = KN_SHUF(q[0], q[1], 0, 1, 2, 3, 4, 5, 6, 7);
+  }
+  static inline __attribute__((always_inline)) void store_quads(const vf& v, float* p, int64_t stride,
+                                                                int64_t pixels) {
+    v4 q[2] = {KN_SHUF(v, v, 0, 1, 2, 3), KN_SHUF(v, v, 4, 5, 6, 7)};
+    if (pixels == 2) {
+      std::memcpy(p, &q[0], sizeof(v4));
+      std::memcpy(p + stride, &q[1], sizeof(v4));
+      return;
+    }
+    for (int64_t i = 0; i < pixels; ++i) std::memcpy(p + i * stride, &q[i], sizeof(v4));
+  }
+  static inline __attribute__((always_inline)) void interleave(const vf* in, vf* out) {
+    const vf t0 = KN_SHUF(in[0], in[1], 0, 8, 1, 9, 2, 10, 3, 11);
+    const vf t1 = KN_SHUF(in[0], in[1], 4, 12, 5, 13, 6, 14, 7, 15);
+    const vf u0 = KN_SHUF(in[2], in[3], 0, 8, 1, 9, 2, 10, 3, 11);
+    const vf u1 = KN_SHUF(in[2], in[3], 4, 12, 5, 13, 6, 14, 7, 15);
+    out[0] = KN_SHUF(t0, u0, 0, 1, 8, 9, 2, 3, 10, 11);
+    out[1] = KN_SHUF(t0, u0, 4, 5, 12, 13, 6, 7, 14, 15);
+    out[2] = KN_SHUF(t1, u1, 0, 1, 8, 9, 2, 3, 10, 11);
+    out[3] = KN_SHUF(t1, u1, 4, 5, 12, 13, 6, 7, 14, 15);
+  }
+  static inline __attribute__((always_inline)) void deinterleave(const vf* in, vf* out) {
+    const vf t0 = KN_SHUF(in[0], in[1], 0, 1, 4, 5, 8, 9, 12, 13);
+    const vf u0 = KN_SHUF(in[0], in[1], 2, 3, 6, 7, 10, 11, 14, 15);
+    const vf t1 = KN_SHUF(in[2], in[3], 0, 1, 4, 5, 8, 9, 12, 13);
+    const vf u1 = KN_SHUF(in[2], in[3], 2, 3, 6, 7, 10, 11, 14, 15);
+    out[0] = KN_SHUF(t0, t1, 0, 2, 4, 6, 8, 10, 12, 14);
+    out[1] = KN_SHUF(t0, t1, 1, 3, 5, 7, 9, 11, 13, 15);
+    out[2] = KN_SHUF(u0, u1, 0, 2, 4, 6, 8, 10, 12, 14);
+    out[3] = KN_SHUF(u0, u1, 1, 3, 5, 7, 9, 11, 13, 15);
+  }
 };
 template <>
-struct Interleave<4> {
-  typedef int mask __attribute__((vector_size(16)));
-  static constexpr mask lo = {0, 4, 1, 5};
-  static constexpr mask hi = {2, 6, 3, 7};
-  static constexpr mask pairs_lo = {0, 1, 4, 5};
-  static constexpr mask pairs_hi = {2, 3, 6, 7};
-  static constexpr mask un_t = {0, 1, 4, 5};
-  static constexpr mask un_u = {2, 3, 6, 7};
-  static constexpr mask even = {0, 2, 4, 6};
-  static constexpr mask odd = {1, 3, 5, 7};
+struct Shuffles<4> {
+  using vf = VecOf<4>::type;
+  static inline __attribute__((always_inline)) void load_quads(const float* p, int64_t, vf& out) {
+    std::memcpy(&out, p, sizeof(vf));
+  }
+  static inline __attribute__((always_inline)) void store_quads(const vf& v, float* p, int64_t,
+                                                                int64_t pixels) {
+    if (pixels > 0) std::memcpy(p, &v, sizeof(vf));
+  }
+  static inline __attribute__((always_inline)) void interleave(const vf* in, vf* out) {
+    const vf t0 = KN_SHUF(in[0], in[1], 0, 4, 1, 5), t1 = KN_SHUF(in[0], in[1], 2, 6, 3, 7);
+    const vf u0 = KN_SHUF(in[2], in[3], 0, 4, 1, 5), u1 = KN_SHUF(in[2], in[3], 2, 6, 3, 7);
+    out[0] = KN_SHUF(t0, u0, 0, 1, 4, 5);
+    out[1] = KN_SHUF(t0, u0, 2, 3, 6, 7);
+    out[2] = KN_SHUF(t1, u1, 0, 1, 4, 5);
+    out[3] = KN_SHUF(t1, u1, 2, 3, 6, 7);
+  }
+  static inline __attribute__((always_inline)) void deinterleave(const vf* in, vf* out) {
+    const vf t0 = KN_SHUF(in[0], in[1], 0, 1, 4, 5), u0 = KN_SHUF(in[0], in[1], 2, 3, 6, 7);
+    const vf t1 = KN_SHUF(in[2], in[3], 0, 1, 4, 5), u1 = KN_SHUF(in[2], in[3], 2, 3, 6, 7);
+    out[0] = KN_SHUF(t0, t1, 0, 2, 4, 6);
+    out[1] = KN_SHUF(t0, t1, 1, 3, 5, 7);
+    out[2] = KN_SHUF(u0, u1, 0, 2, 4, 6);
+    out[3] = KN_SHUF(u0, u1, 1, 3, 5, 7);
+  }
 };
-
-template <int V, typename vf>
-inline __attribute__((always_inline)) void interleave4(const vf* in, vf* out) {
-  using I = Interleave<V>;
-  const vf t0 = __builtin_shuffle(in[0], in[1], I::lo), t1 = __builtin_shuffle(in[0], in[1], I::hi);
-  const vf u0 = __builtin_shuffle(in[2], in[3], I::lo), u1 = __builtin_shuffle(in[2], in[3], I::hi);
-  out[0] = __builtin_shuffle(t0, u0, I::pairs_lo);
-  out[1] = __builtin_shuffle(t0, u0, I::pairs_hi);
-  out[2] = __builtin_shuffle(t1, u1, I::pairs_lo);
-  out[3] = __builtin_shuffle(t1, u1, I::pairs_hi);
-}
-
-// The inverse: four vectors of (column, channel) pairs (V / 4 columns' 4 channels each, as
-// NHWC memory holds them) into four vectors of V columns, one per channel.
-template <int V, typename vf>
-inline __attribute__((always_inline)) void deinterleave4(const vf* in, vf* out) {
-  using I = Interleave<V>;
-  const vf t0 = __builtin_shuffle(in[0], in[1], I::un_t), u0 = __builtin_shuffle(in[0], in[1], I::un_u);
-  const vf t1 = __builtin_shuffle(in[2], in[3], I::un_t), u1 = __builtin_shuffle(in[2], in[3], I::un_u);
-  out[0] = __builtin_shuffle(t0, t1, I::even);
-  out[1] = __builtin_shuffle(t0, t1, I::odd);
-  out[2] = __builtin_shuffle(u0, u1, I::even);
-  out[3] = __builtin_shuffle(u0, u1, I::odd);
-}
+#undef KN_SHUF
 
 // One (image, group)'s work.
 struct Args {
@@ -144,16 +205,21 @@ struct Args {
   GroupedConvEpilogue e;
 };
 
-// The epilogue's activation: relu or clamp, NaN kept (a comparison with NaN is false).
+// The epilogue's activation: relu or clamp, NaN kept (a comparison with NaN is false, and the
+// mask keeps the value where it is false). Selects as bit masks: GCC and clang both take them.
 template <typename vf>
 inline __attribute__((always_inline)) void activation(const GroupedConvEpilogue& e, vf& v) {
+  using vi = decltype(v < v);
   const vf zero = vf{};
   if (e.act == GroupedConvEpilogue::Act::Relu) {
-    v = v < zero ? zero : v;
+    const vi m = v < zero;  // where v is below zero; NaN compares false and stays
+    v = (vf)((vi)v & ~m);
   } else if (e.act == GroupedConvEpilogue::Act::Clamp) {
     const vf lo = zero + e.lo, hi = zero + e.hi;
-    v = v < lo ? lo : v;
-    v = v > hi ? hi : v;
+    vi m = v < lo;
+    v = (vf)(((vi)lo & m) | ((vi)v & ~m));
+    m = v > hi;
+    v = (vf)(((vi)hi & m) | ((vi)v & ~m));
   }
 }
 
@@ -204,7 +270,7 @@ inline __attribute__((always_inline)) void tile(const Args& a, int64_t blk, int6
       vf in[kBlock], out[kBlock];
 #pragma GCC unroll 8
       for (int j = 0; j < kBlock; ++j) in[j] = acc[r][j] + a.bias[blk * kBlock + j];
-      interleave4<V>(in, out);
+      Shuffles<V>::interleave(in, out);
       const int64_t row = (r0 + r) * a.ow;
 #pragma GCC unroll 8
       for (int k = 0; k < kBlock; ++k) {
@@ -214,15 +280,16 @@ inline __attribute__((always_inline)) void tile(const Args& a, int64_t blk, int6
         if (pixels <= 0) break;
         if (a.e.residual) {
           vf rv = zero;
-          for (int64_t q = 0; q < pixels; ++q)
-            std::memcpy(reinterpret_cast<float*>(&rv) + 4 * q,
-                        a.res + (row + first + q) * a.o + blk * kBlock, 4 * sizeof(float));
+          if (pixels == P) {
+            Shuffles<V>::load_quads(a.res + (row + first) * a.o + blk * kBlock, a.o, rv);
+          } else {
+            for (int64_t q = 0; q < pixels; ++q)
+              for (int j = 0; j < 4; ++j) rv[4 * q + j] = a.res[(row + first + q) * a.o + blk * kBlock + j];
+          }
           v = v + rv * a.e.sum_scale;
         }
         activation(a.e, v);
-        for (int64_t q = 0; q < pixels; ++q)
-          std::memcpy(a.y + (row + first + q) * a.o + blk * kBlock,
-                      reinterpret_cast<const float*>(&v) + 4 * q, 4 * sizeof(float));
+        Shuffles<V>::store_quads(v, a.y + (row + first) * a.o + blk * kBlock, a.o, pixels);
       }
     }
     return;
@@ -280,11 +347,8 @@ inline __attribute__((always_inline)) void stage(const Args& a) {
             vf in[4], out[4];
 #pragma GCC unroll 8
             for (int k = 0; k < 4; ++k)
-#pragma GCC unroll 16
-              for (int q = 0; q < P; ++q)
-                std::memcpy(reinterpret_cast<float*>(&in[k]) + 4 * q,
-                            a.x + (ih * a.w + col + k * P + q) * a.c + q4, 4 * sizeof(float));
-            deinterleave4<V>(in, out);
+              Shuffles<V>::load_quads(a.x + (ih * a.w + col + k * P) * a.c + q4, a.c, in[k]);
+            Shuffles<V>::deinterleave(in, out);
 #pragma GCC unroll 8
             for (int j = 0; j < 4; ++j)
               std::memcpy(a.plane + ((q4 + j) * a.sh + i) * a.sw + a.pad_left + col, &out[j], sizeof(vf));
