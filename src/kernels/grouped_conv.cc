@@ -5,20 +5,31 @@
 // on one core, 6-7x the 0.16 ms its multiply-adds need (Note [convolution roofline]); oneDNN
 // vectorizes over the channels of a group, and 4 of them fill a quarter of a 16-lane vector.
 //
-// This kernel vectorizes over the output's columns instead, which every group has many of, in
-// NCHW: for one (image, group) it stages the group's input channels into a zero-padded plane
-// (scratch per thread: the borders become zeros, so the inner loop has no bounds tests), then
-// for each block of 4 output channels, each pair of output rows and each run of V output
-// columns (V = 16 floats with AVX-512, 8 with AVX2, 4 otherwise) it keeps 2 x 4 vector
-// accumulators and, per input channel and tap, loads the two rows' V inputs once and adds them
-// times the 4 output channels' weights (broadcast from a weight array rearranged as
-// [group][block][channel][tap][4] at build time): 8 fused multiply-adds per 2 loads and 4
+// This kernel vectorizes over the output's columns instead, which every group has many of. Work
+// is split over (image, band of 8 output rows); a thread then takes the band's groups one after
+// another: it stages the group's input channels for the band into a zero-padded plane (scratch
+// per thread: the borders are zeros, so the inner loop has no bounds tests), then for each
+// block of 4 output channels, each 4 output rows (2 without AVX-512's 32 registers) and each
+// run of V output columns (V = 16 floats with AVX-512, 8 with AVX2, 4 otherwise) it keeps 4 x 4
+// vector accumulators and, per input channel and tap, loads the 4 rows' V inputs once and adds
+// them times the 4 output channels' weights (broadcast from a weight array rearranged as
+// [group][block][channel][tap][4] at build time): 16 fused multiply-adds per 4 loads and 4
 // broadcasts. The epilogue is oneDNN's order: + bias, + sum_scale * residual, then relu or clamp
-// (NaN kept, as Kiln's relu and clamp keep it); a last partial run of columns is stored lane by
-// lane. Work is split over (image, group) pairs, so each thread reads and writes whole planes.
+// (NaN kept, as Kiln's relu and clamp keep it). A last partial run of columns is computed as a
+// whole run ending at the row's end (overlapping the one before, to the same values), or lane
+// by lane where the row is shorter than a vector or the residual is the output's own buffer.
+// x and y may be NCHW or NHWC, so that between oneDNN convolutions computing in nhwc the node
+// needs no reorder (a first NCHW-only version won its own timing and made the next 1x1
+// convolution reorder back: slower overall). NHWC is staged 4 channels at a time, each pixel's
+// 16 bytes joined into vectors in registers and transposed with two rounds of shuffles, and
+// stored through the inverse; the band keeps every channel of its pixels in the caches while
+// the thread goes through the groups.
 //
-// Float32 only, stride 1, no dilation (the 3x3 convolutions ResNeXt and RegNet spend their time
-// in; the stride-2 ones are 1.9-3.6x their roofline under oneDNN). It is not chosen by a rule:
+// Float32 only, strides 1 and 2 (a stride-2 row is staged as two phases, even and odd input
+// columns, so that a run of output columns still reads contiguous staged columns), no
+// dilation; also ungrouped convolutions of at most 4 input channels (image stems: oneDNN's
+// kernels vectorize over input channels too, and EfficientNet-V2's 3 -> 24 stride-2 stem took
+// 0.72 ms a call, 6.5x its floor). It is not chosen by a rule:
 // it is one more candidate of the measured convolution layout (Note [measured convolution
 // layout] in targets/cpu/onednn_lowering.cc), conv_layout "kiln-direct", timed beside oneDNN's
 // layouts with its reorders, for convolutions that oneDNN leaves more than 3x from their
@@ -190,8 +201,9 @@ struct Shuffles<4> {
 
 // One (image, group)'s work.
 struct Args {
-  float* plane;        // staged input channels: [cg][sh][sw], zero-padded
-  int64_t sh, sw;
+  float* plane;        // staged input channels: [cg][sh][st_w][sw], zero-padded
+  int64_t sh, sw;      // its rows, and the columns of one phase of a row
+  int64_t st_h, st_w;  // the convolution's strides
   int64_t rb, re;      // the band of output rows [rb, re); plane row i is staged row rb + i
   const float* x;      // the input at (image, first channel of the group)
   int64_t h, w, pad_top, pad_left;
@@ -225,11 +237,15 @@ inline __attribute__((always_inline)) void activation(const GroupedConvEpilogue&
 
 // ROWS output rows x V columns from (r0, c0) of output block `blk`. KH / KW: the filter's size
 // when it is known at compile time (3x3), else 0 (read from `a`).
-template <int V, int ROWS, int KH, int KW>
+template <int V, int ROWS, int KH, int KW, int S>
 inline __attribute__((always_inline)) void tile(const Args& a, int64_t blk, int64_t r0,
                                                 int64_t c0) {
   using vf = typename VecOf<V>::type;
   const int64_t kh = KH ? KH : a.kh, kw = KW ? KW : a.kw;
+  // Strides (S: both, when known at compile time). A plane row holds st_w phases of sw columns:
+  // phase p, column j is the padded input column j * st_w + p, so output column c at tap k
+  // reads phase k % st_w, column c + k / st_w: contiguous along c whatever the stride.
+  const int64_t st_h = S ? S : a.st_h, st_w = S ? S : a.st_w, rs = st_w * a.sw;
   // (The small loops are unrolled so that the accumulators live in registers: GCC at -O2
   // keeps an array it indexes in a loop in memory.)
   vf acc[ROWS][kBlock];
@@ -239,16 +255,17 @@ inline __attribute__((always_inline)) void tile(const Args& a, int64_t blk, int6
     for (int j = 0; j < kBlock; ++j) acc[r][j] = vf{};
   const float* wb = a.wk + blk * a.cg * kh * kw * kBlock;
   for (int64_t ic = 0; ic < a.cg; ++ic) {
-    const float* base = a.plane + (ic * a.sh + r0 - a.rb) * a.sw + c0;
+    const float* base = a.plane + (ic * a.sh + (r0 - a.rb) * st_h) * rs + c0;
 #pragma GCC unroll 8
     for (int64_t i = 0; i < kh; ++i) {
-      const float* row = base + i * a.sw;
+      const float* row = base + i * rs;
       const float* wr = wb + (ic * kh + i) * kw * kBlock;
 #pragma GCC unroll 8
       for (int64_t k = 0; k < kw; ++k) {
         vf x[ROWS];
+        const float* at = row + (k % st_w) * a.sw + k / st_w;
 #pragma GCC unroll 8
-        for (int r = 0; r < ROWS; ++r) std::memcpy(&x[r], row + r * a.sw + k, sizeof(vf));
+        for (int r = 0; r < ROWS; ++r) std::memcpy(&x[r], at + r * st_h * rs, sizeof(vf));
         const float* wp = wr + k * kBlock;
 #pragma GCC unroll 8
         for (int j = 0; j < kBlock; ++j) {
@@ -322,25 +339,40 @@ inline __attribute__((always_inline)) void tile(const Args& a, int64_t blk, int6
 }
 
 // The group's input channels for the band into the staged plane: plane row i is input row
-// rb + i - pad_top (all zeros outside the input), plane column c input column c - pad_left. The
-// columns outside the input were zeroed by the caller and are never written. Whole vectors by
-// fixed-size copies (vector moves), the rest of a row element by element.
+// rb * st_h + i - pad_top (all zeros outside the input); with stride 1, plane column c is input
+// column c - pad_left, and the columns outside the input were zeroed by the caller and are never
+// written; with a larger stride, phase p's column j is input column j * st_w + p - pad_left,
+// every one written (zeros outside). Whole vectors by fixed-size copies (vector moves), the
+// rest element by element.
 template <int V>
 inline __attribute__((always_inline)) void stage(const Args& a) {
   using vf = typename VecOf<V>::type;
-  const int64_t rows = a.re - a.rb + a.kh - 1;
+  const int64_t rows = (a.re - a.rb - 1) * a.st_h + a.kh, rs = a.st_w * a.sw;
   for (int64_t i = 0; i < rows; ++i) {
-    const int64_t ih = a.rb + i - a.pad_top;
+    const int64_t ih = a.rb * a.st_h + i - a.pad_top;
     if (ih < 0 || ih >= a.h) {
       for (int64_t ic = 0; ic < a.cg; ++ic)
-        std::memset(a.plane + (ic * a.sh + i) * a.sw, 0, size_t(a.sw) * sizeof(float));
+        std::memset(a.plane + (ic * a.sh + i) * rs, 0, size_t(rs) * sizeof(float));
+      continue;
+    }
+    if (a.st_w != 1) {  // phases, element by element
+      for (int64_t ic = 0; ic < a.cg; ++ic)
+        for (int64_t p = 0; p < a.st_w; ++p) {
+          float* dst = a.plane + (ic * a.sh + i) * rs + p * a.sw;
+          for (int64_t j = 0; j < a.sw; ++j) {
+            const int64_t iw = j * a.st_w + p - a.pad_left;
+            dst[j] = iw < 0 || iw >= a.w ? 0.0f
+                     : a.x_nhwc      ? a.x[(ih * a.w + iw) * a.c + ic]
+                                     : a.x[(ic * a.h + ih) * a.w + iw];
+          }
+        }
       continue;
     }
     if (a.x_nhwc) {  // the group's channels are contiguous at each pixel
       int64_t col = 0;
       if (a.cg % 4 == 0) {
         // V pixels x 4 channels at a time: 16 bytes per pixel into four vectors, then
-        // deinterleave4 into one vector per channel.
+        // deinterleaved into one vector per channel.
         constexpr int P = V / 4;
         for (; col + V <= a.w; col += V)
           for (int64_t q4 = 0; q4 < a.cg; q4 += 4) {
@@ -372,7 +404,7 @@ inline __attribute__((always_inline)) void stage(const Args& a) {
 }
 
 // Rows per tile: 4 with AVX-512's 32 vector registers (16 accumulators), else 2.
-template <int V, int KH, int KW>
+template <int V, int KH, int KW, int S>
 inline __attribute__((always_inline)) void group_of(const Args& a) {
   stage<V>(a);
   constexpr int R = V == 16 ? 4 : 2;
@@ -387,20 +419,22 @@ inline __attribute__((always_inline)) void group_of(const Args& a) {
   for (int64_t blk = 0; blk < a.blocks; ++blk) {
     int64_t r = a.rb;
     for (; r + R <= a.re; r += R) {
-      for (int64_t c0 = 0; c0 < whole; c0 += V) tile<V, R, KH, KW>(a, blk, r, c0);
-      if (last >= 0) tile<V, R, KH, KW>(a, blk, r, last);
+      for (int64_t c0 = 0; c0 < whole; c0 += V) tile<V, R, KH, KW, S>(a, blk, r, c0);
+      if (last >= 0) tile<V, R, KH, KW, S>(a, blk, r, last);
     }
     for (; r < a.re; ++r) {
-      for (int64_t c0 = 0; c0 < whole; c0 += V) tile<V, 1, KH, KW>(a, blk, r, c0);
-      if (last >= 0) tile<V, 1, KH, KW>(a, blk, r, last);
+      for (int64_t c0 = 0; c0 < whole; c0 += V) tile<V, 1, KH, KW, S>(a, blk, r, c0);
+      if (last >= 0) tile<V, 1, KH, KW, S>(a, blk, r, last);
     }
   }
 }
 
 template <int V>
 inline __attribute__((always_inline)) void group(const Args& a) {
-  if (a.kh == 3 && a.kw == 3) group_of<V, 3, 3>(a);
-  else group_of<V, 0, 0>(a);
+  const bool k3 = a.kh == 3 && a.kw == 3;
+  if (k3 && a.st_h == 1 && a.st_w == 1) group_of<V, 3, 3, 1>(a);
+  else if (k3 && a.st_h == 2 && a.st_w == 2) group_of<V, 3, 3, 2>(a);
+  else group_of<V, 0, 0, 0>(a);
 }
 
 __attribute__((target("avx512f,fma"))) void group_avx512(const Args& a) { group<16>(a); }
@@ -416,10 +450,11 @@ int64_t vector_floats() {
 
 }  // namespace
 
-std::string GroupedConv::why_not(const GroupedConvShape& s, int64_t stride_h, int64_t stride_w,
-                                 int64_t dilation_h, int64_t dilation_w) {
-  if (s.groups < 2) return "not grouped";
-  if (stride_h != 1 || stride_w != 1) return "stride is not 1";
+std::string GroupedConv::why_not(const GroupedConvShape& s, int64_t dilation_h,
+                                 int64_t dilation_w) {
+  if (s.groups < 2 && s.c > 4) return "not grouped, and more than 4 input channels";
+  if (s.stride_h < 1 || s.stride_w < 1 || s.stride_h > 2 || s.stride_w > 2)
+    return "stride is not 1 or 2";
   if (dilation_h != 1 || dilation_w != 1) return "dilated";
   if (s.n < 1 || s.c < 1 || s.h < 1 || s.w < 1 || s.o < 1 || s.oh < 1 || s.ow < 1 || s.kh < 1 ||
       s.kw < 1)
@@ -427,25 +462,27 @@ std::string GroupedConv::why_not(const GroupedConvShape& s, int64_t stride_h, in
   if (s.c % s.groups != 0 || s.o % s.groups != 0) return "channels not divisible by groups";
   if (s.pad_top < 0 || s.pad_left < 0 || s.pad_top >= s.kh || s.pad_left >= s.kw)
     return "padding outside [0, kernel)";
-  // Stride 1: oh = h + pad_top + pad_bottom - kh + 1, so the bottom and right pads follow.
-  const int64_t pad_bottom = s.oh + s.kh - 1 - s.h - s.pad_top;
-  const int64_t pad_right = s.ow + s.kw - 1 - s.w - s.pad_left;
-  if (pad_bottom < 0 || pad_right < 0 || pad_bottom >= s.kh || pad_right >= s.kw)
-    return "bottom or right padding outside [0, kernel)";
+  // The last output's window ends at most kernel - 1 past the input (the bottom and right pads).
+  const int64_t pad_bottom = (s.oh - 1) * s.stride_h + s.kh - s.pad_top - s.h;
+  const int64_t pad_right = (s.ow - 1) * s.stride_w + s.kw - s.pad_left - s.w;
+  if (pad_bottom >= s.kh || pad_right >= s.kw)
+    return "bottom or right padding of a kernel's size or more";
   return "";
 }
 
 GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e,
                          const float* weights, const float* bias)
     : s_(s), e_(e) {
-  const std::string why = why_not(s, 1, 1, 1, 1);
+  const std::string why = why_not(s, 1, 1);
   KILN_CHECK(why.empty(), "grouped convolution kernel: {}", why);
   cg_ = s.c / s.groups;
   og_ = s.o / s.groups;
   blocks_ = (og_ + kBlock - 1) / kBlock;
   vec_ = vector_floats();
-  sh_ = std::min(s.oh, kBand) + s.kh - 1;
-  sw_ = (s.ow + vec_ - 1) / vec_ * vec_ + s.kw - 1;
+  // A band's rows; one phase's columns: the vector runs' reach, (ow rounded up to vectors) - 1
+  // + (kw - 1) / stride, plus one.
+  sh_ = (std::min(s.oh, kBand) - 1) * s.stride_h + s.kh;
+  sw_ = (s.ow + vec_ - 1) / vec_ * vec_ + (s.kw - 1) / s.stride_w;
   const int64_t taps = s.kh * s.kw;
   wk_.assign(size_t(s.groups * blocks_ * cg_ * taps * kBlock), 0.0f);
   for (int64_t g = 0; g < s.groups; ++g)
@@ -467,13 +504,13 @@ const char* GroupedConv::isa() const {
 }
 
 int64_t GroupedConv::scratch_bytes(int threads) const {
-  const int64_t plane = (cg_ * sh_ * sw_ * int64_t(sizeof(float)) + 63) / 64 * 64;
+  const int64_t plane = (cg_ * sh_ * s_.stride_w * sw_ * int64_t(sizeof(float)) + 63) / 64 * 64;
   return plane * std::max(threads, 1);
 }
 
 void GroupedConv::run(const float* x, const float* residual, float* y, void* scratch) const {
   const int64_t bands = (s_.oh + kBand - 1) / kBand, items = s_.n * bands;
-  const int64_t plane = (cg_ * sh_ * sw_ * int64_t(sizeof(float)) + 63) / 64 * 64 / int64_t(sizeof(float));
+  const int64_t plane = (cg_ * sh_ * s_.stride_w * sw_ * int64_t(sizeof(float)) + 63) / 64 * 64 / int64_t(sizeof(float));
   void (*fn)(const Args&) = vec_ == 16 ? group_avx512 : vec_ == 8 ? group_avx2 : group_generic;
   // Each thread zeroes its plane once: the padding columns stay zero, stage() writes the rest.
 #pragma omp parallel if (items > 1)
@@ -489,7 +526,7 @@ void GroupedConv::run(const float* x, const float* residual, float* y, void* scr
                                          : (ni * s_.o + gi * og_) * s_.oh * s_.ow;
         const int64_t in_at = s_.x_nhwc ? ni * s_.c * s_.h * s_.w + gi * cg_
                                         : (ni * s_.c + gi * cg_) * s_.h * s_.w;
-        Args a{pl, sh_, sw_, rb, re,
+        Args a{pl, sh_, sw_, s_.stride_h, s_.stride_w, rb, re,
                x + in_at, s_.h, s_.w, s_.pad_top, s_.pad_left, s_.c, s_.o, s_.x_nhwc, s_.y_nhwc,
                wk_.data() + gi * blocks_ * cg_ * s_.kh * s_.kw * kBlock,
                bias_.data() + gi * og_,

@@ -11,13 +11,14 @@
 
 namespace kiln::kernels {
 
-// float32, stride 1, no dilation. x and y (the residual: y's layout) are NCHW, or NHWC in
-// memory (dims still N, C, H, W).
+// float32, no dilation. x and y (the residual: y's layout) are NCHW, or NHWC in memory (dims
+// still N, C, H, W).
 struct GroupedConvShape {
   int64_t n = 0, c = 0, h = 0, w = 0;  // x
   int64_t o = 0, oh = 0, ow = 0;       // y
   int64_t groups = 1, kh = 0, kw = 0;  // weights [o, c / groups, kh, kw]
   int64_t pad_top = 0, pad_left = 0;   // the bottom and right pads follow from oh and ow
+  int64_t stride_h = 1, stride_w = 1;
   bool x_nhwc = false, y_nhwc = false;
 };
 
@@ -32,8 +33,8 @@ struct GroupedConvEpilogue {
 class GroupedConv {
  public:
   // Why the kernel does not take this convolution ("" when it does).
-  static std::string why_not(const GroupedConvShape& s, int64_t stride_h, int64_t stride_w,
-                             int64_t dilation_h, int64_t dilation_w);
+  // Grouped, or ungrouped with at most 4 input channels (an image stem); strides up to 2.
+  static std::string why_not(const GroupedConvShape& s, int64_t dilation_h, int64_t dilation_w);
   // `weights`: [o, c / groups, kh, kw], float32, row-major; `bias`: [o] or null. Both are copied
   // (rearranged for the kernel).
   GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e, const float* weights,

@@ -958,7 +958,8 @@ std::string kiln_conv_shape(const OnednnNodeDesc& d, GroupedConvShape* s, Groupe
   else if (epi.act != Act::None) return "its activation is not relu or clamp";
   e->lo = epi.lo, e->hi = epi.hi, e->sum_scale = epi.sum_scale, e->residual = epi.has_residual;
   if (e->residual && d.inputs.size() < 4) return "no residual operand";
-  return GroupedConv::why_not(*s, d.stride[0], d.stride[1], d.dilation[0], d.dilation[1]);
+  s->stride_h = d.stride[0], s->stride_w = d.stride[1];
+  return GroupedConv::why_not(*s, d.dilation[0], d.dilation[1]);
 }
 }  // namespace
 

@@ -175,8 +175,9 @@ class OnednnLayouts {
 // OnednnNodeDesc::conv_layout for Kiln's grouped convolution kernel.
 inline constexpr const char* kKilnDirectLayout = "kiln-direct";
 // Why Kiln's grouped convolution kernel does not take `d` ("" when it does): float32 conv2d /
-// fused_conv2d, grouped, stride 1, undilated, constant weights and bias, relu / clamp / no
-// activation (Note [Kiln grouped convolution] in kernels/grouped_conv.cc).
+// fused_conv2d, grouped or of at most 4 input channels, stride 1 or 2, undilated, constant
+// weights and bias, relu / clamp / no activation (Note [Kiln grouped convolution] in
+// kernels/grouped_conv.cc).
 std::string kiln_direct_conv_why_not(const OnednnNodeDesc& d);
 
 // Whether oneDNN's implementation name ("ref:any", "brgconv:avx512_core") is one of its

@@ -34,6 +34,7 @@ struct Spec {
   const char* act;          // relu | clamp | none
   bool residual = false;    // + 0.5 * the producer's output (its shape must be y's)
   bool producer = false;    // x comes from a 1x1 convolution (NHWC between oneDNN convolutions)
+  int64_t stride = 1;
 };
 
 struct Net {
@@ -59,7 +60,7 @@ Net make_net(const Spec& s, uint64_t seed) {
   const int64_t cg = s.c / s.groups;
   n.fan_in = cg * s.k * s.k;
   Attrs a{{"padding", Ints{s.pad, s.pad}}, {"groups", s.groups}, {"activation", std::string(s.act)},
-          {"sum_scale", 0.5}};
+          {"sum_scale", 0.5}, {"stride", Ints{s.stride, s.stride}}};
   if (std::string(s.act) == "clamp") {
     a.set("clamp_min", -0.25);
     a.set("clamp_max", 0.75);
@@ -86,8 +87,14 @@ const Spec kSpecs[] = {
     {"six_per_group", 1, 24, 4, 24, 11, 23, 5, 2, "none", false, true},
     // Depthwise, unpadded ("valid").
     {"depthwise_valid", 1, 16, 16, 16, 17, 17, 3, 0, "relu", false, false},
-    // 2 channels in, 4 out per group, residual, two images, NHWC.
+    // 2 channels in, 4 out per group, two images, NHWC.
     {"two_to_four", 2, 16, 8, 32, 12, 33, 3, 1, "relu", false, true},
+    // Stride 2, NHWC (ResNeXt's first convolution of a stage), odd sizes.
+    {"strided", 1, 64, 16, 64, 23, 37, 3, 1, "relu", false, true, 2},
+    // An image stem: 3 channels, not grouped, stride 2 (EfficientNet's), from a graph input.
+    {"stem", 2, 3, 1, 24, 33, 50, 3, 1, "clamp", false, false, 2},
+    // Stride 2 in NCHW with a 5x5 filter and partial blocks.
+    {"strided_5x5", 1, 12, 2, 18, 21, 19, 5, 2, "none", false, false, 2},
 };
 
 TEST(KilnGroupedConv, MatchesFloat64InEveryLayoutAndThroughAPackage) {
@@ -223,8 +230,12 @@ TEST(KilnGroupedConv, DescriptorRoundTripsAndUnknownLayoutsAreRefused) {
   }
   // What the kernel does not take says why.
   kernels::OnednnNodeDesc strided = d;
-  strided.stride[0] = 2;
-  EXPECT_EQ(kernels::kiln_direct_conv_why_not(strided), "stride is not 1");
+  strided.stride[0] = 3;
+  EXPECT_EQ(kernels::kiln_direct_conv_why_not(strided), "stride is not 1 or 2");
+  kernels::OnednnNodeDesc dense = d;
+  dense.groups = 1;
+  dense.inputs[1].dims = {8, 8, 3, 3};
+  EXPECT_EQ(kernels::kiln_direct_conv_why_not(dense), "not grouped, and more than 4 input channels");
   kernels::OnednnNodeDesc gelu = d;
   gelu.activation = "gelu";
   EXPECT_EQ(kernels::kiln_direct_conv_why_not(gelu), "its activation is not relu or clamp");

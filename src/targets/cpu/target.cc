@@ -16,8 +16,9 @@
 //        its policy gives (fixed: tests of a layout's own path, bisecting a measured choice;
 //        on CPUs with AMX, bf16 convolutions in nChw16c run 8x slower than in nhwc, and the
 //        measurement moves them). Default measured.
-//   grouped_conv=measured|kiln|onednn  Kiln's grouped convolution kernel (Note [Kiln grouped
-//        convolution] in kernels/grouped_conv.cc) as one more candidate where a convolution's
+//   grouped_conv=measured|kiln|onednn  Kiln's grouped (and small-channel stem) convolution
+//        kernel (Note [Kiln grouped convolution] in kernels/grouped_conv.cc) as one more
+//        candidate where a convolution's
 //        layout is measured (measured), pinned wherever it takes the convolution (kiln: tests
 //        of its path), or never (onednn). Default measured.
 //   tf32=...   refused: CUDA's (Note [CUDA TF32]).
