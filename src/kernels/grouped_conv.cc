@@ -36,6 +36,12 @@
 // roofline; the knob grouped_conv=kiln pins it (tests), grouped_conv=onednn never tries it.
 // The sums run over (channel, kh, kw) in a different order than the float64 reference's, as
 // oneDNN's do; the result is within float32's tolerance.
+//
+// Tried and dropped: the three taps of a 3-wide filter from two aligned loads and two shifts
+// (valignd) instead of three loads that straddle cache lines, 0.29-0.34 -> 0.37-0.42 ms on
+// ResNeXt's 56x56 shape (NCHW, one thread, alternately in one session): on this CPU the
+// shifts take the port that the second FMA pipe uses. The compute runs at about 45% of the FMA
+// peak (0.29 ms for 29 MFLOP at best); the NHWC path adds its staging and stores (0.48-0.59).
 #include "kernels/grouped_conv.h"
 
 #include <omp.h>
