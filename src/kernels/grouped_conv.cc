@@ -468,11 +468,15 @@ std::string GroupedConv::why_not(const GroupedConvShape& s, int64_t dilation_h,
   if (s.c % s.groups != 0 || s.o % s.groups != 0) return "channels not divisible by groups";
   if (s.pad_top < 0 || s.pad_left < 0 || s.pad_top >= s.kh || s.pad_left >= s.kw)
     return "padding outside [0, kernel)";
-  // The last output's window ends at most kernel - 1 past the input (the bottom and right pads).
+  // The last output's window ends at most kernel - 1 past the input (the bottom and right
+  // pads), and no more than stride - 1 before its end (the input columns a stride leaves
+  // over): the staged plane holds every input column, and nothing is staged past it.
   const int64_t pad_bottom = (s.oh - 1) * s.stride_h + s.kh - s.pad_top - s.h;
   const int64_t pad_right = (s.ow - 1) * s.stride_w + s.kw - s.pad_left - s.w;
   if (pad_bottom >= s.kh || pad_right >= s.kw)
     return "bottom or right padding of a kernel's size or more";
+  if (pad_bottom <= -s.stride_h || pad_right <= -s.stride_w)
+    return "output smaller than its input and padding give";
   return "";
 }
 

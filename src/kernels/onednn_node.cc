@@ -963,9 +963,9 @@ std::string kiln_conv_shape(const OnednnNodeDesc& d, GroupedConvShape* s, Groupe
 }
 }  // namespace
 
-// Note [Kiln grouped convolution]: src reordered to plain NCHW where x is stored otherwise, the
-// kernel writing plain NCHW (reordered into the value's layout after, where that differs), the
-// residual read in place when plain.
+// Note [Kiln grouped convolution]: x read in place where it is stored NCHW or NHWC (else
+// reordered to NCHW), y written NHWC or NCHW (reordered into the value's layout after only where
+// that is neither), the residual read in place when it has y's layout.
 void Builder::build_kiln_conv(Plan& p) {
   GroupedConvShape s;
   GroupedConvEpilogue e;
