@@ -85,6 +85,18 @@ struct VecOf<4> {
 //   lo:    0, V, 1, V+1, ... (the first halves, alternating)    hi: the same from V/2
 //   pairs: 0, 1, V, V+1, 2, 3, V+2, V+3, ... (pairs alternating), from 0 and from V/2.
 #define KN_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#define KN_LIST(...) __VA_ARGS__
+// Both directions are two rounds of shuffles with the same pairing: lists A and B take the
+// first round over (in0, in1) and (in2, in3), lists C and D the second over the results.
+//   interleave:   A = lo, B = hi, C = pairs from 0, D = pairs from V/2
+//   deinterleave: A = the even pairs, B = the odd pairs, C = even elements, D = odd elements
+#define KN_TWO_ROUNDS(A, B, C, D)                                                         \
+  const vf p0 = KN_SHUF(in[0], in[1], KN_LIST A), p1 = KN_SHUF(in[0], in[1], KN_LIST B); \
+  const vf p2 = KN_SHUF(in[2], in[3], KN_LIST A), p3 = KN_SHUF(in[2], in[3], KN_LIST B); \
+  out[0] = KN_SHUF(p0, p2, KN_LIST C);                                                   \
+  out[1] = KN_SHUF(p0, p2, KN_LIST D);                                                   \
+  out[2] = KN_SHUF(p1, p3, KN_LIST C);                                                   \
+  out[3] = KN_SHUF(p1, p3, KN_LIST D);
 template <int V>
 struct Shuffles;
 template <>
@@ -94,7 +106,8 @@ struct Shuffles<16> {
   using v8 = VecOf<8>::type;
   // 4 floats at p, p + stride, p + 2 stride, p + 3 stride (pixels of NHWC memory) as one vector,
   // through 16-byte loads joined in registers; and the reverse, storing the first `pixels`.
-  static inline __attribute__((always_inline)) void load_quads(const float* p, int64_t stride, vf& out) {
+  static inline __attribute__((always_inline)) void load_quads(const float* p, int64_t stride,
+                                                               vf& out) {
     v4 q[4];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) std::memcpy(&q[i], p + i * stride, sizeof(v4));
@@ -102,8 +115,8 @@ struct Shuffles<16> {
     const v8 h1 = KN_SHUF(q[2], q[3], 0, 1, 2, 3, 4, 5, 6, 7);
     out = KN_SHUF(h0, h1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   }
-  static inline __attribute__((always_inline)) void store_quads(const vf& v, float* p, int64_t stride,
-                                                                int64_t pixels) {
+  static inline __attribute__((always_inline)) void store_quads(const vf& v, float* p,
+                                                                int64_t stride, int64_t pixels) {
     v4 q[4] = {KN_SHUF(v, v, 0, 1, 2, 3), KN_SHUF(v, v, 4, 5, 6, 7), KN_SHUF(v, v, 8, 9, 10, 11),
                KN_SHUF(v, v, 12, 13, 14, 15)};
     if (pixels == 4) {
@@ -114,39 +127,32 @@ struct Shuffles<16> {
     for (int64_t i = 0; i < pixels; ++i) std::memcpy(p + i * stride, &q[i], sizeof(v4));
   }
   static inline __attribute__((always_inline)) void interleave(const vf* in, vf* out) {
-    const vf t0 = KN_SHUF(in[0], in[1], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const vf t1 = KN_SHUF(in[0], in[1], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    const vf u0 = KN_SHUF(in[2], in[3], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const vf u1 = KN_SHUF(in[2], in[3], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    out[0] = KN_SHUF(t0, u0, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
-    out[1] = KN_SHUF(t0, u0, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
-    out[2] = KN_SHUF(t1, u1, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
-    out[3] = KN_SHUF(t1, u1, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
+    KN_TWO_ROUNDS((0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                  (8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
+                  (0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23),
+                  (8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31))
   }
   // The inverse: (column, channel) pairs as NHWC memory holds them into one vector per channel.
   static inline __attribute__((always_inline)) void deinterleave(const vf* in, vf* out) {
-    const vf t0 = KN_SHUF(in[0], in[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
-    const vf u0 = KN_SHUF(in[0], in[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    const vf t1 = KN_SHUF(in[2], in[3], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
-    const vf u1 = KN_SHUF(in[2], in[3], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    out[0] = KN_SHUF(t0, t1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    out[1] = KN_SHUF(t0, t1, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    out[2] = KN_SHUF(u0, u1, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    out[3] = KN_SHUF(u0, u1, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    KN_TWO_ROUNDS((0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29),
+                  (2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31),
+                  (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                  (1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31))
   }
 };
 template <>
 struct Shuffles<8> {
   using vf = VecOf<8>::type;
   using v4 = VecOf<4>::type;
-  static inline __attribute__((always_inline)) void load_quads(const float* p, int64_t stride, vf& out) {
+  static inline __attribute__((always_inline)) void load_quads(const float* p, int64_t stride,
+                                                               vf& out) {
     v4 q[2];
 #pragma GCC unroll 2
     for (int i = 0; i < 2; ++i) std::memcpy(&q[i], p + i * stride, sizeof(v4));
     out = KN_SHUF(q[0], q[1], 0, 1, 2, 3, 4, 5, 6, 7);
   }
-  static inline __attribute__((always_inline)) void store_quads(const vf& v, float* p, int64_t stride,
-                                                                int64_t pixels) {
+  static inline __attribute__((always_inline)) void store_quads(const vf& v, float* p,
+                                                                int64_t stride, int64_t pixels) {
     v4 q[2] = {KN_SHUF(v, v, 0, 1, 2, 3), KN_SHUF(v, v, 4, 5, 6, 7)};
     if (pixels == 2) {
       std::memcpy(p, &q[0], sizeof(v4));
@@ -156,24 +162,16 @@ struct Shuffles<8> {
     for (int64_t i = 0; i < pixels; ++i) std::memcpy(p + i * stride, &q[i], sizeof(v4));
   }
   static inline __attribute__((always_inline)) void interleave(const vf* in, vf* out) {
-    const vf t0 = KN_SHUF(in[0], in[1], 0, 8, 1, 9, 2, 10, 3, 11);
-    const vf t1 = KN_SHUF(in[0], in[1], 4, 12, 5, 13, 6, 14, 7, 15);
-    const vf u0 = KN_SHUF(in[2], in[3], 0, 8, 1, 9, 2, 10, 3, 11);
-    const vf u1 = KN_SHUF(in[2], in[3], 4, 12, 5, 13, 6, 14, 7, 15);
-    out[0] = KN_SHUF(t0, u0, 0, 1, 8, 9, 2, 3, 10, 11);
-    out[1] = KN_SHUF(t0, u0, 4, 5, 12, 13, 6, 7, 14, 15);
-    out[2] = KN_SHUF(t1, u1, 0, 1, 8, 9, 2, 3, 10, 11);
-    out[3] = KN_SHUF(t1, u1, 4, 5, 12, 13, 6, 7, 14, 15);
+    KN_TWO_ROUNDS((0, 8, 1, 9, 2, 10, 3, 11),
+                  (4, 12, 5, 13, 6, 14, 7, 15),
+                  (0, 1, 8, 9, 2, 3, 10, 11),
+                  (4, 5, 12, 13, 6, 7, 14, 15))
   }
   static inline __attribute__((always_inline)) void deinterleave(const vf* in, vf* out) {
-    const vf t0 = KN_SHUF(in[0], in[1], 0, 1, 4, 5, 8, 9, 12, 13);
-    const vf u0 = KN_SHUF(in[0], in[1], 2, 3, 6, 7, 10, 11, 14, 15);
-    const vf t1 = KN_SHUF(in[2], in[3], 0, 1, 4, 5, 8, 9, 12, 13);
-    const vf u1 = KN_SHUF(in[2], in[3], 2, 3, 6, 7, 10, 11, 14, 15);
-    out[0] = KN_SHUF(t0, t1, 0, 2, 4, 6, 8, 10, 12, 14);
-    out[1] = KN_SHUF(t0, t1, 1, 3, 5, 7, 9, 11, 13, 15);
-    out[2] = KN_SHUF(u0, u1, 0, 2, 4, 6, 8, 10, 12, 14);
-    out[3] = KN_SHUF(u0, u1, 1, 3, 5, 7, 9, 11, 13, 15);
+    KN_TWO_ROUNDS((0, 1, 4, 5, 8, 9, 12, 13),
+                  (2, 3, 6, 7, 10, 11, 14, 15),
+                  (0, 2, 4, 6, 8, 10, 12, 14),
+                  (1, 3, 5, 7, 9, 11, 13, 15))
   }
 };
 template <>
@@ -187,22 +185,14 @@ struct Shuffles<4> {
     if (pixels > 0) std::memcpy(p, &v, sizeof(vf));
   }
   static inline __attribute__((always_inline)) void interleave(const vf* in, vf* out) {
-    const vf t0 = KN_SHUF(in[0], in[1], 0, 4, 1, 5), t1 = KN_SHUF(in[0], in[1], 2, 6, 3, 7);
-    const vf u0 = KN_SHUF(in[2], in[3], 0, 4, 1, 5), u1 = KN_SHUF(in[2], in[3], 2, 6, 3, 7);
-    out[0] = KN_SHUF(t0, u0, 0, 1, 4, 5);
-    out[1] = KN_SHUF(t0, u0, 2, 3, 6, 7);
-    out[2] = KN_SHUF(t1, u1, 0, 1, 4, 5);
-    out[3] = KN_SHUF(t1, u1, 2, 3, 6, 7);
+    KN_TWO_ROUNDS((0, 4, 1, 5), (2, 6, 3, 7), (0, 1, 4, 5), (2, 3, 6, 7))
   }
   static inline __attribute__((always_inline)) void deinterleave(const vf* in, vf* out) {
-    const vf t0 = KN_SHUF(in[0], in[1], 0, 1, 4, 5), u0 = KN_SHUF(in[0], in[1], 2, 3, 6, 7);
-    const vf t1 = KN_SHUF(in[2], in[3], 0, 1, 4, 5), u1 = KN_SHUF(in[2], in[3], 2, 3, 6, 7);
-    out[0] = KN_SHUF(t0, t1, 0, 2, 4, 6);
-    out[1] = KN_SHUF(t0, t1, 1, 3, 5, 7);
-    out[2] = KN_SHUF(u0, u1, 0, 2, 4, 6);
-    out[3] = KN_SHUF(u0, u1, 1, 3, 5, 7);
+    KN_TWO_ROUNDS((0, 1, 4, 5), (2, 3, 6, 7), (0, 2, 4, 6), (1, 3, 5, 7))
   }
 };
+#undef KN_TWO_ROUNDS
+#undef KN_LIST
 #undef KN_SHUF
 
 // One (image, group)'s work.
@@ -307,7 +297,8 @@ inline __attribute__((always_inline)) void tile(const Args& a, int64_t blk, int6
             Shuffles<V>::load_quads(a.res + (row + first) * a.o + blk * kBlock, a.o, rv);
           } else {
             for (int64_t q = 0; q < pixels; ++q)
-              for (int j = 0; j < 4; ++j) rv[4 * q + j] = a.res[(row + first + q) * a.o + blk * kBlock + j];
+              for (int j = 0; j < 4; ++j)
+                rv[4 * q + j] = a.res[(row + first + q) * a.o + blk * kBlock + j];
           }
           v = v + rv * a.e.sum_scale;
         }
@@ -389,7 +380,8 @@ inline __attribute__((always_inline)) void stage(const Args& a) {
             Shuffles<V>::deinterleave(in, out);
 #pragma GCC unroll 8
             for (int j = 0; j < 4; ++j)
-              std::memcpy(a.plane + ((q4 + j) * a.sh + i) * a.sw + a.pad_left + col, &out[j], sizeof(vf));
+              std::memcpy(a.plane + ((q4 + j) * a.sh + i) * a.sw + a.pad_left + col, &out[j],
+                          sizeof(vf));
           }
       }
       for (; col < a.w; ++col) {
@@ -503,7 +495,8 @@ GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e
         const float* src = weights + (g * og_ + oc) * cg_ * taps;
         for (int64_t ic = 0; ic < cg_; ++ic)
           for (int64_t t = 0; t < taps; ++t)
-            wk_[size_t((((g * blocks_ + b) * cg_ + ic) * taps + t) * kBlock + j)] = src[ic * taps + t];
+            wk_[size_t((((g * blocks_ + b) * cg_ + ic) * taps + t) * kBlock + j)] =
+                src[ic * taps + t];
       }
   bias_.assign(size_t(s.o), 0.0f);
   if (bias) std::memcpy(bias_.data(), bias, size_t(s.o) * sizeof(float));
@@ -520,7 +513,7 @@ int64_t GroupedConv::scratch_bytes(int threads) const {
 
 void GroupedConv::run(const float* x, const float* residual, float* y, void* scratch) const {
   const int64_t bands = (s_.oh + kBand - 1) / kBand, items = s_.n * bands;
-  const int64_t plane = (cg_ * sh_ * s_.stride_w * sw_ * int64_t(sizeof(float)) + 63) / 64 * 64 / int64_t(sizeof(float));
+  const int64_t plane = scratch_bytes(1) / int64_t(sizeof(float));  // one thread's
   void (*fn)(const Args&) = vec_ == 16 ? group_avx512 : vec_ == 8 ? group_avx2 : group_generic;
   // Each thread zeroes its plane once: the padding columns stay zero, stage() writes the rest.
 #pragma omp parallel if (items > 1)

@@ -41,9 +41,10 @@ class GroupedConv {
               const float* bias);
   // Bytes of scratch run() needs when called with up to `threads` OpenMP threads.
   int64_t scratch_bytes(int threads) const;
-  // x, residual (when the epilogue has one; may be y itself), y: float32 in the shape's layouts. `scratch`:
-  // scratch_bytes(threads) bytes, 64-byte aligned. Parallel over images and bands of output
-  // rows with the calling thread's OpenMP thread count (at most `threads` of scratch_bytes).
+  // x, residual (when the epilogue has one; may be y itself), y: float32 in the shape's
+  // layouts. `scratch`: scratch_bytes(threads) bytes, 64-byte aligned. Parallel over images and
+  // bands of output rows with the calling thread's OpenMP thread count (at most `threads` of
+  // scratch_bytes).
   void run(const float* x, const float* residual, float* y, void* scratch) const;
   // "avx512" / "avx2" / "generic": the vector code this CPU runs.
   const char* isa() const;
