@@ -27,9 +27,10 @@
 //
 // Float32 only, strides 1 and 2 (a stride-2 row is staged as two phases, even and odd input
 // columns, so that a run of output columns still reads contiguous staged columns), no
-// dilation; also ungrouped convolutions of at most 4 input channels (image stems: oneDNN's
-// kernels vectorize over input channels too, and EfficientNet-V2's 3 -> 24 stride-2 stem took
-// 0.72 ms a call, 6.5x its floor). It is not chosen by a rule:
+// dilation; also ungrouped convolutions of at most 4 input channels (image stems, where
+// oneDNN's kernels vectorize over input channels too; EfficientNet-V2's 3 -> 24 stride-2 stem
+// took 0.44-0.72 ms, 3.6-6.5x its floor, but its swish epilogue is not one this kernel takes,
+// and at about 45% of the FMA peak it would not win there). It is not chosen by a rule:
 // it is one more candidate of the measured convolution layout (Note [measured convolution
 // layout] in targets/cpu/onednn_lowering.cc), conv_layout "kiln-direct", timed beside oneDNN's
 // layouts with its reorders, for convolutions that oneDNN leaves more than 3x from their
@@ -39,7 +40,7 @@
 //
 // Tried and dropped: the three taps of a 3-wide filter from two aligned loads and two shifts
 // (valignd) instead of three loads that straddle cache lines, 0.29-0.34 -> 0.37-0.42 ms on
-// ResNeXt's 56x56 shape (NCHW, one thread, alternately in one session): on this CPU the
+// ResNeXt's 56x56 shape (NCHW, one thread, the two builds one after the other): on this CPU the
 // shifts take the port that the second FMA pipe uses. The compute runs at about 45% of the FMA
 // peak (0.29 ms for 29 MFLOP at best); the NHWC path adds its staging and stores (0.48-0.59).
 #include "kernels/grouped_conv.h"
