@@ -50,8 +50,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include <fmt/format.h>
-
 #include "core/error.h"
 
 namespace kiln::kernels {

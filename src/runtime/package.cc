@@ -77,6 +77,13 @@ bool onednn_channels_last(const json& desc) {
   return desc.contains("output") && cl(desc.at("output"));
 }
 
+// Whether a oneDNN node's descriptor runs Kiln's grouped convolution kernel (format version
+// 10: Note [Kiln grouped convolution] in kernels/grouped_conv.cc).
+bool onednn_kiln_conv(const json& desc) {
+  const auto it = desc.find("conv_layout");
+  return it != desc.end() && it->is_string() && *it == kernels::kKilnDirectLayout;
+}
+
 // Note [Filters stored KRSC at load] (runtime/launch_cuda.cc): the constants, by name, with
 // their slot and filter shape, that a CUDA package's load stores KRSC. Read from the manifest
 // before it is checked: anything malformed leaves the constant out (the checks that follow
@@ -505,7 +512,7 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     if (r.kind == "onednn" && onednn_channels_last(params.at("desc")))
       version = std::max(version, kChannelsLastFormatVersion);
     if (r.kind == "upsample") version = std::max(version, kUpsampleFormatVersion);
-    if (r.kind == "onednn" && params.at("desc").value("conv_layout", "") == kernels::kKilnDirectLayout)
+    if (r.kind == "onednn" && onednn_kiln_conv(params.at("desc")))
       version = std::max(version, kKilnGroupedConvFormatVersion);
     if (r.kind == "cudnn_sdpa" && params.at("desc").contains("o_stride"))
       version = std::max(version, kAttentionOutputFormatVersion);
@@ -1306,8 +1313,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
         if (out.format_version < kPrepackedFormatVersion && p.contains("prepacked"))
           throw std::out_of_range(fmt::format("{}: prepacked weights are unknown to format "
                                               "version {}", lw, out.format_version));
-        if (out.format_version < kKilnGroupedConvFormatVersion &&
-            p.at("desc").value("conv_layout", "") == kernels::kKilnDirectLayout)
+        if (out.format_version < kKilnGroupedConvFormatVersion && onednn_kiln_conv(p.at("desc")))
           throw std::out_of_range(fmt::format("{}: Kiln's grouped convolution kernel (conv_layout "
                                               "kiln-direct) is unknown to format version {}", lw,
                                               out.format_version));

@@ -18,9 +18,8 @@
 //        measurement moves them). Default measured.
 //   grouped_conv=measured|kiln|onednn  Kiln's grouped (and small-channel stem) convolution
 //        kernel (Note [Kiln grouped convolution] in kernels/grouped_conv.cc) as one more
-//        candidate where a convolution's
-//        layout is measured (measured), pinned wherever it takes the convolution (kiln: tests
-//        of its path), or never (onednn). Default measured.
+//        candidate where a convolution's layout is measured (measured), pinned wherever it
+//        takes the convolution (kiln: tests of its path), or never (onednn). Default measured.
 //   tf32=...   refused: CUDA's (Note [CUDA TF32]).
 //   gemv=generated|onednn  small linears (<= 2^15 multiply-adds) as generated GEMV reductions
 //        or oneDNN calls. Default generated.

@@ -362,10 +362,10 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
 // image) and the chunk's weights (as [tap][channel], float4 rows, zero-padded) in shared
 // memory, each thread issuing 8 loads before it stores them (so the staging waits for a few
 // round trips to memory, not one per element); each of its 256 threads then computes two
-// pixels, (row, col) and (row, col + 16), of every channel of the chunk: per tap, two input values from shared memory and the chunk's
-// weights as broadcast 16-byte reads, one fused multiply-add per pixel and channel (explicit
-// fmaf: the program is compiled without contraction). The sum runs over (channel, kh, kw) in
-// the reference's order, in float; bias, residual and relu follow in the epilogue's order
+// pixels, (row, col) and (row, col + 16), of every channel of the chunk: per tap, two input
+// values from shared memory and the chunk's weights as broadcast 16-byte reads, one fused
+// multiply-add per pixel and channel (explicit fmaf: the program is compiled without
+// contraction). The sum runs over (channel, kh, kw) in the reference's order, in float; bias, residual and relu follow in the epilogue's order
 // (Note [Fused epilogues]), and the result is rounded to the output dtype once. NaN propagates
 // (relu keeps NaN, as Kiln's relu). Only convolutions of at most 2^28 multiply-adds (ResNet-50's
 // stem at batch 1: 118M): beyond that cuDNN's tensor-core engines have the throughput, and the
