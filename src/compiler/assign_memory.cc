@@ -35,8 +35,18 @@ MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
                   fmt::format("compiler: parameter '%{}' has no data (IR text declares weights by "
                               "type only; load them before compiling)", val.name));
     // A cross-build keeps its constants on the host: they go into the package, not a device.
-    if (place_constants) val.data = target.place_constant(val.data);
-    m.constants.emplace_back(slot, val.data);
+    MemoryAssignment::Constant c{slot, val.data, ""};
+    if (place_constants) {
+      val.data = target.place_constant(val.data);
+      Tensor stored;
+      c.layout = lib.store_constant(ValueId(v), val.data, &stored);
+      c.data = c.layout.empty() ? val.data : std::move(stored);
+      if (!c.layout.empty() && (!c.data.defined() || c.data.nbytes() != val.data.nbytes()))
+        throw_error(ErrorKind::Internal,
+                    fmt::format("compiler: '%{}' stored in layout {} changed its size", val.name,
+                                c.layout));
+    }
+    m.constants.push_back(std::move(c));
     m.mem[v] = {slot++, 0};
   }
   for (size_t v = 0; v < g.values.size(); ++v) {

@@ -4,7 +4,8 @@
 // the fused kernel reads exactly what it writes, fused intermediates never stored, library
 // layouts at their own sizes), verifies the plan, and gives each value a MemRef: slot 0 is the
 // arena, then one slot per graph input, then one per parameter/constant, placed where the
-// target's kernels read them (Target::place_constant: contiguous, on its device). Virtual views
+// target's kernels read them (Target::place_constant: contiguous, on its device; in a library
+// kernel's own layout where LibraryKernels::store_constant says so). Virtual views
 // share their base's memory (kernels add the view offset themselves).
 //
 // Expects: the schedule of `g` and the view decisions it was made with. Guarantees: every value
@@ -12,6 +13,7 @@
 // (eager launches bind them); throws Internal if the planner disagrees with the view decisions.
 #pragma once
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,7 +27,12 @@ struct MemoryAssignment {
   MemoryPlan plan;
   std::vector<MemRef> mem;  // per value (slot -1: never read or written by a kernel)
   int num_slots = 1;
-  std::vector<std::pair<int, Tensor>> constants;  // slot -> placed tensor
+  struct Constant {
+    int slot = -1;
+    Tensor data;         // placed (Target::place_constant), in `layout`
+    std::string layout;  // "": as the graph has it; else LibraryKernels::store_constant's
+  };
+  std::vector<Constant> constants;
   // The slot of each execution context's status record (Note [Device status] in
   // runtime/executable.h): the last slot on devices, -1 on the CPU (whose kernels report through
   // their own records, Note [Indexed loads]).

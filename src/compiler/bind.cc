@@ -357,9 +357,9 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   const int64_t scratch_bytes = lib->scratch_bytes();
   exe->init(scratch_bytes > 0 ? scratch_offset + scratch_bytes : m.plan.arena_bytes, m.num_slots,
             target.device());
-  for (const auto& [slot, t] : m.constants) {
-    exe->keep_alive.push_back(std::make_shared<Tensor>(t));
-    exe->set_slot(slot, static_cast<char*>(t.raw_data()));
+  for (const MemoryAssignment::Constant& c : m.constants) {
+    exe->keep_alive.push_back(std::make_shared<Tensor>(c.data));
+    exe->set_slot(c.slot, static_cast<char*>(c.data.raw_data()));
   }
   exe->keep_alive.push_back(lib);
   if (loops.keep_alive) exe->keep_alive.push_back(loops.keep_alive);
@@ -370,14 +370,15 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   // those only the library kernels read (their records name them).
   std::vector<ValueId> slot_constant_values;  // the value of exe->constants[i], for those with a slot
   {
-    std::map<int, Tensor> by_slot(m.constants.begin(), m.constants.end());
+    std::map<int, const MemoryAssignment::Constant*> by_slot;
+    for (const MemoryAssignment::Constant& c : m.constants) by_slot[c.slot] = &c;
     std::set<std::string> named;
     for (size_t v = 0; v < g.values.size(); ++v) {
       const Value& val = g.values[v];
       if (val.kind != ValueKind::Param && val.kind != ValueKind::Const) continue;
       auto it = by_slot.find(m.mem[v].slot);
       if (it == by_slot.end()) continue;
-      exe->constants.push_back({val.name, it->first, it->second});
+      exe->constants.push_back({val.name, it->first, it->second->data, it->second->layout});
       slot_constant_values.push_back(ValueId(v));
       named.insert(val.name);
       by_slot.erase(it);
@@ -389,7 +390,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
         const Value& val = g.value(v);
         if ((val.kind == ValueKind::Param || val.kind == ValueKind::Const) &&
             named.insert(val.name).second)
-          exe->constants.push_back({val.name, -1, val.data});
+          exe->constants.push_back({val.name, -1, val.data, ""});
       }
     }
   }

@@ -112,6 +112,13 @@ class LibraryKernels {
   // targets/cpu/onednn_lowering.cc); empty for row-major. Only values that no view, graph
   // output, eager kernel or other library kernel reads may be given strides.
   virtual std::vector<int64_t> value_strides(ValueId) const { return {}; }
+  // A weight that the library kernels read in a layout of their own, stored in that layout
+  // instead of copied into it per execution context (CUDA: Note [Filters stored KRSC in
+  // process] in targets/cuda/target.cc). Given the placed tensor (Target::place_constant),
+  // returns the layout's name (Executable::ConstantSpec::layout) and sets *stored to the tensor
+  // that takes its slot (the same sizes and dtype, its bytes in that layout); "" keeps the
+  // constant as it is. assign_memory asks once per constant with a slot, before bind.
+  virtual std::string store_constant(ValueId, const Tensor&, Tensor*) const { return ""; }
   // Bytes of scratch memory the launches share (one region per execution context, used by one
   // launch at a time).
   virtual int64_t scratch_bytes() const = 0;

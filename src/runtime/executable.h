@@ -80,6 +80,10 @@ class Executable {
     std::string name;
     int32_t slot = -1;
     Tensor data;  // undefined for a slot -1 constant of a loaded CPU package (its nodes hold copies)
+    // "": data is laid out as the model has it. "krsc": a [K, C, R, S] filter whose data is
+    // [K][R][S][C] (CUDA channels-last convolutions: Note [Filters stored KRSC at load] in
+    // runtime/launch_cuda.cc); a package written from it stores it KCRS again.
+    std::string layout;
   };
   struct InputSpec {
     std::string name;

@@ -290,13 +290,6 @@ struct ConvState {
   const void* krsc_filter(const void* src) const;
 };
 
-// The filter shape of a convolution's descriptor (K: the filter's first dim).
-KrscFilter krsc_filter_of(const cuda::ConvDesc& d) {
-  const bool t = d.kind == cuda::ConvKind::Transpose;
-  return {t ? d.c_in : d.c_out, (t ? d.c_out : d.c_in) / d.groups, d.kh * d.kw,
-          dtype_size(d.dtype)};
-}
-
 // The filter as KRSC ([K][R][S][C]; dims [K, C, R, S] of the stored KCRS), copied once per
 // source buffer: a context is made off the run path, and the weights of a loaded executable do
 // not change (replacing them makes a new package, hence new launches).
@@ -1076,6 +1069,12 @@ Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> 
   return l;
 }
 
+KrscFilter krsc_filter_of(const cuda::ConvDesc& d) {
+  const bool t = d.kind == cuda::ConvKind::Transpose;
+  return {t ? d.c_in : d.c_out, (t ? d.c_out : d.c_in) / d.groups, d.kh * d.kw,
+          dtype_size(d.dtype)};
+}
+
 void KrscFilter::permute(const void* from_v, void* to_v) const {
   if (identity()) {
     std::memcpy(to_v, from_v, size_t(bytes()));
@@ -1091,6 +1090,28 @@ void KrscFilter::permute(const void* from_v, void* to_v) const {
       T* o = to + ki * c * rs;
       for (int64_t ci = 0; ci < c; ++ci)
         for (int64_t p = 0; p < rs; ++p) o[p * c + ci] = f[ci * rs + p];
+    }
+  };
+  if (elem_bytes == 2) go(uint16_t{});
+  else if (elem_bytes == 4) go(uint32_t{});
+  else if (elem_bytes == 8) go(uint64_t{});
+  else fail_kind(ErrorKind::Internal, "cuda: a {}-byte filter element", elem_bytes);
+}
+
+void KrscFilter::restore(const void* from_v, void* to_v) const {
+  if (identity()) {
+    std::memcpy(to_v, from_v, size_t(bytes()));
+    return;
+  }
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    const T* from = static_cast<const T*>(from_v);
+    T* to = static_cast<T*>(to_v);
+    for (int64_t ki = 0; ki < k; ++ki) {
+      const T* f = from + ki * c * rs;
+      T* o = to + ki * c * rs;
+      for (int64_t p = 0; p < rs; ++p)
+        for (int64_t ci = 0; ci < c; ++ci) o[ci * rs + p] = f[p * c + ci];
     }
   };
   if (elem_bytes == 2) go(uint16_t{});

@@ -166,8 +166,13 @@ struct KrscFilter {
   bool identity() const { return rs == 1 || c == 1; }
   // KCRS `from` -> KRSC `to` (host memory, bytes() each; a copy where identity()).
   void permute(const void* from, void* to) const;
+  // KRSC `from` -> KCRS `to`: permute undone (a package written from an executable that stores
+  // its filters KRSC: Note [Filters stored KRSC in process] in targets/cuda/target.cc).
+  void restore(const void* from, void* to) const;
   bool operator==(const KrscFilter&) const = default;
 };
+// The filter shape of a convolution's descriptor (K: the filter's first dim).
+KrscFilter krsc_filter_of(const cuda::ConvDesc& d);
 std::map<int32_t, KrscFilter> filters_to_store_krsc(const std::vector<LaunchRecord>& records,
                                                     const std::vector<int64_t>& constant_slots,
                                                     const std::vector<int32_t>& output_slots);

@@ -84,6 +84,20 @@ bool onednn_kiln_conv(const json& desc) {
   return it != desc.end() && it->is_string() && *it == kernels::kKilnDirectLayout;
 }
 
+// A constant the executable holds in a kernel's own layout, on the host, back in the layout
+// the model has it (what the package's weights hold): Note [Filters stored KRSC in process] in
+// targets/cuda/target.cc.
+Tensor weight_as_the_model_has_it(const Executable::ConstantSpec& c, Tensor host) {
+  if (c.layout != "krsc" || host.dim() != 4 || !host.is_contiguous())
+    fail_kind(ErrorKind::Internal, "package: constant '{}' is held in layout '{}', which the "
+              "writer cannot restore", c.name, c.layout);
+  const Dims& d = host.sizes();
+  const KrscFilter f{d[0], d[1], d[2] * d[3], dtype_size(host.dtype())};
+  Tensor out = Tensor::empty(d, host.dtype(), Device::cpu());
+  f.restore(host.raw_data(), out.raw_data());
+  return out;
+}
+
 // Note [Filters stored KRSC at load] (runtime/launch_cuda.cc): the constants, by name, with
 // their slot and filter shape, that a CUDA package's load stores KRSC. Read from the manifest
 // before it is checked: anything malformed leaves the constant out (the checks that follow
@@ -531,7 +545,9 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     if (c.slot == -1 && packed_uses.count(c.name) && !plain_uses.count(c.name)) {
       rec["prepacked"] = true;  // its data: the launches' entries only
     } else {
-      weights.emplace_back(c.name, c.data.device().is_cpu() ? c.data : c.data.to(Device::cpu()));
+      Tensor host = c.data.device().is_cpu() ? c.data : c.data.to(Device::cpu());
+      if (!c.layout.empty()) host = weight_as_the_model_has_it(c, std::move(host));
+      weights.emplace_back(c.name, std::move(host));
     }
     consts.push_back(std::move(rec));
   }
@@ -1107,7 +1123,8 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       }
       // A CPU constant without a slot is read only while its library node is built: the view
       // is dropped once the launches are (Note [CPU package weights]).
-      exe->constants.push_back({name, slot, it->second});
+      // Note [Filters stored KRSC at load]: those filters' data is KRSC.
+      exe->constants.push_back({name, slot, it->second, krsc_slots.count(slot) ? "krsc" : ""});
     }
     // Note [Package signature]: `symbols` (absent in packages before it: none) gives each named
     // dim's value; every named dim must be its symbol's value.

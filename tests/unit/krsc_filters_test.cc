@@ -102,5 +102,22 @@ TEST(KrscFilters, PermuteMovesEveryElementToItsKrscPlace) {
   }
 }
 
+// restore undoes permute (a package written from an executable that holds its filters KRSC
+// stores them KCRS: Note [Filters stored KRSC in process]), for every element size, and for
+// 1x1 / depthwise filters (identity: a copy).
+TEST(KrscFilters, RestoreUndoesPermute) {
+  std::mt19937 rng(8);
+  for (int64_t es : {2, 4, 8})
+    for (const KrscFilter f : {KrscFilter{6, 5, 9, es}, KrscFilter{4, 8, 1, es}, KrscFilter{3, 1, 25, es}}) {
+      const size_t bytes = size_t(f.bytes());
+      std::vector<uint8_t> from(bytes), krsc(bytes, 0), back(bytes, 0);
+      for (uint8_t& b : from) b = uint8_t(rng());
+      f.permute(from.data(), krsc.data());
+      if (!f.identity()) EXPECT_NE(krsc, from) << "a permutation that moved nothing";
+      f.restore(krsc.data(), back.data());
+      EXPECT_EQ(back, from) << "k " << f.k << " c " << f.c << " rs " << f.rs << " element size " << es;
+    }
+}
+
 }  // namespace
 }  // namespace kiln

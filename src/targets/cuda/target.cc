@@ -158,6 +158,9 @@ struct BuildFor {
   bool conv_nhwc = true;  // knob conv=auto|nchw: Note [CUDA convolution layouts]
   bool conv_fuse = true;  // knob conv_epilogue=fused|kernel (kernel: tests of the epilogue kernel)
   bool small_conv = true;  // knob stem_conv=direct|cudnn: Note [CUDA small-channel convolutions]
+  // knob filters=stored|copied: Note [Filters stored KRSC in process] (copied: a KRSC copy per
+  // execution context beside the KCRS constant, as before; for A/B runs of device memory)
+  bool store_filters = true;
   bool timed = false;     // knob kernels=heuristic|timed: Note [CUDA library kernels timed]
   bool tf32 = false;      // knob tf32=off|on: Note [CUDA TF32]
   // knob attention=auto|direct|simt (Note [CUDA attention]): direct never asks cuDNN; simt
@@ -189,6 +192,10 @@ BuildFor build_for(const Knobs& knobs) {
   if (stem != "direct" && stem != "cudnn")
     fail("cuda: knob stem_conv={} is not direct or cudnn", stem);
   b.small_conv = stem == "direct";
+  const std::string filters = knobs.get("filters", "stored");
+  if (filters != "stored" && filters != "copied")
+    fail("cuda: knob filters={} is not stored or copied", filters);
+  b.store_filters = filters == "stored";
   b.attention = knobs.get("attention", "auto");
   if (b.attention != "auto" && b.attention != "direct" && b.attention != "simt")
     fail("cuda: knob attention={} is not auto, direct or simt", b.attention);
@@ -434,6 +441,7 @@ struct LibNode {
   int64_t conv_x_at = -1, conv_r_at = -1, conv_y_at = -1;
   int64_t conv_ws_bytes = 0;  // the workspace region at the start of the scratch region
   std::vector<ConvKernel> conv_pre, conv_post;
+  ValueId conv_w = kNoValue;  // the filter (Note [Filters stored KRSC in process])
   // Sdpa: cuDNN's fused attention
   std::shared_ptr<SdpaPlan> sdpa;
   // Direct kernels (and the conv bias kernel): a kernel of the library program, with its
@@ -491,6 +499,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       if (failed < 0) break;
       excluded[size_t(failed)] = true;
     }
+    choose_stored_filters(g);
     timer_.release();  // the timing buffers are not needed past lowering
     if (!source.empty()) {
       CudaCompileRequest req = direct_program(
@@ -513,6 +522,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     return size_t(node) < nodes_.size() && nodes_[size_t(node)].kind != LibNode::Kind::None;
   }
   int64_t value_bytes(ValueId) const override { return -1; }
+  std::string store_constant(ValueId v, const Tensor& placed, Tensor* stored) const override;
   int64_t scratch_bytes() const override { return round_up_256(int64_t(scratch_)); }
   std::string describe(int32_t node) const override { return nodes_[size_t(node)].describe; }
   std::string why_not(int32_t node) const override {
@@ -582,8 +592,12 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
             to->push_back(std::move(cs));
             if (module_) loaded->push_back(&ck.kernel);
           }
-        // Channels-last convolutions read their filter as a KRSC copy of the weight.
-        return make_cudnn_conv_launch(d, ln.conv, b, k, d.layout == ConvLayout::NHWC);
+        // Channels-last convolutions read their filter KRSC: stored so (Note [Filters stored
+        // KRSC in process]) or as a copy each execution context is made with.
+        const bool nhwc = d.layout == ConvLayout::NHWC;
+        const bool stored = nhwc && ln.conv_w != kNoValue &&
+                            size_t(ln.conv_w) < krsc_stored_.size() && krsc_stored_[size_t(ln.conv_w)];
+        return make_cudnn_conv_launch(d, ln.conv, b, k, nhwc, stored);
       }
       case LibNode::Kind::Sdpa: {
         CudnnSdpaBuffers b{at(inputs, 0), at(inputs, 1), at(inputs, 2), at(outputs, 0), scratch, ws};
@@ -609,11 +623,16 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
                       const std::vector<bool>& excluded);
   void plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
   std::string plan_sdpa(const Graph& g, const Node& n, int32_t index, LibNode& ln);
+  void choose_stored_filters(const Graph& g);
 
   std::vector<LibNode> nodes_;
   std::vector<std::vector<Dims>> strides_;  // by node, by input: element strides of a view read in place
   std::vector<bool> nhwc_conv_;   // by node: computes channels-last
   std::vector<bool> nhwc_value_;  // by value: stored channels-last
+  // Note [Filters stored KRSC in process]: by value, the filter shape of a constant only
+  // channels-last convolutions read (k == 0: none), and whether store_constant stored it KRSC.
+  std::vector<KrscFilter> krsc_filter_;
+  mutable std::vector<bool> krsc_stored_;
   size_t scratch_ = 0;
   std::shared_ptr<const CompiledCubin> program_;
   BuildFor build_;
@@ -919,6 +938,72 @@ void CudaLibraryKernels::choose_layouts(const Graph& g, const std::vector<int32_
   }
 }
 
+// Note [Filters stored KRSC in process]
+// A channels-last convolution reads its filter KRSC. A package's load stores such filters KRSC
+// (Note [Filters stored KRSC at load] in runtime/launch_cuda.cc); an in-process executable
+// did not, and each execution context was made with a KRSC copy beside the KCRS constant
+// (ResNet-50 in bfloat16: 57 MiB beside the 57 MiB of its filters). Now the compile stores
+// them KRSC too: choose_stored_filters picks the weights whose every reader is a channels-last
+// cuDNN convolution reading them as its filter (no loop, eager or direct kernel, no graph
+// output, not 1x1 or depthwise, whose two layouts are the same bytes), and assign_memory puts
+// store_constant's permuted tensor in the constant's slot (Executable::ConstantSpec::layout
+// "krsc"). The graph's KCRS tensor goes with the compile's copy of the graph; where it is the
+// caller's own (a float32 compile that folds nothing), the caller keeps it, as before, and the
+// permuted tensor takes the place of the per-context copy. The launch's record still says
+// w_krsc (the filter as the model has it is KCRS): a package written from the executable
+// permutes these constants back (runtime/package.cc), so its bytes do not change.
+void CudaLibraryKernels::choose_stored_filters(const Graph& g) {
+  krsc_filter_.assign(g.values.size(), KrscFilter{});
+  krsc_stored_.assign(g.values.size(), false);
+  if (!build_.store_filters) return;
+  std::vector<bool> other_use(g.values.size(), false);
+  for (ValueId o : g.outputs) other_use[size_t(o)] = true;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const LibNode* ln = i < nodes_.size() ? &nodes_[i] : nullptr;
+    const bool nhwc_conv = ln && ln->kind == LibNode::Kind::Conv && ln->conv &&
+                           ln->conv->desc().layout == ConvLayout::NHWC;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const ValueId v = n.inputs[k];
+      if (v == kNoValue) continue;
+      if (!(nhwc_conv && k == 1)) {
+        other_use[size_t(v)] = true;
+        continue;
+      }
+      const KrscFilter f = krsc_filter_of(ln->conv->desc());
+      KrscFilter& seen = krsc_filter_[size_t(v)];
+      if (seen.k != 0 && !(seen == f)) other_use[size_t(v)] = true;  // two readings: keep it
+      seen = f;
+    }
+  }
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const Value& val = g.values[v];
+    KrscFilter& f = krsc_filter_[v];
+    const bool weight = val.kind == ValueKind::Param || val.kind == ValueKind::Const;
+    if (f.k == 0) continue;
+    if (!weight || other_use[v] || f.identity() || !val.data.defined() ||
+        int64_t(val.data.nbytes()) != f.bytes())
+      f = KrscFilter{};
+  }
+}
+
+std::string CudaLibraryKernels::store_constant(ValueId v, const Tensor& placed,
+                                               Tensor* stored) const {
+  if (size_t(v) >= krsc_filter_.size() || krsc_filter_[size_t(v)].k == 0) return "";
+  const KrscFilter& f = krsc_filter_[size_t(v)];
+  if (!placed.device().is_cuda() || !placed.is_contiguous() || int64_t(placed.nbytes()) != f.bytes())
+    return "";
+  const size_t bytes = size_t(f.bytes());
+  std::vector<char> kcrs(bytes), krsc(bytes);
+  cuda_memcpy(kcrs.data(), placed.raw_data(), bytes, CopyKind::DeviceToHost);
+  f.permute(kcrs.data(), krsc.data());
+  Tensor t = Tensor::empty(placed.sizes(), placed.dtype(), placed.device());
+  cuda_memcpy(t.raw_data(), krsc.data(), bytes, CopyKind::HostToDevice);
+  *stored = std::move(t);
+  krsc_stored_[size_t(v)] = true;
+  return "krsc";
+}
+
 void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                                    std::string& source) {
   const TensorType& xt = g.type(n.inputs[0]);
@@ -1006,6 +1091,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
       fail_kind(ErrorKind::Internal, "cuDNN's output shape disagrees with Kiln's inference");
   }
   ln.kind = LibNode::Kind::Conv;
+  ln.conv_w = n.inputs[1];
   const bool bias_left = bias && !d.bias, residual_left = residual && !d.residual;
   const bool relu_left = relu && !d.relu;
 
