@@ -224,10 +224,12 @@ TEST(CudaConvLayouts, ChannelsLastAndEpilogueKernelsMatchFloat32) {
 }
 
 // Note [Filters stored KRSC in process] (targets/cuda/target.cc): the 3x3 filters of resnet18's
-// channels-last convolutions are held KRSC in their constants' slots, so the first call makes no
-// KRSC copy (the allocator grows by the arena and the outputs only); 1x1 filters, the stem's
-// (the direct kernel reads KCRS) and every filter under conv=nchw stay as the model has them. The
-// copy each is compared with: the KCRS constant of the conv=nchw build, permuted on the host.
+// channels-last convolutions are held KRSC in their constants' slots, instead of a KRSC copy
+// beside each made with the execution context (at the end of the compile); 1x1 filters, the
+// stem's (the direct kernel reads KCRS) and every filter under conv=nchw stay as the model has
+// them. Each stored filter is compared with the KCRS constant of the conv=nchw build, permuted
+// on the host; the device memory a compile and first call keep is measured against the knob
+// filters=copied (the copies: at least the 3x3 filters' bytes more), and both give the same bits.
 TEST(CudaConvLayouts, FiltersAreStoredKrscInsteadOfCopiedPerContext) {
   TensorList model_inputs;
   std::vector<Graph> graphs = capture_zoo_graphs("resnet18", /*seed=*/12, &model_inputs);
@@ -238,12 +240,31 @@ TEST(CudaConvLayouts, FiltersAreStoredKrscInsteadOfCopiedPerContext) {
   o.precision = DType::BFloat16;
   compiler::Options nchw = o;
   nchw.knobs = compiler::parse_knobs("conv=nchw", "test");
+  compiler::Options copied_o = o;
+  copied_o.knobs = compiler::parse_knobs("filters=copied", "test");
   auto plain = compiler::compile(g, Device::cuda(0), nchw);
-  auto exe = compiler::compile(g, Device::cuda(0), o);
+  // What a compile and its first call leave allocated (weights, the context's arena and filter
+  // copies, the outputs).
+  auto compile_and_run = [&](const compiler::Options& opt, TensorList* out, size_t* grown) {
+    const size_t before = cuda_allocator_stats(0).allocated_bytes;
+    auto exe = compiler::compile(g, Device::cuda(0), opt);
+    *out = exe->run(in);
+    *grown = cuda_allocator_stats(0).allocated_bytes - before;
+    return exe;
+  };
+  TensorList got, got_copied;
+  size_t grown = 0, grown_copied = 0;
+  auto exe = compile_and_run(o, &got, &grown);
+  auto copied = compile_and_run(copied_o, &got_copied, &grown_copied);
   std::map<std::string, Tensor> kcrs;
   for (const Executable::ConstantSpec& c : plain->executable().constants) {
     EXPECT_EQ(c.layout, "") << c.name << ": conv=nchw stores no filter KRSC";
     kcrs[c.name] = c.data;
+  }
+  size_t filter_bytes = 0;
+  for (const Executable::ConstantSpec& c : copied->executable().constants) {
+    EXPECT_EQ(c.layout, "") << c.name << ": filters=copied";
+    if (c.data.dim() == 4 && c.data.size(2) * c.data.size(3) == 9) filter_bytes += c.data.nbytes();
   }
   int stored = 0;
   for (const Executable::ConstantSpec& c : exe->executable().constants) {
@@ -260,28 +281,13 @@ TEST(CudaConvLayouts, FiltersAreStoredKrscInsteadOfCopiedPerContext) {
     EXPECT_EQ(test::first_byte_difference(c.data.to(Device::cpu()), want), "") << c.name;
   }
   EXPECT_EQ(stored, 16) << "resnet18's 3x3 convolutions past the stem\n" << exe->summary();
-  const CudaAllocatorStats before = cuda_allocator_stats(0);
-  TensorList got = exe->run(in);  // the first call makes the execution context
-  const CudaAllocatorStats after = cuda_allocator_stats(0);
-  const size_t grown = after.allocated_bytes - before.allocated_bytes;
-  EXPECT_LE(grown, size_t(exe->arena_bytes()) + (size_t(1) << 20))
-      << "the first call allocated more than its arena: KRSC copies?";
-  // The knob filters=copied: the copies are back, and this measurement sees them.
-  compiler::Options copied_o = o;
-  copied_o.knobs = compiler::parse_knobs("filters=copied", "test");
-  auto copied = compiler::compile(g, Device::cuda(0), copied_o);
-  size_t filter_bytes = 0;
-  for (const Executable::ConstantSpec& c : copied->executable().constants) {
-    EXPECT_EQ(c.layout, "") << c.name << ": filters=copied";
-    if (c.data.dim() == 4 && c.data.size(2) * c.data.size(3) == 9) filter_bytes += c.data.nbytes();
-  }
-  const CudaAllocatorStats before_copied = cuda_allocator_stats(0);
-  TensorList got_copied = copied->run(in);
-  const size_t grown_copied = cuda_allocator_stats(0).allocated_bytes - before_copied.allocated_bytes;
-  EXPECT_GE(grown_copied, filter_bytes) << "filters=copied: the first call made no KRSC copies";
-  std::printf("resnet18 bf16 first call: +%.1f MiB stored, +%.1f MiB copied (3x3 filters %.1f MiB)\n",
-              double(grown) / (1 << 20), double(grown_copied) / (1 << 20),
+  std::printf("resnet18 bf16 compile + first call keep %.1f MiB stored, %.1f MiB copied (3x3 "
+              "filters %.1f MiB)\n", double(grown) / (1 << 20), double(grown_copied) / (1 << 20),
               double(filter_bytes) / (1 << 20));
+  EXPECT_GT(filter_bytes, size_t(16) << 20) << "resnet18's 3x3 filters in bfloat16";
+  // The copies: the filters' bytes, within 1% (blocks are rounded to 256 bytes).
+  EXPECT_GE(grown_copied, grown + filter_bytes - filter_bytes / 100)
+      << "the copies were not where the test looks";
   EXPECT_EQ(test::first_byte_difference(got_copied[0], got[0]), "")
       << "the stored and the copied filters gave different outputs";
   TensorList want = plain->run(in);
