@@ -1075,50 +1075,39 @@ KrscFilter krsc_filter_of(const cuda::ConvDesc& d) {
           dtype_size(d.dtype)};
 }
 
-void KrscFilter::permute(const void* from_v, void* to_v) const {
-  if (identity()) {
-    std::memcpy(to_v, from_v, size_t(bytes()));
+namespace {
+// Each filter k's [C][RS] block transposed to [RS][C] (to_krsc) or back. Typed element moves (a
+// memcpy call per 2-byte element was most of a ResNet-50 load).
+template <bool to_krsc>
+void move_filter(const KrscFilter& f, const void* from_v, void* to_v) {
+  if (f.identity()) {
+    std::memcpy(to_v, from_v, size_t(f.bytes()));
     return;
   }
-  // Typed element moves (a memcpy call per 2-byte element was most of a ResNet-50 load).
   auto go = [&](auto tag) {
     using T = decltype(tag);
     const T* from = static_cast<const T*>(from_v);
     T* to = static_cast<T*>(to_v);
-    for (int64_t ki = 0; ki < k; ++ki) {
-      const T* f = from + ki * c * rs;
-      T* o = to + ki * c * rs;
+    const int64_t c = f.c, rs = f.rs;
+    for (int64_t ki = 0; ki < f.k; ++ki) {
+      const T* src = from + ki * c * rs;
+      T* dst = to + ki * c * rs;
       for (int64_t ci = 0; ci < c; ++ci)
-        for (int64_t p = 0; p < rs; ++p) o[p * c + ci] = f[ci * rs + p];
+        for (int64_t p = 0; p < rs; ++p) {
+          if constexpr (to_krsc) dst[p * c + ci] = src[ci * rs + p];
+          else dst[ci * rs + p] = src[p * c + ci];
+        }
     }
   };
-  if (elem_bytes == 2) go(uint16_t{});
-  else if (elem_bytes == 4) go(uint32_t{});
-  else if (elem_bytes == 8) go(uint64_t{});
-  else fail_kind(ErrorKind::Internal, "cuda: a {}-byte filter element", elem_bytes);
+  if (f.elem_bytes == 2) go(uint16_t{});
+  else if (f.elem_bytes == 4) go(uint32_t{});
+  else if (f.elem_bytes == 8) go(uint64_t{});
+  else fail_kind(ErrorKind::Internal, "cuda: a {}-byte filter element", f.elem_bytes);
 }
+}  // namespace
 
-void KrscFilter::restore(const void* from_v, void* to_v) const {
-  if (identity()) {
-    std::memcpy(to_v, from_v, size_t(bytes()));
-    return;
-  }
-  auto go = [&](auto tag) {
-    using T = decltype(tag);
-    const T* from = static_cast<const T*>(from_v);
-    T* to = static_cast<T*>(to_v);
-    for (int64_t ki = 0; ki < k; ++ki) {
-      const T* f = from + ki * c * rs;
-      T* o = to + ki * c * rs;
-      for (int64_t p = 0; p < rs; ++p)
-        for (int64_t ci = 0; ci < c; ++ci) o[ci * rs + p] = f[p * c + ci];
-    }
-  };
-  if (elem_bytes == 2) go(uint16_t{});
-  else if (elem_bytes == 4) go(uint32_t{});
-  else if (elem_bytes == 8) go(uint64_t{});
-  else fail_kind(ErrorKind::Internal, "cuda: a {}-byte filter element", elem_bytes);
-}
+void KrscFilter::permute(const void* from, void* to) const { move_filter<true>(*this, from, to); }
+void KrscFilter::restore(const void* from, void* to) const { move_filter<false>(*this, from, to); }
 
 std::map<int32_t, KrscFilter> filters_to_store_krsc(const std::vector<LaunchRecord>& records,
                                                     const std::vector<int64_t>& constant_slots,
