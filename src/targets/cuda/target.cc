@@ -942,7 +942,8 @@ void CudaLibraryKernels::choose_layouts(const Graph& g, const std::vector<int32_
 // A channels-last convolution reads its filter KRSC. A package's load stores such filters KRSC
 // (Note [Filters stored KRSC at load] in runtime/launch_cuda.cc); an in-process executable
 // did not, and each execution context was made with a KRSC copy beside the KCRS constant
-// (ResNet-50 in bfloat16: 57 MiB beside the 57 MiB of its filters). Now the compile stores
+// (ResNet-50's 3x3 filters: 21.6 MiB in bfloat16, 43.2 in float32, measured on an H100). Now
+// the compile stores
 // them KRSC too: choose_stored_filters picks the weights whose every reader is a channels-last
 // cuDNN convolution reading them as its filter (no loop, eager or direct kernel, no graph
 // output, not 1x1 or depthwise, whose two layouts are the same bytes), and assign_memory puts
