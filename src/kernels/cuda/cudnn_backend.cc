@@ -24,11 +24,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -462,40 +459,18 @@ void GraphPlans::reset() {
   graph_.reset();
 }
 
-// Note [cuDNN candidates finalized in parallel]
-// Timing a convolution's engines (max-autotune, kernels=timed) finalizes every candidate the
-// heuristics propose, and a runtime-fusion candidate compiles its kernels as it is finalized
-// (270-670 ms each on the H100, Note [Serialized cuDNN plans]): serially, most of resnet50's
-// 29 s max-autotune compile. The candidates are independent descriptors on one handle, which a
-// package's load already finalizes from several threads (Note [cuDNN plans built beside each
-// other]), so finalize_pending(all) runs them on up to cudnn_build_threads() threads and keeps
-// them in the heuristics' order (the engine index of a candidate, its timing order and so the
-// choice do not depend on the threads). KILN_CUDNN_BUILD_THREADS sets the count (1: serial).
-int cudnn_build_threads() {
-  static const int n = [] {
-    if (const char* v = std::getenv("KILN_CUDNN_BUILD_THREADS"); v && *v) {
-      char* end = nullptr;
-      const long k = std::strtol(v, &end, 10);
-      if (end && *end == '\0' && k >= 1 && k <= 64) return int(k);
-      fail_kind(ErrorKind::InvalidArgument, "KILN_CUDNN_BUILD_THREADS='{}' is not a thread count "
-                "from 1 to 64", v);
-    }
-    return int(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
-  }();
-  return n;
-}
-
 void GraphPlans::finalize_pending(bool all, std::vector<std::string>* rejected) const {
-  // Finalizes pending_[i]; the candidate, or why it does not build.
-  auto finalize_one = [&](size_t i, std::optional<PlanCandidate>* out, std::string* why) {
+  size_t i = 0;
+  for (; i < pending_.size(); ++i) {
     Pending& p = pending_[i];
     Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, what_);
     plan.set_handle(kPlanHandleAttribute, handle_);
     plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, p.config);
     if (const int s = plan.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
-      *why = fmt::format("{} does not build ({})", p.tag,
-                         api_or_null().get_error_string(cudnnStatus_t(s)));
-      return;
+      if (rejected)
+        rejected->push_back(fmt::format("{} does not build ({})", p.tag,
+                                        api_or_null().get_error_string(cudnnStatus_t(s))));
+      continue;
     }
     PlanCandidate c;
     c.workspace_bytes = size_t(plan.get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
@@ -503,51 +478,13 @@ void GraphPlans::finalize_pending(bool all, std::vector<std::string>* rejected) 
     c.engine = p.engine;
     c.tag = p.tag;
     c.tensor_cores = p.tensor_cores;
-    out->emplace(std::move(c));
-  };
-  const size_t n = pending_.size();
-  const size_t threads = all ? std::min<size_t>(size_t(cudnn_build_threads()), n) : 1;
-  if (threads <= 1) {
-    size_t i = 0;
-    for (; i < n; ++i) {
-      std::optional<PlanCandidate> c;
-      std::string why;
-      finalize_one(i, &c, &why);
-      if (!c) {
-        if (rejected) rejected->push_back(std::move(why));
-        continue;
-      }
-      candidates_.push_back(std::move(*c));
-      if (!all) {
-        ++i;
-        break;
-      }
+    candidates_.push_back(std::move(c));
+    if (!all) {
+      ++i;
+      break;
     }
-    pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(i));
-    return;
   }
-  std::vector<std::optional<PlanCandidate>> built(n);
-  std::vector<std::string> why(n);
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      try {
-        finalize_one(i, &built[i], &why[i]);
-      } catch (const std::exception& e) {
-        why[i] = fmt::format("{} does not build ({})", pending_[i].tag, e.what());
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (size_t t = 0; t + 1 < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  for (size_t i = 0; i < n; ++i) {
-    if (built[i]) candidates_.push_back(std::move(*built[i]));
-    else if (rejected) rejected->push_back(std::move(why[i]));
-  }
-  pending_.clear();
+  pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(i));
 }
 
 // Note [Serialized cuDNN plans]
