@@ -365,11 +365,12 @@ void plan_conv_kernel(const Graph& g, const Node& n, int64_t max_blocks, DirectK
 // pixels, (row, col) and (row, col + 16), of every channel of the chunk: per tap, two input
 // values from shared memory and the chunk's weights as broadcast 16-byte reads, one fused
 // multiply-add per pixel and channel (explicit fmaf: the program is compiled without
-// contraction). The sum runs over (channel, kh, kw) in the reference's order, in float; bias, residual and relu follow in the epilogue's order
-// (Note [Fused epilogues]), and the result is rounded to the output dtype once. NaN propagates
-// (relu keeps NaN, as Kiln's relu). Only convolutions of at most 2^28 multiply-adds (ResNet-50's
-// stem at batch 1: 118M): beyond that cuDNN's tensor-core engines have the throughput, and the
-// call is no longer bound by its latency. A cross-build needs no cuDNN for such a convolution.
+// contraction). The sum runs over (channel, kh, kw) in the reference's order, in float; bias,
+// residual and relu follow in the epilogue's order (Note [Fused epilogues]), and the result is
+// rounded to the output dtype once. NaN propagates (relu keeps NaN, as Kiln's relu). Only
+// convolutions of at most 2^28 multiply-adds (ResNet-50's stem at batch 1: 118M): beyond that
+// cuDNN's tensor-core engines have the throughput, and the call is no longer bound by its
+// latency. A cross-build needs no cuDNN for such a convolution.
 //
 // A first version (one pixel of 16 channels per thread, the weights read one float at a time)
 // lost to cuDNN: vfe f32 reduce-overhead went from 29.2-29.6 to 38.1-38.5 us a call on an H100
