@@ -1126,6 +1126,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       // Note [Filters stored KRSC at load]: those filters' data is KRSC.
       exe->constants.push_back({name, slot, it->second, krsc_slots.count(slot) ? "krsc" : ""});
     }
+    phase("constants");  // (CPU: the copies of those with a slot)
     // Note [Package signature]: `symbols` (absent in packages before it: none) gives each named
     // dim's value; every named dim must be its symbol's value.
     std::map<std::string, int64_t> symbols;
