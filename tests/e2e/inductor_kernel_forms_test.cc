@@ -255,3 +255,98 @@ TEST(InductorTiledTransposes, WholeTilesOfPlainCopiesGoThroughRegisters) {
   }
   EXPECT_GE(dump.count("kn_transpose16(L"), 6) << "dumped sources in " << dump.path;
 }
+
+// Pointwise kernels whose innermost dim is shorter than a vector run their lanes across several
+// innermost dims taken as one (Note [flattened lanes]): msda's sampling offsets (a strided slice
+// of a linear's output read through a gather, per-level normalizers of period 2 gathered, the
+// reference points broadcast over the middle dims), a slice whose rows are 8 consecutive floats
+// (two 8-float loads per 16 lanes), bfloat16 read and stored beside gathered float32 values
+// rounded to bfloat16, a space whose every dim is
+// flattened (the parallel flat loop), and one that no flattening fits ([64, 5, 3]: no carry-free
+// split at 16 lanes), which keeps the scalar kernel. Each output against the float64 reference
+// and bitwise against the kernels of `flat=off`, at both vector widths, with a NaN that must
+// reach exactly its own output.
+TEST(InductorFlattenedLanes, ShortInnermostDimsMatchTheReferenceAndTheUnflattenedKernels) {
+  Graph g;
+  g.name = "flat_lanes";
+  ValueId lin = g.add_input("lin", TensorType(f32, Shape{40, 8, 4, 8}));
+  ValueId norm = g.add_input("norm", TensorType(f32, Shape{2}));
+  ValueId ref = g.add_input("ref", TensorType(f32, Shape{40, 1, 1, 2}));
+  ValueId rows = g.add_input("rows", TensorType(f32, Shape{40, 8, 12}));
+  ValueId xb = g.add_input("xb", TensorType(bf16, Shape{40, 8, 4, 2}));
+  ValueId sb = g.add_input("sb", TensorType(bf16, Shape{40, 1, 1, 1}));
+  ValueId odd = g.add_input("odd", TensorType(f32, Shape{64, 5, 3}));
+  ValueId odd_b = g.add_input("odd_b", TensorType(f32, Shape{3}));
+  ValueId tall = g.add_input("tall", TensorType(f32, Shape{8192, 2}));
+  ValueId tall_b = g.add_input("tall_b", TensorType(f32, Shape{2}));
+  auto slice = [&](ValueId v, int64_t dim, int64_t a, int64_t b, const char* name) {
+    return g.add_node1(OpId::Slice, {v}, {{"dim", dim}, {"start", a}, {"end", b}, {"step", int64_t(1)}}, name);
+  };
+  auto k = [&](double x, DType d, const char* name) { return g.add_const(Tensor::scalar(x, d), name); };
+  ValueId off = slice(lin, 3, 0, 2, "offsets");
+  ValueId loc = g.add_node1(OpId::Add, {ref, g.add_node1(OpId::Div, {off, norm}, {}, "normalized")}, {}, "loc");
+  ValueId grid = g.add_node1(OpId::Sub, {g.add_node1(OpId::Mul, {loc, k(2, f32, "two")}, {}, "twice"),
+                                         k(1, f32, "one")}, {}, "grid");
+  ValueId runs = g.add_node1(OpId::Relu, {g.add_node1(OpId::Mul, {slice(rows, 2, 0, 8, "first8"),
+                                                                  k(3, f32, "three")}, {}, "x3")}, {}, "runs");
+  // bfloat16 read contiguously, a broadcast bfloat16 scale, and the float32 offsets over the
+  // normalizers (both gathered) rounded to bfloat16 in the kernel; stored as bfloat16.
+  ValueId off16 = g.add_node1(OpId::Cast, {g.add_node1(OpId::Div, {off, norm}, {}, "normalized16")},
+                              {{"dtype", bf16}}, "off16");
+  ValueId scaled = g.add_node1(OpId::Add, {g.add_node1(OpId::Mul, {xb, sb}, {}, "xs"), off16}, {}, "scaled");
+  ValueId odd_y = g.add_node1(OpId::Add, {odd, odd_b}, {}, "odd_y");
+  ValueId tall_y = g.add_node1(OpId::Div, {tall, tall_b}, {}, "tall_y");
+  g.outputs = {grid, runs, scaled, odd_y, tall_y};
+
+  for (const char* vec : {"512", "256"}) {
+    SCOPED_TRACE(std::string("vec ") + vec);
+    DumpDir flat_dump(std::string("kiln_flat_lanes_") + vec);
+    compiler::Options on;
+    on.knobs.set("vec", vec);
+    auto flat = compiler::compile(g, Device::cpu(), on);
+    const int flattened = flat_dump.count("Note [flattened lanes])");
+    DumpDir plain_dump(std::string("kiln_flat_lanes_off_") + vec);
+    compiler::Options off_opts = on;
+    off_opts.knobs.set("flat", "off");
+    auto plain = compiler::compile(g, Device::cpu(), off_opts);
+    // grid, runs, scaled and tall_y flattened (fused or not, at least one kernel each way);
+    // odd_y never: its flat index has no carry-free split.
+    EXPECT_GE(flattened, 1) << "dumped sources in " << flat_dump.path;
+    EXPECT_EQ(plain_dump.count("Note [flattened lanes])"), 0);
+    int simd = 0;
+    for (const std::string& s : flat->report().kernels) simd += s.find(", SIMD]") != std::string::npos;
+    EXPECT_GE(simd, 4) << flat->summary();
+    for (uint64_t seed : {811u, 812u}) {
+      Generator gen(seed);
+      TensorList in;
+      for (ValueId v : g.inputs) {
+        Tensor t = Tensor::randn(dims_of(g, v), gen, f32);
+        if (v == norm || v == tall_b) t = Tensor::rand(dims_of(g, v), gen, 0.5, 2.0, f32);  // away from 0
+        in.push_back(t.to(g.type(v).dtype));
+      }
+      // NaN in one offset (lin[7, 3, 2, 1]) and one row element (rows[5, 6, 4]).
+      in[0].data<float>()[((7 * 8 + 3) * 4 + 2) * 8 + 1] = std::numeric_limits<float>::quiet_NaN();
+      in[3].data<float>()[(5 * 8 + 6) * 12 + 4] = std::numeric_limits<float>::quiet_NaN();
+      TensorList in64;
+      for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+      TensorList want = run(test::as_float64(g), in64), got = flat->run(in), got_plain = plain->run(in);
+      ASSERT_EQ(got.size(), 5u);
+      for (size_t o = 0; o < got.size(); ++o) {
+        const test::Tolerance tol = o == 2 ? test::Tolerance::rel(1e-2, 1e-2) : test::Tolerance::rel(1e-5, 1e-5);
+        test::Comparison cmp = test::compare(got[o], want[o], tol);
+        EXPECT_TRUE(cmp.ok()) << "output " << o << " seed " << seed << ": " << cmp.str() << "\n" << flat->summary();
+        EXPECT_EQ(test::first_byte_difference(got[o], got_plain[o]), "") << "output " << o << " differs from flat=off";
+      }
+      // Each NaN reached its own output element and no other.
+      auto nans = [](const Tensor& t) {
+        Tensor d = t.to(DType::Float64);
+        std::vector<int64_t> at;
+        for (int64_t i = 0; i < d.numel(); ++i)
+          if (std::isnan(d.data<double>()[i])) at.push_back(i);
+        return at;
+      };
+      EXPECT_EQ(nans(got[0]), (std::vector<int64_t>{((7 * 8 + 3) * 4 + 2) * 2 + 1}));
+      EXPECT_EQ(nans(got[1]), (std::vector<int64_t>{(5 * 8 + 6) * 8 + 4}));
+    }
+  }
+}

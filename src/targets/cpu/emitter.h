@@ -29,6 +29,9 @@ struct CpuCodegenOptions {
   // one accumulator is bound by the add latency, several overlap (the reduction's "tile"); the
   // lanes are combined in another order, so results round differently.
   int reduce_unroll = 1;
+  // Note [flattened lanes] (emitter.cc): pointwise kernels whose innermost dim is shorter than a
+  // vector run their lanes across several innermost dims (knob `flat=off`: the scalar form).
+  bool flatten_lanes = true;
   // Tests only: a kernel whose name contains this gets a compile error (checks that errors in
   // generated code name the kernel and that capture falls back to eager).
   std::string inject_error_into;

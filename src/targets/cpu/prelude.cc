@@ -150,6 +150,13 @@ template <typename F> static inline float kn_lanes(VF a, F f) {
 // ok[l] has `bit` (masked-off lanes read nothing); NaN where ok[l] has 16.
 static inline void vst_i32(int* p, VF a) { _mm512_storeu_si512((void*)p, _mm512_cvttps_epi32(a.v)); }
 static inline VF vld_if(int c, const float* p) { return {_mm512_maskz_loadu_ps((__mmask16)(-c), p)}; }
+// Note [flattened lanes] (emitter.cc): lane l reads base[offs[l]]; lanes 0-7 from p, 8-15 from p + j.
+static inline VF vgather(const float* base, const int* offs) {
+  return {_mm512_i32gather_ps(_mm512_loadu_si512((const void*)offs), base, 4)};
+}
+static inline VF vld_runs8(const float* p, i64 j) {
+  return {_mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p)), _mm256_loadu_ps(p + j), 1)};
+}
 static inline VF vgather_tap(const float* base, const int* idx, const int* ok, int bit) {
   const __mmask16 m = _mm512_test_epi32_mask(_mm512_loadu_si512((const void*)ok), _mm512_set1_epi32(bit));
   return {_mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, _mm512_loadu_si512((const void*)idx), base, 4)};
@@ -274,6 +281,10 @@ static inline void kn_transpose16(const float* s, i64 ss, float* d, i64 ds) {
 }
 static inline void vst_i32(int* p, VF a) { _mm256_storeu_si256((__m256i*)p, _mm256_cvttps_epi32(a.v)); }
 static inline VF vld_if(int c, const float* p) { return {_mm256_maskload_ps(p, _mm256_set1_epi32(-c))}; }
+static inline VF vgather(const float* base, const int* offs) {
+  return {_mm256_i32gather_ps(base, _mm256_loadu_si256((const __m256i*)offs), 4)};
+}
+static inline VF vld_runs8(const float* p, i64) { return {_mm256_loadu_ps(p)}; }
 static inline VF vgather_tap(const float* base, const int* idx, const int* ok, int bit) {
   const __m256i b = _mm256_set1_epi32(bit);
   const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_loadu_si256((const __m256i*)ok), b), b);

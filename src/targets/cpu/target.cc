@@ -223,6 +223,9 @@ class CpuTarget final : public compiler::Target {
     co.reduce_unroll = std::atoi(unroll.c_str());
     if (co.reduce_unroll < 1 || co.reduce_unroll > 16)
       fail("cpu target: knob unroll expected 1..16, found '{}'", unroll);
+    const std::string flat = knobs.get("flat", "on");
+    if (flat != "on" && flat != "off") fail("cpu target: knob flat expected on or off, found '{}'", flat);
+    co.flatten_lanes = flat == "on";
     co.inject_error_into = options.inject_error_into;
     CpuUnit unit = generate_cpu(g, s, mem, g.name, co);
 
