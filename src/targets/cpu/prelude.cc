@@ -155,7 +155,9 @@ static inline VF vgather(const float* base, const int* offs) {
   return {_mm512_i32gather_ps(_mm512_loadu_si512((const void*)offs), base, 4)};
 }
 static inline VF vld_runs8(const float* p, i64 j) {
-  return {_mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p)), _mm256_loadu_ps(p + j), 1)};
+  // (insertf64x4 on the bits: AVX-512F alone, where insertf32x8 needs AVX-512DQ)
+  const __m512d lo = _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(p)));
+  return {_mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_loadu_ps(p + j)), 1))};
 }
 static inline VF vgather_tap(const float* base, const int* idx, const int* ok, int bit) {
   const __mmask16 m = _mm512_test_epi32_mask(_mm512_loadu_si512((const void*)ok), _mm512_set1_epi32(bit));
