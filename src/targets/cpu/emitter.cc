@@ -894,19 +894,18 @@ bool KernelEmitter::find_flat_lanes() {
   if (g < 2 || P > (int64_t(1) << 16)) return false;
   flat_dims_ = g;
   flat_points_ = P;
-  // No carry out of the lanes at either vector width (8 or 16 floats).
+  // No carry out of the lanes at either vector width (8 or 16 floats): every coordinate of
+  // f0 + l is f0's plus l's (flat_coords, per dim, without its vectors: up to 2^17 points).
   for (int64_t W : {8, 16})
-    for (int64_t f0 = 0; f0 < P; f0 += W) {
-      const std::vector<int64_t> base = flat_coords(f0);
-      for (int64_t l = 0; l < W; ++l) {
-        const std::vector<int64_t> c = flat_coords(f0 + l), lc = flat_coords(l);
-        for (int j = 0; j < g; ++j)
-          if (c[size_t(j)] != base[size_t(j)] + lc[size_t(j)]) {
+    for (int64_t f0 = 0; f0 < P; f0 += W)
+      for (int64_t l = 0; l < W; ++l)
+        for (int64_t d = r - 1, radix = 1; d >= r - g; radix *= k_.sizes[size_t(d)], --d) {
+          const int64_t e = k_.sizes[size_t(d)];
+          if ((f0 + l) / radix % e != f0 / radix % e + l / radix % e) {
             flat_dims_ = 0;
             return false;
           }
-      }
-    }
+        }
   bool ok = true;
   for (const Access& a : k_.loads) ok = ok && flat_read(a) != FlatRead::None;
   for (const lower::LoopStore& st : k_.stores)

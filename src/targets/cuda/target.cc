@@ -940,19 +940,18 @@ void CudaLibraryKernels::choose_layouts(const Graph& g, const std::vector<int32_
 
 // Note [Filters stored KRSC in process]
 // A channels-last convolution reads its filter KRSC. A package's load stores such filters KRSC
-// (Note [Filters stored KRSC at load] in runtime/launch_cuda.cc); an in-process executable
-// did not, and each execution context was made with a KRSC copy beside the KCRS constant
-// (ResNet-50's 3x3 filters: 21.6 MiB in bfloat16, 43.2 in float32, measured on an H100). Now
-// the compile stores
-// them KRSC too: choose_stored_filters picks the weights whose every reader is a channels-last
-// cuDNN convolution reading them as its filter (no loop, eager or direct kernel, no graph
-// output, not 1x1 or depthwise, whose two layouts are the same bytes), and assign_memory puts
-// store_constant's permuted tensor in the constant's slot (Executable::ConstantSpec::layout
-// "krsc"). The graph's KCRS tensor goes with the compile's copy of the graph; where it is the
-// caller's own (a float32 compile that folds nothing), the caller keeps it, as before, and the
-// permuted tensor takes the place of the per-context copy. The launch's record still says
-// w_krsc (the filter as the model has it is KCRS): a package written from the executable
-// permutes these constants back (runtime/package.cc), so its bytes do not change.
+// (Note [Filters stored KRSC at load] in runtime/launch_cuda.cc); an in-process executable did not,
+// and each execution context was made with a KRSC copy beside the KCRS constant (ResNet-50's 3x3
+// filters: 21.6 MiB in bfloat16, 43.2 in float32, measured on an H100). Now the compile stores them
+// KRSC too: choose_stored_filters picks the weights whose every reader is a channels-last cuDNN
+// convolution reading them as its filter (no loop, eager or direct kernel, no graph output, not 1x1
+// or depthwise, whose two layouts are the same bytes), and assign_memory puts store_constant's
+// permuted tensor in the constant's slot (Executable::ConstantSpec::layout "krsc"). The graph's
+// KCRS tensor goes with the compile's copy of the graph; where it is the caller's own (a float32
+// compile that folds nothing), the caller keeps it, as before, and the permuted tensor takes the
+// place of the per-context copy. The launch's record still says w_krsc (the filter as the model has
+// it is KCRS): a package written from the executable permutes these constants back
+// (runtime/package.cc), so its bytes do not change.
 void CudaLibraryKernels::choose_stored_filters(const Graph& g) {
   krsc_filter_.assign(g.values.size(), KrscFilter{});
   krsc_stored_.assign(g.values.size(), false);
