@@ -120,6 +120,7 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
 
   t1 = std::chrono::steady_clock::now();
   lower::ScheduleOptions so = schedule_options(choice, opt);              // 5. schedule
+  so.grid_sums_channels_inner = policy.grid_sums_channels_inner;
   so.extern_nodes.assign(g.nodes.size(), false);
   for (int32_t i : copied.library_nodes) so.extern_nodes[size_t(i)] = lib->lowered(i);
   so.value_strides.resize(g.values.size());
@@ -315,10 +316,12 @@ std::unique_ptr<CompiledExecutable> compile(const Graph& graph, Device device,
 
 std::string describe_schedule(const Graph& g, const Target& target, bool fuse) {
   std::vector<bool> view_is_copy = lower::planned_view_copies(g);
-  KernelChoice choice = choose_kernels(g, target, target.policy(Knobs{}));
+  const SchedulePolicy policy = target.policy(Knobs{});
+  KernelChoice choice = choose_kernels(g, target, policy);
   Options o;
   o.fuse = fuse;
   lower::ScheduleOptions so = schedule_options(choice, o);
+  so.grid_sums_channels_inner = policy.grid_sums_channels_inner;
   // Every library candidate as an extern step, without asking the library.
   so.extern_nodes = choice.library;
   lower::Schedule s = lower::schedule(g, view_is_copy, so);

@@ -253,6 +253,8 @@ class Scheduler {
   // Where v's elements are: a stored value's own strides (ScheduleOptions::value_strides, else
   // row-major), a view's composed over its base.
   ViewGeometry geometry(ValueId v) const;
+  // Note [grid sums stored channels innermost]: sets their strides; whether any changed.
+  bool choose_grid_sum_layouts();
 
   const Graph& g_;
   const std::vector<bool>& view_is_copy_;
@@ -508,7 +510,98 @@ Schedule Scheduler::run() {
     if (groups_[gi].nodes.size() > 1) s_.fused_nodes += int(groups_[gi].nodes.size());
     s_.loops.push_back(std::move(k));
   }
+  // Note [grid sums stored channels innermost]: the kernels again, with those values' strides.
+  if (opt_.grid_sums_channels_inner && choose_grid_sum_layouts())
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      LoopKernel k;
+      build_kernel(groups_[gi], &k);
+      s_.loops[size_t(s_.steps[size_t(groups_[gi].step)].loop)] = std::move(k);
+    }
   return std::move(s_);
+}
+
+// Note [grid sums stored channels innermost]
+// msda's sampling kernels (a reduction over the points of grid_sample taps, weighted: the Reduce
+// form of Note [grid_sample tap tables] in targets/cpu/emitter.cc) sum a tile of queries for
+// every channel, the channels being the dim the sampled source is contiguous along. Their
+// results are [head, channel, query] as the model writes them, so the tile's sums were stored
+// one 16-query run per channel, 2,500 floats apart, and the next level's kernel read them back
+// the same way as the running sum: perf put a quarter of the kernels' time in those stores and
+// loads, and a copy of such a kernel whose sums were stored contiguously ran 1.02 -> 0.69 ms.
+// So where such a kernel stores a sum that nothing but reductions' epilogues read (the next
+// level's running sum: not a graph output, never read through a view, by a library or by an
+// eager kernel), the value is stored with that channel dim innermost and its other dims in
+// their order (the memory order, not the value's shape, changes: every kernel that reads or
+// writes it goes through these strides, as with the CPU's channels-last values). The kernels
+// are then built again. The last level's sum, which the model transposes for its output
+// projection, is read through a view and keeps row-major order.
+bool Scheduler::choose_grid_sum_layouts() {
+  const size_t nv = g_.values.size();
+  std::vector<bool> output(nv, false);
+  for (ValueId o : g_.outputs) output[size_t(o)] = true;
+  // Whether every reader of v is a node of a Reduce group reading it in the epilogue.
+  auto epilogue_reads_only = [&](ValueId v) {
+    bool any = false;
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Node& n = g_.nodes[i];
+      if (std::find(n.inputs.begin(), n.inputs.end(), v) == n.inputs.end()) continue;
+      const int gi = node_group_[i];
+      if (gi < 0 || groups_[size_t(gi)].kind != LoopKind::Reduce || n.outputs.size() != 1 ||
+          level_[size_t(n.outputs[0])] != Level::Kept || op_def(n.op).is_view)
+        return false;
+      any = true;
+    }
+    return any;
+  };
+  bool changed = false;
+  for (const LoopKernel& k : s_.loops) {
+    if (k.kind != LoopKind::Reduce) continue;
+    const int kept = k.kept_dims();
+    // The grid_sample of the Reduce form, and the kept dim its source is contiguous along with
+    // coordinates that do not walk it.
+    int d = -1;
+    for (const LoopExpr& e : k.exprs) {
+      if (e.kind != LoopExpr::Kind::Indexed || e.op != OpId::GridSample || e.level != Level::Full)
+        continue;
+      for (int t = 0; t < kept && d < 0; ++t) {
+        bool fixed = k.loads[size_t(e.load)].strides[size_t(t)] == 1;
+        for (int a : e.args)
+          fixed = fixed && a >= 0 && k.exprs[size_t(a)].kind == LoopExpr::Kind::Load &&
+                  k.loads[size_t(k.exprs[size_t(a)].load)].strides[size_t(t)] == 0;
+        if (fixed) d = t;
+      }
+    }
+    if (d < 0) continue;
+    for (const LoopStore& st : k.stores) {
+      const ValueId v = st.access.value;
+      if (k.exprs[size_t(st.expr)].level != Level::Kept || st.access.offset != 0 ||
+          output[size_t(v)] || !s_.value_strides[size_t(v)].empty() || !epilogue_reads_only(v))
+        continue;
+      const Value& val = g_.value(v);
+      if (val.kind != ValueKind::NodeOutput || !concrete(val.type)) continue;
+      // The value's dim that iteration dim d walks: the one with its stride and size.
+      const Dims dims = dims_of(val.type), cs = contiguous_strides(dims);
+      int jd = -1, matches = 0;
+      for (size_t j = 0; j < dims.size(); ++j)
+        if (dims[j] > 1 && cs[j] == st.access.strides[size_t(d)] && dims[j] == k.sizes[size_t(d)]) {
+          jd = int(j);
+          ++matches;
+        }
+      if (matches != 1 || jd == int(dims.size()) - 1) continue;
+      // Strides for the order: every other dim as it was, then jd.
+      std::vector<int64_t> strides(dims.size());
+      int64_t step = dims[size_t(jd)];
+      strides[size_t(jd)] = 1;
+      for (size_t j = dims.size(); j-- > 0;)
+        if (int(j) != jd) {
+          strides[j] = step;
+          step *= dims[j];
+        }
+      s_.value_strides[size_t(v)] = std::move(strides);
+      changed = true;
+    }
+  }
+  return changed;
 }
 
 // ---- kernel construction -----------------------------------------------------------------------
@@ -536,7 +629,7 @@ ViewGeometry Scheduler::geometry(ValueId v) const {
     geo = s_.views[size_t(v)];
   } else {
     // A value stored in another order has its strides; a view of one has them composed.
-    bool ok = resolve_impl(g_, v, &view_is_copy_, &geo, &opt_.value_strides);
+    bool ok = resolve_impl(g_, v, &view_is_copy_, &geo, &s_.value_strides);
     KILN_ASSERT(ok);
   }
   return geo;
@@ -671,8 +764,8 @@ void Scheduler::build_kernel(const Group& gr, LoopKernel* k) {
     if (cls_[size_t(ni)] == NodeClass::ViewCopy) {
       bool rs = n.op == OpId::Reshape || n.op == OpId::Flatten;
       ViewGeometry geo;
-      bool ok = rs ? resolve_impl(g_, n.inputs[0], &view_is_copy_, &geo, &opt_.value_strides)
-                   : (resolve_impl(g_, n.inputs[0], &view_is_copy_, &geo, &opt_.value_strides) &&
+      bool ok = rs ? resolve_impl(g_, n.inputs[0], &view_is_copy_, &geo, &s_.value_strides)
+                   : (resolve_impl(g_, n.inputs[0], &view_is_copy_, &geo, &s_.value_strides) &&
                       apply_view(g_, n, 0, ViewGeometry(geo), &geo));
       KILN_ASSERT(ok);
       Access a;

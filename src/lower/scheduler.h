@@ -39,6 +39,10 @@ struct ScheduleOptions {
   // value stored in another order (LibraryKernels::value_strides). Kernels load and store it
   // through them; no view reads such a value.
   std::vector<std::vector<int64_t>> value_strides;
+  // Note [grid sums stored channels innermost] (scheduler.cc): a reduction over grid_sample
+  // taps whose sums only reductions' epilogues read stores them with the sampled channels
+  // innermost (a target's choice: SchedulePolicy::grid_sums_channels_inner).
+  bool grid_sums_channels_inner = false;
 };
 
 struct Schedule {

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/graph_inputs.h"
 #include "compiler/compile.h"
 #include "core/error.h"
 #include "ir/graph.h"
@@ -215,6 +216,106 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
   EXPECT_EQ(reduced, 8) << "dumped sources in " << dump;
   EXPECT_EQ(lanes, 8) << "dumped sources in " << dump;  // every Reduce form (C = 6: the tail only)
   EXPECT_EQ(gathers, 4) << "dumped sources in " << dump;  // every Pointwise form ([2, 5, 527])
+}
+
+// Note [grid sums stored channels innermost] (lower/scheduler.cc) and Note [grid taps per point]
+// (targets/cpu/emitter.cc): msda's chain of levels, each a grid_sample weighted and reduced over
+// its 4 points, each level's running sum read by the next level's epilogue; three levels (the
+// last a mean), 32 channels contiguous in x (whole 16- and 8-lane runs: the per-point form).
+// The two inner sums are stored channels innermost, the last (the graph's output) row-major.
+// Compiled with grid_sums=inner and =plain at both vector widths: each matches the float64
+// interpreter, and the layouts give the same bits. The grids hold NaN, infinite and far-outside
+// coordinates; the outputs they reach are NaN in the oracle and in every build.
+TEST(InductorIndexing, GridSumChainsStoreChannelsInnermostAndMatchTheReference) {
+  const std::string dump = ::testing::TempDir() + "kiln_grid_chain";
+  std::filesystem::remove_all(dump);
+  ::setenv("KILN_DUMP_CODE", dump.c_str(), 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("KILN_DUMP_CODE"); }
+  } unset;
+  const int64_t C = 32, Q = 19;
+  const std::pair<int64_t, int64_t> levels[] = {{9, 11}, {5, 7}, {3, 4}};
+  Graph g;
+  g.name = "grid_chain";
+  ValueId acc = kNoValue;
+  for (int l = 0; l < 3; ++l) {
+    ValueId x = g.add_input(fmt::format("x{}", l), TensorType(f32, Shape{2, levels[l].first, levels[l].second, C}));
+    ValueId grid = g.add_input(fmt::format("grid{}", l), TensorType(f32, Shape{2, Q, 4, 2}));
+    ValueId w = g.add_input(fmt::format("w{}", l), TensorType(f32, Shape{2, 1, Q, 4}));
+    ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, fmt::format("nchw{}", l));
+    ValueId sm = g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", l == 1}}, fmt::format("sample{}", l));
+    ValueId wt = g.add_node1(OpId::Mul, {sm, w}, {}, fmt::format("weigh{}", l));
+    ValueId red = g.add_node1(l == 2 ? OpId::Mean : OpId::Sum, {wt}, {{"dims", Ints{-1}}, {"keepdim", false}},
+                              fmt::format("level{}", l));
+    acc = acc == kNoValue ? red : g.add_node1(OpId::Add, {red, acc}, {}, fmt::format("run{}", l));
+  }
+  g.outputs = {acc};
+  // The layouts the scheduler chose ([2, 32, 19] sums: n, then the query, then the channel).
+  const std::string sched = compiler::describe_schedule(g, compiler::target_for(Device::cpu()));
+  EXPECT_NE(sched.find("-> %level0 strides [608, 1, 32, 0]"), std::string::npos) << sched;
+  EXPECT_NE(sched.find("-> %run1 strides [608, 1, 32, 0]"), std::string::npos) << sched;
+  EXPECT_NE(sched.find("-> %run2 strides [608, 19, 1, 0]"), std::string::npos) << sched;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (uint64_t seed : {41u, 42u}) {
+    Generator gen(seed);
+    TensorList in;
+    for (ValueId v : g.inputs) {
+      Dims d;
+      for (const SymInt& e : g.type(v).shape) d.push_back(e.value());
+      const std::string& name = g.value(v).name;
+      if (name.rfind("grid", 0) != 0) {
+        in.push_back(Tensor::randn(d, gen, f32));
+        continue;
+      }
+      in.push_back(Tensor::rand(d, gen, -1.3, 1.3, f32));
+      float* p = in.back().data<float>();
+      if (name == "grid0") p[5] = 30.0f, p[40] = nan, p[151] = -inf;
+      if (name == "grid1") p[77] = inf, p[200] = -1.0f, p[201] = 1.0f;
+      if (name == "grid2") p[9] = nan;
+    }
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    const Tensor want = run(test::as_float64(g), in64)[0];
+    // The two NaN coordinates (grid0's point 0 of query 5, grid2's of query 1, both in sample
+    // 0) make their 32 channels NaN; every other output is finite and they are not all zero.
+    int64_t non_finite = 0, zeros = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double v = want.data<double>()[i];
+      non_finite += !std::isfinite(v);
+      zeros += v == 0.0;
+    }
+    ASSERT_EQ(non_finite, 2 * C) << "the oracle's outputs";
+    ASSERT_LT(zeros, want.numel() / 10) << "the oracle's outputs";
+    Tensor first;
+    for (const char* vec : {"512", "256"})
+      for (const char* sums : {"inner", "plain"}) {
+        compiler::Options options;
+        options.knobs.set("vec", vec);
+        options.knobs.set("grid_sums", sums);
+        auto compiled = compiler::compile(g, Device::cpu(), options);
+        EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
+        Tensor got = compiled->run(in)[0];
+        EXPECT_TRUE(test::close(got, want, test::Tolerance::rel(1e-5, 1e-5)))
+            << "seed " << seed << " vec " << vec << " grid_sums " << sums << "\n" << compiled->summary();
+        if (std::string(sums) == "inner") {
+          first = got;
+        } else {
+          EXPECT_TRUE(test::close(got, first, test::Tolerance::exact()))
+              << "seed " << seed << " vec " << vec << ": the layouts gave different bits";
+        }
+      }
+  }
+  // The per-point form ran: every level's kernel, at both widths, both layouts.
+  int per_point = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dump)) {
+    std::ifstream in(f.path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (size_t at = text.find("VF vacc_[32 / KN_W];"); at != std::string::npos;
+         at = text.find("VF vacc_[32 / KN_W];", at + 1))
+      ++per_point;
+  }
+  EXPECT_EQ(per_point, 12) << "dumped sources in " << dump;
 }
 
 // The index computed in the kernel that would read through it: index_select of a 1-d x has the

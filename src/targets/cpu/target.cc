@@ -154,6 +154,11 @@ class CpuTarget final : public compiler::Target {
       fail("cpu target: knob tf32 selects CUDA's TF32 tensor cores; the CPU has no TF32 kernels "
            "(drop the knob, or compile in bfloat16 with --dtype bf16)");
     p.small_linear_macs = knobs.get("gemv", "generated") == "onednn" ? 0 : kSmallLinearMacs;
+    // Note [grid sums stored channels innermost] (lower/scheduler.cc).
+    const std::string grid_sums = knobs.get("grid_sums", "inner");
+    if (grid_sums != "inner" && grid_sums != "plain")
+      fail("cpu target: knob grid_sums expected inner or plain, found '{}'", grid_sums);
+    p.grid_sums_channels_inner = grid_sums == "inner";
     return p;
   }
 
