@@ -772,22 +772,21 @@ std::string KernelEmitter::grid_lanes_code(int ei) const {
   const LoopExpr& e = k_.exprs[size_t(ei)];
   KILN_ASSERT(read_tables_ && ei == grid_ && vdim_ == grid_dim_);
   const std::array<int64_t, 4> tap = grid_tap_offsets(e);
-  if (grid_hoisted_) {  // the point's m_, w<t>_, b<t>_ and sb_ are read above (emit_reduce_grid)
-    std::string taps;
-    for (int t = 0; t < 4; ++t)
-      taps += fmt::format("\n        a_ = a_ + w{0}_ * vld_if(b{0}_, s_ + {1});", t, tap[t]);
-    return fmt::format("({{ VF a_ = vset(0.0f);\n"
-                       "      if (m_ & 16) a_ = vset((float)NAN); else {{\n"
-                       "        const float* s_ = sb_ + i{};{} }}\n      a_; }})",
-                       grid_dim_, taps);
-  }
+  // Hoisted (Note [grid taps per point]): the point's m_, w<t>_, b<t>_ and sb_ are read above,
+  // in emit_reduce_grid; else each from the tables here.
+  const bool h = grid_hoisted_;
   std::string taps;
   for (int t = 0; t < 4; ++t)
-    taps += fmt::format("\n        a_ = a_ + vset(wt_[{0}][p_]) * vld_if((m_ >> {0}) & 1, s_ + {1});", t, tap[t]);
-  return fmt::format("({{ const int m_ = ok_[p_]; VF a_ = vset(0.0f);\n"
+    taps += fmt::format("\n        a_ = a_ + {} * vld_if({}, s_ + {});",
+                        h ? fmt::format("w{}_", t) : fmt::format("vset(wt_[{}][p_])", t),
+                        h ? fmt::format("b{}_", t) : fmt::format("(m_ >> {}) & 1", t), tap[t]);
+  return fmt::format("({{ {}VF a_ = vset(0.0f);\n"
                      "      if (m_ & 16) a_ = vset((float)NAN); else {{\n"
-                     "        const float* s_ = L{} + {} + off_[p_];{} }}\n      a_; }})",
-                     e.load, index(k_.loads[size_t(e.load)].strides), taps);
+                     "        const float* s_ = {};{} }}\n      a_; }})",
+                     h ? "" : "const int m_ = ok_[p_]; ",
+                     h ? fmt::format("sb_ + i{}", grid_dim_)
+                       : fmt::format("L{} + {} + off_[p_]", e.load, index(k_.loads[size_t(e.load)].strides)),
+                     taps);
 }
 
 bool KernelEmitter::grid_gathers() const {
