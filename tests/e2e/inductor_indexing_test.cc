@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "../support/compare.h"
+#include "../support/files.h"
 #include "../support/graph_inputs.h"
 #include "compiler/compile.h"
 #include "core/error.h"
@@ -136,12 +137,8 @@ TEST(InductorIndexing, CompilesWithoutEagerLaunchesAndMatchesTheInterpreter) {
 // the kernel takes the tables (its source says so) and matches the interpreter. The same for
 // samples weighted and summed over the sampling points (the Reduce form).
 TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter) {
-  const std::string dump = ::testing::TempDir() + "kiln_grid_taps";
-  std::filesystem::remove_all(dump);
-  ::setenv("KILN_DUMP_CODE", dump.c_str(), 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("KILN_DUMP_CODE"); }
-  } unset;
+  const test::DumpDir dump_dir("kiln_grid_taps");
+  const std::string& dump = dump_dir.path;
   // Compiles g (inputs x, grid and maybe w) and checks it against the interpreter on fresh
   // inputs of two seeds: normal values, the grid uniform in [-1.3, 1.3] but for `extremes`.
   auto check = [](const Graph& g, uint64_t seed0, std::vector<std::pair<size_t, float>> extremes) {
@@ -227,12 +224,8 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
 // interpreter, and the layouts give the same bits. The grids hold NaN, infinite and far-outside
 // coordinates; the outputs they reach are NaN in the oracle and in every build.
 TEST(InductorIndexing, GridSumChainsStoreChannelsInnermostAndMatchTheReference) {
-  const std::string dump = ::testing::TempDir() + "kiln_grid_chain";
-  std::filesystem::remove_all(dump);
-  ::setenv("KILN_DUMP_CODE", dump.c_str(), 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("KILN_DUMP_CODE"); }
-  } unset;
+  const test::DumpDir dump_dir("kiln_grid_chain");
+  const std::string& dump = dump_dir.path;
   const int64_t C = 32, Q = 19;
   const std::pair<int64_t, int64_t> levels[] = {{9, 11}, {5, 7}, {3, 4}};
   Graph g;
@@ -258,18 +251,14 @@ TEST(InductorIndexing, GridSumChainsStoreChannelsInnermostAndMatchTheReference) 
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (uint64_t seed : {41u, 42u}) {
-    Generator gen(seed);
-    TensorList in;
-    for (ValueId v : g.inputs) {
-      Dims d;
-      for (const SymInt& e : g.type(v).shape) d.push_back(e.value());
-      const std::string& name = g.value(v).name;
-      if (name.rfind("grid", 0) != 0) {
-        in.push_back(Tensor::randn(d, gen, f32));
-        continue;
-      }
-      in.push_back(Tensor::rand(d, gen, -1.3, 1.3, f32));
-      float* p = in.back().data<float>();
+    // Normal values; the grids uniform in [-1.3, 1.3], with the extremes.
+    TensorList in = test::graph_test_inputs(g, {}, false, seed);
+    Generator gen(seed + 100);
+    for (size_t i = 0; i < g.inputs.size(); ++i) {
+      const std::string& name = g.value(g.inputs[i]).name;
+      if (name.rfind("grid", 0) != 0) continue;
+      in[i] = Tensor::rand(in[i].sizes(), gen, -1.3, 1.3, f32);
+      float* p = in[i].data<float>();
       if (name == "grid0") p[5] = 30.0f, p[40] = nan, p[151] = -inf;
       if (name == "grid1") p[77] = inf, p[200] = -1.0f, p[201] = 1.0f;
       if (name == "grid2") p[9] = nan;

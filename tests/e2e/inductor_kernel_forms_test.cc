@@ -22,6 +22,7 @@
 #include <string>
 
 #include "../support/compare.h"
+#include "../support/files.h"
 #include "../support/graph_inputs.h"
 #include "compiler/compile.h"
 #include "ir/graph.h"
@@ -75,25 +76,7 @@ Graph softmax_graph(const std::string& name, Shape shape) {
   return g;
 }
 
-struct DumpDir {
-  std::string path;
-  explicit DumpDir(const std::string& name) : path(::testing::TempDir() + name) {
-    std::filesystem::remove_all(path);
-    ::setenv("KILN_DUMP_CODE", path.c_str(), 1);
-  }
-  ~DumpDir() { ::unsetenv("KILN_DUMP_CODE"); }
-  // How many generated kernels carry `marker` in their header line, over every dumped unit.
-  int count(const std::string& marker) const {
-    int n = 0;
-    if (!std::filesystem::exists(path)) return 0;
-    for (const auto& f : std::filesystem::directory_iterator(path)) {
-      std::ifstream in(f.path());
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at + 1)) ++n;
-    }
-    return n;
-  }
-};
+using test::DumpDir;
 
 }  // namespace
 

@@ -61,4 +61,31 @@ inline void write_bytes(const std::string& path, std::string_view bytes) {
   f.write(bytes.data(), std::streamsize(bytes.size()));
 }
 
+// KILN_DUMP_CODE pointed at a fresh directory `name` under $TMPDIR (else /tmp) for the compiles
+// of one test; unset when the object goes (the files stay, for a failing test's message).
+struct DumpDir {
+  std::string path;
+  explicit DumpDir(const std::string& name) {
+    const char* t = std::getenv("TMPDIR");
+    path = std::string(t && *t ? t : "/tmp") + "/" + name;
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    ::setenv("KILN_DUMP_CODE", path.c_str(), 1);
+  }
+  ~DumpDir() { ::unsetenv("KILN_DUMP_CODE"); }
+  DumpDir(const DumpDir&) = delete;
+  DumpDir& operator=(const DumpDir&) = delete;
+  // How many times `marker` occurs, over every dumped unit.
+  int count(const std::string& marker) const {
+    int n = 0;
+    if (!std::filesystem::exists(path)) return 0;
+    for (const auto& f : std::filesystem::directory_iterator(path)) {
+      std::ifstream in(f.path());
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at + 1)) ++n;
+    }
+    return n;
+  }
+};
+
 }  // namespace kiln::test
