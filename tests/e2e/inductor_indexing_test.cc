@@ -305,6 +305,16 @@ TEST(InductorIndexing, GridSumChainsStoreChannelsInnermostAndMatchTheReference) 
       ++per_point;
   }
   EXPECT_EQ(per_point, 12) << "dumped sources in " << dump;
+  // Any other value of the knob is refused, naming it.
+  compiler::Options bad;
+  bad.knobs.set("grid_sums", "sideways");
+  try {
+    compiler::compile(g, Device::cpu(), bad);
+    ADD_FAILURE() << "grid_sums=sideways compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("knob grid_sums expected inner or plain, found 'sideways'"),
+              std::string::npos) << e.what();
+  }
 }
 
 // The index computed in the kernel that would read through it: index_select of a 1-d x has the
