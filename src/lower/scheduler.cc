@@ -469,7 +469,7 @@ Schedule Scheduler::run() {
       case NodeClass::View: {
         for (ValueId o : n.outputs) {
           ViewGeometry geo;
-          if (!resolve_impl(g_, o, &view_is_copy_, &geo, &opt_.value_strides))
+          if (!resolve_impl(g_, o, &view_is_copy_, &geo, &s_.value_strides))
             throw_error(ErrorKind::Internal,
                         fmt::format("scheduler: view '%{}' (node '{}') is planned as a view but "
                                     "has no strided geometry", g_.value(o).name, n.name));

@@ -128,6 +128,7 @@ class KernelEmitter {
   // the grid_sample's taps for KN_W neighbours along it (read from the tables at row p_).
   bool grid_lanes() const;
   bool grid_epilogue_lanes() const;
+  bool float_lanes_along(Level lv, size_t d, const std::vector<bool>* want, int skip) const;
   std::string grid_lanes_code(int e) const;
   void emit_reduce(std::string& out, bool vec);
   void emit_reduce_lanes(std::string& out);
@@ -727,9 +728,17 @@ bool KernelEmitter::grid_lanes() const {
   const Access& src = k_.loads[size_t(g.load)];
   if (src.dtype != DType::Float32 || src.strides[d] != 1) return false;
   const std::vector<bool> want = lower::expr_closure(k_, k_.exprs[size_t(k_.anchor)].args[0]);
+  return float_lanes_along(Level::Full, d, &want, grid_);
+}
+
+// Whether every expression at `lv` (of `want`, where given) but `skip` has a float32 SIMD form
+// whose loads are float32 and contiguous or broadcast along d: the grid Reduce form's sum and
+// its epilogue, each with KN_W lanes along d.
+bool KernelEmitter::float_lanes_along(Level lv, size_t d, const std::vector<bool>* want,
+                                      int skip) const {
   for (size_t i = 0; i < k_.exprs.size(); ++i) {
     const LoopExpr& e = k_.exprs[i];
-    if (!want[i] || e.level != Level::Full || int(i) == grid_) continue;
+    if ((want && !(*want)[i]) || e.level != lv || int(i) == skip) continue;
     if (e.dtype != DType::Float32 || !expr_vectorizable(e) || e.kind == LoopExpr::Kind::Reduce ||
         e.kind == LoopExpr::Kind::Norm)
       return false;
@@ -753,17 +762,7 @@ bool KernelEmitter::grid_epilogue_lanes() const {
     if (!store_vectorizable(st.access, d)) return false;
     any = true;
   }
-  for (size_t i = 0; i < k_.exprs.size(); ++i) {
-    const LoopExpr& e = k_.exprs[i];
-    if (e.level != Level::Kept || int(i) == k_.anchor) continue;
-    if (e.dtype != DType::Float32 || !expr_vectorizable(e) || e.kind == LoopExpr::Kind::Reduce ||
-        e.kind == LoopExpr::Kind::Norm)
-      return false;
-    if (e.kind == LoopExpr::Kind::Load &&
-        (k_.loads[size_t(e.load)].dtype != DType::Float32 || !load_vectorizable(k_.loads[size_t(e.load)], d)))
-      return false;
-  }
-  return any;
+  return any && float_lanes_along(Level::Kept, d, nullptr, k_.anchor);
 }
 
 // KN_W neighbours along d: every tap is one masked vector load (nothing read where the tap is
