@@ -16,6 +16,18 @@ MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
   po.in_place_nodes = lower::in_place_safe_nodes(g, s);
   po.bytes_override.assign(g.values.size(), -1);
   for (size_t v = 0; v < g.values.size(); ++v) po.bytes_override[v] = lib.value_bytes(ValueId(v));
+  // Each library launch's scratch, live at its step only (Note [Scratch per step]).
+  po.node_scratch.assign(g.nodes.size(), 0);
+  po.scratch_alignment = target.device().is_cpu() ? 64 : 256;  // cuDNN and cuBLASLt want 256
+  for (const lower::Step& st : s.steps)
+    if (st.kind == lower::StepKind::Extern) {
+      const int64_t b = lib.scratch_bytes(st.node);
+      if (b < 0)
+        throw_error(ErrorKind::Internal,
+                    fmt::format("compiler: the library asks {} bytes of scratch for node {}", b,
+                                st.node));
+      po.node_scratch[size_t(st.node)] = b;
+    }
   m.plan = plan_memory(g, po);
   verify_memory_plan(g, m.plan, po);
   for (size_t v = 0; v < g.values.size(); ++v)

@@ -352,11 +352,9 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
   BoundExecutable out;
   auto exe = std::make_shared<Executable>();
   out.exe = exe;
-  // Every execution context's arena: the planned values, then the library kernels' scratch.
-  const int64_t scratch_offset = (m.plan.arena_bytes + 255) / 256 * 256;
-  const int64_t scratch_bytes = lib->scratch_bytes();
-  exe->init(scratch_bytes > 0 ? scratch_offset + scratch_bytes : m.plan.arena_bytes, m.num_slots,
-            target.device());
+  // Every execution context's arena: the planned values and each library launch's scratch
+  // (Note [Scratch per step] in lower/memory_planner.cc).
+  exe->init(m.plan.arena_bytes, m.num_slots, target.device());
   for (const MemoryAssignment::Constant& c : m.constants) {
     exe->keep_alive.push_back(std::make_shared<Tensor>(c.data));
     exe->set_slot(c.slot, static_cast<char*>(c.data.raw_data()));
@@ -394,7 +392,6 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       }
     }
   }
-  const MemRef scratch{0, scratch_offset};
 
   // Where the memory of value v is (arena values and views of them, parameters).
   auto bound_tensor = [&](ValueId v) -> BoundTensor {
@@ -469,7 +466,9 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
       }
       std::vector<MemRef> outs;
       for (ValueId o : n.outputs) outs.push_back(m.mem[size_t(o)]);
-      l = lib->bind(st.node, in, outs, scratch, m.status);
+      // A launch without scratch gets the arena's start and 0 bytes (a valid pointer).
+      const int64_t scratch_at = m.plan.scratch_offset[size_t(st.node)];
+      l = lib->bind(st.node, in, outs, MemRef{0, std::max<int64_t>(scratch_at, 0)}, m.status);
       l.name = fmt::format("{}:{}", op_def(n.op).name, n.name);
       l.nodes = std::string(op_def(n.op).name) + " '" + n.name + "'";
       out.library_launches++;

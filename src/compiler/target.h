@@ -121,17 +121,18 @@ class LibraryKernels {
   // that takes its slot (the same sizes and dtype, its bytes in that layout); "" keeps the
   // constant as it is. assign_memory asks once per constant with a slot, before bind.
   virtual std::string store_constant(ValueId, const Tensor&, Tensor*) const { return ""; }
-  // Bytes of scratch memory the launches share (one region per execution context, used by one
-  // launch at a time).
-  virtual int64_t scratch_bytes() const = 0;
+  // Bytes of scratch memory lowered node `node` uses while it runs (its workspace, scratchpad
+  // or temporary layouts; 0 for none). The memory planner gives each its own buffer, live at
+  // the node's step only (Note [Scratch per step] in lower/memory_planner.cc).
+  virtual int64_t scratch_bytes(int32_t node) const = 0;
   // One line for explain: the kernel and its layouts.
   virtual std::string describe(int32_t node) const = 0;
   // Why the library did not lower `node` ("" when it did, or when it has no words for it):
   // part of the error when nothing else runs the node either.
   virtual std::string why_not(int32_t node) const { return ""; }
   // The launch of lowered node `node`: the memory of each input (activations, parameters and
-  // constants alike; slot -1 for an absent optional input), of each output, and of the scratch
-  // region (scratch_bytes(); in the arena, so each execution context has its own). A target
+  // constants alike; slot -1 for an absent optional input), of each output, and of its scratch
+  // (scratch_bytes(node) bytes in the arena, so each execution context has its own). A target
   // that prepared a weight at lowering time (oneDNN's reordered weights) may ignore its MemRef.
   // Launches of different execution contexts run at the same time (Note [Execution contexts]
   // in runtime/executable.cc): state the launch changes while it runs must be per context

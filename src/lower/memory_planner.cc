@@ -38,6 +38,21 @@
 //     the lowest aligned offset that does not overlap a placed buffer whose interval intersects
 //     theirs (the "greedy by size" offset calculation). Intervals are inclusive: a node's inputs
 //     and outputs are live together, so a non-in-place output never reuses a dying input.
+//
+// Note [Scratch per step]
+// A library kernel may need scratch memory while it runs: a cuDNN engine's or cuBLASLt
+// algorithm's workspace, the layout copies a CUDA convolution makes around it, oneDNN's
+// scratchpad. That memory used to be one region past the planned values, the size of the
+// largest node's need, so the arena was (most values live at once) + (largest scratch) even
+// when the two maxima fall at different steps. Each node's scratch is now a buffer of its own
+// (PlanOptions::node_scratch), live at that node's step only, placed by the same greedy pass:
+// it cannot overlap the node's inputs or outputs (live at that step too) and takes memory that
+// is dead there. Greedy placement is a heuristic, so where the old layout (one region past the
+// values, the largest scratch's size) comes out smaller, the plan takes that one: the arena
+// never grows. resnet50 bf16 at batch 32 on the H100: two convolutions' cuDNN engines want
+// 73.6 MiB of workspace each, which sat past 110 MiB of values (an arena of 183.8 MiB); planned
+// per step, 131.7 MiB. resnet50 on the CPU: oneDNN's scratchpads, 4.1 MB past a 7.2 MB plan,
+// now 8.0 MB in all.
 #include "lower/memory_planner.h"
 
 #include <algorithm>
@@ -270,6 +285,32 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
       for (ValueId o : node.outputs) new_buffer(o, PlanKind::Alloc);
   }
 
+  // Scratch buffers (Note [Scratch per step]).
+  const int64_t scratch_align = std::max(options.alignment, options.scratch_alignment);
+  if ((scratch_align & (scratch_align - 1)) != 0)
+    fail("memory planner: scratch alignment must be a power of 2, got {}", scratch_align);
+  if (!options.node_scratch.empty() && options.node_scratch.size() != size_t(n_nodes))
+    throw_error(ErrorKind::Internal,
+                fmt::format("memory planner: scratch given for {} nodes of {}",
+                            options.node_scratch.size(), n_nodes));
+  plan.scratch_offset.assign(size_t(n_nodes), -1);
+  for (int32_t i = 0; i < int32_t(options.node_scratch.size()); ++i) {
+    const int64_t need = options.node_scratch[size_t(i)];
+    if (need < 0)
+      throw_error(ErrorKind::Internal,
+                  fmt::format("memory planner: node {} asks for {} bytes of scratch", i, need));
+    if (need == 0) continue;
+    PlanBuffer b;
+    b.scratch_of = i;
+    b.bytes = align_up(need, options.alignment);
+    b.begin = b.end = step[size_t(i)];
+    plan.buffers.push_back(std::move(b));
+    buffer_has_output.push_back(false);
+  }
+  auto buffer_align = [&](const PlanBuffer& b) {
+    return b.scratch_of >= 0 ? scratch_align : options.alignment;
+  };
+
   // Greedy by size.
   std::vector<size_t> order(plan.buffers.size());
   std::iota(order.begin(), order.end(), size_t(0));
@@ -277,29 +318,57 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
     const PlanBuffer &A = plan.buffers[a], &B = plan.buffers[b];
     if (A.bytes != B.bytes) return A.bytes > B.bytes;
     if (A.begin != B.begin) return A.begin < B.begin;
-    return A.root < B.root;
+    if (A.root != B.root) return A.root < B.root;
+    return A.scratch_of < B.scratch_of;
   });
-  std::vector<size_t> placed;  // kept sorted by offset
-  for (size_t bi : order) {
-    PlanBuffer& b = plan.buffers[bi];
-    int64_t offset = 0;
-    if (options.reuse) {
-      for (size_t pi : placed) {
-        const PlanBuffer& p = plan.buffers[pi];
-        if (p.bytes == 0 || p.begin > b.end || b.begin > p.end) continue;  // not live together
-        if (offset + b.bytes <= p.offset) break;  // the gap before p fits
-        offset = std::max(offset, p.offset + p.bytes);
+  // Places the buffers in `order` (scratch too, or values only), returning the arena's end.
+  auto place = [&](bool with_scratch) {
+    int64_t arena = 0;
+    std::vector<size_t> placed;  // kept sorted by offset
+    for (size_t bi : order) {
+      PlanBuffer& b = plan.buffers[bi];
+      if (b.scratch_of >= 0 && !with_scratch) continue;
+      const int64_t align = buffer_align(b);
+      int64_t offset = 0;
+      if (options.reuse) {
+        for (size_t pi : placed) {
+          const PlanBuffer& p = plan.buffers[pi];
+          if (p.bytes == 0 || p.begin > b.end || b.begin > p.end) continue;  // not live together
+          if (offset + b.bytes <= p.offset) break;  // the gap before p fits
+          offset = std::max(offset, align_up(p.offset + p.bytes, align));
+        }
+      } else {
+        offset = align_up(arena, align);
       }
-    } else {
-      offset = plan.arena_bytes;
+      b.offset = offset;
+      arena = std::max(arena, offset + b.bytes);
+      auto pos = std::upper_bound(placed.begin(), placed.end(), bi, [&](size_t a, size_t c) {
+        return plan.buffers[a].offset < plan.buffers[c].offset;
+      });
+      placed.insert(pos, bi);
     }
-    b.offset = offset;
-    plan.arena_bytes = std::max(plan.arena_bytes, offset + b.bytes);
-    auto pos = std::upper_bound(placed.begin(), placed.end(), bi, [&](size_t a, size_t c) {
-      return plan.buffers[a].offset < plan.buffers[c].offset;
-    });
-    placed.insert(pos, bi);
+    return arena;
+  };
+  plan.arena_bytes = place(true);
+  // Greedy placement is a heuristic: where one region past the values, sized for the largest
+  // scratch, comes out smaller (it can, by a few buffers' worth), that layout is taken.
+  int64_t largest_scratch = 0;
+  for (const PlanBuffer& b : plan.buffers)
+    if (b.scratch_of >= 0) largest_scratch = std::max(largest_scratch, b.bytes);
+  if (largest_scratch > 0 && options.reuse) {
+    std::vector<int64_t> interleaved(plan.buffers.size());
+    for (size_t bi = 0; bi < plan.buffers.size(); ++bi) interleaved[bi] = plan.buffers[bi].offset;
+    const int64_t region = align_up(place(false), scratch_align);
+    if (region + largest_scratch < plan.arena_bytes) {
+      for (PlanBuffer& b : plan.buffers)
+        if (b.scratch_of >= 0) b.offset = region;
+      plan.arena_bytes = region + largest_scratch;
+    } else {
+      for (size_t bi = 0; bi < plan.buffers.size(); ++bi) plan.buffers[bi].offset = interleaved[bi];
+    }
   }
+  for (const PlanBuffer& b : plan.buffers)
+    if (b.scratch_of >= 0) plan.scratch_offset[size_t(b.scratch_of)] = b.offset;
   for (ValuePlan& p : plan.values) {
     if (p.buffer >= 0) p.offset = plan.buffers[size_t(p.buffer)].offset;
     if (p.kind == PlanKind::Alloc || p.kind == PlanKind::InPlace || p.kind == PlanKind::Copy)
@@ -384,15 +453,45 @@ void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOption
     }
   }
   // Members of one buffer other than in-place chains and views must not overlap in time: the
-  // buffer's begin is its root's definition.
+  // buffer's begin is its root's definition. A node's scratch is live at its step only.
+  const int64_t scratch_align = std::max(options.alignment, options.scratch_alignment);
+  auto owner = [&](const PlanBuffer& b) {
+    return b.scratch_of >= 0 ? fmt::format("scratch of node {}", b.scratch_of)
+                             : "buffer of " + name(b.root);
+  };
+  std::vector<int> scratch_buffers(size_t(plan.num_nodes), 0);
   for (size_t bi = 0; bi < plan.buffers.size(); ++bi) {
     const PlanBuffer& b = plan.buffers[bi];
-    if (b.offset % options.alignment != 0 || b.bytes % options.alignment != 0)
-      bad(fmt::format("buffer of {} is not {}-byte aligned", name(b.root), options.alignment));
+    const int64_t align = b.scratch_of >= 0 ? scratch_align : options.alignment;
+    if (b.offset % align != 0 || b.bytes % options.alignment != 0)
+      bad(fmt::format("{} is not {}-byte aligned", owner(b), align));
     if (b.offset < 0 || b.offset + b.bytes > plan.arena_bytes)
-      bad(fmt::format("buffer of {} ends past the arena", name(b.root)));
+      bad(fmt::format("{} ends past the arena", owner(b)));
+    if (b.scratch_of >= 0) {
+      const size_t i = size_t(b.scratch_of);
+      if (i >= size_t(plan.num_nodes) || b.root != kNoValue || !b.members.empty())
+        bad(fmt::format("{} names no node or holds values", owner(b)));
+      ++scratch_buffers[i];
+      const int64_t need = i < options.node_scratch.size() ? options.node_scratch[i] : 0;
+      if (b.begin != step[i] || b.end != step[i])
+        bad(fmt::format("{} is live over [{}, {}], not only at its step {}", owner(b), b.begin,
+                        b.end, step[i]));
+      if (b.bytes < need)
+        bad(fmt::format("{} has {} bytes, the node needs {}", owner(b), b.bytes, need));
+      if (i >= plan.scratch_offset.size() || plan.scratch_offset[i] != b.offset)
+        bad(fmt::format("{} is not at the node's recorded scratch offset", owner(b)));
+      continue;
+    }
     if (b.begin != def[size_t(b.root)])
       bad(fmt::format("buffer of {} starts at {}, not at its definition", name(b.root), b.begin));
+  }
+  for (int32_t i = 0; i < plan.num_nodes; ++i) {
+    const int64_t need = size_t(i) < options.node_scratch.size() ? options.node_scratch[size_t(i)] : 0;
+    if (scratch_buffers[size_t(i)] != (need > 0 ? 1 : 0))
+      bad(fmt::format("node {} needs {} bytes of scratch and has {} scratch buffers", i, need,
+                      scratch_buffers[size_t(i)]));
+    if (need == 0 && size_t(i) < plan.scratch_offset.size() && plan.scratch_offset[size_t(i)] != -1)
+      bad(fmt::format("node {} needs no scratch but has a scratch offset", i));
   }
   // No two buffers live at one node overlap in the arena.
   std::vector<size_t> by_offset(plan.buffers.size());
@@ -406,8 +505,8 @@ void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOption
       const PlanBuffer& c = plan.buffers[by_offset[j]];
       if (c.offset >= a.offset + a.bytes) break;
       if (c.bytes == 0 || c.begin > a.end || a.begin > c.end) continue;
-      bad(fmt::format("buffers of {} [{}, {}) live [{}, {}] and {} [{}, {}) live [{}, {}] overlap",
-                      name(a.root), a.offset, a.offset + a.bytes, a.begin, a.end, name(c.root),
+      bad(fmt::format("{} [{}, {}) live [{}, {}] and {} [{}, {}) live [{}, {}] overlap",
+                      owner(a), a.offset, a.offset + a.bytes, a.begin, a.end, owner(c),
                       c.offset, c.offset + c.bytes, c.begin, c.end));
     }
   }
@@ -440,6 +539,10 @@ std::string memory_plan_str(const Graph& g, const MemoryPlan& plan) {
     text += fmt::format("{:<28} {:>12} {:>12}  {:<14} {}\n", "%" + g.values[v].name, p.bytes,
                         offset, fmt::format("[{}, {}]", p.def, p.last_use), note);
   }
+  for (const PlanBuffer& b : plan.buffers)
+    if (b.scratch_of >= 0)
+      text += fmt::format("{:<28} {:>12} {:>12}  {:<14} {}\n", fmt::format("(node {})", b.scratch_of),
+                          b.bytes, b.offset, fmt::format("[{}, {}]", b.begin, b.end), "scratch");
   double saved = plan.naive_bytes > 0
                      ? 100.0 * double(plan.naive_bytes - plan.arena_bytes) / double(plan.naive_bytes)
                      : 0.0;

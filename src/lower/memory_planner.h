@@ -26,6 +26,14 @@ struct PlanOptions {
   // compiler allows it only where the fused kernel reads that buffer at exactly the index it
   // writes (see lower::in_place_safe_nodes).
   std::vector<bool> in_place_nodes;
+  // Per node (empty: none): bytes of scratch memory the node uses while it runs and not after
+  // (a library kernel's workspace, oneDNN's scratchpad), 0 for none. Each is a buffer of its
+  // own, live at the node's step only, so it takes memory that is dead at that step instead of
+  // a region beside every value (Note [Scratch per step]).
+  std::vector<int64_t> node_scratch;
+  // Alignment of those scratch buffers (a power of 2, at least `alignment`): the CUDA
+  // libraries want their workspaces on 256-byte boundaries.
+  int64_t scratch_alignment = 256;
 };
 
 enum class PlanKind : uint8_t {
@@ -54,7 +62,8 @@ struct ValuePlan {
 
 // One arena slot: a root value and every value sharing its memory (in-place results, views).
 struct PlanBuffer {
-  ValueId root = kNoValue;
+  ValueId root = kNoValue;        // kNoValue for a node's scratch
+  int32_t scratch_of = -1;        // the node whose scratch this is (PlanOptions::node_scratch)
   int64_t offset = 0;
   int64_t bytes = 0;
   int32_t begin = 0, end = 0;  // live over node indices [begin, end] (end = num_nodes: output)
@@ -67,6 +76,8 @@ struct MemoryPlan {
   int32_t num_nodes = 0;
   int32_t end_step = 0;  // one past the last step: graph outputs are live until here
   int64_t arena_bytes = 0;
+  // Per node: the byte offset of its scratch in the arena; -1 without scratch.
+  std::vector<int64_t> scratch_offset;
   // What allocating every non-view intermediate separately would cost (Alloc + InPlace + Copy).
   int64_t naive_bytes = 0;
 };
@@ -78,7 +89,7 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options = {});
 // two buffers live at the same node that overlap in the arena, a value used outside its
 // buffer's interval, a buffer too small or misaligned or past the arena end, graph outputs
 // sharing memory with each other or living outside the arena, an in-place pair whose input
-// outlives the node.
+// outlives the node, a node's scratch missing, too small, misaligned or live past its step.
 void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOptions& options = {});
 
 // The table `value  bytes  offset  live [a, b]  note` and the summary line

@@ -10,10 +10,14 @@
 //   loop    {"symbol": name, "threads": n}: the generated kernel `name` of the package's shared
 //           object, called as fn(slots, threads);
 //   onednn  {"desc": OnednnNodeDesc, "inputs": [[slot, offset]...], "output": [...],
-//           "scratch": [...], "expect": description}: the node rebuilt by the kernels layer from
-//           its descriptor (Note [oneDNN node descriptors]); the rebuilt node must describe
-//           itself exactly as at compile time (the same oneDNN implementation and layouts), or
-//           the package would compute differently: the loader refuses it then.
+//           "scratch": [...], "scratch_bytes": n, "expect": description}: the node rebuilt by
+//           the kernels layer from its descriptor (Note [oneDNN node descriptors]); the rebuilt
+//           node must describe itself exactly as at compile time (the same oneDNN
+//           implementation and layouts), or the package would compute differently: the loader
+//           refuses it then. scratch_bytes is what the memory plan gave the node's scratch
+//           (Note [Scratch per step] in lower/memory_planner.cc: other values may lie right
+//           after it), which the rebuilt node must not exceed; packages without it (format 8
+//           and older) had one scratch region at the arena's end, bounded by the arena.
 //   gather_rows {"table", "indices", "out": [slot, offset], "rows", "row_bytes", "count",
 //           "int32_indices", "node"}: embedding lookups, as byte copies.
 //   concat  {"parts": [[slot, offset, chunk_bytes, dst_offset]...], "outer", "out_chunk_bytes",
@@ -316,6 +320,11 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
   MemRef out = ref_from(p.at("output")), scratch = ref_from(p.at("scratch"));
   if (out.slot < 0 || scratch.slot < 0) throw std::out_of_range("output and scratch need a slot");
   std::string expect = p.at("expect").get<std::string>();
+  int64_t planned_scratch = -1;  // -1: a package from before scratch was planned per node
+  if (p.contains("scratch_bytes")) {
+    planned_scratch = p.at("scratch_bytes").get<int64_t>();
+    if (planned_scratch < 0) throw std::out_of_range("scratch_bytes must not be negative");
+  }
   KILN_ASSERT(env.onednn_layouts);
   // Note [prepacked weights] (kernels/onednn_node.cc): weights the package holds in the layout
   // the node's primitive reads, each a 1-D uint8 entry of the weights section, listed once, for
@@ -406,6 +415,10 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
                    where);
   check_buffer(env, out, bytes_of(desc.output, {}), where);
   check_buffer(env, scratch, node->scratch_bytes(), where);
+  if (planned_scratch >= 0 && node->scratch_bytes() > planned_scratch)
+    fail_kind(ErrorKind::Runtime, "{}: oneDNN's node '{}' needs {} bytes of scratch on this "
+              "machine, the package planned {}; rebuild the package here with `kiln compile`",
+              where, desc.node, node->scratch_bytes(), planned_scratch);
   // oneDNN keeps working tables (brgemm's batch address lists) in its scratchpad while other
   // threads write the output: scratch overlapping an operand is not merely wrong, it crashes.
   if (node->scratch_bytes() > 0) {
@@ -616,6 +629,7 @@ Executable::Launch make_onednn_launch(std::shared_ptr<const kernels::OnednnNode>
               {"inputs", in},
               {"output", ref_json(state->out)},
               {"scratch", ref_json(state->scratch)},
+              {"scratch_bytes", state->node->scratch_bytes()},
               {"expect", state->node->description()}};
     LaunchRecord r{"onednn", p.dump()};
     for (const kernels::PrepackedWeights& w : state->node->prepacked())

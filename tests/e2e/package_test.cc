@@ -648,6 +648,19 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
          for (auto& l : m["launches"])
            if (l["kind"] == "onednn") l["params"]["expect"] = "something else";
        }},
+      // Note [Scratch per step]: other values lie after a node's planned scratch.
+      {"oneDNN scratch below the node's need",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["kind"] == "onednn" && l["params"].value("scratch_bytes", int64_t(0)) > 0)
+             l["params"]["scratch_bytes"] = 0;
+       },
+       "bytes of scratch on this machine, the package planned 0"},
+      {"oneDNN scratch negative",
+       [](nlohmann::json& m) {
+         for (auto& l : m["launches"])
+           if (l["kind"] == "onednn") l["params"]["scratch_bytes"] = -64;
+       }},
       {"oneDNN weight shape",
        [](nlohmann::json& m) {
          for (auto& l : m["launches"])
@@ -715,6 +728,27 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
       EXPECT_NE(err.find(e.expect), std::string::npos) << e.what << ": " << err;
     }
   }
+}
+
+// A package from before scratch was planned per node (no scratch_bytes in its oneDNN records:
+// its scratch was one region at the arena's end) still loads and computes the same bits.
+TEST_F(PackageCorrupt, OneDnnRecordsWithoutScratchBytesStillLoad) {
+  std::vector<PackageSection> edited = *sections_;
+  nlohmann::json m = nlohmann::json::parse(edited[0].bytes);
+  int with_scratch = 0;
+  for (auto& l : m["launches"])
+    if (l["kind"] == "onednn") {
+      ASSERT_TRUE(l["params"].contains("scratch_bytes"));
+      with_scratch += l["params"]["scratch_bytes"].get<int64_t>() > 0;
+      l["params"].erase("scratch_bytes");
+    }
+  EXPECT_GT(with_scratch, 0);
+  edited[0].bytes = m.dump(1);
+  LoadedPackage older = load_package_bytes(package_container(edited, version_), "older.kiln");
+  LoadedPackage now = load_package_bytes(*bytes_, "now.kiln");
+  Generator gen(61);
+  TensorList in = {Tensor::randn({1, 3, 224, 224}, gen)};
+  expect_bitwise(older.exe->run(in)[0], now.exe->run(in)[0], "records without scratch_bytes");
 }
 
 // Every device launch kind the runtime registers is refused in a CPU package (its buffers would be

@@ -259,7 +259,11 @@ TEST(MemoryPlan, VerifyCatchesOverlap) {
 // Runs g node by node through call_op, storing every planned value in its arena slice (views
 // alias the arena through their input) and poisoning each buffer right after its last use, so
 // a value read after its memory was reused or freed would change the outputs.
-TensorList run_in_arena(const Graph& g, const MemoryPlan& plan, const TensorList& inputs) {
+// With node_scratch, each node with scratch fills its scratch with garbage before and after
+// its outputs are stored (a library kernel uses it while it runs): a scratch placed over a
+// value still to be read, or over the node's own outputs, changes the outputs.
+TensorList run_in_arena(const Graph& g, const MemoryPlan& plan, const TensorList& inputs,
+                        const std::vector<int64_t>& node_scratch = {}) {
   std::vector<uint64_t> words(size_t(plan.arena_bytes / 8 + 8));
   auto* arena = reinterpret_cast<uint8_t*>(words.data());
   std::memset(arena, 0xA5, size_t(plan.arena_bytes));
@@ -276,6 +280,11 @@ TensorList run_in_arena(const Graph& g, const MemoryPlan& plan, const TensorList
     TensorList ins;
     for (ValueId in : node.inputs) ins.push_back(in == kNoValue ? Tensor() : env[size_t(in)]);
     TensorList outs = call_op(node.op, ins, node.attrs);
+    auto scribble = [&](uint8_t byte) {
+      if (i < node_scratch.size() && node_scratch[i] > 0)
+        std::memset(arena + plan.scratch_offset[i], byte, size_t(node_scratch[i]));
+    };
+    scribble(0xEE);
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       ValueId o = node.outputs[k];
       const ValuePlan& p = plan.values[size_t(o)];
@@ -290,6 +299,7 @@ TensorList run_in_arena(const Graph& g, const MemoryPlan& plan, const TensorList
         env[size_t(o)] = slot;
       }
     }
+    scribble(0xDD);
     for (size_t b : dying[i])
       std::memset(arena + plan.buffers[b].offset, 0xFF, size_t(plan.buffers[b].bytes));
   }
@@ -398,6 +408,116 @@ TEST(MemoryPlan, RandomGraphsRunInTheirArena) {
                      PlanKind::Copy})
     EXPECT_GT(kinds[k], 10) << plan_kind_name(k);
   EXPECT_LT(arena, naive);
+}
+
+// Note [Scratch per step]: random nodes get scratch; executing in the arena with each scratch
+// scribbled over while its node runs gives the interpreter's bits, and scratch does share
+// memory with values (else the test would not exercise the placement).
+TEST(MemoryPlan, RandomGraphsWithScratchRunInTheirArena) {
+  Generator gen(20261206);
+  int shared = 0, scratch_nodes = 0;
+  int64_t arena = 0, separate = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    Graph g = random_graph(gen, 4 + int(gen.next_u64() % 20));
+    PlanOptions po;
+    po.scratch_alignment = 64;
+    po.node_scratch.assign(g.nodes.size(), 0);
+    int64_t largest = 0;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (gen.uniform() < 0.5) {
+        po.node_scratch[i] = 8 * int64_t(1 + gen.next_u64() % 40);  // 8 to 320 bytes
+        largest = std::max(largest, (po.node_scratch[i] + 63) / 64 * 64);
+        ++scratch_nodes;
+      }
+    MemoryPlan plan = plan_memory(g, po);
+    ASSERT_NO_THROW(verify_memory_plan(g, plan, po)) << "trial " << trial;
+    MemoryPlan values_only = plan_memory(g, {});
+    arena += plan.arena_bytes;
+    separate += values_only.arena_bytes + largest;
+    EXPECT_LE(plan.arena_bytes, values_only.arena_bytes + largest) << "trial " << trial;
+    for (const PlanBuffer& b : plan.buffers) {
+      if (b.scratch_of < 0) continue;
+      for (const PlanBuffer& o : plan.buffers)
+        if (o.scratch_of < 0 && o.bytes > 0 && o.offset < b.offset + b.bytes &&
+            b.offset < o.offset + o.bytes)
+          ++shared;
+    }
+    TensorList inputs = {Tensor::randn({4, 6}, gen), Tensor::randn({4, 6}, gen),
+                         Tensor::randn({6}, gen)};
+    TensorList expected = run(g, inputs);
+    TensorList got = run_in_arena(g, plan, inputs, po.node_scratch);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      auto e = expected[i].to_vector<float>(), a = got[i].to_vector<float>();
+      ASSERT_EQ(e.size(), a.size());
+      ASSERT_EQ(std::memcmp(e.data(), a.data(), e.size() * sizeof(float)), 0)
+          << "trial " << trial << " output " << i << "\n"
+          << print_graph(g) << memory_plan_str(g, plan);
+    }
+  }
+  EXPECT_GT(scratch_nodes, 500);
+  EXPECT_GT(shared, 100);
+  EXPECT_LT(arena, separate);
+}
+
+// Scratch takes memory that is dead at its step: the wide value a, dead after b, leaves room
+// for c's scratch, so the arena is the widest step, not every value plus the largest scratch.
+TEST(MemoryPlan, ScratchTakesDeadMemory) {
+  const char* text = R"(graph @s(%x: f32[256], %y: f32[16]) {
+    %a = exp(%x)
+    %b = sum(%a)
+    %c = neg(%y)
+    %d = add(%c, %b)
+    return %d
+  })";
+  Graph g = parse_graph(text, "test");
+  PlanOptions po;
+  po.in_place = false;
+  po.node_scratch = {0, 0, 512, 0};  // c: 512 bytes while it runs
+  MemoryPlan plan = plan_memory(g, po);
+  verify_memory_plan(g, plan, po);
+  // a is 1024 bytes and dies at b; c's scratch and c itself fit in its memory.
+  EXPECT_EQ(plan.arena_bytes, 1024 + 64) << memory_plan_str(g, plan);  // + b, live until d
+  EXPECT_EQ(plan.scratch_offset[2] % 256, 0);
+  EXPECT_EQ(plan.scratch_offset[0], -1);
+  EXPECT_NE(memory_plan_str(g, plan).find("scratch"), std::string::npos);
+
+  // verify catches a scratch over a value live at its step, a missing one, a too small one,
+  // and one live past its step.
+  auto scratch_buffer = [](MemoryPlan& p) -> PlanBuffer& {
+    for (PlanBuffer& b : p.buffers)
+      if (b.scratch_of >= 0) return b;
+    throw std::runtime_error("no scratch buffer");
+  };
+  {
+    MemoryPlan bad = plan;
+    const int64_t b_at = bad.values[size_t(g.find_value("b"))].offset;
+    scratch_buffer(bad).offset = b_at;
+    bad.scratch_offset[2] = b_at;
+    try {
+      verify_memory_plan(g, bad, po);
+      ADD_FAILURE() << "an overlapping scratch passed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("scratch of node 2"), std::string::npos) << e.what();
+    }
+  }
+  {
+    PlanOptions more = po;
+    more.node_scratch[3] = 64;  // d asks for scratch the plan does not have
+    EXPECT_THROW(verify_memory_plan(g, plan, more), Error);
+    more = po;
+    more.node_scratch[2] = 4096;
+    EXPECT_THROW(verify_memory_plan(g, plan, more), Error);
+  }
+  {
+    MemoryPlan bad = plan;
+    scratch_buffer(bad).end += 1;
+    EXPECT_THROW(verify_memory_plan(g, bad, po), Error);
+  }
+  // A negative request is a bug of the caller.
+  PlanOptions negative = po;
+  negative.node_scratch[1] = -8;
+  EXPECT_THROW(plan_memory(g, negative), Error);
 }
 
 }  // namespace

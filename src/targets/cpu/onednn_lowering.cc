@@ -1102,6 +1102,10 @@ bool OnednnLowering::channels_last(ValueId v) const {
 int64_t OnednnLowering::value_bytes(ValueId v) const { return impl_->layouts.value_bytes(v); }
 int64_t OnednnLowering::scratchpad_bytes() const { return impl_->scratch_bytes; }
 
+int64_t OnednnLowering::scratchpad_bytes(int32_t node) const {
+  return lowered(node) ? impl_->nodes[size_t(node)]->scratch_bytes() : 0;
+}
+
 bool OnednnLowering::residual_may_alias_output(int32_t node) const {
   return lowered(node) && impl_->nodes[size_t(node)]->residual_may_alias_output();
 }

@@ -125,6 +125,9 @@ class OnednnLowering {
   // Bytes of the one scratch region run() needs (the max over lowered nodes: it is reused by
   // each node in turn). Reorder temporaries and oneDNN scratchpads live there.
   int64_t scratchpad_bytes() const;
+  // Bytes of scratch lowered node `node` needs (0 for a node not lowered): what the compiler
+  // plans for it (Note [Scratch per step] in lower/memory_planner.cc).
+  int64_t scratchpad_bytes(int32_t node) const;
 
   // The per-call state of one lowered node: memory objects of its own for every buffer run()
   // binds (they hold the last pointers), and the steps' argument arrays over them. The
@@ -137,7 +140,7 @@ class OnednnLowering {
   // input i where it is an activation (input 0; the residual, input 3, of fused_conv2d /
   // fused_linear; both inputs of matmul); entries for params, consts and absent inputs are
   // ignored and may be null. output: the node's output 0, in the layout blocked()/value_bytes()
-  // give. scratch: scratchpad_bytes() bytes, 64-byte aligned, not used by another run at the
+  // give. scratch: scratchpad_bytes(node) bytes, 64-byte aligned, not used by another run at the
   // same time. The residual may share the output buffer where residual_may_alias_output(node).
   // One instance runs one call at a time; steps run on the calling thread's oneDNN stream.
   void run(int32_t node, NodeInstance& inst, const void* const* inputs, void* output,

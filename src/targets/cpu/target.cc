@@ -88,8 +88,8 @@ class OnednnKernels final : public compiler::LibraryKernels {
     return lowering_->blocked(v) ? lowering_->value_bytes(v) : -1;
   }
   std::vector<int64_t> value_strides(ValueId v) const override { return strides_[size_t(v)]; }
-  int64_t scratch_bytes() const override {
-    int64_t b = lowering_->scratchpad_bytes();
+  int64_t scratch_bytes(int32_t node) const override {
+    int64_t b = lowering_->scratchpad_bytes(node);
     return b > 0 ? (b + 63) / 64 * 64 : 0;
   }
   std::string describe(int32_t node) const override { return lowering_->describe(node); }

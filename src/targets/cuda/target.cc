@@ -428,6 +428,10 @@ struct LibNode {
   enum class Kind { None, Gemm, Conv, Sdpa, Direct } kind = Kind::None;
   std::string why_not;
   std::string describe;
+  // Bytes of scratch the node uses while it runs (Note [Scratch per step] in
+  // lower/memory_planner.cc): a GEMM's or attention's workspace, a convolution's workspace and
+  // the values it sees in its own layout.
+  int64_t scratch = 0;
   // Gemm
   std::shared_ptr<GemmPlan> gemm;
   GemmDesc gemm_desc;  // a cross-build's GEMM: no plan, the descriptor only
@@ -475,7 +479,6 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     for (;;) {
       choose_layouts(g, nodes, excluded);
       nodes_.assign(g.nodes.size(), LibNode{});
-      scratch_ = 0;
       source.clear();
       int32_t failed = -1;
       for (int32_t i : nodes) {
@@ -491,10 +494,10 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
           if (nhwc_conv_[size_t(i)]) failed = i;
         }
         if (failed >= 0) break;
-        if (ln.gemm) scratch_ = std::max(scratch_, ln.gemm->workspace_bytes());
-        if (ln.sdpa) scratch_ = std::max(scratch_, ln.sdpa->workspace_bytes());
+        if (ln.gemm) ln.scratch = std::max(ln.scratch, int64_t(ln.gemm->workspace_bytes()));
+        if (ln.sdpa) ln.scratch = std::max(ln.scratch, int64_t(ln.sdpa->workspace_bytes()));
         if (build_.cross && ln.kind == LibNode::Kind::Gemm)
-          scratch_ = std::max(scratch_, size_t(kCrossWorkspaceBytes));
+          ln.scratch = std::max(ln.scratch, kCrossWorkspaceBytes);
       }
       if (failed < 0) break;
       excluded[size_t(failed)] = true;
@@ -523,7 +526,9 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   }
   int64_t value_bytes(ValueId) const override { return -1; }
   std::string store_constant(ValueId v, const Tensor& placed, Tensor* stored) const override;
-  int64_t scratch_bytes() const override { return round_up_256(int64_t(scratch_)); }
+  int64_t scratch_bytes(int32_t node) const override {
+    return lowered(node) ? round_up_256(nodes_[size_t(node)].scratch) : 0;
+  }
   std::string describe(int32_t node) const override { return nodes_[size_t(node)].describe; }
   std::string why_not(int32_t node) const override {
     return size_t(node) < nodes_.size() ? nodes_[size_t(node)].why_not : "";
@@ -552,7 +557,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       for (int o : ln.arg_outputs) spec.args.push_back(at(outputs, o));
       if (ln.reports) spec.args.push_back(status);
     }
-    const int64_t ws = scratch_bytes();
+    const int64_t ws = scratch_bytes(node);
     switch (ln.kind) {
       case LibNode::Kind::Gemm: {
         CublasltBuffers b{at(inputs, ln.gemm_a), at(inputs, ln.gemm_b), at(inputs, ln.gemm_bias),
@@ -633,7 +638,6 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   // channels-last convolutions read (k == 0: none), and whether store_constant stored it KRSC.
   std::vector<KrscFilter> krsc_filter_;
   mutable std::vector<bool> krsc_stored_;
-  size_t scratch_ = 0;
   std::shared_ptr<const CompiledCubin> program_;
   BuildFor build_;
   std::string program_name_, arch_;
@@ -1106,7 +1110,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
   if (x_moved) { ln.conv_x_at = end; end += up(numel(x) * es); }
   if (r_moved) { ln.conv_r_at = end; end += up(numel(y) * es); }
   if (y_moved) { ln.conv_y_at = end; end += up(numel(y) * es); }
-  scratch_ = std::max(scratch_, size_t(end));
+  ln.scratch = end;
 
   using Of = KernelArg::Of;
   auto blocks_for = [&](int64_t total) {  // a grid-stride loop, at most 16 blocks per SM
