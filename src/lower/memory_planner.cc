@@ -49,10 +49,11 @@
 // it cannot overlap the node's inputs or outputs (live at that step too) and takes memory that
 // is dead there. Greedy placement is a heuristic, so where the old layout (one region past the
 // values, the largest scratch's size) comes out smaller, the plan takes that one: the arena
-// never grows. resnet50 bf16 at batch 32 on the H100: two convolutions' cuDNN engines want
-// 73.6 MiB of workspace each, which sat past 110 MiB of values (an arena of 183.8 MiB); planned
-// per step, 131.7 MiB. resnet50 on the CPU: oneDNN's scratchpads, 4.1 MB past a 7.2 MB plan,
-// now 8.0 MB in all.
+// never grows. resnet50 bf16 at batch 32 on the H100: the stem convolution's heuristic cuDNN
+// engine wanted 73.5 MiB of workspace, which sat past 110 MiB of values (an arena of 183.8 MiB);
+// planned per step, 131.7 MiB (and 110.3 since default mode keeps engines within 32 MiB: Note
+// [Default engines within the cross-build workspace] in targets/cuda/target.cc). resnet50 on the
+// CPU: oneDNN's scratchpads, 4.1 MB past a 7.2 MB plan, now 8.0 MB in all.
 #include "lower/memory_planner.h"
 
 #include <algorithm>
@@ -352,10 +353,18 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
   plan.arena_bytes = place(true);
   // Greedy placement is a heuristic: where one region past the values, sized for the largest
   // scratch, comes out smaller (it can, by a few buffers' worth), that layout is taken.
+  // (One region holds every scratch only if no two are live at one step.)
   int64_t largest_scratch = 0;
+  std::vector<int32_t> scratch_steps;
   for (const PlanBuffer& b : plan.buffers)
-    if (b.scratch_of >= 0) largest_scratch = std::max(largest_scratch, b.bytes);
-  if (largest_scratch > 0 && options.reuse) {
+    if (b.scratch_of >= 0) {
+      largest_scratch = std::max(largest_scratch, b.bytes);
+      scratch_steps.push_back(b.begin);
+    }
+  std::sort(scratch_steps.begin(), scratch_steps.end());
+  const bool one_per_step =
+      std::adjacent_find(scratch_steps.begin(), scratch_steps.end()) == scratch_steps.end();
+  if (largest_scratch > 0 && options.reuse && one_per_step) {
     std::vector<int64_t> interleaved(plan.buffers.size());
     for (size_t bi = 0; bi < plan.buffers.size(); ++bi) interleaved[bi] = plan.buffers[bi].offset;
     const int64_t region = align_up(place(false), scratch_align);

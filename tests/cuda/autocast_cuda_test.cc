@@ -17,6 +17,7 @@
 #include <memory>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "../support/captured_graphs.h"
 #include "../support/compare.h"
@@ -221,6 +222,45 @@ TEST(CudaConvLayouts, ChannelsLastAndEpilogueKernelsMatchFloat32) {
             << where << " reduce-overhead call " << call;
     }
   }
+}
+
+// Note [Default engines within the cross-build workspace] (targets/cuda/target.cc): in default
+// mode no convolution keeps an engine that wants more than 32 MiB of workspace. resnet18 bf16 at
+// batch 32: its stem's heuristic engine wanted 73.5 MiB on the H100 (cuDNN 9.14); the build
+// takes the first candidate within 32 MiB and says so in the summary. The output matches the
+// float32 run within the low-precision tolerance and the plan's arena has the smaller scratch.
+TEST(CudaConvLayouts, DefaultModeEnginesStayWithinTheCrossBuildWorkspace) {
+  nn::ZooModel model = nn::make_zoo_model("resnet18", /*batch=*/32, /*seed=*/13);
+  std::vector<Graph> graphs = test::capture_graphs(model.module, model.inputs);
+  ASSERT_EQ(graphs.size(), 1u);
+  const Graph& g = graphs[0];
+  TensorList in = test::graph_test_inputs(g, model.inputs, true, 3300);
+  compiler::Options o;
+  o.precision = DType::BFloat16;
+  auto exe = compiler::compile(g, Device::cuda(0), o);
+  const std::string summary = exe->summary();
+  int convs = 0;
+  int64_t largest = 0;
+  for (const Executable::Launch& l : exe->executable().launches) {
+    if (!l.record) continue;
+    const LaunchRecord r = l.record();
+    if (r.kind != "cudnn_conv") continue;
+    ++convs;
+    const int64_t ws = nlohmann::json::parse(r.params).at("workspace_bytes").get<int64_t>();
+    largest = std::max(largest, ws);
+    EXPECT_LE(ws, int64_t(32) << 20) << l.name << "\n" << summary;
+  }
+  EXPECT_GT(convs, 10) << summary;
+  const bool capped = summary.find("the first within 32 MiB") != std::string::npos;
+  std::printf("resnet18 bf16 batch 32: %d convolutions, largest workspace %.2f MiB; the stem's "
+              "heuristic engine %s\n", convs, double(largest) / (1 << 20),
+              capped ? "wanted more than 32 MiB (replaced)" : "was within 32 MiB");
+  TensorList got = exe->run(in);
+  TensorList want = compiler::compile(g, Device::cuda(0), {})->run(in);
+  Tensor a = got[0].to(Device::cpu()), b = want[0].to(Device::cpu());
+  ASSERT_TRUE(test::usable_reference(b));
+  test::Comparison cmp = test::compare(a, b, test::Tolerance::of_scale(test::max_abs(b), 8.0 / 256));
+  EXPECT_TRUE(cmp.ok()) << cmp.str();
 }
 
 // Note [Filters stored KRSC in process] (targets/cuda/target.cc): the 3x3 filters of resnet18's

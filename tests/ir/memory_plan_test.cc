@@ -514,6 +514,14 @@ TEST(MemoryPlan, ScratchTakesDeadMemory) {
     scratch_buffer(bad).end += 1;
     EXPECT_THROW(verify_memory_plan(g, bad, po), Error);
   }
+  // Two nodes of one step (a fused kernel's) with scratch each: never one memory.
+  PlanOptions shared = po;
+  shared.node_step = {0, 1, 2, 2};
+  shared.node_scratch = {0, 0, 512, 512};
+  MemoryPlan both = plan_memory(g, shared);
+  EXPECT_NO_THROW(verify_memory_plan(g, both, shared)) << memory_plan_str(g, both);
+  EXPECT_NE(both.scratch_offset[2], both.scratch_offset[3]);
+
   // A negative request is a bug of the caller.
   PlanOptions negative = po;
   negative.node_scratch[1] = -8;

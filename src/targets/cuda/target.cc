@@ -127,6 +127,15 @@ int multiprocessors() {
 // within float32 rounding).
 constexpr int64_t kCrossWorkspaceBytes = int64_t(32) << 20;
 
+// Note [Default engines within the cross-build workspace]
+// Default mode takes cuDNN's heuristic engine, except one that wants more than
+// kCrossWorkspaceBytes of workspace: then the first candidate within it, the rule a cross-built
+// package's loader applies (so the two builds agree). resnet50 bf16 at batch 32 on the H100
+// (cuDNN 9.14): the stem's heuristic engine (eng10) wanted 73.5 MiB, which made the arena's
+// peak (Note [Scratch per step]); the first candidate within 32 MiB is eng35, no workspace,
+// which max-autotune's timing also picks. The package's p50 went 1.713 -> 1.689 ms and its
+// device memory 217.3 -> 195.8 MiB (docs/benchmarks.md, thirty-fifth session).
+
 struct SmCount {
   const char* arch;
   int sms;
@@ -1089,6 +1098,17 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
       if (!cached->tried_tuning) cached->tuned = tune_conv(*ln.conv, timer_);
       cached->tried_tuning = true;
       tuned = cached->tuned;
+    } else if (ln.conv->workspace_bytes() > size_t(kCrossWorkspaceBytes)) {
+      // Note [Default engines within the cross-build workspace]
+      const size_t want = ln.conv->workspace_bytes();
+      for (const ConvEngine& e : ln.conv->candidates())
+        if (e.workspace_bytes <= size_t(kCrossWorkspaceBytes)) {
+          ln.conv->select(e.index);
+          tuned = fmt::format(" (the heuristic's first engine wants {:.1f} MiB of workspace: the "
+                              "first within {} MiB)", double(want) / (1 << 20),
+                              kCrossWorkspaceBytes >> 20);
+          break;
+        }
     }
     d = ln.conv->desc();
     if (ln.conv->output_dims() != std::array<int64_t, 4>{y[0], y[1], y[2], y[3]})
