@@ -73,11 +73,13 @@ Knobs merge_knobs(const Knobs& given, const Knobs& candidate) {
   return k;
 }
 
-lower::ScheduleOptions schedule_options(const KernelChoice& choice, const Options& options) {
+lower::ScheduleOptions schedule_options(const KernelChoice& choice, const SchedulePolicy& policy,
+                                        const Options& options) {
   lower::ScheduleOptions so;
   so.fuse = options.fuse;
   so.gemv_nodes = choice.gemv;
   so.generated_nodes = choice.generated;
+  so.grid_sums_channels_inner = policy.grid_sums_channels_inner;
   return so;
 }
 
@@ -119,8 +121,7 @@ Built build(const Graph& input, const Target& target, const Options& opt, const 
   trace_phase("library", g);
 
   t1 = std::chrono::steady_clock::now();
-  lower::ScheduleOptions so = schedule_options(choice, opt);              // 5. schedule
-  so.grid_sums_channels_inner = policy.grid_sums_channels_inner;
+  lower::ScheduleOptions so = schedule_options(choice, policy, opt);      // 5. schedule
   so.extern_nodes.assign(g.nodes.size(), false);
   for (int32_t i : copied.library_nodes) so.extern_nodes[size_t(i)] = lib->lowered(i);
   so.value_strides.resize(g.values.size());
@@ -320,8 +321,7 @@ std::string describe_schedule(const Graph& g, const Target& target, bool fuse) {
   KernelChoice choice = choose_kernels(g, target, policy);
   Options o;
   o.fuse = fuse;
-  lower::ScheduleOptions so = schedule_options(choice, o);
-  so.grid_sums_channels_inner = policy.grid_sums_channels_inner;
+  lower::ScheduleOptions so = schedule_options(choice, policy, o);
   // Every library candidate as an extern step, without asking the library.
   so.extern_nodes = choice.library;
   lower::Schedule s = lower::schedule(g, view_is_copy, so);
