@@ -28,6 +28,9 @@ MemoryAssignment assign_memory(Graph& g, const lower::Schedule& s,
                                 st.node));
       po.node_scratch[size_t(st.node)] = b;
     }
+  // A device target copies inputs it cannot read in place (graph mode, host inputs) into
+  // staging that the plan places in the arena (Note [Input staging in the arena]).
+  po.stage_inputs = !target.device().is_cpu();
   m.plan = plan_memory(g, po);
   verify_memory_plan(g, m.plan, po);
   for (size_t v = 0; v < g.values.size(); ++v)

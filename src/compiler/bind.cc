@@ -572,6 +572,7 @@ BoundExecutable bind_executable(const Graph& g, const lower::Schedule& s,
     in.dtype = v.type.dtype;
     for (size_t d = 0; d < v.type.shape.size(); ++d) in.sizes.push_back(v.type.shape[d].value());
     in.slot = m.mem[size_t(g.inputs[i])].slot;
+    if (!m.plan.staging_offset.empty()) in.staging_offset = m.plan.staging_offset[i];
     exe->inputs.push_back(std::move(in));
   }
   for (ValueId o : g.outputs) {

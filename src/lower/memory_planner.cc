@@ -54,6 +54,19 @@
 // planned per step, 131.7 MiB (and 110.3 since default mode keeps engines within 32 MiB: Note
 // [Default engines within the cross-build workspace] in targets/cuda/target.cc). resnet50 on the
 // CPU: oneDNN's scratchpads, 4.1 MB past a 7.2 MB plan, now 8.0 MB in all.
+//
+// Note [Input staging in the arena]
+// A CUDA executable copies its inputs before the launches run wherever it cannot read them in
+// place: every input in graph mode (a CUDA graph reads fixed addresses), host inputs always.
+// Those copies used to go to a staging block of their own per execution context, beside the
+// arena, for the whole call. An input is usually read by the first kernels only (resnet50:
+// the cast of the float32 image to bfloat16), so with PlanOptions::stage_inputs each input's
+// staging is a buffer of the plan instead, live from the first step to the input's last read
+// (through views of it; to end_step when the input or a view of it is a graph output), and
+// the values made after that reuse its memory. As with scratch, the plan never comes out
+// larger than the values' layout with the staging after it (what the separate block cost).
+// resnet50 bf16 at batch 32 (a 18.4 MiB float32 input) on the H100: see docs/cuda.md. The CPU
+// reads its inputs in place and stages nothing.
 #include "lower/memory_planner.h"
 
 #include <algorithm>
@@ -308,8 +321,41 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
     plan.buffers.push_back(std::move(b));
     buffer_has_output.push_back(false);
   }
+  // Staging buffers of the graph inputs (Note [Input staging in the arena]): live from the
+  // first step to the last read of the input or of a view of it (views of views included), to
+  // end_step where one of them is a graph output.
+  if (options.stage_inputs) {
+    std::vector<int32_t> input_of(g.values.size(), -1);
+    for (size_t k = 0; k < g.inputs.size(); ++k) input_of[size_t(g.inputs[k])] = int32_t(k);
+    std::vector<int32_t> last(g.inputs.size(), 0);
+    for (size_t v = 0; v < g.values.size(); ++v) {
+      const ValuePlan& p = plan.values[v];
+      if (p.kind == PlanKind::External && p.alias_of != kNoValue)
+        input_of[v] = input_of[size_t(p.alias_of)];  // producers come first: set by then
+      if (input_of[v] >= 0)
+        last[size_t(input_of[v])] = std::max(last[size_t(input_of[v])], p.last_use);
+    }
+    for (size_t k = 0; k < g.inputs.size(); ++k) {
+      const Value& x = g.value(g.inputs[k]);
+      int64_t elems = 1;
+      for (size_t d = 0; d < x.type.shape.size(); ++d) {
+        if (!x.type.shape[d].is_concrete())
+          throw_error(ErrorKind::NotSupported,
+                      fmt::format("memory planner: input '%{}' has symbolic shape {}: dynamic "
+                                  "shapes are not supported yet", x.name, x.type.str()));
+        elems *= x.type.shape[d].value();
+      }
+      PlanBuffer b;
+      b.staging_of = int32_t(k);
+      b.bytes = align_up(std::max<int64_t>(elems * dtype_size(x.type.dtype), 1), options.alignment);
+      b.begin = 0;
+      b.end = last[k];
+      plan.buffers.push_back(std::move(b));
+      buffer_has_output.push_back(false);
+    }
+  }
   auto buffer_align = [&](const PlanBuffer& b) {
-    return b.scratch_of >= 0 ? scratch_align : options.alignment;
+    return b.scratch_of >= 0 || b.staging_of >= 0 ? scratch_align : options.alignment;
   };
 
   // Greedy by size.
@@ -320,15 +366,16 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
     if (A.bytes != B.bytes) return A.bytes > B.bytes;
     if (A.begin != B.begin) return A.begin < B.begin;
     if (A.root != B.root) return A.root < B.root;
+    if (A.staging_of != B.staging_of) return A.staging_of < B.staging_of;
     return A.scratch_of < B.scratch_of;
   });
-  // Places the buffers in `order` (scratch too, or values only), returning the arena's end.
-  auto place = [&](bool with_scratch) {
+  // Places the buffers in `order` (scratch and staging too, or not), returning the arena's end.
+  auto place = [&](bool with_scratch, bool with_staging) {
     int64_t arena = 0;
     std::vector<size_t> placed;  // kept sorted by offset
     for (size_t bi : order) {
       PlanBuffer& b = plan.buffers[bi];
-      if (b.scratch_of >= 0 && !with_scratch) continue;
+      if ((b.scratch_of >= 0 && !with_scratch) || (b.staging_of >= 0 && !with_staging)) continue;
       const int64_t align = buffer_align(b);
       int64_t offset = 0;
       if (options.reuse) {
@@ -350,7 +397,14 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
     }
     return arena;
   };
-  plan.arena_bytes = place(true);
+  auto offsets = [&] {
+    std::vector<int64_t> at(plan.buffers.size());
+    for (size_t bi = 0; bi < plan.buffers.size(); ++bi) at[bi] = plan.buffers[bi].offset;
+    return at;
+  };
+  auto restore = [&](const std::vector<int64_t>& at) {
+    for (size_t bi = 0; bi < plan.buffers.size(); ++bi) plan.buffers[bi].offset = at[bi];
+  };
   // Greedy placement is a heuristic: where one region past the values, sized for the largest
   // scratch, comes out smaller (it can, by a few buffers' worth), that layout is taken.
   // (One region holds every scratch only if no two are live at one step.)
@@ -364,20 +418,46 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
   std::sort(scratch_steps.begin(), scratch_steps.end());
   const bool one_per_step =
       std::adjacent_find(scratch_steps.begin(), scratch_steps.end()) == scratch_steps.end();
-  if (largest_scratch > 0 && options.reuse && one_per_step) {
-    std::vector<int64_t> interleaved(plan.buffers.size());
-    for (size_t bi = 0; bi < plan.buffers.size(); ++bi) interleaved[bi] = plan.buffers[bi].offset;
-    const int64_t region = align_up(place(false), scratch_align);
-    if (region + largest_scratch < plan.arena_bytes) {
+  auto layout = [&](bool with_staging) {
+    int64_t arena = place(true, with_staging);
+    if (largest_scratch > 0 && options.reuse && one_per_step) {
+      const std::vector<int64_t> interleaved = offsets();
+      const int64_t region = align_up(place(false, with_staging), scratch_align);
+      if (region + largest_scratch < arena) {
+        for (PlanBuffer& b : plan.buffers)
+          if (b.scratch_of >= 0) b.offset = region;
+        arena = region + largest_scratch;
+      } else {
+        restore(interleaved);
+      }
+    }
+    return arena;
+  };
+  plan.arena_bytes = layout(true);
+  // Likewise, staging placed among the values must not come out larger than the values'
+  // layout with every staging buffer after it (what a separate staging block costs).
+  int64_t staging_total = 0;
+  for (const PlanBuffer& b : plan.buffers)
+    if (b.staging_of >= 0) staging_total += align_up(b.bytes, scratch_align);
+  if (staging_total > 0 && options.reuse) {
+    const std::vector<int64_t> interleaved = offsets();
+    int64_t at = align_up(layout(false), scratch_align);
+    if (at + staging_total < plan.arena_bytes) {
       for (PlanBuffer& b : plan.buffers)
-        if (b.scratch_of >= 0) b.offset = region;
-      plan.arena_bytes = region + largest_scratch;
+        if (b.staging_of >= 0) {
+          b.offset = at;
+          at += align_up(b.bytes, scratch_align);
+        }
+      plan.arena_bytes = at;
     } else {
-      for (size_t bi = 0; bi < plan.buffers.size(); ++bi) plan.buffers[bi].offset = interleaved[bi];
+      restore(interleaved);
     }
   }
-  for (const PlanBuffer& b : plan.buffers)
+  if (options.stage_inputs) plan.staging_offset.assign(g.inputs.size(), -1);
+  for (const PlanBuffer& b : plan.buffers) {
     if (b.scratch_of >= 0) plan.scratch_offset[size_t(b.scratch_of)] = b.offset;
+    if (b.staging_of >= 0) plan.staging_offset[size_t(b.staging_of)] = b.offset;
+  }
   for (ValuePlan& p : plan.values) {
     if (p.buffer >= 0) p.offset = plan.buffers[size_t(p.buffer)].offset;
     if (p.kind == PlanKind::Alloc || p.kind == PlanKind::InPlace || p.kind == PlanKind::Copy)
@@ -465,17 +545,54 @@ void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOption
   // buffer's begin is its root's definition. A node's scratch is live at its step only.
   const int64_t scratch_align = std::max(options.alignment, options.scratch_alignment);
   auto owner = [&](const PlanBuffer& b) {
+    if (b.staging_of >= 0 && size_t(b.staging_of) < g.inputs.size())
+      return "staging of input " + name(g.inputs[size_t(b.staging_of)]);
     return b.scratch_of >= 0 ? fmt::format("scratch of node {}", b.scratch_of)
                              : "buffer of " + name(b.root);
   };
+  // Each input's last read, through views of it (views of views) that live outside the arena.
+  std::vector<int32_t> input_of(g.values.size(), -1);
+  for (size_t k = 0; k < g.inputs.size(); ++k) input_of[size_t(g.inputs[k])] = int32_t(k);
+  std::vector<int32_t> input_last(g.inputs.size(), 0);
+  for (size_t v = 0; v < g.values.size(); ++v) {
+    const ValuePlan& p = plan.values[v];
+    if (g.values[v].kind == ValueKind::NodeOutput && p.kind == PlanKind::External)
+      input_of[v] = input_of[size_t(g.nodes[size_t(g.values[v].producer)].inputs[0])];
+    if (input_of[v] >= 0)
+      input_last[size_t(input_of[v])] = std::max(input_last[size_t(input_of[v])], last[v]);
+  }
+  if (options.stage_inputs ? plan.staging_offset.size() != g.inputs.size()
+                           : !plan.staging_offset.empty())
+    bad(fmt::format("{} staging offsets for {} inputs{}", plan.staging_offset.size(),
+                    g.inputs.size(), options.stage_inputs ? "" : " not staged"));
+  std::vector<int> staging_buffers(g.inputs.size(), 0);
   std::vector<int> scratch_buffers(size_t(plan.num_nodes), 0);
   for (size_t bi = 0; bi < plan.buffers.size(); ++bi) {
     const PlanBuffer& b = plan.buffers[bi];
-    const int64_t align = b.scratch_of >= 0 ? scratch_align : options.alignment;
+    const int64_t align =
+        b.scratch_of >= 0 || b.staging_of >= 0 ? scratch_align : options.alignment;
     if (b.offset % align != 0 || b.bytes % options.alignment != 0)
       bad(fmt::format("{} is not {}-byte aligned", owner(b), align));
     if (b.offset < 0 || b.offset + b.bytes > plan.arena_bytes)
       bad(fmt::format("{} ends past the arena", owner(b)));
+    if (b.staging_of >= 0) {
+      const size_t k = size_t(b.staging_of);
+      if (!options.stage_inputs || k >= g.inputs.size() || b.root != kNoValue ||
+          !b.members.empty() || b.scratch_of >= 0)
+        bad(fmt::format("staging buffer {} names no staged input or holds values", bi));
+      ++staging_buffers[k];
+      const ValueId x = g.inputs[k];
+      int64_t need = dtype_size(g.type(x).dtype);
+      for (size_t d = 0; d < g.type(x).shape.size(); ++d) need *= g.type(x).shape[d].value();
+      if (b.begin != 0 || b.end < input_last[k])
+        bad(fmt::format("{} is live over [{}, {}], the input over [0, {}]", owner(b), b.begin,
+                        b.end, input_last[k]));
+      if (b.bytes < need)
+        bad(fmt::format("{} has {} bytes, the input needs {}", owner(b), b.bytes, need));
+      if (plan.staging_offset[k] != b.offset)
+        bad(fmt::format("{} is not at the input's recorded staging offset", owner(b)));
+      continue;
+    }
     if (b.scratch_of >= 0) {
       const size_t i = size_t(b.scratch_of);
       if (i >= size_t(plan.num_nodes) || b.root != kNoValue || !b.members.empty())
@@ -494,6 +611,9 @@ void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOption
     if (b.begin != def[size_t(b.root)])
       bad(fmt::format("buffer of {} starts at {}, not at its definition", name(b.root), b.begin));
   }
+  for (size_t k = 0; k < staging_buffers.size(); ++k)
+    if (options.stage_inputs && staging_buffers[k] != 1)
+      bad(fmt::format("input {} has {} staging buffers", name(g.inputs[k]), staging_buffers[k]));
   for (int32_t i = 0; i < plan.num_nodes; ++i) {
     const int64_t need = size_t(i) < options.node_scratch.size() ? options.node_scratch[size_t(i)] : 0;
     if (scratch_buffers[size_t(i)] != (need > 0 ? 1 : 0))
@@ -548,10 +668,15 @@ std::string memory_plan_str(const Graph& g, const MemoryPlan& plan) {
     text += fmt::format("{:<28} {:>12} {:>12}  {:<14} {}\n", "%" + g.values[v].name, p.bytes,
                         offset, fmt::format("[{}, {}]", p.def, p.last_use), note);
   }
-  for (const PlanBuffer& b : plan.buffers)
+  for (const PlanBuffer& b : plan.buffers) {
     if (b.scratch_of >= 0)
       text += fmt::format("{:<28} {:>12} {:>12}  {:<14} {}\n", fmt::format("(node {})", b.scratch_of),
                           b.bytes, b.offset, fmt::format("[{}, {}]", b.begin, b.end), "scratch");
+    if (b.staging_of >= 0 && size_t(b.staging_of) < g.inputs.size())
+      text += fmt::format("{:<28} {:>12} {:>12}  {:<14} {}\n",
+                          "%" + g.value(g.inputs[size_t(b.staging_of)]).name, b.bytes, b.offset,
+                          fmt::format("[{}, {}]", b.begin, b.end), "input staging");
+  }
   double saved = plan.naive_bytes > 0
                      ? 100.0 * double(plan.naive_bytes - plan.arena_bytes) / double(plan.naive_bytes)
                      : 0.0;

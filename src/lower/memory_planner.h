@@ -32,8 +32,14 @@ struct PlanOptions {
   // a region beside every value (Note [Scratch per step]).
   std::vector<int64_t> node_scratch;
   // Alignment of those scratch buffers (a power of 2, at least `alignment`): the CUDA
-  // libraries want their workspaces on 256-byte boundaries.
+  // libraries want their workspaces on 256-byte boundaries. Staging buffers take it too.
   int64_t scratch_alignment = 256;
+  // Give every graph input a staging buffer in the arena, live from the first step to the last
+  // read of the input or of a view of it (to end_step when one is a graph output): where the
+  // runtime copies an input before the launches run (a CUDA graph's fixed addresses, a host
+  // input), so that the copy's memory is reused once the input is dead (Note [Input staging in
+  // the arena]).
+  bool stage_inputs = false;
 };
 
 enum class PlanKind : uint8_t {
@@ -64,6 +70,7 @@ struct ValuePlan {
 struct PlanBuffer {
   ValueId root = kNoValue;        // kNoValue for a node's scratch
   int32_t scratch_of = -1;        // the node whose scratch this is (PlanOptions::node_scratch)
+  int32_t staging_of = -1;        // the graph input (index into Graph::inputs) staged here
   int64_t offset = 0;
   int64_t bytes = 0;
   int32_t begin = 0, end = 0;  // live over node indices [begin, end] (end = num_nodes: output)
@@ -78,6 +85,9 @@ struct MemoryPlan {
   int64_t arena_bytes = 0;
   // Per node: the byte offset of its scratch in the arena; -1 without scratch.
   std::vector<int64_t> scratch_offset;
+  // Per graph input (Graph::inputs order): the byte offset of its staging buffer in the arena
+  // (PlanOptions::stage_inputs); empty without staging.
+  std::vector<int64_t> staging_offset;
   // What allocating every non-view intermediate separately would cost (Alloc + InPlace + Copy).
   int64_t naive_bytes = 0;
 };

@@ -23,7 +23,8 @@
 //
 // CUDA. The arena lives on the device; every context has its own stream (Note [CUDA streams of
 // contexts] below). Inputs already on the device are bound in place; host inputs are copied into
-// the context's staging buffer for that input (one async copy each). Launches enqueue on the
+// the context's staging buffer for that input (one async copy each), which the memory plan
+// places in the context's arena (Note [Input staging in the arena] in lower/memory_planner.cc). Launches enqueue on the
 // context's stream; outputs are copied (asynchronously, on the stream) into the tensors the caller
 // gives — on the device or the host — and the call waits for the stream before it returns, so the
 // outputs are the caller's, complete, and nothing of a later call can overwrite them (the rule
@@ -284,21 +285,25 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
       c->legacy_ready = e;
     }
     if (!inputs.empty()) {
-      // One device block for all inputs that may need staging (host inputs, every input in
-      // graph mode), 256-byte aligned each.
-      std::vector<int64_t> off(inputs.size());
+      // Staging for inputs that may need it (host inputs, every input in graph mode): in the
+      // arena where the plan placed it (Note [Input staging in the arena]), else one device
+      // block for the rest, 256-byte aligned each.
+      std::vector<int64_t> off(inputs.size(), -1);
       int64_t total = 0;
       for (size_t i = 0; i < inputs.size(); ++i) {
+        if (inputs[i].staging_offset >= 0) continue;
         off[i] = total;
         total += (int64_t(numel(inputs[i].sizes)) * dtype_size(inputs[i].dtype) + 255) / 256 * 256;
       }
-      c->staging_owner = allocate_device_arena(total, device_.index);
+      if (total > 0) c->staging_owner = allocate_device_arena(total, device_.index);
       // By slot, not by position: the caller may reorder `inputs` after a context exists (a
       // package takes its inputs in call order, nn::compile_captured_graph), and each buffer
       // must stay the size of its own input.
       c->staging.assign(initial_slots_.size(), nullptr);
       for (size_t i = 0; i < inputs.size(); ++i)
-        c->staging[size_t(inputs[i].slot)] = c->staging_owner.get() + off[i];
+        c->staging[size_t(inputs[i].slot)] = inputs[i].staging_offset >= 0
+                                                 ? c->arena.get() + inputs[i].staging_offset
+                                                 : c->staging_owner.get() + off[i];
     }
     if (status_slot_ >= 0) {
       c->status_owner = allocate_device_arena(2 * sizeof(int64_t), device_.index);  // zeroed
@@ -332,6 +337,16 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
 }
 
 void Executable::prepare() {
+  for (const InputSpec& in : inputs) {  // Note [Input staging in the arena]
+    if (in.staging_offset < 0) continue;
+    const int64_t bytes = int64_t(numel(in.sizes)) * dtype_size(in.dtype);
+    if (!device_.is_cuda() || in.staging_offset % 256 != 0 ||
+        in.staging_offset > arena_bytes_ - bytes)
+      fail_kind(ErrorKind::Internal,
+                "executable: input '{}' is staged at arena offset {} ({} bytes), outside the "
+                "{}-byte arena of this {} executable or not 256-byte aligned",
+                in.name, in.staging_offset, bytes, arena_bytes_, device_.str());
+  }
   has_eager_launch_ = false;
   for (const Launch& l : launches) has_eager_launch_ = has_eager_launch_ || l.kind == "eager";
   {

@@ -90,6 +90,10 @@ class Executable {
     DType dtype = DType::Float32;
     Dims sizes;
     int32_t slot = -1;
+    // CUDA: where the input is copied when it cannot be read in place (graph mode, a host
+    // input): this byte offset in the context's arena (Note [Input staging in the arena] in
+    // lower/memory_planner.cc), 256-byte aligned; -1: a staging block of its own.
+    int64_t staging_offset = -1;
     // A package's: each dim's symbolic name in the source model ("" for a fixed dim; empty: none
     // named), for the error that a call of another shape gets (Note [Package signature]).
     std::vector<std::string> dim_names;

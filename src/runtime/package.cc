@@ -468,6 +468,9 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
   for (size_t i = 0; i < exe.inputs.size(); ++i) {
     const Executable::InputSpec& in = exe.inputs[i];
     json rec = {{"dtype", dtype_name(in.dtype)}, {"shape", dims_json(in.sizes)}, {"slot", in.slot}};
+    // Note [Input staging in the arena] (lower/memory_planner.cc); absent: a block of its own
+    // (packages before it, CPU packages).
+    if (in.staging_offset >= 0) rec["staging_offset"] = in.staging_offset;
     signature(info.inputs, i, in.name, in.sizes, rec);
     ins.push_back(std::move(rec));
   }
@@ -1148,6 +1151,17 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       in.dim_names = dim_names_of(j, in.sizes, symbols);
       in.slot = j.at("slot").get<int32_t>();
       check_slot(in.slot, where);
+      if (j.contains("staging_offset")) {
+        // Note [Input staging in the arena]: inside the arena, 256-byte aligned, CUDA only.
+        in.staging_offset = j.at("staging_offset").get<int64_t>();
+        const int64_t bytes = int64_t(numel(in.sizes)) * dtype_size(in.dtype);
+        if (!cuda)
+          throw std::out_of_range("staging_offset in a CPU package (a CPU package stages no input)");
+        if (in.staging_offset < 0 || in.staging_offset % 256 != 0 || in.staging_offset > arena - bytes)
+          throw std::out_of_range(fmt::format(
+              "staging_offset {} for {} bytes is outside the {}-byte arena or not 256-byte aligned",
+              in.staging_offset, bytes, arena));
+      }
       if (in.slot == 0 || slot_used[size_t(in.slot)]) throw std::out_of_range("slot taken");
       slot_used[size_t(in.slot)] = true;
       exe->inputs.push_back(std::move(in));
@@ -1527,9 +1541,12 @@ std::string explain_package(const std::string& path) {
             if (j["dim_names"][d].is_string())
               named += fmt::format("{}{}={}", named.empty() ? "" : ", ",
                                    j["dim_names"][d].get<std::string>(), j["shape"][d].dump());
-        s += fmt::format("{} {} {} {}{}\n", side, j.value("name", "?"), j.value("dtype", "?"),
+        std::string staged;  // Note [Input staging in the arena]
+        if (j.contains("staging_offset") && j["staging_offset"].is_number_integer())
+          staged = fmt::format(", staged in the arena at {}", j["staging_offset"].get<int64_t>());
+        s += fmt::format("{} {} {} {}{}{}\n", side, j.value("name", "?"), j.value("dtype", "?"),
                          j.contains("shape") ? j["shape"].dump() : "?",
-                         named.empty() ? "" : " (specialized: " + named + ")");
+                         named.empty() ? "" : " (specialized: " + named + ")", staged);
       }
   if (m.contains("guards") && m["guards"].is_array())
     s += fmt::format("guards: {} checks before each call (input count, each input's dtype and "

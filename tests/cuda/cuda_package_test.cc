@@ -376,6 +376,40 @@ TEST(CudaPackage, EditedManifestsAreRefusedByTheLoadersChecks) {
       if (l["kind"] == "cuda_kernel") l["params"]["module"] = "elsewhere";
   }));
   EXPECT_NE(err.find("no module 'elsewhere'"), std::string::npos) << err;
+  // Note [Input staging in the arena]: the input's staging past the arena, or misaligned. A
+  // record without it (a package before it) stages the input in a block of its own.
+  err = load_error(edited(p.path, [](json& m) {
+    EXPECT_TRUE(m["inputs"][0].contains("staging_offset")) << m["inputs"][0].dump();
+    m["inputs"][0]["staging_offset"] = m["arena_bytes"].get<int64_t>();
+  }));
+  EXPECT_NE(err.find("staging_offset"), std::string::npos) << err;
+  EXPECT_NE(err.find("outside the"), std::string::npos) << err;
+  err = load_error(edited(p.path, [](json& m) { m["inputs"][0]["staging_offset"] = 64; }));
+  EXPECT_NE(err.find("not 256-byte aligned"), std::string::npos) << err;
+  EXPECT_EQ(load_error(edited(p.path, [](json& m) { m["inputs"][0].erase("staging_offset"); })), "");
+}
+
+// Note [Input staging in the arena]: a graph-mode package copies its input into the arena,
+// where later values reuse the memory; a package without the offsets (before them) stages in
+// a block of its own. Both compute the compiled run's bits, from device and host inputs, call
+// after call (each call's copy lands where the previous call's values were).
+TEST(CudaPackage, InputsStagedInTheArenaComputeAsInABlockOfTheirOwn) {
+  test::TempDir dir;
+  Packaged p = package_zoo("resnet18", dir.path, "reduce-overhead");
+  LoadedPackage staged = load_package(p.path);
+  ASSERT_EQ(staged.exe->inputs.size(), 1u);
+  EXPECT_GE(staged.exe->inputs[0].staging_offset, 0);
+  std::string bytes = edited(p.path, [](json& m) { m["inputs"][0].erase("staging_offset"); });
+  LoadedPackage block = load_package_bytes(bytes, "without-staging-offsets.kiln");
+  EXPECT_EQ(block.exe->inputs[0].staging_offset, -1);
+  EXPECT_EQ(block.exe->arena_bytes(), staged.exe->arena_bytes());
+  for (uint64_t seed : {11u, 12u, 13u}) {
+    TensorList in = to_device(nn::zoo_example_inputs("resnet18", 1, seed));
+    Tensor want = p.compiled->run(in)[0];
+    expect_bitwise(staged.exe->run(in)[0], want, "staged in the arena, seed " + std::to_string(seed));
+    expect_bitwise(block.exe->run(in)[0], want, "staging block, seed " + std::to_string(seed));
+    expect_bitwise(staged.exe->run({in[0].to(Device::cpu())})[0], want, "staged, host input");
+  }
 }
 
 // cuDNN's fused attention in a package (vit_b_16 in bfloat16: Note [CUDA attention]): the record

@@ -656,6 +656,10 @@ TEST_F(PackageCorrupt, HandEditedManifestIsAnErrorNamingTheManifest) {
              l["params"]["scratch_bytes"] = 0;
        },
        "bytes of scratch on this machine, the package planned 0"},
+      // Note [Input staging in the arena]: only CUDA packages stage inputs.
+      {"staging offset in a CPU package",
+       [](nlohmann::json& m) { m["inputs"][0]["staging_offset"] = 0; },
+       "staging_offset in a CPU package"},
       {"oneDNN scratch negative",
        [](nlohmann::json& m) {
          for (auto& l : m["launches"])

@@ -268,7 +268,16 @@ TensorList run_in_arena(const Graph& g, const MemoryPlan& plan, const TensorList
   auto* arena = reinterpret_cast<uint8_t*>(words.data());
   std::memset(arena, 0xA5, size_t(plan.arena_bytes));
   std::vector<Tensor> env(g.values.size());
-  for (size_t i = 0; i < g.inputs.size(); ++i) env[size_t(g.inputs[i])] = inputs[i];
+  // Staged inputs (Note [Input staging in the arena]) are copied into the arena first, as the
+  // runtime does, and read from there.
+  const bool staged = !plan.staging_offset.empty();
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    env[size_t(g.inputs[i])] = inputs[i];
+    if (!staged) continue;
+    Tensor slot = Tensor::from_blob(arena + plan.staging_offset[i], inputs[i].sizes(), inputs[i].dtype());
+    slot.copy_(inputs[i]);
+    env[size_t(g.inputs[i])] = slot;
+  }
   for (size_t v = 0; v < g.values.size(); ++v)
     if (g.values[v].kind == ValueKind::Param || g.values[v].kind == ValueKind::Const)
       env[v] = g.values[v].data;
@@ -291,7 +300,8 @@ TensorList run_in_arena(const Graph& g, const MemoryPlan& plan, const TensorList
       if (p.kind == PlanKind::View || p.kind == PlanKind::External) {
         auto* data = static_cast<uint8_t*>(outs[k].raw_data());
         bool in_arena = data >= arena && data < arena + plan.arena_bytes;
-        EXPECT_EQ(in_arena, p.kind == PlanKind::View) << g.value(o).name;
+        EXPECT_EQ(in_arena, p.kind == PlanKind::View || (staged && p.kind == PlanKind::External))
+            << g.value(o).name;
         env[size_t(o)] = outs[k];
       } else {
         Tensor slot = Tensor::from_blob(arena + p.offset, outs[k].sizes(), outs[k].dtype());
@@ -458,6 +468,130 @@ TEST(MemoryPlan, RandomGraphsWithScratchRunInTheirArena) {
   EXPECT_GT(scratch_nodes, 500);
   EXPECT_GT(shared, 100);
   EXPECT_LT(arena, separate);
+}
+
+// Note [Input staging in the arena]: with every input staged (and random scratch), executing
+// in the arena, each input copied into its staging first and the staging poisoned after its
+// last read, gives the interpreter's bits; staging does share memory with values, and no
+// arena exceeds the values' layout with the staging after it.
+TEST(MemoryPlan, RandomGraphsWithStagedInputsRunInTheirArena) {
+  Generator gen(20261207);
+  int shared = 0;
+  int64_t arena = 0, separate = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    Graph g = random_graph(gen, 4 + int(gen.next_u64() % 20));
+    PlanOptions po;
+    po.stage_inputs = true;
+    po.scratch_alignment = 64;
+    po.node_scratch.assign(g.nodes.size(), 0);
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (gen.uniform() < 0.3) po.node_scratch[i] = 8 * int64_t(1 + gen.next_u64() % 40);
+    MemoryPlan plan = plan_memory(g, po);
+    ASSERT_NO_THROW(verify_memory_plan(g, plan, po)) << "trial " << trial << "\n"
+                                                     << memory_plan_str(g, plan);
+    ASSERT_EQ(plan.staging_offset.size(), g.inputs.size());
+    PlanOptions unstaged = po;
+    unstaged.stage_inputs = false;
+    const int64_t values_only = plan_memory(g, unstaged).arena_bytes;
+    const int64_t block = 128 + 128 + 64;  // the three inputs, each in its own staging
+    arena += plan.arena_bytes;
+    separate += values_only + block;
+    EXPECT_LE(plan.arena_bytes, values_only + block) << "trial " << trial;
+    for (const PlanBuffer& b : plan.buffers) {
+      if (b.staging_of < 0) continue;
+      for (const PlanBuffer& o : plan.buffers)
+        if (o.staging_of < 0 && o.scratch_of < 0 && o.bytes > 0 && o.offset < b.offset + b.bytes &&
+            b.offset < o.offset + o.bytes)
+          ++shared;
+    }
+    TensorList inputs = {Tensor::randn({4, 6}, gen), Tensor::randn({4, 6}, gen),
+                         Tensor::randn({6}, gen)};
+    TensorList expected = run(g, inputs);
+    TensorList got = run_in_arena(g, plan, inputs, po.node_scratch);
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      auto e = expected[i].to_vector<float>(), a = got[i].to_vector<float>();
+      ASSERT_EQ(e.size(), a.size());
+      ASSERT_EQ(std::memcmp(e.data(), a.data(), e.size() * sizeof(float)), 0)
+          << "trial " << trial << " output " << i << "\n"
+          << print_graph(g) << memory_plan_str(g, plan);
+    }
+  }
+  EXPECT_GT(shared, 100);
+  EXPECT_LT(arena, separate);
+}
+
+// Staging lives until the input's last read, through views; an input returned as an output
+// keeps it to the end; verify refuses staging over a live value, too short or too small.
+TEST(MemoryPlan, InputStagingTakesDeadMemory) {
+  const char* text = R"(graph @s(%x: f32[256], %y: f32[16]) {
+    %a = exp(%x)
+    %b = sum(%a)
+    %c = neg(%y)
+    %d = add(%c, %b)
+    %e = exp(%d)
+    return %e
+  })";
+  Graph g = parse_graph(text, "test");
+  PlanOptions po;
+  po.in_place = false;
+  po.stage_inputs = true;
+  MemoryPlan plan = plan_memory(g, po);
+  verify_memory_plan(g, plan, po);
+  ASSERT_EQ(plan.staging_offset.size(), 2u);
+  // x's staging (1024 bytes) and a (1024) are live together at step 0 only; y's (64, live
+  // over [0, 2]) beside them; b, c, d, e reuse x's memory.
+  EXPECT_EQ(plan.arena_bytes, 2048 + 64) << memory_plan_str(g, plan);
+  EXPECT_EQ(plan.values[size_t(g.find_value("b"))].offset, plan.staging_offset[0]);
+  EXPECT_NE(memory_plan_str(g, plan).find("input staging"), std::string::npos);
+  auto staging = [](MemoryPlan& p, int k) -> PlanBuffer& {
+    for (PlanBuffer& b : p.buffers)
+      if (b.staging_of == k) return b;
+    throw std::runtime_error("no staging buffer");
+  };
+  {
+    MemoryPlan bad = plan;  // y's staging over a, live at step 0
+    const int64_t a_at = bad.values[size_t(g.find_value("a"))].offset;
+    staging(bad, 1).offset = a_at;
+    bad.staging_offset[1] = a_at;
+    try {
+      verify_memory_plan(g, bad, po);
+      ADD_FAILURE() << "staging over a live value passed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("staging of input '%y'"), std::string::npos) << e.what();
+    }
+  }
+  {
+    MemoryPlan bad = plan;  // y's staging dead before c reads y
+    staging(bad, 1).end = 1;
+    try {
+      verify_memory_plan(g, bad, po);
+      ADD_FAILURE() << "staging dead before the input's last read passed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the input over [0, 2]"), std::string::npos) << e.what();
+    }
+    bad = plan;
+    staging(bad, 0).bytes = 512;
+    EXPECT_THROW(verify_memory_plan(g, bad, po), Error);
+    bad = plan;
+    bad.staging_offset.pop_back();
+    EXPECT_THROW(verify_memory_plan(g, bad, po), Error);
+    PlanOptions unstaged = po;
+    unstaged.stage_inputs = false;
+    EXPECT_THROW(verify_memory_plan(g, plan, unstaged), Error);
+  }
+  // A view of an input read late, and an input returned: staged to the view's read, to the end.
+  Graph v = parse_graph(R"(graph @v(%x: f32[4, 8], %y: f32[8]) {
+    %r = reshape(%x) {shape = [32]}
+    %a = exp(%y)
+    %b = neg(%a)
+    %c = sum(%r)
+    return %c, %y
+  })", "test");
+  MemoryPlan vp = plan_memory(v, po);
+  verify_memory_plan(v, vp, po);
+  EXPECT_EQ(staging(vp, 0).end, 3) << memory_plan_str(v, vp);
+  EXPECT_EQ(staging(vp, 1).end, vp.end_step) << memory_plan_str(v, vp);
 }
 
 // Scratch takes memory that is dead at its step: the wide value a, dead after b, leaves room
