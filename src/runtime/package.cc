@@ -29,6 +29,20 @@
 // The kernels are loaded from a memfd (memfd_create + dlopen of /proc/self/fd/N), or from a
 // private temporary file unlinked right after dlopen where memfd is unavailable: nothing is
 // left on disk either way.
+//
+// Note [One name per loaded kernel library]
+// dlopen looks a path up among the objects already loaded by name before it opens anything.
+// The memfd used to be closed right after dlopen, so the next package's memfd took the same
+// number, its path /proc/self/fd/N named the library already loaded, and dlopen handed that
+// library back: a second package whose kernels share names with the first's (the same model at
+// another batch: k0_..., other loop bounds) ran the first package's kernels, silently wrong
+// (found in the thirty-sixth session; Package.PackagesLoadedTogetherEachRunTheirOwnKernels).
+// Now the memfd stays open as long as its library is loaded, so no other memfd can take its
+// number; it is closed after dlclose, unless the library stayed loaded (an object the loader
+// may not unload), whose fd is then kept for the process's life so that its name is never
+// reused. Every handle a load gets must be one no live package holds (checked; a temporary
+// file's name, random and unlinked after dlopen, is tried again on a clash), so a reuse is an
+// error, never another package's code.
 #include "runtime/package.h"
 
 #include <dlfcn.h>
@@ -43,6 +57,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -641,50 +656,90 @@ void write_package(const Executable& exe, const PackageInfo& info, const std::st
 // ---- loading ----------------------------------------------------------------------------------
 namespace {
 
+// Handles held by live KernelLibrary objects (Note [One name per loaded kernel library]).
+std::mutex g_kernel_libraries_mu;
+std::set<void*> g_kernel_libraries;
+
 // The kernels' shared object, loaded from memory; dlclose when the last launch is gone.
 struct KernelLibrary {
   void* handle = nullptr;
+  int fd = -1;       // the memfd it was loaded from, open while it is loaded
+  std::string path;  // /proc/self/fd/N
   ~KernelLibrary() {
-    if (handle) dlclose(handle);
+    if (!handle) return;
+    {
+      std::lock_guard<std::mutex> lock(g_kernel_libraries_mu);
+      g_kernel_libraries.erase(handle);
+    }
+    dlclose(handle);
+    if (fd < 0) return;
+    if (void* still = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+      dlclose(still);  // not unloaded: its name stays taken, so its fd stays open
+      return;
+    }
+    ::close(fd);
   }
 };
 
 std::shared_ptr<KernelLibrary> load_kernels(std::string_view bytes, const std::string& source) {
-  auto lib = std::make_shared<KernelLibrary>();
-  int fd = memfd_create("kiln-kernels", MFD_CLOEXEC);
-  std::string path, tmp;
-  if (fd >= 0) {
-    path = fmt::format("/proc/self/fd/{}", fd);
-  } else {
-    const char* dir = std::getenv("TMPDIR");
-    tmp = fmt::format("{}/kiln-kernels-XXXXXX", dir && *dir ? dir : "/tmp");
-    fd = mkostemp(tmp.data(), O_CLOEXEC);
-    if (fd < 0)
-      fail_kind(ErrorKind::Runtime, "package '{}': cannot create a memfd or a temporary file for "
-                "the kernels: {}", source, errno_text(errno));
-    path = tmp;
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int err = errno;
-      ::close(fd);
-      if (!tmp.empty()) ::unlink(tmp.c_str());
-      fail_kind(ErrorKind::Runtime, "package '{}': writing the kernels failed: {}", source,
-                errno_text(err));
+  auto write_all = [&](int fd, const std::string& tmp) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        int err = errno;
+        ::close(fd);
+        if (!tmp.empty()) ::unlink(tmp.c_str());
+        fail_kind(ErrorKind::Runtime, "package '{}': writing the kernels failed: {}", source,
+                  errno_text(err));
+      }
+      done += size_t(w);
     }
-    done += size_t(w);
+  };
+  auto lib = std::make_shared<KernelLibrary>();
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    int fd = attempt == 0 ? memfd_create("kiln-kernels", MFD_CLOEXEC) : -1;
+    std::string path, tmp;
+    if (fd >= 0) {
+      path = fmt::format("/proc/self/fd/{}", fd);
+    } else {
+      const char* dir = std::getenv("TMPDIR");
+      tmp = fmt::format("{}/kiln-kernels-XXXXXX", dir && *dir ? dir : "/tmp");
+      fd = mkostemp(tmp.data(), O_CLOEXEC);
+      if (fd < 0)
+        fail_kind(ErrorKind::Runtime, "package '{}': cannot create a memfd or a temporary file "
+                  "for the kernels: {}", source, errno_text(errno));
+      path = tmp;
+    }
+    write_all(fd, tmp);
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    const char* err = handle ? nullptr : dlerror();
+    if (!tmp.empty()) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fd = -1;
+    }
+    if (!handle) {
+      if (fd >= 0) ::close(fd);
+      fail_kind(ErrorKind::Runtime, "package '{}': section 'kernels.cpu': the shared object does "
+                "not load: {}", source, err ? err : "dlopen failed");
+    }
+    std::lock_guard<std::mutex> lock(g_kernel_libraries_mu);
+    if (g_kernel_libraries.insert(handle).second) {
+      lib->handle = handle;
+      lib->fd = fd;
+      lib->path = path;
+      return lib;
+    }
+    // Another live package's library came back by this name: drop the extra reference, never
+    // run its code; try a fresh temporary file's name.
+    dlclose(handle);
+    if (fd >= 0) ::close(fd);
   }
-  lib->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  const char* err = lib->handle ? nullptr : dlerror();
-  ::close(fd);
-  if (!tmp.empty()) ::unlink(tmp.c_str());
-  if (!lib->handle)
-    fail_kind(ErrorKind::Runtime, "package '{}': section 'kernels.cpu': the shared object does not "
-              "load: {}", source, err ? err : "dlopen failed");
-  return lib;
+  fail_kind(ErrorKind::Runtime, "package '{}': section 'kernels.cpu': dlopen returned another "
+            "loaded package's kernels for every name tried (Note [One name per loaded kernel "
+            "library])", source);
 }
 
 Dims dims_of(const json& j) {

@@ -295,6 +295,38 @@ TEST(Package, SameModelTwiceGivesIdenticalBytes) {
   }
 }
 
+// Two packages whose kernels share their names but not their code (mlp at batch 1 and at
+// batch 3: the same kernel names, other loop bounds), loaded in one process and both kept:
+// each runs its own kernels. (The kernels were dlopen'ed from /proc/self/fd/N with the memfd
+// closed right after, so the second package's memfd took the same N, and dlopen, which matches
+// loaded objects by name first, handed back the first package's library.)
+TEST(Package, PackagesLoadedTogetherEachRunTheirOwnKernels) {
+  TempDir dir;
+  std::vector<LoadedPackage> loaded;
+  std::vector<std::shared_ptr<compiler::CompiledExecutable>> compiled;
+  std::vector<nn::ZooModel> models;
+  for (int64_t batch : {1, 3, 2}) {
+    models.push_back(nn::make_zoo_model("mlp", batch, 7));
+    const std::string path = dir.path + "/mlp" + std::to_string(batch) + ".kiln";
+    compiled.push_back(nn::export_package(models.back().module, models.back().inputs, {}, "mlp", path));
+    loaded.push_back(load_package(path));
+  }
+  for (size_t k = 0; k < loaded.size(); ++k) {
+    TensorList in = fresh_inputs(models[k].inputs, 40 + k);
+    expect_bitwise(loaded[k].exe->run(in)[0], compiled[k]->run(in)[0],
+                   "package " + std::to_string(k) + " of three loaded together");
+  }
+  // Unloading one and loading another keeps the rest right.
+  loaded.erase(loaded.begin());
+  loaded.push_back(load_package(dir.path + "/mlp1.kiln"));
+  for (size_t k : {size_t(0), size_t(1)}) {
+    TensorList in = fresh_inputs(models[k + 1].inputs, 50 + k);
+    expect_bitwise(loaded[k].exe->run(in)[0], compiled[k + 1]->run(in)[0], "after a reload");
+  }
+  TensorList in = fresh_inputs(models[0].inputs, 60);
+  expect_bitwise(loaded[2].exe->run(in)[0], compiled[0]->run(in)[0], "the reloaded package");
+}
+
 // Note [prepacked weights]: a CPU package holds its oneDNN nodes' weights in their primitives'
 // layouts (Winograd's transform included), and loads to the same results, bitwise, as the
 // package with plain weights (prepack=off) and the in-process compiled run.
