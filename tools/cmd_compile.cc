@@ -21,6 +21,7 @@ namespace {
 
 struct CompileArgs {
   std::string model, output, mode = "default", knobs, device = "cpu", dtype = "float32", arch;
+  std::string input_dtype;  // empty: the model's
   int64_t batch = 1;
   uint64_t seed = 0;
   int threads = 0;
@@ -43,6 +44,10 @@ void compile_command(const CompileArgs& a) {
   compiler::Options options;
   options.mode = a.mode;
   options.precision = parse_precision(a.dtype, "compile: --dtype");
+  if (!a.input_dtype.empty()) {
+    const DType d = parse_precision(a.input_dtype, "compile: --input-dtype");
+    if (d != DType::Float32) options.input_dtype = d;
+  }
   options.arch = a.arch;
   if (!a.knobs.empty()) options.knobs = compiler::parse_knobs(a.knobs, "compile --knobs");
   auto t0 = std::chrono::steady_clock::now();
@@ -73,6 +78,9 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--dtype", a.dtype,
                   "float32 (default) | bfloat16 | float16 (f32 bf16 f16): run a float32 model in "
                   "this precision, as torch's autocast does (docs/compiler.md)");
+  cmd->add_option("--input-dtype", a.input_dtype,
+                  "bfloat16 | float16: the package takes its float32 inputs in this dtype (half "
+                  "the bytes to pass and copy; with --dtype of the same, no conversion kernel)");
   cmd->add_option("--batch", a.batch, "Batch size (default 1)");
   cmd->add_option("--seed", a.seed, "Seed for zoo weights and example inputs (default 0)");
   cmd->add_option("--threads", a.threads, "OpenMP threads the package is built for (default all)");

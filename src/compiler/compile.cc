@@ -23,6 +23,7 @@
 // configurations (autotune.h).
 #include "compiler/compile.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +39,7 @@
 #include "lower/memory_planner.h"
 #include "lower/scheduler.h"
 #include "passes/autocast.h"
+#include "ir/verifier.h"
 #include "passes/pipeline.h"
 #include "runtime/executable.h"
 
@@ -268,9 +270,52 @@ Knobs parse_knobs(std::string_view text, const char* where) {
   return k;
 }
 
-std::unique_ptr<CompiledExecutable> compile(const Graph& graph, const Target& target,
+// Note [Inputs in a half dtype]
+// Options::input_dtype: every float32 input x of the graph becomes an input of that dtype and
+// the graph reads cast(x, float32) where it read x. Under autocast to the same dtype the first
+// reader of such an input (ResNet's stem) had a cast to it inserted, and cast(cast(x, f32),
+// bf16) of a bfloat16 x is x exactly (algebraic_simplify's exact cast chains): the conversion
+// kernel disappears, and the caller's input, its copy into the arena and the input the graph
+// holds are half the bytes. A model whose graph reads the input in float32 keeps one cast,
+// where its first reader reads it. The results are those of the float32-input graph given the
+// input rounded to the dtype (bitwise where the float32 graph would have rounded it anyway).
+static void take_inputs_in(Graph& g, DType dt) {
+  const size_t before = g.nodes.size();
+  std::vector<ValueId> cast_of(g.values.size(), kNoValue);
+  for (ValueId x : g.inputs) {
+    if (g.type(x).dtype != DType::Float32) continue;
+    g.value(x).type.dtype = dt;
+    cast_of[size_t(x)] = g.add_node1(OpId::Cast, {x}, {{"dtype", DType::Float32}},
+                                     g.value(x).name + " as " + dtype_name(dt));
+  }
+  if (g.nodes.size() == before) return;
+  for (size_t i = 0; i < before; ++i)
+    for (ValueId& in : g.nodes[i].inputs)
+      if (in != kNoValue && size_t(in) < cast_of.size() && cast_of[size_t(in)] != kNoValue)
+        in = cast_of[size_t(in)];
+  for (ValueId& o : g.outputs)
+    if (size_t(o) < cast_of.size() && cast_of[size_t(o)] != kNoValue) o = cast_of[size_t(o)];
+  // The casts first: they read only inputs.
+  std::rotate(g.nodes.begin(), g.nodes.begin() + std::ptrdiff_t(before), g.nodes.end());
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (ValueId o : g.nodes[i].outputs) g.values[size_t(o)].producer = int32_t(i);
+}
+
+std::unique_ptr<CompiledExecutable> compile(const Graph& given_graph, const Target& target,
                                             const Options& given) {
   Options options = given;
+  if (options.input_dtype && *options.input_dtype != DType::BFloat16 &&
+      *options.input_dtype != DType::Float16 && *options.input_dtype != DType::Float32)
+    fail("compiler: input dtype expected bfloat16 or float16 (float32 keeps the graph's), found {}",
+         dtype_name(*options.input_dtype));
+  Graph retyped;
+  const bool retype = options.input_dtype && *options.input_dtype != DType::Float32;
+  if (retype) {
+    retyped = given_graph;
+    take_inputs_in(retyped, *options.input_dtype);
+    verify(retyped);
+  }
+  const Graph& graph = retype ? retyped : given_graph;
   // KILN_KNOBS=conv=nChw16c,vec=256: a fixed configuration for every compile of the process
   // (experiments, bisecting a slow or wrong choice); explicit Options::knobs win.
   if (const char* env = std::getenv("KILN_KNOBS"); env && *env && options.knobs.items.empty())

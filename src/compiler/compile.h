@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,12 @@ struct Options {
   // weights converted at compile time; inputs and outputs stay float32). Other dtypes are an
   // InvalidArgument. Values of other dtypes than float32 are left alone.
   DType precision = DType::Float32;
+  // Unset (the default): the graph's inputs keep their dtypes. BFloat16 or Float16: every
+  // float32 input of the graph is taken in this dtype instead, so the caller passes (and the
+  // runtime copies and holds) half the bytes; the graph converts it to float32 where it read it,
+  // a conversion that autocast's own cast to the same dtype then cancels (Note [Inputs in a
+  // half dtype] in compile.cc). What TensorRT's input formats and torch's model.to(dtype) give.
+  std::optional<DType> input_dtype;
   bool fuse = true;       // fuse loop kernels (false: one kernel per node)
   bool vectorize = true;  // vector main loops where the emitter has them
   bool progress = true;   // max-autotune: a progress bar on a terminal

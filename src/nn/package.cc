@@ -28,11 +28,21 @@ thread_local PackageCapture* t_capture = nullptr;
 class SharedCompiled final : public CompiledGraph {
  public:
   explicit SharedCompiled(std::shared_ptr<compiler::CompiledExecutable> c) : c_(std::move(c)) {}
-  TensorList run(const TensorList& in) override { return c_->run(in); }
-  void run_into(const TensorList& in, TensorList& out) override { c_->run_into(in, out); }
+  TensorList run(const TensorList& in) override { return c_->run(as_taken(in)); }
+  void run_into(const TensorList& in, TensorList& out) override { c_->run_into(as_taken(in), out); }
   std::string summary() const override { return c_->summary(); }
 
  private:
+  // compiler::Options::input_dtype: the capture runs the compiled graph on its float32 example
+  // inputs once; the executable takes them in its own dtypes (graph order, before
+  // compile_captured_graph puts the specs in call order).
+  TensorList as_taken(const TensorList& in) const {
+    const std::vector<Executable::InputSpec>& specs = c_->executable().inputs;
+    TensorList out = in;
+    for (size_t i = 0; i < out.size() && i < specs.size(); ++i)
+      if (out[i].defined() && out[i].dtype() != specs[i].dtype) out[i] = out[i].to(specs[i].dtype);
+    return out;
+  }
   std::shared_ptr<compiler::CompiledExecutable> c_;
 };
 

@@ -327,6 +327,66 @@ TEST(Package, PackagesLoadedTogetherEachRunTheirOwnKernels) {
   expect_bitwise(loaded[2].exe->run(in)[0], compiled[0]->run(in)[0], "the reloaded package");
 }
 
+// Note [Inputs in a half dtype] (compiler/compile.cc): a package built with input_dtype takes
+// its float32 inputs in that dtype and computes what the float32-input package computes on the
+// input rounded to it, bitwise. Under autocast to the same dtype the input's conversion kernel
+// is gone; without autocast the graph converts the input to float32 where it reads it.
+TEST(Package, InputsTakenInAHalfDtypeComputeAsTheRoundedFloat32Input) {
+  TempDir dir;
+  struct Case {
+    const char* model;
+    DType precision, input;
+  };
+  for (const Case& c : {Case{"vfe", DType::BFloat16, DType::BFloat16},
+                        Case{"mlp", DType::Float32, DType::Float16},
+                        Case{"resnet18", DType::BFloat16, DType::BFloat16}}) {
+    nn::ZooModel m = nn::make_zoo_model(c.model, 1, 7);
+    compiler::Options plain;
+    plain.precision = c.precision;
+    compiler::Options half = plain;
+    half.input_dtype = c.input;
+    const std::string name = std::string(c.model) + " " + dtype_name(c.input) + " inputs";
+    auto pf = nn::export_package(m.module, m.inputs, plain, c.model, dir.path + "/f32in.kiln");
+    auto ph = nn::export_package(m.module, m.inputs, half, c.model, dir.path + "/halfin.kiln");
+    LoadedPackage f = load_package(dir.path + "/f32in.kiln");
+    LoadedPackage h = load_package(dir.path + "/halfin.kiln");
+    ASSERT_EQ(h.exe->inputs.size(), 1u) << name;
+    EXPECT_EQ(h.exe->inputs[0].dtype, c.input) << name;
+    EXPECT_EQ(f.exe->inputs[0].dtype, DType::Float32) << name;
+    EXPECT_EQ(h.exe->outputs[0].dtype, f.exe->outputs[0].dtype) << name;
+    // Under autocast to the input's dtype the conversion is gone (one kernel fewer).
+    const size_t fewer = c.precision == c.input ? 1 : 0;
+    EXPECT_EQ(h.exe->launches.size() + fewer, f.exe->launches.size() + (fewer ? 0 : 1)) << name;
+    for (uint64_t seed : {5u, 6u}) {
+      Tensor x = fresh_inputs(m.inputs, seed)[0];
+      Tensor rounded = x.to(c.input);
+      Tensor want = f.exe->run({rounded.to(DType::Float32)})[0];
+      ASSERT_GT(max_abs_value(want), 0.0) << name;
+      expect_bitwise(h.exe->run({rounded})[0], want, name + " seed " + std::to_string(seed));
+      // The in-process compiled executable takes the same dtype.
+      expect_bitwise(ph->run({rounded})[0], want, name + " in process");
+      // A float32 input is refused by the guards, naming the dtype.
+      try {
+        h.exe->run({x});
+        ADD_FAILURE() << name << ": a float32 input ran";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(dtype_name(c.input)), std::string::npos) << e.what();
+      }
+    }
+    (void)pf;
+  }
+  compiler::Options bad;
+  bad.input_dtype = DType::Int8;
+  nn::ZooModel m = nn::make_zoo_model("mlp", 1, 7);
+  try {
+    nn::export_package(m.module, m.inputs, bad, "mlp", dir.path + "/bad.kiln");
+    ADD_FAILURE() << "an int8 input dtype compiled";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("input dtype expected bfloat16 or float16"), std::string::npos)
+        << e.what();
+  }
+}
+
 // Note [prepacked weights]: a CPU package holds its oneDNN nodes' weights in their primitives'
 // layouts (Winograd's transform included), and loads to the same results, bitwise, as the
 // package with plain weights (prepack=off) and the in-process compiled run.
