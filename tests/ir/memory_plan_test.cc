@@ -420,6 +420,37 @@ TEST(MemoryPlan, RandomGraphsRunInTheirArena) {
   EXPECT_LT(arena, naive);
 }
 
+// random_graph's graphs on fresh inputs, run in their planned arena (scratch scribbled as
+// run_in_arena does): the interpreter's bits.
+void expect_arena_run_bitwise(const Graph& g, const MemoryPlan& plan, Generator& gen,
+                              const std::vector<int64_t>& node_scratch, int trial) {
+  TensorList inputs = {Tensor::randn({4, 6}, gen), Tensor::randn({4, 6}, gen),
+                       Tensor::randn({6}, gen)};
+  TensorList expected = run(g, inputs);
+  TensorList got = run_in_arena(g, plan, inputs, node_scratch);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    auto e = expected[i].to_vector<float>(), a = got[i].to_vector<float>();
+    ASSERT_EQ(e.size(), a.size());
+    ASSERT_EQ(std::memcmp(e.data(), a.data(), e.size() * sizeof(float)), 0)
+        << "trial " << trial << " output " << i << "\n"
+        << print_graph(g) << memory_plan_str(g, plan);
+  }
+}
+
+// How many (selected buffer, value buffer) pairs share arena bytes.
+int overlaps_with_values(const MemoryPlan& plan, bool (*selected)(const PlanBuffer&)) {
+  int n = 0;
+  for (const PlanBuffer& b : plan.buffers) {
+    if (!selected(b)) continue;
+    for (const PlanBuffer& o : plan.buffers)
+      if (o.staging_of < 0 && o.scratch_of < 0 && o.bytes > 0 && o.offset < b.offset + b.bytes &&
+          b.offset < o.offset + o.bytes)
+        ++n;
+  }
+  return n;
+}
+
 // Note [Scratch per step]: random nodes get scratch; executing in the arena with each scratch
 // scribbled over while its node runs gives the interpreter's bits, and scratch does share
 // memory with values (else the test would not exercise the placement).
@@ -445,25 +476,9 @@ TEST(MemoryPlan, RandomGraphsWithScratchRunInTheirArena) {
     arena += plan.arena_bytes;
     separate += values_only.arena_bytes + largest;
     EXPECT_LE(plan.arena_bytes, values_only.arena_bytes + largest) << "trial " << trial;
-    for (const PlanBuffer& b : plan.buffers) {
-      if (b.scratch_of < 0) continue;
-      for (const PlanBuffer& o : plan.buffers)
-        if (o.scratch_of < 0 && o.bytes > 0 && o.offset < b.offset + b.bytes &&
-            b.offset < o.offset + o.bytes)
-          ++shared;
-    }
-    TensorList inputs = {Tensor::randn({4, 6}, gen), Tensor::randn({4, 6}, gen),
-                         Tensor::randn({6}, gen)};
-    TensorList expected = run(g, inputs);
-    TensorList got = run_in_arena(g, plan, inputs, po.node_scratch);
-    ASSERT_EQ(got.size(), expected.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      auto e = expected[i].to_vector<float>(), a = got[i].to_vector<float>();
-      ASSERT_EQ(e.size(), a.size());
-      ASSERT_EQ(std::memcmp(e.data(), a.data(), e.size() * sizeof(float)), 0)
-          << "trial " << trial << " output " << i << "\n"
-          << print_graph(g) << memory_plan_str(g, plan);
-    }
+    shared += overlaps_with_values(plan, [](const PlanBuffer& b) { return b.scratch_of >= 0; });
+    expect_arena_run_bitwise(g, plan, gen, po.node_scratch, trial);
+    if (testing::Test::HasFatalFailure()) return;
   }
   EXPECT_GT(scratch_nodes, 500);
   EXPECT_GT(shared, 100);
@@ -497,25 +512,9 @@ TEST(MemoryPlan, RandomGraphsWithStagedInputsRunInTheirArena) {
     arena += plan.arena_bytes;
     separate += values_only + block;
     EXPECT_LE(plan.arena_bytes, values_only + block) << "trial " << trial;
-    for (const PlanBuffer& b : plan.buffers) {
-      if (b.staging_of < 0) continue;
-      for (const PlanBuffer& o : plan.buffers)
-        if (o.staging_of < 0 && o.scratch_of < 0 && o.bytes > 0 && o.offset < b.offset + b.bytes &&
-            b.offset < o.offset + o.bytes)
-          ++shared;
-    }
-    TensorList inputs = {Tensor::randn({4, 6}, gen), Tensor::randn({4, 6}, gen),
-                         Tensor::randn({6}, gen)};
-    TensorList expected = run(g, inputs);
-    TensorList got = run_in_arena(g, plan, inputs, po.node_scratch);
-    ASSERT_EQ(got.size(), expected.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      auto e = expected[i].to_vector<float>(), a = got[i].to_vector<float>();
-      ASSERT_EQ(e.size(), a.size());
-      ASSERT_EQ(std::memcmp(e.data(), a.data(), e.size() * sizeof(float)), 0)
-          << "trial " << trial << " output " << i << "\n"
-          << print_graph(g) << memory_plan_str(g, plan);
-    }
+    shared += overlaps_with_values(plan, [](const PlanBuffer& b) { return b.staging_of >= 0; });
+    expect_arena_run_bitwise(g, plan, gen, po.node_scratch, trial);
+    if (testing::Test::HasFatalFailure()) return;
   }
   EXPECT_GT(shared, 100);
   EXPECT_LT(arena, separate);
