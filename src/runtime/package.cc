@@ -42,7 +42,9 @@
 // may not unload), whose fd is then kept for the process's life so that its name is never
 // reused. Every handle a load gets must be one no live package holds (checked; a temporary
 // file's name, random and unlinked after dlopen, is tried again on a clash), so a reuse is an
-// error, never another package's code.
+// error, never another package's code. The price: each loaded CPU package with loop kernels
+// holds one file descriptor (a process at its descriptor limit gets the memfd's error, naming
+// the package).
 #include "runtime/package.h"
 
 #include <dlfcn.h>
