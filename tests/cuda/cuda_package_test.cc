@@ -412,6 +412,35 @@ TEST(CudaPackage, InputsStagedInTheArenaComputeAsInABlockOfTheirOwn) {
   }
 }
 
+// Note [Inputs in a half dtype] (compiler/compile.cc): a bfloat16 resnet18 package built to take
+// bfloat16 inputs computes what the float32-input package computes on the rounded input,
+// bitwise, in both modes, from device and host inputs; it has one launch fewer (the input's
+// conversion) and stages half the bytes.
+TEST(CudaPackage, InputsTakenInBFloat16ComputeAsTheRoundedFloat32Input) {
+  test::TempDir dir;
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    nn::ZooModel m = nn::make_zoo_model("resnet18", 2, 7);
+    m.module->to(kCuda);
+    compiler::Options plain;
+    plain.mode = mode;
+    plain.precision = DType::BFloat16;
+    compiler::Options half = plain;
+    half.input_dtype = DType::BFloat16;
+    const std::string a = dir.path + "/f32in.kiln", b = dir.path + "/bf16in.kiln";
+    nn::export_package(m.module, to_device(m.inputs), plain, "resnet18", a);
+    nn::export_package(m.module, to_device(m.inputs), half, "resnet18", b);
+    LoadedPackage f = load_package(a), h = load_package(b);
+    EXPECT_EQ(h.exe->inputs[0].dtype, DType::BFloat16) << mode;
+    EXPECT_EQ(h.exe->launches.size() + 1, f.exe->launches.size()) << mode;
+    for (uint64_t seed : {31u, 32u}) {
+      Tensor x = nn::zoo_example_inputs("resnet18", 2, seed)[0].to(DType::BFloat16);
+      Tensor want = f.exe->run({x.to(DType::Float32).to(kCuda)})[0];
+      expect_bitwise(h.exe->run({x.to(kCuda)})[0], want, std::string(mode) + " device input");
+      expect_bitwise(h.exe->run({x})[0], want, std::string(mode) + " host input");
+    }
+  }
+}
+
 // cuDNN's fused attention in a package (vit_b_16 in bfloat16: Note [CUDA attention]): the record
 // pins the engine; an engine this machine does not offer is refused, as are buffers outside the
 // arena.
