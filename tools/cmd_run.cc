@@ -116,6 +116,14 @@ void run_package(const RunArgs& a) {
            name, names, a.target);
     }
     Tensor t = read_npy(path);
+    // numpy has no bfloat16: a float32 file feeds a bfloat16 input (a package built with
+    // --input-dtype bfloat16) rounded to it, as the caller of the C API would round it.
+    if (exe.inputs[i].dtype == DType::BFloat16 && t.dtype() == DType::Float32 &&
+        t.sizes() == exe.inputs[i].sizes) {
+      t = t.to(DType::BFloat16);
+      std::fprintf(stderr, "kiln run: input '%s': %s holds float32, rounded to bfloat16\n",
+                   name.c_str(), path.c_str());
+    }
     if (t.dtype() != exe.inputs[i].dtype || t.sizes() != exe.inputs[i].sizes)
       fail("input '{}' from {}: expected {} {}, found {} {}", name, path,
            dtype_name(exe.inputs[i].dtype), to_string(exe.inputs[i].sizes), dtype_name(t.dtype()),
