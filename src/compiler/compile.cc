@@ -36,10 +36,10 @@
 #include "compiler/choose_kernels.h"
 #include "compiler/insert_copies.h"
 #include "core/error.h"
+#include "ir/verifier.h"
 #include "lower/memory_planner.h"
 #include "lower/scheduler.h"
 #include "passes/autocast.h"
-#include "ir/verifier.h"
 #include "passes/pipeline.h"
 #include "runtime/executable.h"
 

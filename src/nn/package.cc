@@ -40,7 +40,9 @@ class SharedCompiled final : public CompiledGraph {
     const std::vector<Executable::InputSpec>& specs = c_->executable().inputs;
     TensorList out = in;
     for (size_t i = 0; i < out.size() && i < specs.size(); ++i)
-      if (out[i].defined() && out[i].dtype() != specs[i].dtype) out[i] = out[i].to(specs[i].dtype);
+      if (out[i].defined() && out[i].dtype() == DType::Float32 &&
+          (specs[i].dtype == DType::BFloat16 || specs[i].dtype == DType::Float16))
+        out[i] = out[i].to(specs[i].dtype);
     return out;
   }
   std::shared_ptr<compiler::CompiledExecutable> c_;

@@ -24,10 +24,11 @@
 // CUDA. The arena lives on the device; every context has its own stream (Note [CUDA streams of
 // contexts] below). Inputs already on the device are bound in place; host inputs are copied into
 // the context's staging buffer for that input (one async copy each), which the memory plan
-// places in the context's arena (Note [Input staging in the arena] in lower/memory_planner.cc). Launches enqueue on the
-// context's stream; outputs are copied (asynchronously, on the stream) into the tensors the caller
-// gives — on the device or the host — and the call waits for the stream before it returns, so the
-// outputs are the caller's, complete, and nothing of a later call can overwrite them (the rule
+// places in the context's arena (Note [Input staging in the arena] in lower/memory_planner.cc).
+// Launches enqueue on the context's stream; outputs are copied (asynchronously, on the stream)
+// into the tensors the caller gives — on the device or the host — and the call waits for the
+// stream before it returns, so the outputs are the caller's, complete, and nothing of a later
+// call can overwrite them (the rule
 // torch's CUDA-graph outputs lack). reduce-overhead (use_cuda_graph): a context's first run
 // captures the launch list into a CUDA graph over that context's arena and staging buffers (fixed
 // addresses), with every input copied into its staging buffer; later runs on the context copy the
