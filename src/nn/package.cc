@@ -41,8 +41,11 @@ class SharedCompiled final : public CompiledGraph {
     TensorList out = in;
     for (size_t i = 0; i < out.size() && i < specs.size(); ++i)
       if (out[i].defined() && out[i].dtype() == DType::Float32 &&
-          (specs[i].dtype == DType::BFloat16 || specs[i].dtype == DType::Float16))
-        out[i] = out[i].to(specs[i].dtype);
+          (specs[i].dtype == DType::BFloat16 || specs[i].dtype == DType::Float16)) {
+        // Converted on the host (Tensor::to(dtype) converts host tensors only).
+        const Device d = out[i].device();
+        out[i] = out[i].to(Device::cpu()).to(specs[i].dtype).to(d);
+      }
     return out;
   }
   std::shared_ptr<compiler::CompiledExecutable> c_;
