@@ -17,18 +17,13 @@ import os
 import random
 import re
 import struct
-import subprocess
 import sys
 import tempfile
 
+from cli_util import make_run, write_npy
+
 KILN = sys.argv[1]
-
-
-def run(*args, ok=True):
-    p = subprocess.run([KILN, *args], capture_output=True, text=True)
-    if ok and p.returncode != 0:
-        sys.exit(f"kiln {' '.join(args)} exited with {p.returncode}:\n{p.stdout}{p.stderr}")
-    return p
+run = make_run(KILN)
 
 
 def write_safetensors(path, tensors):  # tensors: [(name, shape, [floats])], float32
@@ -43,12 +38,6 @@ def write_safetensors(path, tensors):  # tensors: [(name, shape, [floats])], flo
         f.write(struct.pack("<Q", len(h)) + h + data)
 
 
-def write_npy(path, shape, values):
-    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({', '.join(map(str, shape))},), }}"
-    header += " " * (-(len(header) + 11) % 64) + "\n"
-    with open(path, "wb") as f:
-        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-        f.write(struct.pack(f"<{len(values)}f", *values))
 
 
 def read_npy(path):
