@@ -16,8 +16,9 @@
 //           implementation and layouts), or the package would compute differently: the loader
 //           refuses it then. scratch_bytes is what the memory plan gave the node's scratch
 //           (Note [Scratch per step] in lower/memory_planner.cc: other values may lie right
-//           after it), which the rebuilt node must not exceed; packages without it (format 8
-//           and older) had one scratch region at the arena's end, bounded by the arena.
+//           after it), which the rebuilt node must not exceed; packages written without it
+//           (before 2026-12-06, same format versions) had one scratch region at the
+//           arena's end, bounded by the arena.
 //   gather_rows {"table", "indices", "out": [slot, offset], "rows", "row_bytes", "count",
 //           "int32_indices", "node"}: embedding lookups, as byte copies.
 //   concat  {"parts": [[slot, offset, chunk_bytes, dst_offset]...], "outer", "out_chunk_bytes",
