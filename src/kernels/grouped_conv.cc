@@ -26,11 +26,17 @@
 // the thread goes through the groups.
 //
 // Float32 only, strides 1 and 2 (a stride-2 row is staged as two phases, even and odd input
-// columns, so that a run of output columns still reads contiguous staged columns), no
-// dilation; also ungrouped convolutions of at most 4 input channels (image stems, where
-// oneDNN's kernels vectorize over input channels too; EfficientNet-V2's 3 -> 24 stride-2 stem
-// took 0.44-0.72 ms, 3.6-6.5x its floor, but its swish epilogue is not one this kernel takes,
-// and at about 45% of the FMA peak it would not win there). It is not chosen by a rule:
+// columns, so that a run of output columns still reads contiguous staged columns; from NCHW,
+// 2V inputs at a time split into their even and odd elements by two shuffles), no dilation;
+// also ungrouped convolutions of at most 4 input channels (image stems, where oneDNN's kernels
+// vectorize over input channels too). The epilogue may end in silu (EfficientNet's stems and
+// depthwise convolutions), v / (1 + e^-v) with a vector exp (exp_of below). On EfficientNet-V2's
+// 3 -> 24 stride-2 stem (224x224, silu, NCHW in, NHWC out, one thread of the 2026-12-07 AMD EPYC
+// VM, whose AVX-512 runs 256 bits at a time): 0.30-0.32 ms called alone, of which silu is
+// 0.10 (0.15-0.20 with the portable exp; the scalar stride-2 staging took about as much as the
+// convolution before it was vectorized), against oneDNN's 0.45-0.56 ms with its input
+// reorder; inside the model's measurement 0.47 against 0.56, short of the 0.75 that replaces
+// a timed default, so oneDNN keeps it there. It is not chosen by a rule:
 // it is one more candidate of the measured convolution layout (Note [measured convolution
 // layout] in targets/cpu/onednn_lowering.cc), conv_layout "kiln-direct", timed beside oneDNN's
 // layouts with its reorders, for convolutions that oneDNN leaves more than 3x from their
@@ -138,6 +144,13 @@ struct Shuffles<16> {
                   (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
                   (1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31))
   }
+  // 2V consecutive floats (a, then b) into their even and odd elements: a stride-2 row's two
+  // phases (stage()).
+  static inline __attribute__((always_inline)) void split_even_odd(const vf& a, const vf& b,
+                                                                    vf& even, vf& odd) {
+    even = KN_SHUF(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    odd = KN_SHUF(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  }
 };
 template <>
 struct Shuffles<8> {
@@ -172,6 +185,11 @@ struct Shuffles<8> {
                   (0, 2, 4, 6, 8, 10, 12, 14),
                   (1, 3, 5, 7, 9, 11, 13, 15))
   }
+  static inline __attribute__((always_inline)) void split_even_odd(const vf& a, const vf& b,
+                                                                    vf& even, vf& odd) {
+    even = KN_SHUF(a, b, 0, 2, 4, 6, 8, 10, 12, 14);
+    odd = KN_SHUF(a, b, 1, 3, 5, 7, 9, 11, 13, 15);
+  }
 };
 template <>
 struct Shuffles<4> {
@@ -188,6 +206,11 @@ struct Shuffles<4> {
   }
   static inline __attribute__((always_inline)) void deinterleave(const vf* in, vf* out) {
     KN_TWO_ROUNDS((0, 1, 4, 5), (2, 3, 6, 7), (0, 2, 4, 6), (1, 3, 5, 7))
+  }
+  static inline __attribute__((always_inline)) void split_even_odd(const vf& a, const vf& b,
+                                                                    vf& even, vf& odd) {
+    even = KN_SHUF(a, b, 0, 2, 4, 6);
+    odd = KN_SHUF(a, b, 1, 3, 5, 7);
   }
 };
 #undef KN_TWO_ROUNDS
@@ -212,13 +235,67 @@ struct Args {
   GroupedConvEpilogue e;
 };
 
+// e^t, lane by lane, for silu: 2^n e^r with n = round(t / ln 2) and r = t - n ln 2 (ln 2 in
+// two parts, Cody and Waite's, so that r keeps its low bits), e^r = 1 + r + r^2 P(r) with
+// Cephes' degree-5 P (within 2 ulp of float32's e^r on |r| <= ln 2 / 2). NaN stays NaN.
+//   - AVX-512 (64-byte vectors): t clamped to [-104, 89], n rounded by vrndscaleps, and 2^n
+//     applied by vscalefps, which gives inf past float32's range and 0 (or a subnormal) below;
+//     as inline assembly, since these functions are templates shared by every vector width and
+//     only group_avx512 is compiled for AVX-512 (16 vector operations, a third fewer than the
+//     portable form, which made silu cost as much as the stem's convolution on this CPU).
+//   - Other widths: t clamped to [-87.34, 88] so that n lies in [-126, 127]; n rounded by adding
+//     and subtracting 1.5 * 2^23 (whose bits then hold n), 2^n made in the exponent field; the
+//     result is inf above 88 and e^-87.34 (1.2e-38) below -87.34. For silu, v / (1 + e^-v), that
+//     is -0 where float32 would hold about -1e-37, and v where 1 + e^-v is 1 either way.
+// (By reference: a 64-byte vector passed by value changes the ABI outside AVX-512 code.)
+template <typename vf>
+inline __attribute__((always_inline)) void exp_of(const vf& t, vf& e) {
+  using vi = decltype(t < t);
+  const vf zero = vf{};
+  vf c, n;
+  if constexpr (sizeof(vf) == 64) {
+    // (AT&T order: vmaxps b, a, d is d = a > b ? a : b, which is b where either is NaN.)
+    const vf lo = zero - 104.0f, hi = zero + 89.0f;
+    __asm__("vmaxps %2, %1, %0" : "=v"(c) : "v"(lo), "v"(t));
+    __asm__("vminps %2, %1, %0" : "=v"(c) : "v"(hi), "v"(c));
+    const vf x = c * 1.44269504088896341f;
+    __asm__("vrndscaleps $0, %1, %0" : "=v"(n) : "v"(x));
+  } else {
+    const vf hi = zero + 88.0f, lo = zero - 87.3365448f;
+    c = t < lo ? lo : t;
+    c = c > hi ? hi : c;
+    n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // 1.5 * 2^23
+  }
+  const vf r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
+  vf p = zero + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const vf er = p * (r * r) + r + 1.0f;
+  if constexpr (sizeof(vf) == 64) {
+    __asm__("vscalefps %2, %1, %0" : "=v"(e) : "v"(er), "v"(n));
+  } else {
+    // n + 127 into the exponent field.
+    const vf out = er * (vf)((__builtin_convertvector(n, vi) + 127) << 23);
+    e = t > 88.0f ? zero + __builtin_inff() : out;
+  }
+}
+
 // The epilogue's activation: relu or clamp, NaN kept (a comparison with NaN is false, and the
-// mask keeps the value where it is false). Selects as bit masks: GCC and clang both take them.
+// mask keeps the value where it is false); silu as v / (1 + e^-v), which gives NaN for NaN and
+// for -inf (as v * sigmoid(v) does), -0 below about -88 and v above 88. Selects as bit masks:
+// GCC and clang both take them.
 template <typename vf>
 inline __attribute__((always_inline)) void activation(const GroupedConvEpilogue& e, vf& v) {
   using vi = decltype(v < v);
   const vf zero = vf{};
-  if (e.act == GroupedConvEpilogue::Act::Relu) {
+  if (e.act == GroupedConvEpilogue::Act::Silu) {
+    vf e_neg;
+    exp_of(-v, e_neg);
+    v = v / (e_neg + 1.0f);
+  } else if (e.act == GroupedConvEpilogue::Act::Relu) {
     const vi m = v < zero;  // where v is below zero; NaN compares false and stays
     v = (vf)((vi)v & ~m);
   } else if (e.act == GroupedConvEpilogue::Act::Clamp) {
@@ -351,6 +428,32 @@ inline __attribute__((always_inline)) void stage(const Args& a) {
         std::memset(a.plane + (ic * a.sh + i) * rs, 0, size_t(rs) * sizeof(float));
       continue;
     }
+    if (a.st_w == 2 && !a.x_nhwc) {
+      // Two phases of an NCHW row: 2V consecutive inputs split into even and odd columns,
+      // element by element where the 2V would reach past the row (the padding) or before it.
+      for (int64_t ic = 0; ic < a.cg; ++ic) {
+        const float* src = a.x + (ic * a.h + ih) * a.w;
+        float* d0 = a.plane + (ic * a.sh + i) * rs;
+        float* d1 = d0 + a.sw;
+        auto one = [&](int64_t j) {
+          const int64_t iw = 2 * j - a.pad_left;
+          d0[j] = iw >= 0 && iw < a.w ? src[iw] : 0.0f;
+          d1[j] = iw + 1 >= 0 && iw + 1 < a.w ? src[iw + 1] : 0.0f;
+        };
+        int64_t j = 0;
+        for (; j < a.sw && 2 * j - a.pad_left < 0; ++j) one(j);
+        for (; j + V <= a.sw && 2 * (j + V) - a.pad_left <= a.w; j += V) {
+          vf lo, hi, even, odd;
+          std::memcpy(&lo, src + 2 * j - a.pad_left, sizeof(vf));
+          std::memcpy(&hi, src + 2 * j - a.pad_left + V, sizeof(vf));
+          Shuffles<V>::split_even_odd(lo, hi, even, odd);
+          std::memcpy(d0 + j, &even, sizeof(vf));
+          std::memcpy(d1 + j, &odd, sizeof(vf));
+        }
+        for (; j < a.sw; ++j) one(j);
+      }
+      continue;
+    }
     if (a.st_w != 1) {  // phases, element by element
       for (int64_t ic = 0; ic < a.cg; ++ic)
         for (int64_t p = 0; p < a.st_w; ++p) {
@@ -472,14 +575,19 @@ std::string GroupedConv::why_not(const GroupedConvShape& s, int64_t dilation_h,
 }
 
 GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e,
-                         const float* weights, const float* bias)
+                         const float* weights, const float* bias, int64_t vector_floats)
     : s_(s), e_(e) {
   const std::string why = why_not(s, 1, 1);
   KILN_CHECK(why.empty(), "grouped convolution kernel: {}", why);
   cg_ = s.c / s.groups;
   og_ = s.o / s.groups;
   blocks_ = (og_ + kBlock - 1) / kBlock;
-  vec_ = vector_floats();
+  vec_ = kiln::kernels::vector_floats();
+  KILN_CHECK(vector_floats == 0 || ((vector_floats == 4 || vector_floats == 8 ||
+                                     vector_floats == 16) && vector_floats <= vec_),
+             "grouped convolution kernel: {} floats per vector asked, this CPU runs at most {}",
+             vector_floats, vec_);
+  if (vector_floats) vec_ = vector_floats;
   // A band's rows; one phase's columns: the vector runs' reach, (ow rounded up to vectors) - 1
   // + (kw - 1) / stride, plus one.
   sh_ = (std::min(s.oh, kBand) - 1) * s.stride_h + s.kh;

@@ -22,9 +22,10 @@ struct GroupedConvShape {
   bool x_nhwc = false, y_nhwc = false;
 };
 
-// The epilogue, in oneDNN's order: y = act(conv + bias + sum_scale * residual).
+// The epilogue, in oneDNN's order: y = act(conv + bias + sum_scale * residual). Silu is
+// v * sigmoid(v) (oneDNN's swish with alpha 1; EfficientNet's stems).
 struct GroupedConvEpilogue {
-  enum class Act : uint8_t { None, Relu, Clamp } act = Act::None;
+  enum class Act : uint8_t { None, Relu, Clamp, Silu } act = Act::None;
   float lo = 0, hi = 0;  // Clamp
   float sum_scale = 1.0f;
   bool residual = false;
@@ -37,8 +38,10 @@ class GroupedConv {
   static std::string why_not(const GroupedConvShape& s, int64_t dilation_h, int64_t dilation_w);
   // `weights`: [o, c / groups, kh, kw], float32, row-major; `bias`: [o] or null. Both are copied
   // (rearranged for the kernel).
+  // `vector_floats`: 16 (AVX-512), 8 (AVX2) or 4 (generic) to run a narrower path than this
+  // CPU's widest (tests of every path); 0 for the widest.
   GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e, const float* weights,
-              const float* bias);
+              const float* bias, int64_t vector_floats = 0);
   // Bytes of scratch run() needs when called with up to `threads` OpenMP threads.
   int64_t scratch_bytes(int threads) const;
   // x, residual (when the epilogue has one; may be y itself), y: float32 in the shape's

@@ -955,7 +955,8 @@ std::string kiln_conv_shape(const OnednnNodeDesc& d, GroupedConvShape* s, Groupe
   const Epilogue epi = read_epilogue(d);
   if (epi.act == Act::Relu) e->act = GroupedConvEpilogue::Act::Relu;
   else if (epi.act == Act::Clamp) e->act = GroupedConvEpilogue::Act::Clamp;
-  else if (epi.act != Act::None) return "its activation is not relu or clamp";
+  else if (epi.act == Act::Silu) e->act = GroupedConvEpilogue::Act::Silu;
+  else if (epi.act != Act::None) return "its activation is not relu, clamp or silu";
   e->lo = epi.lo, e->hi = epi.hi, e->sum_scale = epi.sum_scale, e->residual = epi.has_residual;
   if (e->residual && d.inputs.size() < 4) return "no residual operand";
   s->stride_h = d.stride[0], s->stride_w = d.stride[1];

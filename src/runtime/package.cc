@@ -101,6 +101,12 @@ bool onednn_kiln_conv(const json& desc) {
   return it != desc.end() && it->is_string() && *it == kernels::kKilnDirectLayout;
 }
 
+// Whether that kernel's epilogue ends in silu (format version 11).
+bool onednn_kiln_conv_silu(const json& desc) {
+  const auto it = desc.find("activation");
+  return onednn_kiln_conv(desc) && it != desc.end() && it->is_string() && *it == "silu";
+}
+
 // A constant the executable holds in a kernel's own layout, on the host, back in the layout
 // the model has it (what the package's weights hold): Note [Filters stored KRSC in process] in
 // targets/cuda/target.cc.
@@ -548,6 +554,8 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
     if (r.kind == "upsample") version = std::max(version, kUpsampleFormatVersion);
     if (r.kind == "onednn" && onednn_kiln_conv(params.at("desc")))
       version = std::max(version, kKilnGroupedConvFormatVersion);
+    if (r.kind == "onednn" && onednn_kiln_conv_silu(params.at("desc")))
+      version = std::max(version, kKilnConvSiluFormatVersion);
     if (r.kind == "cudnn_sdpa" && params.at("desc").contains("o_stride"))
       version = std::max(version, kAttentionOutputFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
@@ -1405,6 +1413,10 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
         if (out.format_version < kKilnGroupedConvFormatVersion && onednn_kiln_conv(p.at("desc")))
           throw std::out_of_range(fmt::format("{}: Kiln's grouped convolution kernel (conv_layout "
                                               "kiln-direct) is unknown to format version {}", lw,
+                                              out.format_version));
+        if (out.format_version < kKilnConvSiluFormatVersion && onednn_kiln_conv_silu(p.at("desc")))
+          throw std::out_of_range(fmt::format("{}: Kiln's grouped convolution kernel with a silu "
+                                              "epilogue is unknown to format version {}", lw,
                                               out.format_version));
         // An entry is named after its constant and launch (package_bytes), so that one launch's
         // record cannot point at another's bytes.

@@ -40,8 +40,10 @@ namespace kiln {
 // passes/attention_heads_last.h; a version-8 runtime would ignore the key and write the output
 // contiguous, in the wrong order); version 10 CPU packages whose oneDNN node runs Kiln's grouped
 // convolution kernel (conv_layout "kiln-direct": Note [Kiln grouped convolution] in
-// kernels/grouped_conv.cc; a version-9 runtime would call the record malformed).
-inline constexpr uint32_t kPackageFormatVersion = 10;
+// kernels/grouped_conv.cc; a version-9 runtime would call the record malformed); version 11
+// CPU packages where that kernel ends in silu (EfficientNet's stems; a version-10 runtime
+// would refuse the record as a convolution its kernel does not take).
+inline constexpr uint32_t kPackageFormatVersion = 11;
 inline constexpr uint32_t kCudaPackageFormatVersion = 8;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOnednnConcatFormatVersion = 6;
@@ -50,6 +52,7 @@ inline constexpr uint32_t kUpsampleFormatVersion = 7;
 inline constexpr uint32_t kPrepackedFormatVersion = 8;
 inline constexpr uint32_t kAttentionOutputFormatVersion = 9;
 inline constexpr uint32_t kKilnGroupedConvFormatVersion = 10;
+inline constexpr uint32_t kKilnConvSiluFormatVersion = 11;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------

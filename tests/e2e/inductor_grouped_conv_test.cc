@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -20,6 +22,7 @@
 #include "core/error.h"
 #include "ir/graph.h"
 #include "ir/interpreter.h"
+#include "kernels/grouped_conv.h"
 #include "kernels/onednn_node.h"
 #include "ops/kernel_util.h"
 #include "runtime/package.h"
@@ -31,7 +34,7 @@ namespace {
 struct Spec {
   const char* name;
   int64_t batch, c, groups, o, h, w, k, pad;
-  const char* act;          // relu | clamp | none
+  const char* act;          // relu | clamp | silu | none
   bool residual = false;    // + 0.5 * the producer's output (its shape must be y's)
   bool producer = false;    // x comes from a 1x1 convolution (NHWC between oneDNN convolutions)
   int64_t stride = 1;
@@ -95,6 +98,15 @@ const Spec kSpecs[] = {
     {"stem", 2, 3, 1, 24, 33, 50, 3, 1, "clamp", false, false, 2},
     // Stride 2 in NCHW with a 5x5 filter and partial blocks.
     {"strided_5x5", 1, 12, 2, 18, 21, 19, 5, 2, "none", false, false, 2},
+    // EfficientNet's stem with its silu, rows long enough for whole vectors of the stride-2
+    // staging (67 columns: vectors, then the rest element by element) and two images.
+    {"stem_silu", 2, 3, 1, 24, 34, 67, 3, 1, "silu", false, false, 2},
+    // 130 columns (even: the last phase column reaches the right pad), 32 output channels.
+    {"stem_silu_even", 1, 3, 1, 32, 9, 130, 3, 1, "silu", false, false, 2},
+    // ResNet's stem: 7x7, pad 3, stride 2, relu.
+    {"stem_7x7", 1, 3, 1, 16, 21, 75, 7, 3, "relu", false, false, 2},
+    // silu after a residual, grouped, NHWC between convolutions.
+    {"silu_residual", 1, 32, 8, 32, 9, 40, 3, 1, "silu", true, true},
 };
 
 TEST(KilnGroupedConv, MatchesFloat64InEveryLayoutAndThroughAPackage) {
@@ -118,7 +130,8 @@ TEST(KilnGroupedConv, MatchesFloat64InEveryLayoutAndThroughAPackage) {
     const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
     uint32_t version = 0;
     parse_package_container(bytes, s.name, &version);
-    EXPECT_EQ(version, kKilnGroupedConvFormatVersion);
+    EXPECT_EQ(version, std::string(s.act) == "silu" ? kKilnConvSiluFormatVersion
+                                                     : kKilnGroupedConvFormatVersion);
     LoadedPackage loaded = load_package_bytes(bytes, s.name);
     for (uint64_t seed : {11u, 12u}) {
       Generator gen(seed);
@@ -189,6 +202,192 @@ TEST(KilnGroupedConv, NanReachesTheOutputsOfItsWindow) {
   EXPECT_EQ(nans, 4 * 9);
 }
 
+// The kernel's vector widths this CPU runs: 4 (generic), 8 (AVX2), 16 (AVX-512).
+std::vector<int64_t> cpu_vector_widths() {
+  __builtin_cpu_init();
+  std::vector<int64_t> widths = {4};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) widths.push_back(8);
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) widths.push_back(16);
+  return widths;
+}
+
+// The silu epilogue at float32's edges (Note [Kiln grouped convolution], exp_of): a 1x1
+// convolution of one channel with weight 1 and bias 0 is silu(x) itself. NaN and -inf give NaN
+// (as x / (1 + e^-x) does in float64), inf gives inf, the values past e^-x's range (x beyond
+// +-88) give x and -0; the rest, random and around the range's edges, within float32's
+// tolerance of float64. Every lane of a vector and the row's last partial run of columns.
+TEST(KilnGroupedConv, SiluAtTheEdgesOfFloat32) {
+  Graph g;
+  g.name = "silu_edges";
+  const int64_t w = 53;
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{1, 1, 2, w}));
+  ValueId y = g.add_node1(OpId::FusedConv2d,
+                          {x, g.add_param("w", Tensor::ones({1, 1, 1, 1})),
+                           g.add_param("b", Tensor::full({1}, 0.0))},
+                          {{"activation", std::string("silu")}}, "stem");
+  g.outputs = {y};
+  compiler::Options o;
+  o.knobs.set("grouped_conv", "kiln");
+  auto compiled = compiler::compile(g, Device::cpu(), o);
+  ASSERT_NE(test::kernel_line(compiled->report(), "fused_conv2d:stem ").find("kiln:grouped_direct"),
+            std::string::npos) << compiled->summary();
+  Generator gen(15);
+  Tensor in = Tensor::randn({1, 1, 2, w}, gen, DType::Float32);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(), -inf, inf, -1000.0f, 1000.0f,
+                           -89.0f, -88.7f, -88.0f, -87.4f, -87.3f, -20.0f, -1e-6f, 1e-30f,
+                           20.0f, 87.3f, 88.0f, 88.7f, 89.0f, 3.4e38f, -3.4e38f, 1e-3f};
+  float* v = in.data<float>();
+  for (size_t i = 0; i < std::size(special); ++i) v[i * 5 % (2 * w)] = special[i];
+  Tensor got = compiled->run({in})[0];
+  Tensor want = run(test::as_float64(g), {in.to(DType::Float64)})[0];
+  test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(4e-6, 1e-30));
+  EXPECT_TRUE(cmp.ok()) << cmp.str();
+  const float* gv = got.contiguous().data<float>();
+  EXPECT_TRUE(std::isnan(gv[0]));                                  // NaN
+  EXPECT_TRUE(std::isnan(gv[5]));                                  // -inf
+  EXPECT_EQ(gv[10], inf);                                          // inf
+  EXPECT_TRUE(gv[15] == 0.0f && std::signbit(gv[15])) << gv[15];   // -1000: -0
+  EXPECT_EQ(gv[20], 1000.0f);
+  // The same through every vector width's path (AVX-512's exp and the portable one).
+  kernels::GroupedConvShape s;
+  s.n = 1, s.c = 1, s.h = 2, s.w = w, s.o = 1, s.oh = 2, s.ow = w, s.kh = s.kw = 1;
+  kernels::GroupedConvEpilogue e;
+  e.act = kernels::GroupedConvEpilogue::Act::Silu;
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t width : cpu_vector_widths()) {
+    SCOPED_TRACE(fmt::format("{} floats per vector", width));
+    kernels::GroupedConv conv(s, e, &one, &zero, width);
+    Tensor y = Tensor::full({1, 1, 2, w}, std::nan(""), DType::Float32);
+    std::vector<float> scratch(size_t(conv.scratch_bytes(1) / 4 + 16));
+    void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) / 64 * 64);
+    kernels::ScopedCpuThreads one_thread(1);
+    conv.run(in.data<float>(), nullptr, y.data<float>(), aligned);
+    test::Comparison c = test::compare(y, want, test::Tolerance::rel(4e-6, 1e-30));
+    EXPECT_TRUE(c.ok()) << c.str();
+    EXPECT_TRUE(std::isnan(y.data<float>()[5])) << "silu(-inf)";
+    EXPECT_EQ(y.data<float>()[10], inf);
+  }
+}
+
+// Every vector width's path of the kernel (16: AVX-512, 8: AVX2, 4: generic; those this CPU
+// runs), called directly, against a float64 loop: stems with each activation (silu's two exp
+// forms: AVX-512's and the portable one), stride-2 rows staged whole vectors at a time and
+// element by element, NHWC in and out, a grouped convolution with a residual; random inputs
+// with a few values at float32's edges for silu.
+TEST(KilnGroupedConv, EveryVectorWidthMatchesFloat64) {
+  using Act = kernels::GroupedConvEpilogue::Act;
+  struct Case {
+    const char* name;
+    int64_t n, c, h, w, o, groups, k, pad, stride;
+    Act act;
+    bool residual, x_nhwc, y_nhwc;
+  };
+  const Case cases[] = {
+      {"stem_silu", 2, 3, 23, 67, 24, 1, 3, 1, 2, Act::Silu, false, false, false},
+      {"stem_silu_nhwc_out", 1, 3, 9, 130, 32, 1, 3, 1, 2, Act::Silu, false, false, true},
+      {"stem_7x7_relu", 1, 3, 21, 75, 16, 1, 7, 3, 2, Act::Relu, false, false, false},
+      {"stem_clamp_nhwc_in", 1, 4, 12, 41, 8, 1, 3, 1, 2, Act::Clamp, false, true, true},
+      {"grouped_silu_residual", 1, 32, 9, 40, 32, 8, 3, 1, 1, Act::Silu, true, true, true},
+      {"grouped_none", 2, 12, 10, 19, 18, 2, 5, 2, 2, Act::None, false, false, false},
+  };
+  const std::vector<int64_t> widths = cpu_vector_widths();
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(cs.name);
+    kernels::GroupedConvShape s;
+    s.n = cs.n, s.c = cs.c, s.h = cs.h, s.w = cs.w, s.o = cs.o, s.groups = cs.groups;
+    s.kh = s.kw = cs.k, s.pad_top = s.pad_left = cs.pad, s.stride_h = s.stride_w = cs.stride;
+    s.oh = (cs.h + 2 * cs.pad - cs.k) / cs.stride + 1;
+    s.ow = (cs.w + 2 * cs.pad - cs.k) / cs.stride + 1;
+    s.x_nhwc = cs.x_nhwc, s.y_nhwc = cs.y_nhwc;
+    kernels::GroupedConvEpilogue e;
+    e.act = cs.act, e.lo = -0.25f, e.hi = 0.75f, e.sum_scale = 0.5f, e.residual = cs.residual;
+    const int64_t cg = cs.c / cs.groups, og = cs.o / cs.groups, taps = cs.k * cs.k;
+    Generator gen(17);
+    Tensor w = Tensor::randn({cs.o, cg, cs.k, cs.k}, gen, DType::Float32);
+    Tensor b = Tensor::randn({cs.o}, gen, DType::Float32);
+    Tensor x = Tensor::randn({cs.n, cs.c, cs.h, cs.w}, gen, DType::Float32);  // logical NCHW
+    Tensor res = Tensor::randn({cs.n, cs.o, s.oh, s.ow}, gen, DType::Float32);
+    // Large enough values that silu meets the ends of exp's range: x and weights scaled so that
+    // some sums pass +-88.
+    float* xv = x.data<float>();
+    for (int64_t i = 0; i < x.numel(); i += 97) xv[i] *= 400.0f;
+    const float* wv = w.data<float>();
+    // Reference, float64, logical NCHW.
+    // Per output, the sum of its terms' magnitudes: float32's rounding of the sum is bounded by
+    // a multiple of it (the tolerance below), whatever the cancellation.
+    std::vector<double> want(size_t(cs.n * cs.o * s.oh * s.ow)), scales(want.size());
+    for (int64_t ni = 0; ni < cs.n; ++ni)
+      for (int64_t oc = 0; oc < cs.o; ++oc)
+        for (int64_t i = 0; i < s.oh; ++i)
+          for (int64_t j = 0; j < s.ow; ++j) {
+            const int64_t g = oc / og;
+            double acc = b.data<float>()[oc], mag = std::abs(acc);
+            for (int64_t ic = 0; ic < cg; ++ic)
+              for (int64_t ki = 0; ki < cs.k; ++ki)
+                for (int64_t kj = 0; kj < cs.k; ++kj) {
+                  const int64_t ih = i * cs.stride + ki - cs.pad, iw = j * cs.stride + kj - cs.pad;
+                  if (ih < 0 || ih >= cs.h || iw < 0 || iw >= cs.w) continue;
+                  const double t = double(wv[(oc * cg + ic) * taps + ki * cs.k + kj]) *
+                                   double(xv[((ni * cs.c + g * cg + ic) * cs.h + ih) * cs.w + iw]);
+                  acc += t;
+                  mag += std::abs(t);
+                }
+            const size_t at = size_t(((ni * cs.o + oc) * s.oh + i) * s.ow + j);
+            if (cs.residual) {
+              acc += 0.5 * double(res.data<float>()[at]);
+              mag += 0.5 * std::abs(double(res.data<float>()[at]));
+            }
+            scales[at] = mag;
+            if (cs.act == Act::Silu) acc = acc / (1.0 + std::exp(-acc));
+            if (cs.act == Act::Relu) acc = std::max(acc, 0.0);
+            if (cs.act == Act::Clamp) acc = std::min(std::max(acc, -0.25), 0.75);
+            want[at] = acc;
+          }
+    // Operands in the kernel's layouts: element (n, c, h, w) of an NCHW tensor at its NHWC place.
+    auto nhwc_at = [](const Tensor& t, int64_t ni, int64_t c, int64_t hw) {
+      const int64_t C = t.size(1), HW = t.size(2) * t.size(3);
+      return (ni * HW + hw) * C + c;
+    };
+    auto in_layout = [&](const Tensor& t, bool nhwc) {
+      if (!nhwc) return t.clone();
+      Tensor out = Tensor::empty(t.sizes(), DType::Float32);
+      const int64_t C = t.size(1), HW = t.size(2) * t.size(3);
+      for (int64_t ni = 0; ni < t.size(0); ++ni)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t hw = 0; hw < HW; ++hw)
+            out.data<float>()[nhwc_at(t, ni, c, hw)] = t.data<float>()[(ni * C + c) * HW + hw];
+      return out;
+    };
+    Tensor xk = in_layout(x, cs.x_nhwc), rk = in_layout(res, cs.y_nhwc);
+    for (int64_t width : widths) {
+      SCOPED_TRACE(fmt::format("{} floats per vector", width));
+      kernels::GroupedConv conv(s, e, wv, b.data<float>(), width);
+      EXPECT_STREQ(conv.isa(), width == 16 ? "avx512" : width == 8 ? "avx2" : "generic");
+      Tensor yk = Tensor::full({cs.n, cs.o, s.oh, s.ow}, std::nan(""), DType::Float32);
+      Tensor scratch = Tensor::empty({conv.scratch_bytes(1) + 64}, DType::UInt8);
+      void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.raw_data()) + 63) /
+                                              64 * 64);
+      kernels::ScopedCpuThreads one(1);
+      conv.run(xk.data<float>(), cs.residual ? rk.data<float>() : nullptr, yk.data<float>(), aligned);
+      Tensor y = yk.clone();
+      if (cs.y_nhwc)
+        for (int64_t ni = 0; ni < cs.n; ++ni)
+          for (int64_t c = 0; c < cs.o; ++c)
+            for (int64_t hw = 0; hw < s.oh * s.ow; ++hw)
+              y.data<float>()[(ni * cs.o + c) * s.oh * s.ow + hw] =
+                  yk.data<float>()[nhwc_at(yk, ni, c, hw)];
+      Tensor ref = Tensor::from_vector(want, {cs.n, cs.o, s.oh, s.ow});
+      // float32 sums: within (terms + 2) units of rounding of their magnitude (times 1.1, silu's
+      // largest slope); silu's exp within a few ulp of the result.
+      test::Tolerance tol = test::Tolerance::of_scales(scales, 1.1 * 6e-8 * double(cg * taps + 2));
+      tol.rtol = 1e-6;
+      test::Comparison cmp = test::compare(y, ref, tol);
+      EXPECT_TRUE(cmp.ok()) << cmp.str();
+    }
+  }
+}
+
 // Note [measured convolution layout]: where a convolution's layout is measured, Kiln's kernel
 // is one more timed candidate (grouped_conv=measured, the default) or not tried (onednn); the
 // thresholds 0 (measure every convolution) make the test independent of the machine's speed.
@@ -240,7 +439,7 @@ TEST(KilnGroupedConv, DescriptorRoundTripsAndUnknownLayoutsAreRefused) {
   EXPECT_EQ(kernels::kiln_direct_conv_why_not(dense), "not grouped, and more than 4 input channels");
   kernels::OnednnNodeDesc gelu = d;
   gelu.activation = "gelu";
-  EXPECT_EQ(kernels::kiln_direct_conv_why_not(gelu), "its activation is not relu or clamp");
+  EXPECT_EQ(kernels::kiln_direct_conv_why_not(gelu), "its activation is not relu, clamp or silu");
   // A record whose output is smaller than its input and padding give (a hand-edited package):
   // refused, so that the kernel never stages input columns past its plane.
   kernels::OnednnNodeDesc cropped = d;
@@ -272,6 +471,29 @@ TEST(Package, KilnGroupedConvolutionRoundTripsAndIsRefusedWhenLabelledOlder) {
   auto c2 = compiler::compile(n.g, Device::cpu(), plain);
   parse_package_container(package_bytes(c2->executable(), PackageInfo{}), "g", &version);
   EXPECT_LT(version, kKilnGroupedConvFormatVersion);
+}
+
+// Format version 11 (kKilnConvSiluFormatVersion): the kernel with a silu epilogue; labelled 10,
+// refused naming the launch and the epilogue. Without silu the kernel's packages stay 10.
+TEST(Package, KilnConvolutionWithSiluIsRefusedWhenLabelledOlder) {
+  const Spec& s = kSpecs[8];
+  ASSERT_STREQ(s.name, "stem_silu");
+  Net n = make_net(s, 406);
+  compiler::Options o;
+  o.knobs.set("grouped_conv", "kiln");
+  auto compiled = compiler::compile(n.g, Device::cpu(), o);
+  const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
+  uint32_t version = 0;
+  parse_package_container(bytes, "g", &version);
+  ASSERT_EQ(version, kKilnConvSiluFormatVersion);
+  std::string err = test::load_error_as_version(bytes, kKilnGroupedConvFormatVersion, "g");
+  EXPECT_NE(err.find("Kiln's grouped convolution kernel with a silu epilogue is unknown to format "
+                     "version 10"), std::string::npos) << err;
+  EXPECT_NE(err.find("launch"), std::string::npos) << err;
+  Generator gen(16);
+  TensorList in = {Tensor::randn({s.batch, s.c, s.h, s.w}, gen, DType::Float32)};
+  EXPECT_TRUE(test::close(load_package_bytes(bytes, "g").exe->run(in)[0], compiled->run(in)[0],
+                          test::Tolerance::exact()));
 }
 
 }  // namespace
