@@ -450,25 +450,40 @@ TEST(KilnGroupedConv, DescriptorRoundTripsAndUnknownLayoutsAreRefused) {
   EXPECT_EQ(kernels::kiln_direct_conv_why_not(bf16), "bfloat16");
 }
 
+// A package of the spec's graph with Kiln's kernel pinned, written as format version `written`,
+// and the error its bytes give when labelled `older` (naming the launch).
+struct LabelledPackage {
+  Net net;
+  std::unique_ptr<compiler::CompiledExecutable> compiled;
+  std::string bytes, older_error;
+};
+LabelledPackage package_labelled_older(const Spec& s, uint64_t seed, uint32_t written,
+                                       uint32_t older) {
+  LabelledPackage p{make_net(s, seed), nullptr, "", ""};
+  compiler::Options o;
+  o.knobs.set("grouped_conv", "kiln");
+  p.compiled = compiler::compile(p.net.g, Device::cpu(), o);
+  p.bytes = package_bytes(p.compiled->executable(), PackageInfo{});
+  uint32_t version = 0;
+  parse_package_container(p.bytes, "g", &version);
+  EXPECT_EQ(version, written) << s.name;
+  p.older_error = test::load_error_as_version(p.bytes, older, "g");
+  EXPECT_NE(p.older_error.find("launch"), std::string::npos) << p.older_error;
+  return p;
+}
+
 // Format version 10 (kKilnGroupedConvFormatVersion): a package labelled 9 that holds the
 // kernel's record is refused naming the launch.
 TEST(Package, KilnGroupedConvolutionRoundTripsAndIsRefusedWhenLabelledOlder) {
-  Net n = make_net(kSpecs[1], 405);
-  compiler::Options o;
-  o.knobs.set("grouped_conv", "kiln");
-  auto compiled = compiler::compile(n.g, Device::cpu(), o);
-  const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
-  uint32_t version = 0;
-  parse_package_container(bytes, "g", &version);
-  ASSERT_EQ(version, kKilnGroupedConvFormatVersion);
-  std::string err = test::load_error_as_version(bytes, kAttentionOutputFormatVersion, "g");
-  EXPECT_NE(err.find("Kiln's grouped convolution kernel (conv_layout kiln-direct) is unknown to "
-                     "format version 9"), std::string::npos) << err;
-  EXPECT_NE(err.find("launch"), std::string::npos) << err;
+  LabelledPackage p = package_labelled_older(kSpecs[1], 405, kKilnGroupedConvFormatVersion,
+                                             kAttentionOutputFormatVersion);
+  EXPECT_NE(p.older_error.find("Kiln's grouped convolution kernel (conv_layout kiln-direct) is "
+                               "unknown to format version 9"), std::string::npos) << p.older_error;
   // Under grouped_conv=onednn the same graph packages as before (version 8: prepacked weights).
   compiler::Options plain;
   plain.knobs.set("grouped_conv", "onednn");
-  auto c2 = compiler::compile(n.g, Device::cpu(), plain);
+  auto c2 = compiler::compile(p.net.g, Device::cpu(), plain);
+  uint32_t version = 0;
   parse_package_container(package_bytes(c2->executable(), PackageInfo{}), "g", &version);
   EXPECT_LT(version, kKilnGroupedConvFormatVersion);
 }
@@ -478,22 +493,14 @@ TEST(Package, KilnGroupedConvolutionRoundTripsAndIsRefusedWhenLabelledOlder) {
 TEST(Package, KilnConvolutionWithSiluIsRefusedWhenLabelledOlder) {
   const Spec& s = kSpecs[8];
   ASSERT_STREQ(s.name, "stem_silu");
-  Net n = make_net(s, 406);
-  compiler::Options o;
-  o.knobs.set("grouped_conv", "kiln");
-  auto compiled = compiler::compile(n.g, Device::cpu(), o);
-  const std::string bytes = package_bytes(compiled->executable(), PackageInfo{});
-  uint32_t version = 0;
-  parse_package_container(bytes, "g", &version);
-  ASSERT_EQ(version, kKilnConvSiluFormatVersion);
-  std::string err = test::load_error_as_version(bytes, kKilnGroupedConvFormatVersion, "g");
-  EXPECT_NE(err.find("Kiln's grouped convolution kernel with a silu epilogue is unknown to format "
-                     "version 10"), std::string::npos) << err;
-  EXPECT_NE(err.find("launch"), std::string::npos) << err;
+  LabelledPackage p = package_labelled_older(s, 406, kKilnConvSiluFormatVersion,
+                                             kKilnGroupedConvFormatVersion);
+  EXPECT_NE(p.older_error.find("Kiln's grouped convolution kernel with a silu epilogue is unknown "
+                               "to format version 10"), std::string::npos) << p.older_error;
   Generator gen(16);
   TensorList in = {Tensor::randn({s.batch, s.c, s.h, s.w}, gen, DType::Float32)};
-  EXPECT_TRUE(test::close(load_package_bytes(bytes, "g").exe->run(in)[0], compiled->run(in)[0],
-                          test::Tolerance::exact()));
+  EXPECT_TRUE(test::close(load_package_bytes(p.bytes, "g").exe->run(in)[0],
+                          p.compiled->run(in)[0], test::Tolerance::exact()));
 }
 
 }  // namespace
