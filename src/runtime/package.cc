@@ -868,8 +868,7 @@ class WeightsPass {
   char* block(size_t n, std::shared_ptr<void>* owner) {
     void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
-      fail_kind(ErrorKind::Runtime,
-                "cannot map {} bytes for the prepacked weights and the slot constants: {}", n,
+      fail_kind(ErrorKind::Runtime, "cannot map {} bytes for the prepacked weights: {}", n,
                 errno_text(errno));
     block_ = std::shared_ptr<void>(p, [n](void* b) { ::munmap(b, n); });
     *owner = block_;
@@ -1038,7 +1037,6 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
   auto exe = std::make_shared<Executable>();
   std::map<std::string, Tensor> weights;
   std::map<int32_t, KrscFilter> krsc_slots;  // CUDA: Note [Filters stored KRSC at load]
-  std::set<std::string> copied_by_pass;       // CPU slot constants the weights pass copies
   try {
     const std::span<const uint8_t> wbytes(reinterpret_cast<const uint8_t*>(weights_bytes.data()),
                                           weights_bytes.size());
@@ -1046,8 +1044,8 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       // Note [CPU package weights]: the weights are views of the bytes being loaded (the mapped
       // file), not copies. oneDNN's nodes reorder most of them into prepacked copies of their
       // own at build time and never read them again; what the kernels read at run time (a
-      // constant with a slot, a oneDNN node's constant operand) is copied (by the weights pass,
-      // below, or in the node), so nothing refers to the file once the load returns: a package overwritten in
+      // constant with a slot, a oneDNN node's constant operand) is copied below and in the
+      // node, so nothing refers to the file once the load returns: a package overwritten in
       // place after its load cannot change what a loaded model computes. resnet50: 100 MB less
       // resident memory (peak RSS of `kiln bench` 327 -> 229 MiB); the load takes about as
       // long as before (0.17-0.25 s on the 2-core dev machine), as the reorders now read the
@@ -1056,50 +1054,19 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       // prepacked weights are copied into one block that their nodes then read in place (a
       // copy, so that nothing refers to the file once the load returns), by the weights pass,
       // chunk by chunk as it verifies them, beside the launches' build (WeightsPass::block).
-      // The constants with a slot (read by the kernels at run time) are copied the same way,
-      // into the same block: the pass's threads copy them from the pages the hash is reading,
-      // where a copy on the loading thread after the pass started (as before) took bert_base's
-      // 90 MB embedding tables 54-76 ms of a 244-295 ms load. As with the prepacked entries,
-      // nothing reads the block before the load has waited for the pass.
-      std::set<std::string> packed_names, slot_names;
+      std::set<std::string> packed_names;
       for (const json& l : m.at("launches"))
         if (l.contains("params") && l.at("params").is_object() && l.at("params").contains("prepacked"))
           for (const json& e : l.at("params").at("prepacked"))
             if (e.is_object() && e.contains("entry") && e.at("entry").is_string())
               packed_names.insert(e.at("entry").get<std::string>());
-      // Only those no launch names (a oneDNN node reads its constant operands while it is
-      // built, during the load, before the pass has copied anything). Malformed records are left
-      // to the constants' checks below, which name them.
-      std::set<std::string> named_by_launches;
-      auto scan = [&](auto&& self, const json& j) -> void {
-        if (j.is_object()) {
-          for (auto it = j.begin(); it != j.end(); ++it) {
-            if (it.key() == "constant" && it->is_string()) named_by_launches.insert(it->get<std::string>());
-            self(self, *it);
-          }
-        } else if (j.is_array()) {
-          for (const json& e : j) self(self, e);
-        }
-      };
-      scan(scan, m.at("launches"));
-      if (m.contains("constants") && m.at("constants").is_array())
-        for (const json& c : m.at("constants"))
-          if (c.is_object() && c.contains("name") && c.at("name").is_string() &&
-              c.contains("slot") && c.at("slot").is_number_integer() && c.at("slot") != -1 &&
-              !c.contains("prepacked") && !named_by_launches.count(c.at("name").get<std::string>()))
-            slot_names.insert(c.at("name").get<std::string>());
       std::vector<SafetensorsEntry> entries =
           parse_safetensors_entries(wbytes, source + ": section 'weights'");
       constexpr size_t kPage = 4096;
-      // An entry the pass copies into the block: a prepacked one (bytes), or a slot constant
-      // whose bytes are its values (bool entries are converted by the parser instead).
-      auto in_block = [&](const SafetensorsEntry& e) {
-        return e.nbytes > 0 && ((packed_names.count(e.name) && e.dtype == DType::UInt8) ||
-                                (slot_names.count(e.name) && e.dtype != DType::Bool));
-      };
       size_t block_bytes = 0;
       for (const SafetensorsEntry& e : entries)
-        if (in_block(e)) block_bytes += (size_t(e.nbytes) + kPage - 1) / kPage * kPage;
+        if (packed_names.count(e.name) && e.dtype == DType::UInt8 && e.nbytes > 0)
+          block_bytes += (size_t(e.nbytes) + kPage - 1) / kPage * kPage;
       char* block = nullptr;
       if (block_bytes > 0) {
         std::shared_ptr<void> owner;
@@ -1109,12 +1076,11 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       size_t block_used = 0;
       for (const SafetensorsEntry& e : entries) {
         const uint8_t* at = wbytes.data() + e.offset;
-        if (block && in_block(e)) {
+        if (block && packed_names.count(e.name) && e.dtype == DType::UInt8 && e.nbytes > 0) {
           char* dst = block + block_used;
           block_used += (size_t(e.nbytes) + kPage - 1) / kPage * kPage;
           pass.copy(size_t(e.offset), dst, size_t(e.nbytes));
           weights.emplace(e.name, Tensor::from_blob(dst, e.sizes, e.dtype, Device::cpu()));
-          if (slot_names.count(e.name)) copied_by_pass.insert(e.name);
           continue;
         }
         bool in_place = e.dtype != DType::Bool && e.nbytes > 0 &&
@@ -1216,9 +1182,8 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
         check_slot(slot, where);
         if (slot == 0 || slot_used[size_t(slot)]) throw std::out_of_range("slot taken");
         slot_used[size_t(slot)] = true;
-        // Read at run time: a copy of its own (Note [CPU package weights]), the weights pass's
-        // unless the entry is one it does not copy.
-        if (!cuda && !copied_by_pass.count(name)) it->second = it->second.clone();
+        // Read at run time: a copy of its own (Note [CPU package weights]).
+        if (!cuda) it->second = it->second.clone();
         exe->set_slot(slot, static_cast<char*>(it->second.raw_data()));
         exe->keep_alive.push_back(std::make_shared<Tensor>(it->second));
       } else if (cuda) {
@@ -1229,7 +1194,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       // Note [Filters stored KRSC at load]: those filters' data is KRSC.
       exe->constants.push_back({name, slot, it->second, krsc_slots.count(slot) ? "krsc" : ""});
     }
-    phase("constants");  // (CPU: the copies of slot constants the weights pass does not make)
+    phase("constants");  // (CPU: the copies of those with a slot)
     // Note [Package signature]: `symbols` (absent in packages before it: none) gives each named
     // dim's value; every named dim must be its symbol's value.
     std::map<std::string, int64_t> symbols;
