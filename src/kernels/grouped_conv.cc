@@ -33,8 +33,8 @@
 // depthwise convolutions), v / (1 + e^-v) with a vector exp (exp_of below). On EfficientNet-V2's
 // 3 -> 24 stride-2 stem (224x224, silu, NCHW in, NHWC out, one thread of the 2026-12-07 AMD EPYC
 // VM, whose AVX-512 runs 256 bits at a time): 0.30-0.32 ms called alone, of which silu is
-// 0.10 (0.15-0.20 with the portable exp; the scalar stride-2 staging took about as much as the
-// convolution before it was vectorized), against oneDNN's 0.45-0.56 ms with its input
+// 0.09-0.10 (0.13-0.16 with the portable exp; the scalar stride-2 staging took about as much as
+// the convolution before it was vectorized), against oneDNN's 0.45-0.70 ms with its input
 // reorder; inside the model's measurement 0.47 against 0.56, short of the 0.75 that replaces
 // a timed default, so oneDNN keeps it there. It is not chosen by a rule:
 // it is one more candidate of the measured convolution layout (Note [measured convolution
