@@ -336,18 +336,10 @@ MemoryPlan plan_memory(const Graph& g, const PlanOptions& options) {
         last[size_t(input_of[v])] = std::max(last[size_t(input_of[v])], p.last_use);
     }
     for (size_t k = 0; k < g.inputs.size(); ++k) {
-      const Value& x = g.value(g.inputs[k]);
-      int64_t elems = 1;
-      for (size_t d = 0; d < x.type.shape.size(); ++d) {
-        if (!x.type.shape[d].is_concrete())
-          throw_error(ErrorKind::NotSupported,
-                      fmt::format("memory planner: input '%{}' has symbolic shape {}: dynamic "
-                                  "shapes are not supported yet", x.name, x.type.str()));
-        elems *= x.type.shape[d].value();
-      }
       PlanBuffer b;
       b.staging_of = int32_t(k);
-      b.bytes = align_up(std::max<int64_t>(elems * dtype_size(x.type.dtype), 1), options.alignment);
+      // (At least one alignment unit: an empty input still gets a buffer of its own.)
+      b.bytes = std::max(value_bytes(g, g.inputs[k], options.alignment), options.alignment);
       b.begin = 0;
       b.end = last[k];
       plan.buffers.push_back(std::move(b));
@@ -581,9 +573,7 @@ void verify_memory_plan(const Graph& g, const MemoryPlan& plan, const PlanOption
           !b.members.empty() || b.scratch_of >= 0)
         bad(fmt::format("staging buffer {} names no staged input or holds values", bi));
       ++staging_buffers[k];
-      const ValueId x = g.inputs[k];
-      int64_t need = dtype_size(g.type(x).dtype);
-      for (size_t d = 0; d < g.type(x).shape.size(); ++d) need *= g.type(x).shape[d].value();
+      const int64_t need = value_bytes(g, g.inputs[k], 1);
       if (b.begin != 0 || b.end < input_last[k])
         bad(fmt::format("{} is live over [{}, {}], the input over [0, {}]", owner(b), b.begin,
                         b.end, input_last[k]));

@@ -294,7 +294,7 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (inputs[i].staging_offset >= 0) continue;
         off[i] = total;
-        total += (int64_t(numel(inputs[i].sizes)) * dtype_size(inputs[i].dtype) + 255) / 256 * 256;
+        total += (inputs[i].bytes() + 255) / 256 * 256;
       }
       if (total > 0) c->staging_owner = allocate_device_arena(total, device_.index);
       // By slot, not by position: the caller may reorder `inputs` after a context exists (a
@@ -337,10 +337,12 @@ std::unique_ptr<Executable::Context> Executable::make_context() {
   return c;
 }
 
+int64_t Executable::InputSpec::bytes() const { return int64_t(numel(sizes)) * dtype_size(dtype); }
+
 void Executable::prepare() {
   for (const InputSpec& in : inputs) {  // Note [Input staging in the arena]
     if (in.staging_offset < 0) continue;
-    const int64_t bytes = int64_t(numel(in.sizes)) * dtype_size(in.dtype);
+    const int64_t bytes = in.bytes();
     if (!device_.is_cuda() || in.staging_offset % 256 != 0 ||
         in.staging_offset > arena_bytes_ - bytes)
       fail_kind(ErrorKind::Internal,

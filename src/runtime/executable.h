@@ -90,6 +90,7 @@ class Executable {
     DType dtype = DType::Float32;
     Dims sizes;
     int32_t slot = -1;
+    int64_t bytes() const;  // numel(sizes) elements of dtype
     // CUDA: where the input is copied when it cannot be read in place (graph mode, a host
     // input): this byte offset in the context's arena (Note [Input staging in the arena] in
     // lower/memory_planner.cc), 256-byte aligned; -1: a staging block of its own.

@@ -1219,7 +1219,7 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       if (j.contains("staging_offset")) {
         // Note [Input staging in the arena]: inside the arena, 256-byte aligned, CUDA only.
         in.staging_offset = j.at("staging_offset").get<int64_t>();
-        const int64_t bytes = int64_t(numel(in.sizes)) * dtype_size(in.dtype);
+        const int64_t bytes = nbytes_of(in.sizes, in.dtype);
         if (!cuda)
           throw std::out_of_range("staging_offset in a CPU package (a CPU package stages no input)");
         if (in.staging_offset < 0 || in.staging_offset % 256 != 0 || in.staging_offset > arena - bytes)
