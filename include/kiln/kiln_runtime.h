@@ -15,6 +15,12 @@
  * safe at any time. kiln_model_close must not race with other calls on the same model. The last
  * error is per thread.
  *
+ * Threads of a CPU package: its kernels run on OpenMP threads. kiln_model_open builds the
+ * package's oneDNN primitives for the opening thread's OpenMP thread count (omp_get_max_threads:
+ * OMP_NUM_THREADS or omp_set_num_threads), at most the count the package was built with; a call
+ * uses no more than that. Set the count before kiln_model_open: a primitive keeps the count it
+ * was built for, so lowering it later does not make calls use fewer threads.
+ *
  * Buffers: inputs[i] holds kiln_model_input(i).bytes bytes, contiguous row-major in its dtype;
  * outputs[i] receives kiln_model_output(i).bytes bytes. Buffers need no particular alignment. */
 #ifndef KILN_KILN_RUNTIME_H

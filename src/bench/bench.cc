@@ -511,6 +511,10 @@ std::string BenchResult::json(int indent) const {
   j["launches_per_call"] = opt(launches_per_call);
   j["steady_state_allocs_per_call"] = opt(steady_state_allocs_per_call);
   j["involuntary_switches_per_call"] = involuntary_switches_per_call;
+  j["cpu_busy_cores"] = cpu_busy_cores;
+  j["package_onednn_threads"] = package_onednn_threads ? json(*package_onednn_threads) : json(nullptr);
+  j["package_nodes_at_written_threads"] =
+      package_nodes_at_written_threads ? json(*package_nodes_at_written_threads) : json(nullptr);
   j["host"] = {{"cpu_model", host.cpu_model}, {"isa", host.isa}, {"cores", host.cores}};
   return j.dump(indent);
 }
@@ -602,6 +606,10 @@ BenchResult run_bench(const BenchOptions& given) {
   r.load_s = load_s;
   r.cuda_context_s = context_s;
   if (pkg) r.load_phases_s = pkg->load_phases;
+  if (pkg && !cuda) {
+    r.package_onednn_threads = pkg->onednn_threads;
+    r.package_nodes_at_written_threads = pkg->onednn_nodes_at_written_threads;
+  }
   if (pkg) r.cuda_code = pkg->cuda_code;
   r.model = m.name;
   r.device = o.device;
@@ -698,6 +706,9 @@ BenchResult run_bench(const BenchOptions& given) {
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     if (o.progress) o.progress(++done, total, seconds_since(start));
   }
+  rusage ru1{};
+  getrusage(RUSAGE_SELF, &ru1);
+  const double timed_wall_s = seconds_since(timed_start);
   // Note [Device time in calls of its own]: the device time is measured in calls after the
   // timed ones, never inside them.
   std::vector<double> device_ms;
@@ -713,9 +724,12 @@ BenchResult run_bench(const BenchOptions& given) {
     }
   }
   if (counter) r.steady_state_allocs_per_call = double(allocs) / double(ms.size());
-  rusage ru1{};
-  getrusage(RUSAGE_SELF, &ru1);
   r.involuntary_switches_per_call = double(ru1.ru_nivcsw - ru0.ru_nivcsw) / double(ms.size());
+  auto cpu_s = [](const rusage& u) {
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  r.cpu_busy_cores = timed_wall_s > 0 ? (cpu_s(ru1) - cpu_s(ru0)) / timed_wall_s : 0;
 
   r.iters = int64_t(ms.size());
   r.p50_ms = percentile(ms, 50);

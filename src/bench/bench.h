@@ -130,6 +130,13 @@ struct BenchResult {
   // timed calls, per call: how often the OS took a core away from the benchmark. With every
   // core busy (threads = cores), each one can stall a parallel region for a scheduler slice.
   double involuntary_switches_per_call = 0;
+  // The process's CPU time (user + system, every thread) over the wall time of the timed calls:
+  // how many cores the calls kept busy, spinning OpenMP threads included (1.0 for one thread
+  // that never waits). More than `threads` means threads the caller did not ask for.
+  double cpu_busy_cores = 0;
+  // A CPU package: the OpenMP thread count its oneDNN nodes were rebuilt for at load, and how
+  // many of its oneDNN nodes kept the count it was written for (LoadedPackage).
+  std::optional<int> package_onednn_threads, package_nodes_at_written_threads;
   std::optional<double> steady_state_allocs_per_call;
   HostInfo host;
 

@@ -1597,7 +1597,10 @@ void OnednnNode::run(Instance& inst, const void* const* inputs, void* output,
   // run with more threads, the extra threads would index past it. Both happen: a graph compiled
   // (or a package written) under `threads=1` and called with the default, a package loaded into
   // a process with more threads. So a call with more threads runs the node's steps with the
-  // creation count (an ICV store, no allocation); fewer threads use part of the scratchpad.
+  // creation count (an ICV store, no allocation). A call with fewer threads does not make the
+  // primitives use fewer: brgconv forks its creation count regardless, which is why a package's
+  // loader builds its nodes for the loading thread's count (Note [oneDNN threads at load] in
+  // runtime/launch_library.cc).
   const int caller_threads = omp_get_max_threads();
   const bool capped = caller_threads > p.threads;
   if (capped) [[unlikely]] omp_set_num_threads(p.threads);

@@ -311,6 +311,22 @@ Executable::Launch rebuild_loop(const LaunchRecord& r, LaunchEnv& env, const std
   return make_loop_launch(reinterpret_cast<void (*)(char* const*, int)>(sym), symbol, threads).launch;
 }
 
+// Note [oneDNN threads at load]
+// A oneDNN primitive runs its parallel regions with the thread count it was created for, not the
+// caller's: brgconv forks that many OpenMP threads whatever omp_get_max_threads() says at the
+// call (Note [oneDNN thread count] in kernels/onednn_node.cc caps a call with more threads, but a
+// call with fewer cannot make it use fewer). Packages were rebuilt for the count they were
+// written with (the manifest's target.threads), so a package built on a 2-core machine and run
+// by a caller that wants one thread ran on two: resnet50's package under `kiln bench --threads 1`
+// took 33.5 ms a call with two cores busy, against 54.8 ms on one core as built for one thread.
+// On a target with fewer cores than the build machine that oversubscribes every core. So the
+// loader builds each oneDNN node for the loading thread's count where that is lower, and keeps
+// it only if it is the node as written: the same implementation and layouts (its description),
+// the same prepacked weight layouts, no more scratch than planned. oneDNN picks implementations
+// by thread count as well as by CPU, so a node that comes out differently is built again for the
+// written count, as before, and counted (LoadedPackage::onednn_nodes_at_written_threads); the
+// package then computes what it was written to compute either way. The count a load used is
+// the process's for the package's life: a later call with fewer threads does not shrink it.
 Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const std::string& where) {
   json p = kernels::parse_untrusted_json(r.params);
   std::string desc_json = p.at("desc").dump();
@@ -358,20 +374,44 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
         if (g.constant == c) return &g;
       return nullptr;
     };
-  std::shared_ptr<kernels::OnednnNode> node;
-  try {
-    node = kernels::OnednnNode::build(desc, *env.onednn_layouts, env.constant, source);
-  } catch (const Error& e) {  // (a prepacked layout this machine does not compute with)
-    throw_error(e.kind(), fmt::format("{}: {}", where, e.message()));
-  }
-  if (node->lowered())
+  auto build = [&] { return kernels::OnednnNode::build(desc, *env.onednn_layouts, env.constant, source); };
+  // Whether every listed prepacked weight is one the node reads as such.
+  auto takes_given = [&](const kernels::OnednnNode& n) -> const kernels::PrepackedWeights* {
     for (const kernels::PrepackedWeights& g : given) {
       bool taken = false;
-      for (const kernels::PrepackedWeights& w : node->prepacked()) taken = taken || w.constant == g.constant;
-      if (!taken)
-        throw std::out_of_range("prepacked weights for '" + g.constant +
-                                "', which the node does not read as prepacked weights");
+      for (const kernels::PrepackedWeights& w : n.prepacked()) taken = taken || w.constant == g.constant;
+      if (!taken) return &g;
     }
+    return nullptr;
+  };
+  std::shared_ptr<kernels::OnednnNode> node;
+  ++env.onednn_nodes;
+  // Note [oneDNN threads at load]: first for the loading thread's count; kept only if the node is
+  // exactly the one written (the checks below would refuse anything else).
+  const int current = kernels::cpu_threads();
+  if (env.onednn_load_threads > 0 && env.onednn_load_threads < current) {
+    try {
+      kernels::ScopedCpuThreads fewer(env.onednn_load_threads);
+      node = build();
+    } catch (const Error&) {  // a prepacked layout it does not compute with: as written, below
+      node = nullptr;
+    }
+    if (node && (!node->lowered() || node->description() != expect || takes_given(*node) ||
+                 (planned_scratch >= 0 && node->scratch_bytes() > planned_scratch)))
+      node = nullptr;
+    if (!node) ++env.onednn_nodes_at_written_threads;
+  }
+  if (!node) {
+    try {
+      node = build();
+    } catch (const Error& e) {  // (a prepacked layout this machine does not compute with)
+      throw_error(e.kind(), fmt::format("{}: {}", where, e.message()));
+    }
+  }
+  if (node->lowered())
+    if (const kernels::PrepackedWeights* g = takes_given(*node))
+      throw std::out_of_range("prepacked weights for '" + g->constant +
+                              "', which the node does not read as prepacked weights");
   if (!node->lowered())
     fail_kind(ErrorKind::Runtime, "{}: oneDNN has no implementation for node '{}' on this machine "
               "({}); rebuild the package here with `kiln compile`", where, desc.node,

@@ -202,6 +202,13 @@ struct LaunchEnv {
   std::function<void*(const std::string& symbol)> symbol;  // in the kernels' shared object; null if absent
   std::function<Tensor(const std::string& name)> constant;  // weights by name
   kernels::OnednnLayouts* onednn_layouts = nullptr;         // shared by the package's nodes
+  // Note [oneDNN threads at load] (launch_library.cc): a CPU package's oneDNN nodes are rebuilt
+  // for this OpenMP thread count (the loading thread's, when it is below the count the package
+  // was written for, which is current during the rebuilds) wherever that gives each node as it
+  // was written; 0: the current count. A node that comes out differently is built for the current
+  // count instead, and counted in onednn_nodes_at_written_threads.
+  int onednn_load_threads = 0;
+  int onednn_nodes = 0, onednn_nodes_at_written_threads = 0;  // rebuilt so far
   // Bytes available from the start of each slot's buffer (the arena, an input, a constant):
   // every buffer a rebuilt launch reads or writes through the slot table is checked against it,
   // so an edited manifest cannot make a launch reach outside its buffers. Null: not checked.

@@ -1359,7 +1359,10 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
     };
     env.num_slots = int32_t(num_slots);
     // oneDNN nodes are rebuilt for the thread count the writer planned their scratch for (Note
-    // [oneDNN thread count] in kernels/onednn_node.cc: a call with more threads is capped).
+    // [oneDNN thread count] in kernels/onednn_node.cc: a call with more threads is capped), or
+    // for the loading thread's where that is lower and gives the same node (Note [oneDNN threads
+    // at load] in launch_library.cc).
+    if (!cuda) env.onednn_load_threads = std::min(out.threads, kernels::cpu_threads());
     kernels::ScopedCpuThreads writer_threads(out.threads);
     std::vector<const json*> launches;
     std::vector<LaunchRecord> records;
@@ -1445,6 +1448,12 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
       l.name = j.at("name").get<std::string>();
       l.nodes = j.at("nodes").get<std::string>();
       exe->launches.push_back(std::move(l));
+    }
+    if (!cuda) {
+      out.onednn_nodes = env.onednn_nodes;
+      out.onednn_nodes_at_written_threads = env.onednn_nodes_at_written_threads;
+      out.onednn_threads = env.onednn_nodes_at_written_threads == env.onednn_nodes
+                               ? out.threads : env.onednn_load_threads;
     }
   } catch (const Error&) {
     throw;

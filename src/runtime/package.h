@@ -140,6 +140,12 @@ struct LoadedPackage {
   std::string cuda_code;
   uint32_t format_version = 0;
   int threads = 0;       // the OpenMP thread count it was built with
+  // CPU: the OpenMP thread count its oneDNN nodes were rebuilt for: the loading thread's where
+  // lower than `threads` (Note [oneDNN threads at load] in launch_library.cc), except for the
+  // onednn_nodes_at_written_threads of its onednn_nodes that came out differently with it and
+  // were built for `threads` (all of them: onednn_threads is `threads`).
+  int onednn_threads = 0;
+  int onednn_nodes = 0, onednn_nodes_at_written_threads = 0;
   int64_t file_bytes = 0, weights_bytes = 0, kernels_bytes = 0, source_bytes = 0;  // kernels: cpu or cuda
   // Where the load's wall time went, in seconds, in load order: "verify" (container and section
   // hashes), "device" (CUDA: the device and its context), "weights" (parsed, and uploaded for

@@ -8,9 +8,11 @@
 // describes and runs a package from several threads at once.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -173,6 +175,47 @@ TEST(Package, ThreadCountsAtWriteLoadAndCallMayDiffer) {
     EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::of_max_ref(1e-5))) << "package" << at;
     EXPECT_TRUE(test::close(again[0], want[0], test::Tolerance::of_max_ref(1e-5))) << "compiled" << at;
   }
+}
+
+// The reverse: a package written for two threads, loaded by a caller that wants one. oneDNN's
+// primitives fork the thread count they were created for whatever the caller's count is at the
+// call, so the loader builds them for the loading thread's count where that gives the node as
+// written (Note [oneDNN threads at load] in runtime/launch_library.cc). Before, this package ran
+// every call on two cores (`kiln bench r50.kiln --threads 1`: CPU time 2.0x the wall time).
+TEST(Package, LoadedForFewerThreadsThanWrittenRunsOnThem) {
+  TempDir dir;
+  Packaged p;
+  TensorList in = nn::zoo_example_inputs("resnet18", 1, 304);
+  TensorList want;
+  {
+    kernels::ScopedCpuThreads two(2);
+    p = package_zoo("resnet18", dir.path);
+  }
+  kernels::ScopedCpuThreads one(1);
+  want = p.compiled->run(in);  // the reference: the graph the package was written from
+  ASSERT_GT(max_abs_value(want[0]), 0.0);
+  LoadedPackage loaded = load_package(p.path);
+  EXPECT_EQ(loaded.threads, 2);
+  EXPECT_EQ(loaded.onednn_threads, 1);
+  ASSERT_GT(loaded.onednn_nodes, 0);
+  EXPECT_LT(loaded.onednn_nodes_at_written_threads, loaded.onednn_nodes);
+  std::printf("resnet18 written for 2 threads, loaded for 1: %d of %d oneDNN nodes kept 2\n",
+              loaded.onednn_nodes_at_written_threads, loaded.onednn_nodes);
+  TensorList got = loaded.exe->run(in);
+  EXPECT_TRUE(test::close(got[0], want[0], test::Tolerance::of_max_ref(1e-5)));
+  // The calls keep one core busy: the process's CPU time (every thread) is within its wall time.
+  auto cpu_s = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  const double c0 = cpu_s();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i) loaded.exe->run(in);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double cpu = cpu_s() - c0;
+  EXPECT_LE(cpu, 1.2 * wall + 0.02) << "CPU " << cpu << " s over " << wall << " s of wall time";
 }
 
 // branchy's host code branches on a computed value: two graphs and a guard, which one package

@@ -66,7 +66,8 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
         "loaded_device_bytes", "resident_device_bytes", "steady_peak_device_bytes",
         "launches_per_call",
         "steady_state_allocs_per_call", "host", "iters", "warmup", "samples_ms", "device_p50_ms",
-        "device_p99_ms", "involuntary_switches_per_call", "compile_cache"})
+        "device_p99_ms", "involuntary_switches_per_call", "cpu_busy_cores",
+        "package_onednn_threads", "package_nodes_at_written_threads", "compile_cache"})
     EXPECT_TRUE(j.contains(k)) << k;
   EXPECT_EQ(j["model"], "mlp");
   EXPECT_EQ(j["compile_cache"], "fresh");
@@ -104,6 +105,12 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
   EXPECT_LE(j["launches_per_call"].get<int64_t>(), 4);
   EXPECT_TRUE(j["steady_state_allocs_per_call"].is_null());  // no counter registered here
   EXPECT_GE(j["involuntary_switches_per_call"].get<double>(), 0.0);
+  // Some CPU time went into the timed calls, and no more than every core's wall time could give
+  // (plus the clock's grain over a few milliseconds of calls).
+  EXPECT_GT(j["cpu_busy_cores"].get<double>(), 0.0);
+  EXPECT_LE(j["cpu_busy_cores"].get<double>(), double(j["host"]["cores"].get<int>()) + 1.0);
+  EXPECT_TRUE(j["package_onednn_threads"].is_null());  // not a package
+  EXPECT_TRUE(j["package_nodes_at_written_threads"].is_null());
   EXPECT_FALSE(j["host"]["cpu_model"].get<std::string>().empty());
   EXPECT_GE(j["host"]["cores"].get<int>(), 1);
   EXPECT_TRUE(j["host"]["isa"].is_array());
