@@ -393,8 +393,8 @@ Executable::Launch rebuild_onednn(const LaunchRecord& r, LaunchEnv& env, const s
     try {
       kernels::ScopedCpuThreads fewer(env.onednn_load_threads);
       node = build();
-    } catch (const Error&) {  // a prepacked layout it does not compute with: as written, below
-      node = nullptr;
+    } catch (const std::exception&) {  // e.g. a prepacked layout it does not compute with:
+      node = nullptr;                    // built as written, below (which reports any error)
     }
     if (node && (!node->lowered() || node->description() != expect || takes_given(*node) ||
                  (planned_scratch >= 0 && node->scratch_bytes() > planned_scratch)))
