@@ -14,8 +14,6 @@
 // of one length (the chunks), since their padding block is then the same for every lane.
 #include "support/hash.h"
 
-#include <cstring>
-
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
