@@ -3,11 +3,22 @@
 // process (operator new, OpenMP, tensor buffers from aligned_alloc all land here); each wrapper
 // bumps one relaxed atomic and forwards to glibc's implementation (__libc_*), so pointers stay
 // compatible with every other glibc entry point. Only this binary pays for the counting.
+//
+// Note [allocation sites] (bench/bench.h): between begin() and end() of the site recorder, each
+// allocation also records its callers (backtrace() into static storage: recording allocates
+// nothing itself) and end() names the module whose code asked for it.
+#include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <string_view>
 
 #include "bench/bench.h"
 
@@ -22,11 +33,91 @@ void __libc_free(void*);
 namespace {
 constinit std::atomic<int64_t> g_allocs{0};
 
+// The site recorder's state: at most kMaxSites allocations of kDepth frames each.
+constexpr int kDepth = 24;
+constexpr int64_t kMaxSites = 8192;
+constinit std::atomic<bool> g_recording{false};
+constinit std::atomic<int64_t> g_sites{0};
+void* g_frames[kMaxSites][kDepth];
+int g_depths[kMaxSites];
+thread_local bool t_recording = false;  // an allocation inside backtrace() is not recorded again
+
+void record_site() {
+  if (t_recording) return;
+  t_recording = true;
+  const int64_t i = g_sites.fetch_add(1, std::memory_order_relaxed);
+  if (i < kMaxSites) g_depths[i] = backtrace(g_frames[i], kDepth);
+  t_recording = false;
+}
+
 int64_t read_allocs() { return g_allocs.load(std::memory_order_relaxed); }
-void count() { g_allocs.fetch_add(1, std::memory_order_relaxed); }
+void count() {
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (g_recording.load(std::memory_order_relaxed)) record_site();
+}
+
+void begin_sites() {
+  void* warm[2];
+  backtrace(warm, 2);  // its first call loads the unwinder (which allocates)
+  g_sites.store(0);
+  g_recording.store(true);
+}
+
+// The basename of a loaded module's path.
+std::string_view base_name(const char* path) {
+  std::string_view p(path);
+  size_t slash = p.rfind('/');
+  return slash == std::string_view::npos ? p : p.substr(slash + 1);
+}
+
+// Libraries whose code is passed over to find the module that asked: the C and C++ runtimes,
+// the unwinder and OpenMP (an OpenMP team's allocation belongs to the code that forked it).
+bool support_library(std::string_view name) {
+  for (std::string_view lib : {"libc.so", "libstdc++.so", "libgcc_s.so", "libgomp.so", "libm.so",
+                               "ld-linux"})
+    if (name.substr(0, lib.size()) == lib) return true;
+  return false;
+}
+
+// Compute libraries that Kiln calls and whose allocations are their own.
+bool external_library(std::string_view name) {
+  for (std::string_view lib : {"libdnnl", "libcudnn", "libcublas", "libcuda.", "libcudart",
+                               "libnvrtc", "libnvJitLink", "libOpenCL", "libsleef"})
+    if (name.substr(0, lib.size()) == lib) return true;
+  return false;
+}
+
+// The module that asked for allocation `i`: past the allocator's own frames (this binary's,
+// leading) and the support libraries, the first frame's module; an external library by its file
+// name, anything else (this binary, libkiln_*, the generated kernels) "kiln".
+std::string site_module(int64_t i, const void* self_base) {
+  bool leading = true;
+  for (int f = 0; f < g_depths[i]; ++f) {
+    Dl_info di{};
+    if (!dladdr(g_frames[i][f], &di) || !di.dli_fname) return "unattributed";
+    if (leading && di.dli_fbase == self_base) continue;
+    leading = false;
+    std::string_view name = base_name(di.dli_fname);
+    if (support_library(name)) continue;
+    return external_library(name) ? std::string(name) : "kiln";
+  }
+  return "unattributed";
+}
+
+std::map<std::string, int64_t> end_sites() {
+  g_recording.store(false);
+  std::map<std::string, int64_t> out{{"kiln", 0}};
+  Dl_info self{};
+  dladdr(reinterpret_cast<void*>(&record_site), &self);
+  const int64_t n = g_sites.load();
+  for (int64_t i = 0; i < std::min(n, kMaxSites); ++i) ++out[site_module(i, self.dli_fbase)];
+  if (n > kMaxSites) out["unattributed"] += n - kMaxSites;
+  return out;
+}
 
 const bool g_registered = [] {
   kiln::set_alloc_counter(&read_allocs);
+  kiln::set_alloc_site_recorder({&begin_sites, &end_sites});
   return true;
 }();
 }  // namespace

@@ -104,6 +104,8 @@ class ScopedCacheDir {
 
 namespace {
 std::atomic<AllocCounterFn> g_alloc_counter{nullptr};
+std::atomic<void (*)()> g_alloc_sites_begin{nullptr};
+std::atomic<std::map<std::string, int64_t> (*)()> g_alloc_sites_end{nullptr};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -111,6 +113,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void set_alloc_counter(AllocCounterFn fn) { g_alloc_counter.store(fn); }
+void set_alloc_site_recorder(AllocSiteRecorder recorder) {
+  g_alloc_sites_end.store(nullptr);
+  g_alloc_sites_begin.store(recorder.begin);
+  g_alloc_sites_end.store(recorder.begin ? recorder.end : nullptr);
+}
 
 double percentile(std::vector<double> s, double p) {
   if (s.empty()) return NAN;
@@ -510,6 +517,8 @@ std::string BenchResult::json(int indent) const {
   j["arena_bytes"] = opt(arena_bytes);
   j["launches_per_call"] = opt(launches_per_call);
   j["steady_state_allocs_per_call"] = opt(steady_state_allocs_per_call);
+  j["steady_state_allocs_by_module"] =
+      steady_state_allocs_by_module.empty() ? json(nullptr) : json(steady_state_allocs_by_module);
   j["involuntary_switches_per_call"] = involuntary_switches_per_call;
   j["cpu_busy_cores"] = cpu_busy_cores;
   j["package_onednn_threads"] = package_onednn_threads ? json(*package_onednn_threads) : json(nullptr);
@@ -724,6 +733,16 @@ BenchResult run_bench(const BenchOptions& given) {
     }
   }
   if (counter) r.steady_state_allocs_per_call = double(allocs) / double(ms.size());
+  // Note [allocation sites]: one more call, recorded, after the timed ones (recording costs a
+  // stack walk per allocation).
+  auto sites_begin = g_alloc_sites_begin.load();
+  auto sites_end = g_alloc_sites_end.load();
+  if (sites_begin && sites_end) {
+    sites_begin();
+    call();
+    sync();
+    r.steady_state_allocs_by_module = sites_end();
+  }
   r.involuntary_switches_per_call = double(ru1.ru_nivcsw - ru0.ru_nivcsw) / double(ms.size());
   auto cpu_s = [](const rusage& u) {
     return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -138,6 +139,9 @@ struct BenchResult {
   // many of its oneDNN nodes kept the count it was written for (LoadedPackage).
   std::optional<int> package_onednn_threads, package_nodes_at_written_threads;
   std::optional<double> steady_state_allocs_per_call;
+  // Note [allocation sites]: one steady-state call's allocations per module ("kiln": Kiln's own
+  // code); empty without a recorder.
+  std::map<std::string, int64_t> steady_state_allocs_by_module;
   HostInfo host;
 
   // One JSON object with every field above (null for absent optionals).
@@ -155,6 +159,19 @@ BenchResult run_bench(const BenchOptions& options);
 // counter (tools/alloc_counter.cc). Without one, steady_state_allocs_per_call is null.
 using AllocCounterFn = int64_t (*)();
 void set_alloc_counter(AllocCounterFn fn);
+
+// Note [allocation sites]: where a steady-state call's heap allocations come from. The kiln
+// binary registers a recorder beside its counter (tools/alloc_counter.cc); run_bench makes one
+// more call after the timed ones between begin() and end(), which returns the allocations of
+// that call per module: "kiln" for Kiln's own code (the binary, the libkiln_* libraries and the
+// generated kernels), else the file name of the library whose code asked (libdnnl.so.2 for
+// oneDNN's execute(); C and C++ runtime and OpenMP frames are passed over to their caller).
+// Without a recorder, steady_state_allocs_by_module is null.
+struct AllocSiteRecorder {
+  void (*begin)() = nullptr;
+  std::map<std::string, int64_t> (*end)() = nullptr;
+};
+void set_alloc_site_recorder(AllocSiteRecorder recorder);
 
 HostInfo host_info();
 

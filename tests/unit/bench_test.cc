@@ -32,6 +32,13 @@ namespace {
 // after every timed call, so a correct per-call window gives exactly 1 "allocation" per call.
 int64_t g_reads = 0;
 int64_t counting_reads() { return ++g_reads; }
+// A site recorder that counts its calls and reports a fixed attribution.
+int g_site_begins = 0, g_site_ends = 0;
+void begin_sites() { ++g_site_begins; }
+std::map<std::string, int64_t> end_sites() {
+  ++g_site_ends;
+  return {{"kiln", 0}, {"libexample.so.1", 3}};
+}
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -65,7 +72,7 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
         "stddev_ms", "throughput_per_s", "peak_rss_bytes", "peak_device_bytes", "arena_bytes",
         "loaded_device_bytes", "resident_device_bytes", "steady_peak_device_bytes",
         "launches_per_call",
-        "steady_state_allocs_per_call", "host", "iters", "warmup", "samples_ms", "device_p50_ms",
+        "steady_state_allocs_per_call", "steady_state_allocs_by_module", "host", "iters", "warmup", "samples_ms", "device_p50_ms",
         "device_p99_ms", "involuntary_switches_per_call", "cpu_busy_cores",
         "package_onednn_threads", "package_nodes_at_written_threads", "compile_cache"})
     EXPECT_TRUE(j.contains(k)) << k;
@@ -104,6 +111,7 @@ TEST(Bench, MlpJsonHasEveryKeyWithSaneValues) {
   EXPECT_GE(j["launches_per_call"].get<int64_t>(), 2);
   EXPECT_LE(j["launches_per_call"].get<int64_t>(), 4);
   EXPECT_TRUE(j["steady_state_allocs_per_call"].is_null());  // no counter registered here
+  EXPECT_TRUE(j["steady_state_allocs_by_module"].is_null());  // nor a site recorder
   EXPECT_GE(j["involuntary_switches_per_call"].get<double>(), 0.0);
   // Some CPU time went into the timed calls, and no more than every core's wall time could give
   // (plus the clock's grain over a few milliseconds of calls).
@@ -173,6 +181,25 @@ TEST(Bench, AllocCounterIsReadAroundEachTimedCall) {
   ASSERT_TRUE(r.steady_state_allocs_per_call.has_value());
   EXPECT_DOUBLE_EQ(*r.steady_state_allocs_per_call, 1.0);
   EXPECT_EQ(g_reads, 2 * 7);
+}
+
+// Note [allocation sites]: the recorder brackets one call after the timed ones; its
+// attribution is the result's and the JSON's.
+TEST(Bench, AllocSiteRecorderBracketsOneCallAfterTheTimedOnes) {
+  g_site_begins = g_site_ends = 0;
+  set_alloc_site_recorder({&begin_sites, &end_sites});
+  BenchOptions o = small();
+  o.iters = 4;
+  BenchResult r = run_bench(o);
+  set_alloc_site_recorder({});
+  EXPECT_EQ(g_site_begins, 1);
+  EXPECT_EQ(g_site_ends, 1);
+  const std::map<std::string, int64_t> want{{"kiln", 0}, {"libexample.so.1", 3}};
+  EXPECT_EQ(r.steady_state_allocs_by_module, want);
+  json j = json::parse(r.json());
+  EXPECT_EQ(j["steady_state_allocs_by_module"]["libexample.so.1"], 3);
+  EXPECT_EQ(j["steady_state_allocs_by_module"]["kiln"], 0);
+  EXPECT_EQ(r.samples_ms.size(), 4u);  // the recorded call is not a timed one
 }
 
 TEST(Bench, SecondsModeRunsAtLeastOnceAndReportsProgress) {
