@@ -758,6 +758,7 @@ bool select_engine_at_load(Plan& plan, int64_t workspace_bytes) {
   for (const auto& e : plan.candidates())
     if (int64_t(e.workspace_bytes) <= workspace_bytes) {
       plan.select(e.index);
+      plan.keep();  // the next load on this machine restores it
       return true;
     }
   return false;

@@ -1087,6 +1087,82 @@ TEST(CudnnConv, SerializedPlanRestoresAndTheCacheServesIt) {
   }
 }
 
+// Note [One engine finalized by tag]: an engine chosen by select() (the autotuner's) and kept
+// is in the plan cache, so that a later plan pinning it restores it (one plan, no graph); with
+// an empty cache, pinning it finalizes the heuristic's first and that engine only, not every
+// candidate. Each way computes the bits the chosen engine computed.
+TEST(CudnnConv, APinnedEngineIsKeptAndBuiltAlone) {
+  auto rng = rng_for_test();
+  test::TempDir cache("kiln-plan-cache");
+  test::ScopedEnv env("KILN_CACHE_DIR", cache.path);
+  ASSERT_TRUE(cuda::cudnn::plan_cache_enabled()) << "KILN_CUDNN_PLAN_CACHE is off";
+  const DType dt = DType::BFloat16;
+  cuda::ConvDesc d{.dtype = dt, .layout = cuda::ConvLayout::NHWC, .n = 1, .c_in = 64, .h = 28,
+                   .w = 28, .c_out = 128, .kh = 3, .kw = 3, .pad_pre = {1, 1},
+                   .pad_post = {1, 1}, .bias = true, .residual = true, .relu = true};
+  auto tuned = cuda::ConvPlan::create(d);
+  const std::vector<cuda::ConvEngine> all = tuned->candidates();
+  ASSERT_EQ(tuned->plans_finalized(), all.size());
+  // The last candidate that serializes (a runtime-fusion engine), not the first.
+  int pick = -1;
+  for (int i = int(all.size()) - 1; i > 0 && pick < 0; --i) {
+    tuned->select(all[size_t(i)].index);
+    if (!tuned->serialize().empty()) pick = i;
+  }
+  ASSERT_GE(pick, 1) << cuda::describe(d) << ": cuDNN " << cuda::cudnn::version() << " offers "
+                     << all.size() << " engines, none but the first serializes; pick another "
+                     << "descriptor for this test";
+  tuned->select(all[size_t(pick)].index);
+  const std::string tag = tuned->engine().tag;
+  ASSERT_NE(tag, all[0].tag);
+  const size_t entries = plan_cache_files(cache.path, ".plan").size();
+  tuned->keep();
+  EXPECT_EQ(plan_cache_files(cache.path, ".plan").size(), entries + 1) << "engine " << tag;
+
+  const auto o = tuned->output_dims();
+  const size_t xn = size_t(d.n * d.c_in * d.h * d.w), wn = size_t(d.c_out * d.c_in * d.kh * d.kw);
+  const size_t yn = size_t(o[0] * o[1] * o[2] * o[3]);
+  auto dx = upload(randn(xn, rng), dt);
+  auto dw = upload(randn(wn, rng, 1.0 / std::sqrt(double(wn / size_t(d.c_out)))), dt);
+  auto db = upload(randn(size_t(d.c_out), rng), dt);
+  auto dr = upload(randn(yn, rng), dt);
+  auto run = [&](const cuda::ConvPlan& plan) {
+    auto dy = nan_buffer(yn, dt);
+    DeviceBuffer ws(plan.workspace_bytes());
+    plan.run({.x = dx->get(), .w = dw->get(), .y = dy->get(), .bias = db->get(),
+              .residual = dr->get(), .workspace = ws.get(), .workspace_bytes = ws.bytes()});
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    return download(*dy, yn, dt);
+  };
+  const std::vector<double> want = run(*tuned);
+  size_t nan = 0;
+  for (double v : want) nan += std::isnan(v);
+  ASSERT_EQ(nan, 0u) << "engine " << tag << " left NaN in its output";
+
+  // A package's load on this machine: the cache's first choice, then the pinned engine from
+  // its own entry. No graph is built.
+  auto restored = cuda::ConvPlan::create(d);
+  ASSERT_TRUE(restored->select_tag(tag));
+  EXPECT_EQ(restored->engine().tag, tag);
+  EXPECT_EQ(restored->plans_finalized(), 1u);
+  EXPECT_TRUE(same_bits(want, run(*restored), "the kept engine, restored"));
+
+  // A fresh machine: an empty cache. The heuristic's first and the pinned engine are finalized,
+  // no other.
+  test::TempDir empty("kiln-plan-cache-empty");
+  test::ScopedEnv env2("KILN_CACHE_DIR", empty.path);
+  auto fresh = cuda::ConvPlan::create(d);
+  ASSERT_TRUE(fresh->select_tag(tag));
+  EXPECT_EQ(fresh->engine().tag, tag);
+  EXPECT_EQ(fresh->plans_finalized(), 2u) << all.size() << " candidates";
+  EXPECT_TRUE(same_bits(want, run(*fresh), "the pinned engine, built alone"));
+  // Its index stays valid when the autotuner asks for every candidate afterwards.
+  const std::vector<cuda::ConvEngine> later = fresh->candidates();
+  EXPECT_EQ(later.size(), all.size());
+  EXPECT_EQ(later[size_t(fresh->engine().index)].tag, tag);
+  EXPECT_TRUE(same_bits(want, run(*fresh), "the pinned engine after the others were built"));
+}
+
 TEST(CudnnConv, ErrorsNameTheConvolution) {
   const Error groups = error_of([] {
     cuda::ConvPlan::create({.c_in = 6, .h = 4, .w = 4, .c_out = 8, .groups = 4});

@@ -459,31 +459,33 @@ void GraphPlans::reset() {
   graph_.reset();
 }
 
+bool GraphPlans::finalize_one(Pending& p, std::vector<std::string>* rejected) const {
+  Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, what_);
+  plan.set_handle(kPlanHandleAttribute, handle_);
+  plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, p.config);
+  if (const int s = plan.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
+    if (rejected)
+      rejected->push_back(fmt::format("{} does not build ({})", p.tag,
+                                      api_or_null().get_error_string(cudnnStatus_t(s))));
+    return false;
+  }
+  PlanCandidate c;
+  c.workspace_bytes = size_t(plan.get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
+  c.plan = std::move(plan);
+  c.engine = p.engine;
+  c.tag = p.tag;
+  c.tensor_cores = p.tensor_cores;
+  candidates_.push_back(std::move(c));
+  return true;
+}
+
 void GraphPlans::finalize_pending(bool all, std::vector<std::string>* rejected) const {
   size_t i = 0;
-  for (; i < pending_.size(); ++i) {
-    Pending& p = pending_[i];
-    Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, what_);
-    plan.set_handle(kPlanHandleAttribute, handle_);
-    plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, p.config);
-    if (const int s = plan.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
-      if (rejected)
-        rejected->push_back(fmt::format("{} does not build ({})", p.tag,
-                                        api_or_null().get_error_string(cudnnStatus_t(s))));
-      continue;
-    }
-    PlanCandidate c;
-    c.workspace_bytes = size_t(plan.get_int64(CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE));
-    c.plan = std::move(plan);
-    c.engine = p.engine;
-    c.tag = p.tag;
-    c.tensor_cores = p.tensor_cores;
-    candidates_.push_back(std::move(c));
-    if (!all) {
+  for (; i < pending_.size(); ++i)
+    if (finalize_one(pending_[i], rejected) && !all) {
       ++i;
       break;
     }
-  }
   pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(i));
 }
 
@@ -549,16 +551,35 @@ const PlanCandidate& GraphPlans::first() const {
   return candidates_[0];
 }
 
+// Note [One engine finalized by tag]
+// A tuned package pins each convolution's engine by tag. Where the plan cache has no entry for
+// it (a fresh machine, or a cache that was cleared), the load builds the graph and looks the tag
+// up. Finalizing every candidate on the way, as candidates() does for the autotuner, cost the
+// first load of resnet50's max-autotune package 8.1 s on an H100 (the runtime-fusion engines
+// compile their kernels as they finalize); only the pinned configuration is finalized now, so
+// such a load builds one plan per convolution, as a default package's does. Candidates
+// finalized out of heuristic order are appended: indices already handed out stay valid.
 const PlanCandidate* GraphPlans::find_tag(const std::string& tag, int* index) const {
-  *index = 0;
-  if (first().tag == tag) return &first();
-  const std::vector<PlanCandidate>& cs = candidates();
-  for (size_t i = 1; i < cs.size(); ++i)
-    if (cs[i].tag == tag) {
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  for (size_t i = 0; i < candidates_.size(); ++i)
+    if (candidates_[i].tag == tag) {
       *index = int(i);
-      return &cs[i];
+      return &candidates_[i];
     }
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (pending_[i].tag != tag) continue;
+    const bool built = finalize_one(pending_[i], nullptr);
+    pending_.erase(pending_.begin() + std::ptrdiff_t(i));
+    if (!built) return nullptr;
+    *index = int(candidates_.size() - 1);
+    return &candidates_.back();
+  }
   return nullptr;
+}
+
+size_t GraphPlans::finalized() const {
+  std::lock_guard<std::mutex> lock(plans_mu_);
+  return candidates_.size();
 }
 
 int GraphPlans::index_of_restored(const std::string& tag) const {

@@ -139,10 +139,12 @@ class GraphPlans {
   const PlanCandidate& first() const;
   // Every configuration that builds; [0] is first().
   const std::vector<PlanCandidate>& candidates() const;
-  // The configuration with this tag (and its index in candidates() in *index), or null. The
-  // first is finalized already; the others are finalized only when the tag is not the first's
-  // (up to a second each): a package loader whose pinned engine is the first pays for none.
+  // The configuration with this tag (and its index in candidates() in *index), or null. Only
+  // that configuration is finalized, if it was not yet (Note [One engine finalized by tag]): a
+  // package loader pays for the engine it pins, not for the others.
   const PlanCandidate* find_tag(const std::string& tag, int* index) const;
+  // How many execution plans are finalized (restored ones included).
+  size_t finalized() const;
   // find_tag's index, or a Runtime error naming the plan: a graph built for a plan restored
   // from the cache must offer the restored engine (Note [cuDNN plan cache]).
   int index_of_restored(const std::string& tag) const;
@@ -174,6 +176,9 @@ class GraphPlans {
     std::string tag;
     bool tensor_cores = false;
   };
+  // Finalizes `p` into candidates_ (false, with the reason in *rejected, when it does not
+  // build). plans_mu_ held, or the object not yet shared.
+  bool finalize_one(Pending& p, std::vector<std::string>* rejected) const;
   // Finalizes pending configurations until one builds (all of them when `all`).
   void finalize_pending(bool all, std::vector<std::string>* rejected) const;
 

@@ -360,6 +360,18 @@ bool ConvPlan::select_tag(const std::string& tag) {
   return true;
 }
 
+void ConvPlan::keep() const {
+  const cudnn::PlanCandidate* c = nullptr;
+  int i = 0;
+  if (!(c = impl_->graph.find_tag(selected_.tag, &i))) return;
+  std::string bytes = impl_->graph.serialize(size_t(i));
+  if (!bytes.empty())
+    cudnn::plan_cache_put(desc_.device, impl_->key, selected_.tag,
+                          {c->tag, c->tensor_cores, std::move(bytes)});
+}
+
+size_t ConvPlan::plans_finalized() const { return impl_->graph.finalized(); }
+
 void ConvPlan::run(const ConvArgs& a) const {
   const ConvDesc& d = desc_;
   auto check_ptr = [&](const void* p, const char* name) {

@@ -430,6 +430,19 @@ bool SdpaPlan::select_tag(const std::string& tag) {
   return true;
 }
 
+void SdpaPlan::keep() const {
+  const Impl& im = *impl_;
+  const cudnn::PlanCandidate* c = nullptr;
+  int i = 0;
+  if (!(c = im.graph.find_tag(selected_.tag, &i))) return;
+  const std::string bytes = im.graph.serialize(size_t(i));
+  if (!bytes.empty())
+    cudnn::plan_cache_put(desc_.device, im.key, selected_.tag,
+                          {c->tag, c->tensor_cores, (im.with_stats ? "s" : "i") + bytes});
+}
+
+size_t SdpaPlan::plans_finalized() const { return impl_->graph.finalized(); }
+
 void SdpaPlan::select(int index) {
   ensure_built();
   const auto& cs = impl_->graph.candidates();

@@ -99,6 +99,9 @@ class SdpaPlan {
   // Selects the candidate with this tag (false when none has it); the other candidates are
   // finalized only when it is not the first (cudnn::GraphPlans::find_tag).
   bool select_tag(const std::string& tag);
+  // As ConvPlan::keep and ConvPlan::plans_finalized.
+  void keep() const;
+  size_t plans_finalized() const;
   const SdpaEngine& engine() const { return selected_; }
   size_t workspace_bytes() const { return selected_.workspace_bytes; }
   const SdpaDesc& desc() const { return desc_; }

@@ -358,6 +358,7 @@ std::string tune_conv(ConvPlan& plan, LibraryTimer& timer) {
     plan.run(a);
   }, &ms);
   plan.select(cands[size_t(best)].index);
+  plan.keep();  // Note [One engine finalized by tag]: a package's load restores it
   tuning_put(key, plan.engine().tag);
   return fmt::format(" (timed {} engines: {:.1f} us, the heuristic's {:.1f} us)", cands.size(),
                      ms[size_t(best)] * 1e3, ms[0] * 1e3);
@@ -1104,6 +1105,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
       for (const ConvEngine& e : ln.conv->candidates())
         if (e.workspace_bytes <= size_t(kCrossWorkspaceBytes)) {
           ln.conv->select(e.index);
+          ln.conv->keep();
           tuned = fmt::format(" (the heuristic's first engine wants {:.1f} MiB of workspace: the "
                               "first within {} MiB)", double(want) / (1 << 20),
                               kCrossWorkspaceBytes >> 20);
