@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -215,6 +216,62 @@ TEST(CudaPackage, TimedLibraryKernelsArePinnedAndRememberedByTheTuningStore) {
   Tensor a = want[0].to(Device::cpu()), b = heuristic->run(in)[0].to(Device::cpu());
   ASSERT_TRUE(test::usable_reference(b));
   EXPECT_TRUE(test::close(a, b, test::Tolerance::of_scale(test::max_abs(b), 8.0 / 256)));
+}
+
+// Note [Timed convolutions prepared in parallel]: kernels=timed builds the convolutions' plans
+// and finalizes their candidates on several threads before the timing. Each convolution is then
+// offered the same engines as when its plans are built one at a time (tune_threads=1), in
+// the same order; both compiles, each with an empty cache, time them and give packages that
+// compute what the heuristic's choices do within bfloat16 rounding, loaded or in process.
+TEST(CudaPackage, TimedPlansPreparedOnThreadsOfferTheSameEngines) {
+  test::TempDir dir;
+  nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 11);
+  m.module->to(kCuda);
+  TensorList in = to_device(m.inputs);
+  // The per-convolution "(timed N engines" counts of a summary, in node order.
+  auto engine_counts = [](const std::string& summary) {
+    std::vector<int> out;
+    const std::string mark = "(timed ";
+    for (size_t at = summary.find(mark); at != std::string::npos; at = summary.find(mark, at + 1)) {
+      const size_t num = at + mark.size(), end = summary.find(' ', num);
+      if (end != std::string::npos && summary.compare(end, 9, " engines:") == 0)
+        out.push_back(std::stoi(summary.substr(num, end - num)));
+    }
+    return out;
+  };
+  std::vector<int> counts[2];
+  std::string paths[2];
+  double seconds[2] = {0, 0};
+  TensorList outs[2];
+  const char* knobs[2] = {"kernels=timed,tune_threads=1", "kernels=timed,tune_threads=8"};
+  for (int k = 0; k < 2; ++k) {
+    test::TempDir cache("kiln-timed-cache");
+    test::ScopedEnv env("KILN_CACHE_DIR", cache.path);
+    compiler::Options o;
+    o.precision = DType::BFloat16;
+    o.knobs = compiler::parse_knobs(knobs[k], "test");
+    paths[k] = dir.path + fmt::format("/timed{}.kiln", k);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto exe = nn::export_package(m.module, in, o, "resnet18", paths[k]);
+    seconds[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    counts[k] = engine_counts(exe->summary());
+    outs[k] = exe->run(in);
+    LoadedPackage loaded = load_package(paths[k]);
+    expect_bitwise(loaded.exe->run(in)[0], outs[k][0], std::string(knobs[k]) + ", loaded");
+  }
+  std::printf("resnet18 bf16 kernels=timed: compile %.2f s with tune_threads=1, %.2f s with 8; "
+              "%zu convolutions timed\n", seconds[0], seconds[1], counts[0].size());
+  ASSERT_GE(counts[0].size(), 5u) << "the serial compile timed too few convolutions";
+  EXPECT_EQ(counts[0], counts[1]) << "the convolutions were offered other engines";
+  compiler::Options h;
+  h.precision = DType::BFloat16;
+  auto heuristic = nn::export_package(m.module, in, h, "resnet18", dir.path + "/heuristic.kiln");
+  Tensor b = heuristic->run(in)[0].to(Device::cpu());
+  ASSERT_TRUE(test::usable_reference(b));
+  for (int k = 0; k < 2; ++k)
+    EXPECT_TRUE(test::close(outs[k][0].to(Device::cpu()), b,
+                            test::Tolerance::of_scale(test::max_abs(b), 8.0 / 256)))
+        << knobs[k];
 }
 
 // ---- a separate process: the C example, runtime only, bare environment ------------------------

@@ -32,11 +32,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <thread>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -171,6 +173,10 @@ struct BuildFor {
   // execution context beside the KCRS constant, as before; for A/B runs of device memory)
   bool store_filters = true;
   bool timed = false;     // knob kernels=heuristic|timed: Note [CUDA library kernels timed]
+  // knob tune_threads=N (1-64; default the host's cores, at most 16): the threads that build
+  // cuDNN's plans ahead of the timing (Note [Timed convolutions prepared in parallel]); 1 builds
+  // them one at a time as plan_conv meets them.
+  int tune_threads = 0;
   bool tf32 = false;      // knob tf32=off|on: Note [CUDA TF32]
   // knob attention=auto|direct|simt (Note [CUDA attention]): direct never asks cuDNN; simt
   // also keeps float16/bfloat16 off the tensor cores (Note [CUDA tensor-core attention]).
@@ -193,6 +199,18 @@ BuildFor build_for(const Knobs& knobs) {
   if (kernels != "heuristic" && kernels != "timed")
     fail("cuda: knob kernels={} is not heuristic or timed", kernels);
   b.timed = kernels == "timed";
+  b.tune_threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  if (const std::string* t = knobs.find("tune_threads")) {
+    int v = -1;
+    try {
+      size_t used = 0;
+      v = std::stoi(*t, &used);
+      if (used != t->size()) v = -1;
+    } catch (const std::exception&) {
+    }
+    if (v < 1 || v > 64) fail("cuda: knob tune_threads={} is not a thread count (1-64)", *t);
+    b.tune_threads = v;
+  }
   const std::string tf32 = knobs.get("tf32", "off");
   if (tf32 != "off" && tf32 != "on")
     fail("cuda: knob tf32={} is not off or on", tf32);
@@ -326,10 +344,14 @@ std::string library_tuning_key(const std::string& what) {
                      i.sm_minor, cuda_driver_version(), cudnn::version(), what);
 }
 
+std::string conv_tuning_key(const ConvDesc& d) {
+  return library_tuning_key("conv " + describe(d));
+}
+
 // Picks the convolution's engine (Note [CUDA library kernels timed]); returns a note for explain.
 std::string tune_conv(ConvPlan& plan, LibraryTimer& timer) {
   const ConvDesc& d = plan.desc();
-  const std::string key = library_tuning_key("conv " + describe(d));
+  const std::string key = conv_tuning_key(d);
   std::string stored;
   if (tuning_get(key, &stored) && plan.select_tag(stored)) return " (timed earlier: tuning store)";
   std::vector<ConvEngine> cands = plan.candidates();
@@ -488,6 +510,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     std::string source;
     for (;;) {
       choose_layouts(g, nodes, excluded);
+      if (build_.timed) prepare_timed_convs(g, nodes);
       nodes_.assign(g.nodes.size(), LibNode{});
       source.clear();
       int32_t failed = -1;
@@ -639,6 +662,18 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   void plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
   std::string plan_sdpa(const Graph& g, const Node& n, int32_t index, LibNode& ln);
   void choose_stored_filters(const Graph& g);
+  // A convolution node's descriptor and its cuDNN tries, as plan_conv plans it.
+  struct ConvSetup {
+    ConvDesc d;
+    DType dt = DType::Float32;
+    bool nhwc = false, bias = false, residual = false, relu = false;
+    Dims x, y;
+    // The most the engines fuse first (bias, residual and relu; then the bias alone; then
+    // nothing); empty in a cross-build.
+    std::vector<ConvDesc> tries;
+  };
+  ConvSetup conv_setup(const Graph& g, const Node& n, int32_t index) const;
+  void prepare_timed_convs(const Graph& g, const std::vector<int32_t>& nodes);
 
   std::vector<LibNode> nodes_;
   std::vector<std::vector<Dims>> strides_;  // by node, by input: element strides of a view read in place
@@ -684,6 +719,101 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
                        [&](CachedPlan& c) { c.conv = ConvPlan::try_create(d, &c.why); });
   }
 };
+
+namespace {
+// f(0) .. f(count - 1) on up to `max_threads` threads (the caller's among them); f catches its
+// own errors.
+template <class F>
+void on_threads(size_t count, int max_threads, const F& f) {
+  const size_t threads = std::min(count, size_t(std::max(max_threads, 1)));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < count;) f(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+}  // namespace
+
+// Note [Timed convolutions prepared in parallel]
+// max-autotune times every engine cuDNN offers for each convolution, and finalizing those plans
+// compiles the runtime-fusion engines' kernels on the CPU (40-700 ms each): resnet50 f32 with
+// TF32 took 38.8 s to compile on the H100's 16-core host (38.4 s of CPU, one thread), against
+// #13's 30 s. So before the nodes are planned, the distinct convolutions' plans are built, and
+// then their candidates finalized, on several threads (cuDNN takes concurrent calls with one
+// handle per device, as a package's load does: Note [cuDNN plans built beside each other]).
+// The entries go into plans_ as cached_plan would have made them, in the nodes' order; plan_conv
+// then finds them and times the engines one convolution at a time on the device, as before, so
+// the choices are the same; only the CPU work moved. A plan whose engine the tuning store holds
+// is built but not expanded (tune_conv restores its engine by tag). An error here is not
+// reported: the entry is left out, and plan_conv meets the same error where it reports it.
+void CudaLibraryKernels::prepare_timed_convs(const Graph& g, const std::vector<int32_t>& nodes) {
+  if (build_.cross || !library_plans_shared() || build_.tune_threads <= 1) return;
+  std::vector<std::vector<ConvDesc>> node_tries;  // plan_conv's nodes (plan()'s dispatch)
+  for (int32_t i : nodes) {
+    const Node& n = g.nodes[size_t(i)];
+    if (n.op != OpId::Conv2d && n.op != OpId::ConvTranspose2d && n.op != OpId::FusedConv2d)
+      continue;
+    bool all_concrete = true;
+    for (ValueId o : n.outputs) all_concrete = all_concrete && concrete(g.type(o));
+    if (!all_concrete || !library_dtype(g.type(n.inputs[0]).dtype)) continue;
+    if (build_.small_conv && !nhwc_conv_[size_t(i)] && small_channel_conv(g, n)) continue;
+    try {
+      node_tries.push_back(conv_setup(g, n, i).tries);
+    } catch (const Error&) {
+    }
+  }
+  auto key_of = [](const ConvDesc& d) { return "conv " + cudnn_desc_key(d); };
+  auto known = [&](const std::string& key) -> CachedPlan* {
+    for (CachedPlan& c : plans_)
+      if (c.key == key) return &c;
+    return nullptr;
+  };
+  // Every try's plan, built as cached_conv builds it.
+  std::vector<CachedPlan> made;
+  std::vector<ConvDesc> descs;
+  for (const auto& tries : node_tries)
+    for (const ConvDesc& d : tries) {
+      const std::string key = key_of(d);
+      if (known(key)) continue;
+      bool dup = false;
+      for (const CachedPlan& c : made) dup = dup || c.key == key;
+      if (dup) continue;
+      made.push_back(CachedPlan{key, nullptr, nullptr, "", "", false});
+      descs.push_back(d);
+    }
+  std::vector<char> ok(made.size(), 0);
+  on_threads(made.size(), build_.tune_threads, [&](size_t i) {
+    try {
+      made[i].conv = ConvPlan::try_create(descs[i], &made[i].why);
+      ok[i] = 1;
+    } catch (...) {
+    }
+  });
+  for (size_t i = 0; i < made.size(); ++i)
+    if (ok[i]) plans_.push_back(std::move(made[i]));
+  // The plan each node will use (its first try that has one), expanded unless its engine is
+  // stored.
+  std::vector<std::shared_ptr<ConvPlan>> expand;
+  for (const auto& tries : node_tries)
+    for (const ConvDesc& d : tries) {
+      const CachedPlan* c = known(key_of(d));
+      if (!c || !c->conv) continue;
+      std::string stored;
+      if (!c->tried_tuning && !tuning_get(conv_tuning_key(c->conv->desc()), &stored) &&
+          std::find(expand.begin(), expand.end(), c->conv) == expand.end())
+        expand.push_back(c->conv);
+      break;
+    }
+  on_threads(expand.size(), build_.tune_threads, [&](size_t i) {
+    try {
+      (void)expand[i]->candidates();
+    } catch (...) {
+    }
+  });
+}
 
 void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibNode& ln,
                               std::string& source) {
@@ -1018,18 +1148,22 @@ std::string CudaLibraryKernels::store_constant(ValueId v, const Tensor& placed,
   return "krsc";
 }
 
-void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index, LibNode& ln,
-                                   std::string& source) {
+CudaLibraryKernels::ConvSetup CudaLibraryKernels::conv_setup(const Graph& g, const Node& n,
+                                                              int32_t index) const {
+  ConvSetup c;
   const TensorType& xt = g.type(n.inputs[0]);
   const TensorType& wt = g.type(n.inputs[1]);
-  DType dt = xt.dtype;
+  const DType dt = c.dt = xt.dtype;
   if (!library_dtype(dt) || wt.dtype != dt)
     fail_kind(ErrorKind::NotSupported, "cuDNN convolutions here take float32, float16 or bfloat16");
-  bool transposed = n.op == OpId::ConvTranspose2d;
-  bool fused = n.op == OpId::FusedConv2d;
-  Dims x = dims_of(xt), w = dims_of(wt), y = dims_of(g.type(n.outputs[0]));
-  const bool nhwc = nhwc_conv_[size_t(index)];
-  ConvDesc d;
+  const bool transposed = n.op == OpId::ConvTranspose2d;
+  const bool fused = n.op == OpId::FusedConv2d;
+  c.x = dims_of(xt);
+  c.y = dims_of(g.type(n.outputs[0]));
+  const Dims& x = c.x;
+  const Dims w = dims_of(wt);
+  const bool nhwc = c.nhwc = nhwc_conv_[size_t(index)];
+  ConvDesc& d = c.d;
   d.kind = transposed ? ConvKind::Transpose : ConvKind::Forward;
   d.dtype = dt;
   d.allow_tf32 = build_.tf32 && dt == DType::Float32;
@@ -1056,16 +1190,38 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
     const Ints& op = n.attrs.get_ints("output_padding");
     d.output_padding = {op[0], op[1]};
   }
-  const bool bias = n.inputs.size() > 2 && n.inputs[2] != kNoValue;
-  const bool residual = fused && n.inputs.size() > 3 && n.inputs[3] != kNoValue;
-  bool relu = false;
+  c.bias = n.inputs.size() > 2 && n.inputs[2] != kNoValue;
+  c.residual = fused && n.inputs.size() > 3 && n.inputs[3] != kNoValue;
   if (fused) {
     const std::string& act = n.attrs.get_string("activation");
-    if ((act != "none" && act != "relu") || (residual && n.attrs.get_float("sum_scale") != 1.0))
+    if ((act != "none" && act != "relu") || (c.residual && n.attrs.get_float("sum_scale") != 1.0))
       fail_kind(ErrorKind::Internal, "cuda: fused_conv2d '{}' with an epilogue cuDNN cannot run "
                 "was kept whole", n.name);
-    relu = act == "relu";
+    c.relu = act == "relu";
   }
+  if (!build_.cross) {
+    // The most the engines fuse: bias, residual and relu; then the bias alone; then nothing.
+    ConvDesc t = d;
+    t.bias = c.bias;
+    t.residual = c.residual;
+    t.relu = c.relu;
+    if ((c.residual || c.relu) && build_.conv_fuse) c.tries.push_back(t);
+    t.residual = t.relu = false;
+    if (c.bias && build_.conv_fuse) c.tries.push_back(t);
+    c.tries.push_back(d);
+  }
+  return c;
+}
+
+void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index, LibNode& ln,
+                                   std::string& source) {
+  const ConvSetup setup = conv_setup(g, n, index);
+  const DType dt = setup.dt;
+  const bool nhwc = setup.nhwc;
+  const bool bias = setup.bias, residual = setup.residual, relu = setup.relu;
+  const Dims& x = setup.x;
+  const Dims& y = setup.y;
+  ConvDesc d = setup.d;
   if (residual) ln.conv_residual = 3;
   if (build_.cross) {  // Note [CUDA cross-builds]: the loader asks cuDNN; the epilogue as a kernel
     std::array<int64_t, 4> od = conv_output_dims(d);
@@ -1075,16 +1231,7 @@ void CudaLibraryKernels::plan_conv(const Graph& g, const Node& n, int32_t index,
   }
   std::string tuned;
   if (!build_.cross) {
-    // The most the engines fuse: bias, residual and relu; then the bias alone; then nothing.
-    std::vector<ConvDesc> tries;
-    ConvDesc t = d;
-    t.bias = bias;
-    t.residual = residual;
-    t.relu = relu;
-    if ((residual || relu) && build_.conv_fuse) tries.push_back(t);
-    t.residual = t.relu = false;
-    if (bias && build_.conv_fuse) tries.push_back(t);
-    tries.push_back(d);
+    const std::vector<ConvDesc>& tries = setup.tries;
     CachedPlan* cached = nullptr;
     for (size_t i = 0; i + 1 < tries.size() && !ln.conv; ++i) {
       cached = &cached_conv(tries[i]);
