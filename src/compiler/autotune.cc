@@ -185,6 +185,7 @@ Built autotune(const Graph& graph, const Target& target, const Options& options,
     if (parse_choice(choice, cands, &cand, &added)) {
       Built b = build(merged(cand->knobs, added));
       b.report.autotune = "cached choice " + choice;
+      b.report.autotune_choice = choice;
       if (!launches.empty()) target.apply_launch_record(b.tunable, launches, &b.report.autotune);
       b.report.compile_s = seconds_since(t0);
       return b;
@@ -302,6 +303,7 @@ Built autotune(const Graph& graph, const Target& target, const Options& options,
   std::string launches = target.tune_launches(*b.exe, b.tunable, in, rounds, &launch_log);
   tuning_put(key, launches.empty() ? name : name + "\n" + launches);
   b.report.autotune = fmt::format("chose {} ({}){}{}{}", name, log, note, vec_log, launch_log);
+  b.report.autotune_choice = name;
   b.report.compile_s = seconds_since(t0);
   return b;
 }

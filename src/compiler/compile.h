@@ -87,6 +87,10 @@ struct CompileReport {
   double passes_s = 0, library_s = 0, schedule_s = 0, codegen_s = 0, bind_s = 0;
   bool cache_hit = false;
   std::string autotune;        // max-autotune: the choice and the timings
+  // max-autotune: the configuration chosen ("kernels=timed,conv=auto"), the same whether timed
+  // now or read from the tuning store: what a package records (Note [Packages record the
+  // choice, not the timings] in compiler/package.cc).
+  std::string autotune_choice;
   std::string mode_note;       // reduce-overhead on CUDA: graph replay, or why not
   std::vector<std::string> kernels;  // "k3_add_relu [loop, SIMD]: relu 'layer1.0.relu', ..."
   std::string str() const;

@@ -11,7 +11,15 @@ void write_package(const Graph& source, CompiledExecutable& compiled, const Opti
                    const NamedTensors& fixed_params) {
   info.mode = options.mode;
   info.knobs = options.knobs.str();
-  info.autotune = compiled.report().autotune;
+  // Note [Packages record the choice, not the timings]
+  // A max-autotune package records the configuration chosen, not the timings that chose it (the
+  // compile's report and `kiln compile`'s output show those): the timings differ from run to
+  // run, and a compile that reads the choice from the tuning store times nothing, so with them
+  // the first compile on a machine and every later one wrote different bytes, though they hold
+  // the same kernels (found on the H100 with resnet50's max-autotune packages, fortieth session).
+  info.autotune = compiled.report().autotune_choice.empty()
+                      ? ""
+                      : "chose " + compiled.report().autotune_choice;
   info.precision = dtype_name(options.precision);
   // Note [prepacked weights] (kernels/onednn_node.cc): on by default for CPU packages.
   const std::string prepack = options.knobs.get("prepack", "on");

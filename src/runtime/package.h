@@ -95,7 +95,9 @@ struct PackageInfo {
   std::string model;     // "resnet18", "model.onnx"
   std::string mode = "default";
   std::string knobs;     // the target's configuration ("conv=auto,gemv=generated")
-  std::string autotune;  // max-autotune's choices and timings ("" otherwise)
+  // max-autotune's choice, "chose <configuration>" ("" otherwise; Note [Packages record the
+  // choice, not the timings] in compiler/package.cc)
+  std::string autotune;
   std::string precision = "float32";  // the compile option (autocast to bfloat16/float16)
   int64_t batch = 1;
   // The `source` section's bytes (the graph before the compiler's passes, for `kiln package

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/compare.h"
+#include "../support/files.h"
 #include "../support/c_run.h"
 #include "../support/package_edit.h"
 #include "compiler/compile.h"
@@ -336,6 +337,36 @@ TEST(Package, SameModelTwiceGivesIdenticalBytes) {
     EXPECT_EQ(first.size(), second.size()) << name;
     EXPECT_TRUE(first == second) << name << ": two packages of the same model differ";
   }
+}
+
+// Note [Packages record the choice, not the timings]: a max-autotune package compiled on a
+// machine for the first time (its candidates timed) and again (the choice read from the tuning
+// store, nothing timed) is the same bytes; its manifest names the configuration chosen and no
+// timing.
+TEST(Package, MaxAutotuneRecompileGivesIdenticalBytes) {
+  TempDir dir;
+  test::TempDir cache("kiln-autotune-cache");
+  test::ScopedEnv env("KILN_CACHE_DIR", cache.path);
+  nn::ZooModel m = nn::make_zoo_model("mlp", 1, 7);
+  compiler::Options o;
+  o.mode = "max-autotune";
+  o.progress = false;
+  std::string bytes[2], reports[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string path = dir.path + fmt::format("/mlp{}.kiln", k);
+    auto exe = nn::export_package(m.module, m.inputs, o, "mlp", path);
+    reports[k] = exe->report().autotune;
+    bytes[k] = read_bytes(path);
+  }
+  EXPECT_EQ(reports[0].rfind("chose ", 0), 0u) << "the first compile did not time: " << reports[0];
+  EXPECT_EQ(reports[1].rfind("cached choice ", 0), 0u) << "the second compile timed: " << reports[1];
+  ASSERT_FALSE(bytes[0].empty());
+  EXPECT_TRUE(bytes[0] == bytes[1]) << "the recompile wrote other bytes";
+  const nlohmann::json manifest = nlohmann::json::parse(read_package_sections(dir.path + "/mlp0.kiln")[0].bytes);
+  const std::string recorded = manifest["autotune"].get<std::string>();
+  EXPECT_EQ(recorded, "chose " + reports[1].substr(std::string("cached choice ").size()))
+      << recorded;
+  EXPECT_EQ(recorded.find(" ms"), std::string::npos) << "a timing in the manifest: " << recorded;
 }
 
 // Two packages whose kernels share their names but not their code (mlp at batch 1 and at
