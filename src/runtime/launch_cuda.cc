@@ -267,9 +267,18 @@ int64_t matrix_span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64
   return mul(add(mul(batch - 1, stride), one), dtype_size(t));
 }
 
+// Note [cuBLASLt bytes not recorded]
+// A record with the algorithm's configuration (format 5 and later) writes its 8 opaque words as
+// zeros: loaders match on the configuration (Note [cuBLASLt algorithm identity] in
+// kernels/cuda/cublaslt_gemm.cc), and the bytes held 2 bytes of uninitialized memory from
+// cuBLASLt (word 4 of resnet50 f32's classifier: 0001fc34XXXX0001, another XXXX in every
+// process), so two compiles of one model wrote different packages (found on an H100, fortieth
+// session). Every runtime that loads a format 5+ package matches on the configuration; the
+// words stay (8 of them, not null) because null is what says "chosen at load" (a cross-build).
+// An algorithm without a configuration text keeps its bytes, the only identity it has.
 json algo_json(const cuda::GemmAlgo& a) {
   json v = json::array();
-  for (uint64_t x : a.opaque) v.push_back(fmt::format("{:016x}", x));
+  for (uint64_t x : a.opaque) v.push_back(fmt::format("{:016x}", a.config.empty() ? x : 0));
   return v;
 }
 
