@@ -218,6 +218,11 @@ TEST(CudaPackage, SameModelInTwoProcessesGivesIdenticalBytes) {
 // choices within bfloat16 rounding.
 TEST(CudaPackage, TimedLibraryKernelsArePinnedAndRememberedByTheTuningStore) {
   test::TempDir dir;
+  // A tuning store of its own: the suite's shards run as processes side by side, and another
+  // one timing resnet18's convolutions (CudaMaxAutotune.*) could store other choices between
+  // this test's two compiles (it did once, in a run of the conv tests alone on 8 shards).
+  test::TempDir cache("kiln-timed-store");
+  test::ScopedEnv env("KILN_CACHE_DIR", cache.path);
   nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 7);
   m.module->to(kCuda);
   TensorList in = to_device(m.inputs);
@@ -250,12 +255,13 @@ TEST(CudaPackage, TimedLibraryKernelsArePinnedAndRememberedByTheTuningStore) {
   EXPECT_TRUE(test::close(a, b, test::Tolerance::of_scale(test::max_abs(b), 8.0 / 256)));
 }
 
-// Note [Timed convolutions prepared in parallel]: kernels=timed builds the convolutions' plans
-// and finalizes their candidates on several threads before the timing. Each convolution is then
-// offered the same engines as when its plans are built one at a time (tune_threads=1), in
-// the same order; both compiles, each with an empty cache, time them and give packages that
-// compute what the heuristic's choices do within bfloat16 rounding, loaded or in process.
-TEST(CudaPackage, TimedPlansPreparedOnThreadsOfferTheSameEngines) {
+// Note [Convolution plans prepared in parallel]: the convolutions' plans are built, and under
+// kernels=timed their candidates finalized, on several threads before the nodes are planned.
+// Timed, each convolution is offered the same engines as when its plans are built one at a time
+// (plan_threads=1), in the same order; both compiles, each with an empty cache, time them and
+// give packages that compute what the heuristic's choices do within bfloat16 rounding, loaded or
+// in process. The default build prepared on threads writes the serial build's package.
+TEST(CudaPackage, PlansPreparedOnThreadsAreTheSerialOnes) {
   test::TempDir dir;
   nn::ZooModel m = nn::make_zoo_model("resnet18", 1, 11);
   m.module->to(kCuda);
@@ -275,7 +281,7 @@ TEST(CudaPackage, TimedPlansPreparedOnThreadsOfferTheSameEngines) {
   std::string paths[2];
   double seconds[2] = {0, 0};
   TensorList outs[2];
-  const char* knobs[2] = {"kernels=timed,tune_threads=1", "kernels=timed,tune_threads=8"};
+  const char* knobs[2] = {"kernels=timed,plan_threads=1", "kernels=timed,plan_threads=8"};
   for (int k = 0; k < 2; ++k) {
     test::TempDir cache("kiln-timed-cache");
     test::ScopedEnv env("KILN_CACHE_DIR", cache.path);
@@ -291,14 +297,40 @@ TEST(CudaPackage, TimedPlansPreparedOnThreadsOfferTheSameEngines) {
     LoadedPackage loaded = load_package(paths[k]);
     expect_bitwise(loaded.exe->run(in)[0], outs[k][0], std::string(knobs[k]) + ", loaded");
   }
-  std::printf("resnet18 bf16 kernels=timed: compile %.2f s with tune_threads=1, %.2f s with 8; "
+  std::printf("resnet18 bf16 kernels=timed: compile %.2f s with plan_threads=1, %.2f s with 8; "
               "%zu convolutions timed\n", seconds[0], seconds[1], counts[0].size());
   ASSERT_GE(counts[0].size(), 5u) << "the serial compile timed too few convolutions";
   EXPECT_EQ(counts[0], counts[1]) << "the convolutions were offered other engines";
-  compiler::Options h;
-  h.precision = DType::BFloat16;
-  auto heuristic = nn::export_package(m.module, in, h, "resnet18", dir.path + "/heuristic.kiln");
-  Tensor b = heuristic->run(in)[0].to(Device::cpu());
+  // The default build (the heuristic's engines) prepared on threads: the package holds what the
+  // serial build's holds, section by section (the manifest but for the knobs given).
+  std::vector<PackageSection> heuristic_sections[2];
+  TensorList heuristic_outs[2];
+  for (int k = 0; k < 2; ++k) {
+    test::TempDir cache("kiln-default-cache");
+    test::ScopedEnv env("KILN_CACHE_DIR", cache.path);
+    compiler::Options h;
+    h.precision = DType::BFloat16;
+    h.knobs = compiler::parse_knobs(k == 0 ? "plan_threads=1" : "plan_threads=8", "test");
+    const std::string path = dir.path + fmt::format("/heuristic{}.kiln", k);
+    auto heuristic = nn::export_package(m.module, in, h, "resnet18", path);
+    heuristic_outs[k] = heuristic->run(in);
+    heuristic_sections[k] = read_package_sections(path);
+  }
+  ASSERT_EQ(heuristic_sections[0].size(), heuristic_sections[1].size());
+  for (size_t i = 0; i < heuristic_sections[0].size(); ++i) {
+    std::string a = heuristic_sections[0][i].bytes, b = heuristic_sections[1][i].bytes;
+    if (i == 0) {
+      nlohmann::json ma = nlohmann::json::parse(a), mb = nlohmann::json::parse(b);
+      EXPECT_NE(ma["knobs"], mb["knobs"]);
+      ma.erase("knobs");
+      mb.erase("knobs");
+      a = ma.dump();
+      b = mb.dump();
+    }
+    EXPECT_TRUE(a == b) << "section " << i << " of the default build differs between plan_threads=1 and 8";
+  }
+  expect_bitwise(heuristic_outs[1][0], heuristic_outs[0][0], "default build, plan_threads=8 against 1");
+  Tensor b = heuristic_outs[0][0].to(Device::cpu());
   ASSERT_TRUE(test::usable_reference(b));
   for (int k = 0; k < 2; ++k)
     EXPECT_TRUE(test::close(outs[k][0].to(Device::cpu()), b,

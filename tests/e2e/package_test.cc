@@ -1359,22 +1359,22 @@ TEST(CudaCrossBuild, AttentionTakesTheTensorCoresFromSm80) {
       << (err.empty() ? "accepted" : err);
 }
 
-// Note [Timed convolutions prepared in parallel]: the knob tune_threads takes a thread count from
+// Note [Convolution plans prepared in parallel]: the knob plan_threads takes a thread count from
 // 1 to 64 and names itself when it is anything else; a cross-build (which times nothing) takes a
 // valid one.
-TEST(Package, CudaKnobTuneThreadsIsAThreadCount) {
+TEST(Package, CudaKnobPlanThreadsIsAThreadCount) {
   nn::ZooModel m = nn::make_zoo_model("mlp", 1, 7);
   Graph g;
   compiler::Options plain;
   nn::compile_module_graph(m.module, m.inputs, plain, &g);
-  for (const char* bad : {"tune_threads=0", "tune_threads=65", "tune_threads=four",
-                          "tune_threads=4x", "tune_threads=-2"}) {
+  for (const char* bad : {"plan_threads=0", "plan_threads=65", "plan_threads=four",
+                          "plan_threads=4x", "plan_threads=-2"}) {
     const std::string err = knob_error(g, Device::cuda(0), bad);
     EXPECT_NE(err.find(fmt::format("cuda: knob {} is not a thread count (1-64)", bad)),
               std::string::npos)
         << (err.empty() ? "accepted " + std::string(bad) : err);
   }
-  for (const char* good : {"tune_threads=1", "tune_threads=64"})
+  for (const char* good : {"plan_threads=1", "plan_threads=64"})
     EXPECT_EQ(knob_error(g, Device::cuda(0), good), "") << good;
 }
 

@@ -173,10 +173,10 @@ struct BuildFor {
   // execution context beside the KCRS constant, as before; for A/B runs of device memory)
   bool store_filters = true;
   bool timed = false;     // knob kernels=heuristic|timed: Note [CUDA library kernels timed]
-  // knob tune_threads=N (1-64; default the host's cores, at most 16): the threads that build
-  // cuDNN's plans ahead of the timing (Note [Timed convolutions prepared in parallel]); 1 builds
-  // them one at a time as plan_conv meets them.
-  int tune_threads = 0;
+  // knob plan_threads=N (1-64; default the host's cores, at most 16): the threads that build
+  // the convolutions' cuDNN plans ahead of planning the nodes (Note [Convolution plans prepared
+  // in parallel]); 1 builds them one at a time as plan_conv meets them.
+  int plan_threads = 0;
   bool tf32 = false;      // knob tf32=off|on: Note [CUDA TF32]
   // knob attention=auto|direct|simt (Note [CUDA attention]): direct never asks cuDNN; simt
   // also keeps float16/bfloat16 off the tensor cores (Note [CUDA tensor-core attention]).
@@ -199,8 +199,8 @@ BuildFor build_for(const Knobs& knobs) {
   if (kernels != "heuristic" && kernels != "timed")
     fail("cuda: knob kernels={} is not heuristic or timed", kernels);
   b.timed = kernels == "timed";
-  b.tune_threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
-  if (const std::string* t = knobs.find("tune_threads")) {
+  b.plan_threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+  if (const std::string* t = knobs.find("plan_threads")) {
     int v = -1;
     try {
       size_t used = 0;
@@ -208,8 +208,8 @@ BuildFor build_for(const Knobs& knobs) {
       if (used != t->size()) v = -1;
     } catch (const std::exception&) {
     }
-    if (v < 1 || v > 64) fail("cuda: knob tune_threads={} is not a thread count (1-64)", *t);
-    b.tune_threads = v;
+    if (v < 1 || v > 64) fail("cuda: knob plan_threads={} is not a thread count (1-64)", *t);
+    b.plan_threads = v;
   }
   const std::string tf32 = knobs.get("tf32", "off");
   if (tf32 != "off" && tf32 != "on")
@@ -510,7 +510,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     std::string source;
     for (;;) {
       choose_layouts(g, nodes, excluded);
-      if (build_.timed) prepare_timed_convs(g, nodes);
+      prepare_convs(g, nodes);
       nodes_.assign(g.nodes.size(), LibNode{});
       source.clear();
       int32_t failed = -1;
@@ -673,7 +673,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     std::vector<ConvDesc> tries;
   };
   ConvSetup conv_setup(const Graph& g, const Node& n, int32_t index) const;
-  void prepare_timed_convs(const Graph& g, const std::vector<int32_t>& nodes);
+  void prepare_convs(const Graph& g, const std::vector<int32_t>& nodes);
 
   std::vector<LibNode> nodes_;
   std::vector<std::vector<Dims>> strides_;  // by node, by input: element strides of a view read in place
@@ -737,20 +737,31 @@ void on_threads(size_t count, int max_threads, const F& f) {
 }
 }  // namespace
 
-// Note [Timed convolutions prepared in parallel]
-// max-autotune times every engine cuDNN offers for each convolution, and finalizing those plans
-// compiles the runtime-fusion engines' kernels on the CPU (40-700 ms each): resnet50 f32 with
-// TF32 took 38.8 s to compile on the H100's 16-core host (38.4 s of CPU, one thread), against
-// #13's 30 s. So before the nodes are planned, the distinct convolutions' plans are built, and
-// then their candidates finalized, on several threads (cuDNN takes concurrent calls with one
-// handle per device, as a package's load does: Note [cuDNN plans built beside each other]).
-// The entries go into plans_ as cached_plan would have made them, in the nodes' order; plan_conv
-// then finds them and times the engines one convolution at a time on the device, as before, so
-// the choices are the same; only the CPU work moved. A plan whose engine the tuning store holds
-// is built but not expanded (tune_conv restores its engine by tag). An error here is not
-// reported: the entry is left out, and plan_conv meets the same error where it reports it.
-void CudaLibraryKernels::prepare_timed_convs(const Graph& g, const std::vector<int32_t>& nodes) {
-  if (build_.cross || !library_plans_shared() || build_.tune_threads <= 1) return;
+// Note [Convolution plans prepared in parallel]
+// Building a convolution's cuDNN plan finalizes its first engine, and a runtime-fusion engine
+// compiles its kernels then, on the CPU (40-700 ms each; more on a machine whose driver JIT
+// cache is empty). max-autotune also finalizes every other candidate, to time them: resnet50
+// f32 with TF32 took 42-46 s to compile in max-autotune on the H100's 16-core host with empty
+// caches, nearly all of it on one thread, against #13's 30 s. So before the nodes are planned,
+// the distinct convolutions' plans are built on several threads (cuDNN takes concurrent calls
+// with one handle per device, as a package's load does: Note [cuDNN plans built beside each
+// other]), in every build, and under kernels=timed their candidates are then finalized the same
+// way. The tries follow plan_conv's order level by level: a node's second try (the bias alone)
+// is built only where its first (bias, residual and relu) has no engine, and so on, so no plan
+// is built that the serial order would not build. The entries go into plans_ as cached_plan
+// would make them; plan_conv finds them and, under kernels=timed, times the engines one
+// convolution at a time on the device as before, so the choices are made the same way; only
+// the CPU work moved. A plan whose engine the tuning store holds is not expanded (tune_conv
+// restores its engine by tag). An error here is not reported: the entry is left out, and
+// plan_conv meets the same error where it reports it. The knob plan_threads=1 builds them one
+// at a time, as plan_conv meets them.
+//
+// Measured (H100, 16 cores, each compile with an empty Kiln cache and an empty driver JIT
+// cache, alternating; docs/benchmarks.md, fortieth session): resnet50 f32 TF32 max-autotune
+// 42.2 / 46.1 s serial against 32.7 / 33.3 s with the candidates finalized on 16 threads (the
+// first plans still built serially then), resnet50 bf16 37.2 against 20.4 s.
+void CudaLibraryKernels::prepare_convs(const Graph& g, const std::vector<int32_t>& nodes) {
+  if (build_.cross || !library_plans_shared() || build_.plan_threads <= 1) return;
   std::vector<std::vector<ConvDesc>> node_tries;  // plan_conv's nodes (plan()'s dispatch)
   for (int32_t i : nodes) {
     const Node& n = g.nodes[size_t(i)];
@@ -771,29 +782,40 @@ void CudaLibraryKernels::prepare_timed_convs(const Graph& g, const std::vector<i
       if (c.key == key) return &c;
     return nullptr;
   };
-  // Every try's plan, built as cached_conv builds it.
-  std::vector<CachedPlan> made;
-  std::vector<ConvDesc> descs;
-  for (const auto& tries : node_tries)
-    for (const ConvDesc& d : tries) {
-      const std::string key = key_of(d);
+  // Level by level: each node's next try, where every earlier try is known to have no engine.
+  size_t levels = 0;
+  for (const auto& tries : node_tries) levels = std::max(levels, tries.size());
+  for (size_t level = 0; level < levels; ++level) {
+    std::vector<CachedPlan> made;
+    std::vector<ConvDesc> descs;
+    for (const auto& tries : node_tries) {
+      if (level >= tries.size()) continue;
+      bool earlier_failed = true;
+      for (size_t t = 0; t < level && earlier_failed; ++t) {
+        const CachedPlan* c = known(key_of(tries[t]));
+        earlier_failed = c && !c->conv;
+      }
+      if (!earlier_failed) continue;
+      const std::string key = key_of(tries[level]);
       if (known(key)) continue;
       bool dup = false;
       for (const CachedPlan& c : made) dup = dup || c.key == key;
       if (dup) continue;
       made.push_back(CachedPlan{key, nullptr, nullptr, "", "", false});
-      descs.push_back(d);
+      descs.push_back(tries[level]);
     }
-  std::vector<char> ok(made.size(), 0);
-  on_threads(made.size(), build_.tune_threads, [&](size_t i) {
-    try {
-      made[i].conv = ConvPlan::try_create(descs[i], &made[i].why);
-      ok[i] = 1;
-    } catch (...) {
-    }
-  });
-  for (size_t i = 0; i < made.size(); ++i)
-    if (ok[i]) plans_.push_back(std::move(made[i]));
+    std::vector<char> ok(made.size(), 0);
+    on_threads(made.size(), build_.plan_threads, [&](size_t i) {
+      try {
+        made[i].conv = ConvPlan::try_create(descs[i], &made[i].why);
+        ok[i] = 1;
+      } catch (...) {
+      }
+    });
+    for (size_t i = 0; i < made.size(); ++i)
+      if (ok[i]) plans_.push_back(std::move(made[i]));
+  }
+  if (!build_.timed) return;
   // The plan each node will use (its first try that has one), expanded unless its engine is
   // stored.
   std::vector<std::shared_ptr<ConvPlan>> expand;
@@ -807,7 +829,7 @@ void CudaLibraryKernels::prepare_timed_convs(const Graph& g, const std::vector<i
         expand.push_back(c->conv);
       break;
     }
-  on_threads(expand.size(), build_.tune_threads, [&](size_t i) {
+  on_threads(expand.size(), build_.plan_threads, [&](size_t i) {
     try {
       (void)expand[i]->candidates();
     } catch (...) {
