@@ -96,8 +96,8 @@ class SdpaPlan {
 
   std::vector<SdpaEngine> candidates() const;
   void select(int index);
-  // Selects the candidate with this tag (false when none has it); the other candidates are
-  // finalized only when it is not the first (cudnn::GraphPlans::find_tag).
+  // Selects the candidate with this tag (false when none has it), finalizing that one alone
+  // where it is not yet (cudnn::GraphPlans::find_tag).
   bool select_tag(const std::string& tag);
   // As ConvPlan::keep and ConvPlan::plans_finalized.
   void keep() const;
