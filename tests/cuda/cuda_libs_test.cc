@@ -986,6 +986,19 @@ TEST(CudnnConv, FusedReluNanBehaviourMatchesTheFlag) {
   return ::testing::AssertionFailure() << what << " computed other bits";
 }
 
+// Runs a convolution with fused bias and residual into a NaN-filled output of `yn` elements;
+// the output as doubles.
+std::vector<double> run_bias_residual(const cuda::ConvPlan& plan, const DeviceBuffer& x,
+                                      const DeviceBuffer& w, const DeviceBuffer& bias,
+                                      const DeviceBuffer& residual, size_t yn, DType dt) {
+  auto dy = nan_buffer(yn, dt);
+  DeviceBuffer ws(plan.workspace_bytes());
+  plan.run({.x = x.get(), .w = w.get(), .y = dy->get(), .bias = bias.get(),
+            .residual = residual.get(), .workspace = ws.get(), .workspace_bytes = ws.bytes()});
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return download(*dy, yn, dt);
+}
+
 // The files of the plan cache under `dir` (Note [cuDNN plan cache]).
 std::vector<std::filesystem::path> plan_cache_files(const std::string& dir, const char* ext) {
   std::vector<std::filesystem::path> out;
@@ -1049,12 +1062,7 @@ TEST(CudnnConv, SerializedPlanRestoresAndTheCacheServesIt) {
     auto db = upload(bias, dt);
     auto dr = upload(to_layout(residual, o, d.layout), dt);
     auto run = [&](const cuda::ConvPlan& plan) {
-      auto dy = nan_buffer(yn, dt);
-      DeviceBuffer ws(plan.workspace_bytes());
-      plan.run({.x = dx->get(), .w = dw->get(), .y = dy->get(), .bias = db->get(),
-                .residual = dr->get(), .workspace = ws.get(), .workspace_bytes = ws.bytes()});
-      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-      return download(*dy, yn, dt);
+      return run_bias_residual(plan, *dx, *dw, *db, *dr, yn, dt);
     };
     const std::vector<double> a = run(*built), b = run(*restored), c = run(*cached);
     EXPECT_TRUE(same_bits(a, b, "the restored plan"));
@@ -1127,12 +1135,7 @@ TEST(CudnnConv, APinnedEngineIsKeptAndBuiltAlone) {
   auto db = upload(randn(size_t(d.c_out), rng), dt);
   auto dr = upload(randn(yn, rng), dt);
   auto run = [&](const cuda::ConvPlan& plan) {
-    auto dy = nan_buffer(yn, dt);
-    DeviceBuffer ws(plan.workspace_bytes());
-    plan.run({.x = dx->get(), .w = dw->get(), .y = dy->get(), .bias = db->get(),
-              .residual = dr->get(), .workspace = ws.get(), .workspace_bytes = ws.bytes()});
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    return download(*dy, yn, dt);
+    return run_bias_residual(plan, *dx, *dw, *db, *dr, yn, dt);
   };
   const std::vector<double> want = run(*tuned);
   size_t nan = 0;
