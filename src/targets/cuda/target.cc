@@ -673,6 +673,13 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
     std::vector<ConvDesc> tries;
   };
   ConvSetup conv_setup(const Graph& g, const Node& n, int32_t index) const;
+  // Whether convolution node `n` goes to cuDNN (plan_conv) rather than a direct kernel: Note
+  // [CUDA small-channel convolutions] keeps image stems direct (NCHW) unless the knob
+  // stem_conv=cudnn asks for cuDNN, and float64 takes the direct convolution kernel.
+  bool cudnn_conv(const Graph& g, const Node& n, int32_t index) const {
+    if (build_.small_conv && !nhwc_conv_[size_t(index)] && small_channel_conv(g, n)) return false;
+    return library_dtype(g.type(n.inputs[0]).dtype);
+  }
   void prepare_convs(const Graph& g, const std::vector<int32_t>& nodes);
 
   std::vector<LibNode> nodes_;
@@ -706,16 +713,21 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
   template <class Make>
   CachedPlan& cached_plan(std::string key, Make make) {
     if (!library_plans_shared()) key += " #" + std::to_string(plans_.size());  // never equal
-    for (CachedPlan& c : plans_)
-      if (c.key == key) return c;
+    if (CachedPlan* c = find_plan(key)) return *c;
     CachedPlan c;
     c.key = std::move(key);
     make(c);
     plans_.push_back(std::move(c));
     return plans_.back();
   }
+  CachedPlan* find_plan(const std::string& key) {
+    for (CachedPlan& c : plans_)
+      if (c.key == key) return &c;
+    return nullptr;
+  }
+  static std::string conv_plan_key(const ConvDesc& d) { return "conv " + cudnn_desc_key(d); }
   CachedPlan& cached_conv(const ConvDesc& d) {
-    return cached_plan("conv " + cudnn_desc_key(d),
+    return cached_plan(conv_plan_key(d),
                        [&](CachedPlan& c) { c.conv = ConvPlan::try_create(d, &c.why); });
   }
 };
@@ -767,21 +779,14 @@ void CudaLibraryKernels::prepare_convs(const Graph& g, const std::vector<int32_t
     const Node& n = g.nodes[size_t(i)];
     if (n.op != OpId::Conv2d && n.op != OpId::ConvTranspose2d && n.op != OpId::FusedConv2d)
       continue;
-    bool all_concrete = true;
+    bool all_concrete = true;  // plan() refuses the rest
     for (ValueId o : n.outputs) all_concrete = all_concrete && concrete(g.type(o));
-    if (!all_concrete || !library_dtype(g.type(n.inputs[0]).dtype)) continue;
-    if (build_.small_conv && !nhwc_conv_[size_t(i)] && small_channel_conv(g, n)) continue;
+    if (!all_concrete || !cudnn_conv(g, n, i)) continue;
     try {
       node_tries.push_back(conv_setup(g, n, i).tries);
     } catch (const Error&) {
     }
   }
-  auto key_of = [](const ConvDesc& d) { return "conv " + cudnn_desc_key(d); };
-  auto known = [&](const std::string& key) -> CachedPlan* {
-    for (CachedPlan& c : plans_)
-      if (c.key == key) return &c;
-    return nullptr;
-  };
   // Level by level: each node's next try, where every earlier try is known to have no engine.
   size_t levels = 0;
   for (const auto& tries : node_tries) levels = std::max(levels, tries.size());
@@ -792,12 +797,12 @@ void CudaLibraryKernels::prepare_convs(const Graph& g, const std::vector<int32_t
       if (level >= tries.size()) continue;
       bool earlier_failed = true;
       for (size_t t = 0; t < level && earlier_failed; ++t) {
-        const CachedPlan* c = known(key_of(tries[t]));
+        const CachedPlan* c = find_plan(conv_plan_key(tries[t]));
         earlier_failed = c && !c->conv;
       }
       if (!earlier_failed) continue;
-      const std::string key = key_of(tries[level]);
-      if (known(key)) continue;
+      const std::string key = conv_plan_key(tries[level]);
+      if (find_plan(key)) continue;
       bool dup = false;
       for (const CachedPlan& c : made) dup = dup || c.key == key;
       if (dup) continue;
@@ -821,11 +826,11 @@ void CudaLibraryKernels::prepare_convs(const Graph& g, const std::vector<int32_t
   std::vector<std::shared_ptr<ConvPlan>> expand;
   for (const auto& tries : node_tries)
     for (const ConvDesc& d : tries) {
-      const CachedPlan* c = known(key_of(d));
+      const CachedPlan* c = find_plan(conv_plan_key(d));
       if (!c || !c->conv) continue;
       std::string stored;
-      if (!c->tried_tuning && !tuning_get(conv_tuning_key(c->conv->desc()), &stored) &&
-          std::find(expand.begin(), expand.end(), c->conv) == expand.end())
+      if (!c->tried_tuning && std::find(expand.begin(), expand.end(), c->conv) == expand.end() &&
+          !tuning_get(conv_tuning_key(c->conv->desc()), &stored))
         expand.push_back(c->conv);
       break;
     }
@@ -849,12 +854,8 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
       else plan_direct(g, n, index, ln, source);
       break;
     case OpId::Conv2d: case OpId::ConvTranspose2d: case OpId::FusedConv2d:
-      // Note [CUDA small-channel convolutions]: image stems as a direct kernel (NCHW), unless
-      // the knob stem_conv=cudnn asks for cuDNN.
-      if (build_.small_conv && !nhwc_conv_[size_t(index)] && small_channel_conv(g, n))
-        plan_direct(g, n, index, ln, source);
-      else if (library_dtype(g.type(n.inputs[0]).dtype)) plan_conv(g, n, index, ln, source);
-      else plan_direct(g, n, index, ln, source);  // float64: the direct convolution kernel
+      if (cudnn_conv(g, n, index)) plan_conv(g, n, index, ln, source);
+      else plan_direct(g, n, index, ln, source);
       break;
     case OpId::AdaptiveAvgPool2d:
       // Global pooling is a generated reduction (it fuses with its neighbours).
