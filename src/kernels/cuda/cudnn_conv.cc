@@ -355,8 +355,7 @@ bool ConvPlan::select_tag(const std::string& tag) {
   const cudnn::PlanCandidate* c = im.graph.find_tag(tag, &i);
   if (!c) return false;
   selected_ = {c->tag, c->workspace_bytes, c->tensor_cores, i};
-  cudnn::plan_cache_put(desc_.device, im.key, tag,
-                        {c->tag, c->tensor_cores, im.graph.serialize(size_t(i))});
+  keep();
   return true;
 }
 

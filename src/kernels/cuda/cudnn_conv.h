@@ -104,9 +104,9 @@ class ConvPlan {
   void select(int index);
   bool select_tag(const std::string& tag);  // false when this plan has no such candidate
   // Stores the selected engine's plan in the plan cache under its tag (Note [cuDNN plan cache]
-  // in cudnn_backend.cc), so that a package pinning it restores it instead of building it: for
-  // a choice made by select() (the autotuner's, a workspace limit's). Nothing when the engine
-  // does not serialize or the cache is off.
+  // in cudnn_backend.cc), so that a package pinning it restores it instead of building it.
+  // select_tag does so for an engine it built; a choice made by select() (the autotuner's, a
+  // workspace limit's) calls it. Nothing when the engine does not serialize or the cache is off.
   void keep() const;
   // Execution plans finalized so far (1 for a plan restored from the cache or bytes).
   size_t plans_finalized() const;

@@ -423,10 +423,7 @@ bool SdpaPlan::select_tag(const std::string& tag) {
   const cudnn::PlanCandidate* c = im.graph.find_tag(tag, &i);
   if (!c) return false;
   selected_ = {c->tag, c->workspace_bytes + im.stats_bytes, i};
-  std::string bytes = im.graph.serialize(size_t(i));
-  if (!bytes.empty())
-    cudnn::plan_cache_put(desc_.device, im.key, tag,
-                          {c->tag, c->tensor_cores, (im.with_stats ? "s" : "i") + bytes});
+  keep();
   return true;
 }
 
