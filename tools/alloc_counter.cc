@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <string_view>
@@ -69,21 +70,23 @@ std::string_view base_name(const char* path) {
   return slash == std::string_view::npos ? p : p.substr(slash + 1);
 }
 
+bool starts_with_any(std::string_view name, std::initializer_list<std::string_view> prefixes) {
+  for (std::string_view p : prefixes)
+    if (name.starts_with(p)) return true;
+  return false;
+}
+
 // Libraries whose code is passed over to find the module that asked: the C and C++ runtimes,
 // the unwinder and OpenMP (an OpenMP team's allocation belongs to the code that forked it).
 bool support_library(std::string_view name) {
-  for (std::string_view lib : {"libc.so", "libstdc++.so", "libgcc_s.so", "libgomp.so", "libm.so",
-                               "ld-linux"})
-    if (name.substr(0, lib.size()) == lib) return true;
-  return false;
+  return starts_with_any(name, {"libc.so", "libstdc++.so", "libgcc_s.so", "libgomp.so", "libm.so",
+                                "ld-linux"});
 }
 
 // Compute libraries that Kiln calls and whose allocations are their own.
 bool external_library(std::string_view name) {
-  for (std::string_view lib : {"libdnnl", "libcudnn", "libcublas", "libcuda.", "libcudart",
-                               "libnvrtc", "libnvJitLink", "libOpenCL", "libsleef"})
-    if (name.substr(0, lib.size()) == lib) return true;
-  return false;
+  return starts_with_any(name, {"libdnnl", "libcudnn", "libcublas", "libcuda.", "libcudart",
+                                "libnvrtc", "libnvJitLink", "libOpenCL", "libsleef"});
 }
 
 // The module that asked for allocation `i`: past the allocator's own frames (this binary's,
