@@ -17,6 +17,7 @@ mkdir -p "$LOGS"
 cd "$HERE"
 export LD_LIBRARY_PATH="$HERE:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KILN_C_RUN="${KILN_C_RUN:-$HERE/kiln_c_run}"  # the C example, for the package tests
+export KILN_CLI="${KILN_CLI:-$HERE/kiln}"  # the CLI, for compiles in a separate process
 models=("$@")
 [[ ${#models[@]} -gt 0 ]] || models=(mlp resnet18 bert_base)
 
