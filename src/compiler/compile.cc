@@ -170,7 +170,7 @@ std::vector<std::unique_ptr<Pass>> compiler_passes(const Target& target, DType p
   return compiler_pipeline(
       target.decompositions(), precision,
       [&target](const Graph& g, const Node& n) { return target.keeps_whole(g, n); },
-      target.graph_passes());
+      target.graph_passes(), target.precision_graph_passes());
 }
 
 void run_compiler_passes(Graph& g, const Target& target, DType precision) {

@@ -204,6 +204,9 @@ class Target {
   // Passes of the registry (passes/pipeline.cc) this target runs after the default pipeline,
   // before autocast (compiler_pipeline): rewrites into what its libraries run best.
   virtual std::vector<std::string> graph_passes() const { return {}; }
+  // Passes of the registry this target runs after autocast, before the decompositions:
+  // rewrites that depend on the dtypes its kernels read (CUDA: attention-mask-guard).
+  virtual std::vector<std::string> precision_graph_passes() const { return {}; }
   // Nodes of those ops that this target still runs whole (its library fuses them: CUDA's
   // fused_conv2d with a relu epilogue is one cuDNN graph).
   virtual bool keeps_whole(const Graph& g, const Node& n) const { return false; }

@@ -4,6 +4,7 @@
 #include "passes/pass.h"
 #include "passes/algebraic_simplify.h"
 #include "passes/attention_heads_last.h"
+#include "passes/attention_mask_guard.h"
 #include "passes/autocast.h"
 #include "passes/constant_fold.h"
 #include "passes/cse.h"
@@ -39,6 +40,8 @@ constexpr PassEntry kPasses[] = {
     // compile option precision (not in the default pipeline: compiler_pipeline adds one)
     {"autocast-bf16", [] { return make_autocast_pass(DType::BFloat16); }, false},
     {"autocast-f16", [] { return make_autocast_pass(DType::Float16); }, false},
+    // a target's choice after autocast (Target::precision_graph_passes: CUDA)
+    {"attention-mask-guard", make_attention_mask_guard_pass, false},
     {"default", make_default_pipeline_pass, false},  // all of the above marked true, in order
 };
 }  // namespace
@@ -58,13 +61,16 @@ std::vector<std::unique_ptr<Pass>> autocast_pipeline(DType precision) {
 std::vector<std::unique_ptr<Pass>> compiler_pipeline(
     const std::vector<OpId>& decompose, DType precision,
     std::function<bool(const Graph&, const Node&)> keep_node,
-    const std::vector<std::string>& target_passes) {
+    const std::vector<std::string>& target_passes,
+    const std::vector<std::string>& precision_passes) {
   std::vector<std::unique_ptr<Pass>> passes;
   for (const std::string& name : default_pipeline()) passes.push_back(find_pass(name));
   for (const std::string& name : target_passes) passes.push_back(find_pass(name));
   // After the inference passes (batch norm folded in float32), before the decompositions (a
   // float32 group_norm decomposes into float32 parts).
   for (auto& p : autocast_pipeline(precision)) passes.push_back(std::move(p));
+  // After autocast: rewrites that depend on the dtypes the kernels will read.
+  for (const std::string& name : precision_passes) passes.push_back(find_pass(name));
   if (!decompose.empty()) {
     DecomposeOptions o;
     o.ops = decompose;

@@ -8,7 +8,8 @@
 //     other than float32 (bfloat16, float16), autocast to it (passes/autocast.h) runs after the
 //     default pipeline and before the decompositions: autocast_pipeline(precision). A target's
 //     own passes (`target_passes`, names in the table: Target::graph_passes) run after the
-//     default pipeline, before autocast;
+//     default pipeline, before autocast; its `precision_passes` (Target::precision_graph_passes)
+//     after autocast, before the decompositions;
 //   - autocast_pipeline(precision): nothing for float32; else autocast to `precision`, then
 //     algebraic-simplify, cse, dce (the eager backend runs this alone).
 #pragma once
@@ -26,6 +27,7 @@ std::vector<std::unique_ptr<Pass>> autocast_pipeline(DType precision);
 std::vector<std::unique_ptr<Pass>> compiler_pipeline(
     const std::vector<OpId>& decompose, DType precision = DType::Float32,
     std::function<bool(const Graph&, const Node&)> keep_node = {},
-    const std::vector<std::string>& target_passes = {});
+    const std::vector<std::string>& target_passes = {},
+    const std::vector<std::string>& precision_passes = {});
 
 }  // namespace kiln

@@ -18,6 +18,7 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "passes/algebraic_simplify.h"
+#include "passes/attention_mask_guard.h"
 #include "passes/constant_fold.h"
 #include "passes/cse.h"
 #include "passes/dce.h"
@@ -775,6 +776,75 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
       Graph before = parse_graph(with_dtype(text, dt), "test");
       Generator gen(base_seed() ^ 31);
       expect_matches_float64(before, after, gen, 1e-5);
+    }
+  }
+}
+
+// attention-mask-guard (passes/attention_mask_guard.h, Note [guarded attention masks]): a mask
+// computed at run time for float16/bfloat16 attention becomes where(row masked whole, NaN, mask),
+// materialized to the scores' rows ([2, 1, 5, 7] from [2, 1, 1, 7]; [1, 1, 5, 7] from a
+// batch-less [1, 7]); the two attentions reading one mask share one guard. Attention in float32,
+// with a bool mask, or whose q, k and v broadcast their batch dims stays as it was; a second
+// run changes nothing. The interpreter gives the same bits before and after on masks whose rows
+// are masked whole (NaN before and after), that hold a NaN, or hold neither.
+TEST(PassesNumeric, AttentionMaskGuardKeepsTheResultsAndNaNsMaskedRows) {
+  const std::string text = R"(
+graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2, 1, 1, 7], %m2: DT[1, 7], %b: bool[2, 1, 1, 7], %q32: f32[2, 3, 5, 8], %m32: f32[2, 1, 1, 5], %k1: DT[1, 3, 7, 8], %v1: DT[1, 3, 7, 4]) {
+  %mm = add(%m, %m)
+  %o1 = scaled_dot_product_attention(%q, %k, %v, %mm) {is_causal=false}
+  %o2 = scaled_dot_product_attention(%q, %k, %v, %mm) {is_causal=false, scale=0.25}
+  %o3 = scaled_dot_product_attention(%q, %k, %v, %m2) {is_causal=false}
+  %o4 = scaled_dot_product_attention(%q, %k, %v, %b) {is_causal=false}
+  %o5 = scaled_dot_product_attention(%q32, %q32, %q32, %m32) {is_causal=false}
+  %o6 = scaled_dot_product_attention(%q, %k1, %v1, %m) {is_causal=false}
+  return %o1, %o2, %o3, %o4, %o5, %o6
+}
+)";
+  for (const char* dt : {"f16", "bf16"}) {
+    SCOPED_TRACE(dt);
+    Graph before = parse_graph(with_dtype(text, dt), "test");
+    Graph after = before;
+    EXPECT_EQ(attention_mask_guard(after), 3) << print_graph(after);
+    EXPECT_EQ(attention_mask_guard(after), 0) << print_graph(after);
+    EXPECT_EQ(count_op(after, OpId::Where), 2) << print_graph(after);  // %mm's and %m2's
+    int guarded = 0;
+    for (const Node& n : after.nodes) {
+      if (n.op != OpId::ScaledDotProductAttention || n.inputs.size() < 4) continue;
+      const bool g = guarded_attention_mask(after, n.inputs[3]);
+      guarded += g;
+      if (g) {
+        const Dims md = to_dims(after.type(n.inputs[3]).shape);
+        EXPECT_EQ(md[2], 5) << print_graph(after);  // the scores' rows
+        EXPECT_EQ(md[3], 7) << print_graph(after);
+      }
+    }
+    EXPECT_EQ(guarded, 3) << print_graph(after);
+    EXPECT_FALSE(guarded_attention_mask(after, after.inputs[3]));  // a graph input is no guard
+    Generator gen(base_seed() ^ 37);
+    const DType d = std::string(dt) == "f16" ? DType::Float16 : DType::BFloat16;
+    for (int round = 0; round < 3; ++round) {
+      TensorList in = random_inputs(before, gen);
+      // Masks: round 0 as drawn; round 1 batch 1's row and m2 masked whole; round 2 a NaN too.
+      for (int which : {3, 4}) {
+        Tensor m = in[size_t(which)].to(DType::Float64).contiguous();
+        double* p = m.data<double>();
+        if (round >= 1)
+          for (int j = 0; j < 7; ++j) p[which == 3 ? 7 + j : j] = -INFINITY;
+        if (round == 2 && which == 3) p[2] = NAN;
+        in[size_t(which)] = m.to(d);
+      }
+      TensorList want = run(before, in), got = run(after, in);
+      ASSERT_EQ(want.size(), got.size());
+      int64_t nans = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        test::Comparison c = test::compare(got[i], want[i], test::Tolerance::exact());
+        EXPECT_TRUE(c.ok()) << "round " << round << " output " << i << ": " << c.str();
+        Tensor w = want[i].to(DType::Float64).contiguous();
+        for (int64_t e = 0; e < w.numel(); ++e) nans += std::isnan(w.data<double>()[e]);
+      }
+      // Rows masked whole (and a NaN's row) are NaN in the reference: the case the guard keeps.
+      if (round >= 1) EXPECT_GT(nans, 0) << "round " << round;
+      if (round == 0) EXPECT_EQ(nans, 0);
     }
   }
 }
