@@ -31,13 +31,17 @@
 //           Format version 3's records (no residual, pre, post or w_krsc; a "bias_kernel" run
 //           after the convolution) load as before.
 //   cudnn_sdpa {"desc": SdpaDesc, "engine": tag, "q", "k", "v", "o", "workspace",
-//           "workspace_bytes"}: cuDNN's fused attention (no mask: none or causal), the engine
+//           "workspace_bytes"[, "mask"]}: cuDNN's fused attention, the engine
 //           found by its tag among the plan's candidates or refused as above. The descriptor's
 //           q_stride / k_stride / v_stride ([B, H, S, D] element strides of views read in
 //           place; all zero: contiguous) are new in format version 5; version-4 records have
 //           none and read contiguous operands. o_stride (format version 9, present only when
 //           not contiguous): the output written heads-last, [B, S, H, D] through its
-//           [B, H, S, D] strides (Note [attention writes heads last]).
+//           [B, H, S, D] strides (Note [attention writes heads last]). "mask" (format
+//           version 12, in the descriptor as [mask_batch, mask_heads] and as a buffer): an
+//           additive mask, contiguous [mask_batch, mask_heads, Sq, Skv], guarded so that a row
+//           masked whole reads NaN (Note [guarded attention masks] in
+//           passes/attention_mask_guard.h).
 // Buffers are checked against their slots' sizes (LaunchEnv::slot_bytes) from the descriptors,
 // so an edited manifest cannot point a library call outside its memory.
 #include <algorithm>
@@ -440,9 +444,10 @@ void run_sdpa(void* s, const Executable::RunContext& c) {
   a.o = ptr(c.slots, v->buf.o);
   a.workspace = v->buf.workspace_bytes ? ptr(c.slots, v->buf.workspace) : nullptr;
   a.workspace_bytes = size_t(v->buf.workspace_bytes);
+  a.mask = v->plan->desc().mask ? ptr(c.slots, v->buf.mask) : nullptr;
   const void* key[] = {a.q, a.k, a.v, static_cast<const void*>(a.o),
-                       static_cast<const void*>(a.workspace)};
-  local->replay.run(c.stream, key, 5, enqueue_plan<SdpaCall>, &call);
+                       static_cast<const void*>(a.workspace), a.mask};
+  local->replay.run(c.stream, key, 6, enqueue_plan<SdpaCall>, &call);
 }
 
 json sdpa_desc_json(const cuda::SdpaDesc& d) {
@@ -453,6 +458,8 @@ json sdpa_desc_json(const cuda::SdpaDesc& d) {
             {"q_stride", d.q_stride}, {"k_stride", d.k_stride}, {"v_stride", d.v_stride}};
   // Format 9 (kAttentionOutputFormatVersion): only where the output is not contiguous.
   if (d.o_stride != std::array<int64_t, 4>{}) j["o_stride"] = d.o_stride;
+  // Format 12 (kAttentionMaskFormatVersion): only with a mask.
+  if (d.mask) j["mask"] = {d.mask_batch, d.mask_heads};
   return j;
 }
 
@@ -490,6 +497,14 @@ cuda::SdpaDesc sdpa_desc_from(const json& j) {
   d.k_stride = sdpa_strides_from(j, "k_stride");
   d.v_stride = sdpa_strides_from(j, "v_stride");
   d.o_stride = sdpa_strides_from(j, "o_stride");  // format 9
+  if (j.contains("mask")) {  // format 12: [mask_batch, mask_heads]
+    const auto mb = j.at("mask").get<std::array<int64_t, 2>>();
+    if ((mb[0] != 1 && mb[0] != d.batch) || (mb[1] != 1 && mb[1] != d.heads))
+      throw std::out_of_range("attention mask batch and heads must be 1 or the batch and heads");
+    d.mask = true;
+    d.mask_batch = mb[0];
+    d.mask_heads = mb[1];
+  }
   return d;
 }
 
@@ -869,6 +884,13 @@ SdpaRecord parse_cudnn_sdpa(const LaunchRecord& r, LaunchEnv& env, const std::st
   check_buffer(env, b.v, span(d.v_stride, d.seq_kv, d.head_dim_v), where, "v");
   check_buffer(env, b.o, span(d.o_stride, d.seq_q, d.head_dim_v), where, "o");
   if (b.workspace_bytes > 0) check_buffer(env, b.workspace, b.workspace_bytes, where, "workspace");
+  if (d.mask != p.contains("mask"))
+    throw std::out_of_range("an attention mask buffer goes with a mask in the descriptor, and only then");
+  if (d.mask) {
+    b.mask = ref_from(p.at("mask"));
+    check_buffer(env, b.mask, product({d.mask_batch, d.mask_heads, d.seq_q, d.seq_kv, es}), where,
+                 "mask");
+  }
   rec.engine = p.at("engine").get<std::string>();
   return rec;
 }
@@ -1073,6 +1095,7 @@ Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> 
               {"q", ref_json(b.q)}, {"k", ref_json(b.k)}, {"v", ref_json(b.v)},
               {"o", ref_json(b.o)}, {"workspace", ref_json(b.workspace)},
               {"workspace_bytes", b.workspace_bytes}};
+    if (state->plan->desc().mask) p["mask"] = ref_json(b.mask);  // format 12
     return LaunchRecord{"cudnn_sdpa", p.dump()};
   };
   l.owner = std::move(state);

@@ -183,6 +183,7 @@ std::map<int32_t, KrscFilter> filters_to_store_krsc(const std::vector<LaunchReco
 struct CudnnSdpaBuffers {
   MemRef q, k, v, o, workspace;
   int64_t workspace_bytes = 0;
+  MemRef mask;  // when the descriptor has one: contiguous [mask_batch, mask_heads, Sq, Skv]
 };
 Executable::Launch make_cudnn_sdpa_launch(std::shared_ptr<const cuda::SdpaPlan> plan,
                                           CudnnSdpaBuffers buffers);

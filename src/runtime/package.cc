@@ -558,6 +558,8 @@ std::string package_bytes(const Executable& exe, const PackageInfo& info) {
       version = std::max(version, kKilnConvSiluFormatVersion);
     if (r.kind == "cudnn_sdpa" && params.at("desc").contains("o_stride"))
       version = std::max(version, kAttentionOutputFormatVersion);
+    if (r.kind == "cudnn_sdpa" && params.at("desc").contains("mask"))
+      version = std::max(version, kAttentionMaskFormatVersion);
     launches.push_back({{"name", l.name}, {"kind", r.kind}, {"nodes", l.nodes},
                         {"params", std::move(params)}});
     records.push_back(std::move(r));
@@ -1440,6 +1442,10 @@ LoadedPackage load_sections(std::string_view bytes, const std::string& source,
           j.at("params").at("desc").contains("o_stride"))
         throw std::out_of_range(fmt::format("{}: an attention output stride (o_stride) is unknown "
                                             "to format version {}", lw, out.format_version));
+      if (r.kind == "cudnn_sdpa" && out.format_version < kAttentionMaskFormatVersion &&
+          j.at("params").at("desc").contains("mask"))
+        throw std::out_of_range(fmt::format("{}: an attention mask is unknown to format version {}",
+                                            lw, out.format_version));
       if (r.kind == "onednn") {  // its buffers must lie in the slot table and the arena
         const json& p = j.at("params");
         if (out.format_version < kOnednnConcatFormatVersion && p.at("desc").at("op") == "concat")

@@ -42,8 +42,10 @@ namespace kiln {
 // convolution kernel (conv_layout "kiln-direct": Note [Kiln grouped convolution] in
 // kernels/grouped_conv.cc; a version-9 runtime would call the record malformed); version 11
 // CPU packages where that kernel ends in silu (EfficientNet's stems; a version-10 runtime
-// would refuse the record as a convolution its kernel does not take).
-inline constexpr uint32_t kPackageFormatVersion = 11;
+// would refuse the record as a convolution its kernel does not take); version 12 CUDA packages
+// whose cuDNN attention reads a mask (`mask`: Note [guarded attention masks] in
+// passes/attention_mask_guard.h; a version-11 runtime would run the attention unmasked).
+inline constexpr uint32_t kPackageFormatVersion = 12;
 inline constexpr uint32_t kCudaPackageFormatVersion = 8;
 inline constexpr uint32_t kCpuPackageFormatVersion = 2;
 inline constexpr uint32_t kOnednnConcatFormatVersion = 6;
@@ -53,6 +55,7 @@ inline constexpr uint32_t kPrepackedFormatVersion = 8;
 inline constexpr uint32_t kAttentionOutputFormatVersion = 9;
 inline constexpr uint32_t kKilnGroupedConvFormatVersion = 10;
 inline constexpr uint32_t kKilnConvSiluFormatVersion = 11;
+inline constexpr uint32_t kAttentionMaskFormatVersion = 12;
 inline constexpr uint32_t kOldestPackageFormatVersion = 1;
 
 // ---- the container: header, section table, sections -------------------------------------------

@@ -408,12 +408,13 @@ void check_both_modes(
 }
 
 // scaled_dot_product_attention compiled for CUDA runs as one fused kernel — cuDNN's flash
-// attention in float16 / bfloat16 without a mask input, else the flash-style direct kernel (Note
+// attention in float16 / bfloat16 without a mask or with a float mask (guarded: Note [guarded
+// attention masks] in passes/attention_mask_guard.h), else the flash-style direct kernel (Note
 // [CUDA attention] in targets/cuda/target.cc) — at the sizes models use — ViT's 197 tokens, BERT's padding mask, causal 300, head
 // sizes 128 and 256 (the latter reads K and V from global memory), broadcast batch dims in float64
 // — against the float64 reference on fresh random inputs, per dtype's tolerance (the op harness's,
-// times the op's tolerance scale); rows whose every key is masked are NaN exactly where the
-// reference's are; the CUDA-graph replay is bitwise equal to the plain run; no score matrix (no
+// times the op's tolerance scale); rows whose every key is masked, or whose mask holds a NaN or
+// +inf, are NaN exactly where the reference's are (bool and float masks); the CUDA-graph replay is bitwise equal to the plain run; no score matrix (no
 // softmax or matmul kernel) appears in the compiled graph. cuDNN's graph rounds the probabilities
 // to the I/O dtype before the second product: within the same dtype tolerance.
 TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
@@ -421,7 +422,8 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
     std::string name;
     Dims q, k, v;
     DType dt;
-    int mask = 0;  // 0 none, 1 BERT-style float padding mask [B,1,1,S], 2 bool mask with dead rows
+    int mask = 0;  // 0 none, 1 BERT-style float padding mask [B,1,1,S], 2 bool mask with dead
+                   // rows, 3 float mask [B,1,L,S] with dead rows, a NaN and a +inf
     bool causal = false;
   };
   std::vector<Case> cases;
@@ -433,6 +435,8 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
     cases.push_back({"causal", {1, 4, 300, 64}, {1, 4, 300, 64}, {1, 4, 300, 64}, dt, 0, true});
   for (DType dt : {DType::Float32, DType::BFloat16})
     cases.push_back({"dead_rows", {2, 2, 5, 16}, {2, 2, 70, 16}, {2, 2, 70, 8}, dt, 2});
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
+    cases.push_back({"dead_rows_float", {2, 4, 24, 64}, {2, 4, 40, 64}, {2, 4, 40, 64}, dt, 3});
   cases.push_back({"head128", {1, 2, 100, 128}, {1, 2, 90, 128}, {1, 2, 90, 128}, DType::Float32});
   cases.push_back({"head256_global", {1, 2, 50, 256}, {1, 2, 77, 256}, {1, 2, 77, 256}, DType::Float32});
   cases.push_back({"broadcast_f64", {2, 3, 40, 32}, {3, 60, 32}, {1, 60, 16}, DType::Float64});
@@ -456,6 +460,17 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
         for (int64_t i = 0; i < L; ++i) m.data<bool>()[(b * L + i) * S + (i * 7) % S] = true;
       for (int64_t j = 0; j < S; ++j) m.data<bool>()[3 * S + j] = false;
       in.push_back(m);
+    } else if (c.mask == 3) {  // [B, 1, L, S]: batch 0's row 3 attends nothing; batch 1's row 5
+                               // holds a NaN, its row 6 a +inf; a quarter of the rest -inf
+      Tensor m = Tensor::empty(Dims{c.q[0], 1, L, S}, DType::Float32);
+      float* p = m.data<float>();
+      for (int64_t x = 0; x < m.numel(); ++x)
+        p[x] = gen.uniform() < 0.25 ? -INFINITY : float(gen.uniform() * 4 - 2);
+      for (int64_t i = 0; i < c.q[0] * L; ++i) p[i * S + (i * 7) % S] = 0.5f;  // one key each
+      for (int64_t j = 0; j < S; ++j) p[3 * S + j] = -INFINITY;
+      p[(L + 5) * S + 11] = NAN;
+      p[(L + 6) * S + 2] = INFINITY;
+      in.push_back(m.to(c.dt));
     }
     Graph g;
     std::vector<ValueId> ids;
@@ -478,7 +493,7 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
     std::vector<const char*> knobs = {"auto"};
     if (half) knobs.insert(knobs.end(), {"direct", "simt"});
     for (const char* attention : knobs) {
-      const bool cudnn = half && c.mask == 0 && std::string(attention) == "auto";
+      const bool cudnn = half && c.mask != 2 && std::string(attention) == "auto";
       const bool tensor_cores = half && !cudnn && std::string(attention) != "simt";
       check_both_modes(g, "attention", attention, in, label, [&](const char* mode, const compiler::CompiledExecutable& exe,
                                                          const std::string& summary, const Tensor& got) {
@@ -490,10 +505,18 @@ TEST(CudaAttention, FlashKernelAtModelSizesMatchesTheReference) {
         EXPECT_TRUE(test::close(got.to(DType::Float64), want[0],
                                 test::Tolerance::for_dtype(c.dt).scaled(op.tolerance_scale)))
             << label << " " << mode;
-        if (c.mask == 2) {
+        if (c.mask == 2 || c.mask == 3) {
           const Tensor f = got.to(DType::Float32).contiguous();
-          const int64_t ev = c.v.back();
+          const int64_t ev = c.v.back(), H = c.q[1];
           for (int64_t e = 0; e < ev; ++e) EXPECT_TRUE(std::isnan(f.data<float>()[3 * ev + e])) << label << " dead row";
+          if (c.mask == 3) {  // batch 1, head 0: rows 5 (a NaN) and 6 (a +inf) NaN, row 4 not
+            const float* o = f.data<float>() + H * L * ev;
+            for (int64_t e = 0; e < ev; ++e) {
+              EXPECT_TRUE(std::isnan(o[5 * ev + e])) << label << " NaN row";
+              EXPECT_TRUE(std::isnan(o[6 * ev + e])) << label << " +inf row";
+              EXPECT_FALSE(std::isnan(o[4 * ev + e])) << label << " live row";
+            }
+          }
         }
       });
     }

@@ -1241,7 +1241,7 @@ struct SdpaRun {
 // strides; o is contiguous [B, H, S, Dv].
 SdpaRun run_sdpa(cuda::SdpaDesc d, std::mt19937_64& rng, bool bshd = false,
                  const std::function<void(std::vector<double>&)>& edit_mask = nullptr,
-                 int engine = 0) {
+                 int engine = 0, double fill = kNaN) {
   SdpaRun out;
   const int64_t B = d.batch, H = d.heads, Sq = d.seq_q, Skv = d.seq_kv, D = d.head_dim;
   const int64_t Dv = d.head_dim_v ? d.head_dim_v : D;
@@ -1270,7 +1270,7 @@ SdpaRun run_sdpa(cuda::SdpaDesc d, std::mt19937_64& rng, bool bshd = false,
   out.ref = sdpa_reference(d, q, k, v, mask, qs, ks, vs);
   auto dq = upload(q, d.dtype), dk = upload(k, d.dtype), dv = upload(v, d.dtype);
   auto dm = upload(d.mask ? mask : std::vector<double>{0.0}, d.dtype);
-  auto dout = nan_buffer(out.ref.size(), d.dtype);
+  auto dout = upload(std::vector<double>(out.ref.size(), fill), d.dtype);  // NaN: unwritten fails
   if (engine != 0) plan->select(engine);
   DeviceBuffer ws(plan->workspace_bytes());
   plan->run({.q = dq->get(), .k = dk->get(), .v = dv->get(), .mask = dm->get(), .o = dout->get(),
@@ -1402,6 +1402,52 @@ TEST(CudnnSdpa, FullyMaskedRowMatchesTheFlag) {
   // The other rows still match the reference.
   for (size_t i = 3 * 64; i < 4 * 64; ++i) r.got[i] = r.ref[i];
   EXPECT_TRUE(close_to(r.got, r.ref, 1e-2, "rows other than the masked one"));
+}
+
+// Note [guarded attention masks] (passes/attention_mask_guard.h): a NaN in a row's mask makes
+// the row NaN, as the reference has it, on every candidate engine: a row whose mask is all NaN
+// (what the guard makes of a row masked whole), one with a single NaN, and one with a +inf. The
+// output starts finite (7), so a NaN is the engine's. The other rows, some with keys masked
+// -inf and one attending a single key, match the reference.
+TEST(CudnnSdpa, ANaNMaskRowIsANaNRow) {
+  auto rng = rng_for_test();
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    cuda::SdpaDesc d{.dtype = dt, .batch = 2, .heads = 2, .seq_q = 8, .seq_kv = 40,
+                     .head_dim = 64, .mask = true, .mask_batch = 2, .mask_heads = 1};
+    std::string why;
+    auto probe = cuda::SdpaPlan::try_create(d, &why);
+    ASSERT_NE(probe, nullptr) << why;
+    const int engines = int(probe->candidates().size());
+    ASSERT_GT(engines, 0);
+    const int64_t S = d.seq_kv, L = d.seq_q;
+    auto edit = [&](std::vector<double>& m) {
+      for (size_t x = 0; x < m.size(); x += 4) m[x] = -INFINITY;   // a quarter of the keys
+      for (int64_t j = 0; j < S; ++j) m[size_t(3 * S + j)] = kNaN;  // batch 0, row 3: all NaN
+      m[size_t(5 * S + 17)] = kNaN;                                 // batch 0, row 5: one NaN
+      m[size_t((L + 2) * S + 9)] = INFINITY;                        // batch 1, row 2: one +inf
+      for (int64_t j = 0; j < S; ++j) m[size_t((L + 4) * S + j)] = j == 6 ? 0.0 : -INFINITY;
+    };
+    for (int e = 0; e < engines; ++e) {
+      SCOPED_TRACE(fmt::format("{} engine {} of {}", dtype_name(dt), e, engines));
+      SdpaRun r = run_sdpa(d, rng, false, edit, e, 7.0);
+      ASSERT_TRUE(r.ran) << r.why_not;
+      const int64_t Dv = d.head_dim;
+      int64_t nan_rows = 0;
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t h = 0; h < 2; ++h)
+          for (int64_t i = 0; i < L; ++i) {
+            const size_t row = size_t(((b * 2 + h) * L + i) * Dv);
+            const bool want_nan = (b == 0 && (i == 3 || i == 5)) || (b == 1 && i == 2);
+            EXPECT_EQ(std::isnan(r.ref[row]), want_nan) << "reference b" << b << " row " << i;
+            int64_t nans = 0;
+            for (int64_t x = 0; x < Dv; ++x) nans += std::isnan(r.got[row + size_t(x)]);
+            EXPECT_EQ(nans, want_nan ? Dv : 0) << "b" << b << " h" << h << " row " << i;
+            nan_rows += want_nan;
+          }
+      EXPECT_EQ(nan_rows, 6);
+      EXPECT_TRUE(close_to(r.got, r.ref, 1e-2, "the rows without a NaN"));
+    }
+  }
 }
 
 TEST(CudnnSdpa, EveryCandidateEngineIsCorrect) {

@@ -603,6 +603,59 @@ TEST(CudaPackage, CudnnAttentionEngineIsPinnedAndAnUnknownOneRefused) {
   EXPECT_NE(err.find("lies outside"), std::string::npos) << err;
 }
 
+// Note [guarded attention masks]: BERT's padded attention in bfloat16 runs on cuDNN with its
+// guarded mask, [1, 1, 128, 128] (mask_batch 1, mask_heads 1), as format version 12; labelled
+// 11 (re-hashed) the package is refused, as a version-11 runtime would run the attention
+// unmasked. The loaded package gives the in-process executable's bits, also for an all-zero
+// attention mask, where every key of every row is -inf in bfloat16 and the reference's output
+// is NaN throughout (the guard's case); a live mask gives finite outputs. Edited mask buffers are
+// refused.
+TEST(CudaPackage, MaskedCudnnAttentionIsVersion12AndRefusedWhenLabelledOlder) {
+  test::TempDir dir;
+  Packaged p = package_zoo("bert_base", dir.path, "default", DType::BFloat16);
+  uint32_t version = 0;
+  json m = json::parse(read_package_sections(p.path, &version)[0].bytes);
+  int sdpa = 0;
+  for (const json& l : m["launches"])
+    if (l["kind"] == "cudnn_sdpa") {
+      ++sdpa;
+      EXPECT_EQ(l["params"]["desc"]["mask"], json({1, 1})) << l.dump();
+      EXPECT_TRUE(l["params"].contains("mask")) << l.dump();
+    }
+  EXPECT_EQ(sdpa, 12) << "one cuDNN attention per encoder layer";
+  EXPECT_EQ(version, kAttentionMaskFormatVersion);
+  std::string old = test::load_error_as_version(test::read_bytes(p.path),
+                                                kAttentionMaskFormatVersion - 1, "bert");
+  EXPECT_NE(old.find("an attention mask is unknown to format version 11"), std::string::npos) << old;
+  std::string err = load_error(edited(p.path, [](json& mm) {
+    for (json& l : mm["launches"])
+      if (l["kind"] == "cudnn_sdpa") l["params"]["mask"][1] = int64_t(1) << 40;
+  }));
+  EXPECT_NE(err.find("lies outside"), std::string::npos) << err;
+  err = load_error(edited(p.path, [](json& mm) {
+    for (json& l : mm["launches"])
+      if (l["kind"] == "cudnn_sdpa") l["params"].erase("mask");
+  }));
+  EXPECT_NE(err.find("an attention mask buffer goes with a mask"), std::string::npos) << err;
+  LoadedPackage loaded = load_package(p.path);
+  TensorList live = p.model.inputs;
+  TensorList dead = live;
+  dead[1] = Tensor::zeros(live[1].sizes(), live[1].dtype());
+  for (const TensorList* in : {&live, &dead}) {
+    const bool all_masked = in == &dead;
+    TensorList want = p.compiled->run(to_device(*in)), got = loaded.exe->run(to_device(*in));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      Tensor g = got[i].to(Device::cpu()).to(DType::Float64).contiguous();
+      EXPECT_EQ(test::first_byte_difference(got[i].to(Device::cpu()), want[i].to(Device::cpu())), "")
+          << "output " << i << (all_masked ? ", all-zero mask" : "");
+      int64_t nans = 0;
+      for (int64_t x = 0; x < g.numel(); ++x) nans += std::isnan(g.data<double>()[x]);
+      EXPECT_EQ(nans, all_masked ? g.numel() : 0) << "output " << i << (all_masked ? ", all-zero mask" : "");
+    }
+  }
+}
+
 // ---- a cross-built package (Note [CUDA cross-builds]) on this GPU -----------------------------
 // Built from the host model with --arch set to this GPU's architecture, as a machine without a
 // GPU builds it; the loader picks cuBLASLt's and cuDNN's first choices. Not bitwise the package

@@ -263,7 +263,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(AllocCase{"resnet50", "default", "bfloat16"},  // cuDNN convolutions
                     AllocCase{"resnet18", "default", "float32"},   // + the input read in place
                     AllocCase{"vit_b_16", "default", "bfloat16"},  // cuDNN attention, bf16 GEMMs
-                    AllocCase{"bert_base", "default", "bfloat16"}, // flash kernel, bf16 GEMMs
+                    AllocCase{"bert_base", "default", "bfloat16"}, // cuDNN attention, guarded mask
                     AllocCase{"mlp", "default", "float32"},        // f32 GEMMs
                     AllocCase{"resnet50", "reduce-overhead", "bfloat16"}),
     [](const testing::TestParamInfo<AllocCase>& i) {

@@ -61,6 +61,7 @@
 #include "targets/cuda/emitter.h"
 #include "targets/cuda/nvrtc.h"
 #include "targets/cuda/support.h"
+#include "passes/attention_mask_guard.h"
 
 namespace kiln::cuda {
 
@@ -639,6 +640,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       }
       case LibNode::Kind::Sdpa: {
         CudnnSdpaBuffers b{at(inputs, 0), at(inputs, 1), at(inputs, 2), at(outputs, 0), scratch, ws};
+        if (ln.sdpa->desc().mask) b.mask = at(inputs, 3);
         return make_cudnn_sdpa_launch(ln.sdpa, b);
       }
       case LibNode::Kind::Direct: return make_cuda_kernel_launch(ln.kernel, std::move(spec));
@@ -661,6 +663,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
                       const std::vector<bool>& excluded);
   void plan_direct(const Graph& g, const Node& n, int32_t index, LibNode& ln, std::string& source);
   std::string plan_sdpa(const Graph& g, const Node& n, int32_t index, LibNode& ln);
+  std::string sdpa_mask(const Graph& g, const Node& n, int32_t index, SdpaDesc* d) const;
   void choose_stored_filters(const Graph& g);
   // A convolution node's descriptor and its cuDNN tries, as plan_conv plans it.
   struct ConvSetup {
@@ -906,20 +909,69 @@ void CudaLibraryKernels::plan(const Graph& g, const Node& n, int32_t index, LibN
 // ([B, H, S, D] order; batch dims before H must merge into one stride, else the direct kernel
 // runs), the direct flash kernel uses them as its row and batch strides. The package records
 // them (`q_stride`, `k_stride`, `v_stride`; format version 5).
+// Note [guarded attention masks] (passes/attention_mask_guard.h): an explicit mask goes to cuDNN
+// where no row it masks whole can come out as anything but NaN: the guard's output (a row masked
+// whole reads NaN, whatever the inputs), or a constant with no such row. Its shape must be the
+// scores' [..., L, S] with the heads dim 1 or H and the batch dims all 1 or all q's (one cuDNN
+// tensor [B|1, H|1, L, S]), read contiguous. Fills d's mask fields; returns why not, else "".
+std::string CudaLibraryKernels::sdpa_mask(const Graph& g, const Node& n, int32_t index,
+                                          SdpaDesc* d) const {
+  const ValueId mv = n.inputs[3];
+  const TensorType& mt = g.type(mv);
+  if (mt.dtype == DType::Bool) return "a boolean mask (cuDNN takes the additive form)";
+  const Value& m = g.value(mv);
+  if (m.kind == ValueKind::Const && m.data.defined()) {
+    Tensor t = m.data.to(Device::cpu()).to(DType::Float64).contiguous();
+    const int64_t cols = t.dim() ? t.size(t.dim() - 1) : 1;
+    const double* p = t.data<double>();
+    for (int64_t r = 0; cols > 0 && r < t.numel() / cols; ++r) {
+      bool whole = true;
+      for (int64_t j = 0; j < cols && whole; ++j) whole = p[r * cols + j] == -INFINITY;
+      if (whole) return "a constant mask that masks a row whole (it must come out NaN)";
+    }
+  } else if (!guarded_attention_mask(g, mv)) {
+    return "an explicit mask not guarded for rows masked whole (they must come out NaN; "
+           "passes/attention_mask_guard.h)";
+  }
+  const Dims q = dims_of(g.type(n.inputs[0])), k = dims_of(g.type(n.inputs[1]));
+  const Dims md = dims_of(mt);
+  const size_t r = q.size();
+  if (md.size() != r || md[r - 2] != q[r - 2] || md[r - 1] != k[r - 2])
+    return "a mask that is not [..., L, S] of the scores' rank";
+  const int64_t heads = r >= 3 ? q[r - 3] : 1, mh = r >= 3 ? md[r - 3] : 1;
+  if (mh != 1 && mh != heads) return "a mask whose heads dim is neither 1 nor the heads";
+  bool all_one = true, all_q = true;
+  for (size_t i = 0; i + 3 < r; ++i) {
+    all_one = all_one && md[i] == 1;
+    all_q = all_q && md[i] == q[i];
+  }
+  if (!all_one && !all_q) return "a mask whose batch dims are neither all 1 nor q's";
+  const std::vector<Dims>& per = strides_[size_t(index)];
+  if (per.size() > 3 && !per[3].empty()) return "a mask read as a strided view";
+  d->mask = true;
+  d->mask_heads = mh;
+  d->mask_batch = 1;
+  if (!all_one)
+    for (size_t i = 0; i + 3 < r; ++i) d->mask_batch *= md[i];
+  return "";
+}
+
 std::string CudaLibraryKernels::plan_sdpa(const Graph& g, const Node& n, int32_t index, LibNode& ln) {
   if (build_.cross) return "a cross-build (no cuDNN to ask)";
   if (build_.attention != "auto") return "knob attention=" + build_.attention;
   DType dt = g.type(n.outputs[0]).dtype;
   if (dt != DType::Float16 && dt != DType::BFloat16)
     return fmt::format("{} (cuDNN fuses float16 and bfloat16)", dtype_name(dt));
-  if (n.inputs.size() > 3 && n.inputs[3] != kNoValue)
-    return "an explicit mask (a fully masked row must be NaN)";
   Dims q = dims_of(g.type(n.inputs[0])), k = dims_of(g.type(n.inputs[1]));
   Dims v = dims_of(g.type(n.inputs[2]));
   if (q.size() != k.size() || q.size() != v.size() ||
       !std::equal(q.begin(), q.end() - 2, k.begin()) || !std::equal(q.begin(), q.end() - 2, v.begin()))
     return "batch dims that broadcast";
   SdpaDesc d;
+  if (n.inputs.size() > 3 && n.inputs[3] != kNoValue) {
+    std::string why = sdpa_mask(g, n, index, &d);
+    if (!why.empty()) return why;
+  }
   d.dtype = dt;
   d.device = kDevice;
   const size_t r = q.size();
@@ -1431,6 +1483,11 @@ class CudaTarget final : public compiler::Target {
   // kernel before the output projection.
   std::vector<std::string> graph_passes() const override {
     return {"patch-conv-to-linear", "merge-sibling-linears", "attention-heads-last"};
+  }
+  // Attention masks computed at run time read NaN on the rows they mask whole, in the dtype
+  // attention reads (passes/attention_mask_guard.h): cuDNN's fused attention takes them.
+  std::vector<std::string> precision_graph_passes() const override {
+    return {"attention-mask-guard"};
   }
 
   // Note [CUDA convolution layouts]: fused_conv2d with an epilogue cuDNN's graphs express.
