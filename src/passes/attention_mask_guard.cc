@@ -66,7 +66,8 @@ bool wants_guard(const Graph& g, const Node& n) {
     return false;
   const TensorType& q = g.type(n.inputs[0]);
   if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16) return false;
-  if (g.type(n.inputs[3]).dtype != q.dtype) return false;
+  const DType md = g.type(n.inputs[3]).dtype;
+  if (md != q.dtype && md != DType::Bool) return false;
   for (ValueId v : n.inputs)
     if (v != kNoValue && !concrete(g.type(v).shape)) return false;
   const Shape& qs = q.shape;
@@ -125,11 +126,18 @@ int attention_mask_guard(Graph& g) {
     }
     const Ints shape = guarded_shape(g, n);
     std::vector<ValueId> in = b.map(n.inputs);
-    const ValueId m = in[3];
-    auto [it, fresh] = guards.try_emplace({m, shape}, kNoValue);
+    const DType dt = b.dst().type(in[0]).dtype;
+    auto [it, fresh] = guards.try_emplace({in[3], shape}, kNoValue);
     if (fresh) {
-      const TensorType& mt = b.dst().type(m);
+      ValueId m = in[3];
       const std::string base = b.dst().value(m).name + ".guard";
+      if (b.dst().type(m).dtype == DType::Bool) {  // true attends, false is -inf (the reference's)
+        ValueId zero = b.add_const(Tensor::scalar(0.0, dt), "", base + ".zero");
+        ValueId ninf = b.add_const(Tensor::scalar(-std::numeric_limits<double>::infinity(), dt), "",
+                                   base + ".neg_inf");
+        m = b.add_node1(OpId::Where, {m, zero, ninf}, {}, n.name, "", base + ".additive");
+      }
+      const TensorType& mt = b.dst().type(m);
       ValueId neg_inf = b.add_const(
           Tensor::scalar(-std::numeric_limits<double>::infinity(), mt.dtype), "", base + ".neg_inf");
       ValueId nan = b.add_const(Tensor::scalar(std::numeric_limits<double>::quiet_NaN(), mt.dtype),

@@ -24,7 +24,8 @@
 // select) for all 12 layers.
 //
 // Rewritten: scaled_dot_product_attention in float16 or bfloat16 (the dtypes cuDNN fuses) with a
-// mask of its dtype (not bool), q, k and v of one batch shape, concrete shapes. Masks that are
+// mask of its dtype or a bool mask (made additive first: where(mask, 0, -inf), the reference's
+// reading of it), q, k and v of one batch shape, concrete shapes. Masks that are
 // already guarded are left alone (the pass is idempotent); one guard per distinct mask and shape.
 // A mask that depends on no graph input folds into a constant afterwards (constant-fold): the
 // CUDA target then checks the constant's rows itself.

@@ -783,9 +783,9 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
 // attention-mask-guard (passes/attention_mask_guard.h, Note [guarded attention masks]): a mask
 // computed at run time for float16/bfloat16 attention becomes where(row masked whole, NaN, mask),
 // materialized to the scores' rows ([2, 1, 5, 7] from [2, 1, 1, 7]; [1, 1, 5, 7] from a
-// batch-less [1, 7]); the two attentions reading one mask share one guard. Attention in float32,
-// with a bool mask, or whose q, k and v broadcast their batch dims stays as it was; a second
-// run changes nothing. The interpreter gives the same bits before and after on masks whose rows
+// batch-less [1, 7]; a bool mask made additive first); the two attentions reading one mask share
+// one guard. Attention in float32, or whose q, k and v broadcast their batch dims, stays as it
+// was; a second run changes nothing. The interpreter gives the same bits before and after on masks whose rows
 // are masked whole (NaN before and after), that hold a NaN, or hold neither.
 TEST(PassesNumeric, AttentionMaskGuardKeepsTheResultsAndNaNsMaskedRows) {
   const std::string text = R"(
@@ -804,9 +804,10 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
     SCOPED_TRACE(dt);
     Graph before = parse_graph(with_dtype(text, dt), "test");
     Graph after = before;
-    EXPECT_EQ(attention_mask_guard(after), 3) << print_graph(after);
+    EXPECT_EQ(attention_mask_guard(after), 4) << print_graph(after);
     EXPECT_EQ(attention_mask_guard(after), 0) << print_graph(after);
-    EXPECT_EQ(count_op(after, OpId::Where), 2) << print_graph(after);  // %mm's and %m2's
+    // %mm's, %m2's and %b's guards, and %b made additive.
+    EXPECT_EQ(count_op(after, OpId::Where), 4) << print_graph(after);
     int guarded = 0;
     for (const Node& n : after.nodes) {
       if (n.op != OpId::ScaledDotProductAttention || n.inputs.size() < 4) continue;
@@ -818,13 +819,20 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
         EXPECT_EQ(md[3], 7) << print_graph(after);
       }
     }
-    EXPECT_EQ(guarded, 3) << print_graph(after);
+    EXPECT_EQ(guarded, 4) << print_graph(after);
     EXPECT_FALSE(guarded_attention_mask(after, after.inputs[3]));  // a graph input is no guard
     Generator gen(base_seed() ^ 37);
     const DType d = std::string(dt) == "f16" ? DType::Float16 : DType::BFloat16;
     for (int round = 0; round < 3; ++round) {
       TensorList in = random_inputs(before, gen);
       // Masks: round 0 as drawn; round 1 batch 1's row and m2 masked whole; round 2 a NaN too.
+      {  // %b: each row attends a key in round 0; batch 0's row attends nothing after it
+        Tensor bm = in[5].contiguous();
+        bm.data<bool>()[0] = bm.data<bool>()[7] = true;
+        if (round >= 1)
+          for (int j = 0; j < 7; ++j) bm.data<bool>()[j] = false;
+        in[5] = bm;
+      }
       for (int which : {3, 4}) {
         Tensor m = in[size_t(which)].to(DType::Float64).contiguous();
         double* p = m.data<double>();
