@@ -131,17 +131,18 @@ int attention_mask_guard(Graph& g) {
     if (fresh) {
       ValueId m = in[3];
       const std::string base = b.dst().value(m).name + ".guard";
+      // Scalars on the mask's device (binary ops take their operands from one device).
+      const Device dev = b.dst().type(m).device;
+      auto scalar = [&](double x, const std::string& name) {
+        return b.add_const(Tensor::scalar(x, dt).to(dev), "", name);
+      };
       if (b.dst().type(m).dtype == DType::Bool) {  // true attends, false is -inf (the reference's)
-        ValueId zero = b.add_const(Tensor::scalar(0.0, dt), "", base + ".zero");
-        ValueId ninf = b.add_const(Tensor::scalar(-std::numeric_limits<double>::infinity(), dt), "",
-                                   base + ".neg_inf");
+        ValueId zero = scalar(0.0, base + ".zero");
+        ValueId ninf = scalar(-std::numeric_limits<double>::infinity(), base + ".neg_inf");
         m = b.add_node1(OpId::Where, {m, zero, ninf}, {}, n.name, "", base + ".additive");
       }
-      const TensorType& mt = b.dst().type(m);
-      ValueId neg_inf = b.add_const(
-          Tensor::scalar(-std::numeric_limits<double>::infinity(), mt.dtype), "", base + ".neg_inf");
-      ValueId nan = b.add_const(Tensor::scalar(std::numeric_limits<double>::quiet_NaN(), mt.dtype),
-                                "", base + ".nan");
+      ValueId neg_inf = scalar(-std::numeric_limits<double>::infinity(), base + ".neg_inf");
+      ValueId nan = scalar(std::numeric_limits<double>::quiet_NaN(), base + ".nan");
       ValueId mx = b.add_node1(OpId::Max, {m}, {{"dims", Ints{-1}}, {"keepdim", true}}, n.name, "",
                                base + ".row_max");
       ValueId full = b.add_node1(OpId::Eq, {mx, neg_inf}, {}, n.name, "", base + ".whole_row");
