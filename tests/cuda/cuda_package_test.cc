@@ -86,6 +86,16 @@ std::string load_error(std::string_view bytes) {
   return "";
 }
 
+// The launch records of `kind` in the package's manifest; *version gets its format version.
+std::vector<json> launches_of_kind(const std::string& path, const std::string& kind,
+                                   uint32_t* version) {
+  const json m = json::parse(read_package_sections(path, version)[0].bytes);
+  std::vector<json> out;
+  for (const json& l : m["launches"])
+    if (l["kind"] == kind) out.push_back(l);
+  return out;
+}
+
 // The package with its manifest edited by `edit` and every hash recomputed, so that only the
 // loader's semantic checks stand between the edit and a run.
 std::string edited(const std::string& path, const std::function<void(json&)>& edit) {
@@ -567,20 +577,17 @@ TEST(CudaPackage, CudnnAttentionEngineIsPinnedAndAnUnknownOneRefused) {
   Packaged p = package_zoo("vit_b_16", dir.path, "default", DType::BFloat16);
   ASSERT_EQ(load_error(test::read_bytes(p.path)), "");
   uint32_t version = 0;
-  json m = json::parse(read_package_sections(p.path, &version)[0].bytes);
-  int sdpa = 0;
-  for (const json& l : m["launches"])
-    if (l["kind"] == "cudnn_sdpa") {
-      ++sdpa;
-      EXPECT_FALSE(l["params"]["engine"].get<std::string>().empty());
-      // q, k, v read in place from the packed projection [197, 2304] (Note [CUDA attention
-      // reads views]): [B, H, S, D] strides, rows 2304 apart.
-      EXPECT_EQ(l["params"]["desc"]["q_stride"], json({453888, 64, 2304, 1})) << l.dump();
-      EXPECT_EQ(l["params"]["desc"]["v_stride"], json({453888, 64, 2304, 1})) << l.dump();
-      // The output written heads-last, [1, 197, 12, 64] (Note [attention writes heads last]).
-      EXPECT_EQ(l["params"]["desc"]["o_stride"], json({151296, 64, 768, 1})) << l.dump();
-    }
-  EXPECT_EQ(sdpa, 12) << "one fused attention per encoder layer";
+  const std::vector<json> sdpa = launches_of_kind(p.path, "cudnn_sdpa", &version);
+  for (const json& l : sdpa) {
+    EXPECT_FALSE(l["params"]["engine"].get<std::string>().empty());
+    // q, k, v read in place from the packed projection [197, 2304] (Note [CUDA attention reads
+    // views]): [B, H, S, D] strides, rows 2304 apart.
+    EXPECT_EQ(l["params"]["desc"]["q_stride"], json({453888, 64, 2304, 1})) << l.dump();
+    EXPECT_EQ(l["params"]["desc"]["v_stride"], json({453888, 64, 2304, 1})) << l.dump();
+    // The output written heads-last, [1, 197, 12, 64] (Note [attention writes heads last]).
+    EXPECT_EQ(l["params"]["desc"]["o_stride"], json({151296, 64, 768, 1})) << l.dump();
+  }
+  EXPECT_EQ(sdpa.size(), 12u) << "one fused attention per encoder layer";
   // Format version 9 holds the output strides; labelled 8 (re-hashed), the package is refused as
   // a version-8 runtime, which would ignore them, must refuse it.
   EXPECT_EQ(version, kAttentionOutputFormatVersion);
@@ -614,15 +621,12 @@ TEST(CudaPackage, MaskedCudnnAttentionIsVersion12AndRefusedWhenLabelledOlder) {
   test::TempDir dir;
   Packaged p = package_zoo("bert_base", dir.path, "default", DType::BFloat16);
   uint32_t version = 0;
-  json m = json::parse(read_package_sections(p.path, &version)[0].bytes);
-  int sdpa = 0;
-  for (const json& l : m["launches"])
-    if (l["kind"] == "cudnn_sdpa") {
-      ++sdpa;
-      EXPECT_EQ(l["params"]["desc"]["mask"], json({1, 1})) << l.dump();
-      EXPECT_TRUE(l["params"].contains("mask")) << l.dump();
-    }
-  EXPECT_EQ(sdpa, 12) << "one cuDNN attention per encoder layer";
+  const std::vector<json> sdpa = launches_of_kind(p.path, "cudnn_sdpa", &version);
+  for (const json& l : sdpa) {
+    EXPECT_EQ(l["params"]["desc"]["mask"], json({1, 1})) << l.dump();
+    EXPECT_TRUE(l["params"].contains("mask")) << l.dump();
+  }
+  EXPECT_EQ(sdpa.size(), 12u) << "one cuDNN attention per encoder layer";
   EXPECT_EQ(version, kAttentionMaskFormatVersion);
   std::string old = test::load_error_as_version(test::read_bytes(p.path),
                                                 kAttentionMaskFormatVersion - 1, "bert");
