@@ -68,6 +68,7 @@ bool wants_guard(const Graph& g, const Node& n) {
   if (q.dtype != DType::Float16 && q.dtype != DType::BFloat16) return false;
   const DType md = g.type(n.inputs[3]).dtype;
   if (md != q.dtype && md != DType::Bool) return false;
+  if (g.type(n.inputs[3]).rank() < 1) return false;  // a scalar mask: no rows to guard
   for (ValueId v : n.inputs)
     if (v != kNoValue && !concrete(g.type(v).shape)) return false;
   const Shape& qs = q.shape;

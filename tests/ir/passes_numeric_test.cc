@@ -784,12 +784,12 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
 // computed at run time for float16/bfloat16 attention becomes where(row masked whole, NaN, mask),
 // materialized to the scores' rows ([2, 1, 5, 7] from [2, 1, 1, 7]; [1, 1, 5, 7] from a
 // batch-less [1, 7]; a bool mask made additive first); the two attentions reading one mask share
-// one guard. Attention in float32, or whose q, k and v broadcast their batch dims, stays as it
-// was; a second run changes nothing. The interpreter gives the same bits before and after on masks whose rows
+// one guard. Attention in float32, whose q, k and v broadcast their batch dims, or with a scalar
+// mask stays as it was; a second run changes nothing. The interpreter gives the same bits before and after on masks whose rows
 // are masked whole (NaN before and after), that hold a NaN, or hold neither.
 TEST(PassesNumeric, AttentionMaskGuardKeepsTheResultsAndNaNsMaskedRows) {
   const std::string text = R"(
-graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2, 1, 1, 7], %m2: DT[1, 7], %b: bool[2, 1, 1, 7], %q32: f32[2, 3, 5, 8], %m32: f32[2, 1, 1, 5], %k1: DT[1, 3, 7, 8], %v1: DT[1, 3, 7, 4]) {
+graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2, 1, 1, 7], %m2: DT[1, 7], %b: bool[2, 1, 1, 7], %q32: f32[2, 3, 5, 8], %m32: f32[2, 1, 1, 5], %k1: DT[1, 3, 7, 8], %v1: DT[1, 3, 7, 4], %s: DT[]) {
   %mm = add(%m, %m)
   %o1 = scaled_dot_product_attention(%q, %k, %v, %mm) {is_causal=false}
   %o2 = scaled_dot_product_attention(%q, %k, %v, %mm) {is_causal=false, scale=0.25}
@@ -797,7 +797,8 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
   %o4 = scaled_dot_product_attention(%q, %k, %v, %b) {is_causal=false}
   %o5 = scaled_dot_product_attention(%q32, %q32, %q32, %m32) {is_causal=false}
   %o6 = scaled_dot_product_attention(%q, %k1, %v1, %m) {is_causal=false}
-  return %o1, %o2, %o3, %o4, %o5, %o6
+  %o7 = scaled_dot_product_attention(%q, %k, %v, %s) {is_causal=false}
+  return %o1, %o2, %o3, %o4, %o5, %o6, %o7
 }
 )";
   for (const char* dt : {"f16", "bf16"}) {
