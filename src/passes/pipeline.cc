@@ -13,6 +13,7 @@
 #include "passes/decompose.h"
 #include "passes/default_pipeline.h"
 #include "passes/fold_conv_bn.h"
+#include "passes/fuse_attention.h"
 #include "passes/fuse_epilogues.h"
 #include "passes/matmul_to_linear.h"
 #include "passes/merge_linears.h"
@@ -32,6 +33,7 @@ constexpr PassEntry kPasses[] = {
     // a target's choice (Target::graph_passes: CUDA), after the default pipeline
     {"patch-conv-to-linear", make_patch_conv_to_linear_pass, false},
     {"merge-sibling-linears", make_merge_sibling_linears_pass, false},
+    {"fuse-attention", make_fuse_attention_pass, false},
     {"attention-heads-last", make_attention_heads_last_pass, false},
     {"fold-conv-bn", make_fold_conv_bn_pass, true},
     {"cse", make_cse_pass, true},

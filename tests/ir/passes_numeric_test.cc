@@ -25,6 +25,7 @@
 #include "passes/deconv_to_conv.h"
 #include "passes/decompose.h"
 #include "passes/fold_conv_bn.h"
+#include "passes/fuse_attention.h"
 #include "passes/fuse_epilogues.h"
 #include "passes/pass.h"
 
@@ -776,6 +777,85 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
       Graph before = parse_graph(with_dtype(text, dt), "test");
       Generator gen(base_seed() ^ 31);
       expect_matches_float64(before, after, gen, 1e-5);
+    }
+  }
+}
+
+// fuse-attention (passes/fuse_attention.h, Note [attention fused from its parts]): matmul(q, kT)
+// scaled by a constant after the product (div) or before it (q * c), an added mask or none,
+// softmax over the keys, matmul with v -> one attention node with the product of the scales; kT
+// given as ONNX gives it (a permute of [B, S, H, D]) or as a value. Chains whose scores are used
+// twice, whose softmax runs over another dim, whose scale is not a constant or is negative, or
+// whose mask would widen the scores stay as they are. Results against the float64 run of the
+// graph before, every float dtype, and masked rows NaN in both.
+TEST(PassesNumeric, AttentionChainsFuseIntoOneNode) {
+  const std::string text = R"(
+graph @chains(%q: DT[2, 3, 5, 8], %kt: DT[2, 3, 8, 7], %v: DT[2, 3, 7, 4], %m: DT[2, 1, 1, 7], %kb: DT[2, 7, 3, 8], %w: DT[2, 3, 5, 7], %big: DT[4, 2, 3, 5, 7]) {
+  const %c: DT[] = [2.5]
+  const %neg: DT[] = [-0.5]
+  %s1 = matmul(%q, %kt)
+  %d1 = div(%s1, %c)
+  %a1 = add(%d1, %m)
+  %p1 = softmax(%a1) {dim=-1}
+  %o1 = matmul(%p1, %v)
+  %qs = mul(%q, %c)
+  %kt2 = permute(%kb) {dims=[0, 2, 3, 1]}
+  %s2 = matmul(%qs, %kt2)
+  %p2 = softmax(%s2) {dim=3}
+  %o2 = matmul(%p2, %v)
+  %s3 = matmul(%q, %kt)
+  %p3 = softmax(%s3) {dim=-1}
+  %o3 = matmul(%p3, %v)
+  %x3 = add(%s3, %s3)
+  %s4 = matmul(%q, %kt)
+  %p4 = softmax(%s4) {dim=2}
+  %o4 = matmul(%p4, %v)
+  %s5 = matmul(%q, %kt)
+  %d5 = mul(%s5, %w)
+  %p5 = softmax(%d5) {dim=-1}
+  %o5 = matmul(%p5, %v)
+  %s6 = matmul(%q, %kt)
+  %d6 = mul(%s6, %neg)
+  %p6 = softmax(%d6) {dim=-1}
+  %o6 = matmul(%p6, %v)
+  %s7 = matmul(%q, %kt)
+  %a7 = add(%s7, %big)
+  %p7 = softmax(%a7) {dim=-1}
+  %o7 = matmul(%p7, %v)
+  return %o1, %o2, %o3, %x3, %o4, %o5, %o6, %o7
+}
+)";
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph before = parse_graph(with_dtype(text, dt), "test");
+    Graph after = before;
+    EXPECT_EQ(fuse_attention(after), 2) << print_graph(after);
+    Graph clean = after;
+    ASSERT_TRUE(run_passes(clean, std::vector<std::string>{"dce"}));
+    EXPECT_EQ(fuse_attention(clean), 0) << print_graph(clean);
+    EXPECT_EQ(count_op(clean, OpId::ScaledDotProductAttention), 2) << print_graph(clean);
+    EXPECT_EQ(count_op(clean, OpId::Softmax), 5) << print_graph(clean);  // %p3 .. %p7 stay
+    std::vector<double> scales;
+    for (const Node& n : clean.nodes)
+      if (n.op == OpId::ScaledDotProductAttention) scales.push_back(n.attrs.get_float("scale"));
+    ASSERT_EQ(scales.size(), 2u);
+    EXPECT_DOUBLE_EQ(scales[0], 1.0 / 2.5);
+    EXPECT_DOUBLE_EQ(scales[1], 2.5);
+    EXPECT_EQ(clean.value(clean.outputs[0]).name, "o1");  // the fused node keeps the name
+    Generator gen(base_seed() ^ 41);
+    const bool half = std::string(dt) == "f16" || std::string(dt) == "bf16";
+    expect_matches_float64(before, clean, gen, half ? 3e-2 : 1e-5);
+    // A row of the mask all -inf: NaN before and after.
+    TensorList in = random_inputs(before, gen);
+    Tensor m = in[3].to(DType::Float64).contiguous();
+    for (int j = 0; j < 7; ++j) m.data<double>()[7 + j] = -INFINITY;  // batch 1
+    in[3] = m.to(before.type(before.inputs[3]).dtype);
+    TensorList want = run(before, in), got = run(clean, in);
+    Tensor w = want[0].to(DType::Float64).contiguous(), g = got[0].to(DType::Float64).contiguous();
+    const int64_t half_n = w.numel() / 2;  // batch 1's outputs
+    for (int64_t x = 0; x < w.numel(); ++x) {
+      EXPECT_EQ(std::isnan(w.data<double>()[x]), x >= half_n) << x;
+      EXPECT_EQ(std::isnan(g.data<double>()[x]), x >= half_n) << x;
     }
   }
 }

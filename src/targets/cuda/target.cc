@@ -1478,11 +1478,12 @@ class CudaTarget final : public compiler::Target {
 
   // A convolution whose windows tile its input (ViT's patch embedding) as one GEMM
   // (passes/patch_conv.h): cuDNN's 3-channel NCHW kernel for it is ~10x the GEMM's time. Linears
-  // of one input as one GEMM (passes/merge_linears.h): BERT's q, k, v. Attention writes its
-  // output heads-last where the model transposes it so (passes/attention_heads_last.h): no copy
-  // kernel before the output projection.
+  // of one input as one GEMM (passes/merge_linears.h): BERT's q, k, v. Attention written out as
+  // matmul, scale, mask and softmax (ONNX exports) as one node (passes/fuse_attention.h).
+  // Attention writes its output heads-last where the model transposes it so
+  // (passes/attention_heads_last.h): no copy kernel before the output projection.
   std::vector<std::string> graph_passes() const override {
-    return {"patch-conv-to-linear", "merge-sibling-linears", "attention-heads-last"};
+    return {"patch-conv-to-linear", "merge-sibling-linears", "fuse-attention", "attention-heads-last"};
   }
   // Attention masks computed at run time read NaN on the rows they mask whole, in the dtype
   // attention reads (passes/attention_mask_guard.h): cuDNN's fused attention takes them.

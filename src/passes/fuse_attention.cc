@@ -1,0 +1,161 @@
+#include "passes/fuse_attention.h"
+
+#include <cmath>
+#include <optional>
+
+#include "passes/graph_rewrite.h"
+
+namespace kiln {
+namespace {
+
+// The node producing v when it is a live node output of op `op` whose value has exactly one use.
+const Node* sole(const Graph& g, const std::vector<int>& uses, ValueId v, OpId op) {
+  if (!g.valid(v) || uses[size_t(v)] != 1) return nullptr;
+  const Value& val = g.value(v);
+  if (val.kind != ValueKind::NodeOutput || val.producer < 0) return nullptr;
+  const Node& n = g.nodes[size_t(val.producer)];
+  return n.op == op ? &n : nullptr;
+}
+
+// The value of a constant (or param with data) of one element, else nothing.
+std::optional<double> scalar_const(const Graph& g, ValueId v) {
+  if (!g.valid(v)) return std::nullopt;
+  const Value& val = g.value(v);
+  if (val.kind != ValueKind::Const || !val.data.defined() || val.data.numel() != 1)
+    return std::nullopt;
+  return val.data.to(Device::cpu()).to(DType::Float64).contiguous().data<double>()[0];
+}
+
+// x * c or x / c with c a scalar constant: *x gets the other operand, *factor c or 1/c.
+bool scaled_by_const(const Graph& g, const Node& n, ValueId* x, double* factor) {
+  if ((n.op != OpId::Mul && n.op != OpId::Div) || n.inputs.size() != 2) return false;
+  for (int side = 0; side < 2; ++side) {
+    if (n.op == OpId::Div && side == 0) continue;  // c / x is no scale
+    std::optional<double> c = scalar_const(g, n.inputs[size_t(side)]);
+    if (!c) continue;
+    const ValueId other = n.inputs[size_t(1 - side)];
+    // The scale must not change the other operand's shape (a scalar broadcasts away) or dtype.
+    if (g.type(other).shape != g.type(n.outputs[0]).shape ||
+        g.type(other).dtype != g.type(n.outputs[0]).dtype)
+      return false;
+    *x = other;
+    *factor = n.op == OpId::Mul ? *c : 1.0 / *c;
+    return true;
+  }
+  return false;
+}
+
+struct Match {
+  size_t out_node = 0;  // the matmul with v
+  ValueId q = kNoValue, kt = kNoValue, v = kNoValue, mask = kNoValue;
+  double scale = 1.0;
+};
+
+// Whether the matmul node `pv` (index i) ends a chain the pass fuses (see the header).
+std::optional<Match> match(const Graph& g, const std::vector<int>& uses, size_t i) {
+  const Node& pv = g.nodes[i];
+  if (pv.op != OpId::Matmul || pv.inputs.size() != 2) return std::nullopt;
+  const DType dt = g.type(pv.outputs[0]).dtype;
+  if (!is_floating(dt)) return std::nullopt;
+  Match m;
+  m.out_node = i;
+  m.v = pv.inputs[1];
+  const Node* sm = sole(g, uses, pv.inputs[0], OpId::Softmax);
+  if (!sm) return std::nullopt;
+  const int64_t rank = g.type(sm->inputs[0]).rank();
+  const int64_t dim = sm->attrs.get_int("dim");
+  if (rank < 2 || (dim != -1 && dim != rank - 1)) return std::nullopt;
+  ValueId s = sm->inputs[0];
+  // The mask: an add whose other operand is not the score chain.
+  const Node* score_mm = nullptr;
+  // The score product under x, through one constant scale (s * c, s / c) if there is one.
+  auto unscaled = [&](ValueId x, double* factor) {
+    for (OpId op : {OpId::Mul, OpId::Div})
+      if (const Node* n = sole(g, uses, x, op)) {
+        ValueId y = kNoValue;
+        double f = 1.0;
+        if (scaled_by_const(g, *n, &y, &f)) {
+          *factor *= f;
+          return y;
+        }
+      }
+    return x;
+  };
+  auto scores_from = [&](ValueId x, double* factor) {
+    return sole(g, uses, unscaled(x, factor), OpId::Matmul);
+  };
+  double factor = 1.0;
+  if (const Node* add = sole(g, uses, s, OpId::Add); add && add->inputs.size() == 2) {
+    for (int side = 0; side < 2 && !score_mm; ++side) {
+      double f = 1.0;
+      const Node* mm = scores_from(add->inputs[size_t(side)], &f);
+      const ValueId mask = add->inputs[size_t(1 - side)];
+      if (!mm || g.type(mask).dtype != dt) continue;
+      // The mask broadcasts to the scores: the sum has the scores' shape.
+      if (g.type(add->outputs[0]).shape != g.type(mm->outputs[0]).shape) continue;
+      score_mm = mm;
+      factor = f;
+      m.mask = mask;
+    }
+  }
+  if (!score_mm) score_mm = scores_from(s, &factor);
+  if (!score_mm || score_mm->inputs.size() != 2) return std::nullopt;
+  // A scale on q (q * c before the product) scales the scores.
+  m.q = unscaled(score_mm->inputs[0], &factor);
+  m.kt = score_mm->inputs[1];
+  m.scale = factor;
+  if (!(m.scale > 0) || !std::isfinite(m.scale)) return std::nullopt;
+  for (ValueId x : {m.q, m.kt, m.v})
+    if (g.type(x).dtype != dt || g.type(x).rank() < 2) return std::nullopt;
+  return m;
+}
+
+}  // namespace
+
+int fuse_attention(Graph& g) {
+  const std::vector<int> uses = live_use_counts(g);
+  std::vector<std::optional<Match>> at(g.nodes.size());
+  int count = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    at[i] = match(g, uses, i);
+    count += at[i].has_value();
+  }
+  if (count == 0) return 0;
+  GraphBuilder b(g);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (!at[i]) {
+      b.copy_node(n);
+      continue;
+    }
+    // The chain's other nodes are copied as they come and left unused (dce removes them).
+    const Match& m = *at[i];
+    ValueId k = b.add_node1(OpId::Transpose, {b.map(m.kt)}, {{"dim0", int64_t(-2)}, {"dim1", int64_t(-1)}},
+                            n.name, "", "attention.k");
+    std::vector<ValueId> in = {b.map(m.q), k, b.map(m.v)};
+    if (m.mask != kNoValue) in.push_back(b.map(m.mask));
+    b.set_map(n.outputs[0], b.add_node1(OpId::ScaledDotProductAttention, in,
+                                        {{"is_causal", false}, {"scale", m.scale}}, n.name,
+                                        g.value(n.outputs[0]).name));
+  }
+  g = b.finish();
+  return count;
+}
+
+namespace {
+
+class FuseAttentionPass : public Pass {
+ public:
+  std::string_view name() const override { return "fuse-attention"; }
+  std::string_view description() const override {
+    return "matmul(q, kT), a constant scale, an added mask, softmax over the keys and matmul with "
+           "v -> scaled_dot_product_attention (one fused kernel on CUDA)";
+  }
+  bool run(Graph& g) override { return fuse_attention(g) > 0; }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> make_fuse_attention_pass() { return std::make_unique<FuseAttentionPass>(); }
+
+}  // namespace kiln
