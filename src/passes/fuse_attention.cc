@@ -49,7 +49,33 @@ struct Match {
   size_t out_node = 0;  // the matmul with v
   ValueId q = kNoValue, kt = kNoValue, v = kNoValue, mask = kNoValue;
   double scale = 1.0;
+  // kt = x * a or x / a for a one-element value a (a weight too): k is then written as
+  // transpose(x) * a, the scale applied after the transpose (pointwise ops commute with it), so
+  // that the scaled k comes out contiguous in its features instead of needing a copy.
+  const Node* kt_scale = nullptr;
+  int kt_scalar_side = 1;  // which input of kt_scale is a
 };
+
+// kt_scale's form for m: a sole-use mul or div of kt by a one-element value of its dtype.
+void match_kt_scale(const Graph& g, const std::vector<int>& uses, Match& m) {
+  for (OpId op : {OpId::Mul, OpId::Div}) {
+    const Node* n = sole(g, uses, m.kt, op);
+    if (!n || n->inputs.size() != 2) continue;
+    for (int side = 1; side >= 0; --side) {
+      if (op == OpId::Div && side == 0) continue;  // a / x is no scale
+      const ValueId a = n->inputs[size_t(side)], x = n->inputs[size_t(1 - side)];
+      const TensorType& at = g.type(a);
+      bool one = true;
+      for (const SymInt& d : at.shape) one = one && d.is_concrete() && d.value() == 1;
+      if (!one || at.dtype != g.type(x).dtype || g.type(x).shape != g.type(n->outputs[0]).shape)
+        continue;
+      m.kt_scale = n;
+      m.kt_scalar_side = side;
+      m.kt = x;
+      return;
+    }
+  }
+}
 
 // Whether the matmul node `pv` (index i) ends a chain the pass fuses (see the header).
 std::optional<Match> match(const Graph& g, const std::vector<int>& uses, size_t i) {
@@ -103,6 +129,7 @@ std::optional<Match> match(const Graph& g, const std::vector<int>& uses, size_t 
   // A scale on q (q * c before the product) scales the scores.
   m.q = unscaled(score_mm->inputs[0], &factor);
   m.kt = score_mm->inputs[1];
+  match_kt_scale(g, uses, m);
   m.scale = factor;
   if (!(m.scale > 0) || !std::isfinite(m.scale)) return std::nullopt;
   for (ValueId x : {m.q, m.kt, m.v})
@@ -132,6 +159,13 @@ int fuse_attention(Graph& g) {
     const Match& m = *at[i];
     ValueId k = b.add_node1(OpId::Transpose, {b.map(m.kt)}, {{"dim0", int64_t(-2)}, {"dim1", int64_t(-1)}},
                             n.name, "", "attention.k");
+    if (m.kt_scale) {
+      const Node& sc = *m.kt_scale;
+      std::vector<ValueId> args = {k, k};
+      args[size_t(m.kt_scalar_side)] = b.map(sc.inputs[size_t(m.kt_scalar_side)]);
+      args[size_t(1 - m.kt_scalar_side)] = k;
+      k = b.add_node1(sc.op, args, sc.attrs, sc.name, "", "attention.k");
+    }
     std::vector<ValueId> in = {b.map(m.q), k, b.map(m.v)};
     if (m.mask != kNoValue) in.push_back(b.map(m.mask));
     b.set_map(n.outputs[0], b.add_node1(OpId::ScaledDotProductAttention, in,

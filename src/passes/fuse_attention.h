@@ -23,7 +23,9 @@
 //   p = softmax(s'', dim = -1)
 //   o = matmul(p, v)              v of rank >= 2
 // Scales multiply into one (1 when there is none); a non-positive or non-finite scale leaves the
-// chain alone. Masks applied with `where` (masked_fill) are not matched: `where(c, s, min)` is
+// chain alone. A scale by a weight (a one-element param, which replace-weights may change) stays
+// an op: on q as it was; on kT (torch's export scales q and kT by sqrt(scale) each) moved after
+// k's transpose, kT * a -> transpose(kT) * a, so that k comes out of it contiguous. Masks applied with `where` (masked_fill) are not matched: `where(c, s, min)` is
 // not `s + mask` for every s.
 //
 // Not in the default pipeline: the CUDA target runs it through Target::graph_passes (before

@@ -784,7 +784,8 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
 // fuse-attention (passes/fuse_attention.h, Note [attention fused from its parts]): matmul(q, kT)
 // scaled by a constant after the product (div) or before it (q * c), an added mask or none,
 // softmax over the keys, matmul with v -> one attention node with the product of the scales; kT
-// given as ONNX gives it (a permute of [B, S, H, D]) or as a value. Chains whose scores are used
+// given as ONNX gives it (a permute of [B, S, H, D], here divided by a one-element weight, which
+// stays an op after k's transpose) or as a value. Chains whose scores are used
 // twice, whose softmax runs over another dim, whose scale is not a constant or is negative, or
 // whose mask would widen the scores stay as they are. Results against the float64 run of the
 // graph before, every float dtype, and masked rows NaN in both.
@@ -793,6 +794,7 @@ TEST(PassesNumeric, AttentionChainsFuseIntoOneNode) {
 graph @chains(%q: DT[2, 3, 5, 8], %kt: DT[2, 3, 8, 7], %v: DT[2, 3, 7, 4], %m: DT[2, 1, 1, 7], %kb: DT[2, 7, 3, 8], %w: DT[2, 3, 5, 7], %big: DT[4, 2, 3, 5, 7]) {
   const %c: DT[] = [2.5]
   const %neg: DT[] = [-0.5]
+  param %pw: DT[1]
   %s1 = matmul(%q, %kt)
   %d1 = div(%s1, %c)
   %a1 = add(%d1, %m)
@@ -800,7 +802,8 @@ graph @chains(%q: DT[2, 3, 5, 8], %kt: DT[2, 3, 8, 7], %v: DT[2, 3, 7, 4], %m: D
   %o1 = matmul(%p1, %v)
   %qs = mul(%q, %c)
   %kt2 = permute(%kb) {dims=[0, 2, 3, 1]}
-  %s2 = matmul(%qs, %kt2)
+  %kt2s = div(%kt2, %pw)
+  %s2 = matmul(%qs, %kt2s)
   %p2 = softmax(%s2) {dim=3}
   %o2 = matmul(%p2, %v)
   %s3 = matmul(%q, %kt)
@@ -828,6 +831,8 @@ graph @chains(%q: DT[2, 3, 5, 8], %kt: DT[2, 3, 8, 7], %v: DT[2, 3, 7, 4], %m: D
   for (const char* dt : kFloatDTypes) {
     SCOPED_TRACE(dt);
     Graph before = parse_graph(with_dtype(text, dt), "test");
+    for (Value& v : before.values)
+      if (v.name == "pw") v.data = Tensor::full(Dims{1}, 1.75, v.type.dtype);
     Graph after = before;
     EXPECT_EQ(fuse_attention(after), 2) << print_graph(after);
     Graph clean = after;
@@ -842,6 +847,13 @@ graph @chains(%q: DT[2, 3, 5, 8], %kt: DT[2, 3, 8, 7], %v: DT[2, 3, 7, 4], %m: D
     EXPECT_DOUBLE_EQ(scales[0], 1.0 / 2.5);
     EXPECT_DOUBLE_EQ(scales[1], 2.5);
     EXPECT_EQ(clean.value(clean.outputs[0]).name, "o1");  // the fused node keeps the name
+    // The weight's division now reads k (transposed kT), not kT.
+    for (const Node& n : clean.nodes)
+      if (n.op == OpId::Div && clean.value(n.inputs[1]).name == "pw") {
+        const Node& t = clean.nodes[size_t(clean.value(n.inputs[0]).producer)];
+        EXPECT_EQ(t.op, OpId::Transpose) << print_graph(clean);
+        EXPECT_EQ(to_dims(clean.type(n.outputs[0]).shape), (Dims{2, 3, 7, 8})) << print_graph(clean);
+      }
     Generator gen(base_seed() ^ 41);
     const bool half = std::string(dt) == "f16" || std::string(dt) == "bf16";
     expect_matches_float64(before, clean, gen, half ? 3e-2 : 1e-5);
