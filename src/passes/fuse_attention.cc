@@ -54,27 +54,33 @@ struct Match {
   // that the scaled k comes out contiguous in its features instead of needing a copy.
   const Node* kt_scale = nullptr;
   int kt_scalar_side = 1;  // which input of kt_scale is a
+  // The scores scaled by a one-element weight b (s * b, s / b): q is scaled by it instead.
+  const Node* q_scale = nullptr;
+  int q_scalar_side = 1;
 };
 
-// kt_scale's form for m: a sole-use mul or div of kt by a one-element value of its dtype.
-void match_kt_scale(const Graph& g, const std::vector<int>& uses, Match& m) {
+// A sole-use mul or div of some x by a one-element value a of x's dtype that keeps x's shape (a
+// scale, whatever a's kind): the node, with *x and *side (a's input index) set; else nullptr.
+const Node* one_element_scale(const Graph& g, const std::vector<int>& uses, ValueId v, ValueId* x,
+                              int* side) {
   for (OpId op : {OpId::Mul, OpId::Div}) {
-    const Node* n = sole(g, uses, m.kt, op);
+    const Node* n = sole(g, uses, v, op);
     if (!n || n->inputs.size() != 2) continue;
-    for (int side = 1; side >= 0; --side) {
-      if (op == OpId::Div && side == 0) continue;  // a / x is no scale
-      const ValueId a = n->inputs[size_t(side)], x = n->inputs[size_t(1 - side)];
+    for (int s = 1; s >= 0; --s) {
+      if (op == OpId::Div && s == 0) continue;  // a / x is no scale
+      const ValueId a = n->inputs[size_t(s)], other = n->inputs[size_t(1 - s)];
       const TensorType& at = g.type(a);
       bool one = true;
       for (const SymInt& d : at.shape) one = one && d.is_concrete() && d.value() == 1;
-      if (!one || at.dtype != g.type(x).dtype || g.type(x).shape != g.type(n->outputs[0]).shape)
+      if (!one || at.dtype != g.type(other).dtype ||
+          g.type(other).shape != g.type(n->outputs[0]).shape)
         continue;
-      m.kt_scale = n;
-      m.kt_scalar_side = side;
-      m.kt = x;
-      return;
+      *x = other;
+      *side = s;
+      return n;
     }
   }
+  return nullptr;
 }
 
 // Whether the matmul node `pv` (index i) ends a chain the pass fuses (see the header).
@@ -107,29 +113,50 @@ std::optional<Match> match(const Graph& g, const std::vector<int>& uses, size_t 
       }
     return x;
   };
-  auto scores_from = [&](ValueId x, double* factor) {
-    return sole(g, uses, unscaled(x, factor), OpId::Matmul);
+  // ... or through a scale by a one-element weight, which moves to q (m.q_scale).
+  auto scores_from = [&](ValueId x, double* factor, Match* mt) {
+    ValueId y = unscaled(x, factor);
+    if (y == x) {
+      ValueId z = kNoValue;
+      int side = 1;
+      if (const Node* n = one_element_scale(g, uses, x, &z, &side)) {
+        mt->q_scale = n;
+        mt->q_scalar_side = side;
+        y = z;
+      }
+    }
+    return sole(g, uses, y, OpId::Matmul);
   };
   double factor = 1.0;
   if (const Node* add = sole(g, uses, s, OpId::Add); add && add->inputs.size() == 2) {
     for (int side = 0; side < 2 && !score_mm; ++side) {
       double f = 1.0;
-      const Node* mm = scores_from(add->inputs[size_t(side)], &f);
+      Match tried = m;
+      const Node* mm = scores_from(add->inputs[size_t(side)], &f, &tried);
       const ValueId mask = add->inputs[size_t(1 - side)];
       if (!mm || g.type(mask).dtype != dt) continue;
       // The mask broadcasts to the scores: the sum has the scores' shape.
       if (g.type(add->outputs[0]).shape != g.type(mm->outputs[0]).shape) continue;
       score_mm = mm;
       factor = f;
+      m = tried;
       m.mask = mask;
     }
   }
-  if (!score_mm) score_mm = scores_from(s, &factor);
+  if (!score_mm) score_mm = scores_from(s, &factor, &m);
   if (!score_mm || score_mm->inputs.size() != 2) return std::nullopt;
   // A scale on q (q * c before the product) scales the scores.
   m.q = unscaled(score_mm->inputs[0], &factor);
   m.kt = score_mm->inputs[1];
-  match_kt_scale(g, uses, m);
+  {
+    ValueId x = kNoValue;
+    int side = 1;
+    if (const Node* n = one_element_scale(g, uses, m.kt, &x, &side)) {
+      m.kt_scale = n;
+      m.kt_scalar_side = side;
+      m.kt = x;
+    }
+  }
   m.scale = factor;
   if (!(m.scale > 0) || !std::isfinite(m.scale)) return std::nullopt;
   for (ValueId x : {m.q, m.kt, m.v})
@@ -159,14 +186,16 @@ int fuse_attention(Graph& g) {
     const Match& m = *at[i];
     ValueId k = b.add_node1(OpId::Transpose, {b.map(m.kt)}, {{"dim0", int64_t(-2)}, {"dim1", int64_t(-1)}},
                             n.name, "", "attention.k");
-    if (m.kt_scale) {
-      const Node& sc = *m.kt_scale;
-      std::vector<ValueId> args = {k, k};
-      args[size_t(m.kt_scalar_side)] = b.map(sc.inputs[size_t(m.kt_scalar_side)]);
-      args[size_t(1 - m.kt_scalar_side)] = k;
-      k = b.add_node1(sc.op, args, sc.attrs, sc.name, "", "attention.k");
-    }
-    std::vector<ValueId> in = {b.map(m.q), k, b.map(m.v)};
+    // x scaled as `sc` scales its operand: the same op, a on the same side.
+    auto rescale = [&](ValueId x, const Node& sc, int side, const char* hint) {
+      std::vector<ValueId> args(2, x);
+      args[size_t(side)] = b.map(sc.inputs[size_t(side)]);
+      return b.add_node1(sc.op, args, sc.attrs, sc.name, "", hint);
+    };
+    if (m.kt_scale) k = rescale(k, *m.kt_scale, m.kt_scalar_side, "attention.k");
+    ValueId q = b.map(m.q);
+    if (m.q_scale) q = rescale(q, *m.q_scale, m.q_scalar_side, "attention.q");
+    std::vector<ValueId> in = {q, k, b.map(m.v)};
     if (m.mask != kNoValue) in.push_back(b.map(m.mask));
     b.set_map(n.outputs[0], b.add_node1(OpId::ScaledDotProductAttention, in,
                                         {{"is_causal", false}, {"scale", m.scale}}, n.name,

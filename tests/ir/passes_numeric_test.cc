@@ -782,7 +782,8 @@ graph @attn(%q: DT[2, 3, 5, 8], %k: DT[2, 3, 7, 8], %v: DT[2, 3, 7, 4], %m: DT[2
 }
 
 // fuse-attention (passes/fuse_attention.h, Note [attention fused from its parts]): matmul(q, kT)
-// scaled by a constant after the product (div) or before it (q * c), an added mask or none,
+// scaled by a constant after the product (div) or before it (q * c), or by a one-element weight
+// after it (which then divides q), an added mask (either operand order) or none,
 // softmax over the keys, matmul with v -> one attention node with the product of the scales; kT
 // given as ONNX gives it (a permute of [B, S, H, D], here divided by a one-element weight, which
 // stays an op after k's transpose) or as a value. Chains whose scores are used
@@ -825,7 +826,12 @@ graph @chains(%q: DT[2, 3, 5, 8], %kt: DT[2, 3, 8, 7], %v: DT[2, 3, 7, 4], %m: D
   %a7 = add(%s7, %big)
   %p7 = softmax(%a7) {dim=-1}
   %o7 = matmul(%p7, %v)
-  return %o1, %o2, %o3, %x3, %o4, %o5, %o6, %o7
+  %s8 = matmul(%q, %kt)
+  %d8 = div(%s8, %pw)
+  %a8 = add(%m, %d8)
+  %p8 = softmax(%a8) {dim=-1}
+  %o8 = matmul(%p8, %v)
+  return %o1, %o2, %o3, %x3, %o4, %o5, %o6, %o7, %o8
 }
 )";
   for (const char* dt : kFloatDTypes) {
@@ -834,26 +840,36 @@ graph @chains(%q: DT[2, 3, 5, 8], %kt: DT[2, 3, 8, 7], %v: DT[2, 3, 7, 4], %m: D
     for (Value& v : before.values)
       if (v.name == "pw") v.data = Tensor::full(Dims{1}, 1.75, v.type.dtype);
     Graph after = before;
-    EXPECT_EQ(fuse_attention(after), 2) << print_graph(after);
+    EXPECT_EQ(fuse_attention(after), 3) << print_graph(after);
     Graph clean = after;
     ASSERT_TRUE(run_passes(clean, std::vector<std::string>{"dce"}));
     EXPECT_EQ(fuse_attention(clean), 0) << print_graph(clean);
-    EXPECT_EQ(count_op(clean, OpId::ScaledDotProductAttention), 2) << print_graph(clean);
+    EXPECT_EQ(count_op(clean, OpId::ScaledDotProductAttention), 3) << print_graph(clean);
     EXPECT_EQ(count_op(clean, OpId::Softmax), 5) << print_graph(clean);  // %p3 .. %p7 stay
     std::vector<double> scales;
     for (const Node& n : clean.nodes)
       if (n.op == OpId::ScaledDotProductAttention) scales.push_back(n.attrs.get_float("scale"));
-    ASSERT_EQ(scales.size(), 2u);
+    ASSERT_EQ(scales.size(), 3u);
     EXPECT_DOUBLE_EQ(scales[0], 1.0 / 2.5);
     EXPECT_DOUBLE_EQ(scales[1], 2.5);
+    EXPECT_DOUBLE_EQ(scales[2], 1.0);  // %o8's weight divides q instead
     EXPECT_EQ(clean.value(clean.outputs[0]).name, "o1");  // the fused node keeps the name
-    // The weight's division now reads k (transposed kT), not kT.
+    // The weight's divisions now read k (transposed kT) and q, not kT and the scores.
+    int on_k = 0, on_q = 0;
     for (const Node& n : clean.nodes)
       if (n.op == OpId::Div && clean.value(n.inputs[1]).name == "pw") {
-        const Node& t = clean.nodes[size_t(clean.value(n.inputs[0]).producer)];
-        EXPECT_EQ(t.op, OpId::Transpose) << print_graph(clean);
+        const Value& x = clean.value(n.inputs[0]);
+        if (x.kind == ValueKind::Input) {
+          EXPECT_EQ(x.name, "q");
+          ++on_q;
+          continue;
+        }
+        EXPECT_EQ(clean.nodes[size_t(x.producer)].op, OpId::Transpose) << print_graph(clean);
         EXPECT_EQ(to_dims(clean.type(n.outputs[0]).shape), (Dims{2, 3, 7, 8})) << print_graph(clean);
+        ++on_k;
       }
+    EXPECT_EQ(on_k, 1) << print_graph(clean);
+    EXPECT_EQ(on_q, 1) << print_graph(clean);
     Generator gen(base_seed() ^ 41);
     const bool half = std::string(dt) == "f16" || std::string(dt) == "bf16";
     expect_matches_float64(before, clean, gen, half ? 3e-2 : 1e-5);
