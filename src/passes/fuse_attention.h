@@ -26,7 +26,7 @@
 // chain alone. A scale by a weight (a one-element param, which replace-weights may change) stays
 // an op: on q as it was; on kT (torch's export scales q and kT by sqrt(scale) each) moved after
 // k's transpose, kT * a -> transpose(kT) * a, so that k comes out of it contiguous; on the scores
-// (the TorchScript exporter's Div by an initializer) moved to q, (q kT) / b -> (q / b) kT. Masks applied with `where` (masked_fill) are not matched: `where(c, s, min)` is
+// (a Div by an ONNX initializer, which the importer makes a weight) moved to q, (q kT) / b -> (q / b) kT. Masks applied with `where` (masked_fill) are not matched: `where(c, s, min)` is
 // not `s + mask` for every s.
 //
 // Not in the default pipeline: the CUDA target runs it through Target::graph_passes (before
