@@ -26,8 +26,9 @@
 // chain alone. A scale by a weight (a one-element param, which replace-weights may change) stays
 // an op: on q as it was; on kT (torch's export scales q and kT by sqrt(scale) each) moved after
 // k's transpose, kT * a -> transpose(kT) * a, so that k comes out of it contiguous; on the scores
-// (a Div by an ONNX initializer, which the importer makes a weight) moved to q, (q kT) / b -> (q / b) kT. Masks applied with `where` (masked_fill) are not matched: `where(c, s, min)` is
-// not `s + mask` for every s.
+// (a Div by an ONNX initializer, which the importer makes a weight) moved to q:
+// (q kT) / b -> (q / b) kT. Masks applied with `where` (masked_fill) are not matched:
+// `where(c, s, min)` is not `s + mask` for every s.
 //
 // Not in the default pipeline: the CUDA target runs it through Target::graph_passes (before
 // attention-heads-last, which then applies to the fused node), where attention is one kernel.
