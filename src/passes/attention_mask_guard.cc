@@ -12,20 +12,15 @@ namespace {
 
 // The producing node of v when it is a node output of op `op`, else nullptr.
 const Node* made_by(const Graph& g, ValueId v, OpId op) {
-  if (!g.valid(v)) return nullptr;
-  const Value& val = g.value(v);
-  if (val.kind != ValueKind::NodeOutput || val.producer < 0) return nullptr;
-  const Node& n = g.nodes[size_t(val.producer)];
-  return n.op == op ? &n : nullptr;
+  const Node* n = producer_of(g, v);
+  return n && n->op == op ? n : nullptr;
 }
 
 // Whether v is a constant whose every element satisfies `pred`.
 template <typename Pred>
 bool const_all(const Graph& g, ValueId v, Pred pred) {
-  if (!g.valid(v)) return false;
-  const Value& val = g.value(v);
-  if (val.kind != ValueKind::Const || !val.data.defined() || val.data.numel() == 0) return false;
-  Tensor d = val.data.to(Device::cpu()).to(DType::Float64).contiguous();
+  const Tensor d = const_data_f64(g, v);
+  if (!d.defined() || d.numel() == 0) return false;
   const double* p = d.data<double>();
   for (int64_t i = 0; i < d.numel(); ++i)
     if (!pred(p[i])) return false;

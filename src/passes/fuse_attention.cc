@@ -10,20 +10,15 @@ namespace {
 
 // The node producing v when it is a live node output of op `op` whose value has exactly one use.
 const Node* sole(const Graph& g, const std::vector<int>& uses, ValueId v, OpId op) {
-  if (!g.valid(v) || uses[size_t(v)] != 1) return nullptr;
-  const Value& val = g.value(v);
-  if (val.kind != ValueKind::NodeOutput || val.producer < 0) return nullptr;
-  const Node& n = g.nodes[size_t(val.producer)];
-  return n.op == op ? &n : nullptr;
+  const Node* n = producer_of(g, v);
+  return n && n->op == op && uses[size_t(v)] == 1 ? n : nullptr;
 }
 
-// The value of a constant (or param with data) of one element, else nothing.
+// The value of a constant of one element, else nothing.
 std::optional<double> scalar_const(const Graph& g, ValueId v) {
-  if (!g.valid(v)) return std::nullopt;
-  const Value& val = g.value(v);
-  if (val.kind != ValueKind::Const || !val.data.defined() || val.data.numel() != 1)
-    return std::nullopt;
-  return val.data.to(Device::cpu()).to(DType::Float64).contiguous().data<double>()[0];
+  const Tensor d = const_data_f64(g, v);
+  if (!d.defined() || d.numel() != 1) return std::nullopt;
+  return d.data<double>()[0];
 }
 
 // x * c or x / c with c a scalar constant: *x gets the other operand, *factor c or 1/c.

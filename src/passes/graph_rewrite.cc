@@ -149,11 +149,20 @@ bool has_data(const Value& v) {
          v.data.has_storage();
 }
 
-const Node* GraphBuilder::producer_of(ValueId v) const {
-  if (!dst_.valid(v)) return nullptr;
-  const Value& val = dst_.value(v);
+const Node* producer_of(const Graph& g, ValueId v) {
+  if (!g.valid(v)) return nullptr;
+  const Value& val = g.value(v);
   if (val.kind != ValueKind::NodeOutput || val.producer < 0) return nullptr;
-  return &dst_.nodes[size_t(val.producer)];
+  return &g.nodes[size_t(val.producer)];
+}
+
+const Node* GraphBuilder::producer_of(ValueId v) const { return kiln::producer_of(dst_, v); }
+
+Tensor const_data_f64(const Graph& g, ValueId v) {
+  if (!g.valid(v)) return Tensor();
+  const Value& val = g.value(v);
+  if (val.kind != ValueKind::Const || !val.data.defined()) return Tensor();
+  return val.data.to(Device::cpu()).to(DType::Float64).contiguous();
 }
 
 Tensor GraphBuilder::data_of(ValueId v) const {

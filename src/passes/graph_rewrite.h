@@ -103,4 +103,11 @@ bool all_equal(const Ints& v, int64_t x);
 // Whether `v` is a param or const whose data a pass can transform at compile time.
 bool has_data(const Value& v);
 
+// The node of g that produces `v`, or nullptr for inputs, params, consts and invalid ids.
+const Node* producer_of(const Graph& g, ValueId v);
+
+// The data of const `v` of g as a contiguous float64 host tensor; undefined when v is not a
+// const with data (params are left out: replace-weights may change them).
+Tensor const_data_f64(const Graph& g, ValueId v);
+
 }  // namespace kiln

@@ -62,6 +62,7 @@
 #include "targets/cuda/nvrtc.h"
 #include "targets/cuda/support.h"
 #include "passes/attention_mask_guard.h"
+#include "passes/graph_rewrite.h"
 
 namespace kiln::cuda {
 
@@ -919,9 +920,7 @@ std::string CudaLibraryKernels::sdpa_mask(const Graph& g, const Node& n, int32_t
   const ValueId mv = n.inputs[3];
   const TensorType& mt = g.type(mv);
   if (mt.dtype == DType::Bool) return "a boolean mask (cuDNN takes the additive form)";
-  const Value& m = g.value(mv);
-  if (m.kind == ValueKind::Const && m.data.defined()) {
-    Tensor t = m.data.to(Device::cpu()).to(DType::Float64).contiguous();
+  if (const Tensor t = const_data_f64(g, mv); t.defined()) {
     const int64_t cols = t.dim() ? t.size(t.dim() - 1) : 1;
     const double* p = t.data<double>();
     for (int64_t r = 0; cols > 0 && r < t.numel() / cols; ++r) {
