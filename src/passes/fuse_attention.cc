@@ -21,27 +21,7 @@ std::optional<double> scalar_const(const Graph& g, ValueId v) {
   return d.data<double>()[0];
 }
 
-// x * c or x / c with c a scalar constant: *x gets the other operand, *factor c or 1/c.
-bool scaled_by_const(const Graph& g, const Node& n, ValueId* x, double* factor) {
-  if ((n.op != OpId::Mul && n.op != OpId::Div) || n.inputs.size() != 2) return false;
-  for (int side = 0; side < 2; ++side) {
-    if (n.op == OpId::Div && side == 0) continue;  // c / x is no scale
-    std::optional<double> c = scalar_const(g, n.inputs[size_t(side)]);
-    if (!c) continue;
-    const ValueId other = n.inputs[size_t(1 - side)];
-    // The scale must not change the other operand's shape (a scalar broadcasts away) or dtype.
-    if (g.type(other).shape != g.type(n.outputs[0]).shape ||
-        g.type(other).dtype != g.type(n.outputs[0]).dtype)
-      return false;
-    *x = other;
-    *factor = n.op == OpId::Mul ? *c : 1.0 / *c;
-    return true;
-  }
-  return false;
-}
-
 struct Match {
-  size_t out_node = 0;  // the matmul with v
   ValueId q = kNoValue, kt = kNoValue, v = kNoValue, mask = kNoValue;
   double scale = 1.0;
   // kt = x * a or x / a for a one-element value a (a weight too): k is then written as
@@ -54,22 +34,24 @@ struct Match {
   int q_scalar_side = 1;
 };
 
-// A sole-use mul or div of some x by a one-element value a of x's dtype that keeps x's shape (a
-// scale, whatever a's kind): the node, with *x and *side (a's input index) set; else nullptr.
-const Node* one_element_scale(const Graph& g, const std::vector<int>& uses, ValueId v, ValueId* x,
-                              int* side) {
+// A sole-use mul or div of some x by a one-element value a that keeps x's shape and dtype (a
+// scale): the node, with *x and *side (a's input index) set; else nullptr. `constant`: a must be
+// a constant (its value may go into the attention's scale); else a may be any value of x's
+// dtype (a weight, which stays an op).
+const Node* one_element_scale(const Graph& g, const std::vector<int>& uses, ValueId v,
+                              bool constant, ValueId* x, int* side) {
   for (OpId op : {OpId::Mul, OpId::Div}) {
     const Node* n = sole(g, uses, v, op);
     if (!n || n->inputs.size() != 2) continue;
+    const TensorType& out = g.type(n->outputs[0]);
     for (int s = 1; s >= 0; --s) {
       if (op == OpId::Div && s == 0) continue;  // a / x is no scale
       const ValueId a = n->inputs[size_t(s)], other = n->inputs[size_t(1 - s)];
       const TensorType& at = g.type(a);
       bool one = true;
       for (const SymInt& d : at.shape) one = one && d.is_concrete() && d.value() == 1;
-      if (!one || at.dtype != g.type(other).dtype ||
-          g.type(other).shape != g.type(n->outputs[0]).shape)
-        continue;
+      if (!one || g.type(other).shape != out.shape || g.type(other).dtype != out.dtype) continue;
+      if (constant ? !scalar_const(g, a) : at.dtype != g.type(other).dtype) continue;
       *x = other;
       *side = s;
       return n;
@@ -85,7 +67,6 @@ std::optional<Match> match(const Graph& g, const std::vector<int>& uses, size_t 
   const DType dt = g.type(pv.outputs[0]).dtype;
   if (!is_floating(dt)) return std::nullopt;
   Match m;
-  m.out_node = i;
   m.v = pv.inputs[1];
   const Node* sm = sole(g, uses, pv.inputs[0], OpId::Softmax);
   if (!sm) return std::nullopt;
@@ -97,16 +78,13 @@ std::optional<Match> match(const Graph& g, const std::vector<int>& uses, size_t 
   const Node* score_mm = nullptr;
   // The score product under x, through one constant scale (s * c, s / c) if there is one.
   auto unscaled = [&](ValueId x, double* factor) {
-    for (OpId op : {OpId::Mul, OpId::Div})
-      if (const Node* n = sole(g, uses, x, op)) {
-        ValueId y = kNoValue;
-        double f = 1.0;
-        if (scaled_by_const(g, *n, &y, &f)) {
-          *factor *= f;
-          return y;
-        }
-      }
-    return x;
+    ValueId y = kNoValue;
+    int side = 1;
+    const Node* n = one_element_scale(g, uses, x, /*constant=*/true, &y, &side);
+    if (!n) return x;
+    const double c = *scalar_const(g, n->inputs[size_t(side)]);
+    *factor *= n->op == OpId::Mul ? c : 1.0 / c;
+    return y;
   };
   // ... or through a scale by a one-element weight, which moves to q (m.q_scale).
   auto scores_from = [&](ValueId x, double* factor, Match* mt) {
@@ -114,7 +92,7 @@ std::optional<Match> match(const Graph& g, const std::vector<int>& uses, size_t 
     if (y == x) {
       ValueId z = kNoValue;
       int side = 1;
-      if (const Node* n = one_element_scale(g, uses, x, &z, &side)) {
+      if (const Node* n = one_element_scale(g, uses, x, /*constant=*/false, &z, &side)) {
         mt->q_scale = n;
         mt->q_scalar_side = side;
         y = z;
@@ -146,7 +124,7 @@ std::optional<Match> match(const Graph& g, const std::vector<int>& uses, size_t 
   {
     ValueId x = kNoValue;
     int side = 1;
-    if (const Node* n = one_element_scale(g, uses, m.kt, &x, &side)) {
+    if (const Node* n = one_element_scale(g, uses, m.kt, /*constant=*/false, &x, &side)) {
       m.kt_scale = n;
       m.kt_scalar_side = side;
       m.kt = x;
