@@ -27,12 +27,6 @@ bool const_all(const Graph& g, ValueId v, Pred pred) {
   return true;
 }
 
-bool concrete(const Shape& s) {
-  for (const SymInt& d : s)
-    if (!d.is_concrete()) return false;
-  return true;
-}
-
 // The guarded mask's shape for attention node n (concrete shapes, mask rank <= q's): the
 // scores' [..., L, S], with the heads dim (the last batch dim) and the other batch dims kept at
 // 1 where the mask does not vary over them. Empty when the mask does not fit that form.
@@ -65,7 +59,7 @@ bool wants_guard(const Graph& g, const Node& n) {
   if (md != q.dtype && md != DType::Bool) return false;
   if (g.type(n.inputs[3]).rank() < 1) return false;  // a scalar mask: no rows to guard
   for (ValueId v : n.inputs)
-    if (v != kNoValue && !concrete(g.type(v).shape)) return false;
+    if (v != kNoValue && !is_concrete(g.type(v).shape)) return false;
   const Shape& qs = q.shape;
   const Shape& ks = g.type(n.inputs[1]).shape;
   const Shape& vs = g.type(n.inputs[2]).shape;
