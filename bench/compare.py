@@ -98,6 +98,8 @@ SYSTEMS = {
                            "knobs": "tf32=on"},
     "kiln-compiled-reduce-overhead-tf32": {"kind": "kiln", "backend": "compiled",
                                            "mode": "reduce-overhead", "knobs": "tf32=on"},
+    "kiln-compiled-max-autotune-tf32": {"kind": "kiln", "backend": "compiled",
+                                        "mode": "max-autotune", "knobs": "tf32=on"},
     "ort": {"kind": "ort"},
     "torch-eager": {"kind": "torch", "how": "eager"},
     "torch-compile": {"kind": "torch", "how": "compile", "mode": "default"},
