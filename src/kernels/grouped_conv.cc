@@ -55,6 +55,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -541,6 +542,257 @@ __attribute__((target("avx512f,fma"))) void group_avx512(const Args& a) { group<
 __attribute__((target("avx2,fma"))) void group_avx2(const Args& a) { group<8>(a); }
 void group_generic(const Args& a) { group<4>(a); }
 
+// Note [Grouped convolution on channel lanes]
+// With NHWC input and output and G = channels per group in = out, G dividing the vector's V
+// floats and the channels a multiple of V, a vector holds V consecutive channels of one pixel:
+// V / G whole groups, lane (g, j) = output channel j of group g. Output channel j of a group
+// sums its G input channels; split the sum by rotation r = 0 .. G-1: at rotation r, lane (g, j)
+// takes input channel (j + r) mod G of its group. That input vector is the pixel's V channels
+// rotated by r within each run of G lanes (a shuffle with constant indices: vpermilps with an
+// immediate for G <= 4 under AVX-512, vpermps otherwise), and its weights are one vector per
+// (tap, rotation), rearranged at build time. So every load and store is a whole vector of NHWC
+// memory, with no staging, no transposes and no scratch: the path the band kernel above takes
+// interleaving and staging through shuffles that compete with the multiply-adds for the same
+// port. A tile is P = 8 output pixels of one row and one block of V channels (8 accumulators);
+// per kernel row and rotation, each input pixel the tile reads is loaded and rotated once and
+// multiplied into the (up to 3) accumulators whose taps it is, with that row's kw weight
+// vectors held in registers. Input pixels outside the image (padding) are skipped, as oneDNN
+// and the float64 reference skip them; tiles that touch an edge or the row's end test each
+// pixel (EDGE), the rest do not. Work is split over (image, output row); a thread takes every
+// block and tile of its rows, so an output is computed by one thread in a fixed order whatever
+// the thread count. Taken for 3x3 filters with equal strides of 1 or 2; G = 1 is a depthwise
+// convolution. On ResNeXt-50's layer1 (4 channels per group, 128 -> 128 at 56x56, relu, one
+// thread of the 2026-12-07 Emerald Rapids VM): see docs/benchmarks.md (forty-second session).
+// Output pixels per tile: accumulators enough to cover the multiply-add's latency on both
+// pipes, with the kw weight vectors and an input beside them in the registers.
+template <int V>
+constexpr int kLanePixels = V == 16 ? 8 : 8;
+
+struct LaneArgs {
+  const float* x;     // the image's input, NHWC
+  const float* wl;    // [blocks][kh][kw][G][V]: lane (g, j) of rotation r
+  const float* bias;  // [o]
+  const float* res;   // the image's residual, NHWC, or null
+  float* y;           // the image's output, NHWC
+  int64_t c;          // channels of x and y
+  int64_t h, w, oh, ow, kh, pad_top, pad_left;
+  GroupedConvEpilogue e;
+};
+
+// v with each run of G lanes rotated by R: lane (g, j) <- v[g * G + (j + R) % G]. (In place:
+// a 64-byte vector returned by value changes the ABI outside AVX-512 code.)
+template <int V, int G, int R, size_t... I>
+inline __attribute__((always_inline)) void rotate_by(typename VecOf<V>::type& v,
+                                                     std::index_sequence<I...>) {
+  using vf = typename VecOf<V>::type;
+  using vi = decltype(vf{} < vf{});
+  constexpr vi m = {int((I / G) * G + (I % G + R) % G)...};
+  v = __builtin_shuffle(v, m);
+}
+template <int V, int G, int R>
+inline __attribute__((always_inline)) void rotate(typename VecOf<V>::type& v) {
+  if constexpr (R != 0) rotate_by<V, G, R>(v, std::make_index_sequence<V>{});
+}
+
+// One rotation's products for a tile: the Q input pixels of kernel row `xr` the tile's P
+// outputs read, each rotated once and added into the accumulators it is a tap of.
+template <int V, int G, int S, int R, bool EDGE>
+inline __attribute__((always_inline)) void lane_rotation(const LaneArgs& a, const float* xr,
+                                                         const float* wr, int64_t q0,
+                                                         typename VecOf<V>::type* acc) {
+  using vf = typename VecOf<V>::type;
+  constexpr int KW = 3, P = kLanePixels<V>, Q = (P - 1) * S + KW;
+  vf wk[KW];
+#pragma GCC unroll 3
+  for (int k = 0; k < KW; ++k) std::memcpy(&wk[k], wr + (k * G + R) * V, sizeof(vf));
+#pragma GCC unroll 32
+  for (int q = 0; q < Q; ++q) {
+    const int64_t iw = q0 + q;
+    if (EDGE && (iw < 0 || iw >= a.w)) continue;
+    vf xv;
+    std::memcpy(&xv, xr + iw * a.c, sizeof(vf));
+    rotate<V, G, R>(xv);
+#pragma GCC unroll 3
+    for (int k = 0; k < KW; ++k) {
+      // Output p reads input q at tap k when p * S + k == q.
+      if ((q - k) % S != 0 || q < k) continue;
+      const int p = (q - k) / S;
+      if (p < P) acc[p] += xv * wk[k];
+    }
+  }
+}
+
+// The tile's outputs: + bias, + sum_scale * residual, the activation; whole vectors of NHWC.
+template <int V, bool EDGE>
+inline __attribute__((always_inline)) void lane_store(const LaneArgs& a, int64_t orow, int64_t cb,
+                                                      int64_t c0,
+                                                      typename VecOf<V>::type* acc) {
+  using vf = typename VecOf<V>::type;
+  constexpr int P = kLanePixels<V>;
+  const int64_t ch = cb * V;
+  vf bias;
+  std::memcpy(&bias, a.bias + ch, sizeof(vf));
+  const int64_t pixels = EDGE ? std::min<int64_t>(P, a.ow - c0) : P;
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p) {
+    if (EDGE && p >= pixels) break;
+    const int64_t at = (orow * a.ow + c0 + p) * a.c + ch;
+    vf v = acc[p] + bias;
+    if (a.e.residual) {  // read before the store: the residual may be y itself
+      vf rv;
+      std::memcpy(&rv, a.res + at, sizeof(vf));
+      v = v + rv * a.e.sum_scale;
+    }
+    activation(a.e, v);
+    std::memcpy(a.y + at, &v, sizeof(vf));
+  }
+}
+
+template <int V, int G, int S, bool EDGE, int... R>
+inline __attribute__((always_inline)) void lane_tile(const LaneArgs& a, int64_t orow, int64_t cb,
+                                                     int64_t c0, std::integer_sequence<int, R...>) {
+  using vf = typename VecOf<V>::type;
+  constexpr int KW = 3, P = kLanePixels<V>;
+  vf acc[P];
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p) acc[p] = vf{};
+  const int64_t ch = cb * V, q0 = c0 * S - a.pad_left;
+  for (int64_t i = 0; i < a.kh; ++i) {
+    const int64_t ih = orow * S + i - a.pad_top;
+    if (ih < 0 || ih >= a.h) continue;
+    const float* xr = a.x + ih * a.w * a.c + ch;
+    const float* wr = a.wl + (cb * a.kh + i) * KW * G * V;
+    (lane_rotation<V, G, S, R, EDGE>(a, xr, wr, q0, acc), ...);
+  }
+  lane_store<V, EDGE>(a, orow, cb, c0, acc);
+}
+
+// Stride 1, AVX-512, at most 4 channels per group (rotations by immediates): output rows orow
+// and orow + 1 at once (16 accumulators). Input row
+// orow - pad_top + u is kernel row u of the first (u <= 2) and u - 1 of the second (u >= 1), so
+// each input pixel is loaded and rotated once for both: half the shuffles per multiply-add.
+template <int V, int G, int R, bool EDGE, bool TO0, bool TO1>
+inline __attribute__((always_inline)) void lane_rotation2(const LaneArgs& a, const float* xr,
+                                                          const float* w0, const float* w1,
+                                                          int64_t q0,
+                                                          typename VecOf<V>::type* acc0,
+                                                          typename VecOf<V>::type* acc1) {
+  using vf = typename VecOf<V>::type;
+  constexpr int KW = 3, P = kLanePixels<V>, Q = P - 1 + KW;
+  vf wk0[KW], wk1[KW];
+#pragma GCC unroll 3
+  for (int k = 0; k < KW; ++k) {
+    if constexpr (TO0) std::memcpy(&wk0[k], w0 + (k * G + R) * V, sizeof(vf));
+    if constexpr (TO1) std::memcpy(&wk1[k], w1 + (k * G + R) * V, sizeof(vf));
+  }
+#pragma GCC unroll 32
+  for (int q = 0; q < Q; ++q) {
+    const int64_t iw = q0 + q;
+    if (EDGE && (iw < 0 || iw >= a.w)) continue;
+    vf xv;
+    std::memcpy(&xv, xr + iw * a.c, sizeof(vf));
+    rotate<V, G, R>(xv);
+#pragma GCC unroll 3
+    for (int k = 0; k < KW; ++k) {
+      if (q < k || q - k >= P) continue;
+      if constexpr (TO0) acc0[q - k] += xv * wk0[k];
+      if constexpr (TO1) acc1[q - k] += xv * wk1[k];
+    }
+  }
+}
+
+template <int V, int G, bool EDGE, int U, int... R>
+inline __attribute__((always_inline)) void lane_input_row2(const LaneArgs& a, int64_t orow,
+                                                           int64_t cb, int64_t q0,
+                                                           typename VecOf<V>::type* acc0,
+                                                           typename VecOf<V>::type* acc1,
+                                                           std::integer_sequence<int, R...>) {
+  constexpr int KW = 3;
+  const int64_t ih = orow - a.pad_top + U;
+  if (ih < 0 || ih >= a.h) return;
+  const float* xr = a.x + ih * a.w * a.c + cb * V;
+  const float* wb = a.wl + cb * a.kh * KW * G * V;
+  const float* w0 = U <= 2 ? wb + U * KW * G * V : nullptr;
+  const float* w1 = U >= 1 ? wb + (U - 1) * KW * G * V : nullptr;
+  (lane_rotation2<V, G, R, EDGE, (U <= 2), (U >= 1)>(a, xr, w0, w1, q0, acc0, acc1), ...);
+}
+
+template <int V, int G, bool EDGE>
+inline __attribute__((always_inline)) void lane_tile2(const LaneArgs& a, int64_t orow, int64_t cb,
+                                                      int64_t c0) {
+  using vf = typename VecOf<V>::type;
+  constexpr int P = kLanePixels<V>;
+  constexpr auto rotations = std::make_integer_sequence<int, G>{};
+  vf acc0[P], acc1[P];
+#pragma GCC unroll 8
+  for (int p = 0; p < P; ++p) acc0[p] = acc1[p] = vf{};
+  const int64_t q0 = c0 - a.pad_left;
+  lane_input_row2<V, G, EDGE, 0>(a, orow, cb, q0, acc0, acc1, rotations);
+  lane_input_row2<V, G, EDGE, 1>(a, orow, cb, q0, acc0, acc1, rotations);
+  lane_input_row2<V, G, EDGE, 2>(a, orow, cb, q0, acc0, acc1, rotations);
+  lane_input_row2<V, G, EDGE, 3>(a, orow, cb, q0, acc0, acc1, rotations);
+  lane_store<V, EDGE>(a, orow, cb, c0, acc0);
+  lane_store<V, EDGE>(a, orow + 1, cb, c0, acc1);
+}
+
+// Every block and tile of output row `orow`, and of orow + 1 where the item is a pair of rows
+// (lane_rows_per_item).
+template <int V, int G, int S>
+inline __attribute__((always_inline)) void lane_row(const LaneArgs& a, int64_t orow, bool pair) {
+  constexpr int KW = 3, P = kLanePixels<V>;
+  const auto rotations = std::make_integer_sequence<int, G>{};
+  for (int64_t cb = 0; cb < a.c / V; ++cb)
+    for (int64_t c0 = 0; c0 < a.ow; c0 += P) {
+      const int64_t q0 = c0 * S - a.pad_left;
+      const bool inside = c0 + P <= a.ow && q0 >= 0 && q0 + (P - 1) * S + KW <= a.w;
+      if constexpr (S == 1 && V == 16 && G <= 4) {
+        if (pair) {
+          if (inside) lane_tile2<V, G, false>(a, orow, cb, c0);
+          else lane_tile2<V, G, true>(a, orow, cb, c0);
+          continue;
+        }
+      }
+      if (inside) lane_tile<V, G, S, false>(a, orow, cb, c0, rotations);
+      else lane_tile<V, G, S, true>(a, orow, cb, c0, rotations);
+    }
+}
+
+template <int V, int G>
+inline __attribute__((always_inline)) void lane_row_s(const LaneArgs& a, int64_t orow, int64_t s,
+                                                      bool pair) {
+  if (s == 1) lane_row<V, G, 1>(a, orow, pair);
+  else lane_row<V, G, 2>(a, orow, pair);
+}
+
+template <int V>
+inline __attribute__((always_inline)) void lane_row_of(const LaneArgs& a, int64_t orow, int64_t g,
+                                                       int64_t s, bool pair) {
+  switch (g) {
+    case 1: lane_row_s<V, 1>(a, orow, s, pair); break;
+    case 2: lane_row_s<V, 2>(a, orow, s, pair); break;
+    case 4: lane_row_s<V, 4>(a, orow, s, pair); break;
+    default:
+      if constexpr (V >= 8) {
+        if (g == 8) lane_row_s<V, 8>(a, orow, s, pair);
+        if constexpr (V >= 16)
+          if (g == 16) lane_row_s<V, 16>(a, orow, s, pair);
+      }
+  }
+}
+
+__attribute__((target("avx512f,fma"))) void lane_row_avx512(const LaneArgs& a, int64_t orow,
+                                                            int64_t g, int64_t s, bool pair) {
+  lane_row_of<16>(a, orow, g, s, pair);
+}
+__attribute__((target("avx2,fma"))) void lane_row_avx2(const LaneArgs& a, int64_t orow, int64_t g,
+                                                       int64_t s, bool pair) {
+  lane_row_of<8>(a, orow, g, s, pair);
+}
+void lane_row_generic(const LaneArgs& a, int64_t orow, int64_t g, int64_t s,
+                      bool pair) {
+  lane_row_of<4>(a, orow, g, s, pair);
+}
+
 int64_t vector_floats() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return 16;
@@ -593,6 +845,27 @@ GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e
   sh_ = (std::min(s.oh, kBand) - 1) * s.stride_h + s.kh;
   sw_ = (s.ow + vec_ - 1) / vec_ * vec_ + (s.kw - 1) / s.stride_w;
   const int64_t taps = s.kh * s.kw;
+  lanes_ = s.x_nhwc && s.y_nhwc && cg_ == og_ && (cg_ == 1 || cg_ == 2 || cg_ == 4 || cg_ == 8 ||
+                                                  cg_ == 16) &&
+           vec_ % cg_ == 0 && s.c % vec_ == 0 && s.kh == 3 && s.kw == 3 &&
+           s.stride_h == s.stride_w && (s.stride_h == 1 || s.stride_h == 2);
+  if (lanes_) {
+    // Note [Grouped convolution on channel lanes]: block b's vector for (tap, rotation r) holds,
+    // at lane (g, j), the weight of output channel b * V + g * G + j on its group's input
+    // channel (j + r) mod G.
+    const int64_t v = vec_, g = cg_;
+    wk_.assign(size_t(s.o * taps * g), 0.0f);
+    for (int64_t b = 0; b < s.o / v; ++b)
+      for (int64_t t = 0; t < taps; ++t)
+        for (int64_t r = 0; r < g; ++r)
+          for (int64_t lane = 0; lane < v; ++lane) {
+            const int64_t oc = b * v + lane, ic = (lane % g + r) % g;
+            wk_[size_t(((b * taps + t) * g + r) * v + lane)] = weights[(oc * g + ic) * taps + t];
+          }
+    bias_.assign(size_t(s.o), 0.0f);
+    if (bias) std::memcpy(bias_.data(), bias, size_t(s.o) * sizeof(float));
+    return;
+  }
   wk_.assign(size_t(s.groups * blocks_ * cg_ * taps * kBlock), 0.0f);
   for (int64_t g = 0; g < s.groups; ++g)
     for (int64_t b = 0; b < blocks_; ++b)
@@ -614,11 +887,30 @@ const char* GroupedConv::isa() const {
 }
 
 int64_t GroupedConv::scratch_bytes(int threads) const {
+  if (lanes_) return 0;
   const int64_t plane = (cg_ * sh_ * s_.stride_w * sw_ * int64_t(sizeof(float)) + 63) / 64 * 64;
   return plane * std::max(threads, 1);
 }
 
 void GroupedConv::run(const float* x, const float* residual, float* y, void* scratch) const {
+  if (lanes_) {
+    void (*row)(const LaneArgs&, int64_t, int64_t, int64_t, bool) =
+        vec_ == 16 ? lane_row_avx512 : vec_ == 8 ? lane_row_avx2 : lane_row_generic;
+    // Items: (image, output row), or pairs of rows at stride 1 with AVX-512 and up to 4 channels
+    // per group (lane_tile2; with 8 or 16 the rotations' index vectors leave too few registers).
+    const int64_t per = vec_ == 16 && s_.stride_h == 1 && cg_ <= 4 ? 2 : 1, per_image = (s_.oh + per - 1) / per;
+    const int64_t items = s_.n * per_image, in_image = s_.c * s_.h * s_.w,
+                  out_image = s_.o * s_.oh * s_.ow;
+#pragma omp parallel for schedule(static) if (items > 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t ni = it / per_image, orow = it % per_image * per;
+      const LaneArgs a{x + ni * in_image, wk_.data(), bias_.data(),
+                       e_.residual ? residual + ni * out_image : nullptr, y + ni * out_image,
+                       s_.c, s_.h, s_.w, s_.oh, s_.ow, s_.kh, s_.pad_top, s_.pad_left, e_};
+      row(a, orow, cg_, s_.stride_h, per == 2 && orow + 1 < s_.oh);
+    }
+    return;
+  }
   const int64_t bands = (s_.oh + kBand - 1) / kBand, items = s_.n * bands;
   const int64_t plane = scratch_bytes(1) / int64_t(sizeof(float));  // one thread's
   void (*fn)(const Args&) = vec_ == 16 ? group_avx512 : vec_ == 8 ? group_avx2 : group_generic;

@@ -51,6 +51,10 @@ class GroupedConv {
   void run(const float* x, const float* residual, float* y, void* scratch) const;
   // "avx512" / "avx2" / "generic": the vector code this CPU runs.
   const char* isa() const;
+  // Whether it runs on channel lanes (Note [Grouped convolution on channel lanes]: NHWC in and
+  // out, 3x3, equal strides of 1 or 2, as many channels per group out as in, 1-16 and dividing
+  // the vector) rather than in bands of staged planes; that path needs no scratch.
+  bool on_channel_lanes() const { return lanes_; }
 
  private:
   GroupedConvShape s_;
@@ -60,6 +64,7 @@ class GroupedConv {
   int64_t sh_ = 0, sw_ = 0;                // the staged (zero-padded) plane's rows and columns
   std::vector<float> wk_;                  // [groups][blocks][cg][kh][kw][kBlock]
   std::vector<float> bias_;                // [o], zeros without a bias
+  bool lanes_ = false;                     // on channel lanes, with wk_ as [blocks][kh][kw][G][V]
 };
 
 }  // namespace kiln::kernels

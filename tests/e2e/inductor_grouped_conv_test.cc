@@ -211,6 +211,48 @@ std::vector<int64_t> cpu_vector_widths() {
   return widths;
 }
 
+// A NaN in the input on the channel-lanes path (Note [Grouped convolution on channel lanes])
+// reaches exactly the outputs whose window holds it, in its group's channels, at every vector
+// width and at both strides; padding is skipped, so the border outputs stay finite. The residual
+// is the output's own buffer (read before the same thread writes it).
+TEST(KilnGroupedConv, ChannelLanesKeepANaNInItsWindow) {
+  for (int64_t stride : {1, 2})
+    for (int64_t width : cpu_vector_widths()) {
+      SCOPED_TRACE(fmt::format("stride {}, {} floats per vector", stride, width));
+      const int64_t c = 32, h = 9, w = 19, cg = 4;
+      kernels::GroupedConvShape s;
+      s.n = 1, s.c = c, s.h = h, s.w = w, s.o = c, s.groups = c / cg, s.kh = s.kw = 3;
+      s.pad_top = s.pad_left = 1, s.stride_h = s.stride_w = stride;
+      s.oh = (h + 2 - 3) / stride + 1, s.ow = (w + 2 - 3) / stride + 1;
+      s.x_nhwc = s.y_nhwc = true;
+      kernels::GroupedConvEpilogue e;
+      e.act = kernels::GroupedConvEpilogue::Act::Relu, e.residual = true, e.sum_scale = 0.5f;
+      Generator gen(23);
+      Tensor wt = Tensor::randn({c, cg, 3, 3}, gen, DType::Float32);
+      Tensor b = Tensor::randn({c}, gen, DType::Float32);
+      kernels::GroupedConv conv(s, e, wt.data<float>(), b.data<float>(), width);
+      ASSERT_TRUE(conv.on_channel_lanes());
+      EXPECT_EQ(conv.scratch_bytes(2), 0);
+      Tensor x = Tensor::randn({h * w * c}, gen, DType::Float32);  // NHWC
+      const int64_t ch = 13, r = 4, col = 10;  // group 3 (channels 12..15)
+      x.data<float>()[(r * w + col) * c + ch] = std::numeric_limits<float>::quiet_NaN();
+      Tensor y = Tensor::randn({s.oh * s.ow * c}, gen, DType::Float32);  // residual and output
+      kernels::ScopedCpuThreads two(2);
+      conv.run(x.data<float>(), y.data<float>(), y.data<float>(), nullptr);
+      int nans = 0;
+      for (int64_t i = 0; i < s.oh; ++i)
+        for (int64_t j = 0; j < s.ow; ++j)
+          for (int64_t oc = 0; oc < c; ++oc) {
+            const int64_t di = r - (i * stride - 1), dj = col - (j * stride - 1);
+            const bool in_window = oc / cg == ch / cg && di >= 0 && di < 3 && dj >= 0 && dj < 3;
+            const float v = y.data<float>()[(i * s.ow + j) * c + oc];
+            EXPECT_EQ(std::isnan(v), in_window) << i << "," << j << "," << oc << " = " << v;
+            nans += std::isnan(v);
+          }
+      EXPECT_EQ(nans, stride == 1 ? 4 * 9 : 4 * 1);
+    }
+}
+
 // The silu epilogue at float32's edges (Note [Kiln grouped convolution], exp_of): a 1x1
 // convolution of one channel with weight 1 and bias 0 is silu(x) itself. NaN and -inf give NaN
 // (as x / (1 + e^-x) does in float64), inf gives inf, the values past e^-x's range (x beyond
@@ -290,6 +332,15 @@ TEST(KilnGroupedConv, EveryVectorWidthMatchesFloat64) {
       {"stem_clamp_nhwc_in", 1, 4, 12, 41, 8, 1, 3, 1, 2, Act::Clamp, false, true, true},
       {"grouped_silu_residual", 1, 32, 9, 40, 32, 8, 3, 1, 1, Act::Silu, true, true, true},
       {"grouped_none", 2, 12, 10, 19, 18, 2, 5, 2, 2, Act::None, false, false, false},
+      // Note [Grouped convolution on channel lanes]: NHWC, as many channels per group out as
+      // in, 3x3. ResNeXt's 4 per group with rows of whole tiles and a partial one; 8 per group
+      // at stride 2 with a residual; 16 per group (lanes only at 16 floats per vector); 2 per
+      // group unpadded with rows shorter than a tile; depthwise at stride 2; two images.
+      {"lanes_4_per_group", 1, 64, 11, 29, 64, 16, 3, 1, 1, Act::Relu, false, true, true},
+      {"lanes_8_per_group_strided", 2, 32, 13, 21, 32, 4, 3, 1, 2, Act::Silu, true, true, true},
+      {"lanes_16_per_group", 1, 32, 9, 17, 32, 2, 3, 1, 1, Act::Clamp, true, true, true},
+      {"lanes_2_per_group_valid", 1, 16, 7, 9, 16, 8, 3, 0, 1, Act::Relu, false, true, true},
+      {"lanes_depthwise_strided", 2, 48, 10, 23, 48, 48, 3, 1, 2, Act::None, false, true, true},
   };
   const std::vector<int64_t> widths = cpu_vector_widths();
   for (const Case& cs : cases) {
@@ -365,11 +416,26 @@ TEST(KilnGroupedConv, EveryVectorWidthMatchesFloat64) {
       kernels::GroupedConv conv(s, e, wv, b.data<float>(), width);
       EXPECT_STREQ(conv.isa(), width == 16 ? "avx512" : width == 8 ? "avx2" : "generic");
       Tensor yk = Tensor::full({cs.n, cs.o, s.oh, s.ow}, std::nan(""), DType::Float32);
-      Tensor scratch = Tensor::empty({conv.scratch_bytes(1) + 64}, DType::UInt8);
+      Tensor scratch = Tensor::empty({conv.scratch_bytes(2) + 64}, DType::UInt8);
       void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.raw_data()) + 63) /
                                               64 * 64);
-      kernels::ScopedCpuThreads one(1);
-      conv.run(xk.data<float>(), cs.residual ? rk.data<float>() : nullptr, yk.data<float>(), aligned);
+      // The channel-lanes path where its conditions hold (every case but the bands' above).
+      const bool lanes = cs.x_nhwc && cs.y_nhwc && cg == og && cs.k == 3 && width % cg == 0 &&
+                         cs.c % width == 0;
+      EXPECT_EQ(conv.on_channel_lanes(), lanes);
+      {
+        kernels::ScopedCpuThreads one(1);
+        conv.run(xk.data<float>(), cs.residual ? rk.data<float>() : nullptr, yk.data<float>(),
+                 aligned);
+      }
+      {
+        // Each output is one thread's, summed in a fixed order: two threads give the same bits.
+        Tensor y2 = Tensor::full(yk.sizes(), std::nan(""), DType::Float32);
+        kernels::ScopedCpuThreads two(2);
+        conv.run(xk.data<float>(), cs.residual ? rk.data<float>() : nullptr, y2.data<float>(),
+                 aligned);
+        EXPECT_TRUE(test::close(y2, yk, test::Tolerance::exact()));
+      }
       Tensor y = yk.clone();
       if (cs.y_nhwc)
         for (int64_t ni = 0; ni < cs.n; ++ni)
