@@ -58,6 +58,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "kernels/parallel.h"
 
 namespace kiln::kernels {
 
@@ -901,26 +902,23 @@ void GroupedConv::run(const float* x, const float* residual, float* y, void* scr
     const int64_t per = vec_ == 16 && s_.stride_h == 1 && cg_ <= 4 ? 2 : 1, per_image = (s_.oh + per - 1) / per;
     const int64_t items = s_.n * per_image, in_image = s_.c * s_.h * s_.w,
                   out_image = s_.o * s_.oh * s_.ow;
-#pragma omp parallel for schedule(static) if (items > 1)
-    for (int64_t it = 0; it < items; ++it) {
+    parallel_for(items, true, [&](int64_t it) {
       const int64_t ni = it / per_image, orow = it % per_image * per;
       const LaneArgs a{x + ni * in_image, wk_.data(), bias_.data(),
                        e_.residual ? residual + ni * out_image : nullptr, y + ni * out_image,
                        s_.c, s_.h, s_.w, s_.oh, s_.ow, s_.kh, s_.pad_top, s_.pad_left, e_};
       row(a, orow, cg_, s_.stride_h, per == 2 && orow + 1 < s_.oh);
-    }
+    });
     return;
   }
   const int64_t bands = (s_.oh + kBand - 1) / kBand, items = s_.n * bands;
   const int64_t plane = scratch_bytes(1) / int64_t(sizeof(float));  // one thread's
   void (*fn)(const Args&) = vec_ == 16 ? group_avx512 : vec_ == 8 ? group_avx2 : group_generic;
   // Each thread zeroes its plane once: the padding columns stay zero, stage() writes the rest.
-#pragma omp parallel if (items > 1)
-  {
-    float* pl = static_cast<float*>(scratch) + int64_t(omp_get_thread_num()) * plane;
+  parallel_region(items > 1, [&](int thread, int threads) {
+    float* pl = static_cast<float*>(scratch) + int64_t(thread) * plane;
     std::memset(pl, 0, size_t(plane) * sizeof(float));
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
+    for (int64_t it = items * thread / threads; it < items * (thread + 1) / threads; ++it) {
       const int64_t ni = it / bands, rb = it % bands * kBand, re = std::min(s_.oh, rb + kBand);
       for (int64_t gi = 0; gi < s_.groups; ++gi) {
         // The group's first channel of image ni (NHWC: at its first pixel).
@@ -938,7 +936,7 @@ void GroupedConv::run(const float* x, const float* residual, float* y, void* scr
         fn(a);
       }
     }
-  }
+  });
 }
 
 }  // namespace kiln::kernels

@@ -74,6 +74,7 @@
 // and the post-op adds with scale 1.
 
 #include "kernels/onednn_node.h"
+#include "kernels/parallel.h"
 #include "kernels/grouped_conv.h"
 
 #include <omp.h>
@@ -1541,8 +1542,7 @@ void run_block_copies(const std::vector<BlockCopy>& copies,
   char* dst = static_cast<char*>(dst_handle);
   int64_t pieces = 0;
   for (const BlockCopy& c : copies) pieces += c.count * ((c.bytes + kPiece - 1) / kPiece);
-#pragma omp parallel for schedule(static) if (pieces > 16)
-  for (int64_t q = 0; q < pieces; ++q) {
+  parallel_for(pieces, pieces > 16, [&](int64_t q) {
     int64_t rest = q;
     for (size_t i = 0; i < copies.size(); ++i) {
       const BlockCopy& c = copies[i];
@@ -1559,7 +1559,7 @@ void run_block_copies(const std::vector<BlockCopy>& copies,
                   size_t(std::min(kPiece, c.bytes - at)));
       break;
     }
-  }
+  });
 }
 }  // namespace
 

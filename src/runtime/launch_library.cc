@@ -44,8 +44,9 @@
 
 #include "core/error.h"
 #include "core/resample.h"
-#include "kernels/onednn_node.h"
 #include "kernels/json_numbers.h"
+#include "kernels/onednn_node.h"
+#include "kernels/parallel.h"
 #include "runtime/launch_records.h"
 
 namespace kiln {
@@ -253,31 +254,30 @@ void run_upsample(void* s, const Executable::RunContext& c) {
   const int64_t es = dtype_size(sp.dtype);
   const int64_t in_plane = sp.h * sp.w * es, out_plane = sp.ho * sp.wo * es;
   const bool par = sp.planes * sp.ho * sp.wo > 65536;
+  // (No OpenMP region on one thread: Note [one-thread parallel regions], kernels/parallel.h.)
   if (!sp.bilinear) {
-#pragma omp parallel for if (par)
-    for (int64_t p = 0; p < sp.planes; ++p)
+    kernels::parallel_for(sp.planes, par, [&](int64_t p) {
       resample::nearest_plane(x + p * in_plane, sp.w, 1, y + p * out_plane, es, k->nh, k->nw);
+    });
     return;
   }
   if (sp.dtype != DType::Float32) {
-#pragma omp parallel for if (par)
-    for (int64_t p = 0; p < sp.planes; ++p)
+    kernels::parallel_for(sp.planes, par, [&](int64_t p) {
       resample::bilinear_plane_f64(x + p * in_plane, sp.w, 1, y + p * out_plane, sp.dtype, k->lh,
                                    k->lw);
+    });
     return;
   }
-#pragma omp parallel if (par)
-  {
+  kernels::parallel_region(par, [&](int thread, int threads) {
     // Two interpolated rows per thread: allocated the first time a thread needs them, so that
     // steady-state calls allocate nothing (OpenMP keeps its threads).
     thread_local std::vector<float> cache;
     if (cache.size() < size_t(2 * sp.wo)) cache.resize(size_t(2 * sp.wo));
-#pragma omp for
-    for (int64_t p = 0; p < sp.planes; ++p)
+    for (int64_t p = sp.planes * thread / threads; p < sp.planes * (thread + 1) / threads; ++p)
       resample::bilinear_plane_f32(reinterpret_cast<const float*>(x + p * in_plane), sp.w,
                                    reinterpret_cast<float*>(y + p * out_plane), k->lh, k->wt,
                                    cache.data());
-  }
+  });
 }
 
 std::mutex& registry_mutex() {

@@ -1,5 +1,6 @@
 # package.zero_allocs_steady_state: `kiln compile mlp -o mlp.kiln`, then `kiln bench mlp.kiln`
-# (the runtime alone: load, run on caller-owned buffers): a steady-state call of the package
+# (the runtime alone: load, run on caller-owned buffers), at the machine's thread count and at
+# one thread: a steady-state call of the package
 # (generated loop kernels only) does no heap allocation (tools/alloc_counter.cc counts), the
 # bench JSON carries load_s and load_phases_s (every phase, none longer than the load). The
 # count for resnet18 (oneDNN convolutions, whose execute() allocates a few small objects inside
@@ -21,11 +22,19 @@ foreach(model mlp resnet18)
     file(REMOVE_RECURSE "${dir}")
     message(FATAL_ERROR "kiln compile ${model} exited with ${rc}: ${err}")
   endif()
-  execute_process(COMMAND ${KILN} bench ${dir}/${model}.kiln --iters 50 --json
+  # At the machine's thread count and at one thread (Note [one-thread parallel regions]:
+  # libgomp allocates a team for each parallel region it runs on one thread).
+  foreach(threads default 1)
+  if(threads STREQUAL "default")
+    set(threads_arg "")
+  else()
+    set(threads_arg --threads ${threads})
+  endif()
+  execute_process(COMMAND ${KILN} bench ${dir}/${model}.kiln --iters 50 --json ${threads_arg}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     file(REMOVE_RECURSE "${dir}")
-    message(FATAL_ERROR "kiln bench ${model}.kiln exited with ${rc}: ${err}")
+    message(FATAL_ERROR "kiln bench ${model}.kiln ${threads_arg} exited with ${rc}: ${err}")
   endif()
   string(JSON allocs GET "${out}" steady_state_allocs_per_call)
   string(JSON backend GET "${out}" backend)
@@ -61,7 +70,7 @@ foreach(model mlp resnet18)
     file(REMOVE_RECURSE "${dir}")
     message(FATAL_ERROR "load_phases_s has no 'launches <kind>' phase: ${out}")
   endif()
-  message("${model}.kiln load phases (${nphases}): ${out}")
+  message("${model}.kiln ${threads_arg} load phases (${nphases}): ${out}")
   if(model STREQUAL "mlp" AND NOT allocs EQUAL 0)
     file(REMOVE_RECURSE "${dir}")
     message(FATAL_ERROR "the mlp package allocates ${allocs} times per call; expected 0")
@@ -85,11 +94,11 @@ foreach(model mlp resnet18)
       math(EXPR library_allocs "${library_allocs} + ${n}")
     endif()
   endforeach()
-  message("${model}.kiln: one steady-state call's allocations by module:${by_module}")
+  message("${model}.kiln ${threads_arg}: one steady-state call's allocations by module:${by_module}")
   if(NOT kiln_allocs EQUAL 0)
     file(REMOVE_RECURSE "${dir}")
     message(FATAL_ERROR "Kiln's own code allocates ${kiln_allocs} times in a steady-state call "
-                        "of ${model}.kiln (by module:${by_module})")
+                        "of ${model}.kiln ${threads_arg} (by module:${by_module})")
   endif()
   # An allocation whose caller could not be named might be Kiln's: none may be.
   string(JSON unattributed ERROR_VARIABLE none GET "${out}" steady_state_allocs_by_module unattributed)
@@ -103,6 +112,7 @@ foreach(model mlp resnet18)
     message(FATAL_ERROR "resnet18.kiln's oneDNN allocations were not attributed to oneDNN "
                         "(by module:${by_module}): the site recorder is not working")
   endif()
+  endforeach()
 endforeach()
 # Without --device, `kiln bench` runs a package on the device it was built for: a CUDA package
 # cross-built here (no GPU needed) is run on CUDA, which fails cleanly with "no CUDA device" on a

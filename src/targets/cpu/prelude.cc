@@ -22,6 +22,30 @@ const char* const kHead = R"KILN(// ---- Kiln generated code: prelude ----
 #include <cmath>
 #include <limits>
 #include <omp.h>
+#include <dlfcn.h>
+// Note [one-thread parallel regions]: libgomp allocates a team (memalign) for every parallel
+// region it runs on one thread, `if` clause false or num_threads(1), and frees it at the end
+// (it keeps teams of two threads and more for the next region). A kernel called with one
+// thread would allocate on every call. So the unit defines GOMP_parallel, the entry point that
+// GCC's `omp parallel` calls, hidden (this unit's calls bind to it, no one else's): one thread
+// runs the region's body directly, as an inactive region runs it (omp_get_thread_num() 0,
+// omp_get_num_threads() 1, barriers and static schedules of a team of one); more threads go to
+// libgomp's, found when the unit is loaded.
+extern "C" {
+typedef void (*kn_gomp_parallel_fn)(void (*)(void*), void*, unsigned, unsigned);
+static kn_gomp_parallel_fn kn_gomp_parallel;
+__attribute__((constructor)) static void kn_find_gomp_parallel() {
+  kn_gomp_parallel = reinterpret_cast<kn_gomp_parallel_fn>(dlsym(RTLD_NEXT, "GOMP_parallel"));
+}
+__attribute__((visibility("hidden"))) void GOMP_parallel(void (*fn)(void*), void* data,
+                                                         unsigned num_threads, unsigned flags) {
+  if (num_threads == 1 || !kn_gomp_parallel) {
+    fn(data);
+    return;
+  }
+  kn_gomp_parallel(fn, data, num_threads, flags);
+}
+}
 // KN_VEC256 (defined before the prelude by CpuCodegenOptions::vector_bits = 256) keeps the
 // kernels at 8-lane AVX2 vectors on an AVX-512 machine; max-autotune times both widths.
 #if defined(__AVX512F__) && !defined(KN_VEC256)
