@@ -585,10 +585,7 @@ struct LaneArgs {
 template <int V, int G, int R, size_t... I>
 inline __attribute__((always_inline)) void rotate_by(typename VecOf<V>::type& v,
                                                      std::index_sequence<I...>) {
-  using vf = typename VecOf<V>::type;
-  using vi = decltype(vf{} < vf{});
-  constexpr vi m = {int((I / G) * G + (I % G + R) % G)...};
-  v = __builtin_shuffle(v, m);
+  v = __builtin_shufflevector(v, v, int((I / G) * G + (I % G + R) % G)...);
 }
 template <int V, int G, int R>
 inline __attribute__((always_inline)) void rotate(typename VecOf<V>::type& v) {
