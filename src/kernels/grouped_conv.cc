@@ -552,9 +552,9 @@ void group_generic(const Args& a) { group<4>(a); }
 // rotated by r within each run of G lanes (a shuffle with constant indices: vpermilps with an
 // immediate for G <= 4 under AVX-512, vpermps otherwise), and its weights are one vector per
 // (tap, rotation), rearranged at build time. So every load and store is a whole vector of NHWC
-// memory, with no staging, no transposes and no scratch: the path the band kernel above takes
-// interleaving and staging through shuffles that compete with the multiply-adds for the same
-// port. A tile is P = 8 output pixels of one row and one block of V channels (8 accumulators);
+// memory, with no staging, no transposes and no scratch (the band kernel above stages planes and
+// interleaves its NHWC results through shuffles that compete with the multiply-adds for the
+// same port). A tile is P = 8 output pixels of one row and one block of V channels;
 // per kernel row and rotation, each input pixel the tile reads is loaded and rotated once and
 // multiplied into the (up to 3) accumulators whose taps it is, with that row's kw weight
 // vectors held in registers. Input pixels outside the image (padding) are skipped, as oneDNN
@@ -563,11 +563,13 @@ void group_generic(const Args& a) { group<4>(a); }
 // block and tile of its rows, so an output is computed by one thread in a fixed order whatever
 // the thread count. Taken for 3x3 filters with equal strides of 1 or 2; G = 1 is a depthwise
 // convolution. On ResNeXt-50's layer1 (4 channels per group, 128 -> 128 at 56x56, relu, one
-// thread of the 2026-12-07 Emerald Rapids VM): see docs/benchmarks.md (forty-second session).
-// Output pixels per tile: accumulators enough to cover the multiply-add's latency on both
-// pipes, with the kw weight vectors and an input beside them in the registers.
-template <int V>
-constexpr int kLanePixels = V == 16 ? 8 : 8;
+// thread of the 2026-12-07 Emerald Rapids VM) 0.63 -> 0.37 ms, 2.3x its FLOP floor; tiles of
+// 12, 14 or 16 pixels were slower (docs/benchmarks.md, forty-second session). With AVX-512, at
+// stride 1 and up to 4 channels per group, a tile covers two output rows (lane_tile2).
+
+// Output pixels per tile: 8 accumulators (16 for a pair of rows) cover the multiply-add's
+// latency on both pipes, beside the kw weight vectors and an input in the registers.
+constexpr int kLanePixels = 8;
 
 struct LaneArgs {
   const float* x;     // the image's input, NHWC
@@ -599,7 +601,7 @@ inline __attribute__((always_inline)) void lane_rotation(const LaneArgs& a, cons
                                                          const float* wr, int64_t q0,
                                                          typename VecOf<V>::type* acc) {
   using vf = typename VecOf<V>::type;
-  constexpr int KW = 3, P = kLanePixels<V>, Q = (P - 1) * S + KW;
+  constexpr int KW = 3, P = kLanePixels, Q = (P - 1) * S + KW;
   vf wk[KW];
 #pragma GCC unroll 3
   for (int k = 0; k < KW; ++k) std::memcpy(&wk[k], wr + (k * G + R) * V, sizeof(vf));
@@ -626,7 +628,7 @@ inline __attribute__((always_inline)) void lane_store(const LaneArgs& a, int64_t
                                                       int64_t c0,
                                                       typename VecOf<V>::type* acc) {
   using vf = typename VecOf<V>::type;
-  constexpr int P = kLanePixels<V>;
+  constexpr int P = kLanePixels;
   const int64_t ch = cb * V;
   vf bias;
   std::memcpy(&bias, a.bias + ch, sizeof(vf));
@@ -650,7 +652,7 @@ template <int V, int G, int S, bool EDGE, int... R>
 inline __attribute__((always_inline)) void lane_tile(const LaneArgs& a, int64_t orow, int64_t cb,
                                                      int64_t c0, std::integer_sequence<int, R...>) {
   using vf = typename VecOf<V>::type;
-  constexpr int KW = 3, P = kLanePixels<V>;
+  constexpr int KW = 3, P = kLanePixels;
   vf acc[P];
 #pragma GCC unroll 8
   for (int p = 0; p < P; ++p) acc[p] = vf{};
@@ -666,9 +668,10 @@ inline __attribute__((always_inline)) void lane_tile(const LaneArgs& a, int64_t 
 }
 
 // Stride 1, AVX-512, at most 4 channels per group (rotations by immediates): output rows orow
-// and orow + 1 at once (16 accumulators). Input row
-// orow - pad_top + u is kernel row u of the first (u <= 2) and u - 1 of the second (u >= 1), so
-// each input pixel is loaded and rotated once for both: half the shuffles per multiply-add.
+// and orow + 1 at once (16 accumulators). Input row orow - pad_top + u is kernel row u of the
+// first (u <= 2) and u - 1 of the second (u >= 1), so each input pixel is loaded and rotated
+// once for both: half the shuffles per multiply-add (0.387 -> 0.36 ms on ResNeXt's layer1).
+// With 8 or 16 per group the rotations' index vectors leave too few registers (0.32 -> 0.42 ms).
 template <int V, int G, int R, bool EDGE, bool TO0, bool TO1>
 inline __attribute__((always_inline)) void lane_rotation2(const LaneArgs& a, const float* xr,
                                                           const float* w0, const float* w1,
@@ -676,7 +679,7 @@ inline __attribute__((always_inline)) void lane_rotation2(const LaneArgs& a, con
                                                           typename VecOf<V>::type* acc0,
                                                           typename VecOf<V>::type* acc1) {
   using vf = typename VecOf<V>::type;
-  constexpr int KW = 3, P = kLanePixels<V>, Q = P - 1 + KW;
+  constexpr int KW = 3, P = kLanePixels, Q = P - 1 + KW;
   vf wk0[KW], wk1[KW];
 #pragma GCC unroll 3
   for (int k = 0; k < KW; ++k) {
@@ -719,7 +722,7 @@ template <int V, int G, bool EDGE>
 inline __attribute__((always_inline)) void lane_tile2(const LaneArgs& a, int64_t orow, int64_t cb,
                                                       int64_t c0) {
   using vf = typename VecOf<V>::type;
-  constexpr int P = kLanePixels<V>;
+  constexpr int P = kLanePixels;
   constexpr auto rotations = std::make_integer_sequence<int, G>{};
   vf acc0[P], acc1[P];
 #pragma GCC unroll 8
@@ -734,10 +737,10 @@ inline __attribute__((always_inline)) void lane_tile2(const LaneArgs& a, int64_t
 }
 
 // Every block and tile of output row `orow`, and of orow + 1 where the item is a pair of rows
-// (lane_rows_per_item).
+// (GroupedConv::run).
 template <int V, int G, int S>
 inline __attribute__((always_inline)) void lane_row(const LaneArgs& a, int64_t orow, bool pair) {
-  constexpr int KW = 3, P = kLanePixels<V>;
+  constexpr int KW = 3, P = kLanePixels;
   const auto rotations = std::make_integer_sequence<int, G>{};
   for (int64_t cb = 0; cb < a.c / V; ++cb)
     for (int64_t c0 = 0; c0 < a.ow; c0 += P) {
@@ -896,7 +899,8 @@ void GroupedConv::run(const float* x, const float* residual, float* y, void* scr
         vec_ == 16 ? lane_row_avx512 : vec_ == 8 ? lane_row_avx2 : lane_row_generic;
     // Items: (image, output row), or pairs of rows at stride 1 with AVX-512 and up to 4 channels
     // per group (lane_tile2; with 8 or 16 the rotations' index vectors leave too few registers).
-    const int64_t per = vec_ == 16 && s_.stride_h == 1 && cg_ <= 4 ? 2 : 1, per_image = (s_.oh + per - 1) / per;
+    const int64_t per = vec_ == 16 && s_.stride_h == 1 && cg_ <= 4 ? 2 : 1;
+    const int64_t per_image = (s_.oh + per - 1) / per;
     const int64_t items = s_.n * per_image, in_image = s_.c * s_.h * s_.w,
                   out_image = s_.o * s_.oh * s_.ow;
     parallel_for(items, true, [&](int64_t it) {
