@@ -595,16 +595,22 @@ inline __attribute__((always_inline)) void rotate(typename VecOf<V>::type& v) {
 }
 
 // One rotation's products for a tile: the Q input pixels of kernel row `xr` the tile's P
-// outputs read, each rotated once and added into the accumulators it is a tap of.
-template <int V, int G, int S, int R, bool EDGE>
+// outputs read, each rotated once and added into the accumulators it is a tap of: acc0's with
+// row w0's weights (TO0) and, for the second row of a pair (lane_tile2), acc1's with w1's (TO1).
+template <int V, int G, int S, int R, bool EDGE, bool TO0, bool TO1>
 inline __attribute__((always_inline)) void lane_rotation(const LaneArgs& a, const float* xr,
-                                                         const float* wr, int64_t q0,
-                                                         typename VecOf<V>::type* acc) {
+                                                         const float* w0, const float* w1,
+                                                         int64_t q0,
+                                                         typename VecOf<V>::type* acc0,
+                                                         typename VecOf<V>::type* acc1) {
   using vf = typename VecOf<V>::type;
   constexpr int KW = 3, P = kLanePixels, Q = (P - 1) * S + KW;
-  vf wk[KW];
+  vf wk0[KW], wk1[KW];
 #pragma GCC unroll 3
-  for (int k = 0; k < KW; ++k) std::memcpy(&wk[k], wr + (k * G + R) * V, sizeof(vf));
+  for (int k = 0; k < KW; ++k) {
+    if constexpr (TO0) std::memcpy(&wk0[k], w0 + (k * G + R) * V, sizeof(vf));
+    if constexpr (TO1) std::memcpy(&wk1[k], w1 + (k * G + R) * V, sizeof(vf));
+  }
 #pragma GCC unroll 32
   for (int q = 0; q < Q; ++q) {
     const int64_t iw = q0 + q;
@@ -615,9 +621,9 @@ inline __attribute__((always_inline)) void lane_rotation(const LaneArgs& a, cons
 #pragma GCC unroll 3
     for (int k = 0; k < KW; ++k) {
       // Output p reads input q at tap k when p * S + k == q.
-      if ((q - k) % S != 0 || q < k) continue;
-      const int p = (q - k) / S;
-      if (p < P) acc[p] += xv * wk[k];
+      if ((q - k) % S != 0 || q < k || (q - k) / S >= P) continue;
+      if constexpr (TO0) acc0[(q - k) / S] += xv * wk0[k];
+      if constexpr (TO1) acc1[(q - k) / S] += xv * wk1[k];
     }
   }
 }
@@ -662,7 +668,7 @@ inline __attribute__((always_inline)) void lane_tile(const LaneArgs& a, int64_t 
     if (ih < 0 || ih >= a.h) continue;
     const float* xr = a.x + ih * a.w * a.c + ch;
     const float* wr = a.wl + (cb * a.kh + i) * KW * G * V;
-    (lane_rotation<V, G, S, R, EDGE>(a, xr, wr, q0, acc), ...);
+    (lane_rotation<V, G, S, R, EDGE, true, false>(a, xr, wr, nullptr, q0, acc, nullptr), ...);
   }
   lane_store<V, EDGE>(a, orow, cb, c0, acc);
 }
@@ -672,36 +678,6 @@ inline __attribute__((always_inline)) void lane_tile(const LaneArgs& a, int64_t 
 // first (u <= 2) and u - 1 of the second (u >= 1), so each input pixel is loaded and rotated
 // once for both: half the shuffles per multiply-add (0.387 -> 0.36 ms on ResNeXt's layer1).
 // With 8 or 16 per group the rotations' index vectors leave too few registers (0.32 -> 0.42 ms).
-template <int V, int G, int R, bool EDGE, bool TO0, bool TO1>
-inline __attribute__((always_inline)) void lane_rotation2(const LaneArgs& a, const float* xr,
-                                                          const float* w0, const float* w1,
-                                                          int64_t q0,
-                                                          typename VecOf<V>::type* acc0,
-                                                          typename VecOf<V>::type* acc1) {
-  using vf = typename VecOf<V>::type;
-  constexpr int KW = 3, P = kLanePixels, Q = P - 1 + KW;
-  vf wk0[KW], wk1[KW];
-#pragma GCC unroll 3
-  for (int k = 0; k < KW; ++k) {
-    if constexpr (TO0) std::memcpy(&wk0[k], w0 + (k * G + R) * V, sizeof(vf));
-    if constexpr (TO1) std::memcpy(&wk1[k], w1 + (k * G + R) * V, sizeof(vf));
-  }
-#pragma GCC unroll 32
-  for (int q = 0; q < Q; ++q) {
-    const int64_t iw = q0 + q;
-    if (EDGE && (iw < 0 || iw >= a.w)) continue;
-    vf xv;
-    std::memcpy(&xv, xr + iw * a.c, sizeof(vf));
-    rotate<V, G, R>(xv);
-#pragma GCC unroll 3
-    for (int k = 0; k < KW; ++k) {
-      if (q < k || q - k >= P) continue;
-      if constexpr (TO0) acc0[q - k] += xv * wk0[k];
-      if constexpr (TO1) acc1[q - k] += xv * wk1[k];
-    }
-  }
-}
-
 template <int V, int G, bool EDGE, int U, int... R>
 inline __attribute__((always_inline)) void lane_input_row2(const LaneArgs& a, int64_t orow,
                                                            int64_t cb, int64_t q0,
@@ -715,7 +691,7 @@ inline __attribute__((always_inline)) void lane_input_row2(const LaneArgs& a, in
   const float* wb = a.wl + cb * a.kh * KW * G * V;
   const float* w0 = U <= 2 ? wb + U * KW * G * V : nullptr;
   const float* w1 = U >= 1 ? wb + (U - 1) * KW * G * V : nullptr;
-  (lane_rotation2<V, G, R, EDGE, (U <= 2), (U >= 1)>(a, xr, w0, w1, q0, acc0, acc1), ...);
+  (lane_rotation<V, G, 1, R, EDGE, (U <= 2), (U >= 1)>(a, xr, w0, w1, q0, acc0, acc1), ...);
 }
 
 template <int V, int G, bool EDGE>
