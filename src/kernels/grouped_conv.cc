@@ -734,40 +734,49 @@ inline __attribute__((always_inline)) void lane_row(const LaneArgs& a, int64_t o
     }
 }
 
-template <int V, int G>
-inline __attribute__((always_inline)) void lane_row_s(const LaneArgs& a, int64_t orow, int64_t s,
-                                                      bool pair) {
-  if (s == 1) lane_row<V, G, 1>(a, orow, pair);
-  else lane_row<V, G, 2>(a, orow, pair);
-}
-
-template <int V>
-inline __attribute__((always_inline)) void lane_row_of(const LaneArgs& a, int64_t orow, int64_t g,
-                                                       int64_t s, bool pair) {
-  switch (g) {
-    case 1: lane_row_s<V, 1>(a, orow, s, pair); break;
-    case 2: lane_row_s<V, 2>(a, orow, s, pair); break;
-    case 4: lane_row_s<V, 4>(a, orow, s, pair); break;
-    default:
-      if constexpr (V >= 8) {
-        if (g == 8) lane_row_s<V, 8>(a, orow, s, pair);
-        if constexpr (V >= 16)
-          if (g == 16) lane_row_s<V, 16>(a, orow, s, pair);
-      }
+// The shapes taken (GroupedConv::lanes_): 1, 2 or 4 channels per group at strides 1 and 2,
+// 8 at stride 1, each one function per vector width, compiled for its ISA (under clang's
+// UBSan the unrolled tiles' arithmetic checks made this file take over ten minutes to build:
+// CMakeLists.txt turns five of them off for it, 88 s). 16 per
+// group and 8 at stride 2 would add the largest tiles for convolutions that oneDNN already runs
+// within 3x of their floor (RegNet's 16 per group at 1.3x) or faster than this kernel
+// (ResNeXt's stride-2 8 per group: 0.53 against 0.60 ms), so they stay on the bands.
+#define KN_LANE_ROW(V, G, S, ISA)                                                       \
+  __attribute__((target(ISA), noinline)) void lane_row_##V##_##G##_##S(                  \
+      const LaneArgs& a, int64_t orow, bool pair) {                                     \
+    lane_row<V, G, S>(a, orow, pair);                                                   \
   }
-}
+KN_LANE_ROW(16, 1, 1, "avx512f,fma")
+KN_LANE_ROW(16, 1, 2, "avx512f,fma")
+KN_LANE_ROW(16, 2, 1, "avx512f,fma")
+KN_LANE_ROW(16, 2, 2, "avx512f,fma")
+KN_LANE_ROW(16, 4, 1, "avx512f,fma")
+KN_LANE_ROW(16, 4, 2, "avx512f,fma")
+KN_LANE_ROW(16, 8, 1, "avx512f,fma")
+KN_LANE_ROW(8, 1, 1, "avx2,fma")
+KN_LANE_ROW(8, 1, 2, "avx2,fma")
+KN_LANE_ROW(8, 2, 1, "avx2,fma")
+KN_LANE_ROW(8, 2, 2, "avx2,fma")
+KN_LANE_ROW(8, 4, 1, "avx2,fma")
+KN_LANE_ROW(8, 4, 2, "avx2,fma")
+KN_LANE_ROW(8, 8, 1, "avx2,fma")
+#undef KN_LANE_ROW
 
-__attribute__((target("avx512f,fma"))) void lane_row_avx512(const LaneArgs& a, int64_t orow,
-                                                            int64_t g, int64_t s, bool pair) {
-  lane_row_of<16>(a, orow, g, s, pair);
-}
-__attribute__((target("avx2,fma"))) void lane_row_avx2(const LaneArgs& a, int64_t orow, int64_t g,
-                                                       int64_t s, bool pair) {
-  lane_row_of<8>(a, orow, g, s, pair);
-}
-void lane_row_generic(const LaneArgs& a, int64_t orow, int64_t g, int64_t s,
-                      bool pair) {
-  lane_row_of<4>(a, orow, g, s, pair);
+using LaneRowFn = void (*)(const LaneArgs&, int64_t, bool);
+
+// The function for a vector width, channels per group and stride that lanes_ admits.
+LaneRowFn lane_row_fn(int64_t v, int64_t g, int64_t s) {
+  const bool s1 = s == 1;
+  if (v == 16) {
+    if (g == 1) return s1 ? lane_row_16_1_1 : lane_row_16_1_2;
+    if (g == 2) return s1 ? lane_row_16_2_1 : lane_row_16_2_2;
+    if (g == 4) return s1 ? lane_row_16_4_1 : lane_row_16_4_2;
+    return lane_row_16_8_1;
+  }
+  if (g == 1) return s1 ? lane_row_8_1_1 : lane_row_8_1_2;
+  if (g == 2) return s1 ? lane_row_8_2_1 : lane_row_8_2_2;
+  if (g == 4) return s1 ? lane_row_8_4_1 : lane_row_8_4_2;
+  return lane_row_8_8_1;
 }
 
 int64_t vector_floats() {
@@ -822,10 +831,11 @@ GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e
   sh_ = (std::min(s.oh, kBand) - 1) * s.stride_h + s.kh;
   sw_ = (s.ow + vec_ - 1) / vec_ * vec_ + (s.kw - 1) / s.stride_w;
   const int64_t taps = s.kh * s.kw;
-  lanes_ = s.x_nhwc && s.y_nhwc && cg_ == og_ && (cg_ == 1 || cg_ == 2 || cg_ == 4 || cg_ == 8 ||
-                                                  cg_ == 16) &&
-           vec_ % cg_ == 0 && s.c % vec_ == 0 && s.kh == 3 && s.kw == 3 &&
-           s.stride_h == s.stride_w && (s.stride_h == 1 || s.stride_h == 2);
+  // (lane_row_fn: the shapes instantiated; AVX2 and AVX-512 only.)
+  lanes_ = s.x_nhwc && s.y_nhwc && cg_ == og_ && vec_ >= 8 && s.c % vec_ == 0 && s.kh == 3 &&
+           s.kw == 3 && s.stride_h == s.stride_w &&
+           (((cg_ == 1 || cg_ == 2 || cg_ == 4) && (s.stride_h == 1 || s.stride_h == 2)) ||
+            (cg_ == 8 && s.stride_h == 1));
   if (lanes_) {
     // Note [Grouped convolution on channel lanes]: block b's vector for (tap, rotation r) holds,
     // at lane (g, j), the weight of output channel b * V + g * G + j on its group's input
@@ -871,8 +881,7 @@ int64_t GroupedConv::scratch_bytes(int threads) const {
 
 void GroupedConv::run(const float* x, const float* residual, float* y, void* scratch) const {
   if (lanes_) {
-    void (*row)(const LaneArgs&, int64_t, int64_t, int64_t, bool) =
-        vec_ == 16 ? lane_row_avx512 : vec_ == 8 ? lane_row_avx2 : lane_row_generic;
+    const LaneRowFn row = lane_row_fn(vec_, cg_, s_.stride_h);
     // Items: (image, output row), or pairs of rows at stride 1 with AVX-512 and up to 4 channels
     // per group (lane_tile2; with 8 or 16 the rotations' index vectors leave too few registers).
     const int64_t per = vec_ == 16 && s_.stride_h == 1 && cg_ <= 4 ? 2 : 1;
@@ -884,7 +893,7 @@ void GroupedConv::run(const float* x, const float* residual, float* y, void* scr
       const LaneArgs a{x + ni * in_image, wk_.data(), bias_.data(),
                        e_.residual ? residual + ni * out_image : nullptr, y + ni * out_image,
                        s_.c, s_.h, s_.w, s_.oh, s_.ow, s_.kh, s_.pad_top, s_.pad_left, e_};
-      row(a, orow, cg_, s_.stride_h, per == 2 && orow + 1 < s_.oh);
+      row(a, orow, per == 2 && orow + 1 < s_.oh);
     });
     return;
   }

@@ -51,9 +51,10 @@ class GroupedConv {
   void run(const float* x, const float* residual, float* y, void* scratch) const;
   // "avx512" / "avx2" / "generic": the vector code this CPU runs.
   const char* isa() const;
-  // Whether it runs on channel lanes (Note [Grouped convolution on channel lanes]: NHWC in and
-  // out, 3x3, equal strides of 1 or 2, as many channels per group out as in, 1-16 and dividing
-  // the vector) rather than in bands of staged planes; that path needs no scratch.
+  // Whether it runs on channel lanes (Note [Grouped convolution on channel lanes]: AVX2 or
+  // AVX-512, NHWC in and out, 3x3, as many channels per group out as in: 1, 2 or 4 at equal
+  // strides of 1 or 2, 8 at stride 1; channels a multiple of the vector) rather than in bands
+  // of staged planes; that path needs no scratch.
   bool on_channel_lanes() const { return lanes_; }
 
  private:
