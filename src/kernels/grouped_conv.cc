@@ -561,8 +561,8 @@ void group_generic(const Args& a) { group<4>(a); }
 // and the float64 reference skip them; tiles that touch an edge or the row's end test each
 // pixel (EDGE), the rest do not. Work is split over (image, output row); a thread takes every
 // block and tile of its rows, so an output is computed by one thread in a fixed order whatever
-// the thread count. Taken for 3x3 filters with equal strides of 1 or 2; G = 1 is a depthwise
-// convolution. On ResNeXt-50's layer1 (4 channels per group, 128 -> 128 at 56x56, relu, one
+// the thread count. Taken for 3x3 filters with AVX2 or AVX-512: G = 1 (depthwise), 2 or 4 at
+// equal strides of 1 or 2, G = 8 at stride 1 (lane_row_fn says why not more). On ResNeXt-50's layer1 (4 channels per group, 128 -> 128 at 56x56, relu, one
 // thread of the 2026-12-07 Emerald Rapids VM) 0.63 -> 0.37 ms, 2.3x its FLOP floor; tiles of
 // 12, 14 or 16 pixels were slower (docs/benchmarks.md, forty-second session). With AVX-512, at
 // stride 1 and up to 4 channels per group, a tile covers two output rows (lane_tile2).
