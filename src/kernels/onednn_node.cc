@@ -74,8 +74,8 @@
 // and the post-op adds with scale 1.
 
 #include "kernels/onednn_node.h"
-#include "kernels/parallel.h"
 #include "kernels/grouped_conv.h"
+#include "kernels/parallel.h"
 
 #include <omp.h>
 
