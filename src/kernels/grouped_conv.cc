@@ -901,10 +901,10 @@ void GroupedConv::run(const float* x, const float* residual, float* y, void* scr
   const int64_t plane = scratch_bytes(1) / int64_t(sizeof(float));  // one thread's
   void (*fn)(const Args&) = vec_ == 16 ? group_avx512 : vec_ == 8 ? group_avx2 : group_generic;
   // Each thread zeroes its plane once: the padding columns stay zero, stage() writes the rest.
-  parallel_region(items > 1, [&](int thread, int threads) {
+  parallel_blocks(items, true, [&](int thread, int64_t first, int64_t end) {
     float* pl = static_cast<float*>(scratch) + int64_t(thread) * plane;
     std::memset(pl, 0, size_t(plane) * sizeof(float));
-    for (int64_t it = items * thread / threads; it < items * (thread + 1) / threads; ++it) {
+    for (int64_t it = first; it < end; ++it) {
       const int64_t ni = it / bands, rb = it % bands * kBand, re = std::min(s_.oh, rb + kBand);
       for (int64_t gi = 0; gi < s_.groups; ++gi) {
         // The group's first channel of image ni (NHWC: at its first pixel).

@@ -25,11 +25,19 @@ void parallel_region(bool share, F&& f) {
   }
 }
 
-// f(i) for i in [0, n): contiguous blocks of i per thread (a static schedule) when `share`.
+// f(thread, lo, hi) for [0, n) cut into one contiguous block per thread (a static schedule)
+// when `share`, else f(0, 0, n): for work that sets up per-thread state before its block.
+template <class F>
+void parallel_blocks(int64_t n, bool share, F&& f) {
+  parallel_region(share && n > 1, [&](int thread, int threads) {
+    f(thread, n * thread / threads, n * (thread + 1) / threads);
+  });
+}
+
+// f(i) for i in [0, n), in parallel_blocks' blocks.
 template <class F>
 void parallel_for(int64_t n, bool share, F&& f) {
-  parallel_region(share && n > 1, [&](int thread, int threads) {
-    const int64_t lo = n * thread / threads, hi = n * (thread + 1) / threads;
+  parallel_blocks(n, share, [&](int, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) f(i);
   });
 }

@@ -268,12 +268,12 @@ void run_upsample(void* s, const Executable::RunContext& c) {
     });
     return;
   }
-  kernels::parallel_region(par, [&](int thread, int threads) {
+  kernels::parallel_blocks(sp.planes, par, [&](int, int64_t first, int64_t end) {
     // Two interpolated rows per thread: allocated the first time a thread needs them, so that
     // steady-state calls allocate nothing (OpenMP keeps its threads).
     thread_local std::vector<float> cache;
     if (cache.size() < size_t(2 * sp.wo)) cache.resize(size_t(2 * sp.wo));
-    for (int64_t p = sp.planes * thread / threads; p < sp.planes * (thread + 1) / threads; ++p)
+    for (int64_t p = first; p < end; ++p)
       resample::bilinear_plane_f32(reinterpret_cast<const float*>(x + p * in_plane), sp.w,
                                    reinterpret_cast<float*>(y + p * out_plane), k->lh, k->wt,
                                    cache.data());
