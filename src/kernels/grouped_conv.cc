@@ -452,7 +452,13 @@ inline __attribute__((always_inline)) void stage(const Args& a) {
           std::memcpy(d0 + j, &even, sizeof(vf));
           std::memcpy(d1 + j, &odd, sizeof(vf));
         }
-        for (; j < a.sw; ++j) one(j);
+        // Past the row's last input column both phases are zeros (the stems' tiles reach
+        // a row of 24 pixels further: a loop of tests there cost a fifth of a stem's time).
+        for (; j < a.sw && 2 * j - a.pad_left < a.w; ++j) one(j);
+        if (j < a.sw) {
+          std::memset(d0 + j, 0, size_t(a.sw - j) * sizeof(float));
+          std::memset(d1 + j, 0, size_t(a.sw - j) * sizeof(float));
+        }
       }
       continue;
     }
@@ -538,6 +544,146 @@ inline __attribute__((always_inline)) void group(const Args& a) {
   else if (k3 && a.st_h == 2 && a.st_w == 2) group_of<V, 3, 3, 2>(a);
   else group_of<V, 0, 0, 0>(a);
 }
+
+// Note [Image stems on output-channel vectors]
+// An image stem (3 or 4 input channels, not grouped: EfficientNet's 3x3 stride-2 3 -> 24 or
+// 32, MobileNet's, RegNet's, ResNet's 7x7 3 -> 64) has few inputs per output and many outputs
+// per input pixel. The bands above vectorize over output columns and stage the output through
+// shuffles into NHWC; with 3 input channels the shuffles and the staging cost as much as the
+// multiply-adds. Where the output is NHWC and its channels a multiple of 8, this path
+// vectorizes over output channels instead: an accumulator holds V consecutive channels of one
+// output pixel, so a tile of P pixels of one output row and a block of up to 4 vectors of
+// channels is P x (vectors) accumulators; per tap (input channel, kh, kw) it loads the block's
+// weight vectors once (rearranged at build time as [block][tap][channels of the block]) and
+// multiplies each pixel's input, broadcast from the staged plane (stage(), as for the bands:
+// zero-padded, one phase per column of the stride, so that pixel p of the tile reads column
+// c0 + p + k / stride of phase k % stride), into the pixel's accumulators: every multiply-add
+// is useful, the loads are broadcasts (load ports, not the shuffle port the multiply-adds
+// share), and the results are stored as whole vectors of NHWC memory with no shuffle. With
+// AVX-512 a block's last 8 channels (24, 40, ...) take a 256-bit vector (HALF). P keeps the
+// accumulators within the registers: 24 / vectors per pixel with AVX-512's 32, 12 / vectors
+// with AVX2's 16. A row's last tile computes P pixels (the plane is staged wide enough, with
+// zeros) and stores the ones inside the row. The sums run over (input channel, kh, kw) for
+// every output, whatever the block or thread: two thread counts give the same bits.
+template <int V, int NV, int HALF>
+inline __attribute__((always_inline)) void stem_row(const Args& a, int64_t r, int64_t ch0) {
+  using vf = typename VecOf<V>::type;
+  using hf = typename VecOf<V / 2>::type;
+  constexpr int W = NV + HALF;                 // vectors per pixel
+  constexpr int P = (V == 16 ? 24 : 12) / W;   // pixels per tile
+  constexpr int NA = NV ? NV : 1;              // (arrays of zero size are not standard)
+  const int64_t width = NV * V + HALF * (V / 2), taps = a.cg * a.kh * a.kw;
+  // Strides are 1 or 2 (why_not): phase k % s and column k / s by mask and shift.
+  const int64_t sm = a.st_w - 1, rs = a.st_w * a.sw;
+  const float* wb = a.wk + ch0 * taps;  // [tap][width]
+  for (int64_t c0 = 0; c0 < a.ow; c0 += P) {
+    vf acc[P][NA];
+    hf acch[P];
+#pragma GCC unroll 24
+    for (int p = 0; p < P; ++p) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NA; ++j) acc[p][j] = vf{};
+      acch[p] = hf{};
+    }
+    const float* wt = wb;
+    for (int64_t ic = 0; ic < a.cg; ++ic) {
+      const float* base = a.plane + (ic * a.sh + (r - a.rb) * a.st_h) * rs + c0;
+      for (int64_t i = 0; i < a.kh; ++i) {
+        const float* row = base + i * rs;
+        for (int64_t k = 0; k < a.kw; ++k, wt += width) {
+          const float* at = row + (k & sm) * a.sw + (k >> sm);
+          vf w[NA];
+          hf wh;
+#pragma GCC unroll 4
+          for (int j = 0; j < NV; ++j) std::memcpy(&w[j], wt + j * V, sizeof(vf));
+          if constexpr (HALF) std::memcpy(&wh, wt + NV * V, sizeof(hf));
+#pragma GCC unroll 24
+          for (int p = 0; p < P; ++p) {
+            if constexpr (V == 16 && HALF && NV > 0) {
+              // One broadcast into a register for the pixel's full and half vectors: GCC
+              // would fold it into each multiply-add as an embedded broadcast, a load each
+              // (3 -> 24 at 112x112, one core: 0.25 -> 0.21 ms; with whole vectors only the
+              // folded form was as fast or faster: 3 -> 64 0.37 against 0.44 ms).
+              vf xb;
+              __asm__("vbroadcastss %1, %0" : "=v"(xb) : "m"(at[p]));
+#pragma GCC unroll 4
+              for (int j = 0; j < NV; ++j) acc[p][j] += w[j] * xb;
+              if constexpr (HALF)
+                acch[p] += wh * __builtin_shufflevector(xb, xb, 0, 1, 2, 3, 4, 5, 6, 7);
+            } else {
+              const float xv = at[p];
+#pragma GCC unroll 4
+              for (int j = 0; j < NV; ++j) acc[p][j] += w[j] * xv;
+              if constexpr (HALF) acch[p] += wh * xv;
+            }
+          }
+        }
+      }
+    }
+    const int64_t pixels = std::min<int64_t>(P, a.ow - c0);
+#pragma GCC unroll 24
+    for (int p = 0; p < P; ++p) {
+      if (p >= pixels) break;
+      const int64_t at = (r * a.ow + c0 + p) * a.o + ch0;
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        vf b, v;
+        std::memcpy(&b, a.bias + ch0 + j * V, sizeof(vf));
+        v = acc[p][j] + b;
+        if (a.e.residual) {  // read before the store: the residual may be y itself
+          vf rv;
+          std::memcpy(&rv, a.res + at + j * V, sizeof(vf));
+          v = v + rv * a.e.sum_scale;
+        }
+        activation(a.e, v);
+        std::memcpy(a.y + at + j * V, &v, sizeof(vf));
+      }
+      if constexpr (HALF) {
+        hf b, v;
+        std::memcpy(&b, a.bias + ch0 + NV * V, sizeof(hf));
+        v = acch[p] + b;
+        if (a.e.residual) {
+          hf rv;
+          std::memcpy(&rv, a.res + at + NV * V, sizeof(hf));
+          v = v + rv * a.e.sum_scale;
+        }
+        activation(a.e, v);
+        std::memcpy(a.y + at + NV * V, &v, sizeof(hf));
+      }
+    }
+  }
+}
+
+// The channels of a stem's block starting at ch0: 4 vectors, else what is left (a multiple of
+// 8: whole vectors and, with AVX-512, a half). The weights' layout follows the same blocks.
+inline int64_t stem_block(int64_t v, int64_t o, int64_t ch0) { return std::min(4 * v, o - ch0); }
+
+template <int V>
+inline __attribute__((always_inline)) void stem(const Args& a) {
+  stage<V>(a);
+  for (int64_t r = a.rb; r < a.re; ++r)
+    for (int64_t ch0 = 0; ch0 < a.o; ch0 += stem_block(V, a.o, ch0)) {
+      const int64_t width = stem_block(V, a.o, ch0), nv = width / V;
+      const bool half = width % V != 0;
+      if constexpr (V == 16) {
+        if (half) {
+          if (nv == 0) stem_row<V, 0, 1>(a, r, ch0);
+          else if (nv == 1) stem_row<V, 1, 1>(a, r, ch0);
+          else if (nv == 2) stem_row<V, 2, 1>(a, r, ch0);
+          else stem_row<V, 3, 1>(a, r, ch0);
+          continue;
+        }
+      }
+      if (nv == 1) stem_row<V, 1, 0>(a, r, ch0);
+      else if (nv == 2) stem_row<V, 2, 0>(a, r, ch0);
+      else if (nv == 3) stem_row<V, 3, 0>(a, r, ch0);
+      else stem_row<V, 4, 0>(a, r, ch0);
+    }
+}
+
+// (AVX-512VL for the 256-bit half vectors in registers 16-31: without it they spill.)
+__attribute__((target("avx512f,avx512vl,fma"))) void stem_avx512(const Args& a) { stem<16>(a); }
+__attribute__((target("avx2,fma"))) void stem_avx2(const Args& a) { stem<8>(a); }
 
 __attribute__((target("avx512f,fma"))) void group_avx512(const Args& a) { group<16>(a); }
 __attribute__((target("avx2,fma"))) void group_avx2(const Args& a) { group<8>(a); }
@@ -836,6 +982,24 @@ GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e
            s.kw == 3 && s.stride_h == s.stride_w &&
            (((cg_ == 1 || cg_ == 2 || cg_ == 4) && (s.stride_h == 1 || s.stride_h == 2)) ||
             (cg_ == 8 && s.stride_h == 1));
+  // Note [Image stems on output-channel vectors]: the tiles' reach past the row's last column
+  // (a multiple of 24 pixels covers every tile width of either vector size).
+  stem_ = !lanes_ && s.groups == 1 && s.c <= 4 && s.y_nhwc && s.o % 8 == 0 &&
+          (vec_ == 8 || (vec_ == 16 && __builtin_cpu_supports("avx512vl")));
+  if (stem_) {
+    sw_ = std::max(sw_, (s.ow + 23) / 24 * 24 + (s.kw - 1) / s.stride_w);
+    const int64_t taps_all = s.c * taps;
+    wk_.assign(size_t(s.o * taps_all), 0.0f);
+    for (int64_t ch0 = 0; ch0 < s.o; ch0 += stem_block(vec_, s.o, ch0)) {
+      const int64_t width = stem_block(vec_, s.o, ch0);
+      for (int64_t t = 0; t < taps_all; ++t)
+        for (int64_t l = 0; l < width; ++l)
+          wk_[size_t(ch0 * taps_all + t * width + l)] = weights[(ch0 + l) * taps_all + t];
+    }
+    bias_.assign(size_t(s.o), 0.0f);
+    if (bias) std::memcpy(bias_.data(), bias, size_t(s.o) * sizeof(float));
+    return;
+  }
   if (lanes_) {
     // Note [Grouped convolution on channel lanes]: block b's vector for (tap, rotation r) holds,
     // at lane (g, j), the weight of output channel b * V + g * G + j on its group's input
@@ -899,7 +1063,10 @@ void GroupedConv::run(const float* x, const float* residual, float* y, void* scr
   }
   const int64_t bands = (s_.oh + kBand - 1) / kBand, items = s_.n * bands;
   const int64_t plane = scratch_bytes(1) / int64_t(sizeof(float));  // one thread's
-  void (*fn)(const Args&) = vec_ == 16 ? group_avx512 : vec_ == 8 ? group_avx2 : group_generic;
+  void (*fn)(const Args&) = stem_       ? (vec_ == 16 ? stem_avx512 : stem_avx2)
+                            : vec_ == 16 ? group_avx512
+                            : vec_ == 8  ? group_avx2
+                                         : group_generic;
   // Each thread zeroes its plane once: the padding columns stay zero, stage() writes the rest.
   parallel_blocks(items, true, [&](int thread, int64_t first, int64_t end) {
     float* pl = static_cast<float*>(scratch) + int64_t(thread) * plane;

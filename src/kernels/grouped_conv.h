@@ -56,6 +56,10 @@ class GroupedConv {
   // strides of 1 or 2, 8 at stride 1; channels a multiple of the vector) rather than in bands
   // of staged planes; that path needs no scratch.
   bool on_channel_lanes() const { return lanes_; }
+  // Whether it runs an image stem on output-channel vectors (Note [Image stems on
+  // output-channel vectors]: AVX2 or AVX-512, not grouped, at most 4 input channels, NHWC out,
+  // output channels a multiple of 8).
+  bool on_stem_path() const { return stem_; }
 
  private:
   GroupedConvShape s_;
@@ -66,6 +70,7 @@ class GroupedConv {
   std::vector<float> wk_;                  // [groups][blocks][cg][kh][kw][kBlock]
   std::vector<float> bias_;                // [o], zeros without a bias
   bool lanes_ = false;                     // on channel lanes, with wk_ as [blocks][kh][kw][G][V]
+  bool stem_ = false;                      // a stem on output-channel vectors, wk_ as [block][tap][width]
 };
 
 }  // namespace kiln::kernels

@@ -345,6 +345,18 @@ TEST(KilnGroupedConv, EveryVectorWidthMatchesFloat64) {
       {"bands_16_per_group", 1, 32, 9, 17, 32, 2, 3, 1, 1, Act::Clamp, true, true, true},
       {"lanes_2_per_group_valid", 1, 16, 7, 9, 16, 8, 3, 0, 1, Act::Relu, false, true, true},
       {"lanes_depthwise_strided", 2, 48, 10, 23, 48, 48, 3, 1, 2, Act::None, false, true, true},
+      // Note [Image stems on output-channel vectors]: not grouped, at most 4 input channels,
+      // NHWC out, output channels a multiple of 8, so every block shape: with AVX-512 whole
+      // vectors 1-4 and a half (8 | 16 | 24 | 32 | 40 | 48 | 56 | 64, and 104 = 64 + 40 in two
+      // blocks); rows shorter than a tile, rows of several tiles and a partial one; strides 1
+      // and 2, 3x3, 5x5 and 7x7, one to four input channels, NCHW and NHWC in, a residual.
+      {"stem_path_16", 2, 3, 15, 26, 16, 1, 3, 1, 2, Act::Relu, false, false, true},
+      {"stem_path_24_silu", 2, 3, 23, 67, 24, 1, 3, 1, 2, Act::Silu, false, false, true},
+      {"stem_path_40_residual", 1, 2, 9, 29, 40, 1, 3, 1, 1, Act::Clamp, true, false, true},
+      {"stem_path_48_nhwc_in", 1, 3, 6, 50, 48, 1, 3, 1, 2, Act::None, false, true, true},
+      {"stem_path_56_one_channel", 1, 1, 8, 13, 56, 1, 3, 0, 1, Act::Silu, false, false, true},
+      {"stem_path_64_7x7", 1, 3, 21, 75, 64, 1, 7, 3, 2, Act::Relu, false, false, true},
+      {"stem_path_104_5x5", 1, 3, 10, 30, 104, 1, 5, 2, 2, Act::None, true, true, true},
   };
   const std::vector<int64_t> widths = cpu_vector_widths();
   for (const Case& cs : cases) {
@@ -428,6 +440,10 @@ TEST(KilnGroupedConv, EveryVectorWidthMatchesFloat64) {
                          cs.c % width == 0 &&
                          (cg == 1 || cg == 2 || cg == 4 || (cg == 8 && cs.stride == 1));
       EXPECT_EQ(conv.on_channel_lanes(), lanes);
+      // The stem path where its conditions hold (with AVX-512, also AVX-512VL).
+      const bool stem = cs.groups == 1 && cs.c <= 4 && cs.y_nhwc && cs.o % 8 == 0 &&
+                        (width == 8 || (width == 16 && __builtin_cpu_supports("avx512vl")));
+      EXPECT_EQ(conv.on_stem_path(), stem);
       {
         kernels::ScopedCpuThreads one(1);
         conv.run(xk.data<float>(), cs.residual ? rk.data<float>() : nullptr, yk.data<float>(),

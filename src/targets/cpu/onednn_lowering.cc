@@ -891,9 +891,10 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
   // The key: the convolution without its graph's names (shapes, geometry, epilogue, options),
   // the layouts and kernel its default build got, the machine, the thread count.
   // Version 2: Kiln's grouped convolution kernel became a candidate (grouped_conv says whether);
-  // 3: also with a silu epilogue.
+  // 3: also with a silu epilogue; 4: image stems on output-channel vectors, grouped
+  // convolutions on channel lanes (decisions measured with the kernel before are stale).
   const std::string key = fmt::format(
-      "onednn conv layout 3\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {} grouped_conv {}",
+      "onednn conv layout 4\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {} grouped_conv {}",
       anonymous_json(descs[size_t(n)]), nodes[size_t(n)]->description(), onednn::cpu_isa_name(),
       kernels::cpu_threads(), DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH,
       options.measure_above_roofline, int(options.grouped_conv));
