@@ -571,6 +571,7 @@ inline __attribute__((always_inline)) void stem_row(const Args& a, int64_t r, in
   using hf = typename VecOf<V / 2>::type;
   constexpr int W = NV + HALF;                 // vectors per pixel
   constexpr int P = (V == 16 ? 24 : 12) / W;   // pixels per tile
+  static_assert(!HALF || (V == 16 && P % 2 == 0), "half vectors come in pairs of pixels");
   constexpr int NA = NV ? NV : 1;              // (arrays of zero size are not standard)
   const int64_t width = NV * V + HALF * (V / 2), taps = a.cg * a.kh * a.kw;
   // Strides are 1 or 2 (why_not): phase k % s and column k / s by mask and shift.
@@ -638,17 +639,31 @@ inline __attribute__((always_inline)) void stem_row(const Args& a, int64_t r, in
         activation(a.e, v);
         std::memcpy(a.y + at + j * V, &v, sizeof(vf));
       }
-      if constexpr (HALF) {
-        hf b, v;
-        std::memcpy(&b, a.bias + ch0 + NV * V, sizeof(hf));
-        v = acch[p] + b;
-        if (a.e.residual) {
-          hf rv;
-          std::memcpy(&rv, a.res + at + NV * V, sizeof(hf));
-          v = v + rv * a.e.sum_scale;
+    }
+    if constexpr (HALF) {
+      // The half vectors of two pixels side by side in one: an activation (silu's exp) per
+      // 16 channels rather than per 8 (3 -> 24: 0.351 -> 0.3xx ms with silu).
+      hf b;
+      std::memcpy(&b, a.bias + ch0 + NV * V, sizeof(hf));
+#pragma GCC unroll 12
+      for (int p = 0; p < P; p += 2) {
+        if (p >= pixels) break;
+        const bool second = p + 1 < pixels;
+        const int64_t at = (r * a.ow + c0 + p) * a.o + ch0 + NV * V;
+        vf v = __builtin_shufflevector(acch[p] + b, acch[p + 1] + b, 0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                       9, 10, 11, 12, 13, 14, 15);
+        if (a.e.residual) {  // both read before either store: the residual may be y itself
+          hf r0, r1 = hf{};
+          std::memcpy(&r0, a.res + at, sizeof(hf));
+          if (second) std::memcpy(&r1, a.res + at + a.o, sizeof(hf));
+          v = v + __builtin_shufflevector(r0, r1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                          14, 15) * a.e.sum_scale;
         }
         activation(a.e, v);
-        std::memcpy(a.y + at + NV * V, &v, sizeof(hf));
+        const hf lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+        const hf hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+        std::memcpy(a.y + at, &lo, sizeof(hf));
+        if (second) std::memcpy(a.y + at + a.o, &hi, sizeof(hf));
       }
     }
   }

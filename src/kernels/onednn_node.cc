@@ -587,6 +587,9 @@ std::shared_ptr<const OnednnLayouts::Entry> OnednnLayouts::entry(int32_t v) cons
   }
   return e;
 }
+bool OnednnLayouts::same(const Entry& a, const Entry& b) {
+  return a.blocked == b.blocked && a.layout == b.layout;
+}
 void OnednnLayouts::set_entry(int32_t v, const std::shared_ptr<const Entry>& e) {
   if (v < 0) return;
   impl_->ensure(v);

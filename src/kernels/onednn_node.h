@@ -163,6 +163,8 @@ class OnednnLayouts {
   // build's entry back saves building that one again.
   struct Entry;
   std::shared_ptr<const Entry> entry(int32_t value) const;
+  // Whether two entries hold the same layout (and blockedness).
+  static bool same(const Entry& a, const Entry& b);
   void set_entry(int32_t value, const std::shared_ptr<const Entry>& entry);
   struct Impl;
   Impl& impl() { return *impl_; }
