@@ -30,13 +30,10 @@
 // 2V inputs at a time split into their even and odd elements by two shuffles), no dilation;
 // also ungrouped convolutions of at most 4 input channels (image stems, where oneDNN's kernels
 // vectorize over input channels too). The epilogue may end in silu (EfficientNet's stems and
-// depthwise convolutions), v / (1 + e^-v) with a vector exp (exp_of below). On EfficientNet-V2's
-// 3 -> 24 stride-2 stem (224x224, silu, NCHW in, NHWC out, one thread of the 2026-12-07 AMD EPYC
-// VM, whose AVX-512 runs 256 bits at a time): 0.30-0.32 ms called alone, of which silu is
-// 0.09-0.10 (0.13-0.16 with the portable exp; the scalar stride-2 staging took about as much as
-// the convolution before it was vectorized), against oneDNN's 0.45-0.70 ms with its input
-// reorder; inside the model's measurement 0.47 against 0.56, short of the 0.75 that replaces
-// a timed default, so oneDNN keeps it there. It is not chosen by a rule:
+// depthwise convolutions), v / (1 + e^-v) with a vector exp (exp_of below). A stem with NHWC
+// out and a multiple of 8 output channels runs on output-channel vectors instead (Note [Image
+// stems on output-channel vectors]), the bands keeping the others (NCHW out). It is not chosen
+// by a rule:
 // it is one more candidate of the measured convolution layout (Note [measured convolution
 // layout] in targets/cpu/onednn_lowering.cc), conv_layout "kiln-direct", timed beside oneDNN's
 // layouts with its reorders, for convolutions that oneDNN leaves more than 3x from their
@@ -642,7 +639,8 @@ inline __attribute__((always_inline)) void stem_row(const Args& a, int64_t r, in
     }
     if constexpr (HALF) {
       // The half vectors of two pixels side by side in one: an activation (silu's exp) per
-      // 16 channels rather than per 8 (3 -> 24: 0.351 -> 0.3xx ms with silu).
+      // 16 channels rather than per 8 (3 -> 24 stride 2 with silu at 224x224, one core:
+      // 0.351 -> 0.301 ms).
       hf b;
       std::memcpy(&b, a.bias + ch0 + NV * V, sizeof(hf));
 #pragma GCC unroll 12

@@ -904,7 +904,8 @@ void OnednnLowering::Impl::choose_conv_layout(int32_t n,
   // the layouts and kernel its default build got, the machine, the thread count.
   // Version 2: Kiln's grouped convolution kernel became a candidate (grouped_conv says whether);
   // 3: also with a silu epilogue; 4: image stems on output-channel vectors, grouped
-  // convolutions on channel lanes (decisions measured with the kernel before are stale).
+  // convolutions on channel lanes (decisions measured with the kernel before are stale), and
+  // the 0.9 margin of a candidate keeping the output's layout.
   const std::string key = fmt::format(
       "onednn conv layout 4\n{}\n{}\nisa {} threads {} dnnl {}.{}.{} far {} grouped_conv {}",
       anonymous_json(descs[size_t(n)]), nodes[size_t(n)]->description(), onednn::cpu_isa_name(),
