@@ -1490,6 +1490,7 @@ bool OnednnNode::lowered() const { return plan_->lowered; }
 const std::string& OnednnNode::why_not() const { return plan_->why_not; }
 const std::string& OnednnNode::description() const { return plan_->description; }
 const std::string& OnednnNode::implementation() const { return plan_->implementation; }
+size_t OnednnNode::steps() const { return plan_->steps.size(); }
 int64_t OnednnNode::scratch_bytes() const { return plan_->scratch_bytes; }
 std::vector<PrepackedWeights> OnednnNode::prepacked() const {
   std::vector<PrepackedWeights> out;

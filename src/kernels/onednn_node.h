@@ -223,6 +223,8 @@ class OnednnNode {
   const std::string& description() const;
   // oneDNN's implementation name for convolutions ("brg:avx512_core", "ref:any"), else "".
   const std::string& implementation() const;
+  // The steps run() takes: the primitive (or Kiln's kernel), and each reorder or copy around it.
+  size_t steps() const;
   int64_t scratch_bytes() const;
   // The weights this node holds reordered (conv / linear weights, a matmul's constant b), in
   // build order, viewing the node's own buffers (valid while the node lives). Only layouts that
