@@ -178,7 +178,7 @@ class OnednnLayouts {
 inline constexpr const char* kKilnDirectLayout = "kiln-direct";
 // Why Kiln's grouped convolution kernel does not take `d` ("" when it does): float32 conv2d /
 // fused_conv2d, grouped or of at most 4 input channels, stride 1 or 2, undilated, constant
-// weights and bias, relu / clamp / no activation (Note [Kiln grouped convolution] in
+// weights and bias, relu / clamp / silu / no activation (Note [Kiln grouped convolution] in
 // kernels/grouped_conv.cc).
 std::string kiln_direct_conv_why_not(const OnednnNodeDesc& d);
 

@@ -735,6 +735,37 @@ TEST(OnednnLowering, GroupedConvAfterProducerGetsAJitKernel) {
 // nChw16c reorders, 2.5x faster); the thresholds 0 and infinity make the test independent of
 // the machine's speed: 0 measures it, and the GEMM candidate (x64:gemm:jit, 5-13x slower than
 // the depthwise kernels) must not win; infinity never measures.
+// Note [measured convolution layout]: the pick among timed candidates, on given times.
+TEST(OnednnLowering, MeasuredLayoutPickKeepsTheDefaultUnlessACandidateIsClearlyFaster) {
+  using C = cpu::TimedLayoutCandidate;
+  auto pick = [](std::vector<C> c, bool timed_default) {
+    return cpu::pick_measured_layout(c, timed_default);
+  };
+  // The CI failure of 1b1cf42: the default timed slow, its twin (same build pinned nhwc) fast,
+  // and a blocked candidate that reorders in and out just under the slow time's 0.75. The
+  // default takes its twin's time and stays.
+  std::vector<C> ci = {{0.029, false, "dw nhwc"}, {0.014, false, "dw blocked"}, {0.013, true, "dw nhwc"}};
+  EXPECT_EQ(cpu::pick_measured_layout(ci, true), 0u);
+  EXPECT_DOUBLE_EQ(ci[0].ms, 0.013);
+  // Without the twin the blocked candidate wins (0.014 < 0.75 x 0.029).
+  EXPECT_EQ(pick({{0.029, false, "dw nhwc"}, {0.014, false, "dw blocked"}}, true), 1u);
+  // EfficientNet-V2's stem: Kiln's kernel in place at 0.82 of the default replaces it; a
+  // candidate that reorders, at the same time, does not; in place but at 0.93, it does not.
+  EXPECT_EQ(pick({{0.40, false, "brgconv"}, {0.33, true, "kiln"}}, true), 1u);
+  EXPECT_EQ(pick({{0.40, false, "brgconv"}, {0.33, false, "nhwc"}}, true), 0u);
+  EXPECT_EQ(pick({{0.40, false, "brgconv"}, {0.37, true, "kiln"}}, true), 0u);
+  // Once the default is replaced, later candidates need 10% against the new best.
+  EXPECT_EQ(pick({{1.0, false, "a"}, {0.70, false, "b"}, {0.64, false, "c"}}, true), 1u);
+  EXPECT_EQ(pick({{1.0, false, "a"}, {0.70, false, "b"}, {0.62, false, "c"}}, true), 2u);
+  // After a reference default (not timed): the first in order unless a later one is 10%
+  // faster, and equal descriptions lend nothing.
+  EXPECT_EQ(pick({{1.0, false, "a"}, {0.95, false, "b"}}, false), 0u);
+  EXPECT_EQ(pick({{1.0, false, "a"}, {0.95, false, "b"}, {0.85, false, "c"}}, false), 2u);
+  std::vector<C> ref = {{1.0, false, "a"}, {0.5, false, "a"}};
+  EXPECT_EQ(cpu::pick_measured_layout(ref, false), 1u);
+  EXPECT_DOUBLE_EQ(ref[0].ms, 1.0);
+}
+
 TEST(OnednnLowering, TimedConvolutionsFarFromTheirRooflineAreMeasured) {
   for (DType dt : test_dtypes()) {
     SCOPED_TRACE(dtype_name(dt));

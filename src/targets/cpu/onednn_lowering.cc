@@ -380,7 +380,6 @@ struct OnednnLowering::Impl {
   void choose_winograd(int32_t n, const kernels::ConstantSource& constants);
   // Note [convolution roofline].
   static constexpr double kTooShortToMeasureMs = 0.02;
-  static constexpr double kReplaceDefaultBelow = 0.75;
   // Note [measured Winograd].
   static constexpr double kWinogradLeastFlops = 8e6;
   static constexpr int64_t kWinogradLeastChannels = 16;
@@ -690,6 +689,29 @@ kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
 
 // Note [measured convolution layout]: a node's calls on zero-filled buffers sized as it reads
 // and writes them (blocked values at their padded size), timed by kernels::CallTimer.
+// Note [measured convolution layout]: the pick among timed candidates.
+size_t pick_measured_layout(std::vector<TimedLayoutCandidate>& c, bool timed_default) {
+  if (c.empty()) return 0;
+  // A timed default and a candidate built alike (a pinned layout that is the default's own: the
+  // same description) are one kernel timed twice: the default keeps the better time. On a
+  // loaded machine one of the two has measured twice the other (a bfloat16 depthwise
+  // convolution: default 0.029 ms, the same build pinned nhwc 0.013), which let a third
+  // candidate replace the default on the slower time.
+  if (timed_default)
+    for (size_t i = 1; i < c.size(); ++i)
+      if (c[i].description == c[0].description) c[0].ms = std::min(c[0].ms, c[i].ms);
+  // After a reference default, the first candidate in order wins unless a later one is 10%
+  // faster. A timed default (the first candidate) is replaced only below kReplaceDefaultBelow
+  // of its time, or 0.9 by a candidate that runs in place (one step, the output's layout kept).
+  size_t best = 0;
+  for (size_t i = 1; i < c.size(); ++i) {
+    const double margin =
+        timed_default && best == 0 && !c[i].in_place ? kReplaceDefaultBelow : 0.9;
+    if (c[i].ms < margin * c[best].ms) best = i;
+  }
+  return best;
+}
+
 class OnednnLowering::Impl::NodeTimer {
  public:
   // Buffers come from `arena`, shared by every timer of the lowering (their contents do not
@@ -834,27 +856,14 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
       c.timer->call_ms();
       c.ms = std::min(c.ms, c.timer->call_ms());
     }
-  // A timed default and a candidate built alike (a pinned layout that is the default's own:
-  // the same description) are one kernel timed twice: the default keeps the better time. Under
-  // a loaded machine one of the two has measured twice the other (a bfloat16 depthwise
-  // convolution: default 0.029 ms, the same build pinned nhwc 0.013), which let a third
-  // candidate replace the default on the slower time.
-  if (!reference)
-    for (size_t i = 1; i < candidates.size(); ++i)
-      if (candidates[i].description == candidates.front().description)
-        candidates.front().ms = std::min(candidates.front().ms, candidates[i].ms);
-  // A reference default: the first candidate in order wins unless a later one is 10% faster.
-  // A timed default (the first candidate): replaced only below kReplaceDefaultBelow of its
-  // time, below 0.9 by a candidate that runs in place (one step, the output's layout kept).
-  const Candidate* best = nullptr;
-  for (const Candidate& c : candidates) {
-    note += fmt::format(" {} {} {:.3f} ms;", c.desc ? c.desc->conv_layout : "default",
-                        c.implementation, c.ms);
-    double margin = !reference && best == &candidates.front() && !c.in_place
-                        ? kReplaceDefaultBelow
-                        : 0.9;
-    if (!best || c.ms < margin * best->ms) best = &c;
-  }
+  std::vector<TimedLayoutCandidate> timed;
+  for (const Candidate& c : candidates) timed.push_back({c.ms, c.in_place, c.description});
+  const Candidate* best =
+      candidates.empty() ? nullptr : &candidates[pick_measured_layout(timed, !reference)];
+  for (size_t i = 0; i < candidates.size(); ++i)
+    note += fmt::format(" {} {} {:.3f} ms;",
+                        candidates[i].desc ? candidates[i].desc->conv_layout : "default",
+                        candidates[i].implementation, timed[i].ms);
   note += not_timed;
   if (best && best->desc) {
     note += fmt::format(" chose {}", best->desc->conv_layout);

@@ -57,6 +57,20 @@ bool onednn_concat_candidate(const Graph& g, const Node& n);
 // that input's pointer. See Note [strided matmul operands].
 using compiler::StridedOperand;
 
+// Note [measured convolution layout] (onednn_lowering.cc): one timed candidate of a
+// convolution whose layout is measured, and the pick among them, by index. candidates[0] is the
+// default build when `timed_default` (a later candidate replaces it below kReplaceDefaultBelow
+// of its time, or 0.9 when it runs in place; one with the default's description is the default
+// timed again, and lends it the better time: candidates[0].ms is updated), else the first in
+// order wins unless a later one is 10% faster.
+inline constexpr double kReplaceDefaultBelow = 0.75;
+struct TimedLayoutCandidate {
+  double ms = 0;            // its best time
+  bool in_place = false;    // one step (no reorder or copy), the output in the default's layout
+  std::string description;  // its build's (two equal ones are one kernel)
+};
+size_t pick_measured_layout(std::vector<TimedLayoutCandidate>& candidates, bool timed_default);
+
 struct OnednnOptions {
   bool allow_blocked = true;  // false: every activation stays plain NCHW (for autotuning/compare)
   LinearImpl linear = LinearImpl::Auto;
