@@ -306,6 +306,22 @@ inline __attribute__((always_inline)) void activation(const GroupedConvEpilogue&
   }
 }
 
+// One whole vector v of NHWC output (the sums and the bias) at element `at` of y: + sum_scale
+// x the residual's vector there (read before the store: the residual may be y itself), the
+// activation, stored.
+template <typename vf>
+inline __attribute__((always_inline)) void finish_vector(const GroupedConvEpilogue& e, vf& v,
+                                                         const float* res, float* y,
+                                                         int64_t at) {
+  if (e.residual) {
+    vf rv;
+    std::memcpy(&rv, res + at, sizeof(vf));
+    v = v + rv * e.sum_scale;
+  }
+  activation(e, v);
+  std::memcpy(y + at, &v, sizeof(vf));
+}
+
 // ROWS output rows x V columns from (r0, c0) of output block `blk`. KH / KW: the filter's size
 // when it is known at compile time (3x3), else 0 (read from `a`).
 template <int V, int ROWS, int KH, int KW, int S>
@@ -606,8 +622,7 @@ inline __attribute__((always_inline)) void stem_row(const Args& a, int64_t r, in
               __asm__("vbroadcastss %1, %0" : "=v"(xb) : "m"(at[p]));
 #pragma GCC unroll 4
               for (int j = 0; j < NV; ++j) acc[p][j] += w[j] * xb;
-              if constexpr (HALF)
-                acch[p] += wh * __builtin_shufflevector(xb, xb, 0, 1, 2, 3, 4, 5, 6, 7);
+              acch[p] += wh * __builtin_shufflevector(xb, xb, 0, 1, 2, 3, 4, 5, 6, 7);
             } else {
               const float xv = at[p];
 #pragma GCC unroll 4
@@ -625,16 +640,10 @@ inline __attribute__((always_inline)) void stem_row(const Args& a, int64_t r, in
       const int64_t at = (r * a.ow + c0 + p) * a.o + ch0;
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) {
-        vf b, v;
+        vf b;
         std::memcpy(&b, a.bias + ch0 + j * V, sizeof(vf));
-        v = acc[p][j] + b;
-        if (a.e.residual) {  // read before the store: the residual may be y itself
-          vf rv;
-          std::memcpy(&rv, a.res + at + j * V, sizeof(vf));
-          v = v + rv * a.e.sum_scale;
-        }
-        activation(a.e, v);
-        std::memcpy(a.y + at + j * V, &v, sizeof(vf));
+        vf v = acc[p][j] + b;
+        finish_vector(a.e, v, a.res, a.y, at + j * V);
       }
     }
     if constexpr (HALF) {
@@ -801,15 +810,8 @@ inline __attribute__((always_inline)) void lane_store(const LaneArgs& a, int64_t
 #pragma GCC unroll 8
   for (int p = 0; p < P; ++p) {
     if (EDGE && p >= pixels) break;
-    const int64_t at = (orow * a.ow + c0 + p) * a.c + ch;
     vf v = acc[p] + bias;
-    if (a.e.residual) {  // read before the store: the residual may be y itself
-      vf rv;
-      std::memcpy(&rv, a.res + at, sizeof(vf));
-      v = v + rv * a.e.sum_scale;
-    }
-    activation(a.e, v);
-    std::memcpy(a.y + at, &v, sizeof(vf));
+    finish_vector(a.e, v, a.res, a.y, (orow * a.ow + c0 + p) * a.c + ch);
   }
 }
 
@@ -990,6 +992,8 @@ GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e
   sh_ = (std::min(s.oh, kBand) - 1) * s.stride_h + s.kh;
   sw_ = (s.ow + vec_ - 1) / vec_ * vec_ + (s.kw - 1) / s.stride_w;
   const int64_t taps = s.kh * s.kw;
+  bias_.assign(size_t(s.o), 0.0f);
+  if (bias) std::memcpy(bias_.data(), bias, size_t(s.o) * sizeof(float));
   // (lane_row_fn: the shapes instantiated; AVX2 and AVX-512 only.)
   lanes_ = s.x_nhwc && s.y_nhwc && cg_ == og_ && vec_ >= 8 && s.c % vec_ == 0 && s.kh == 3 &&
            s.kw == 3 && s.stride_h == s.stride_w &&
@@ -1009,8 +1013,6 @@ GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e
         for (int64_t l = 0; l < width; ++l)
           wk_[size_t(ch0 * taps_all + t * width + l)] = weights[(ch0 + l) * taps_all + t];
     }
-    bias_.assign(size_t(s.o), 0.0f);
-    if (bias) std::memcpy(bias_.data(), bias, size_t(s.o) * sizeof(float));
     return;
   }
   if (lanes_) {
@@ -1026,8 +1028,6 @@ GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e
             const int64_t oc = b * v + lane, ic = (lane % g + r) % g;
             wk_[size_t(((b * taps + t) * g + r) * v + lane)] = weights[(oc * g + ic) * taps + t];
           }
-    bias_.assign(size_t(s.o), 0.0f);
-    if (bias) std::memcpy(bias_.data(), bias, size_t(s.o) * sizeof(float));
     return;
   }
   wk_.assign(size_t(s.groups * blocks_ * cg_ * taps * kBlock), 0.0f);
@@ -1042,8 +1042,6 @@ GroupedConv::GroupedConv(const GroupedConvShape& s, const GroupedConvEpilogue& e
             wk_[size_t((((g * blocks_ + b) * cg_ + ic) * taps + t) * kBlock + j)] =
                 src[ic * taps + t];
       }
-  bias_.assign(size_t(s.o), 0.0f);
-  if (bias) std::memcpy(bias_.data(), bias, size_t(s.o) * sizeof(float));
 }
 
 const char* GroupedConv::isa() const {

@@ -791,12 +791,9 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
     std::optional<kernels::OnednnNodeDesc> desc;  // none: the default build
     std::string implementation;
     std::unique_ptr<NodeTimer> timer;
-    std::string description;  // the build's (two equal ones are one kernel)
-    double ms = 1e300;
-    // It reads its inputs and writes its output value in their layouts as they are: one step
-    // (no reorder or copy around its kernel), the output in the default build's layout.
-    bool in_place = false;
   };
+  // By candidate: its best time, whether it runs in place, its build's description.
+  std::vector<TimedLayoutCandidate> timed;
   const ValueId y_value = g.nodes[size_t(n)].outputs[0];
   const std::shared_ptr<const kernels::OnednnLayouts::Entry> default_entry = layouts.entry(y_value);
   std::vector<Candidate> candidates;
@@ -821,7 +818,8 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
                        default_ms / floor_ms, floor_ms);
     if (default_ms <= far_ms) return {"", note, true};
     note += "; layout measured:";
-    candidates.push_back({std::nullopt, first, std::move(timer), description});
+    candidates.push_back({std::nullopt, first, std::move(timer)});
+    timed.push_back({1e300, false, description});
   } else {
     note = fmt::format("layout measured (default {} not timed):", first);
   }
@@ -844,22 +842,20 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
         cand->steps() == 1 && kernels::OnednnLayouts::same(*layouts.entry(y_value), *default_entry);
     auto timer = std::make_unique<NodeTimer>(cand, d, layouts, timing_arena);
     timer->call_ms();  // warm-up
-    candidates.push_back({d, cand->implementation(), std::move(timer), cand->description(), 1e300,
-                          in_place});
+    candidates.push_back({d, cand->implementation(), std::move(timer)});
+    timed.push_back({1e300, in_place, cand->description()});
   }
   // Interleaved rounds, each candidate's best: a burst of other work on the machine slows
   // every candidate of a round rather than one candidate's every call. Each timed call follows
   // an untimed one of the same candidate: the candidate before it (the GEMM's im2col buffer)
   // left the caches cold, which made the same kernel 40% slower in the first slot of a round.
   for (int round = 0; round < 5; ++round)
-    for (Candidate& c : candidates) {
-      c.timer->call_ms();
-      c.ms = std::min(c.ms, c.timer->call_ms());
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      candidates[i].timer->call_ms();
+      timed[i].ms = std::min(timed[i].ms, candidates[i].timer->call_ms());
     }
-  std::vector<TimedLayoutCandidate> timed;
-  for (const Candidate& c : candidates) timed.push_back({c.ms, c.in_place, c.description});
-  const Candidate* best =
-      candidates.empty() ? nullptr : &candidates[pick_measured_layout(timed, !reference)];
+  const size_t pick = pick_measured_layout(timed, !reference);
+  const Candidate* best = candidates.empty() ? nullptr : &candidates[pick];
   for (size_t i = 0; i < candidates.size(); ++i)
     note += fmt::format(" {} {} {:.3f} ms;",
                         candidates[i].desc ? candidates[i].desc->conv_layout : "default",
@@ -867,7 +863,7 @@ OnednnLowering::Impl::LayoutDecision OnednnLowering::Impl::measure_conv_layout(
   note += not_timed;
   if (best && best->desc) {
     note += fmt::format(" chose {}", best->desc->conv_layout);
-    if (floor_ms > 0) note += fmt::format(" ({:.1f}x its roofline)", best->ms / floor_ms);
+    if (floor_ms > 0) note += fmt::format(" ({:.1f}x its roofline)", timed[pick].ms / floor_ms);
     return {best->desc->conv_layout, note, true};
   }
   note += " kept the default";
