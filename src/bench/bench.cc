@@ -193,9 +193,12 @@ void zoo_signature(const nn::ZooModel& m, BenchTarget* t) {
 // first dim, 1 for other symbolic dims), so such a model is imported again with its inputs
 // declared at that shape (ImportOptions::input_shapes); a model that imports symbolically is
 // left as it is. If the specialized import fails too, the first error is the one reported.
-Graph import_for_bench(const std::string& path, int64_t batch) {
+// Note [Data-dependent tails] (frontends/onnx/importer.h): a model that imports neither way
+// because a node needs a value computed at run time (a detector's NonZero, NonMaxSuppression)
+// is imported in two parts, the graph and a tail that runs op by op after it.
+OnnxSplitImport import_for_bench(const std::string& path, int64_t batch) {
   try {
-    return import_onnx(path);
+    return {import_onnx(path), nullptr};
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::NotSupported) throw;
     OnnxModelScan scan;
@@ -215,13 +218,25 @@ Graph import_for_bench(const std::string& path, int64_t batch) {
         }
       if (!dims.empty()) o.input_shapes.emplace_back(scan.input_names[i], std::move(dims));
     }
-    if (!symbolic) throw;
-    try {
-      return import_onnx(path, o);
-    } catch (const Error&) {
-      throw e;
+    if (symbolic) {
+      try {
+        return {import_onnx(path, o), nullptr};
+      } catch (const Error&) {
+      }
     }
+    try {
+      OnnxSplitImport split = import_onnx_split(path, o);
+      if (split.tail) return split;
+    } catch (const Error&) {
+    }
+    throw e;
   }
+}
+
+// The model's outputs: the graph's, then the tail's where there is one.
+TensorList run_split(const Graph& g, const OnnxTail* tail, const TensorList& in) {
+  TensorList out = run(g, in);
+  return tail ? run_onnx_tail(*tail, out) : out;
 }
 
 }  // namespace
@@ -282,7 +297,11 @@ BenchTarget load_cuda_target(const std::string& target, int64_t batch, uint64_t 
     t.fixed = nn::non_persistent_buffers(*m->module);
     return t;
   }
-  Graph cpu_graph = import_for_bench(target, batch);
+  OnnxSplitImport split = import_for_bench(target, batch);
+  if (split.tail)
+    cuda_gap_error(fmt::format("'{}' has a data-dependent part ({}), which runs on the CPU only",
+                               target, describe_onnx_tail(*split.tail)));
+  Graph cpu_graph = std::move(split.graph);
   t.name = std::filesystem::path(target).filename().string();
   TensorList cpu_inputs = random_inputs(cpu_graph, batch, seed);
   std::string gap = cuda_eager_gap(cpu_graph, bind_input_symbols(cpu_graph, cpu_inputs));
@@ -430,18 +449,21 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
     t.fixed = nn::non_persistent_buffers(*m->module);
     return t;
   }
-  auto g = std::make_shared<Graph>(import_for_bench(target, batch));
+  OnnxSplitImport split = import_for_bench(target, batch);
+  auto g = std::make_shared<Graph>(std::move(split.graph));
+  std::shared_ptr<const OnnxTail> tail = split.tail;
   t.name = std::filesystem::path(target).filename().string();
   t.inputs = random_inputs(*g, batch, seed);
-  t.eager = [g](const TensorList& in) { return run(*g, in); };
+  t.eager = [g, tail](const TensorList& in) { return run_split(*g, tail.get(), in); };
   // Graph parameters keep their initializer names (a package's source graph lists them:
   // `kiln package --replace-weights` takes new weights by these names).
   NamedState params;
   for (ValueId v : g->params())
     if (g->value(v).kind == ValueKind::Param) params.emplace_back(g->value(v).name, g->value(v).data);
   t.state = params;
-  t.compile = [g, params](const CompileOptions& o) {
-    return compile([g](const TensorList& in) { return run(*g, in); }, params, o);
+  t.compile = [g, tail, params](const CompileOptions& o) {
+    return compile([g, tail](const TensorList& in) { return run_split(*g, tail.get(), in); },
+                   params, o);
   };
   return t;
 }

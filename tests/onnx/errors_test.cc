@@ -21,10 +21,10 @@ ModelBuilder relu_model() {
 TEST(OnnxErrors, UnsupportedOpsAreListedTogetherBeforeAnythingRuns) {
   ModelBuilder m;
   m.input("x", DType::Float32, {4})
-      .node("NonZero", {"x"}, {"a"}, {}, "nz1")
+      .node("Unique", {"x"}, {"a"}, {}, "nz1")
       .node("Relu", {"x"}, {"r"})
       .node("TopKish", {"r"}, {"b"}, {}, "custom1")
-      .node("NonZero", {"r"}, {"c"}, {}, "nz2")
+      .node("Unique", {"r"}, {"c"}, {}, "nz2")
       .output("a", DType::Int64).output("b", DType::Float32).output("c", DType::Int64);
   auto* n = m.graph().add_node();  // an op from another domain
   n->set_op_type("FusedThing");
@@ -33,8 +33,27 @@ TEST(OnnxErrors, UnsupportedOpsAreListedTogetherBeforeAnythingRuns) {
   n->add_input("x");
   n->add_output("d");
   expect_error([&] { m.import(); }, ErrorKind::NotSupported,
-               {"3 op types are not supported", "NonZero (nodes 'nz1', 'nz2')", "TopKish (node 'custom1')",
+               {"3 op types are not supported", "Unique (nodes 'nz1', 'nz2')", "TopKish (node 'custom1')",
                 "com.example:FusedThing (node 'ext1')"});
+}
+
+// An op inside an If branch goes through the same table: an unmapped one is listed before
+// anything runs, as at the top level.
+TEST(OnnxErrors, UnsupportedOpsInsideBranchesAreListedToo) {
+  ModelBuilder m, branch;
+  branch.node("Unique", {"x"}, {"u"}, {}, "in_branch").output("u", DType::Float32);
+  m.input("x", DType::Float32, {4})
+      .initializer("c", Tensor::full(Dims{}, 1, DType::Bool))
+      .node("If", {"c"}, {"y"}, {}, "cond1")
+      .output("y", DType::Float32);
+  for (const char* name : {"then_branch", "else_branch"}) {
+    auto* a = m.graph().mutable_node(0)->add_attribute();
+    a->set_name(name);
+    a->set_type(::onnx::AttributeProto::GRAPH);
+    *a->mutable_g() = branch.graph();
+  }
+  expect_error([&] { m.import(); }, ErrorKind::NotSupported,
+               {"1 op type is not supported", "Unique (nodes 'in_branch', 'in_branch')"});
 }
 
 TEST(OnnxErrors, NotAModel) {

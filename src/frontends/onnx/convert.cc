@@ -78,6 +78,7 @@ void NodeCtx::data_dependent(size_t i, std::string_view what) {
   if (st_.operands[size_t(v)].is_sym)
     not_supported("input {} ('{}', {}) holds symbolic dims {}; Kiln needs its values at import "
                   "time here", i, node_.input(int(i)), what, to_string(Shape(st_.operands[size_t(v)].sym.begin(), st_.operands[size_t(v)].sym.end())));
+  st_.hit_data_dependent = true;
   if (st_.options.needed_constant_inputs)
     for (V r : st_.operands[size_t(v)].roots)
       st_.options.needed_constant_inputs->push_back(st_.operands[size_t(r)].name);
@@ -342,6 +343,11 @@ std::optional<Tensor> NodeCtx::attr_tensor_opt(std::string_view name) {
                            fmt::format("{}: attribute '{}'", where(), name));
 }
 
+const pb::GraphProto* NodeCtx::attr_graph(std::string_view name) {
+  const pb::AttributeProto* a = find_attr(name, pb::AttributeProto::GRAPH);
+  return a && a->has_g() ? &a->g() : nullptr;
+}
+
 void NodeCtx::ignore_attr(std::string_view name) {
   for (int i = 0; i < node_.attribute_size(); ++i)
     if (node_.attribute(i).name() == name) attr_used_[size_t(i)] = true;
@@ -379,7 +385,8 @@ std::vector<V> NodeCtx::op(OpId id, const std::vector<V>& inputs, const Attrs& a
     const Operand& o = st_.operands[size_t(v)];
     // Weights stay params: an op over a floating-point initializer (other than a scalar) is a
     // node, not a folded constant.
-    if (o.is_initializer && is_floating(o.data.dtype()) && o.data.numel() > 1) all_known = false;
+    if (o.is_initializer && is_floating(o.data.dtype()) && o.data.numel() > 1 && !st_.evaluate)
+      all_known = false;
     if (const Tensor* t = known(v)) args.push_back(*t);
     else all_known = false;
   }
@@ -392,7 +399,7 @@ std::vector<V> NodeCtx::op(OpId id, const std::vector<V>& inputs, const Attrs& a
       concrete &= is_concrete(t.shape);
       if (concrete) total += numel(to_dims(t.shape));
     }
-    if (concrete && total <= st_.options.max_fold_elements) {
+    if (concrete && (total <= st_.options.max_fold_elements || st_.evaluate)) {
       NoDispatchHook no_capture;
       TensorList outs;
       try {
@@ -411,6 +418,9 @@ std::vector<V> NodeCtx::op(OpId id, const std::vector<V>& inputs, const Attrs& a
     }
   }
 
+  if (st_.evaluate)
+    fail_kind(ErrorKind::Internal, "{}: evaluating '{}' of a data-dependent tail: an input is "
+              "not known or the result's shape is not concrete", where(), def.name);
   std::vector<ValueId> ids;
   std::vector<V> roots;
   for (V v : inputs) {

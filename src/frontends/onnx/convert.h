@@ -66,6 +66,12 @@ struct ImportState {
   std::string source;     // the model file, for messages
   std::string model_dir;  // external data root ("" = none allowed)
   int64_t opset = 0;      // default domain
+  // Note [Data-dependent tails] (importer.h): evaluating a tail at run time, every operand is
+  // known and every op folds (whatever its size, over initializers too); nothing is emitted.
+  bool evaluate = false;
+  // Set when a converter needed the value of a tensor computed at run time (not a symbolic
+  // dim): the node, and every node that reads what it makes, can run in a tail.
+  bool hit_data_dependent = false;
 
   V add_operand(Operand o);
   ValueId materialize(V v);
@@ -138,6 +144,9 @@ class NodeCtx {
   std::vector<double> attr_floats(std::string_view name, std::vector<double> def = {});
   std::vector<std::string> attr_strings(std::string_view name);
   std::optional<Tensor> attr_tensor_opt(std::string_view name);
+  // A GRAPH attribute (If's branches); nullptr when absent.
+  const pb::GraphProto* attr_graph(std::string_view name);
+  ImportState& state() { return st_; }
   // Marks an attribute as deliberately ignored (no effect on inference results).
   void ignore_attr(std::string_view name);
   // Throws NotSupported for an attribute the converter did not read.
@@ -188,6 +197,10 @@ class NodeCtx {
   size_t first_value_;  // graph values created by this node start here (for naming)
   mutable std::vector<bool> attr_used_;
 };
+
+// Imports a subgraph (an If branch without inputs) in place: its initializers and nodes in the
+// enclosing state, reading the enclosing scope's values. Returns its outputs. `which` names it.
+std::vector<V> import_branch(NodeCtx& c, const pb::GraphProto& g, std::string_view which);
 
 // Conv over x and w (and bias b, or kNone) with the node's Conv attributes (auto_pad, pads,
 // strides, dilations, group, kernel_shape); 1-D to 3-D. Shared by Conv, ConvInteger, QLinearConv.

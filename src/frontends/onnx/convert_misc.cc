@@ -15,6 +15,45 @@ Tensor f64_tensor(const std::vector<double>& v, const Dims& d) { return Tensor::
 
 // ---- TopK --------------------------------------------------------------------------------------
 
+// TopK of a known tensor (folding at import, or a data-dependent tail at run time): a partial
+// sort of each row, the order the rounds below give (lowest index first on ties). Not for NaN
+// (the rounds define where it goes) or integers beyond float64's exact range. False: not taken.
+bool topk_known(NodeCtx& c, const Tensor& x, int64_t a, int64_t k, bool largest) {
+  const DType dt = x.dtype();
+  if (dt == DType::Int64 || dt == DType::Bool) return false;
+  const Dims d = x.sizes();
+  const Tensor xd = x.to(DType::Float64).contiguous();
+  const double* v = xd.data<double>();
+  for (int64_t i = 0; i < xd.numel(); ++i)
+    if (std::isnan(v[i])) return false;
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < a; ++i) outer *= d[size_t(i)];
+  for (size_t i = size_t(a) + 1; i < d.size(); ++i) inner *= d[i];
+  const int64_t n = d[size_t(a)];
+  Dims od = d;
+  od[size_t(a)] = k;
+  std::vector<double> vals(size_t(outer * k * inner));
+  std::vector<int64_t> idxs(vals.size());
+  std::vector<int64_t> row(static_cast<size_t>(n), 0);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      const double* base = v + o * n * inner + i;
+      std::iota(row.begin(), row.end(), 0);
+      std::partial_sort(row.begin(), row.begin() + k, row.end(), [&](int64_t p, int64_t q) {
+        const double x = base[p * inner], y = base[q * inner];
+        return largest ? (x > y || (x == y && p < q)) : (x < y || (x == y && p < q));
+      });
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t at = size_t((o * k + j) * inner + i);
+        vals[at] = base[row[size_t(j)] * inner];
+        idxs[at] = row[size_t(j)];
+      }
+    }
+  c.out(0, c.constant(Tensor::from_vector(vals, od).to(dt)));
+  c.out(1, c.constant(Tensor::from_vector(idxs, od)));
+  return true;
+}
+
 // k rounds of arg-max: each takes the best remaining element (lowest index on ties, as ONNX
 // requires) and masks it out.
 void conv_topk(NodeCtx& c) {
@@ -34,6 +73,7 @@ void conv_topk(NodeCtx& c) {
   int64_t n = c.dims(x, "input")[size_t(a)];
   if (k < 0 || k > n) c.fail("k = {} is out of range for axis size {}", k, n);
   DType dt = c.dtype(x);
+  if (const Tensor* known = c.known(x); known && topk_known(c, *known, a, k, largest)) return;
   V work = c.cast(x, DType::Float64);
   if (!largest) work = c.op1(OpId::Neg, {work});
   Dims rs(static_cast<size_t>(r), 1);

@@ -1,6 +1,7 @@
 // ONNX shape, layout and indexing ops. Shape-like inputs (Reshape's shape, Slice's starts, ...)
 // are read at import time; Shape/Size/ConstantOfShape/Range/EyeLike become constants.
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -418,6 +419,37 @@ void conv_gather_nd(NodeCtx& c) {
   for (int64_t i = 0; i < b; ++i) batch *= xd[size_t(i)];
   for (int64_t i = b; i < b + k; ++i) index_dims.push_back(xd[size_t(i)]), rows *= xd[size_t(i)];
   for (int64_t i = b + k; i < r; ++i) rest.push_back(xd[size_t(i)]), rest_n *= xd[size_t(i)];
+  if (c.known(idx) && c.known(x)) {
+    // Known data and indices (folding, or a data-dependent tail at run time): the rows are
+    // copied on the host, each index checked.
+    const Tensor xt = c.known(x)->contiguous();
+    const std::vector<int64_t> iv = c.known(idx)->to_vector<int64_t>();
+    const int64_t m = k > 0 ? int64_t(iv.size()) / k : [&] {
+      int64_t n = 1;
+      for (int i = 0; i < q - 1; ++i) n *= id[size_t(i)];
+      return n;
+    }();
+    const int64_t per_batch = m / std::max<int64_t>(batch, 1);
+    Dims od;
+    for (int i = 0; i < q - 1; ++i) od.push_back(id[size_t(i)]);
+    for (int64_t d : rest) od.push_back(d);
+    Tensor out = Tensor::empty(od, xt.dtype());
+    const size_t row_bytes = size_t(rest_n) * size_t(dtype_size(xt.dtype()));
+    const char* src = static_cast<const char*>(xt.raw_data());
+    char* dst = static_cast<char*>(out.raw_data());
+    for (int64_t e = 0; e < m; ++e) {
+      int64_t row = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t v = iv[size_t(e * k + j)], n = index_dims[size_t(j)];
+        if (v < -n || v >= n) c.fail("index {} is out of range for a dim of size {}", v, n);
+        row = row * n + (v < 0 ? v + n : v);
+      }
+      row += (per_batch > 0 ? e / per_batch : 0) * rows;
+      if (row_bytes) std::memcpy(dst + size_t(e) * row_bytes, src + size_t(row) * row_bytes, row_bytes);
+    }
+    c.out(0, c.constant(out));
+    return;
+  }
   V lin = linear_index(c, idx, index_dims);  // [batch..., m...]
   if (b > 0) {
     // Row offset of each batch element: lin + batch_index * rows.

@@ -5,11 +5,14 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
+#include <source_location>
 
 #include <google/protobuf/io/coded_stream.h>
 
 #include "frontends/onnx/convert.h"
+#include "ops/dispatch.h"
 
 namespace kiln {
 
@@ -81,18 +84,67 @@ std::string op_key(const pb::NodeProto& n) {
 }
 
 // Op types not in the table, with their nodes (in graph order).
-std::vector<std::pair<std::string, std::vector<std::string>>> unmapped_ops(
-    const pb::GraphProto& g) {
-  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+// Subgraphs (If's branches) count: a branch runs through the same table.
+void collect_unmapped(const pb::GraphProto& g,
+                      std::vector<std::pair<std::string, std::vector<std::string>>>& out) {
   for (int i = 0; i < g.node_size(); ++i) {
     const pb::NodeProto& n = g.node(i);
+    for (const pb::AttributeProto& a : n.attribute())
+      if (a.has_g()) collect_unmapped(a.g(), out);
     if (default_domain(n.domain()) && find_onnx_op(n.op_type())) continue;
     std::string key = op_key(n);
     auto it = std::find_if(out.begin(), out.end(), [&](auto& p) { return p.first == key; });
     if (it == out.end()) it = out.insert(out.end(), {key, {}});
     it->second.push_back(node_display_name(n, size_t(i)));
   }
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> unmapped_ops(
+    const pb::GraphProto& g) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  collect_unmapped(g, out);
   return out;
+}
+
+// The outer-scope values a subgraph reads (recursively): names it uses that none of its own
+// inputs, initializers or nodes define. They are inputs of the node that owns the subgraph.
+void subgraph_reads(const pb::GraphProto& g, std::set<std::string> defined,
+                    std::vector<std::string>& out) {
+  for (const pb::ValueInfoProto& vi : g.input()) defined.insert(vi.name());
+  for (const pb::TensorProto& t : g.initializer()) defined.insert(t.name());
+  for (const pb::NodeProto& n : g.node())
+    for (const std::string& o : n.output()) defined.insert(o);
+  auto use = [&](const std::string& name) {
+    if (!name.empty() && !defined.count(name) &&
+        std::find(out.begin(), out.end(), name) == out.end())
+      out.push_back(name);
+  };
+  for (const pb::NodeProto& n : g.node()) {
+    for (const std::string& in : n.input()) use(in);
+    for (const pb::AttributeProto& a : n.attribute())
+      if (a.has_g()) subgraph_reads(a.g(), defined, out);
+  }
+  for (const pb::ValueInfoProto& vi : g.output()) use(vi.name());
+}
+
+// What each node reads: its inputs, then what its subgraphs read from the enclosing scopes.
+std::vector<std::vector<std::string>> node_reads(const pb::GraphProto& g) {
+  std::vector<std::vector<std::string>> reads(size_t(g.node_size()));
+  for (int i = 0; i < g.node_size(); ++i) {
+    const pb::NodeProto& n = g.node(i);
+    for (const std::string& in : n.input())
+      if (!in.empty()) reads[size_t(i)].push_back(in);
+    for (const pb::AttributeProto& a : n.attribute())
+      if (a.has_g()) {
+        std::vector<std::string> sub;
+        subgraph_reads(a.g(), {}, sub);
+        for (std::string& name : sub)
+          if (std::find(reads[size_t(i)].begin(), reads[size_t(i)].end(), name) ==
+              reads[size_t(i)].end())
+            reads[size_t(i)].push_back(std::move(name));
+      }
+  }
+  return reads;
 }
 
 std::string describe_type(const pb::TypeProto& t) {
@@ -171,8 +223,9 @@ std::vector<int> topological_order(const pb::GraphProto& g, const std::set<std::
     }
   std::vector<int> pending(size_t(g.node_size()), 0);
   std::vector<std::vector<int>> users(size_t(g.node_size()));
+  const std::vector<std::vector<std::string>> reads = node_reads(g);
   for (int i = 0; i < g.node_size(); ++i)
-    for (const std::string& in : g.node(i).input()) {
+    for (const std::string& in : reads[size_t(i)]) {
       if (in.empty() || defined.count(in)) continue;
       auto it = producer.find(in);
       if (it == producer.end())
@@ -215,7 +268,48 @@ void claim_name(Graph& g, ValueId id, const std::string& name) {
   g.rename_value(id, name);
 }
 
-Graph import_model(const pb::ModelProto& m, ImportState& st) {
+}  // namespace
+
+// Declared in importer.h: see Note [Data-dependent tails].
+struct OnnxTail {
+  std::shared_ptr<const pb::ModelProto> model;
+  std::vector<int> nodes;           // indices into model->graph().node(), in a topological order
+  std::vector<std::string> inputs;  // the names the graph's outputs carry, in order
+  std::vector<std::pair<std::string, Tensor>> constants;  // known values the tail reads
+  std::vector<std::string> outputs;  // the model's outputs
+  std::string source, model_dir;
+  int64_t opset = 0;
+  int64_t max_tensor_bytes = 0;
+  std::string first_node, reason;  // the node that needed a run-time value, and its words
+};
+
+namespace {
+
+// One ONNX node through its converter; errors get the file and node.
+void convert_node(ImportState& st, const pb::NodeProto& node, const std::string& display_name) {
+  const OnnxOpEntry* entry = find_onnx_op(node.op_type());
+  if (!entry || !default_domain(node.domain()))
+    fail_kind(ErrorKind::NotSupported, "{}: node '{}': op type {} is not supported by Kiln's "
+              "ONNX importer", st.source, display_name, op_key(node));
+  NodeCtx ctx(st, node, *entry, display_name);
+  try {
+    entry->convert(ctx);
+  } catch (const Error& e) {
+    // Errors from shared helpers (broadcasting, inference) get the file and node.
+    std::string msg = e.message();
+    if (msg.find("node '" + ctx.name() + "'") == std::string::npos)
+      throw_error(e.kind(), ctx.where() + ": " + msg);
+    throw;
+  }
+  ctx.check_attrs_used();
+  for (size_t k = 0; k < ctx.num_outputs(); ++k)
+    if (ctx.wants_output(k) && !st.by_name.count(node.output(int(k))))
+      ctx.not_supported("output {} ('{}') is not produced by Kiln's mapping of {}", k,
+                        node.output(int(k)), node.op_type());
+}
+
+// `tail` null: a node that needs a run-time value fails the import (the error says which).
+Graph import_model(const pb::ModelProto& m, ImportState& st, OnnxTail* tail) {
   if (!m.has_graph())
     fail_kind(ErrorKind::ParseError, "{}: the model has no graph", st.source);
   const pb::GraphProto& g = m.graph();
@@ -312,25 +406,79 @@ Graph import_model(const pb::ModelProto& m, ImportState& st) {
                 name);
 
   std::vector<int> order = topological_order(g, defined, st.source);
+  const std::vector<std::vector<std::string>> reads = node_reads(g);
+  std::set<std::string> tail_values;  // Note [Data-dependent tails]: made by tail nodes
   for (int i : order) {
     const pb::NodeProto& node = g.node(i);
-    const OnnxOpEntry* entry = find_onnx_op(node.op_type());
-    KILN_ASSERT(entry != nullptr);  // checked above
-    NodeCtx ctx(st, node, *entry, node_display_name(node, size_t(i)));
-    try {
-      entry->convert(ctx);
-    } catch (const Error& e) {
-      // Errors from shared helpers (broadcasting, inference) get the file and node.
-      std::string msg = e.message();
-      if (msg.find("node '" + ctx.name() + "'") == std::string::npos)
-        throw_error(e.kind(), ctx.where() + ": " + msg);
-      throw;
+    const std::string name = node_display_name(node, size_t(i));
+    auto to_tail = [&] {
+      tail->nodes.push_back(i);
+      for (const std::string& o : node.output())
+        if (!o.empty()) {
+          tail_values.insert(o);
+          st.by_name.erase(o);  // a converter that failed midway may have named some
+        }
+    };
+    if (tail && std::any_of(reads[size_t(i)].begin(), reads[size_t(i)].end(),
+                            [&](const std::string& r) { return tail_values.count(r) > 0; })) {
+      to_tail();
+      continue;
     }
-    ctx.check_attrs_used();
-    for (size_t k = 0; k < ctx.num_outputs(); ++k)
-      if (ctx.wants_output(k) && !st.by_name.count(node.output(int(k))))
-        ctx.not_supported("output {} ('{}') is not produced by Kiln's mapping of {}", k,
-                          node.output(int(k)), node.op_type());
+    st.hit_data_dependent = false;
+    try {
+      convert_node(st, node, name);
+    } catch (const Error& e) {
+      if (!tail || !st.hit_data_dependent) throw;
+      if (tail->first_node.empty()) {
+        tail->first_node = name + " (" + node.op_type() + ")";
+        tail->reason = e.message();
+      }
+      to_tail();
+    }
+  }
+  if (tail && !tail->nodes.empty()) {
+    // The graph computes what the tail reads; the tail computes the model's outputs.
+    std::vector<std::string> needed;
+    auto need = [&](const std::string& n) {
+      if (!tail_values.count(n) && std::find(needed.begin(), needed.end(), n) == needed.end())
+        needed.push_back(n);
+    };
+    for (int i : tail->nodes)
+      for (const std::string& r : reads[size_t(i)]) need(r);
+    for (const pb::ValueInfoProto& vi : g.output()) {
+      need(vi.name());
+      tail->outputs.push_back(vi.name());
+    }
+    std::set<ValueId> used;
+    for (const std::string& n : needed) {
+      auto it = st.by_name.find(n);
+      if (it == st.by_name.end())
+        fail_kind(ErrorKind::InvalidArgument, "{}: '{}' is not produced by any node, input or "
+                  "initializer", st.source, n);
+      const Operand& o = st.operands[size_t(it->second)];
+      if (o.is_sym)
+        fail_kind(ErrorKind::NotSupported,
+                  "{}: the data-dependent part of the model (from node {}) reads '{}', which "
+                  "holds symbolic dims; import it with fixed input shapes", st.source,
+                  tail->first_node, n);
+      if (o.data.defined() && o.id == kNoValue) {
+        tail->constants.emplace_back(n, o.data);
+        continue;
+      }
+      ValueId id = st.materialize(it->second);
+      const Value& val = st.graph.value(id);
+      bool reuse = !used.count(id) && (val.kind == ValueKind::NodeOutput ||
+                                       val.kind == ValueKind::Const || val.name == n);
+      if (!reuse) id = st.graph.add_node1(OpId::Copy, {id}, {}, n);
+      used.insert(id);
+      claim_name(st.graph, id, n);
+      st.graph.outputs.push_back(id);
+      tail->inputs.push_back(n);
+    }
+    for (Operand& o : st.operands)
+      if (o.is_initializer && o.id != kNoValue && st.graph.value(o.id).kind == ValueKind::Param)
+        claim_name(st.graph, o.id, o.name);
+    return std::move(st.graph);
   }
 
   // Graph outputs: distinct Kiln values carrying the ONNX names.
@@ -398,6 +546,40 @@ Graph import_model(const pb::ModelProto& m, ImportState& st) {
 
 }  // namespace
 
+namespace onnx {
+std::vector<V> import_branch(NodeCtx& c, const pb::GraphProto& g, std::string_view which) {
+  ImportState& st = c.state();
+  const std::string where = fmt::format("{}: {}", c.where(), which);
+  if (g.input_size() != 0)
+    fail_kind(ErrorKind::NotSupported, "{}: a branch with inputs ({})", where, g.input_size());
+  if (g.sparse_initializer_size() > 0)
+    fail_kind(ErrorKind::NotSupported, "{}: sparse initializers are not supported", where);
+  std::set<std::string> defined;
+  for (const auto& [name, v] : st.by_name) defined.insert(name);
+  for (const pb::TensorProto& t : g.initializer()) {
+    Operand o;
+    o.data = tensor_from_proto(t, st.model_dir, st.options.max_tensor_bytes,
+                               fmt::format("{}: initializer '{}'", where, t.name()));
+    o.type = o.data.type();
+    o.name = t.name();
+    o.is_initializer = true;
+    st.by_name[t.name()] = st.add_operand(std::move(o));
+    defined.insert(t.name());
+  }
+  for (int i : topological_order(g, defined, where))
+    convert_node(st, g.node(i), node_display_name(g.node(i), size_t(i)));
+  std::vector<V> out;
+  for (const pb::ValueInfoProto& vi : g.output()) {
+    auto it = st.by_name.find(vi.name());
+    if (it == st.by_name.end())
+      fail_kind(ErrorKind::InvalidArgument, "{}: output '{}' is not produced by any node of the "
+                "branch or the enclosing graph", where, vi.name());
+    out.push_back(it->second);
+  }
+  return out;
+}
+}  // namespace onnx
+
 Graph import_onnx_bytes(std::string_view bytes, const std::string& model_dir,
                         const std::string& source, const ImportOptions& options) {
   register_onnx_mappings();
@@ -407,7 +589,86 @@ Graph import_onnx_bytes(std::string_view bytes, const std::string& model_dir,
   st.options = options;
   st.source = source;
   st.model_dir = model_dir;
-  return import_model(m, st);
+  return import_model(m, st, nullptr);
+}
+
+OnnxSplitImport import_onnx_split_bytes(std::string_view bytes, const std::string& model_dir,
+                                        const std::string& source, const ImportOptions& options) {
+  register_onnx_mappings();
+  auto m = std::make_shared<pb::ModelProto>();
+  parse_proto(*m, bytes, source, "ONNX model");
+  ImportState st;
+  st.options = options;
+  st.source = source;
+  st.model_dir = model_dir;
+  auto tail = std::make_shared<OnnxTail>();
+  OnnxSplitImport out;
+  out.graph = import_model(*m, st, tail.get());
+  if (!tail->nodes.empty()) {
+    tail->model = std::move(m);
+    tail->source = source;
+    tail->model_dir = model_dir;
+    tail->opset = st.opset;
+    tail->max_tensor_bytes = options.max_tensor_bytes;
+    out.tail = std::move(tail);
+  }
+  return out;
+}
+
+OnnxSplitImport import_onnx_split(const std::string& path, const ImportOptions& options) {
+  std::string bytes = read_file(path, options.max_model_bytes);
+  std::string dir = fs::path(path).parent_path().string();
+  return import_onnx_split_bytes(bytes, dir.empty() ? "." : dir, path, options);
+}
+
+// Note [Data-dependent tails]: a fresh import state whose operands are all known; each tail
+// node goes through its converter as at import, and every op it emits folds (runs now).
+TensorList run_onnx_tail(const OnnxTail& tail, const TensorList& graph_outputs) {
+  if (graph_outputs.size() != tail.inputs.size())
+    fail_kind(ErrorKind::InvalidArgument, "{}: the data-dependent part takes {} values, {} given",
+              tail.source, tail.inputs.size(), graph_outputs.size());
+  // Under capture, these reads end the traced segment: the statically shaped part runs
+  // compiled, and what follows runs here with real values (a graph break).
+  for (const Tensor& t : graph_outputs)
+    t.materialize("the data-dependent part of an ONNX model", std::source_location::current());
+  NoDispatchHook eager;
+  ImportState st;
+  st.options.max_tensor_bytes = tail.max_tensor_bytes;
+  st.source = tail.source;
+  st.model_dir = tail.model_dir;
+  st.opset = tail.opset;
+  st.evaluate = true;
+  auto bind = [&](const std::string& name, const Tensor& t) {
+    Operand o;
+    o.data = t.is_contiguous() ? t : t.contiguous();
+    o.type = o.data.type();
+    o.name = name;
+    st.by_name[name] = st.add_operand(std::move(o));
+  };
+  for (const auto& [name, t] : tail.constants) bind(name, t);
+  for (size_t i = 0; i < graph_outputs.size(); ++i) {
+    const Tensor& t = graph_outputs[i];
+    bind(tail.inputs[i], t.device().is_cpu() ? t : t.to(Device::cpu()));
+  }
+  const pb::GraphProto& g = tail.model->graph();
+  for (int i : tail.nodes) convert_node(st, g.node(i), node_display_name(g.node(i), size_t(i)));
+  TensorList out;
+  for (const std::string& name : tail.outputs) {
+    auto it = st.by_name.find(name);
+    KILN_ASSERT(it != st.by_name.end());  // every output is made by the graph or the tail
+    const Operand& o = st.operands[size_t(it->second)];
+    if (!o.data.defined())
+      fail_kind(ErrorKind::Internal, "{}: output '{}' of the data-dependent part has no value",
+                tail.source, name);
+    out.push_back(o.data);
+  }
+  return out;
+}
+
+std::string describe_onnx_tail(const OnnxTail& tail) {
+  return fmt::format("{} of {} ONNX nodes run op by op after the compiled part, from node {}, "
+                     "which needs a value computed at run time", tail.nodes.size(),
+                     tail.model->graph().node_size(), tail.first_node);
 }
 
 Graph import_onnx(const std::string& path, const ImportOptions& options) {

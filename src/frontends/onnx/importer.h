@@ -18,6 +18,7 @@
 // external-data paths that leave the model's directory.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +56,38 @@ Graph import_onnx(const std::string& path, const ImportOptions& options = {});
 // external data allowed); `source` names the model in errors.
 Graph import_onnx_bytes(std::string_view bytes, const std::string& model_dir,
                         const std::string& source, const ImportOptions& options = {});
+
+// Note [Data-dependent tails]
+// Some models compute sizes from values: NonZero, NonMaxSuppression, an If on a computed
+// condition, a TopK or Reshape whose k or shape is computed (detectors' post-processing). A
+// static graph cannot hold them. import_onnx_split imports such a model in two parts, as
+// torch.compile breaks a graph at a data-dependent op:
+//   - the graph: every node whose converter has what it needs at import time (the backbone,
+//     the heads, the box decoding), compiled like any model. Its outputs are the values the
+//     second part reads (named as in the file);
+//   - the tail: the node that first needed a value computed at run time (the converter's
+//     data-dependent error), every node that reads what a tail node makes, in order. It
+//     keeps the ONNX nodes; run_onnx_tail runs them with the call's values through the same
+//     converters, in an import state where every operand is known, so each Kiln op they emit
+//     runs at once on the eager kernels (NoDispatchHook) and nothing is recorded.
+// A value the tail reads may also be known at import (a constant): the tail keeps it. Under
+// capture (kiln::compile of a function that runs the graph, then the tail), run_onnx_tail's
+// first act, reading its inputs' data, is a graph break: the graph runs compiled, the tail
+// eagerly on every call (Note [Capture]). A model without such a node imports whole
+// (tail null). import_onnx keeps refusing these models, naming the node.
+struct OnnxTail;
+struct OnnxSplitImport {
+  Graph graph;
+  std::shared_ptr<const OnnxTail> tail;  // null: the graph is the whole model
+};
+OnnxSplitImport import_onnx_split(const std::string& path, const ImportOptions& options = {});
+OnnxSplitImport import_onnx_split_bytes(std::string_view bytes, const std::string& model_dir,
+                                        const std::string& source,
+                                        const ImportOptions& options = {});
+// The tail over the graph's outputs (in order): the model's outputs, on the CPU.
+TensorList run_onnx_tail(const OnnxTail& tail, const TensorList& graph_outputs);
+// "N of M ONNX nodes run op by op ..., from node 'X' (NonZero), ..." for reports.
+std::string describe_onnx_tail(const OnnxTail& tail);
 
 // A serialized TensorProto file (the ONNX backend tests' input_N.pb / output_N.pb) as a Tensor.
 // `name` receives the TensorProto's name when not null.

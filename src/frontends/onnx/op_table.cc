@@ -19,6 +19,7 @@ std::vector<OnnxOpEntry> build_table() {
   add_misc_converters(t);
   add_rnn_converters(t);
   add_attention_converters(t);
+  add_dynamic_converters(t);
   std::sort(t.begin(), t.end(),
             [](const OnnxOpEntry& a, const OnnxOpEntry& b) { return a.op_type < b.op_type; });
   for (size_t i = 1; i < t.size(); ++i)

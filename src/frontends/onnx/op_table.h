@@ -42,5 +42,6 @@ void add_quant_converters(std::vector<OnnxOpEntry>& table);
 void add_misc_converters(std::vector<OnnxOpEntry>& table);
 void add_rnn_converters(std::vector<OnnxOpEntry>& table);
 void add_attention_converters(std::vector<OnnxOpEntry>& table);
+void add_dynamic_converters(std::vector<OnnxOpEntry>& table);
 
 }  // namespace kiln::onnx
