@@ -60,6 +60,7 @@ MODELS = [
     "convnext_tiny",
     "vit_b_16",
     "bert_base",
+    "det_nms",
 ]
 OPSET = 18
 SEED = 0
@@ -142,8 +143,11 @@ _SIGNATURES = {
     "convnext_tiny": _IMAGE,
     "vit_b_16": _IMAGE,
     "bert_base": (["input_ids", "attention_mask"], ["last_hidden_state", "pooler_output"]),
+    "det_nms": (["x"], ["boxes", "scores", "labels"]),
 }
 assert list(_SIGNATURES) == MODELS
+# Zoo models exported with static shapes only: det_nms's anchors are one image's.
+_STATIC = {"det_nms"}
 
 
 # Models registered by other files (register_model): name -> {constructor, example_inputs,
@@ -197,6 +201,41 @@ def _constructor(name: str):
             torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
             torch.nn.MaxPool2d(kernel_size=3, stride=2, padding=1))
 
+    class TinyDetector(torch.nn.Module):
+        """A detector's post-processing, whose output sizes depend on values (Note
+        [Data-dependent tails] in src/frontends/onnx/importer.h): a conv backbone, class and box
+        heads over a 16x16 grid of anchors, then a score threshold (NonZero), top-k and
+        class-aware NMS (torchvision's batched_nms). Scores are continuous (no ties between
+        anchors), so any correct implementation keeps the same boxes in the same order."""
+
+        def __init__(self, classes=5):
+            super().__init__()
+            self.classes = classes
+            self.backbone = torch.nn.Sequential(
+                torch.nn.Conv2d(3, 16, 3, 2, 1), torch.nn.ReLU(),
+                torch.nn.Conv2d(16, 32, 3, 2, 1), torch.nn.ReLU())
+            self.cls = torch.nn.Conv2d(32, classes, 3, 1, 1)
+            self.box = torch.nn.Conv2d(32, 4, 3, 1, 1)
+            ys, xs = torch.meshgrid(torch.arange(16.0), torch.arange(16.0), indexing="ij")
+            self.register_buffer("centers", torch.stack([xs, ys], -1).reshape(-1, 2) * 4 + 2,
+                                 persistent=False)
+
+        def forward(self, x):
+            f = self.backbone(x)
+            scores = torch.sigmoid(self.cls(f)).permute(0, 2, 3, 1).reshape(-1, self.classes)
+            d = self.box(f).permute(0, 2, 3, 1).reshape(-1, 4)
+            c = self.centers + d[:, :2] * 2
+            wh = torch.exp(d[:, 2:].clamp(max=2)) * 6
+            boxes = torch.cat([c - wh / 2, c + wh / 2], 1)
+            flat = scores.reshape(-1)
+            keep = torch.nonzero(flat > 0.45).squeeze(1)
+            s, order = flat[keep].topk(min(60, keep.shape[0]))
+            keep = keep[order]
+            b = boxes[keep // self.classes]
+            labels = keep % self.classes
+            sel = torchvision.ops.batched_nms(b, s, labels, 0.4)[:30]
+            return b[sel], s[sel], labels[sel]
+
     _check_name(name)
     if name in _REGISTERED:
         return _REGISTERED[name]["constructor"]
@@ -210,6 +249,7 @@ def _constructor(name: str):
         "convnext_tiny": lambda: tv.convnext_tiny(weights=None),
         "vit_b_16": lambda: tv.vit_b_16(weights=None),
         "bert_base": _bert_module,
+        "det_nms": TinyDetector,
     }[name]
 
 
@@ -221,7 +261,7 @@ def _example_inputs(name: str, batch: int, seed: int):
         return tuple(_REGISTERED[name]["example_inputs"](gen, batch))
     if name == "bert_base":
         return _bert_inputs(gen, batch)
-    shape = (batch, 10) if name == "mlp" else (batch, 3, 224, 224)
+    shape = (batch, 10) if name == "mlp" else (batch, 3, 64, 64) if name == "det_nms" else (batch, 3, 224, 224)
     return (torch.randn(shape, generator=gen, dtype=torch.float32),)
 
 
@@ -432,7 +472,7 @@ def export(name: str, out_dir: str | None = None, force: bool = False) -> str:
         try:
             exporter, dynamic, errors = _export_onnx(
                 module, inputs, ins, outs, tmp_onnx,
-                _REGISTERED[name]["dynamic_batch"] if name in _REGISTERED else True)
+                _REGISTERED[name]["dynamic_batch"] if name in _REGISTERED else name not in _STATIC)
         except RuntimeError as e:
             if name in _REGISTERED:
                 with open(failed_marker, "w") as f:

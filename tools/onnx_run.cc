@@ -107,22 +107,46 @@ void run_onnx_model(const OnnxRunOptions& o) {
   auto t_import = std::chrono::steady_clock::now();
   ImportOptions opts;
   Graph g;
+  std::shared_ptr<const OnnxTail> tail;  // Note [Data-dependent tails]
   std::string specialized_because;
   try {
-    g = import_binding(o.model_path, opts, given);
+    try {
+      g = import_binding(o.model_path, opts, given);
+    } catch (const Error& e) {
+      // A mapping that needs a concrete value of a symbolic dim: fix the inputs' shapes to the
+      // given tensors' and import again (without given inputs there is nothing to fix them to).
+      bool symbolic = e.kind() == ErrorKind::NotSupported &&
+                      e.message().find("symbolic") != std::string::npos;
+      if (!symbolic || given.empty()) throw;
+      specialized_because = e.message();
+      opts = ImportOptions{};
+      for (auto& [name, t] : given)
+        opts.input_shapes.emplace_back(name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()));
+      g = import_binding(o.model_path, opts, given);
+    }
   } catch (const Error& e) {
-    // A mapping that needs a concrete value of a symbolic dim: fix the inputs' shapes to the
-    // given tensors' and import again (without given inputs there is nothing to fix them to).
-    bool symbolic = e.kind() == ErrorKind::NotSupported &&
-                    e.message().find("symbolic") != std::string::npos;
-    if (!symbolic || given.empty()) throw;
-    specialized_because = e.message();
-    opts = ImportOptions{};
-    for (auto& [name, t] : given)
-      opts.input_shapes.emplace_back(name, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()));
-    g = import_binding(o.model_path, opts, given);
+    // A node that needs a value computed at run time: the graph and a data-dependent tail.
+    if (e.kind() != ErrorKind::NotSupported) throw;
+    ImportOptions split_opts = opts;
+    split_opts.needed_constant_inputs = nullptr;
+    OnnxSplitImport split;
+    try {
+      split = import_onnx_split(o.model_path, split_opts);
+    } catch (const Error&) {
+      throw e;
+    }
+    if (!split.tail) throw;
+    if (cuda)
+      fail_kind(ErrorKind::NotSupported, "run: {}: {}; it runs on the CPU only", o.model_path,
+                describe_onnx_tail(*split.tail));
+    g = std::move(split.graph);
+    tail = split.tail;
   }
   double import_s = seconds_since(t_import);
+  auto run_model = [tail](const Graph& graph, const TensorList& in) {
+    TensorList out = run(graph, in);
+    return tail ? run_onnx_tail(*tail, out) : out;
+  };
 
   Generator gen(o.seed);
   TensorList inputs(g.inputs.size());
@@ -153,21 +177,23 @@ void run_onnx_model(const OnnxRunOptions& o) {
   std::string compile_backend;
   if (do_eager) {
     auto t0 = std::chrono::steady_clock::now();
-    eager_out = run(g, inputs);
+    eager_out = run_model(g, inputs);
     eager_s = seconds_since(t0);
   }
   if (do_compiled) {
     CompileOptions copts;
     copts.backend = compile_backend = best_compile_backend();
     copts.strict = true;     // a failure is an error, not a silent eager fallback
-    copts.fullgraph = true;  // the imported graph has no host code: no breaks expected
+    // The imported graph has no host code: no breaks expected, but the one before a tail.
+    copts.fullgraph = !tail;
     copts.precision = o.precision;
     copts.mode = o.mode;
     // On CUDA the graph is traced as a copy whose values live on the device.
     Graph on_device;
     if (cuda) on_device = graph_on_device(g, Device::cuda(0));
     const Graph* graph = cuda ? &on_device : &g;
-    CompiledFunction fn = compile([graph](const TensorList& in) { return run(*graph, in); }, copts);
+    CompiledFunction fn =
+        compile([graph, run_model](const TensorList& in) { return run_model(*graph, in); }, copts);
     TensorList compiled_in = inputs;
     if (cuda)
       for (Tensor& t : compiled_in) t = t.to(Device::cuda(0));
@@ -189,7 +215,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
   if (!o.output_dir.empty()) {
     std::filesystem::create_directories(o.output_dir);
     for (size_t i = 0; i < outs.size(); ++i) {
-      std::string name = g.value(g.outputs[i]).name;
+      std::string name = tail ? onnx_tail_outputs(*tail)[i] : g.value(g.outputs[i]).name;
       for (char& ch : name)  // ONNX names may hold '/' or ':'
         if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-' && ch != '.') ch = '_';
       write_npy(o.output_dir + "/" + name + ".npy", outs[i]);
@@ -226,7 +252,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
     std::vector<double> v = outs[i].to_vector<double>();
     double sum = 0, asum = 0;
     for (double x : v) sum += x, asum += std::fabs(x);
-    nlohmann::json out = {{"name", g.value(g.outputs[i]).name},
+    nlohmann::json out = {{"name", tail ? onnx_tail_outputs(*tail)[i] : g.value(g.outputs[i]).name},
                           {"dtype", dtype_name(outs[i].dtype())},
                           {"shape", std::vector<int64_t>(outs[i].sizes().begin(), outs[i].sizes().end())},
                           {"sum", sum},

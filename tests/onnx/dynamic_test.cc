@@ -81,6 +81,12 @@ TEST(OnnxDynamic, NonZeroSplitsTheModelAndTheTailRunsWithEachCallsValues) {
       expect_close(out[1], doubled, {n});
     }
   }
+  // One compiled graph served every call: other counts (and values read by the tail) neither
+  // recompile nor fall back.
+  CompileStats st = compiled.stats();
+  EXPECT_EQ(st.graphs_compiled, 1);
+  EXPECT_EQ(st.recompiles, 0);
+  EXPECT_EQ(st.fallbacks_cache_limit + st.fallbacks_compile_error + st.fallbacks_runtime_error, 0);
   // Fresh normal inputs give different counts: the tail's shapes did change between calls.
   std::sort(counts.begin(), counts.end());
   EXPECT_LT(counts.front(), counts.back()) << "four calls with the same count; rerun";

@@ -21,6 +21,11 @@ void conv_nonzero(NodeCtx& c) {
   if (x.dim() == 0) c.not_supported("a rank-0 input");
   const Dims d = x.sizes();
   const int r = x.dim();
+  // Its float64 copy and the largest output (every element non-zero) within the tensor limit.
+  if (x.numel() > c.options().max_tensor_bytes / 8 / r)
+    c.fail("{} elements could give {} coordinates of 8 bytes, beyond the {}-byte tensor limit "
+           "(ImportOptions::max_tensor_bytes)", x.numel(), x.numel() * r,
+           c.options().max_tensor_bytes);
   // float64 holds every Kiln dtype's zero test (int64 beyond 2^53 is still non-zero).
   const Tensor xd = x.to(DType::Float64).contiguous();
   const double* v = xd.data<double>();
@@ -164,6 +169,12 @@ void conv_nms(NodeCtx& c) {
     c.fail("boxes and scores must be floating point, got {} and {}", dtype_name(boxes.dtype()),
            dtype_name(scores.dtype()));
   const int64_t nb = boxes.size(0), nbox = boxes.size(1), ncls = scores.size(1);
+  // The largest output (every box of every class kept) within the tensor limit.
+  if (nb > 0 && nbox > 0 && ncls > 0 &&
+      std::min(max_out, nbox) > c.options().max_tensor_bytes / 24 / nb / ncls)
+    c.fail("{} batches x {} classes x {} boxes could select more than the {}-byte tensor limit "
+           "holds (ImportOptions::max_tensor_bytes)", nb, ncls, std::min(max_out, nbox),
+           c.options().max_tensor_bytes);
   const std::vector<float> bv = boxes.to_vector<float>(), sv = scores.to_vector<float>();
   std::vector<Box> all(size_t(nb * nbox));
   for (int64_t i = 0; i < nb * nbox; ++i) all[size_t(i)] = box_at(&bv[size_t(4 * i)], cpb == 1);

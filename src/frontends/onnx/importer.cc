@@ -665,6 +665,8 @@ TensorList run_onnx_tail(const OnnxTail& tail, const TensorList& graph_outputs) 
   return out;
 }
 
+const std::vector<std::string>& onnx_tail_outputs(const OnnxTail& tail) { return tail.outputs; }
+
 std::string describe_onnx_tail(const OnnxTail& tail) {
   return fmt::format("{} of {} ONNX nodes run op by op after the compiled part, from node {}, "
                      "which needs a value computed at run time", tail.nodes.size(),

@@ -88,6 +88,8 @@ OnnxSplitImport import_onnx_split_bytes(std::string_view bytes, const std::strin
 TensorList run_onnx_tail(const OnnxTail& tail, const TensorList& graph_outputs);
 // "N of M ONNX nodes run op by op ..., from node 'X' (NonZero), ..." for reports.
 std::string describe_onnx_tail(const OnnxTail& tail);
+// The model's output names, in order (what run_onnx_tail returns).
+const std::vector<std::string>& onnx_tail_outputs(const OnnxTail& tail);
 
 // A serialized TensorProto file (the ONNX backend tests' input_N.pb / output_N.pb) as a Tensor.
 // `name` receives the TensorProto's name when not null.
