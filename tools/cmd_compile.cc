@@ -54,6 +54,12 @@ void compile_command(const CompileArgs& a) {
   // Zoo models and ONNX files alike: captured as one graph (ONNX through the graph interpreter,
   // concrete shapes for --batch) and compiled with the caller's options.
   BenchTarget m = load_bench_target(a.model, a.batch, a.seed, device);
+  if (!m.data_dependent_tail.empty())
+    fail_kind(ErrorKind::NotSupported,
+              "compile: {}: {}. A package holds one graph, so this model cannot be packaged yet; "
+              "`kiln run` and `kiln bench` run it (the graph compiled, then the rest), or export "
+              "the model without the part whose sizes depend on values (a detector without its "
+              "post-processing)", a.model, m.data_dependent_tail);
   Graph source;
   auto compiled = nn::compile_captured_graph(m.compile, m.inputs, options, &source);
   PackageInfo info = bench_package_info(a.model, m, a.batch);

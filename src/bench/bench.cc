@@ -452,6 +452,7 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
   OnnxSplitImport split = import_for_bench(target, batch);
   auto g = std::make_shared<Graph>(std::move(split.graph));
   std::shared_ptr<const OnnxTail> tail = split.tail;
+  if (tail) t.data_dependent_tail = describe_onnx_tail(*tail);
   t.name = std::filesystem::path(target).filename().string();
   t.inputs = random_inputs(*g, batch, seed);
   t.eager = [g, tail](const TensorList& in) { return run_split(*g, tail.get(), in); };

@@ -55,6 +55,9 @@ struct BenchTarget {
   // A zoo model's names for its inputs and outputs, in call order, with its inputs' first dim
   // named "batch" (empty for ONNX models: bench_package_info reads theirs from the file).
   std::vector<SignatureName> input_names, output_names;
+  // An ONNX model with a data-dependent tail (Note [Data-dependent tails]): what runs after
+  // the compiled graph, in words; empty when the model is one graph.
+  std::string data_dependent_tail;
 };
 // `target` is a zoo model name or a path ending in .onnx. ONNX models get fresh random inputs of
 // their declared shapes (a symbolic first dim becomes `batch`, other symbolic dims 1; integer
