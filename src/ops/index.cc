@@ -148,6 +148,20 @@ void kernel_index_select(const KernelContext& ctx) {
   std::vector<int64_t> rows(static_cast<size_t>(count));
   for (int64_t k = 0; k < count; ++k)
     rows[size_t(k)] = reader.read(k * index_stride, size, &k, index.dim(), what.c_str());
+  if (x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype()) {
+    // Contiguous both sides: each selected slice is `inner` bytes, copied as they are.
+    int64_t outer = 1, inner = int64_t(dtype_size(x.dtype()));
+    for (int i = 0; i < dim; ++i) outer *= x.sizes()[i];
+    for (int i = dim + 1; i < x.dim(); ++i) inner *= x.sizes()[i];
+    const char* src = static_cast<const char*>(x.raw_data());
+    char* dst = static_cast<char*>(out.raw_data());
+    if (inner > 0)
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t k = 0; k < count; ++k)
+          std::memcpy(dst + size_t((o * count + k) * inner),
+                      src + size_t((o * size + rows[size_t(k)]) * inner), size_t(inner));
+    return;
+  }
   for (int64_t k = 0; k < count; ++k) {
     Tensor src = x.as_strided(slice_sizes, x.strides(),
                               x.offset() + rows[size_t(k)] * x.strides()[dim]);
