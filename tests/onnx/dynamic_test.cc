@@ -166,6 +166,24 @@ TEST(OnnxDynamic, KnownValueHostPathsMatchTheComposedOps) {
   }
 }
 
+// GatherND of known values copies rows on the host: an output beyond the tensor limit is refused
+// before anything is allocated, as the composed form's nodes are.
+TEST(OnnxDynamic, KnownGatherNdRefusesOutputsBeyondTheTensorLimit) {
+  ModelBuilder m(17);
+  m.initializer("data", Tensor::full(Dims{2, 50000}, 1.5, DType::Float32))
+      .initializer("idx", Tensor::full(Dims{100, 1}, 1, DType::Int64))
+      .node("GatherND", {"data", "idx"}, {"g"}, {}, "big_gather")
+      .output("g", DType::Float32);
+  ImportOptions o;
+  o.max_tensor_bytes = int64_t(1) << 20;  // data 400 KB fits; 100 rows of 200 KB do not
+  expect_error([&] { m.import(o); }, ErrorKind::InvalidArgument,
+               {"big_gather", "tensor limit"});
+  o.max_tensor_bytes = int64_t(64) << 20;
+  TensorList out = run(m.import(o), {});
+  ASSERT_EQ(to_string(out[0].sizes()), to_string(Dims{100, 50000}));
+  EXPECT_EQ(values(out[0])[12345], 1.5);
+}
+
 // A brute-force greedy NMS (every kept box checked), center_point_box 0, one batch.
 std::vector<int64_t> nms_ref(const std::vector<float>& b, const std::vector<float>& s,
                              int64_t classes, int64_t n, int64_t max_out, float iou, float thr) {

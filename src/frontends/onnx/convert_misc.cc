@@ -21,6 +21,7 @@ Tensor f64_tensor(const std::vector<double>& v, const Dims& d) { return Tensor::
 bool topk_known(NodeCtx& c, const Tensor& x, int64_t a, int64_t k, bool largest) {
   const DType dt = x.dtype();
   if (dt == DType::Int64 || dt == DType::Bool) return false;
+  if (x.numel() > c.options().max_tensor_bytes / 8) return false;  // its float64 copy
   const Dims d = x.sizes();
   const Tensor xd = x.to(DType::Float64).contiguous();
   const double* v = xd.data<double>();

@@ -430,6 +430,11 @@ void conv_gather_nd(NodeCtx& c) {
       return n;
     }();
     const int64_t per_batch = m / std::max<int64_t>(batch, 1);
+    const int64_t limit = c.options().max_tensor_bytes;
+    const int64_t row_size = rest_n * int64_t(dtype_size(xt.dtype()));
+    if (row_size > 0 && m > limit / row_size)
+      c.fail("{} rows of {} bytes would exceed the {}-byte tensor limit "
+             "(ImportOptions::max_tensor_bytes)", m, row_size, limit);
     Dims od;
     for (int i = 0; i < q - 1; ++i) od.push_back(id[size_t(i)]);
     for (int64_t d : rest) od.push_back(d);
