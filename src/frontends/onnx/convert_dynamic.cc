@@ -26,12 +26,19 @@ void conv_nonzero(NodeCtx& c) {
     c.fail("{} elements could give {} coordinates of 8 bytes, beyond the {}-byte tensor limit "
            "(ImportOptions::max_tensor_bytes)", x.numel(), x.numel() * r,
            c.options().max_tensor_bytes);
-  // float64 holds every Kiln dtype's zero test (int64 beyond 2^53 is still non-zero).
-  const Tensor xd = x.to(DType::Float64).contiguous();
-  const double* v = xd.data<double>();
   std::vector<int64_t> flat;
-  for (int64_t i = 0; i < xd.numel(); ++i)
-    if (v[i] != 0 || std::isnan(v[i])) flat.push_back(i);
+  if (x.dtype() == DType::Bool) {  // comparisons' masks, the common input: read as they are
+    const Tensor xc = x.contiguous();
+    const bool* b = xc.data<bool>();
+    for (int64_t i = 0; i < xc.numel(); ++i)
+      if (b[i]) flat.push_back(i);
+  } else {
+    // float64 holds every Kiln dtype's zero test (int64 beyond 2^53 is still non-zero).
+    const Tensor xd = x.to(DType::Float64).contiguous();
+    const double* v = xd.data<double>();
+    for (int64_t i = 0; i < xd.numel(); ++i)
+      if (v[i] != 0 || std::isnan(v[i])) flat.push_back(i);
+  }
   const int64_t n = int64_t(flat.size());
   std::vector<int64_t> out(size_t(r) * size_t(n));
   for (int64_t k = 0; k < n; ++k) {

@@ -23,9 +23,20 @@ bool topk_known(NodeCtx& c, const Tensor& x, int64_t a, int64_t k, bool largest)
   if (dt == DType::Int64 || dt == DType::Bool) return false;
   if (x.numel() > c.options().max_tensor_bytes / 8) return false;  // its float64 copy
   const Dims d = x.sizes();
-  const Tensor xd = x.to(DType::Float64).contiguous();
-  const double* v = xd.data<double>();
-  for (int64_t i = 0; i < xd.numel(); ++i)
+  // float64 values (exact for every dtype taken); float32, the common case, widened directly.
+  std::vector<double> widened;
+  Tensor xd;
+  const double* v = nullptr;
+  if (dt == DType::Float32) {
+    const Tensor xc = x.contiguous();
+    const float* f = xc.data<float>();
+    widened.assign(f, f + xc.numel());
+    v = widened.data();
+  } else {
+    xd = x.to(DType::Float64).contiguous();
+    v = xd.data<double>();
+  }
+  for (int64_t i = 0; i < x.numel(); ++i)
     if (std::isnan(v[i])) return false;
   int64_t outer = 1, inner = 1;
   for (int64_t i = 0; i < a; ++i) outer *= d[size_t(i)];
@@ -40,10 +51,13 @@ bool topk_known(NodeCtx& c, const Tensor& x, int64_t a, int64_t k, bool largest)
     for (int64_t i = 0; i < inner; ++i) {
       const double* base = v + o * n * inner + i;
       std::iota(row.begin(), row.end(), 0);
-      std::partial_sort(row.begin(), row.begin() + k, row.end(), [&](int64_t p, int64_t q) {
+      // A strict total order (index breaks ties): the k first are one set, sorted after.
+      auto before = [&](int64_t p, int64_t q) {
         const double x = base[p * inner], y = base[q * inner];
         return largest ? (x > y || (x == y && p < q)) : (x < y || (x == y && p < q));
-      });
+      };
+      if (k < n) std::nth_element(row.begin(), row.begin() + k, row.end(), before);
+      std::sort(row.begin(), row.begin() + k, before);
       for (int64_t j = 0; j < k; ++j) {
         const size_t at = size_t((o * k + j) * inner + i);
         vals[at] = base[row[size_t(j)] * inner];
