@@ -728,13 +728,6 @@ TEST(OnednnLowering, GroupedConvAfterProducerGetsAJitKernel) {
     }
 }
 
-// Every convolution on a jit kernel is timed once and says how far it is from its roofline;
-// one past OnednnOptions::measure_above_roofline gets its layout measured against the others
-// (Note [measured convolution layout]). A depthwise conv on a plain NCHW input is such a case
-// on the dev machine (brdgmm_dw behind nchw<->nhwc reorders, 3x its roofline; jit_dw behind
-// nChw16c reorders, 2.5x faster); the thresholds 0 and infinity make the test independent of
-// the machine's speed: 0 measures it, and the GEMM candidate (x64:gemm:jit, 5-13x slower than
-// the depthwise kernels) must not win; infinity never measures.
 // Note [measured convolution layout]: the pick among timed candidates, on given times.
 TEST(OnednnLowering, MeasuredLayoutPickKeepsTheDefaultUnlessACandidateIsClearlyFaster) {
   using C = cpu::TimedLayoutCandidate;
@@ -766,6 +759,13 @@ TEST(OnednnLowering, MeasuredLayoutPickKeepsTheDefaultUnlessACandidateIsClearlyF
   EXPECT_DOUBLE_EQ(ref[0].ms, 1.0);
 }
 
+// Every convolution on a jit kernel is timed once and says how far it is from its roofline;
+// one past OnednnOptions::measure_above_roofline gets its layout measured against the others
+// (Note [measured convolution layout]). A depthwise conv on a plain NCHW input is such a case
+// on the dev machine (brdgmm_dw behind nchw<->nhwc reorders, 3x its roofline; jit_dw behind
+// nChw16c reorders, 2.5x faster); the thresholds 0 and infinity make the test independent of
+// the machine's speed: 0 measures it, and the GEMM candidate (x64:gemm:jit, 5-13x slower than
+// the depthwise kernels) must not win; infinity never measures.
 TEST(OnednnLowering, TimedConvolutionsFarFromTheirRooflineAreMeasured) {
   for (DType dt : test_dtypes()) {
     SCOPED_TRACE(dtype_name(dt));

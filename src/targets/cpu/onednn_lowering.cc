@@ -687,8 +687,6 @@ kernels::OnednnNodeDesc OnednnLowering::Impl::describe_node(int32_t n) {
   return d;
 }
 
-// Note [measured convolution layout]: a node's calls on zero-filled buffers sized as it reads
-// and writes them (blocked values at their padded size), timed by kernels::CallTimer.
 // Note [measured convolution layout]: the pick among timed candidates.
 size_t pick_measured_layout(std::vector<TimedLayoutCandidate>& c, bool timed_default) {
   if (c.empty()) return 0;
@@ -712,6 +710,8 @@ size_t pick_measured_layout(std::vector<TimedLayoutCandidate>& c, bool timed_def
   return best;
 }
 
+// Note [measured convolution layout]: a node's calls on zero-filled buffers sized as it reads
+// and writes them (blocked values at their padded size), timed by kernels::CallTimer.
 class OnednnLowering::Impl::NodeTimer {
  public:
   // Buffers come from `arena`, shared by every timer of the lowering (their contents do not
