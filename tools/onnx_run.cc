@@ -143,10 +143,11 @@ void run_onnx_model(const OnnxRunOptions& o) {
     tail = split.tail;
   }
   double import_s = seconds_since(t_import);
-  auto run_model = [tail](const Graph& graph, const TensorList& in) {
-    TensorList out = run(graph, in);
-    return tail ? run_onnx_tail(*tail, out) : out;
-  };
+  // The model's output names: the tail's where there is one, else the graph's.
+  std::vector<std::string> output_names;
+  if (tail) output_names = onnx_tail_outputs(*tail);
+  else
+    for (ValueId v : g.outputs) output_names.push_back(g.value(v).name);
 
   Generator gen(o.seed);
   TensorList inputs(g.inputs.size());
@@ -177,7 +178,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
   std::string compile_backend;
   if (do_eager) {
     auto t0 = std::chrono::steady_clock::now();
-    eager_out = run_model(g, inputs);
+    eager_out = run_onnx_split(g, tail.get(), inputs);
     eager_s = seconds_since(t0);
   }
   if (do_compiled) {
@@ -192,8 +193,9 @@ void run_onnx_model(const OnnxRunOptions& o) {
     Graph on_device;
     if (cuda) on_device = graph_on_device(g, Device::cuda(0));
     const Graph* graph = cuda ? &on_device : &g;
-    CompiledFunction fn =
-        compile([graph, run_model](const TensorList& in) { return run_model(*graph, in); }, copts);
+    CompiledFunction fn = compile(
+        [graph, tail](const TensorList& in) { return run_onnx_split(*graph, tail.get(), in); },
+        copts);
     TensorList compiled_in = inputs;
     if (cuda)
       for (Tensor& t : compiled_in) t = t.to(Device::cuda(0));
@@ -215,7 +217,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
   if (!o.output_dir.empty()) {
     std::filesystem::create_directories(o.output_dir);
     for (size_t i = 0; i < outs.size(); ++i) {
-      std::string name = tail ? onnx_tail_outputs(*tail)[i] : g.value(g.outputs[i]).name;
+      std::string name = output_names[i];
       for (char& ch : name)  // ONNX names may hold '/' or ':'
         if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-' && ch != '.') ch = '_';
       write_npy(o.output_dir + "/" + name + ".npy", outs[i]);
@@ -252,7 +254,7 @@ void run_onnx_model(const OnnxRunOptions& o) {
     std::vector<double> v = outs[i].to_vector<double>();
     double sum = 0, asum = 0;
     for (double x : v) sum += x, asum += std::fabs(x);
-    nlohmann::json out = {{"name", tail ? onnx_tail_outputs(*tail)[i] : g.value(g.outputs[i]).name},
+    nlohmann::json out = {{"name", output_names[i]},
                           {"dtype", dtype_name(outs[i].dtype())},
                           {"shape", std::vector<int64_t>(outs[i].sizes().begin(), outs[i].sizes().end())},
                           {"sum", sum},

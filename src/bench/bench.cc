@@ -233,12 +233,6 @@ OnnxSplitImport import_for_bench(const std::string& path, int64_t batch) {
   }
 }
 
-// The model's outputs: the graph's, then the tail's where there is one.
-TensorList run_split(const Graph& g, const OnnxTail* tail, const TensorList& in) {
-  TensorList out = run(g, in);
-  return tail ? run_onnx_tail(*tail, out) : out;
-}
-
 }  // namespace
 
 // Declared in bench.h.
@@ -455,7 +449,7 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
   if (tail) t.data_dependent_tail = describe_onnx_tail(*tail);
   t.name = std::filesystem::path(target).filename().string();
   t.inputs = random_inputs(*g, batch, seed);
-  t.eager = [g, tail](const TensorList& in) { return run_split(*g, tail.get(), in); };
+  t.eager = [g, tail](const TensorList& in) { return run_onnx_split(*g, tail.get(), in); };
   // Graph parameters keep their initializer names (a package's source graph lists them:
   // `kiln package --replace-weights` takes new weights by these names).
   NamedState params;
@@ -463,7 +457,7 @@ BenchTarget load_bench_target(const std::string& target, int64_t batch, uint64_t
     if (g->value(v).kind == ValueKind::Param) params.emplace_back(g->value(v).name, g->value(v).data);
   t.state = params;
   t.compile = [g, tail, params](const CompileOptions& o) {
-    return compile([g, tail](const TensorList& in) { return run_split(*g, tail.get(), in); },
+    return compile([g, tail](const TensorList& in) { return run_onnx_split(*g, tail.get(), in); },
                    params, o);
   };
   return t;

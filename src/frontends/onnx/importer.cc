@@ -12,6 +12,7 @@
 #include <google/protobuf/io/coded_stream.h>
 
 #include "frontends/onnx/convert.h"
+#include "ir/interpreter.h"
 #include "ops/dispatch.h"
 
 namespace kiln {
@@ -204,7 +205,9 @@ TensorType input_type(const pb::ValueInfoProto& vi, const std::string& source) {
 // Nodes in an order where every input is defined before use (ONNX requires topological order,
 // but some exporters do not keep it). Checks that every input is defined and that no value is
 // defined twice; a cycle is an error naming its nodes.
+// `reads`: node_reads(g).
 std::vector<int> topological_order(const pb::GraphProto& g, const std::set<std::string>& defined,
+                                   const std::vector<std::vector<std::string>>& reads,
                                    const std::string& source) {
   std::map<std::string, int> producer;
   for (int i = 0; i < g.node_size(); ++i)
@@ -223,7 +226,6 @@ std::vector<int> topological_order(const pb::GraphProto& g, const std::set<std::
     }
   std::vector<int> pending(size_t(g.node_size()), 0);
   std::vector<std::vector<int>> users(size_t(g.node_size()));
-  const std::vector<std::vector<std::string>> reads = node_reads(g);
   for (int i = 0; i < g.node_size(); ++i)
     for (const std::string& in : reads[size_t(i)]) {
       if (in.empty() || defined.count(in)) continue;
@@ -285,6 +287,45 @@ struct OnnxTail {
 
 namespace {
 
+// An initializer of the graph being imported (or of an If branch) as a known operand under its
+// name; `defined` collects the names: an unnamed or repeated one is an error naming `where`.
+void add_initializer(ImportState& st, const pb::TensorProto& t, std::set<std::string>& defined,
+                     const std::string& where) {
+  if (t.name().empty())
+    fail_kind(ErrorKind::InvalidArgument, "{}: an initializer has no name", where);
+  if (!defined.insert(t.name()).second)
+    fail_kind(ErrorKind::InvalidArgument, "{}: initializer '{}' is defined twice", where,
+              t.name());
+  Operand o;
+  o.data = tensor_from_proto(t, st.model_dir, st.options.max_tensor_bytes,
+                             fmt::format("{}: initializer '{}'", where, t.name()));
+  o.type = o.data.type();
+  o.name = t.name();
+  o.is_initializer = true;
+  st.by_name[t.name()] = st.add_operand(std::move(o));
+}
+
+// Operand v as the next graph output, a distinct Kiln value carrying `name` (a copy where v's
+// value is already an output, or a param or input named otherwise). `used`: the outputs so far.
+ValueId add_graph_output(ImportState& st, V v, const std::string& name, std::set<ValueId>& used) {
+  ValueId id = st.materialize(v);
+  const Value& val = st.graph.value(id);
+  const bool reuse = !used.count(id) && (val.kind == ValueKind::NodeOutput ||
+                                         val.kind == ValueKind::Const || val.name == name);
+  if (!reuse) id = st.graph.add_node1(OpId::Copy, {id}, {}, name);
+  used.insert(id);
+  claim_name(st.graph, id, name);
+  st.graph.outputs.push_back(id);
+  return id;
+}
+
+// Params keep their initializer names.
+void claim_param_names(ImportState& st) {
+  for (Operand& o : st.operands)
+    if (o.is_initializer && o.id != kNoValue && st.graph.value(o.id).kind == ValueKind::Param)
+      claim_name(st.graph, o.id, o.name);
+}
+
 // One ONNX node through its converter; errors get the file and node.
 void convert_node(ImportState& st, const pb::NodeProto& node, const std::string& display_name) {
   const OnnxOpEntry* entry = find_onnx_op(node.op_type());
@@ -333,20 +374,7 @@ Graph import_model(const pb::ModelProto& m, ImportState& st, OnnxTail* tail) {
 
   st.graph.name = g.name().empty() ? "main" : g.name();
   std::set<std::string> defined;
-  for (const pb::TensorProto& t : g.initializer()) {
-    if (t.name().empty())
-      fail_kind(ErrorKind::InvalidArgument, "{}: an initializer has no name", st.source);
-    if (!defined.insert(t.name()).second)
-      fail_kind(ErrorKind::InvalidArgument, "{}: initializer '{}' is defined twice", st.source,
-                t.name());
-    Operand o;
-    o.data = tensor_from_proto(t, st.model_dir, st.options.max_tensor_bytes,
-                               fmt::format("{}: initializer '{}'", st.source, t.name()));
-    o.type = o.data.type();
-    o.name = t.name();
-    o.is_initializer = true;
-    st.by_name[t.name()] = st.add_operand(std::move(o));
-  }
+  for (const pb::TensorProto& t : g.initializer()) add_initializer(st, t, defined, st.source);
   std::set<std::string> seen_inputs;
   for (const pb::ValueInfoProto& vi : g.input()) {
     if (vi.name().empty())
@@ -405,8 +433,8 @@ Graph import_model(const pb::ModelProto& m, ImportState& st, OnnxTail* tail) {
                 "{}: a value is bound to '{}', which is not a graph input of the model", st.source,
                 name);
 
-  std::vector<int> order = topological_order(g, defined, st.source);
   const std::vector<std::vector<std::string>> reads = node_reads(g);
+  std::vector<int> order = topological_order(g, defined, reads, st.source);
   std::set<std::string> tail_values;  // Note [Data-dependent tails]: made by tail nodes
   for (int i : order) {
     const pb::NodeProto& node = g.node(i);
@@ -465,19 +493,10 @@ Graph import_model(const pb::ModelProto& m, ImportState& st, OnnxTail* tail) {
         tail->constants.emplace_back(n, o.data);
         continue;
       }
-      ValueId id = st.materialize(it->second);
-      const Value& val = st.graph.value(id);
-      bool reuse = !used.count(id) && (val.kind == ValueKind::NodeOutput ||
-                                       val.kind == ValueKind::Const || val.name == n);
-      if (!reuse) id = st.graph.add_node1(OpId::Copy, {id}, {}, n);
-      used.insert(id);
-      claim_name(st.graph, id, n);
-      st.graph.outputs.push_back(id);
+      add_graph_output(st, it->second, n, used);
       tail->inputs.push_back(n);
     }
-    for (Operand& o : st.operands)
-      if (o.is_initializer && o.id != kNoValue && st.graph.value(o.id).kind == ValueKind::Param)
-        claim_name(st.graph, o.id, o.name);
+    claim_param_names(st);
     return std::move(st.graph);
   }
 
@@ -494,15 +513,7 @@ Graph import_model(const pb::ModelProto& m, ImportState& st, OnnxTail* tail) {
       fail_kind(ErrorKind::NotSupported,
                 "{}: graph output '{}' holds symbolic dims (a Shape of a symbolic input); Kiln "
                 "cannot output shapes computed at run time", st.source, vi.name());
-    ValueId id = st.materialize(v);
-    const Value& val = st.graph.value(id);
-    bool reuse = !used.count(id) &&
-                 (val.kind == ValueKind::NodeOutput || val.kind == ValueKind::Const ||
-                  val.name == vi.name());
-    if (!reuse) id = st.graph.add_node1(OpId::Copy, {id}, {}, vi.name());
-    used.insert(id);
-    claim_name(st.graph, id, vi.name());
-    st.graph.outputs.push_back(id);
+    const ValueId id = add_graph_output(st, v, vi.name(), used);
 
     // The declared type, where the model gives one, must agree with what Kiln computes.
     const TensorType& got = st.graph.type(id);
@@ -537,10 +548,7 @@ Graph import_model(const pb::ModelProto& m, ImportState& st, OnnxTail* tail) {
       }
     }
   }
-  // Params keep their initializer names.
-  for (Operand& o : st.operands)
-    if (o.is_initializer && o.id != kNoValue && st.graph.value(o.id).kind == ValueKind::Param)
-      claim_name(st.graph, o.id, o.name);
+  claim_param_names(st);
   return std::move(st.graph);
 }
 
@@ -554,19 +562,11 @@ std::vector<V> import_branch(NodeCtx& c, const pb::GraphProto& g, std::string_vi
     fail_kind(ErrorKind::NotSupported, "{}: a branch with inputs ({})", where, g.input_size());
   if (g.sparse_initializer_size() > 0)
     fail_kind(ErrorKind::NotSupported, "{}: sparse initializers are not supported", where);
+  std::set<std::string> own;  // the branch's initializers (unique among themselves)
+  for (const pb::TensorProto& t : g.initializer()) add_initializer(st, t, own, where);
   std::set<std::string> defined;
   for (const auto& [name, v] : st.by_name) defined.insert(name);
-  for (const pb::TensorProto& t : g.initializer()) {
-    Operand o;
-    o.data = tensor_from_proto(t, st.model_dir, st.options.max_tensor_bytes,
-                               fmt::format("{}: initializer '{}'", where, t.name()));
-    o.type = o.data.type();
-    o.name = t.name();
-    o.is_initializer = true;
-    st.by_name[t.name()] = st.add_operand(std::move(o));
-    defined.insert(t.name());
-  }
-  for (int i : topological_order(g, defined, where))
+  for (int i : topological_order(g, defined, node_reads(g), where))
     convert_node(st, g.node(i), node_display_name(g.node(i), size_t(i)));
   std::vector<V> out;
   for (const pb::ValueInfoProto& vi : g.output()) {
@@ -663,6 +663,11 @@ TensorList run_onnx_tail(const OnnxTail& tail, const TensorList& graph_outputs) 
     out.push_back(o.data);
   }
   return out;
+}
+
+TensorList run_onnx_split(const Graph& graph, const OnnxTail* tail, const TensorList& inputs) {
+  TensorList out = run(graph, inputs);
+  return tail ? run_onnx_tail(*tail, out) : out;
 }
 
 const std::vector<std::string>& onnx_tail_outputs(const OnnxTail& tail) { return tail.outputs; }

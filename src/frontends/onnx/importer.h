@@ -86,6 +86,9 @@ OnnxSplitImport import_onnx_split_bytes(std::string_view bytes, const std::strin
                                         const ImportOptions& options = {});
 // The tail over the graph's outputs (in order): the model's outputs, on the CPU.
 TensorList run_onnx_tail(const OnnxTail& tail, const TensorList& graph_outputs);
+// The whole model: `graph` through the interpreter (recorded under capture), then `tail`
+// where there is one (null: the graph's outputs are the model's).
+TensorList run_onnx_split(const Graph& graph, const OnnxTail* tail, const TensorList& inputs);
 // "N of M ONNX nodes run op by op ..., from node 'X' (NonZero), ..." for reports.
 std::string describe_onnx_tail(const OnnxTail& tail);
 // The model's output names, in order (what run_onnx_tail returns).
