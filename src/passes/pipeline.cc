@@ -15,6 +15,7 @@
 #include "passes/fold_conv_bn.h"
 #include "passes/fuse_attention.h"
 #include "passes/fuse_epilogues.h"
+#include "passes/grid_sample_layout.h"
 #include "passes/matmul_to_linear.h"
 #include "passes/merge_linears.h"
 #include "passes/patch_conv.h"
@@ -42,8 +43,9 @@ constexpr PassEntry kPasses[] = {
     // compile option precision (not in the default pipeline: compiler_pipeline adds one)
     {"autocast-bf16", [] { return make_autocast_pass(DType::BFloat16); }, false},
     {"autocast-f16", [] { return make_autocast_pass(DType::Float16); }, false},
-    // a target's choice after autocast (Target::precision_graph_passes: CUDA)
+    // a target's choice after autocast (Target::precision_graph_passes: CUDA, CPU)
     {"attention-mask-guard", make_attention_mask_guard_pass, false},
+    {"grid-sample-channels-last", make_grid_sample_channels_last_pass, false},  // the CPU's
     {"default", make_default_pipeline_pass, false},  // all of the above marked true, in order
 };
 }  // namespace

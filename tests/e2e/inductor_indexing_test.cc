@@ -216,6 +216,103 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
   EXPECT_EQ(gathers, 4) << "dumped sources in " << dump;  // every Pointwise form ([2, 5, 527])
 }
 
+// Note [grid_sample channels-last] (targets/cpu/emitter.cc): a grid_sample whose source is
+// contiguous along the channels (32 of them: whole 16- and 8-lane runs) runs its points in tiles
+// of KN_W points x KN_W channels through a transpose; 2 x 17 x 31 points in blocks of 256 leave
+// a block of 15 (at 16 lanes all scalar, at 8 lanes one tile and 7 scalar). Coordinates far
+// outside, infinite, NaN (in every block) and on the border, both align_corners, both widths:
+// it matches the float64 interpreter, and gives the same bits as the scalar kernel
+// (vectorize off). Then the pass that arranges such a source (passes/grid_sample_layout.h):
+// two grid_samples of one NCHW input with 32 channels share one channels-last copy, run the
+// tiles, and match the interpreter; a single small sample of the same input is left alone.
+TEST(InductorIndexing, ChannelsLastGridSampleRunsTransposedTilesAndMatchesTheReference) {
+  const test::DumpDir dump("kiln_grid_tiles");
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Fresh inputs of `seed`: x normal, grids uniform in [-1.3, 1.3] with the extremes.
+  auto inputs = [&](const Graph& g, uint64_t seed) {
+    TensorList in = test::graph_test_inputs(g, {}, false, seed);
+    Generator gen(seed + 100);
+    for (size_t i = 0; i < g.inputs.size(); ++i) {
+      if (g.value(g.inputs[i]).name.rfind("grid", 0) != 0) continue;
+      in[i] = Tensor::rand(in[i].sizes(), gen, -1.3, 1.3, f32);
+      float* p = in[i].data<float>();
+      const int64_t n = in[i].numel();
+      for (auto [at, v] : {std::pair<int64_t, float>{7, 25.0f}, {100, -inf}, {513, nan},
+                           {1040, 1.0f}, {1041, -1.0f}, {n - 4, nan}, {n - 9, inf}})
+        if (at < n) p[at] = v;
+    }
+    return in;
+  };
+  auto check = [&](const Graph& g, int nonfinite_at_least) {
+    for (uint64_t seed : {51u, 52u}) {
+      TensorList in = inputs(g, seed);
+      TensorList in64;
+      for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+      const TensorList want = run(test::as_float64(g), in64);
+      compiler::Options scalar_options;
+      scalar_options.vectorize = false;
+      const TensorList scalar = compiler::compile(g, Device::cpu(), scalar_options)->run(in);
+      for (const char* vec : {"512", "256"}) {
+        compiler::Options options;
+        options.knobs.set("vec", vec);
+        auto compiled = compiler::compile(g, Device::cpu(), options);
+        EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
+        const TensorList got = compiled->run(in);
+        for (size_t o = 0; o < got.size(); ++o) {
+          int64_t nonfinite = 0;
+          for (int64_t i = 0; i < want[o].numel(); ++i) nonfinite += !std::isfinite(want[o].data<double>()[i]);
+          EXPECT_GE(nonfinite, nonfinite_at_least) << g.name << " output " << o << ": the oracle's NaNs";
+          EXPECT_TRUE(test::close(got[o], want[o], test::Tolerance::rel(1e-5, 1e-5)))
+              << g.name << " output " << o << " seed " << seed << " vec " << vec << "\n" << compiled->summary();
+          EXPECT_TRUE(test::close(got[o], scalar[o], test::Tolerance::exact()))
+              << g.name << " output " << o << " seed " << seed << " vec " << vec << ": not the scalar kernel's bits";
+        }
+      }
+    }
+  };
+  const std::string marker = "in tiles transposed to dim";
+  for (bool ac : {false, true}) {
+    Graph g;
+    g.name = ac ? "grid_tiles_ac" : "grid_tiles";
+    ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, 32}));
+    ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 17, 31, 2}));
+    ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
+    g.outputs = {g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", ac}}, "sample")};
+    check(g, 2 * 32);  // two NaN coordinates: 32 channels each
+  }
+  EXPECT_EQ(dump.count(marker), 4) << "dumped sources in " << dump.path;
+
+  // The pass: x NCHW [1, 32, 12, 10], two grid_samples of 9 x 13 points (7488 outputs >= 3840).
+  Graph g;
+  g.name = "grid_tiles_nchw";
+  ValueId x = g.add_input("x", TensorType(f32, Shape{1, 32, 12, 10}));
+  ValueId g1 = g.add_input("grid1", TensorType(f32, Shape{1, 9, 13, 2}));
+  ValueId g2 = g.add_input("grid2", TensorType(f32, Shape{1, 9, 13, 2}));
+  ValueId a = g.add_node1(OpId::GridSample, {x, g1}, {{"align_corners", true}}, "sample1");
+  ValueId b = g.add_node1(OpId::GridSample, {x, g2}, {{"align_corners", false}}, "sample2");
+  g.outputs = {a, b};
+  const int before = dump.count(marker);
+  check(g, 32);  // one NaN coordinate per grid
+  // Each of the two grid_samples, at both widths.
+  EXPECT_EQ(dump.count(marker) - before, 4) << "dumped sources in " << dump.path;
+  // The compiler's passes made one copy, which both grid_samples read.
+  auto copies = [](Graph graph) {
+    compiler::run_compiler_passes(graph, compiler::target_for(Device::cpu()), f32);
+    int n = 0;
+    for (const Node& node : graph.nodes) n += node.op == OpId::Copy;
+    return n;
+  };
+  EXPECT_EQ(copies(g), 1);
+  // One small sample (3 x 4 points: 384 outputs < 3840 elements): no copy.
+  Graph small;
+  small.name = "grid_small";
+  ValueId sx = small.add_input("x", TensorType(f32, Shape{1, 32, 12, 10}));
+  ValueId sg = small.add_input("grid", TensorType(f32, Shape{1, 3, 4, 2}));
+  small.outputs = {small.add_node1(OpId::GridSample, {sx, sg}, {{"align_corners", false}}, "sample")};
+  EXPECT_EQ(copies(small), 0);
+}
+
 // Note [grid sums stored channels innermost] (lower/scheduler.cc) and Note [grid taps per point]
 // (targets/cpu/emitter.cc): msda's chain of levels, each a grid_sample weighted and reduced over
 // its 4 points, each level's running sum read by the next level's epilogue; three levels (the

@@ -119,6 +119,9 @@ class KernelEmitter {
   // Whether the Pointwise form gathers KN_W points at a time: a float32 source whose offsets
   // within a plane fit int32, stored contiguously along the points.
   bool grid_gathers() const;
+  // Note [grid_sample channels-last]: whether the Pointwise form runs SIMD lanes along grid_dim_
+  // (the source contiguous there), KN_W points at a time through a transposed tile.
+  bool grid_point_lanes() const;
   void emit_grid_taps(std::string& out);
   void emit_reduce_grid(std::string& out);
   int grid_ = -1, grid_dim_ = -1;
@@ -798,6 +801,33 @@ bool KernelEmitter::grid_gathers() const {
   return store_vectorizable(k_.stores[0].access, size_t(n() - 1));
 }
 
+// Note [grid_sample channels-last]
+// The Pointwise form gathers KN_W points' taps per channel (four masked gathers per KN_W
+// outputs): deform_sampling's nine grid_samples of a [64, 64, 64] NCHW feature map took 0.42 ms
+// each at one thread, 19x their floor, bound by Zen 4's gathers. Where the source is contiguous
+// along the dim the tables are shared across (the channels: a source stored channels-last, which
+// the CPU target's grid-sample-channels-last pass arranges, passes/grid_sample_layout.h), its
+// size along it is a multiple of 16, and the store is float32 and contiguous along the points,
+// the block's points go KN_W at a time instead, per run of KN_W channels: each point's taps are
+// four masked vector loads (nothing read where a tap is out of bounds), weighted and added in
+// the scalar form's order into one vector (lanes = channels), a row of a KN_W x KN_W tile that
+// kn_transpose_w stores as KN_W runs of KN_W points, one per channel. The points of a block
+// left over (fewer than KN_W) go through the scalar loop. Same arithmetic in the same order per
+// output as the other forms. The runs of channels are the outer loop: with the points outer,
+// every tile stored a line into each of the 64 output rows, 16 KiB apart (one set of L1), and
+// the kernel took 0.18-0.20 ms; so 0.14-0.16 ms (`kiln profile deform_sampling.onnx --threads
+// 1`), 6.5-7.5x the floor. Tried and not kept, no change measured: non-temporal stores of the
+// tiles, unmasked loads for points with all four taps inside, prefetching the taps of the
+// point 8 ahead.
+bool KernelEmitter::grid_point_lanes() const {
+  if (!opt_.vectorize || k_.kind != LoopKind::Pointwise || grid_ < 0) return false;
+  const size_t d = size_t(grid_dim_);
+  const Access& src = k_.loads[size_t(k_.exprs[size_t(grid_)].load)];
+  const Access& st = k_.stores[0].access;
+  return src.dtype == DType::Float32 && src.strides[d] == 1 && k_.sizes[d] % 16 == 0 &&
+         st.dtype == DType::Float32 && st.strides[size_t(n() - 1)] == 1 && st.strides[d] != 0;
+}
+
 // The Pointwise form: blocks of kGridBlock points of the innermost dim.
 void KernelEmitter::emit_grid_taps(std::string& out) {
   const int r = n(), in = r - 1, d = grid_dim_;
@@ -819,9 +849,32 @@ void KernelEmitter::emit_grid_taps(std::string& out) {
   out += grid_coords("        ");
   out += "      }\n    }\n";
   out += grid_fill(kGridBlock, off_type, "j1_ - j0_", "    ");
+  // Points [j0_, jt_) in tiles of KN_W points x KN_W channels (Note [grid_sample channels-last]).
+  out += "    i64 jt_ = j0_;\n";
+  if (grid_point_lanes()) {
+    const lower::LoopStore& st = k_.stores[0];
+    const int64_t D = k_.sizes[size_t(d)];
+    // Runs of KN_W channels outermost, so that the stores of a run fill KN_W output rows in
+    // order (with the points outermost, every tile stored a line into each of size(d) rows,
+    // 16 KiB apart in deform_sampling: one set of L1).
+    out += "#ifdef KN_W\n    const i64 jn_ = j0_ + (j1_ - j0_) / KN_W * KN_W;\n";
+    out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; i{0} += KN_W)\n", d, D);
+    out += fmt::format("      for (i64 i{0} = j0_; i{0} < jn_; i{0} += KN_W) {{\n", in);
+    out += "        alignas(64) float t_[KN_W * KN_W];\n";
+    out += fmt::format("        for (int j_ = 0; j_ < KN_W; ++j_) {{\n          const i64 p_ = i{} - j0_ + j_;\n", in);
+    read_tables_ = true;
+    vdim_ = d;
+    out += fmt::format("          vst(t_ + j_ * KN_W, {});\n", grid_lanes_code(grid_));
+    vdim_ = -1;
+    read_tables_ = false;
+    out += "        }\n";
+    out += fmt::format("        kn_transpose_w(t_, KN_W, S0 + {}, {});\n      }}\n", index(st.access.strides),
+                       st.access.strides[size_t(d)]);
+    out += "    jt_ = jn_;\n#endif\n";
+  }
   // Every point along d through the tables.
   out += fmt::format("    for (i64 i{0} = 0; i{0} < {1}; ++i{0}) {{\n", d, k_.sizes[size_t(d)]);
-  out += fmt::format("      i64 i{} = j0_;\n", in);
+  out += fmt::format("      i64 i{} = jt_;\n", in);
   if (gathers) {
     const LoopExpr& e = k_.exprs[size_t(grid_)];
     const std::array<int64_t, 4> tap = grid_tap_offsets(e);
@@ -1701,6 +1754,10 @@ std::string KernelEmitter::emit(bool* vectorized) {
     out += fmt::format(", row buffer of {} (Note [row-buffered norms])\n", k_.exprs[size_t(k_.anchor)].count);
   else if (!vec && !lanes && find_grid_tables())
     out += grid_lanes()     ? fmt::format(", tap tables across dim {0}, SIMD lanes along dim {0}\n", grid_dim_)
+           : grid_point_lanes()
+               ? fmt::format(", tap tables across dim {0}, SIMD lanes along dim {0} in tiles "
+                             "transposed to dim {1} (Note [grid_sample channels-last])\n",
+                             grid_dim_, n() - 1)
            : grid_gathers() ? fmt::format(", tap tables across dim {}, SIMD gathers along dim {}\n",
                                           grid_dim_, n() - 1)
                             : fmt::format(", scalar, tap tables across dim {}\n", grid_dim_);

@@ -222,6 +222,8 @@ static inline void kn_transpose16(const float* s, i64 ss, float* d, i64 ds) {
   }
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(d + i * ds, r[i]);
 }
+// A KN_W x KN_W tile: Note [grid_sample channels-last] (emitter.cc).
+static inline void kn_transpose_w(const float* s, i64 ss, float* d, i64 ds) { kn_transpose16(s, ss, d, ds); }
 #elif defined(__AVX2__)
 #define KN_W 8
 struct VF { __m256 v; };
@@ -306,6 +308,7 @@ static inline void kn_transpose16(const float* s, i64 ss, float* d, i64 ds) {
   for (int a = 0; a < 2; ++a)
     for (int b = 0; b < 2; ++b) kn_transpose8(s + a * 8 * ss + b * 8, ss, d + b * 8 * ds + a * 8, ds);
 }
+static inline void kn_transpose_w(const float* s, i64 ss, float* d, i64 ds) { kn_transpose8(s, ss, d, ds); }
 static inline void vst_i32(int* p, VF a) { _mm256_storeu_si256((__m256i*)p, _mm256_cvttps_epi32(a.v)); }
 static inline VF vld_if(int c, const float* p) { return {_mm256_maskload_ps(p, _mm256_set1_epi32(-c))}; }
 static inline VF vgather(const float* base, const int* offs) {

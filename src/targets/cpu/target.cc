@@ -124,6 +124,12 @@ class CpuTarget final : public compiler::Target {
     return {OpId::BatchNorm, OpId::GroupNorm, OpId::ScaledDotProductAttention, OpId::Split};
   }
 
+  // After autocast, where a grid_sample's dtype is final (Note [grid_sample channels-last] in
+  // targets/cpu/emitter.cc: the vector form reads float32 sources).
+  std::vector<std::string> precision_graph_passes() const override {
+    return {"grid-sample-channels-last"};
+  }
+
   bool library_takes(const Graph& g, const Node& n) const override {
     return n.op != OpId::Concat || onednn_concat_candidate(g, n);
   }
