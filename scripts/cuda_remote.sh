@@ -16,6 +16,9 @@ LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 cd "$HERE"
 export LD_LIBRARY_PATH="$HERE:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The CPU kernels compiled here link -lsleef: the staged libsleef.so (this machine has no
+# libsleef-dev).
+export LIBRARY_PATH="$HERE${LIBRARY_PATH:+:$LIBRARY_PATH}"
 export KILN_C_RUN="${KILN_C_RUN:-$HERE/kiln_c_run}"  # the C example, for the package tests
 export KILN_CLI="${KILN_CLI:-$HERE/kiln}"  # the CLI, for compiles in a separate process
 models=("$@")

@@ -85,6 +85,15 @@ done | sort -u | while read -r lib; do
   case "$name" in libkiln_*) strip --strip-unneeded -o "$STAGE/$name" "$lib" ;; *) cp -L "$lib" "$STAGE/$name" ;; esac
 done
 
+# SLEEF for the CPU kernels the suite compiles there (a CUDA test compares with the CPU compiled
+# run; generated units link -lsleef): no staged binary links it any more, and the GPU machine
+# has no libsleef-dev. The runtime library and a linker name for it (run.sh puts the folder on
+# LIBRARY_PATH as well as LD_LIBRARY_PATH).
+sleef="$(g++ -print-file-name=libsleef.so)"
+[[ -f "$sleef" ]] || { echo "cuda_tests.sh: libsleef.so not found (install libsleef-dev)" >&2; exit 1; }
+cp -L "$sleef" "$STAGE/libsleef.so.3"
+ln -sf libsleef.so.3 "$STAGE/libsleef.so"
+
 # The device tool carries at most 64 MiB per call (tree included): the folder travels as one
 # xz archive (.carry/cuda.tar.xz), unpacked there.
 size_kib=$(du -sk "$STAGE" | cut -f1)
