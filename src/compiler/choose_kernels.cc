@@ -23,7 +23,8 @@ KernelChoice choose_kernels(const Graph& g, const Target& target, const Schedule
     const Node& node = g.nodes[i];
     // A linear small enough is cheaper as generated code than as a library call (a oneDNN call
     // costs about a microsecond of overhead).
-    c.gemv[i] = lower::small_linear(g, node, policy.small_linear_macs, policy.small_half_gemv_macs);
+    c.gemv[i] = lower::small_linear(g, node, policy.small_linear_macs, policy.small_half_gemv_macs,
+                                    policy.row_linear_macs);
     bool lib = support[size_t(node.op)].library && !c.gemv[i] && target.library_takes(g, node);
     for (ValueId o : node.outputs) lib = lib && concrete(g.type(o));
     c.library[i] = lib;

@@ -81,6 +81,8 @@ struct SchedulePolicy {
   int64_t small_linear_macs = 0;
   // The same for a float16 / bfloat16 linear of one input row (lower::small_linear).
   int64_t small_half_gemv_macs = 0;
+  // The same for a float32 linear of one input row (lower::small_linear's max_row_macs).
+  int64_t row_linear_macs = 0;
   // lower::ScheduleOptions::grid_sums_channels_inner.
   bool grid_sums_channels_inner = false;
 };

@@ -98,7 +98,8 @@ bool is_global_avg_pool(const Node& n) {
 
 }  // namespace
 
-bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_half_row_macs) {
+bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_half_row_macs,
+                  int64_t max_row_macs) {
   if (n.op != OpId::Linear && n.op != OpId::FusedLinear) return false;
   if (n.inputs.size() < 2) return false;
   const TensorType& x = g.type(n.inputs[0]);
@@ -110,6 +111,9 @@ bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_h
     max_macs = max_half_row_macs;
   } else if (x.dtype != DType::Float32) {
     return false;
+  } else if (const int64_t k = x.shape[x.rank() - 1].value();
+             numel(dims_of(x)) == k && k >= 256 && w.shape[0].value() % 4 == 0 && max_row_macs > max_macs) {
+    max_macs = max_row_macs;  // one row of float32
   }
   if (n.op == OpId::FusedLinear) {
     const std::string& act = n.attrs.get_string("activation");

@@ -68,8 +68,11 @@ bool loop_expressible(const Graph& g, const Node& n);
 // Whether `n` is a linear / fused_linear (with an activation the GEMV epilogue has) that the
 // scheduler generates as a reduction over K (a GEMV in registers for batch-1 MLPs): float32 of
 // at most `max_macs` multiply-adds, or float16 / bfloat16 of one input row (a GEMV: batch-1
-// classifier heads) and at most `max_half_row_macs`. A target decides the thresholds.
-bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_half_row_macs = 0);
+// classifier heads) and at most `max_half_row_macs`; or float32 of one input row, at most
+// `max_row_macs`, with an output a multiple of 4 long and K >= 256 (the CPU's GEMV of four rows
+// at a time, Note [reduction rows] in targets/cpu/emitter.cc). A target decides the thresholds.
+bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_half_row_macs = 0,
+                  int64_t max_row_macs = 0);
 
 // `view_is_copy[v]`: the memory planner materializes view value v (PlanKind::Copy); such view
 // nodes become copy kernels. Values consumed by extern/fallback steps must not be virtual

@@ -333,3 +333,54 @@ TEST(InductorFlattenedLanes, ShortInnermostDimsMatchTheReferenceAndTheUnflattene
     }
   }
 }
+
+// Note [reduction rows]: a float32 linear of one input row (K = 300: 18 vectors and a scalar
+// tail of 12 at 16 lanes) with 12 outputs runs four of them at a time in one kernel with its
+// bias and relu, at both vector widths: it matches the float64 reference, a NaN planted in
+// row 5 of W is a NaN in output 5 only, and +inf in row 2 is +inf in output 2 only; oneDNN's
+// inner product (knob gemv=onednn) agrees within float32 rounding.
+TEST(InductorReductionRows, RowLinearComputesFourOutputsAtATimeAndMatchesTheReference) {
+  const DumpDir dump("kiln_reduce_rows");
+  Graph g;
+  g.name = "row_linear";
+  ValueId x = g.add_input("x", TensorType(f32, Shape{1, 300}));
+  ValueId w = g.add_input("w", TensorType(f32, Shape{12, 300}));
+  ValueId b = g.add_input("b", TensorType(f32, Shape{12}));
+  ValueId y = g.add_node1(OpId::Linear, {x, w, b}, {}, "fc");
+  g.outputs = {g.add_node1(OpId::Relu, {y}, {}, "act")};
+  auto poison = [](TensorList& in) {
+    float* pw = in[1].data<float>();
+    pw[5 * 300 + 17] = std::numeric_limits<float>::quiet_NaN();
+    for (int k = 0; k < 300; ++k) pw[2 * 300 + k] = std::fabs(pw[2 * 300 + k]);
+    pw[2 * 300 + 299] = std::numeric_limits<float>::infinity();  // in the scalar tail
+    float* px = in[0].data<float>();
+    for (int k = 0; k < 300; ++k) px[k] = std::fabs(px[k]) + 0.1f;  // row 2's sum is +inf
+  };
+  for (const char* vec : {"512", "256"}) {
+    compiler::Options options;
+    options.knobs.set("vec", vec);
+    auto compiled = compiler::compile(g, Device::cpu(), options);
+    compiler::Options onednn_options;
+    onednn_options.knobs.set("gemv", "onednn");
+    auto onednn = compiler::compile(g, Device::cpu(), onednn_options);
+    EXPECT_EQ(compiled->report().eager_launches, 0) << compiled->summary();
+    for (uint64_t seed : {61u, 62u}) {
+      Generator gen(seed);
+      TensorList in, in64;
+      for (ValueId v : g.inputs) in.push_back(Tensor::randn(dims_of(g, v), gen, f32));
+      poison(in);
+      for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+      const Tensor want = run(test::as_float64(g), in64)[0];
+      const Tensor got = compiled->run(in)[0];
+      test::Comparison cmp = test::compare(got, want, test::Tolerance::rel(1e-5, 1e-5));
+      EXPECT_TRUE(cmp.ok()) << "vec " << vec << " seed " << seed << ": " << cmp.str() << "\n" << compiled->summary();
+      const float* pg = got.data<float>();
+      for (int n = 0; n < 12; ++n) {
+        EXPECT_EQ(std::isnan(pg[n]), n == 5) << "output " << n;
+        EXPECT_EQ(std::isinf(pg[n]), n == 2) << "output " << n;
+      }
+      EXPECT_TRUE(test::compare(got, onednn->run(in)[0], test::Tolerance::rel(1e-5, 1e-5)).ok());
+    }
+  }
+  EXPECT_EQ(dump.count("(Note [reduction rows])"), 2) << "dumped sources in " << dump.path;
+}

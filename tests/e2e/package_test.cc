@@ -106,9 +106,10 @@ struct Packaged {
   std::string path;
 };
 
-Packaged package_zoo(const std::string& name, const std::string& dir) {
+Packaged package_zoo(const std::string& name, const std::string& dir,
+                     const compiler::Options& options = {}) {
   Packaged p{nn::make_zoo_model(name, 1, 7), nullptr, dir + "/" + name + ".kiln"};
-  p.compiled = nn::export_package(p.model.module, p.model.inputs, {}, name, p.path);
+  p.compiled = nn::export_package(p.model.module, p.model.inputs, options, name, p.path);
   return p;
 }
 
@@ -271,10 +272,14 @@ TEST(Package, CondModelTakesEachBranchAsTheEagerModel) {
 // slots and are the loaded package's own copies, not views of the bytes it was loaded from.
 TEST(Package, WeightsOnlyOneDnnNodesReadHaveNoSlotAndNoLoadedCopy) {
   TempDir dir;
-  // resnet18: every weight is a oneDNN node's (convolutions, fc). vit_b_16: the layer norms'
-  // weights, the class token and the position embedding are read by loop kernels.
+  // resnet18: every weight is a oneDNN node's (convolutions, and the fc under gemv=onednn: by
+  // default a one-row linear is a generated GEMV, Note [reduction rows]). vit_b_16: the layer
+  // norms' weights, the class token, the position embedding and the head are read by loop
+  // kernels.
   for (const char* name : {"resnet18", "vit_b_16"}) {
-    Packaged p = package_zoo(name, dir.path);
+    compiler::Options options;
+    if (std::string(name) == "resnet18") options.knobs.set("gemv", "onednn");
+    Packaged p = package_zoo(name, dir.path, options);
     std::string bytes = read_bytes(p.path);
     std::vector<PackageSection> sections = parse_package_container(bytes, p.path);
     nlohmann::json m = nlohmann::json::parse(sections[0].bytes);
@@ -471,8 +476,11 @@ TEST(Package, PrepackedWeightsRunAsThePlainPackageDoes) {
   std::string paths[2] = {dir.path + "/packed.kiln", dir.path + "/plain.kiln"};
   for (int k = 0; k < 2; ++k) {
     compiler::Options o;
-    // winograd=checked (the default, spelled out): the 3x3 convolutions' weights are Winograd transforms.
-    o.knobs = compiler::parse_knobs(k == 0 ? "winograd=checked" : "winograd=checked,prepack=off", "test");
+    // winograd=checked (the default, spelled out): the 3x3 convolutions' weights are Winograd
+    // transforms. gemv=onednn: the classifier an inner product too (by default a one-row linear
+    // is a generated GEMV, Note [reduction rows]), so that its prepacked weights are covered.
+    o.knobs = compiler::parse_knobs(k == 0 ? "winograd=checked,gemv=onednn"
+                                           : "winograd=checked,gemv=onednn,prepack=off", "test");
     compiled[k] = nn::export_package(m.module, m.inputs, o, "resnet18", paths[k]);
   }
   uint32_t version[2] = {0, 0};

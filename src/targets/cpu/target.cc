@@ -21,8 +21,9 @@
 //        candidate where a convolution's layout is measured (measured), pinned wherever it
 //        takes the convolution (kiln: tests of its path), or never (onednn). Default measured.
 //   tf32=...   refused: CUDA's (Note [CUDA TF32]).
-//   gemv=generated|onednn  small linears (<= 2^15 multiply-adds) as generated GEMV reductions
-//        or oneDNN calls. Default generated.
+//   gemv=generated|onednn  small linears (<= 2^15 multiply-adds, or float32 of one input row up
+//        to 2^30: Note [reduction rows] in emitter.cc) as generated GEMV reductions or oneDNN
+//        calls. Default generated.
 //   vec=256    8-lane AVX2 vectors on an AVX-512 machine (default: the widest the ISA has).
 //   unroll=4   4 vector accumulators per SIMD reduction (default 1).
 //   prepack=on|off  whether a package holds oneDNN nodes' weights in their primitives' layouts
@@ -65,6 +66,10 @@ using compiler::Knobs;
 using compiler::MemRef;
 
 constexpr int64_t kSmallLinearMacs = 1 << 15;
+// Note [reduction rows] (emitter.cc): a float32 linear of one input row is a generated GEMV of
+// four output rows at a time up to this size (AlexNet's 9216 -> 4096: 38 M multiply-adds, 4.2-4.4
+// ms at two threads against oneDNN's 6.3-7.5), where weight bandwidth is the bound.
+constexpr int64_t kRowLinearMacs = int64_t(1) << 30;
 
 bool is_float(DType d) {
   return d == DType::Float32 || d == DType::Float64 || d == DType::Float16 || d == DType::BFloat16;
@@ -159,7 +164,9 @@ class CpuTarget final : public compiler::Target {
     if (knobs.get("tf32", "off") != "off")
       fail("cpu target: knob tf32 selects CUDA's TF32 tensor cores; the CPU has no TF32 kernels "
            "(drop the knob, or compile in bfloat16 with --dtype bf16)");
-    p.small_linear_macs = knobs.get("gemv", "generated") == "onednn" ? 0 : kSmallLinearMacs;
+    const bool onednn = knobs.get("gemv", "generated") == "onednn";
+    p.small_linear_macs = onednn ? 0 : kSmallLinearMacs;
+    p.row_linear_macs = onednn ? 0 : kRowLinearMacs;
     // Note [grid sums stored channels innermost] (lower/scheduler.cc).
     const std::string grid_sums = knobs.get("grid_sums", "inner");
     if (grid_sums != "inner" && grid_sums != "plain")
@@ -331,13 +338,23 @@ class CpuTarget final : public compiler::Target {
 
 // Whole-graph candidates: the convolution policies where convolutions are a real part of the
 // work (Winograd only when some convolution is 3x3 f32), and the GEMV choice where there are
-// small linears. ViT's patch embedding is <1% of its multiply-adds, and three extra whole-graph
+// small linears (or one-row linears of weight: below). ViT's patch embedding is <1% of its multiply-adds, and three extra whole-graph
 // candidates would cost ~10 s of compile time there for nothing measurable: policies are
 // skipped below 5% of the MACs of convolutions + linears + matmuls (counted from the types;
 // unknown with symbolic shapes).
 std::vector<compiler::Target::Candidate> CpuTarget::autotune_candidates(
     const Graph& graph, const compiler::Options& options, std::string* note) const {
   bool has_conv = false, has_wino = false, has_small_linear = false;
+  double conv_macs = 0, gemm_macs = 0, row_linear_macs = 0;
+  bool known = true;
+  auto numel_of = [&](const TensorType& t) {
+    double e = 1;
+    for (const SymInt& d : t.shape) {
+      if (d.is_symbolic()) known = false;
+      else e *= double(d.value());
+    }
+    return e;
+  };
   for (const Node& n : graph.nodes) {
     bool conv = n.op == OpId::Conv2d || n.op == OpId::ConvTranspose2d || n.op == OpId::FusedConv2d;
     has_conv = has_conv || conv;
@@ -347,42 +364,37 @@ std::vector<compiler::Target::Candidate> CpuTarget::autotune_candidates(
                               w.shape[2] == SymInt(3) && w.shape[3] == SymInt(3));
     }
     has_small_linear = has_small_linear || lower::small_linear(graph, n, kSmallLinearMacs);
+    if (n.outputs.empty() || n.inputs.size() < 2) continue;
+    const TensorType& out = graph.type(n.outputs[0]);
+    const TensorType& w = graph.type(n.inputs[1]);
+    if (conv) {
+      if (w.shape.size() != 4) continue;
+      // conv: out numel x (C/g x kh x kw); deconv: in numel x (O/g x kh x kw), the same count.
+      const TensorType& in = graph.type(n.inputs[0]);
+      double per = numel_of(w) / (w.shape[0].is_symbolic() ? 1.0 : double(w.shape[0].value()));
+      conv_macs += (n.op == OpId::ConvTranspose2d ? numel_of(in) : numel_of(out)) * per;
+    } else if (n.op == OpId::Linear || n.op == OpId::FusedLinear || n.op == OpId::Matmul) {
+      const TensorType& x = graph.type(n.inputs[0]);
+      if (x.shape.empty() || x.shape.back().is_symbolic()) {
+        known = false;
+        continue;
+      }
+      const double macs = numel_of(out) * double(x.shape.back().value());
+      gemm_macs += macs;
+      if (!lower::small_linear(graph, n, kSmallLinearMacs) &&
+          lower::small_linear(graph, n, 0, 0, kRowLinearMacs))
+        row_linear_macs += macs;
+    }
   }
-  if (has_conv) {
-    double conv_macs = 0, gemm_macs = 0;
-    bool known = true;
-    auto numel_of = [&](const TensorType& t) {
-      double e = 1;
-      for (const SymInt& d : t.shape) {
-        if (d.is_symbolic()) known = false;
-        else e *= double(d.value());
-      }
-      return e;
-    };
-    for (const Node& n : graph.nodes) {
-      if (n.outputs.empty() || n.inputs.size() < 2) continue;
-      const TensorType& out = graph.type(n.outputs[0]);
-      const TensorType& w = graph.type(n.inputs[1]);
-      if (n.op == OpId::Conv2d || n.op == OpId::FusedConv2d || n.op == OpId::ConvTranspose2d) {
-        if (w.shape.size() != 4) continue;
-        // conv: out numel x (C/g x kh x kw); deconv: in numel x (O/g x kh x kw), the same count.
-        const TensorType& in = graph.type(n.inputs[0]);
-        double per = numel_of(w) / (w.shape[0].is_symbolic() ? 1.0 : double(w.shape[0].value()));
-        conv_macs += (n.op == OpId::ConvTranspose2d ? numel_of(in) : numel_of(out)) * per;
-      } else if (n.op == OpId::Linear || n.op == OpId::FusedLinear || n.op == OpId::Matmul) {
-        const TensorType& x = graph.type(n.inputs[0]);
-        if (x.shape.empty() || x.shape.back().is_symbolic()) {
-          known = false;
-          continue;
-        }
-        gemm_macs += numel_of(out) * double(x.shape.back().value());
-      }
-    }
-    if (known && conv_macs < 0.05 * (conv_macs + gemm_macs)) {
-      has_conv = false;
-      *note = fmt::format("; convolution policies not tried (convolutions are {:.1f}% of the "
-                          "multiply-adds)", 100.0 * conv_macs / (conv_macs + gemm_macs));
-    }
+  // One-row linears (Note [reduction rows] in emitter.cc) make the GEMV choice a candidate only
+  // where they are at least 5% of the multiply-adds (AlexNet's classifier, 8%): a ResNet's head
+  // would double every CNN's candidates for a choice worth nothing measurable.
+  if (known && row_linear_macs >= 0.05 * (conv_macs + gemm_macs) && row_linear_macs > 0)
+    has_small_linear = true;
+  if (has_conv && known && conv_macs < 0.05 * (conv_macs + gemm_macs)) {
+    has_conv = false;
+    *note = fmt::format("; convolution policies not tried (convolutions are {:.1f}% of the "
+                        "multiply-adds)", 100.0 * conv_macs / (conv_macs + gemm_macs));
   }
   std::vector<Candidate> cands;
   const std::string blocked = native_conv_layout(), blocked_wino = blocked + "+winograd";
