@@ -18,7 +18,11 @@ bool candidate(const Graph& g, const Node& n) {
       !is_concrete(xt.shape) || !is_concrete(yt.shape) || !is_concrete(g.type(n.inputs[1]).shape))
     return false;
   const int64_t c = xt.shape[1].value(), h = xt.shape[2].value(), w = xt.shape[3].value();
-  return c > 0 && c % kChannelMultiple == 0 && h * w > 1;
+  if (c <= 0 || c % kChannelMultiple != 0 || h * w <= 1) return false;
+  // Already this pass's view (the pass runs twice: nothing more to do).
+  const Node* p = producer_of(g, n.inputs[0]);
+  const Node* q = p && p->op == OpId::Permute ? producer_of(g, p->inputs[0]) : nullptr;
+  return !(q && q->op == OpId::Copy && p->attrs.get_ints("dims") == Ints{0, 3, 1, 2});
 }
 
 int64_t elements(const TensorType& t) {
