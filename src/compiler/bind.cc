@@ -264,9 +264,24 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
     // The runtime's upsample (runtime/launch_library.h): contiguous planes; nearest of any
     // dtype, bilinear of floating ones.
     ValueId x = n.inputs[0], y = n.outputs[0];
-    if (!plain(x) || !plain(y)) return {};
+    if (!plain(y)) return {};
     const TensorType &xt = g.type(x), &yt = g.type(y);
     if (xt.shape.size() != 4 || yt.shape.size() != 4 || xt.dtype != yt.dtype) return {};
+    // x stored, or a view whose elements are one row-major run of its base (SSDlite's transform
+    // resizes its unsqueezed graph input: that ran the eager kernel).
+    MemRef src;
+    if (plain(x)) {
+      src = m.mem[size_t(x)];
+    } else if (s.virtual_view[size_t(x)]) {
+      const lower::ViewGeometry& geo = s.views[size_t(x)];
+      if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != 4 || !contiguous_block(geo) ||
+          geo.offset < 0 || g.type(geo.base).dtype != xt.dtype)
+        return {};
+      src = m.mem[size_t(geo.base)];
+      src.byte_offset += geo.offset * dtype_size(xt.dtype);
+    } else {
+      return {};
+    }
     UpsampleSpec sp;
     const std::string& mode = n.attrs.get_string("mode");
     if (mode != "nearest" && mode != "bilinear") return {};
@@ -281,7 +296,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
     sp.wo = yt.shape[3].value();
     sp.dtype = xt.dtype;
     if (sp.planes < 1 || sp.h < 1 || sp.w < 1 || sp.ho < 1 || sp.wo < 1) return {};
-    return make_upsample_launch(sp, m.mem[size_t(x)], m.mem[size_t(y)]);
+    return make_upsample_launch(sp, src, m.mem[size_t(y)]);
   }
   if (n.op == OpId::Split && n.inputs.size() == 1) {
     ValueId x = n.inputs[0];

@@ -118,3 +118,45 @@ TEST(InductorUpsample, RuntimeUpsampleIsBitwiseTheEagerKernelAndMatchesTheRefere
     EXPECT_NE(err.find("upsample launch is unknown to format version 6"), std::string::npos) << err;
   }
 }
+
+// The runtime upsample reads a view whose elements are one contiguous run of its base in place:
+// SSDlite's transform resizes its normalized image unsqueezed, which ran the eager kernel. Here
+// the sources are an unsqueezed loop kernel's output and a slice of one (an offset into it),
+// each resized bilinearly; the launches are the runtime's, and the results are the eager kernel's bits and
+// the float64 reference's values, also from a package.
+TEST(InductorUpsample, RuntimeUpsampleReadsAContiguousViewInPlace) {
+  Graph g;
+  g.name = "upsample_views";
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{3, 10, 12}));
+  ValueId z = g.add_input("z", TensorType(DType::Float32, Shape{4, 2, 6, 7}));
+  ValueId xn = g.add_node1(OpId::Neg, {x}, {}, "normalize");  // a loop kernel's output, as SSDlite's
+  ValueId xu = g.add_node1(OpId::Unsqueeze, {xn}, {{"dims", Ints{0}}}, "batch");
+  ValueId up = g.add_node1(OpId::Upsample, {xu}, {{"mode", std::string("bilinear")},
+                           {"align_corners", false}, {"size", Ints{17, 23}}}, "up_input");
+  ValueId zr = g.add_node1(OpId::Relu, {z}, {}, "act");
+  ValueId zs = g.add_node1(OpId::Slice, {zr}, {{"dim", int64_t(0)}, {"start", int64_t(1)},
+                           {"end", int64_t(3)}, {"step", int64_t(1)}}, "middle");
+  ValueId uz = g.add_node1(OpId::Upsample, {zs}, {{"mode", std::string("bilinear")},
+                           {"align_corners", true}, {"scales", Floats{2.0, 2.0}}}, "up_slice");
+  g.outputs = {up, uz};
+  auto compiled = compiler::compile(g, Device::cpu(), compiler::Options{});
+  const compiler::CompileReport& r = compiled->report();
+  EXPECT_EQ(r.eager_launches, 0) << compiled->summary();
+  int runtime = 0;
+  for (const std::string& k : r.kernels) runtime += k.find("[runtime kernel upsample]") != std::string::npos;
+  EXPECT_EQ(runtime, 2) << compiled->summary();
+  LoadedPackage loaded = load_package_bytes(package_bytes(compiled->executable(), PackageInfo{}), "views");
+  for (uint64_t seed : {31u, 32u}) {
+    TensorList in = test::graph_test_inputs(g, {}, false, seed);
+    TensorList in64;
+    for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+    const TensorList want = run(test::as_float64(g), in64), eager = run(g, in);
+    const TensorList got = compiled->run(in), pkg = loaded.exe->run(in);
+    for (size_t o = 0; o < got.size(); ++o) {
+      test::Comparison cmp = test::compare(got[o], want[o], test::Tolerance::rel(1e-6, 1e-6));
+      EXPECT_TRUE(cmp.ok()) << "output " << o << " seed " << seed << ": " << cmp.str();
+      EXPECT_TRUE(test::close(got[o], eager[o], test::Tolerance::exact())) << "output " << o;
+      EXPECT_TRUE(test::close(pkg[o], got[o], test::Tolerance::exact())) << "output " << o;
+    }
+  }
+}
