@@ -20,6 +20,7 @@
 #include "ir/interpreter.h"
 #include "nn/models/zoo.h"
 #include "../support/compare.h"
+#include "../support/graph_inputs.h"
 
 using namespace kiln;
 
@@ -344,4 +345,31 @@ TEST(InductorStridedMatmul, PermutedOperandsAreNotCopied) {
     auto want = run(g, in)[0].to_vector<double>();
     EXPECT_TRUE(near_scale(got, want, 1e-5)) << c->summary();
   }
+}
+
+// The candidates are chosen from every node's types, convolutions or not: a node whose second
+// input is absent (a layer_norm with a bias and no weight) must not be read as a weight. A
+// one-row linear of 1024 x 512 next to it is most of the multiply-adds, so the GEMV choice is a
+// candidate (Note [reduction rows]); the compile matches the float64 reference.
+TEST(InductorAutotune, AbsentSecondInputsAndOneRowLinearsChooseCandidates) {
+  FreshCacheDir cache;
+  Graph g;
+  ValueId x = g.add_input("x", TensorType(DType::Float32, Shape{1, 1024}));
+  ValueId b = g.add_input("b", TensorType(DType::Float32, Shape{1024}));
+  ValueId w = g.add_input("w", TensorType(DType::Float32, Shape{512, 1024}));
+  ValueId n = g.add_node(OpId::LayerNorm, {x, kNoValue, b}, {{"normalized_shape", Ints{1024}}}, "norm")[0];
+  g.outputs = {g.add_node1(OpId::Linear, {n, w}, {}, "fc")};
+  compiler::Options o;
+  o.mode = "max-autotune";
+  o.progress = false;
+  auto c = compiler::compile(g, Device::cpu(), o);
+  const std::string& rep = c->report().autotune;
+  EXPECT_NE(rep.find("gemv=onednn"), std::string::npos) << rep;
+  Generator gen(5);
+  TensorList in = {Tensor::randn({1, 1024}, gen, DType::Float32), Tensor::randn({1024}, gen, DType::Float32),
+                   Tensor::randn({512, 1024}, gen, DType::Float32)};
+  TensorList in64;
+  for (const Tensor& t : in) in64.push_back(t.to(DType::Float64));
+  const Tensor want = run(test::as_float64(g), in64)[0], got = c->run(in)[0];
+  EXPECT_TRUE(test::compare(got, want, test::Tolerance::rel(1e-5, 1e-5)).ok());
 }

@@ -364,10 +364,10 @@ std::vector<compiler::Target::Candidate> CpuTarget::autotune_candidates(
                               w.shape[2] == SymInt(3) && w.shape[3] == SymInt(3));
     }
     has_small_linear = has_small_linear || lower::small_linear(graph, n, kSmallLinearMacs);
-    if (n.outputs.empty() || n.inputs.size() < 2) continue;
+    if (n.outputs.empty() || n.inputs.size() < 2 || n.inputs[1] == kNoValue) continue;
     const TensorType& out = graph.type(n.outputs[0]);
-    const TensorType& w = graph.type(n.inputs[1]);
     if (conv) {
+      const TensorType& w = graph.type(n.inputs[1]);
       if (w.shape.size() != 4) continue;
       // conv: out numel x (C/g x kh x kw); deconv: in numel x (O/g x kh x kw), the same count.
       const TensorType& in = graph.type(n.inputs[0]);
