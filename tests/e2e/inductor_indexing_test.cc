@@ -131,6 +131,18 @@ TEST(InductorIndexing, CompilesWithoutEagerLaunchesAndMatchesTheInterpreter) {
   }
 }
 
+// A grid_sample alone: x [2, 9, 11, channels] permuted to NCHW (so its channels are contiguous),
+// sampled at a [2, 17, 31] grid.
+static Graph permuted_grid_sample(const std::string& name, int64_t channels, bool align_corners) {
+  Graph g;
+  g.name = name;
+  ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, channels}));
+  ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 17, 31, 2}));
+  ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
+  g.outputs = {g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", align_corners}}, "sample")};
+  return g;
+}
+
 // Note [grid_sample tap tables]: a grid_sample alone in its kernel, its grid shared by every
 // channel, computes each block of sampling points' taps once and reads them for every channel.
 // 2 x 17 x 31 points (blocks of 256: two full and a partial one per batch), 5 channels of a
@@ -172,12 +184,7 @@ TEST(InductorIndexing, StandaloneGridSampleUsesTapTablesAndMatchesTheInterpreter
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (bool ac : {false, true}) {
-    Graph g;
-    g.name = ac ? "grid_taps_ac" : "grid_taps";
-    ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, 5}));
-    ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 17, 31, 2}));
-    ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
-    g.outputs = {g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", ac}}, "sample")};
+    const Graph g = permuted_grid_sample(ac ? "grid_taps_ac" : "grid_taps", 5, ac);
     // far outside, infinite, NaN (in the second block), on the border
     check(g, 31, {{7, 25.0f}, {100, -inf}, {513, nan}, {1040, 1.0f}, {1041, -1.0f}});
   }
@@ -273,12 +280,7 @@ TEST(InductorIndexing, ChannelsLastGridSampleRunsTransposedTilesAndMatchesTheRef
   };
   const std::string marker = "in tiles transposed to dim";
   for (bool ac : {false, true}) {
-    Graph g;
-    g.name = ac ? "grid_tiles_ac" : "grid_tiles";
-    ValueId x = g.add_input("x", TensorType(f32, Shape{2, 9, 11, 32}));
-    ValueId grid = g.add_input("grid", TensorType(f32, Shape{2, 17, 31, 2}));
-    ValueId xn = g.add_node1(OpId::Permute, {x}, {{"dims", Ints{0, 3, 1, 2}}}, "to_nchw");
-    g.outputs = {g.add_node1(OpId::GridSample, {xn, grid}, {{"align_corners", ac}}, "sample")};
+    const Graph g = permuted_grid_sample(ac ? "grid_tiles_ac" : "grid_tiles", 32, ac);
     check(g, 2 * 32);  // two NaN coordinates: 32 channels each
   }
   EXPECT_EQ(dump.count(marker), 4) << "dumped sources in " << dump.path;
