@@ -103,6 +103,21 @@ bool contiguous_block(const lower::ViewGeometry& geo) {
   return true;
 }
 
+// Where virtual view v's elements start when they are one row-major run of its stored base (a
+// slice along the outermost dims, an unsqueeze): read in place by the runtime's concat and
+// upsample. nullopt for any other value.
+std::optional<MemRef> view_run(const Graph& g, const lower::Schedule& s, const MemoryAssignment& m,
+                               ValueId v) {
+  if (v == kNoValue || !s.virtual_view[size_t(v)]) return std::nullopt;
+  const lower::ViewGeometry& geo = s.views[size_t(v)];
+  if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != size_t(g.type(v).rank()) ||
+      !contiguous_block(geo) || geo.offset < 0 || g.type(geo.base).dtype != g.type(v).dtype)
+    return std::nullopt;
+  MemRef src = m.mem[size_t(geo.base)];
+  src.byte_offset += geo.offset * dtype_size(g.type(v).dtype);
+  return src;
+}
+
 void widen_elements(ConcatPart& p) {
   const size_t r = p.sizes.size();
   while (r > 0 && p.elem_bytes * 2 <= 16 && p.sizes[r - 1] % 2 == 0 && p.strides[r - 1] == 1 &&
@@ -234,10 +249,8 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
         // its base buffer, or as a contiguous part (Note [concat part geometry]).
         const lower::ViewGeometry& geo = s.views[size_t(v)];
         if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != size_t(r)) return {};
-        if (contiguous_block(geo) && geo.offset >= 0 && g.type(geo.base).dtype == yt.dtype) {
-          MemRef src = m.mem[size_t(geo.base)];
-          src.byte_offset += geo.offset * elt;
-          parts.push_back(contiguous_part(src, chunk, at));
+        if (std::optional<MemRef> src = view_run(g, s, m, v)) {
+          parts.push_back(contiguous_part(*src, chunk, at));
           at += chunk;
           continue;
         }
@@ -268,20 +281,9 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
     const TensorType &xt = g.type(x), &yt = g.type(y);
     if (xt.shape.size() != 4 || yt.shape.size() != 4 || xt.dtype != yt.dtype) return {};
     // x stored, or a view whose elements are one row-major run of its base (SSDlite's transform
-    // resizes its unsqueezed graph input: that ran the eager kernel).
-    MemRef src;
-    if (plain(x)) {
-      src = m.mem[size_t(x)];
-    } else if (s.virtual_view[size_t(x)]) {
-      const lower::ViewGeometry& geo = s.views[size_t(x)];
-      if (m.mem[size_t(geo.base)].slot < 0 || geo.sizes.size() != 4 || !contiguous_block(geo) ||
-          geo.offset < 0 || g.type(geo.base).dtype != xt.dtype)
-        return {};
-      src = m.mem[size_t(geo.base)];
-      src.byte_offset += geo.offset * dtype_size(xt.dtype);
-    } else {
-      return {};
-    }
+    // resizes its unsqueezed, normalized image: that ran the eager kernel).
+    std::optional<MemRef> src = plain(x) ? m.mem[size_t(x)] : view_run(g, s, m, x);
+    if (!src) return {};
     UpsampleSpec sp;
     const std::string& mode = n.attrs.get_string("mode");
     if (mode != "nearest" && mode != "bilinear") return {};
@@ -296,7 +298,7 @@ std::optional<Executable::Launch> runtime_kernel(const Graph& g, const lower::Sc
     sp.wo = yt.shape[3].value();
     sp.dtype = xt.dtype;
     if (sp.planes < 1 || sp.h < 1 || sp.w < 1 || sp.ho < 1 || sp.wo < 1) return {};
-    return make_upsample_launch(sp, src, m.mem[size_t(y)]);
+    return make_upsample_launch(sp, *src, m.mem[size_t(y)]);
   }
   if (n.op == OpId::Split && n.inputs.size() == 1) {
     ValueId x = n.inputs[0];

@@ -25,11 +25,7 @@ bool candidate(const Graph& g, const Node& n) {
   return !(q && q->op == OpId::Copy && p->attrs.get_ints("dims") == Ints{0, 3, 1, 2});
 }
 
-int64_t elements(const TensorType& t) {
-  int64_t n = 1;
-  for (const SymInt& d : t.shape) n *= d.value();
-  return n;
-}
+int64_t elements(const TensorType& t) { return numel(to_dims(t.shape)); }
 
 }  // namespace
 

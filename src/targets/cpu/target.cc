@@ -363,7 +363,8 @@ std::vector<compiler::Target::Candidate> CpuTarget::autotune_candidates(
       has_wino = has_wino || (w.dtype == DType::Float32 && w.shape.size() == 4 &&
                               w.shape[2] == SymInt(3) && w.shape[3] == SymInt(3));
     }
-    has_small_linear = has_small_linear || lower::small_linear(graph, n, kSmallLinearMacs);
+    const bool tiny_linear = lower::small_linear(graph, n, kSmallLinearMacs);
+    has_small_linear = has_small_linear || tiny_linear;
     if (n.outputs.empty() || n.inputs.size() < 2 || n.inputs[1] == kNoValue) continue;
     const TensorType& out = graph.type(n.outputs[0]);
     if (conv) {
@@ -381,8 +382,7 @@ std::vector<compiler::Target::Candidate> CpuTarget::autotune_candidates(
       }
       const double macs = numel_of(out) * double(x.shape.back().value());
       gemm_macs += macs;
-      if (!lower::small_linear(graph, n, kSmallLinearMacs) &&
-          lower::small_linear(graph, n, 0, 0, kRowLinearMacs))
+      if (!tiny_linear && lower::small_linear(graph, n, 0, 0, kRowLinearMacs))
         row_linear_macs += macs;
     }
   }
