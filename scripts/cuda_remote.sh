@@ -6,6 +6,7 @@
 #
 #   cd /tmp/k/cuda && ./run.sh [MODEL...]       # models default: mlp resnet18 bert_base
 #   KILN_REMOTE_PARALLEL=1 runs suite, ops and conformance at the same time (then the rest).
+#   KILN_SUITE_SHARDS=N runs the CUDA suite in N processes (gtest shards).
 #   KILN_REMOTE_STEPS=suite,ops,bench,conformance,models,sanitize,cpu (the default: all) picks steps, so
 #   that a long run can be split over two device calls. KILN_STEP_TIMEOUT (s, default 900)
 #   bounds each step, so that one hung step still leaves the others' logs.
@@ -37,8 +38,26 @@ steps=",${KILN_REMOTE_STEPS:-suite,ops,bench,conformance,models,sanitize,cpu},"
 want() { [[ "$steps" == *",$1,"* ]]; }
 step device ./kiln device
 # KILN_CUDA_TEST_FILTER: a gtest filter for the CUDA suite (default: all of it).
+# KILN_SUITE_SHARDS=N (default 1) runs it in N processes at once (gtest sharding): on a freshly
+# started machine cuDNN's runtime-fusion JIT makes a few convolution tests take a minute each,
+# and one process then runs past a device call's limit.
 run_suite() {
-  want suite && step cuda_tests ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
+  want suite || return 0
+  local shards="${KILN_SUITE_SHARDS:-1}"
+  if [[ "$shards" -le 1 ]]; then
+    step cuda_tests ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
+    return 0
+  fi
+  local t0=$SECONDS suite_rc=0 pids=()
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KILN_STEP_TIMEOUT:-900}" \
+      ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}" \
+      > "$LOGS/cuda_tests_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || suite_rc=1; done
+  echo "cuda_tests ($shards shards): exit $suite_rc ($((SECONDS - t0)) s)" | tee -a "$summary"
+  grep -h "^\[  PASSED  \]\|^\[  FAILED  \]\|^\[  SKIPPED \]" "$LOGS"/cuda_tests_*.log | tee -a "$summary"
   return 0
 }
 # The op harness's CUDA cases in KILN_OP_SHARDS processes at once (gtest sharding; default 8:

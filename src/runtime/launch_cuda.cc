@@ -4,12 +4,16 @@
 // The CUDA target makes its launches here, and a CUDA package's loader rebuilds them here from
 // their records (Note [Launch records] in launch_library.cc), so a loaded package runs the same
 // code over the same state as the compiled Executable:
-//   cuda_kernel {"module", "kernel", "grid", "block", "shared", "args": [[slot, offset]...]}:
+//   cuda_kernel {"module", "kernel", "grid", "block", "shared", "args": [[slot, offset]...]
+//           [, "programmatic": true]}:
 //           kernel `kernel` of the executable's CUDA module `module` (a cubin NVRTC built; a
 //           package's `kernels.cuda` section holds them), each argument a pointer into a slot.
 //           Loop kernels take slot bases (their offsets are compiled in, and trusted as built,
 //           like the CPU's shared object); direct kernels take their buffers, then the status
-//           record (Note [Device status]).
+//           record (Note [Device status]). "programmatic" (present only when true): launched
+//           so that it may start before the previous kernel ends (Note [CUDA programmatic
+//           launch] in targets/cuda/target.cc); a runtime that ignores the key launches it
+//           plainly, which computes the same.
 //   cublaslt {"desc": GemmDesc, "algo": [8 x u64] | null, "algo_config" (format 5: what the
 //           loader matches, Note [cuBLASLt algorithm identity]), "a", "b", "bias", "d", "workspace":
 //           [slot, offset], "workspace_bytes"}: a cuBLASLt GEMM. The algorithm is cuBLASLt's
@@ -108,6 +112,7 @@ void launch_kernel(const KernelState& k, const Executable::RunContext& c) {
   cfg.block.x = k.spec.block;
   cfg.shared_bytes = k.spec.shared;
   cfg.stream = c.stream;
+  cfg.programmatic = k.spec.programmatic;
   k.kernel.launch(cfg, argv);
 }
 
@@ -125,8 +130,10 @@ void run_unloaded_kernel(void* s, const Executable::RunContext&) {
 json kernel_json(const CudaKernelSpec& s) {
   json args = json::array();
   for (const MemRef& r : s.args) args.push_back(ref_json(r));
-  return {{"module", s.module}, {"kernel", s.kernel}, {"grid", s.grid}, {"block", s.block},
-          {"shared", s.shared}, {"args", args}};
+  json j = {{"module", s.module}, {"kernel", s.kernel}, {"grid", s.grid}, {"block", s.block},
+            {"shared", s.shared}, {"args", args}};
+  if (s.programmatic) j["programmatic"] = true;
+  return j;
 }
 
 // ---- cuBLASLt -----------------------------------------------------------------------------------
@@ -528,6 +535,7 @@ CudaKernelSpec parse_kernel(const json& p, LaunchEnv& env, const std::string& wh
   s.grid = unsigned(grid);
   s.block = unsigned(block);
   s.shared = unsigned(shared);
+  if (auto it = p.find("programmatic"); it != p.end()) s.programmatic = it->get<bool>();
   for (const json& a : p.at("args")) {
     MemRef r = ref_from(a);
     check_buffer(env, r, 0, where, "kernel argument");

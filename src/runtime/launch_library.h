@@ -113,6 +113,9 @@ struct CudaKernelSpec {
   unsigned block = 1;  // threads per block (x)
   unsigned shared = 0; // dynamic shared memory per block, bytes
   std::vector<MemRef> args;  // one pointer parameter each: slots[slot] + byte_offset
+  // Launched programmatically (Note [CUDA programmatic launch] in targets/cuda/target.cc): set
+  // only for generated kernels, whose first statement waits for the previous kernel.
+  bool programmatic = false;
 };
 Executable::Launch make_cuda_kernel_launch(const cuda::CudaKernel& kernel, CudaKernelSpec spec);
 

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -1276,18 +1277,23 @@ struct CrossBuilt {
   std::string summary;
   nlohmann::json manifest;
   std::map<std::string, int> launches;
+  std::string cuda_kernels;  // the kernels.cuda section
 };
-CrossBuilt cross_build(const std::string& model, DType precision = DType::BFloat16, const char* knobs = "") {
+CrossBuilt cross_build(const std::string& model, DType precision = DType::BFloat16, const char* knobs = "",
+                       const char* arch = "sm_90") {
   TempDir dir;
   nn::ZooModel m = nn::make_zoo_model(model, 1, 7);
   compiler::Options o;
-  o.arch = "sm_90";
+  o.arch = arch;
   o.precision = precision;
   o.knobs = compiler::parse_knobs(knobs, "test");
   const std::string path = dir.path + "/" + model + "-sm90.kiln";
   CrossBuilt c;
   c.summary = nn::export_package(m.module, m.inputs, o, model, path)->summary();
-  c.manifest = nlohmann::json::parse(read_package_sections(path)[0].bytes);
+  const std::vector<PackageSection> sections = read_package_sections(path);
+  c.manifest = nlohmann::json::parse(sections[0].bytes);
+  for (const PackageSection& s : sections)
+    if (s.name == "kernels.cuda") c.cuda_kernels = s.bytes;
   for (const nlohmann::json& l : c.manifest["launches"]) ++c.launches[l["kind"].get<std::string>()];
   return c;
 }
@@ -1364,6 +1370,72 @@ TEST(CudaCrossBuild, AttentionTakesTheTensorCoresFromSm80) {
   }
   const std::string err = knob_error(g, Device::cuda(0), "attention=fast");
   EXPECT_NE(err.find("cuda: knob attention=fast is not auto, direct or simt"), std::string::npos)
+      << (err.empty() ? "accepted" : err);
+}
+
+// Note [CUDA programmatic launch] in a cross-build (no GPU needed): built for sm_90, every
+// generated kernel's record says "programmatic" and no library call's does; pdl=off, or sm_80,
+// leaves the key out. In the PTX of every kernel (loop, direct, convolution epilogue) nothing
+// reads or writes memory before its griddepcontrol.wait, which is what makes an early start
+// safe; sm_80's PTX has no grid dependency control at all. The knob takes on or off only.
+TEST(CudaCrossBuild, GeneratedKernelsLaunchProgrammaticallyFromSm90) {
+  struct Case {
+    const char* model;
+    const char* arch;
+    const char* knobs;
+    bool programmatic;
+  };
+  for (const Case& c : {Case{"resnet18", "sm_90", "", true}, Case{"bert_base", "sm_90", "", true},
+                        Case{"resnet18", "sm_90", "pdl=off", false}, Case{"resnet18", "sm_80", "", false}}) {
+    SCOPED_TRACE(fmt::format("{} {} {}", c.model, c.arch, c.knobs));
+    CrossBuilt b = cross_build(c.model, DType::BFloat16, c.knobs, c.arch);
+    int kernels = 0, programmatic = 0;
+    for (const nlohmann::json& l : b.manifest["launches"]) {
+      const nlohmann::json& p = l["params"];
+      if (l["kind"] == "cuda_kernel") ++kernels;
+      else EXPECT_FALSE(p.contains("programmatic")) << l.dump();
+      programmatic += p.value("programmatic", false);
+    }
+    EXPECT_GT(kernels, 2) << b.summary;
+    EXPECT_EQ(programmatic, c.programmatic ? kernels : 0) << b.summary;
+    const bool hopper = std::string(c.arch) == "sm_90";
+    int entries = 0;
+    for (const nlohmann::json& mod : b.manifest["cuda_modules"]) {
+      const std::string ptx = b.cuda_kernels.substr(mod["ptx_offset"].get<size_t>(), mod["ptx_size"].get<size_t>());
+      if (!hopper) {
+        EXPECT_EQ(ptx.find("griddepcontrol"), std::string::npos) << mod["name"];
+        continue;
+      }
+      // Each .entry's instructions, line by line: the first memory access (a load other than
+      // of a parameter, a store, an atomic, an asynchronous copy) comes after the wait.
+      for (size_t at = ptx.find(".entry "); at != std::string::npos; at = ptx.find(".entry ", at + 1)) {
+        ++entries;
+        const size_t end = std::min(ptx.find(".entry ", at + 1), ptx.size());
+        std::istringstream body(ptx.substr(at, end - at));
+        std::string line, first_access;
+        bool waited = false;
+        while (std::getline(body, line) && first_access.empty()) {
+          std::string op = line.substr(std::min(line.find_first_not_of(" \t"), line.size()));
+          if (!op.empty() && op[0] == '@') op = op.substr(std::min(op.find(' ') + 1, op.size()));
+          if (op.rfind("griddepcontrol.wait", 0) == 0) waited = true;
+          const bool access = (op.rfind("ld.", 0) == 0 && op.rfind("ld.param", 0) != 0) ||
+                              op.rfind("ldu.", 0) == 0 || op.rfind("st.", 0) == 0 ||
+                              op.rfind("atom.", 0) == 0 || op.rfind("red.", 0) == 0 ||
+                              op.rfind("cp.async", 0) == 0;
+          if (access) first_access = op;
+        }
+        EXPECT_FALSE(first_access.empty()) << "no memory access found in:\n" << ptx.substr(at, 400);
+        EXPECT_TRUE(waited) << "a kernel of module " << mod["name"] << " reaches '" << first_access
+                            << "' before griddepcontrol.wait:\n" << ptx.substr(at, 400);
+      }
+    }
+    if (hopper) EXPECT_GE(entries, kernels) << "every launched kernel is an entry of the modules";
+  }
+  nn::ZooModel m = nn::make_zoo_model("mlp", 1, 7);
+  Graph g;
+  nn::compile_module_graph(m.module, m.inputs, compiler::Options{}, &g);
+  const std::string err = knob_error(g, Device::cuda(0), "pdl=maybe");
+  EXPECT_NE(err.find("cuda: knob pdl=maybe is not on or off"), std::string::npos)
       << (err.empty() ? "accepted" : err);
 }
 

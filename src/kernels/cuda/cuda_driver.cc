@@ -35,6 +35,9 @@ struct DriverApi {
   decltype(&::cuModuleUnload) module_unload = nullptr;
   decltype(&::cuModuleGetFunction) module_get_function = nullptr;
   decltype(&::cuLaunchKernel) launch_kernel = nullptr;
+  // Optional: programmatic launches (Note [CUDA programmatic launch]) need it; without it every
+  // launch is a plain cuLaunchKernel.
+  decltype(&::cuLaunchKernelEx) launch_kernel_ex = nullptr;
   decltype(&::cuFuncSetAttribute) func_set_attribute = nullptr;
   decltype(&::cuFuncGetAttribute) func_get_attribute = nullptr;
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
@@ -79,6 +82,8 @@ const DriverApi& driver() {
                     resolve("cuFuncGetAttribute", &d.func_get_attribute, &missing) &&
                     resolve("cuStreamSynchronize", &d.stream_synchronize, &missing);
     if (!ok) d.unavailable = missing + "; update the NVIDIA driver";
+    std::string optional;
+    if (ok && !resolve("cuLaunchKernelEx", &d.launch_kernel_ex, &optional)) d.launch_kernel_ex = nullptr;
     return d;
   }();
   return api;
@@ -163,6 +168,12 @@ std::shared_ptr<CudaModule> CudaModule::load(std::string_view image, int device,
   m->context_ = ctx;
   m->device_ = device;
   m->name_ = std::move(name);
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    major = 0;
+  }
+  m->programmatic_ = major >= 9 && d.launch_kernel_ex != nullptr;
   return m;
 }
 
@@ -209,9 +220,33 @@ void CudaKernel::launch(const LaunchConfig& c, void** args) const {
   CUcontext current = nullptr;
   if (d.ctx_get_current(&current) != CUDA_SUCCESS || current != module_->context_)
     make_current(d, module_->device_, fmt::format("launching CUDA kernel '{}'", name_));
-  CUresult r = d.launch_kernel(static_cast<CUfunction>(function_), c.grid.x, c.grid.y, c.grid.z,
-                               c.block.x, c.block.y, c.block.z, c.shared_bytes,
-                               static_cast<CUstream>(c.stream), args, nullptr);
+  CUresult r;
+  if (c.programmatic && module_->programmatic_) {
+    // Note [CUDA programmatic launch]: the kernel may be scheduled once every block of the
+    // kernel before it has passed its KN_GRID_WAIT(); its own KN_GRID_WAIT() then waits for
+    // that kernel to end.
+    CUlaunchAttribute attr;
+    std::memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig lc;
+    std::memset(&lc, 0, sizeof lc);
+    lc.gridDimX = c.grid.x;
+    lc.gridDimY = c.grid.y;
+    lc.gridDimZ = c.grid.z;
+    lc.blockDimX = c.block.x;
+    lc.blockDimY = c.block.y;
+    lc.blockDimZ = c.block.z;
+    lc.sharedMemBytes = c.shared_bytes;
+    lc.hStream = static_cast<CUstream>(c.stream);
+    lc.attrs = &attr;
+    lc.numAttrs = 1;
+    r = d.launch_kernel_ex(&lc, static_cast<CUfunction>(function_), args, nullptr);
+  } else {
+    r = d.launch_kernel(static_cast<CUfunction>(function_), c.grid.x, c.grid.y, c.grid.z,
+                        c.block.x, c.block.y, c.block.z, c.shared_bytes,
+                        static_cast<CUstream>(c.stream), args, nullptr);
+  }
   const char* phase = "launch";
   if (r == CUDA_SUCCESS && launch_blocking()) {
     r = d.stream_synchronize(static_cast<CUstream>(c.stream));

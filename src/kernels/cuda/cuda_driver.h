@@ -41,6 +41,10 @@ struct LaunchConfig {
   Dim3 block;
   unsigned shared_bytes = 0;  // dynamic shared memory per block
   void* stream = nullptr;     // cudaStream_t; nullptr is the legacy default stream
+  // Note [CUDA programmatic launch] (targets/cuda/target.cc): the kernel may start before the
+  // previous kernel in the stream has ended. Only for kernels whose first statement is
+  // KN_GRID_WAIT() (every generated kernel's); ignored below sm_90 or without cuLaunchKernelEx.
+  bool programmatic = false;
 };
 
 // What the compiler decided for one kernel (cuFuncGetAttribute).
@@ -61,7 +65,8 @@ class CudaKernel {
   const std::string& name() const { return name_; }
   bool valid() const { return function_ != nullptr; }
 
-  // cuLaunchKernel with `args` = one pointer per kernel parameter, in order. Makes the module's
+  // cuLaunchKernel (cuLaunchKernelEx for a programmatic launch) with `args` = one pointer per
+  // kernel parameter, in order. Makes the module's
   // device current on this thread when it is not. Throws kiln::Error naming the kernel, its
   // module and the launch geometry.
   void launch(const LaunchConfig& config, void** args) const;
@@ -93,6 +98,8 @@ class CudaModule : public std::enable_shared_from_this<CudaModule> {
   bool has_kernel(const std::string& name) const;
   const std::string& name() const { return name_; }
   int device() const { return device_; }
+  // Whether its kernels can be launched programmatically here (sm_90+, cuLaunchKernelEx).
+  bool programmatic_launch() const { return programmatic_; }
 
  private:
   CudaModule() = default;
@@ -100,6 +107,7 @@ class CudaModule : public std::enable_shared_from_this<CudaModule> {
   void* module_ = nullptr;   // CUmodule
   void* context_ = nullptr;  // CUcontext (the device's primary context)
   int device_ = 0;
+  bool programmatic_ = false;
   std::string name_;
 };
 

@@ -1603,8 +1603,9 @@ DirectKernel plan_direct_kernel(const Graph& g, const Node& n, int32_t index, in
     params += ", char* kn_status_";
     body = "  long long* kn_status = (long long*)kn_status_;  // the status record\n" + body;
   }
-  k.source = fmt::format("// kiln-kernel: {}\n// {} '{}'\n{}extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n{}}}\n\n",
-                         k.name, op_def(n.op).name, n.name, tables, k.threads, k.name, params, body);
+  k.source = fmt::format("// kiln-kernel: {}\n// {} '{}'\n{}extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n{}{}}}\n\n",
+                         k.name, op_def(n.op).name, n.name, tables, k.threads, k.name, params,
+                         kGridWait, body);
   return k;
 }
 

@@ -85,6 +85,17 @@ static __device__ __forceinline__ T kn_block_reduce(T v, Op op, T init) {
 )KILN";
 
 const char* const kPreludeStatus = R"KILN(
+// ---- grid dependency (Note [CUDA programmatic launch] in target.cc) ----
+// Every generated kernel's first statement. On sm_90 and later
+// it waits until the kernel launched before it in the stream has finished and its writes are
+// visible, then lets the next kernel's blocks be scheduled; both are no-ops for a kernel
+// launched without the programmatic attribute, and absent before sm_90 and on the host.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KN_GRID_WAIT() do { asm volatile("griddepcontrol.wait;" ::: "memory"); \
+                            asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); } while (0)
+#else
+#define KN_GRID_WAIT() do { } while (0)
+#endif
 // ---- bad values (Note [Device status] in runtime/executable.h) ----
 // The first report of a call wins: st[0] = the check's code (> 0), st[1] = the value.
 static __device__ __noinline__ void kn_report(long long* st, long long code, long long value) {
@@ -641,6 +652,7 @@ std::string KernelEmitter::emit(CudaKernelInfo* info) {
     params += fmt::format("{}char* p{}", i ? ", " : "", i);
   out += fmt::format("extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{\n",
                      std::max(info->threads, 1), k_.name, params);
+  out += kGridWait;
   out += body;
   out += "}\n\n";
   return out;

@@ -46,9 +46,14 @@ CudaProgram generate_cuda(const Graph& g, const lower::Schedule& s, const std::v
                           const std::string& program_name, int64_t max_blocks,
                           const CudaCodegenOptions& options = {});
 
+// The first line of every generated kernel's body (loop, direct and convolution-epilogue kernels):
+// the grid dependency wait of Note [CUDA programmatic launch] (target.cc), a no-op unless the
+// kernel is launched programmatically on sm_90 or later.
+inline constexpr const char* kGridWait = "  KN_GRID_WAIT();  // Note [CUDA programmatic launch]\n";
+
 // The text every generated program starts with (types, the shared scalar math, block reductions).
 const std::string& cuda_prelude();
-// Its last part: kn_report and the integer div / pow that report bad values (Note [Device
+// Its last part: KN_GRID_WAIT, kn_report and the integer div / pow that report bad values (Note [Device
 // status]); after the scalar math (tests compile it as host C++ under a shim).
 const char* cuda_status_prelude();
 
