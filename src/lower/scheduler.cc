@@ -112,7 +112,7 @@ bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_h
   } else if (x.dtype != DType::Float32) {
     return false;
   } else if (const int64_t k = x.shape[x.rank() - 1].value();
-             numel(dims_of(x)) == k && k >= 256 && w.shape[0].value() % 4 == 0 && max_row_macs > max_macs) {
+             numel(dims_of(x)) == k && k >= kRowLinearMinK && w.shape[0].value() % 4 == 0 && max_row_macs > max_macs) {
     max_macs = max_row_macs;  // one row of float32
   }
   if (n.op == OpId::FusedLinear) {

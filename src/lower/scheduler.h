@@ -69,8 +69,10 @@ bool loop_expressible(const Graph& g, const Node& n);
 // scheduler generates as a reduction over K (a GEMV in registers for batch-1 MLPs): float32 of
 // at most `max_macs` multiply-adds, or float16 / bfloat16 of one input row (a GEMV: batch-1
 // classifier heads) and at most `max_half_row_macs`; or float32 of one input row, at most
-// `max_row_macs`, with an output a multiple of 4 long and K >= 256 (the CPU's GEMV of four rows
-// at a time, Note [reduction rows] in targets/cpu/emitter.cc). A target decides the thresholds.
+// `max_row_macs`, with an output a multiple of 4 long and K >= kRowLinearMinK (the CPU's GEMV of
+// four rows at a time, Note [reduction rows] in targets/cpu/emitter.cc). A target decides the
+// thresholds.
+inline constexpr int64_t kRowLinearMinK = 64;
 bool small_linear(const Graph& g, const Node& n, int64_t max_macs, int64_t max_half_row_macs = 0,
                   int64_t max_row_macs = 0);
 

@@ -19,6 +19,7 @@
 #include "passes/matmul_to_linear.h"
 #include "passes/merge_linears.h"
 #include "passes/patch_conv.h"
+#include "passes/window_conv.h"
 
 namespace kiln {
 
@@ -37,6 +38,7 @@ constexpr PassEntry kPasses[] = {
     {"fuse-attention", make_fuse_attention_pass, false},
     {"attention-heads-last", make_attention_heads_last_pass, false},
     {"fold-conv-bn", make_fold_conv_bn_pass, true},
+    {"one-window-conv-to-linear", make_one_window_conv_to_linear_pass, true},  // before fuse-epilogues
     {"cse", make_cse_pass, true},
     {"fuse-epilogues", make_fuse_epilogues_pass, true},
     {"dce", make_dce_pass, true},

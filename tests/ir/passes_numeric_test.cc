@@ -23,6 +23,7 @@
 #include "passes/cse.h"
 #include "passes/dce.h"
 #include "passes/deconv_to_conv.h"
+#include "passes/window_conv.h"
 #include "passes/decompose.h"
 #include "passes/fold_conv_bn.h"
 #include "passes/fuse_attention.h"
@@ -1015,6 +1016,71 @@ graph @deconv(%x: DT[2, 6, 5, 7]) {
   }
 }
 
+// one-window-conv-to-linear (passes/window_conv.h): convolutions whose one window covers the
+// input become linears of the flattened input: a squeeze-excite block (pooled [N, C, 1, 1] ->
+// 1x1 conv + relu -> 1x1 conv + sigmoid -> scale), a 3x4 window over a 3x4 map at stride 2
+// with a bias, and one followed by a batch_norm that folds into it first; a grouped one, a
+// padded one and one whose window is smaller than its input stay. An activation that is the
+// convolution's one use moves before the reshape back to [N, O, 1, 1], so the default pipeline
+// fuses it into the linear (fused_linear) as it did into the convolution; a dead use of the
+// convolution (left by an earlier pass) does not count, and still finds its value. Results against float64 on fresh inputs, every
+// float dtype; a second run rewrites nothing.
+TEST(PassesNumeric, OneWindowConvBecomesALinear) {
+  const char* text = R"(
+graph @se(%x: DT[2, 8, 5, 5], %z: DT[3, 4, 3, 4]) {
+  param %w1: DT[4, 8, 1, 1]
+  param %b1: DT[4]
+  param %w2: DT[8, 4, 1, 1]
+  param %b2: DT[8]
+  param %w3: DT[6, 4, 3, 4]
+  param %b3: DT[6]
+  param %w4: DT[6, 4, 3, 4]
+  param %mean: DT[6]
+  param %var: DT[6]
+  param %wg: DT[8, 2, 1, 1]
+  param %wp: DT[4, 8, 1, 1]
+  param %ws: DT[5, 4, 2, 2]
+  %p = adaptive_avg_pool2d(%x) {output_size = [1, 1]}
+  %f1 = conv2d(%p, %w1, %b1) loc("fc1")
+  %r = relu(%f1)
+  %dead = neg(%f1)
+  %f2 = conv2d(%r, %w2, %b2) loc("fc2")
+  %h = sigmoid(%f2)
+  %y = mul(%x, %h)
+  %a = conv2d(%z, %w3, %b3) {stride = [2, 2]} loc("window")
+  %c = conv2d(%z, %w4) loc("bn")
+  %n = batch_norm(%c, %mean, %var) {eps = 0.5}
+  %g = conv2d(%p, %wg) {groups = 4}
+  %q = conv2d(%p, %wp) {padding = [1, 1]}
+  %s = conv2d(%z, %ws)
+  return %y, %a, %n, %g, %q, %s
+}
+)";
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph before = parse_graph(with_dtype(text, dt), "test");
+    Generator gen(base_seed() ^ 37);
+    fill_params(before, gen);
+    for (Value& v : before.values)  // variances > 0
+      if (v.name == "var") v.data = Tensor::rand(v.data.sizes(), gen, 0.5, 2.0, v.data.dtype());
+    Graph once = before;
+    EXPECT_EQ(one_window_conv_to_linear(once), 4) << print_graph(once);  // fc1, fc2, window, bn
+    EXPECT_EQ(one_window_conv_to_linear(once), 0);
+    EXPECT_EQ(count_op(once, OpId::Conv2d), 3) << print_graph(once);
+    Graph after = before;
+    ASSERT_TRUE(run_passes(after, default_pipeline()));
+    EXPECT_EQ(count_op(after, OpId::BatchNorm), 0) << print_graph(after);
+    EXPECT_EQ(count_op(after, OpId::Conv2d) + count_op(after, OpId::FusedConv2d), 3) << print_graph(after);
+    EXPECT_EQ(count_op(after, OpId::Linear) + count_op(after, OpId::FusedLinear), 4) << print_graph(after);
+    EXPECT_EQ(count_op(after, OpId::FusedLinear), 2) << "fc1's relu, fc2's sigmoid\n" << print_graph(after);
+    bool rows = false;
+    for (const Value& v : after.values) rows = rows || (v.kind == ValueKind::Param && v.name == "w1.rows");
+    EXPECT_TRUE(rows) << print_graph(after);
+    expect_matches_float64(before, after, gen, std::string(dt) == "f32" || std::string(dt) == "f64"
+                                                   ? 1e-5 : 3e-2);
+  }
+}
+
 // merge-sibling-linears (passes/merge_linears.h): BERT's q, k, v (three linears of one input
 // with biases) become one linear and a split; a linear of another input, one whose output size
 // is not a multiple of 8, and one without a bias beside biased siblings stay. Results against
@@ -1061,7 +1127,8 @@ graph @qkv(%x: f32[2, 5, 16], %y: f32[2, 5, 16]) {
 TEST(PassesNumeric, DefaultPipelineIsTheTableOrder) {
   EXPECT_EQ(default_pipeline(),
             (std::vector<std::string>{"algebraic-simplify", "constant-fold", "matmul-to-linear",
-                                      "pointwise-deconv-to-conv", "fold-conv-bn", "cse",
+                                      "pointwise-deconv-to-conv", "fold-conv-bn",
+                                      "one-window-conv-to-linear", "cse",
                                       "fuse-epilogues", "dce"}));
   for (const PassEntry& e : registered_passes()) {
     std::unique_ptr<Pass> p = e.make();

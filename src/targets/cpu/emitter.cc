@@ -1308,9 +1308,12 @@ void KernelEmitter::emit_reduce(std::string& out, bool vec) {
 // each reduce step reads the shared operand once (the copies of the body load the same
 // address; the compiler keeps one) and one vector of each of kReduceRows rows into an
 // accumulator each. Each output still adds its products in the usual form's order (vector
-// lanes, then the scalar tail, then the lanes' sum), so the bits are the same.
+// lanes, then the scalar tail, then the lanes' sum), so the bits are the same. From K = 64 (was
+// 256 until the forty-sixth session): squeeze-excite blocks' 240 -> 960 linears (their 1x1
+// convolutions, passes/window_conv.h) took oneDNN's inner product 0.075-0.094 ms at one thread
+// and its 1x1 convolution 0.049 ms; four rows at a time take 0.038 ms (1.1x the weights' floor).
 constexpr int kReduceRows = 4;
-constexpr int64_t kReduceRowsMin = 256;
+constexpr int64_t kReduceRowsMin = lower::kRowLinearMinK;  // 64: the scheduler's one-row linears
 
 bool KernelEmitter::reduce_rows() const {
   if (!opt_.vectorize || k_.kind != LoopKind::Reduce || k_.anchor < 0 || k_.reduce_dims != 1)
