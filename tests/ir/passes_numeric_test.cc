@@ -1016,6 +1016,32 @@ graph @deconv(%x: DT[2, 6, 5, 7]) {
   }
 }
 
+// Note [subsampling pools] (algebraic-simplify): 1x1 max and average pools at strides (2, 2),
+// (2, 1) with ceil_mode and (1, 3) become strided slices and compute the pools' values on fresh
+// inputs, every float dtype.
+TEST(PassesNumeric, SubsamplingPoolsBecomeStridedSlices) {
+  const char* text = R"(
+graph @subsample(%x: DT[2, 3, 5, 7]) {
+  %a = max_pool2d(%x) {kernel_size = [1, 1], stride = [2, 2]}
+  %r = max_pool2d(%x) {kernel_size = [1, 1], stride = [2, 1], ceil_mode = true}
+  %c = avg_pool2d(%x) {kernel_size = [1, 1], stride = [1, 3]}
+  %s = relu(%a)
+  return %s, %r, %c
+}
+)";
+  for (const char* dt : kFloatDTypes) {
+    SCOPED_TRACE(dt);
+    Graph before = parse_graph(with_dtype(text, dt), "test");
+    Generator gen(base_seed() ^ 41);
+    Graph after = before;
+    std::vector<std::string> passes = {"algebraic-simplify", "dce"};
+    ASSERT_TRUE(run_passes(after, passes));
+    EXPECT_EQ(count_op(after, OpId::MaxPool2d) + count_op(after, OpId::AvgPool2d), 0) << print_graph(after);
+    EXPECT_EQ(count_op(after, OpId::Slice), 4) << print_graph(after);
+    expect_matches_float64(before, after, gen, 0.0);
+  }
+}
+
 // one-window-conv-to-linear (passes/window_conv.h): convolutions whose one window covers the
 // input become linears of the flattened input: a squeeze-excite block (pooled [N, C, 1, 1] ->
 // 1x1 conv + relu -> 1x1 conv + sigmoid -> scale), a 3x4 window over a 3x4 map at stride 2
