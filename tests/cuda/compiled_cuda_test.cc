@@ -705,7 +705,7 @@ TEST(CudaAttention, OutputWrittenHeadsLastFeedsTheProjection) {
 
 // Note [CUDA programmatic launch]: on sm_90 and later every generated kernel is launched so that
 // it may be scheduled before the kernel ahead of it has ended, and waits for it in its first
-// statement. Launched so (the default) or plainly (pdl=off), every output is bitwise the same, in
+// statement. Launched so (pdl=on) or plainly (pdl=off, the default), every output is bitwise the same, in
 // default mode and in CUDA-graph replays, over calls on fresh inputs: a kernel that read a
 // buffer before the kernel writing it had ended would differ somewhere. The launch records say
 // which kernels were launched programmatically: all generated ones on sm_90+, none below.
@@ -732,7 +732,7 @@ TEST(CudaProgrammaticLaunch, OutputsAreBitwiseThoseOfPlainLaunches) {
     };
     auto plain = build("default", "pdl=off");
     auto overlapped = build("default", "pdl=on");
-    auto replayed = build("reduce-overhead", "");  // pdl=on is the default
+    auto replayed = build("reduce-overhead", "pdl=on");
     // Which launches are programmatic, by their records.
     auto count = [](compiler::CompiledExecutable& exe, int* kernels) {
       int programmatic = 0;

@@ -1373,9 +1373,9 @@ TEST(CudaCrossBuild, AttentionTakesTheTensorCoresFromSm80) {
       << (err.empty() ? "accepted" : err);
 }
 
-// Note [CUDA programmatic launch] in a cross-build (no GPU needed): built for sm_90, every
-// generated kernel's record says "programmatic" and no library call's does; pdl=off, or sm_80,
-// leaves the key out. In the PTX of every kernel (loop, direct, convolution epilogue) nothing
+// Note [CUDA programmatic launch] in a cross-build (no GPU needed): built for sm_90 with pdl=on,
+// every generated kernel's record says "programmatic" and no library call's does; the default
+// (off), or sm_80, leaves the key out. In the PTX of every kernel (loop, direct, convolution epilogue) nothing
 // reads or writes memory before its griddepcontrol.wait, which is what makes an early start
 // safe; sm_80's PTX has no grid dependency control at all. The knob takes on or off only.
 TEST(CudaCrossBuild, GeneratedKernelsLaunchProgrammaticallyFromSm90) {
@@ -1385,8 +1385,8 @@ TEST(CudaCrossBuild, GeneratedKernelsLaunchProgrammaticallyFromSm90) {
     const char* knobs;
     bool programmatic;
   };
-  for (const Case& c : {Case{"resnet18", "sm_90", "", true}, Case{"bert_base", "sm_90", "", true},
-                        Case{"resnet18", "sm_90", "pdl=off", false}, Case{"resnet18", "sm_80", "", false}}) {
+  for (const Case& c : {Case{"resnet18", "sm_90", "pdl=on", true}, Case{"bert_base", "sm_90", "pdl=on", true},
+                        Case{"resnet18", "sm_90", "", false}, Case{"resnet18", "sm_80", "pdl=on", false}}) {
     SCOPED_TRACE(fmt::format("{} {} {}", c.model, c.arch, c.knobs));
     CrossBuilt b = cross_build(c.model, DType::BFloat16, c.knobs, c.arch);
     int kernels = 0, programmatic = 0;
