@@ -37,43 +37,40 @@ step() {  # step NAME CMD...: runs CMD with its output in NAME.log, records the 
 steps=",${KILN_REMOTE_STEPS:-suite,ops,bench,conformance,models,sanitize,cpu},"
 want() { [[ "$steps" == *",$1,"* ]]; }
 step device ./kiln device
+# sharded NAME SHARDS CMD...: CMD in SHARDS processes at once (gtest sharding), each logging to
+# NAME_<i>.log; records the exit status (0 when every shard passed) and the shards' verdicts.
+sharded() {
+  local name="$1" shards="$2" t0=$SECONDS rc=0 pids=()
+  shift 2
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KILN_STEP_TIMEOUT:-900}" "$@" \
+      > "$LOGS/${name}_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  echo "$name ($shards shards): exit $rc ($((SECONDS - t0)) s)" | tee -a "$summary"
+  grep -h "^\[  PASSED  \]\|^\[  FAILED  \] [0-9]\|^\[  SKIPPED \]" "$LOGS/${name}"_*.log | tee -a "$summary"
+  return 0
+}
 # KILN_CUDA_TEST_FILTER: a gtest filter for the CUDA suite (default: all of it).
-# KILN_SUITE_SHARDS=N (default 1) runs it in N processes at once (gtest sharding): on a freshly
-# started machine cuDNN's runtime-fusion JIT makes a few convolution tests take a minute each,
-# and one process then runs past a device call's limit.
+# KILN_SUITE_SHARDS=N (default 1) runs it in N processes at once: on a freshly started machine
+# cuDNN's runtime-fusion JIT makes a few convolution tests take a minute each, and one process
+# then runs past a device call's limit.
 run_suite() {
   want suite || return 0
   local shards="${KILN_SUITE_SHARDS:-1}"
   if [[ "$shards" -le 1 ]]; then
     step cuda_tests ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
-    return 0
+  else
+    sharded cuda_tests "$shards" ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}"
   fi
-  local t0=$SECONDS suite_rc=0 pids=()
-  for ((i = 0; i < shards; ++i)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KILN_STEP_TIMEOUT:-900}" \
-      ./kiln_cuda_tests --gtest_filter="${KILN_CUDA_TEST_FILTER:-*}" \
-      > "$LOGS/cuda_tests_$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid" || suite_rc=1; done
-  echo "cuda_tests ($shards shards): exit $suite_rc ($((SECONDS - t0)) s)" | tee -a "$summary"
-  grep -h "^\[  PASSED  \]\|^\[  FAILED  \]\|^\[  SKIPPED \]" "$LOGS"/cuda_tests_*.log | tee -a "$summary"
   return 0
 }
-# The op harness's CUDA cases in KILN_OP_SHARDS processes at once (gtest sharding; default 8:
-# the GPU machine has 16 cores, and the eager cases compile one NVRTC program per signature).
+# The op harness's CUDA cases in KILN_OP_SHARDS processes at once (default 8: the GPU machine
+# has 16 cores, and the eager cases compile one NVRTC program per signature).
 run_ops() {
   want ops || return 0
-  local shards="${KILN_OP_SHARDS:-8}" t0=$SECONDS op_rc=0 pids=()
-  for ((i = 0; i < shards; ++i)); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${KILN_STEP_TIMEOUT:-900}" \
-      ./kiln_op_tests --gtest_filter='*cuda*' \
-      > "$LOGS/op_tests_$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid" || op_rc=1; done
-  echo "op_tests ($shards shards): exit $op_rc ($((SECONDS - t0)) s)" | tee -a "$summary"
-  grep -h "^\[  PASSED  \]\|^\[  FAILED  \] [0-9]" "$LOGS"/op_tests_*.log | tee -a "$summary"
+  sharded op_tests "${KILN_OP_SHARDS:-8}" ./kiln_op_tests --gtest_filter='*cuda*'
 }
 # ONNX conformance on the device (eager and compiled) where the test data was carried along:
 # KILN_ONNX_DATA=folder holding node/ simple/ pytorch-converted/ pytorch-operator/.

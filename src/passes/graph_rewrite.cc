@@ -144,6 +144,15 @@ bool all_equal(const Ints& v, int64_t x) {
   return true;
 }
 
+bool plain_conv2d(const Graph& g, const Node& n) {
+  if (n.op != OpId::Conv2d || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
+  const TensorType& xt = g.type(n.inputs[0]);
+  const TensorType& wt = g.type(n.inputs[1]);
+  return xt.rank() == 4 && wt.rank() == 4 && is_concrete(xt.shape) && is_concrete(wt.shape) &&
+         is_floating(xt.dtype) && wt.dtype == xt.dtype && n.attrs.get_int("groups") == 1 &&
+         all_equal(n.attrs.get_ints("padding"), 0) && all_equal(n.attrs.get_ints("dilation"), 1);
+}
+
 bool has_data(const Value& v) {
   return (v.kind == ValueKind::Param || v.kind == ValueKind::Const) && v.data.defined() &&
          v.data.has_storage();

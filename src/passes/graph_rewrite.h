@@ -100,6 +100,11 @@ bool attrs_concrete(const Attrs& attrs);
 // Whether every element of `v` is x (a convolution's stride, padding or dilation).
 bool all_equal(const Ints& v, int64_t x);
 
+// Whether node n is a conv2d that a pass may rewrite as a GEMM: x and w of rank 4 with concrete
+// shapes, x floating and w of its dtype, one output, groups 1, no padding, dilation 1
+// (patch-conv-to-linear, one-window-conv-to-linear).
+bool plain_conv2d(const Graph& g, const Node& n);
+
 // Whether `v` is a param or const whose data a pass can transform at compile time.
 bool has_data(const Value& v);
 

@@ -7,15 +7,9 @@ namespace {
 
 // Whether node n is a convolution whose windows tile its input (see the header).
 bool is_patch_conv(const Graph& g, const Node& n) {
-  if (n.op != OpId::Conv2d || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
+  if (!plain_conv2d(g, n)) return false;
   const TensorType& xt = g.type(n.inputs[0]);
   const TensorType& wt = g.type(n.inputs[1]);
-  if (xt.rank() != 4 || wt.rank() != 4 || !is_concrete(xt.shape) || !is_concrete(wt.shape) ||
-      !is_floating(xt.dtype) || wt.dtype != xt.dtype)
-    return false;
-  if (n.attrs.get_int("groups") != 1 || !all_equal(n.attrs.get_ints("padding"), 0) ||
-      !all_equal(n.attrs.get_ints("dilation"), 1))
-    return false;
   const int64_t kh = wt.shape[2].value(), kw = wt.shape[3].value();
   const Ints& stride = n.attrs.get_ints("stride");
   if (stride.size() != 2 || stride[0] != kh || stride[1] != kw || kh * kw <= 1) return false;

@@ -7,16 +7,10 @@ namespace {
 
 // Whether node n is a convolution with one window covering its input (see the header).
 bool is_one_window_conv(const Graph& g, const Node& n) {
-  if (n.op != OpId::Conv2d || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
+  if (!plain_conv2d(g, n)) return false;
   const TensorType& xt = g.type(n.inputs[0]);
   const TensorType& wt = g.type(n.inputs[1]);
-  if (xt.rank() != 4 || wt.rank() != 4 || !is_concrete(xt.shape) || !is_concrete(wt.shape) ||
-      !is_floating(xt.dtype) || wt.dtype != xt.dtype)
-    return false;
   if (n.inputs.size() > 2 && n.inputs[2] != kNoValue && g.type(n.inputs[2]).dtype != xt.dtype)
-    return false;
-  if (n.attrs.get_int("groups") != 1 || !all_equal(n.attrs.get_ints("padding"), 0) ||
-      !all_equal(n.attrs.get_ints("dilation"), 1))
     return false;
   const int64_t N = xt.shape[0].value(), C = xt.shape[1].value();
   const int64_t h = xt.shape[2].value(), w = xt.shape[3].value();
