@@ -53,6 +53,7 @@ strip --strip-debug -o "$STAGE/kiln_concurrent_bench" "$CONC"
 strip --strip-debug -o "$STAGE/kiln_capture_bench" "$CAPB"
 strip --strip-debug -o "$STAGE/kiln_c_run" "$CRUN"
 cp "$ROOT/scripts/cuda_remote.sh" "$STAGE/run.sh"
+cp "$ROOT/scripts/cuda_knob_ab.sh" "$STAGE/ab.sh"  # A/B of two knob settings on the GPU machine
 
 # Every library the two binaries load (ldd lists indirect ones too), minus the C/C++ runtime
 # and loader that every Linux machine has in a newer version.
