@@ -116,6 +116,16 @@ std::string with_dtype(std::string text, const char* dt) {
   return text;
 }
 
+// The graph of `text` in dtype `dt` with random params from `gen`, and every param named "var"
+// (a batch norm's variance) drawn from [0.5, 2].
+Graph with_random_params(const char* text, const char* dt, Generator& gen) {
+  Graph g = parse_graph(with_dtype(text, dt), "test");
+  fill_params(g, gen);
+  for (Value& v : g.values)
+    if (v.name == "var") v.data = Tensor::rand(v.data.sizes(), gen, 0.5, 2.0, v.data.dtype());
+  return g;
+}
+
 // Runs `passes` on the graph and compares the interpreter's results before and after on two
 // sets of fresh inputs. Returns the graph after the passes.
 Graph check_preserves(const std::string& text, const std::vector<std::string>& passes,
@@ -993,11 +1003,8 @@ graph @deconv(%x: DT[2, 6, 5, 7]) {
 )";
   for (const char* dt : kFloatDTypes) {
     SCOPED_TRACE(dt);
-    Graph before = parse_graph(with_dtype(text, dt), "test");
     Generator gen(base_seed() ^ 31);
-    fill_params(before, gen);
-    for (Value& v : before.values)  // variances > 0
-      if (v.name == "var") v.data = Tensor::rand(v.data.sizes(), gen, 0.5, 2.0, v.data.dtype());
+    Graph before = with_random_params(text, dt, gen);
     Graph once = before;
     EXPECT_EQ(pointwise_deconv_to_conv(once), 3);  // %a, %c and the dilated 1x1 %p
     EXPECT_EQ(pointwise_deconv_to_conv(once), 0);
@@ -1084,11 +1091,8 @@ graph @se(%x: DT[2, 8, 5, 5], %z: DT[3, 4, 3, 4]) {
 )";
   for (const char* dt : kFloatDTypes) {
     SCOPED_TRACE(dt);
-    Graph before = parse_graph(with_dtype(text, dt), "test");
     Generator gen(base_seed() ^ 37);
-    fill_params(before, gen);
-    for (Value& v : before.values)  // variances > 0
-      if (v.name == "var") v.data = Tensor::rand(v.data.sizes(), gen, 0.5, 2.0, v.data.dtype());
+    Graph before = with_random_params(text, dt, gen);
     Graph once = before;
     EXPECT_EQ(one_window_conv_to_linear(once), 4) << print_graph(once);  // fc1, fc2, window, bn
     EXPECT_EQ(one_window_conv_to_linear(once), 0);
