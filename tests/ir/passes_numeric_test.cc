@@ -1056,8 +1056,8 @@ graph @subsample(%x: DT[2, 3, 5, 7]) {
 // padded one and one whose window is smaller than its input stay. An activation that is the
 // convolution's one use moves before the reshape back to [N, O, 1, 1], so the default pipeline
 // fuses it into the linear (fused_linear) as it did into the convolution; a dead use of the
-// convolution (left by an earlier pass) does not count, and still finds its value. Results against float64 on fresh inputs, every
-// float dtype; a second run rewrites nothing.
+// convolution (left by an earlier pass) does not count, and still finds its value. Results
+// against float64 on fresh inputs, every float dtype; a second run rewrites nothing.
 TEST(PassesNumeric, OneWindowConvBecomesALinear) {
   const char* text = R"(
 graph @se(%x: DT[2, 8, 5, 5], %z: DT[3, 4, 3, 4]) {
