@@ -82,8 +82,8 @@ const DriverApi& driver() {
                     resolve("cuFuncGetAttribute", &d.func_get_attribute, &missing) &&
                     resolve("cuStreamSynchronize", &d.stream_synchronize, &missing);
     if (!ok) d.unavailable = missing + "; update the NVIDIA driver";
-    std::string optional;
-    if (ok && !resolve("cuLaunchKernelEx", &d.launch_kernel_ex, &optional)) d.launch_kernel_ex = nullptr;
+    std::string optional;  // a driver without cuLaunchKernelEx leaves it null: plain launches only
+    if (ok) resolve("cuLaunchKernelEx", &d.launch_kernel_ex, &optional);
     return d;
   }();
   return api;

@@ -98,8 +98,6 @@ class CudaModule : public std::enable_shared_from_this<CudaModule> {
   bool has_kernel(const std::string& name) const;
   const std::string& name() const { return name_; }
   int device() const { return device_; }
-  // Whether its kernels can be launched programmatically here (sm_90+, cuLaunchKernelEx).
-  bool programmatic_launch() const { return programmatic_; }
 
  private:
   CudaModule() = default;
@@ -107,7 +105,7 @@ class CudaModule : public std::enable_shared_from_this<CudaModule> {
   void* module_ = nullptr;   // CUmodule
   void* context_ = nullptr;  // CUcontext (the device's primary context)
   int device_ = 0;
-  bool programmatic_ = false;
+  bool programmatic_ = false;  // its kernels can be launched programmatically (sm_90+, cuLaunchKernelEx)
   std::string name_;
 };
 

@@ -1695,31 +1695,30 @@ void KernelEmitter::emit_norm_buffered(std::string& out) {
   if (!ln && va) out += fmt::format("#ifdef KN_W\n{}m_s = kn_max(m_s, vmax_all(vm));\n#endif\n", ind);
   // B: statistics over the buffer.
   const std::string fi = ind + "    ";
-  auto flat = [&](const std::string& vec_body, const std::string& scalar_body) {
-    out += fmt::format("{0}{{\n{0}  i64 j_ = 0;\n#ifdef KN_W\n{0}  for (; j_ + KN_W <= {1}; j_ += KN_W) {{\n{2}{0}  }}\n#endif\n"
+  // A loop over the buffer, SIMD then a scalar tail. `padded` (Note [padded softmax rows]): the
+  // buffer's last vector is first filled past the row with -inf, and the SIMD loop covers it.
+  auto flat = [&](const std::string& vec_body, const std::string& scalar_body, bool padded = false) {
+    const std::string pad =
+        padded ? fmt::format("{0}  for (i64 p_ = {1}; p_ < ({1} + KN_W - 1) / KN_W * KN_W; ++p_) xr_[p_] = -INFINITY;\n", ind, N)
+               : "";
+    out += fmt::format("{0}{{\n{0}  i64 j_ = 0;\n#ifdef KN_W\n{4}{0}  for (; {5}; j_ += KN_W) {{\n{2}{0}  }}\n#endif\n"
                        "{0}  for (; j_ < {1}; ++j_) {{\n{3}{0}  }}\n{0}}}\n",
-                       ind, N, vec_body, scalar_body);
+                       ind, N, vec_body, scalar_body, pad,
+                       padded ? fmt::format("j_ < {}", N) : fmt::format("j_ + KN_W <= {}", N));
   };
   // Note [padded softmax rows]: softmax's and log_softmax's sums take exp of every element, and
   // a scalar exp costs as much as a vector one: SSDlite's class scores (3234 rows of 91, five
   // vectors and 11 left over) spent two thirds of their 0.45 ms at one thread in the 11 scalar
   // exps per row. The buffer's last vector is filled past the row with -inf, whose exp is 0,
   // so every element goes through vector exps and the padding adds nothing to the sum.
-  auto flat_padded = [&](const std::string& vec_body, const std::string& scalar_body) {
-    out += fmt::format("{0}{{\n{0}  i64 j_ = 0;\n#ifdef KN_W\n"
-                       "{0}  for (i64 p_ = {1}; p_ < ({1} + KN_W - 1) / KN_W * KN_W; ++p_) xr_[p_] = -INFINITY;\n"
-                       "{0}  for (; j_ < {1}; j_ += KN_W) {{\n{2}{0}  }}\n#endif\n"
-                       "{0}  for (; j_ < {1}; ++j_) {{\n{3}{0}  }}\n{0}}}\n",
-                       ind, N, vec_body, scalar_body);
-  };
   if (!ln) {
     out += fmt::format("{0}float s_s = 0;\n#ifdef KN_W\n{0}VF vs = vset(0.0f);\n#endif\n", ind);
     if (softmax)
-      flat_padded(fmt::format("{0}const VF e_ = vexp_ftz(vld(xr_ + j_) - vset(m_s));\n{0}vst(xr_ + j_, e_);\n{0}vs = vs + e_;\n", fi),
-           fmt::format("{0}const float e_ = kn_exp_ftz(xr_[j_] - m_s);\n{0}xr_[j_] = e_;\n{0}s_s += e_;\n", fi));
+      flat(fmt::format("{0}const VF e_ = vexp_ftz(vld(xr_ + j_) - vset(m_s));\n{0}vst(xr_ + j_, e_);\n{0}vs = vs + e_;\n", fi),
+           fmt::format("{0}const float e_ = kn_exp_ftz(xr_[j_] - m_s);\n{0}xr_[j_] = e_;\n{0}s_s += e_;\n", fi), true);
     else
-      flat_padded(fmt::format("{}vs = vs + vexp_ftz(vld(xr_ + j_) - vset(m_s));\n", fi),
-           fmt::format("{}s_s += kn_exp_ftz(xr_[j_] - m_s);\n", fi));
+      flat(fmt::format("{}vs = vs + vexp_ftz(vld(xr_ + j_) - vset(m_s));\n", fi),
+           fmt::format("{}s_s += kn_exp_ftz(xr_[j_] - m_s);\n", fi), true);
     out += fmt::format("#ifdef KN_W\n{}s_s += vsum(vs);\n#endif\n", ind);
     if (softmax) out += fmt::format("{}const float inv_s = 1.0f / s_s;\n", ind);
     else out += fmt::format("{}const float log_s = std::log(s_s);\n", ind);

@@ -208,10 +208,13 @@ struct BuildFor {
   // knob attention=auto|direct|simt (Note [CUDA attention]): direct never asks cuDNN; simt
   // also keeps float16/bfloat16 off the tensor cores (Note [CUDA tensor-core attention]).
   std::string attention = "auto";
-  // knob pdl=off|on (Note [CUDA programmatic launch]); on only for sm_90 and later
-  bool programmatic = false;
-  // The compute capability the direct kernels are planned for (90 for sm_90).
-  int compute_capability() const { return attention == "simt" ? 0 : std::stoi(arch.substr(3)); }
+  bool pdl = false;  // knob pdl=off|on (Note [CUDA programmatic launch])
+  // The architecture's compute capability (90 for sm_90).
+  int sm() const { return std::stoi(arch.substr(3)); }
+  // The compute capability the direct kernels are planned for.
+  int compute_capability() const { return attention == "simt" ? 0 : sm(); }
+  // Whether generated kernels are launched programmatically: asked for, and sm_90 or later.
+  bool programmatic() const { return pdl && sm() >= 90; }
 };
 
 BuildFor build_for(const Knobs& knobs) {
@@ -257,12 +260,11 @@ BuildFor build_for(const Knobs& knobs) {
     fail("cuda: knob attention={} is not auto, direct or simt", b.attention);
   const std::string pdl = knobs.get("pdl", "off");
   if (pdl != "on" && pdl != "off") fail("cuda: knob pdl={} is not on or off", pdl);
-  b.programmatic = pdl == "on";
+  b.pdl = pdl == "on";
   const std::string* arch = knobs.find("arch");
   if (!arch) {
     b.arch = device_arch(kDevice);
     b.sms = std::max(multiprocessors(), 1);
-    b.programmatic = b.programmatic && std::stoi(b.arch.substr(3)) >= 90;
     return b;
   }
   b.cross = true;
@@ -284,7 +286,6 @@ BuildFor build_for(const Knobs& knobs) {
   }
   if (b.sms == 0)
     fail("cuda: no multiprocessor count is known for {}: give it as the knob sms=N", b.arch);
-  b.programmatic = b.programmatic && std::stoi(b.arch.substr(3)) >= 90;
   return b;
 }
 
@@ -620,7 +621,7 @@ class CudaLibraryKernels final : public compiler::LibraryKernels {
       spec.kernel = ln.kernel_name;
       spec.grid = unsigned(ln.blocks);
       spec.block = unsigned(ln.threads);
-      spec.programmatic = build_.programmatic;
+      spec.programmatic = build_.programmatic();
       for (int i : ln.arg_inputs) spec.args.push_back(at(inputs, i));
       for (int o : ln.arg_outputs) spec.args.push_back(at(outputs, o));
       if (ln.reports) spec.args.push_back(status);
@@ -1671,7 +1672,7 @@ class CudaTarget final : public compiler::Target {
       spec.kernel = k.name;
       spec.grid = unsigned(k.blocks);
       spec.block = unsigned(std::max(k.threads, 1));
-      spec.programmatic = build.programmatic;
+      spec.programmatic = build.programmatic();
       for (int32_t slot : k.slots) spec.args.push_back(MemRef{slot, 0});
       Executable::Launch l =
           make_cuda_kernel_launch(module ? module->kernel(k.name) : CudaKernel{}, std::move(spec));
